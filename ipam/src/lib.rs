@@ -1,0 +1,28 @@
+//! tidepool's IPAM engine.
+//!
+//! Pure planning ([`watermarks`], [`plan`], [`reclaim`], [`handshake`]) is kept apart from
+//! the runtime that executes plans ([`maintainer`], [`manager`]) through the traits in
+//! [`source`], [`store`], [`pods`] and [`clock`]. No Kubernetes types and no HTTP here.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod budget;
+pub mod clock;
+pub mod error;
+pub mod handshake;
+pub mod maintainer;
+pub mod manager;
+pub mod plan;
+pub mod pods;
+pub mod reclaim;
+pub mod source;
+pub mod stats;
+pub mod store;
+pub mod trigger;
+pub mod types;
+pub mod watermarks;
+
+#[cfg(feature = "sim")]
+pub mod sim;
+
+pub use error::{ErrorClass, IpamError};

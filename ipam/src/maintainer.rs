@@ -1,0 +1,472 @@
+//! One node's pool maintainer: a task that waits on its debounced trigger, runs a
+//! maintenance pass (plan, then execute the plan's calls through the budgets, then one
+//! coalesced write), and schedules its own next deadline or backs off on failure.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use crate::backoff::{Backoff, Retry};
+use crate::error::{ErrorClass, IpamError};
+use crate::handshake;
+use crate::manager::{NodeHandle, Shared};
+use crate::plan::{self, Blocked, NodeMemory, Snapshot};
+use crate::pods::PodView;
+use crate::reclaim::candidate_reason;
+use crate::source::IpSource;
+use crate::store::{EventType, NodeStore};
+use crate::trigger::{Reason, TriggerRx};
+use crate::types::{
+    Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimOutcome,
+    ReleaseState, Tombstone,
+};
+
+use tidepool_metrics as m;
+
+/// What a maintainer remembers between passes.
+struct Local {
+    mem: NodeMemory,
+    backoff: Backoff,
+    /// The leader epoch this maintainer last seeded in (0 = never).
+    seeded_epoch: u64,
+    /// The source may hold something our fields do not show (a call failed after effect).
+    needs_describe: bool,
+}
+
+/// How a pass ended.
+enum Outcome {
+    /// Done; run again at this deadline if any.
+    Idle(Option<Instant>),
+    /// The node is gone and its addresses were reclaimed: the maintainer ends.
+    Finished,
+}
+
+fn seed_of(name: &str) -> u64 {
+    // FNV-1a: deterministic per node, independent of hash-map state.
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The maintainer task.
+pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
+    shared: Arc<Shared<S, N, P>>,
+    h: Arc<NodeHandle>,
+    mut rx: TriggerRx,
+) {
+    let mut local = Local {
+        mem: NodeMemory::default(),
+        backoff: Backoff::new(&shared.cfg.backoff, seed_of(&h.name)),
+        seeded_epoch: 0,
+        needs_describe: false,
+    };
+    while let Some(run) = rx.next().await {
+        if h.removed.load(Ordering::Relaxed) {
+            break;
+        }
+        let result = pass(&shared, &h, &mut local).await;
+        rx.finished(&run);
+        match result {
+            Ok(Outcome::Finished) => {
+                shared.remove(&h);
+                break;
+            }
+            Ok(Outcome::Idle(deadline)) => {
+                if let Some(d) = deadline {
+                    h.trigger.trigger_at(d, Reason::Deadline);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node = %h.name, error = %e, "maintenance pass failed");
+                let now = Instant::now();
+                match local.backoff.on_failure(&shared.cfg.backoff, e.class(), now, shared.node_count()) {
+                    Retry::After(d) => h.trigger.trigger_at(now + d, Reason::Retry),
+                    Retry::ParkUntilPoolFrees => shared.park(&h.name),
+                    Retry::UntilSpecChanges => {}
+                }
+            }
+        }
+    }
+}
+
+/// Records one API call's outcome.
+fn api_call(api: &'static str, op: &'static str, ok: bool) {
+    let outcome = if ok { "success" } else { "failure" };
+    metrics::counter!(m::API_REQUESTS_TOTAL, "api" => api, "op" => op, "outcome" => outcome)
+        .increment(1);
+}
+
+async fn pass<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+) -> Result<Outcome, IpamError> {
+    if !shared.is_leader() {
+        // No mutating call while we do not lead; clocks restart with the next lead.
+        local.seeded_epoch = 0;
+        return Ok(Outcome::Idle(None));
+    }
+    let epoch = shared.leader_epoch.load(Ordering::Relaxed);
+    let mut live = false;
+    if local.seeded_epoch != epoch {
+        // Seed from the server before the first write of this lead.
+        local.mem.reset();
+        local.needs_describe = true;
+        live = true;
+    }
+    let (info, deleted_at) = {
+        let st = h.state.lock();
+        (st.info.clone(), st.deleted_at)
+    };
+    if let Some(at) = deleted_at {
+        return node_deleted(shared, h, at).await;
+    }
+    let mut attempt = 0;
+    loop {
+        let node = if live {
+            shared.store.get(&h.name).await?
+        } else {
+            shared.store.cached(&h.name)
+        };
+        let node = match node {
+            Some(n) if n.node_uid == info.uid => n,
+            // Missing, or left by an older Node of the same name: (re)create it.
+            _ => Arc::new(IpamNode::new(h.name.clone(), info.uid)),
+        };
+        local.seeded_epoch = epoch;
+        match pass_once(shared, h, local, &node, &info).await {
+            Err(IpamError::Conflict { .. }) if attempt < shared.cfg.conflict_retries => {
+                attempt += 1;
+                live = true;
+                local.needs_describe = true;
+            }
+            r => return r,
+        }
+    }
+}
+
+async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+    node: &IpamNode,
+    info: &crate::types::NodeInfo,
+) -> Result<Outcome, IpamError> {
+    let now = Instant::now();
+    let cfg = &shared.cfg;
+    let mut base = node.operator.clone();
+    if local.needs_describe {
+        repair_from_source(shared, &h.name, &mut base).await?;
+        local.needs_describe = false;
+    }
+    let node = &IpamNode {
+        operator: base,
+        ..node.clone()
+    };
+    let pending = shared.pods.pending_pods(&h.name);
+
+    let watermarks = match cfg.watermarks.with_overrides(&node.watermarks) {
+        Ok(w) => w,
+        Err(e) => return invalid_spec(shared, h, node, e).await,
+    };
+    let families = shared.source.families();
+    let grant_size = PerFamily {
+        v4: shared.source.grant_size(Family::V4),
+        v6: shared.source.grant_size(Family::V6),
+    };
+    let snap = Snapshot {
+        now,
+        node,
+        info,
+        watermarks,
+        families,
+        grant_size,
+        pending: &pending,
+        release: cfg.release,
+        reclaim: cfg.reclaim,
+    };
+    let plan = plan::plan(&mut local.mem, &snap, |uid| shared.pods.pod(uid));
+    let mut fields = plan.fields;
+    drop_condition(&mut fields, WATERMARKS_VALID);
+    shared.publish(h, plan.summary);
+
+    // Reclaim: tombstones the node side answered; groups observed twice, confirmed live.
+    for (addr, ack) in &plan.answered_tombstones {
+        if ack.outcome == ReclaimOutcome::Reclaimed {
+            let reason = node.operator.reclaim.get(addr).map_or("pod-deleted", |t| t.reason.as_str());
+            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => reason, "outcome" => "reclaimed").increment(1);
+            shared.store.event(
+                &h.name,
+                EventType::Normal,
+                "IPAddressGarbageCollected",
+                format!("reclaimed {addr} from pod {}", ack.pod_uid),
+            );
+        }
+    }
+    for g in &plan.reclaim.ready {
+        let live = shared.pods.pod_live(g.pod_uid).await?;
+        let confirmed = g.addrs.iter().all(|a| {
+            node.node.used.get(a).is_some_and(|e| {
+                e.pod_uid == g.pod_uid
+                    && candidate_reason(a, e, &node.node.used, live.as_ref()).is_some()
+            })
+        });
+        if confirmed {
+            for a in &g.addrs {
+                fields.reclaim.insert(
+                    *a,
+                    Tombstone {
+                        pod_uid: g.pod_uid,
+                        reason: g.reason,
+                    },
+                );
+            }
+            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS)
+                .record(now.saturating_duration_since(g.first_observed).as_secs_f64());
+        }
+    }
+
+    // Release handshakes: addresses answered ready-for-release go back to the source.
+    let mut failure: Option<IpamError> = None;
+    let mut freed = false;
+    if !plan.release_now.is_empty() {
+        match source_release(shared, h, &plan.release_now).await {
+            Ok(()) => {
+                handshake::released(&mut fields, &plan.release_now);
+                freed = true;
+            }
+            Err(e) => {
+                local.needs_describe = true;
+                failure = Some(e);
+            }
+        }
+    }
+
+    // Claims, then marks.
+    let mut blocked = plan.summary.blocked;
+    for c in &plan.claims {
+        if failure.is_some() {
+            break;
+        }
+        let n = shared.source.prepare_allocation(&h.name, c.family, c.count, c.limit);
+        if n == 0 {
+            blocked = Some(Blocked::Exhausted);
+            failure = Some(IpamError::Source {
+                op: "allocate",
+                node: h.name.to_string(),
+                class: ErrorClass::Exhausted,
+                message: format!("no {} address left", c.family.as_str()),
+            });
+            break;
+        }
+        match source_allocate(shared, h, c.family, n).await {
+            Ok(addrs) => fields.addresses.extend(addrs),
+            Err(e) => {
+                local.needs_describe = true;
+                if e.class() == ErrorClass::Exhausted {
+                    blocked = Some(Blocked::Exhausted);
+                }
+                failure = Some(e);
+            }
+        }
+    }
+    for mk in &plan.marks {
+        for a in shared.source.prepare_release(&h.name, &mk.free, mk.count) {
+            fields.release.insert(a, ReleaseState::MarkedForRelease);
+        }
+    }
+
+    // One coalesced write.
+    if fields != node.operator {
+        if let Err(e) = write(shared, h, node, fields.clone()).await {
+            local.needs_describe |= fields.addresses != node.operator.addresses;
+            return Err(e);
+        }
+    }
+    if freed {
+        shared.pool_freed();
+    }
+    let mut summary = plan::summarize(&snap, &fields, plan.summary.reclaim_candidates);
+    summary.blocked = summary.blocked.or(blocked);
+    shared.publish(h, summary);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(Outcome::Idle(plan.next_deadline)),
+    }
+}
+
+const WATERMARKS_VALID: &str = "WatermarksValid";
+
+fn drop_condition(fields: &mut OperatorFields, type_: &str) {
+    fields.conditions.retain(|c| c.type_ != type_);
+}
+
+/// Invalid watermarks: a condition and an event, no retry until the spec changes.
+async fn invalid_spec<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    node: &IpamNode,
+    e: IpamError,
+) -> Result<Outcome, IpamError> {
+    let message = e.to_string();
+    let mut fields = node.operator.clone();
+    let already = fields
+        .conditions
+        .iter()
+        .any(|c| c.type_ == WATERMARKS_VALID && c.message == message);
+    if !already {
+        drop_condition(&mut fields, WATERMARKS_VALID);
+        fields.conditions.push(Condition {
+            type_: WATERMARKS_VALID,
+            status: false,
+            reason: "InvalidWatermarks",
+            message: message.clone(),
+            last_transition: shared.clock.utc(),
+        });
+        shared
+            .store
+            .event(&h.name, EventType::Warning, "InvalidWatermarks", message);
+        write(shared, h, node, fields).await?;
+    }
+    let mut summary = h.state.lock().summary;
+    summary.blocked = Some(Blocked::InvalidSpec);
+    shared.publish(h, summary);
+    Err(e)
+}
+
+/// The source's truth repairs our fields after a call whose reply was lost: addresses it
+/// granted that we do not show are added; addresses we show that it no longer grants
+/// were released (a marked one completes its handshake).
+async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    name: &NodeName,
+    fields: &mut OperatorFields,
+) -> Result<(), IpamError> {
+    let truth: BTreeSet<IpAddr> = shared.source.describe(name).await?;
+    let gone: Vec<IpAddr> = fields.addresses.difference(&truth).copied().collect();
+    for a in gone {
+        fields.addresses.remove(&a);
+        if fields.release.contains_key(&a) {
+            fields.release.insert(a, ReleaseState::Released);
+        }
+    }
+    fields.addresses.extend(truth);
+    Ok(())
+}
+
+async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    family: Family,
+    count: u64,
+) -> Result<Vec<IpAddr>, IpamError> {
+    shared.source_budget.acquire(&h.priority).await;
+    if !shared.is_leader() {
+        return Err(IpamError::NotLeader);
+    }
+    let started = Instant::now();
+    let r = shared.source.allocate(&h.name, family, count).await;
+    let src = shared.source.name();
+    let outcome = if r.is_ok() { "success" } else { "failure" };
+    api_call("source", "allocate", r.is_ok());
+    metrics::counter!(m::ALLOCATION_OPS_TOTAL, "source" => src, "outcome" => outcome).increment(1);
+    metrics::histogram!(m::ALLOCATION_DURATION_SECONDS, "op" => "allocate", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+    if let Ok(addrs) = &r {
+        metrics::counter!(m::IPS_ALLOCATED_TOTAL, "family" => family.as_str())
+            .increment(addrs.len() as u64);
+    }
+    r
+}
+
+async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    addrs: &[IpAddr],
+) -> Result<(), IpamError> {
+    shared.source_budget.acquire(&h.priority).await;
+    if !shared.is_leader() {
+        return Err(IpamError::NotLeader);
+    }
+    let started = Instant::now();
+    let r = shared.source.release(&h.name, addrs).await;
+    let outcome = if r.is_ok() { "success" } else { "failure" };
+    api_call("source", "release", r.is_ok());
+    metrics::counter!(m::RELEASE_OPS_TOTAL, "source" => shared.source.name(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!(m::ALLOCATION_DURATION_SECONDS, "op" => "release", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+    if r.is_ok() {
+        for f in Family::ALL {
+            let n = addrs.iter().filter(|a| Family::of(a) == f).count() as u64;
+            if n > 0 {
+                metrics::counter!(m::IPS_RELEASED_TOTAL, "family" => f.as_str()).increment(n);
+            }
+        }
+    }
+    r
+}
+
+/// The pass's one write of the operator's fields.
+async fn write<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    node: &IpamNode,
+    fields: OperatorFields,
+) -> Result<(), IpamError> {
+    shared.kube_budget.acquire(&h.priority).await;
+    if !shared.is_leader() {
+        return Err(IpamError::NotLeader);
+    }
+    let r = shared.store.apply_operator(&h.name, node.node_uid, fields).await;
+    api_call("kube", "apply", r.is_ok());
+    let written = r?;
+    h.own_write.store(written.resource_version, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whole-node reclaim (DESIGN.md): only when no non-terminal pod is bound to the node
+/// name and `node_reclaim_grace` has passed since the Node's deletion; then every address
+/// goes back to the source and the IPAMNode's finalizer goes.
+async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    deleted_at: Instant,
+) -> Result<Outcome, IpamError> {
+    let now = Instant::now();
+    if shared.pods.bound_pods(&h.name) > 0 {
+        return Ok(Outcome::Idle(None)); // pod deletions trigger us again
+    }
+    let due = deleted_at + shared.cfg.node_reclaim_grace;
+    if now < due {
+        return Ok(Outcome::Idle(Some(due)));
+    }
+    let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
+    if !truth.is_empty() {
+        source_release(shared, h, &truth).await?;
+        shared.pool_freed();
+    }
+    if let Some(node) = shared.store.get(&h.name).await? {
+        let n = node.node.used.len() as u64;
+        if n > 0 {
+            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => "node-deleted", "outcome" => "reclaimed")
+                .increment(n);
+            shared.store.event(
+                &h.name,
+                EventType::Normal,
+                "IPAddressGarbageCollected",
+                format!("reclaimed {n} addresses of deleted node {}", h.name),
+            );
+        }
+    }
+    shared.kube_budget.acquire(&h.priority).await;
+    if !shared.is_leader() {
+        return Err(IpamError::NotLeader);
+    }
+    shared.store.remove(&h.name).await?;
+    api_call("kube", "delete", true);
+    Ok(Outcome::Finished)
+}

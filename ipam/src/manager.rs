@@ -1,0 +1,436 @@
+//! The NodeManager: one maintainer task per node, a periodic resync over all nodes with a
+//! bounded worker pool, incremental aggregate stats, leadership as a signal, and parking
+//! of exhausted nodes until the pool frees. No lock is held across an await or for a
+//! whole resync.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::backoff::BackoffConfig;
+use crate::budget::{Budget, Priority, PriorityCell};
+use crate::clock::Clock;
+use crate::error::IpamError;
+use crate::handshake::ReleaseConfig;
+use crate::maintainer;
+use crate::plan::{Blocked, NodeSummary};
+use crate::pods::PodView;
+use crate::reclaim::ReclaimConfig;
+use crate::source::IpSource;
+use crate::stats::Stats;
+use crate::store::{NodeStore, StoreEvent, Writer};
+use crate::trigger::{self, Reason, Trigger};
+use crate::types::{NodeInfo, NodeName};
+use crate::watermarks::Watermarks;
+
+/// Engine settings (the `run` flags).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub watermarks: Watermarks,
+    pub release: ReleaseConfig,
+    pub reclaim: ReclaimConfig,
+    /// Whole-node reclaim waits this long after the Node's deletion.
+    pub node_reclaim_grace: Duration,
+    pub backoff: BackoffConfig,
+    pub resync_interval: Duration,
+    /// Workers recalculating nodes during a resync.
+    pub parallel_workers: usize,
+    /// Start-to-start spacing of one node's passes.
+    pub min_pass_interval: Duration,
+    /// Re-plans after a 409 before backing off.
+    pub conflict_retries: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            watermarks: Watermarks::default(),
+            release: ReleaseConfig::default(),
+            reclaim: ReclaimConfig::default(),
+            node_reclaim_grace: Duration::from_secs(300),
+            backoff: BackoffConfig::default(),
+            resync_interval: Duration::from_secs(60),
+            parallel_workers: 50,
+            min_pass_interval: Duration::from_millis(10),
+            conflict_retries: 3,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Rejects settings that cannot work, naming the setting.
+    pub fn validate(&self) -> Result<(), IpamError> {
+        self.watermarks.validate()?;
+        self.backoff.validate()?;
+        let bad = |name: &'static str, value: String, reason: &str| {
+            Err(IpamError::InvalidSetting {
+                name,
+                value,
+                reason: reason.into(),
+            })
+        };
+        if self.resync_interval.is_zero() {
+            return bad("resync-interval", "0s".into(), "must be positive");
+        }
+        if self.parallel_workers == 0 {
+            return bad("parallel-alloc-workers", "0".into(), "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// A node's place in the manager: its trigger, priority, Node state and last summary.
+pub(crate) struct NodeHandle {
+    pub name: NodeName,
+    pub trigger: Trigger,
+    pub priority: PriorityCell,
+    pub state: Mutex<NodeState>,
+    /// The resourceVersion of the operator's own last write (its echo is not a trigger).
+    pub own_write: AtomicU64,
+    pub removed: AtomicBool,
+}
+
+pub(crate) struct NodeState {
+    pub info: NodeInfo,
+    /// When the Node object was deleted.
+    pub deleted_at: Option<Instant>,
+    pub summary: NodeSummary,
+}
+
+pub(crate) struct Shared<S, N, P> {
+    pub source: S,
+    pub store: N,
+    pub pods: P,
+    pub clock: Arc<dyn Clock>,
+    pub cfg: EngineConfig,
+    pub source_budget: Budget,
+    pub kube_budget: Budget,
+    pub leader: watch::Receiver<bool>,
+    /// Bumped each time the lead is gained: maintainers re-seed once per epoch.
+    pub leader_epoch: AtomicU64,
+    nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
+    stats: Mutex<Stats>,
+    parked: Mutex<BTreeSet<NodeName>>,
+}
+
+impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
+    pub fn node_count(&self) -> usize {
+        self.nodes.lock().len()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// Publishes a node's new summary into the aggregate stats.
+    pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
+        let old = std::mem::replace(&mut h.state.lock().summary, summary);
+        if old != summary {
+            self.stats.lock().replace(Some(&old), Some(&summary));
+        }
+        h.priority.set(Priority {
+            waiting_pods: summary.waiting().min(u32::MAX as u64) as u32,
+            needed: summary.needed().min(u32::MAX as u64) as u32,
+        });
+    }
+
+    /// The node waits for the pool to free (no polling).
+    pub fn park(&self, name: &NodeName) {
+        self.parked.lock().insert(name.clone());
+    }
+
+    /// Addresses went back to the source: wake every parked node.
+    pub fn pool_freed(&self) {
+        let parked = std::mem::take(&mut *self.parked.lock());
+        let nodes = self.nodes.lock();
+        for name in parked {
+            if let Some(h) = nodes.get(&name) {
+                h.trigger.trigger(Reason::PoolFreed);
+            }
+        }
+    }
+
+    /// A maintainer whose node is gone removes itself.
+    pub fn remove(&self, h: &NodeHandle) {
+        h.removed.store(true, Ordering::Relaxed);
+        self.nodes.lock().remove(&h.name);
+        self.parked.lock().remove(&h.name);
+        let summary = h.state.lock().summary;
+        self.stats.lock().replace(Some(&summary), None);
+    }
+}
+
+/// The NodeManager. Cheap to clone.
+pub struct NodeManager<S, N, P> {
+    shared: Arc<Shared<S, N, P>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl<S, N, P> Clone for NodeManager<S, N, P> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            tasks: self.tasks.clone(),
+        }
+    }
+}
+
+impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
+    /// A manager over the given source, store and pod view. `leader` says whether this
+    /// replica leads; while it does not, no mutating call is made.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        source: S,
+        store: N,
+        pods: P,
+        clock: Arc<dyn Clock>,
+        cfg: EngineConfig,
+        source_budget: Budget,
+        kube_budget: Budget,
+        leader: watch::Receiver<bool>,
+    ) -> Result<Self, IpamError> {
+        cfg.validate()?;
+        let leading = u64::from(*leader.borrow());
+        let shared = Arc::new(Shared {
+            source,
+            store,
+            pods,
+            clock,
+            cfg,
+            source_budget,
+            kube_budget,
+            leader_epoch: AtomicU64::new(leading),
+            leader,
+            nodes: Mutex::default(),
+            stats: Mutex::default(),
+            parked: Mutex::default(),
+        });
+        let mgr = Self {
+            shared,
+            tasks: Arc::default(),
+        };
+        let watcher = mgr.clone();
+        let mut rx = mgr.shared.leader.clone();
+        mgr.tasks.lock().push(tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                if *rx.borrow_and_update() {
+                    watcher.shared.leader_epoch.fetch_add(1, Ordering::Relaxed);
+                }
+                watcher.trigger_all(Reason::Leadership);
+            }
+        }));
+        Ok(mgr)
+    }
+
+    /// The source this manager draws from.
+    pub fn source(&self) -> &S {
+        &self.shared.source
+    }
+
+    /// The store this manager writes to.
+    pub fn store(&self) -> &N {
+        &self.shared.store
+    }
+
+    /// A Node was added or changed (the Node informer).
+    pub fn upsert_node(&self, info: NodeInfo) {
+        let mut nodes = self.shared.nodes.lock();
+        if let Some(h) = nodes.get(&info.name) {
+            let mut st = h.state.lock();
+            st.info = info;
+            st.deleted_at = None;
+            h.trigger.trigger(Reason::Upsert);
+            return;
+        }
+        let (trigger, rx) = trigger::trigger("pool-maintainer", self.shared.cfg.min_pass_interval);
+        let h = Arc::new(NodeHandle {
+            name: info.name.clone(),
+            trigger,
+            priority: PriorityCell::default(),
+            state: Mutex::new(NodeState {
+                info,
+                deleted_at: None,
+                summary: NodeSummary::default(),
+            }),
+            own_write: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+        });
+        self.shared
+            .stats
+            .lock()
+            .replace(None, Some(&NodeSummary::default()));
+        nodes.insert(h.name.clone(), h.clone());
+        drop(nodes);
+        h.trigger.trigger(Reason::Upsert);
+        let task = tokio::spawn(maintainer::run(self.shared.clone(), h, rx));
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    /// The Node object was deleted: whole-node reclaim follows once no pod is bound to it
+    /// and the node grace has passed.
+    pub fn delete_node(&self, name: &str) {
+        if let Some(h) = self.shared.nodes.lock().get(name) {
+            h.state.lock().deleted_at.get_or_insert(Instant::now());
+            h.trigger.trigger(Reason::Delete);
+        }
+    }
+
+    /// The IPAMNode changed (its informer). The echo of our own write is ignored.
+    pub fn on_store_event(&self, ev: &StoreEvent) {
+        if let Some(h) = self.shared.nodes.lock().get(&ev.name) {
+            let own = ev.writer == Writer::Operator
+                && h.own_write.load(Ordering::Relaxed) == ev.resource_version;
+            if !own {
+                h.trigger.trigger(Reason::Upsert);
+            }
+        }
+    }
+
+    /// A pod bound to `node` was added, deleted or changed phase: that node's pass runs at
+    /// once (its first reclaim observation is the event itself).
+    pub fn on_pod_event(&self, node: &str) {
+        if let Some(h) = self.shared.nodes.lock().get(node) {
+            h.trigger.trigger(Reason::PodEvent);
+        }
+    }
+
+    fn trigger_all(&self, reason: Reason) {
+        for h in self.shared.nodes.lock().values() {
+            h.trigger.trigger(reason);
+        }
+    }
+
+    /// One resync: recalculates every node with a bounded worker pool and triggers those
+    /// with work in priority order (pods waiting first, then needed).
+    pub async fn resync(&self) {
+        let started = std::time::Instant::now();
+        let nodes: Vec<Arc<NodeHandle>> = self.shared.nodes.lock().values().cloned().collect();
+        let workers = self.shared.cfg.parallel_workers.max(1);
+        let chunk = nodes.len().div_ceil(workers).max(1);
+        let mut set = tokio::task::JoinSet::new();
+        for (i, part) in nodes.chunks(chunk).enumerate() {
+            let part = part.to_vec();
+            let shared = self.shared.clone();
+            set.spawn(async move {
+                let mut out = Vec::new();
+                for h in part {
+                    if let Some(p) = recalc(&shared, &h) {
+                        out.push((p, h));
+                    }
+                }
+                (i, out)
+            });
+        }
+        let mut parts = Vec::with_capacity(workers);
+        while let Some(r) = set.join_next().await {
+            if let Ok(p) = r {
+                parts.push(p);
+            }
+        }
+        parts.sort_by_key(|(i, _)| *i);
+        let mut due: Vec<(Priority, Arc<NodeHandle>)> =
+            parts.into_iter().flat_map(|(_, v)| v).collect();
+        due.sort_by(|(a, ha), (b, hb)| {
+            (b.waiting_pods, b.needed)
+                .cmp(&(a.waiting_pods, a.needed))
+                .then_with(|| ha.name.cmp(&hb.name))
+        });
+        for (_, h) in &due {
+            h.trigger.trigger(Reason::Resync);
+        }
+        metrics::counter!(tidepool_metrics::RESYNC_TOTAL).increment(1);
+        metrics::histogram!(tidepool_metrics::RESYNC_DURATION_SECONDS)
+            .record(started.elapsed().as_secs_f64());
+        self.shared.stats.lock().publish();
+    }
+
+    /// Runs [`NodeManager::resync`] every `resync_interval` until the manager is dropped.
+    pub fn spawn_resync_loop(&self) {
+        let mgr = self.clone();
+        let every = self.shared.cfg.resync_interval;
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                mgr.resync().await;
+            }
+        });
+        self.tasks.lock().push(task);
+    }
+
+    /// Aggregate stats (kept incrementally).
+    pub fn stats(&self) -> Stats {
+        *self.shared.stats.lock()
+    }
+
+    /// A node's last summary.
+    pub fn summary(&self, name: &str) -> Option<NodeSummary> {
+        let h = self.shared.nodes.lock().get(name).cloned()?;
+        let s = h.state.lock().summary;
+        Some(s)
+    }
+
+    /// Every managed node with its last summary, in name order.
+    pub fn summaries(&self) -> Vec<(NodeName, NodeSummary)> {
+        let nodes: Vec<_> = self.shared.nodes.lock().values().cloned().collect();
+        nodes
+            .into_iter()
+            .map(|h| {
+                let s = h.state.lock().summary;
+                (h.name.clone(), s)
+            })
+            .collect()
+    }
+
+    /// Names of the managed nodes.
+    pub fn node_names(&self) -> Vec<NodeName> {
+        self.shared.nodes.lock().keys().cloned().collect()
+    }
+
+    /// Stops every task of this manager.
+    pub fn shutdown(&self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Recalculates one node for a resync: its priority if it has work to do.
+fn recalc<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+) -> Option<Priority> {
+    let (summary, deleted) = {
+        let st = h.state.lock();
+        (st.summary, st.deleted_at.is_some())
+    };
+    if matches!(
+        summary.blocked,
+        Some(Blocked::Exhausted) | Some(Blocked::InvalidSpec)
+    ) {
+        return None; // woken by the pool freeing or the spec changing, not by polling
+    }
+    let waiting = shared.pods.pending_pods(&h.name).len() as u32;
+    let needed = summary.needed().min(u32::MAX as u64) as u32;
+    let work = deleted
+        || waiting > 0
+        || needed > 0
+        || summary.releasing()
+        || summary.reclaim_candidates > 0
+        || (summary.release_enabled && summary.excess() > 0 && summary.releasable > 0);
+    let prio = Priority {
+        waiting_pods: waiting,
+        needed,
+    };
+    h.priority.set(prio);
+    work.then_some(prio)
+}

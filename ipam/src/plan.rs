@@ -1,0 +1,328 @@
+//! One node's maintenance pass as a pure function: from a snapshot (the node's resource,
+//! its Node, watermarks, pods waiting, the pod view, time) to a plan. The runtime
+//! ([`crate::maintainer`]) executes the plan's calls and writes its fields once.
+//!
+//! Order (DESIGN.md): reclaim; advance release handshakes; compute needed/excess; claim or
+//! mark.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use tokio::time::Instant;
+
+use crate::handshake::{self, ReleaseConfig};
+use crate::pods::PodInfo;
+use crate::reclaim::{ReclaimConfig, ReclaimStep, ReclaimTracker};
+use crate::types::{
+    Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseState,
+};
+use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
+
+/// Why a node gets no new addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// The source has nothing left for it (woken when the pool frees).
+    Exhausted,
+    /// Its cap (max_allocate or allocatable pods) leaves no room.
+    AtCap,
+    Cordoned,
+    Terminating,
+    /// Its watermarks are invalid (no retry until the spec changes).
+    InvalidSpec,
+}
+
+impl Blocked {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blocked::Exhausted => "exhausted",
+            Blocked::AtCap => "at-capacity",
+            Blocked::Cordoned => "cordoned",
+            Blocked::Terminating => "terminating",
+            Blocked::InvalidSpec => "invalid-spec",
+        }
+    }
+}
+
+/// What the maintainer remembers of a node between passes.
+#[derive(Debug, Default)]
+pub struct NodeMemory {
+    pub reclaim: ReclaimTracker,
+    pub excess_since: PerFamily<Option<Instant>>,
+}
+
+impl NodeMemory {
+    /// A new lead starts every clock afresh.
+    pub fn reset(&mut self) {
+        self.reclaim.reset();
+        self.excess_since = PerFamily::default();
+    }
+}
+
+/// Everything one pass looks at.
+pub struct Snapshot<'a> {
+    pub now: Instant,
+    pub node: &'a IpamNode,
+    pub info: &'a NodeInfo,
+    /// Resolved watermarks (flags + the node's overrides), already validated.
+    pub watermarks: Watermarks,
+    pub families: &'a [Family],
+    /// Addresses per grant unit, per family.
+    pub grant_size: PerFamily<u64>,
+    /// Pods bound to the node, not terminal, without pod IPs.
+    pub pending: &'a [PodUid],
+    pub release: ReleaseConfig,
+    pub reclaim: ReclaimConfig,
+}
+
+/// A claim of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub family: Family,
+    pub count: u64,
+    /// Never go past this many addresses in total (a set max_allocate or the pods cap).
+    pub limit: u64,
+}
+
+/// New marks to place in one family, chosen by the source from `free`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marks {
+    pub family: Family,
+    pub count: u64,
+    /// Free addresses, in preference order (highest first).
+    pub free: Vec<IpAddr>,
+}
+
+/// One node's state summarized for stats, resync and the settled check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeSummary {
+    pub counts: PerFamily<FamilyCounts>,
+    pub sizing: PerFamily<Sizing>,
+    pub blocked: Option<Blocked>,
+    /// Excess that could really be released (free addresses beyond the target, marks in flight).
+    pub releasable: u64,
+    pub reclaim_candidates: u64,
+    pub release_enabled: bool,
+}
+
+impl NodeSummary {
+    pub fn waiting(&self) -> u64 {
+        self.counts.v4.waiting.max(self.counts.v6.waiting)
+    }
+
+    pub fn needed(&self) -> u64 {
+        self.sizing.v4.needed + self.sizing.v6.needed
+    }
+
+    pub fn excess(&self) -> u64 {
+        self.sizing.v4.excess + self.sizing.v6.excess
+    }
+
+    /// needed = 0, no pod waiting, and nothing of the excess is releasable (or release off).
+    pub fn at_target(&self) -> bool {
+        self.needed() == 0
+            && self.waiting() == 0
+            && (!self.release_enabled || self.excess() == 0 || self.releasable == 0)
+    }
+
+    /// At target, or blocked with a reason.
+    pub fn settled(&self) -> bool {
+        self.at_target() || self.blocked.is_some()
+    }
+
+    pub fn releasing(&self) -> bool {
+        self.counts.v4.marked + self.counts.v6.marked > 0
+    }
+}
+
+/// The plan of one pass.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// The operator's fields after the pure steps (acked tombstones dropped, answered marks
+    /// settled, surplus marks withdrawn). The runtime adds tombstones, claims and marks.
+    pub fields: OperatorFields,
+    pub reclaim: ReclaimStep,
+    /// Tombstones the node side answered (now dropped from `fields`).
+    pub answered_tombstones: Vec<(IpAddr, ReclaimAck)>,
+    /// Marked addresses answered ready-for-release: release them at the source.
+    pub release_now: Vec<IpAddr>,
+    pub claims: Vec<Claim>,
+    pub marks: Vec<Marks>,
+    pub summary: NodeSummary,
+    pub next_deadline: Option<Instant>,
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Counts one node's addresses per family, with `fields` as the operator's current fields.
+pub fn count(
+    node: &IpamNode,
+    fields: &OperatorFields,
+    pending: &[PodUid],
+) -> PerFamily<FamilyCounts> {
+    let mut c: PerFamily<FamilyCounts> = PerFamily::default();
+    for a in &fields.addresses {
+        c.get_mut(Family::of(a)).allocated += 1;
+    }
+    let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
+    for (a, e) in &node.node.used {
+        c.get_mut(Family::of(a)).used += 1;
+        if !pending.is_empty() {
+            with_ip.get_mut(Family::of(a)).insert(e.pod_uid);
+        }
+    }
+    for a in node.node.cooldown.keys() {
+        if fields.addresses.contains(a) {
+            c.get_mut(Family::of(a)).cooldown += 1;
+        }
+    }
+    for (a, s) in &fields.release {
+        if *s == ReleaseState::MarkedForRelease {
+            c.get_mut(Family::of(a)).marked += 1;
+        }
+    }
+    for f in Family::ALL {
+        c.get_mut(f).waiting = pending
+            .iter()
+            .filter(|u| !with_ip.get(f).contains(u))
+            .count() as u64;
+    }
+    c
+}
+
+/// Free addresses of a family (not used, not cooling down, not marked, not tombstoned),
+/// highest first.
+fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> Vec<IpAddr> {
+    fields
+        .addresses
+        .iter()
+        .rev()
+        .filter(|a| {
+            Family::of(a) == family
+                && !node.node.used.contains_key(a)
+                && !node.node.cooldown.contains_key(a)
+                && !fields.release.contains_key(a)
+                && !fields.reclaim.contains_key(a)
+        })
+        .copied()
+        .collect()
+}
+
+/// Plans one pass. `lookup` answers pod lookups from the cache.
+pub fn plan(
+    mem: &mut NodeMemory,
+    s: &Snapshot<'_>,
+    lookup: impl Fn(PodUid) -> Option<PodInfo>,
+) -> Plan {
+    let node = s.node;
+    let mut p = Plan {
+        fields: node.operator.clone(),
+        ..Plan::default()
+    };
+
+    // 1. Reclaim: drop answered tombstones, then observe candidates.
+    let acks = &node.node.reclaim_ack;
+    p.fields.reclaim.retain(|addr, t| match acks.get(addr) {
+        Some(ack) if ack.pod_uid == t.pod_uid => {
+            p.answered_tombstones.push((*addr, *ack));
+            false
+        }
+        _ => true,
+    });
+    p.reclaim = mem.reclaim.observe(
+        s.now,
+        &s.reclaim,
+        &node.node.used,
+        &p.fields.reclaim,
+        lookup,
+    );
+    p.next_deadline = p.reclaim.next_deadline;
+
+    // 2. Release handshakes: settle answers.
+    let ready = handshake::settle(&mut p.fields, &node.node.release_ack);
+    if !s.release.enabled {
+        for f in Family::ALL {
+            handshake::withdraw_surplus(&mut p.fields, &node.node.release_ack, f, 0);
+        }
+    }
+
+    // 3. Needed and excess per family; withdraw marks that are no longer justified.
+    for &f in s.families {
+        let counts = count(node, &p.fields, s.pending);
+        let sizing = watermarks::size(&s.watermarks, counts.get(f), cap(s, f));
+        let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
+        if counts.get(f).marked > keep {
+            handshake::withdraw_surplus(&mut p.fields, &node.node.release_ack, f, keep);
+        }
+    }
+    // 4. Claim or mark.
+    p.summary = summarize(s, &p.fields, p.reclaim.candidates as u64);
+    for &f in s.families {
+        let sizing = *p.summary.sizing.get(f);
+        if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
+            let allocated = p.summary.counts.get(f).allocated;
+            p.claims.push(Claim {
+                family: f,
+                count: sizing.claim,
+                limit: cap(s, f).map_or(u64::MAX, |c| c.saturating_sub(allocated)),
+            });
+        }
+        if s.release.enabled && sizing.needed == 0 {
+            let free = free_addresses(node, &p.fields, f);
+            let mark = sizing.mark.min(free.len() as u64);
+            match handshake::excess_persisted(mem.excess_since.get_mut(f), mark, s.now, s.release.delay) {
+                Ok(()) => p.marks.push(Marks {
+                    family: f,
+                    count: mark,
+                    free,
+                }),
+                Err(at) => p.next_deadline = earliest(p.next_deadline, at),
+            }
+        } else {
+            *mem.excess_since.get_mut(f) = None;
+        }
+    }
+    // the marked addresses answered ready that survived the withdrawals
+    p.release_now = ready
+        .into_iter()
+        .filter(|a| p.fields.release.get(a) == Some(&ReleaseState::MarkedForRelease))
+        .collect();
+    p
+}
+
+/// The hard cap on one family of the node's pool.
+fn cap(s: &Snapshot<'_>, f: Family) -> Option<u64> {
+    watermarks::pool_cap(&s.watermarks, Some(s.info.allocatable_pods), *s.grant_size.get(f))
+}
+
+/// Summarizes the node as it would be with `fields` as the operator's fields.
+pub fn summarize(s: &Snapshot<'_>, fields: &OperatorFields, reclaim_candidates: u64) -> NodeSummary {
+    let counts = count(s.node, fields, s.pending);
+    let mut summary = NodeSummary {
+        counts,
+        release_enabled: s.release.enabled,
+        reclaim_candidates,
+        ..NodeSummary::default()
+    };
+    for &f in s.families {
+        let c = counts.get(f);
+        let sizing = watermarks::size(&s.watermarks, c, cap(s, f));
+        if sizing.claim > 0 {
+            if s.info.terminating {
+                summary.blocked = summary.blocked.or(Some(Blocked::Terminating));
+            } else if s.info.cordoned {
+                summary.blocked = summary.blocked.or(Some(Blocked::Cordoned));
+            }
+        } else if sizing.at_cap {
+            summary.blocked = summary.blocked.or(Some(Blocked::AtCap));
+        }
+        let free = free_addresses(s.node, fields, f).len() as u64;
+        summary.releasable += free.min(sizing.excess.saturating_sub(c.marked)) + c.marked;
+        *summary.sizing.get_mut(f) = sizing;
+    }
+    summary
+}

@@ -1,0 +1,327 @@
+//! Reclaiming the addresses of pods that went away without releasing them (DESIGN.md
+//! "Reclaim"): the candidate predicate and the two-observation tracker. Pure: the caller
+//! supplies time and pod lookups, and confirms ready groups with a live lookup.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::pods::{PodInfo, PodPhase};
+use crate::types::{Family, PodUid, ReclaimReason, Tombstone, UsedEntry};
+
+/// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
+/// with that UID). `used` is the node's whole `used` map, for the replaced-sandbox rule.
+pub fn candidate_reason(
+    addr: &IpAddr,
+    entry: &UsedEntry,
+    used: &BTreeMap<IpAddr, UsedEntry>,
+    pod: Option<&PodInfo>,
+) -> Option<ReclaimReason> {
+    let Some(pod) = pod else {
+        return Some(ReclaimReason::PodDeleted);
+    };
+    if pod.phase.is_terminal() {
+        return Some(ReclaimReason::PodTerminal);
+    }
+    if pod.phase != PodPhase::Running || pod.ips.is_empty() || pod.ips.contains(addr) {
+        return None;
+    }
+    // A replaced sandbox: the running pod lists, in the same family, another address whose
+    // entry has the same UID and a later `since`.
+    let family = Family::of(addr);
+    let replaced = pod.ips.iter().any(|other| {
+        Family::of(other) == family
+            && used
+                .get(other)
+                .is_some_and(|e| e.pod_uid == entry.pod_uid && e.since > entry.since)
+    });
+    replaced.then_some(ReclaimReason::SandboxReplaced)
+}
+
+/// Reclaim timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimConfig {
+    /// Time between the two observations.
+    pub grace: Duration,
+    /// Minimum time since the operator first saw an entry.
+    pub min_age: Duration,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(30),
+            min_age: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The addresses of one pod (or one replaced sandbox) to reclaim together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimGroup {
+    pub pod_uid: PodUid,
+    pub reason: ReclaimReason,
+    pub addrs: Vec<IpAddr>,
+    /// The first observation (the engine's "pod gone" time for its latency metric).
+    pub first_observed: Instant,
+}
+
+/// The outcome of one observation pass.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReclaimStep {
+    /// Groups observed twice, old enough: confirm live, then write tombstones.
+    pub ready: Vec<ReclaimGroup>,
+    /// Addresses that are candidates now.
+    pub candidates: usize,
+    /// Addresses past the grace but held back by the minimum age.
+    pub held_by_min_age: usize,
+    /// When the next held group becomes ready.
+    pub next_deadline: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Observed {
+    uid: PodUid,
+    reason: ReclaimReason,
+    first: Instant,
+}
+
+/// Per-node reclaim memory: when the operator first saw each `used` entry, and the first
+/// observation of each candidate.
+#[derive(Debug, Default)]
+pub struct ReclaimTracker {
+    first_seen: BTreeMap<IpAddr, (PodUid, Instant)>,
+    observed: BTreeMap<IpAddr, Observed>,
+}
+
+/// Group key: a gone or terminal pod's addresses go together; a replaced sandbox's too.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct GroupKey(PodUid, bool);
+
+impl ReclaimTracker {
+    /// Forgets everything (a new lead starts its clocks afresh).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Observes the node's `used` map at `now`. Addresses that already carry a tombstone
+    /// are skipped. `lookup` answers from the cache.
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        cfg: &ReclaimConfig,
+        used: &BTreeMap<IpAddr, UsedEntry>,
+        tombstones: &BTreeMap<IpAddr, Tombstone>,
+        lookup: impl Fn(PodUid) -> Option<PodInfo>,
+    ) -> ReclaimStep {
+        self.first_seen
+            .retain(|a, (uid, _)| used.get(a).is_some_and(|e| e.pod_uid == *uid));
+        let mut groups: BTreeMap<GroupKey, Vec<IpAddr>> = BTreeMap::new();
+        let mut step = ReclaimStep::default();
+        let mut still = BTreeMap::new();
+        for (addr, entry) in used {
+            self.first_seen.entry(*addr).or_insert((entry.pod_uid, now));
+            if tombstones.contains_key(addr) {
+                continue;
+            }
+            let pod = lookup(entry.pod_uid);
+            let Some(reason) = candidate_reason(addr, entry, used, pod.as_ref()) else {
+                continue;
+            };
+            let first = match self.observed.get(addr) {
+                Some(o) if o.uid == entry.pod_uid && o.reason == reason => o.first,
+                _ => now,
+            };
+            still.insert(
+                *addr,
+                Observed {
+                    uid: entry.pod_uid,
+                    reason,
+                    first,
+                },
+            );
+            let key = GroupKey(entry.pod_uid, reason == ReclaimReason::SandboxReplaced);
+            groups.entry(key).or_default().push(*addr);
+        }
+        self.observed = still;
+        step.candidates = self.observed.len();
+        for (GroupKey(uid, _), addrs) in groups {
+            let mut ready_at = now;
+            let mut grace_at = now;
+            for a in &addrs {
+                let o = &self.observed[a];
+                grace_at = grace_at.max(o.first + cfg.grace);
+                ready_at = ready_at.max(o.first + cfg.grace);
+                ready_at = ready_at.max(self.first_seen[a].1 + cfg.min_age);
+            }
+            if ready_at <= now {
+                let o = self.observed[&addrs[0]];
+                let first_observed = addrs
+                    .iter()
+                    .map(|a| self.observed[a].first)
+                    .min()
+                    .unwrap_or(now);
+                step.ready.push(ReclaimGroup {
+                    pod_uid: uid,
+                    reason: o.reason,
+                    addrs,
+                    first_observed,
+                });
+            } else {
+                if grace_at <= now {
+                    step.held_by_min_age += addrs.len();
+                }
+                step.next_deadline = Some(step.next_deadline.map_or(ready_at, |d| d.min(ready_at)));
+            }
+        }
+        step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn entry(uid: u128, since: u64) -> UsedEntry {
+        UsedEntry {
+            pod_uid: PodUid(uid),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container_id: 1,
+            since: SystemTime::UNIX_EPOCH + Duration::from_secs(since),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn running(uid: u128, ips: &[&str]) -> PodInfo {
+        PodInfo {
+            uid: PodUid(uid),
+            node: "n".into(),
+            phase: PodPhase::Running,
+            ips: ips.iter().map(|s| ip(s)).collect(),
+        }
+    }
+
+    #[test]
+    fn candidate_rules() {
+        let mut used = BTreeMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 10));
+        used.insert(ip("10.0.0.2"), entry(1, 20));
+        let e = &used[&ip("10.0.0.1")];
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.1"), e, &used, None),
+            Some(ReclaimReason::PodDeleted)
+        );
+        let mut done = running(1, &[]);
+        done.phase = PodPhase::Succeeded;
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.1"), e, &used, Some(&done)),
+            Some(ReclaimReason::PodTerminal)
+        );
+        // the running pod lists the newer address: the older one is a replaced sandbox
+        let p = running(1, &["10.0.0.2"]);
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.1"), e, &used, Some(&p)),
+            Some(ReclaimReason::SandboxReplaced)
+        );
+        // ... but never the address it lists, nor when the other entry is older
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.2"), &used[&ip("10.0.0.2")], &used, Some(&p)),
+            None
+        );
+        let p = running(1, &["10.0.0.1"]);
+        assert_eq!(candidate_reason(&ip("10.0.0.2"), &used[&ip("10.0.0.2")], &used, Some(&p)), None);
+        // a pending pod, or one without IPs yet, is never a candidate
+        assert_eq!(candidate_reason(&ip("10.0.0.1"), e, &used, Some(&running(1, &[]))), None);
+        // another family's address does not make a replacement
+        let p = running(1, &["fd00::9"]);
+        assert_eq!(candidate_reason(&ip("10.0.0.1"), e, &used, Some(&p)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_observations_grace_apart_and_min_age() {
+        let cfg = ReclaimConfig {
+            grace: Duration::from_secs(30),
+            min_age: Duration::from_secs(120),
+        };
+        let mut t = ReclaimTracker::default();
+        let mut used = BTreeMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 0));
+        let none = BTreeMap::new();
+        let start = Instant::now();
+        // the pod exists: the operator just records the entry
+        let s = t.observe(start, &cfg, &used, &none, |_| Some(running(1, &["10.0.0.1"])));
+        assert_eq!(s.candidates, 0);
+        // at 100 s the pod is gone: first observation
+        let t1 = start + Duration::from_secs(100);
+        let s = t.observe(t1, &cfg, &used, &none, |_| None);
+        assert_eq!((s.candidates, s.ready.len()), (1, 0));
+        assert_eq!(s.next_deadline, Some(start + Duration::from_secs(130)));
+        // second observation at 130: grace passed and the entry is 130 s old ≥ 120
+        let s = t.observe(start + Duration::from_secs(130), &cfg, &used, &none, |_| None);
+        assert_eq!(s.ready.len(), 1);
+        assert_eq!(s.ready[0].reason, ReclaimReason::PodDeleted);
+        assert_eq!(s.ready[0].first_observed, t1);
+        // tombstoned addresses are skipped
+        let mut tomb = BTreeMap::new();
+        tomb.insert(
+            ip("10.0.0.1"),
+            Tombstone {
+                pod_uid: PodUid(1),
+                reason: ReclaimReason::PodDeleted,
+            },
+        );
+        let s = t.observe(start + Duration::from_secs(131), &cfg, &used, &tomb, |_| None);
+        assert_eq!(s.candidates, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn young_entries_wait_for_min_age_and_reappearing_pods_reset() {
+        let cfg = ReclaimConfig::default();
+        let mut t = ReclaimTracker::default();
+        let mut used = BTreeMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 0));
+        let now = Instant::now();
+        let none = BTreeMap::new();
+        assert_eq!(t.observe(now, &cfg, &used, &none, |_| None).ready.len(), 0);
+        let s = t.observe(now + Duration::from_secs(31), &cfg, &used, &none, |_| None);
+        assert_eq!((s.ready.len(), s.held_by_min_age), (0, 1));
+        assert_eq!(s.next_deadline, Some(now + Duration::from_secs(120)));
+        // the pod shows up in the cache: no longer a candidate, the clock restarts
+        let s = t.observe(now + Duration::from_secs(60), &cfg, &used, &none, |_| {
+            Some(running(1, &["10.0.0.1"]))
+        });
+        assert_eq!(s.candidates, 0);
+        let s = t.observe(now + Duration::from_secs(125), &cfg, &used, &none, |_| None);
+        assert!(s.ready.is_empty(), "a fresh first observation is needed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn both_families_of_a_pod_go_together() {
+        let cfg = ReclaimConfig {
+            grace: Duration::from_secs(30),
+            min_age: Duration::ZERO,
+        };
+        let mut t = ReclaimTracker::default();
+        let mut used = BTreeMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 0));
+        let now = Instant::now();
+        let none = BTreeMap::new();
+        t.observe(now, &cfg, &used, &none, |_| None);
+        // the v6 entry appears later: the group waits for its own grace
+        used.insert(ip("fd00::1"), entry(1, 0));
+        let s = t.observe(now + Duration::from_secs(20), &cfg, &used, &none, |_| None);
+        assert!(s.ready.is_empty());
+        let s = t.observe(now + Duration::from_secs(31), &cfg, &used, &none, |_| None);
+        assert!(s.ready.is_empty(), "v6 observed only 11 s ago");
+        let s = t.observe(now + Duration::from_secs(50), &cfg, &used, &none, |_| None);
+        assert_eq!(s.ready.len(), 1);
+        assert_eq!(s.ready[0].addrs, vec![ip("10.0.0.1"), ip("fd00::1")]);
+    }
+}

@@ -1,0 +1,121 @@
+//! Aggregate statistics over all nodes, kept incrementally: each pass replaces its node's
+//! contribution, so reading them never walks the nodes.
+
+use crate::plan::{Blocked, NodeSummary};
+use crate::types::{Family, PerFamily};
+
+/// Totals over one family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FamilyTotals {
+    pub allocated: i64,
+    pub used: i64,
+    pub free: i64,
+    pub cooldown: i64,
+    pub needed: i64,
+    pub excess: i64,
+}
+
+/// Totals over all nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub ips: PerFamily<FamilyTotals>,
+    pub nodes: i64,
+    pub in_deficit: i64,
+    pub at_capacity: i64,
+    pub releasing: i64,
+    pub blocked: i64,
+    pub reclaim_candidates: i64,
+}
+
+impl Stats {
+    fn add(&mut self, s: &NodeSummary, sign: i64) {
+        for f in Family::ALL {
+            let c = s.counts.get(f);
+            let z = s.sizing.get(f);
+            let t = self.ips.get_mut(f);
+            t.allocated += sign * c.allocated as i64;
+            t.used += sign * c.used as i64;
+            t.free += sign * c.free() as i64;
+            t.cooldown += sign * c.cooldown as i64;
+            t.needed += sign * z.needed as i64;
+            t.excess += sign * z.excess as i64;
+        }
+        self.nodes += sign;
+        self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
+        self.at_capacity += sign
+            * i64::from(matches!(
+                s.blocked,
+                Some(Blocked::AtCap) | Some(Blocked::Exhausted)
+            ));
+        self.releasing += sign * i64::from(s.releasing());
+        self.blocked += sign * i64::from(s.blocked.is_some());
+        self.reclaim_candidates += sign * s.reclaim_candidates as i64;
+    }
+
+    /// Replaces one node's contribution (`old` = None for a new node, `new` = None for a
+    /// removed one).
+    pub fn replace(&mut self, old: Option<&NodeSummary>, new: Option<&NodeSummary>) {
+        if let Some(o) = old {
+            self.add(o, -1);
+        }
+        if let Some(n) = new {
+            self.add(n, 1);
+        }
+    }
+
+    /// Sets the aggregate gauges.
+    pub fn publish(&self) {
+        use tidepool_metrics as m;
+        for f in Family::ALL {
+            let t = self.ips.get(f);
+            for (state, v) in [
+                ("allocated", t.allocated),
+                ("used", t.used),
+                ("free", t.free),
+                ("cooldown", t.cooldown),
+                ("needed", t.needed),
+                ("excess", t.excess),
+            ] {
+                metrics::gauge!(m::IPS, "family" => f.as_str(), "state" => state).set(v as f64);
+            }
+        }
+        for (category, v) in [
+            ("total", self.nodes),
+            ("in-deficit", self.in_deficit),
+            ("at-capacity", self.at_capacity),
+            ("releasing", self.releasing),
+            ("blocked", self.blocked),
+        ] {
+            metrics::gauge!(m::NODES, "category" => category).set(v as f64);
+        }
+        metrics::gauge!(m::RECLAIM_CANDIDATES).set(self.reclaim_candidates as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watermarks::FamilyCounts;
+
+    #[test]
+    fn replace_is_incremental() {
+        let mut st = Stats::default();
+        let mut a = NodeSummary::default();
+        a.counts.v4 = FamilyCounts {
+            allocated: 10,
+            used: 4,
+            ..Default::default()
+        };
+        a.sizing.v4.needed = 2;
+        st.replace(None, Some(&a));
+        let mut b = a;
+        b.counts.v4.allocated = 12;
+        b.sizing.v4.needed = 0;
+        st.replace(Some(&a), Some(&b));
+        assert_eq!(st.ips.v4.allocated, 12);
+        assert_eq!(st.ips.v4.free, 8);
+        assert_eq!((st.nodes, st.in_deficit), (1, 0));
+        st.replace(Some(&b), None);
+        assert_eq!(st, Stats::default());
+    }
+}

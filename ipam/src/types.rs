@@ -1,0 +1,227 @@
+//! The engine's data model: address families, pod identity, and the per-node resource
+//! (IPAMNode in DESIGN.md) split by writer — the operator's fields and the node side's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// An address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+
+    pub fn of(addr: &IpAddr) -> Family {
+        match addr {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// One value per family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerFamily<T> {
+    pub v4: T,
+    pub v6: T,
+}
+
+impl<T> PerFamily<T> {
+    pub fn get(&self, f: Family) -> &T {
+        match f {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+
+    pub fn get_mut(&mut self, f: Family) -> &mut T {
+        match f {
+            Family::V4 => &mut self.v4,
+            Family::V6 => &mut self.v6,
+        }
+    }
+}
+
+/// A pod's UID. Kubernetes UIDs are 128-bit UUIDs; holding them as a number keeps
+/// per-address records small and comparisons cheap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodUid(pub u128);
+
+impl fmt::Display for PodUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.0;
+        write!(
+            f,
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            (v >> 96) as u32,
+            (v >> 80) as u16,
+            (v >> 64) as u16,
+            (v >> 48) as u16,
+            v & 0xffff_ffff_ffff
+        )
+    }
+}
+
+/// Node names are shared, immutable strings.
+pub type NodeName = Arc<str>;
+
+/// `status.used[address]`: which pod holds the address (written by the node side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsedEntry {
+    pub pod_uid: PodUid,
+    pub namespace: Arc<str>,
+    pub pod: Arc<str>,
+    /// Only for the node side's stale-DEL filter; identity is the pod UID.
+    pub container_id: u64,
+    pub since: SystemTime,
+}
+
+/// `spec.release[address]` (operator): the release handshake's operator half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseState {
+    MarkedForRelease,
+    /// The source has taken the address back; the entry goes once the node side dropped its ack.
+    Released,
+}
+
+/// `status.releaseAck[address]` (node side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseAck {
+    ReadyForRelease,
+    DoNotRelease,
+}
+
+/// Why an address is reclaimed; also the `reason` label of the reclaim metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReclaimReason {
+    PodDeleted,
+    PodTerminal,
+    SandboxReplaced,
+    NodeDeleted,
+}
+
+impl ReclaimReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReclaimReason::PodDeleted => "pod-deleted",
+            ReclaimReason::PodTerminal => "pod-terminal",
+            ReclaimReason::SandboxReplaced => "sandbox-replaced",
+            ReclaimReason::NodeDeleted => "node-deleted",
+        }
+    }
+}
+
+/// `spec.reclaim[address]` (operator): take the address back from this pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tombstone {
+    pub pod_uid: PodUid,
+    pub reason: ReclaimReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    /// The entry still had the tombstone's pod UID: removed, cooldown started.
+    Reclaimed,
+    /// The entry had changed owner (or was gone): nothing was removed.
+    Stale,
+}
+
+/// `status.reclaimAck[address]` (node side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimAck {
+    pub pod_uid: PodUid,
+    pub outcome: ReclaimOutcome,
+}
+
+/// Per-node watermark overrides from `spec.watermarks` (users). Unset fields fall back to
+/// the operator's flags. They apply to each family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatermarkOverrides {
+    pub pre_allocate: Option<u32>,
+    pub min_allocate: Option<u32>,
+    pub max_allocate: Option<u32>,
+    pub max_above_watermark: Option<u32>,
+}
+
+/// A status condition (operator): `type` is the list-map key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+    pub last_transition: SystemTime,
+}
+
+/// The fields the operator writes (one server-side apply of the operator's field manager).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperatorFields {
+    /// The node's addresses as the source reports them (`spec.addresses`).
+    pub addresses: BTreeSet<IpAddr>,
+    pub release: BTreeMap<IpAddr, ReleaseState>,
+    pub reclaim: BTreeMap<IpAddr, Tombstone>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The fields the node side writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSideFields {
+    pub used: BTreeMap<IpAddr, UsedEntry>,
+    /// Address → end of its reuse cooldown.
+    pub cooldown: BTreeMap<IpAddr, SystemTime>,
+    pub release_ack: BTreeMap<IpAddr, ReleaseAck>,
+    pub reclaim_ack: BTreeMap<IpAddr, ReclaimAck>,
+}
+
+/// One IPAMNode: same name as its Node, carrying the Node's UID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamNode {
+    pub name: NodeName,
+    pub node_uid: u128,
+    pub resource_version: u64,
+    /// `spec.watermarks` (users).
+    pub watermarks: WatermarkOverrides,
+    pub operator: OperatorFields,
+    pub node: NodeSideFields,
+    /// The operator's finalizer is present.
+    pub finalizer: bool,
+}
+
+impl IpamNode {
+    pub fn new(name: NodeName, node_uid: u128) -> Self {
+        Self {
+            name,
+            node_uid,
+            resource_version: 0,
+            watermarks: WatermarkOverrides::default(),
+            operator: OperatorFields::default(),
+            node: NodeSideFields::default(),
+            finalizer: true,
+        }
+    }
+}
+
+/// What the engine knows of a Node object (from the Node informer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: NodeName,
+    pub uid: u128,
+    /// The Node's allocatable pods; caps the pool (rounded up to a whole block).
+    pub allocatable_pods: u32,
+    pub cordoned: bool,
+    pub terminating: bool,
+}

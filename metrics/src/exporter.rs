@@ -1,0 +1,57 @@
+//! The Prometheus exporter (feature `exporter`).
+
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::{MetricsError, buckets, describe_all, register_zero};
+
+/// A Prometheus builder with every histogram's explicit buckets set (so histograms export as
+/// histograms, not summaries) and no exporter configured: add a listener, or call
+/// `build_recorder()` to render without a socket (tests, `simulate --report`).
+pub fn prometheus_builder() -> Result<PrometheusBuilder, MetricsError> {
+    let mut builder = PrometheusBuilder::new();
+    for (name, b) in buckets() {
+        builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), b)?;
+    }
+    Ok(builder)
+}
+
+/// Builds the Prometheus recorder with every histogram's buckets, installs it as the global
+/// recorder, serves `/metrics` on `addr`, then describes every metric and registers every
+/// enumerated series at zero.
+///
+/// Inside a Tokio runtime the HTTP listener and the recorder's upkeep run as tasks of that
+/// runtime; outside one, on a dedicated thread with its own current-thread runtime (as
+/// `PrometheusBuilder::install` does). The listening socket is bound before this returns, so a
+/// bad or busy address is an error here.
+pub fn install_exporter(addr: SocketAddr) -> Result<PrometheusHandle, MetricsError> {
+    let builder = prometheus_builder()?.with_http_listener(addr);
+    let recorder = if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (recorder, exporter) = {
+            let _guard = rt.enter();
+            builder.build()?
+        };
+        rt.spawn(exporter);
+        recorder
+    } else {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(MetricsError::Runtime)?;
+        let (recorder, exporter) = {
+            let _guard = rt.enter();
+            builder.build()?
+        };
+        std::thread::Builder::new()
+            .name("tidepool-metrics-exporter".into())
+            .spawn(move || rt.block_on(exporter))
+            .map_err(MetricsError::Runtime)?;
+        recorder
+    };
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
+    describe_all();
+    register_zero();
+    Ok(handle)
+}

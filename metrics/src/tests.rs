@@ -1,0 +1,331 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    with_local_recorder,
+};
+use metrics_util::MetricKind;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+use super::*;
+
+/// Every name constant, written out independently of [`ALL`].
+const NAMES: &[&str] = &[
+    IPS,
+    NODES,
+    POOL_IPS,
+    ALLOCATION_OPS_TOTAL,
+    RELEASE_OPS_TOTAL,
+    IPS_ALLOCATED_TOTAL,
+    IPS_RELEASED_TOTAL,
+    ALLOCATION_DURATION_SECONDS,
+    RECLAIM_CANDIDATES,
+    RECLAIMS_TOTAL,
+    RECLAIM_LATENCY_SECONDS,
+    RESYNC_TOTAL,
+    RESYNC_DURATION_SECONDS,
+    TRIGGER_QUEUED_TOTAL,
+    TRIGGER_FOLDS,
+    TRIGGER_LATENCY_SECONDS,
+    TRIGGER_DURATION_SECONDS,
+    API_REQUESTS_TOTAL,
+    API_WAIT_SECONDS,
+    REPAIR_ISSUES_TOTAL,
+    NODE_IPS,
+    LEADER,
+];
+
+#[test]
+fn names_match_design_table() {
+    assert_eq!(IPS, "tidepool_ipam_ips");
+    assert_eq!(TRIGGER_FOLDS, "tidepool_ipam_trigger_folds");
+    assert_eq!(LEADER, "tidepool_leader");
+    for name in NAMES {
+        if *name != LEADER {
+            let short = name.strip_prefix("tidepool_ipam_").expect(name);
+            assert!(
+                short.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{name}"
+            );
+        }
+    }
+    let defined: Vec<&str> = ALL.iter().map(|d| d.name).collect();
+    assert_eq!(defined, NAMES, "ALL must hold every name once, in table order");
+    let unique: BTreeSet<&str> = defined.iter().copied().collect();
+    assert_eq!(unique.len(), NAMES.len());
+}
+
+#[test]
+fn kinds_units_and_suffixes_are_consistent() {
+    for d in ALL {
+        assert!(!d.help.is_empty(), "{} has no help", d.name);
+        if d.name.ends_with("_total") {
+            assert_eq!(d.kind, Kind::Counter, "{}", d.name);
+        }
+        if d.kind == Kind::Counter {
+            assert!(d.name.ends_with("_total"), "counter {} lacks _total", d.name);
+        }
+        if d.name.ends_with("_seconds") {
+            assert_eq!(d.unit, Some(Unit::Seconds), "{}", d.name);
+            assert_eq!(d.kind, Kind::Histogram, "{}", d.name);
+        }
+    }
+    let kind = |n| def(n).unwrap().kind;
+    assert_eq!(kind(IPS), Kind::Gauge);
+    assert_eq!(kind(NODES), Kind::Gauge);
+    assert_eq!(kind(POOL_IPS), Kind::Gauge);
+    assert_eq!(kind(RECLAIM_CANDIDATES), Kind::Gauge);
+    assert_eq!(kind(NODE_IPS), Kind::Gauge);
+    assert_eq!(kind(LEADER), Kind::Gauge);
+    assert_eq!(kind(TRIGGER_FOLDS), Kind::Histogram);
+    assert!(def("tidepool_ipam_nope").is_none());
+}
+
+#[test]
+fn every_histogram_has_sane_buckets() {
+    let mut seen = BTreeSet::new();
+    for (name, b) in buckets() {
+        assert!(seen.insert(*name), "{name} listed twice");
+        let d = def(name).unwrap_or_else(|| panic!("buckets for unknown metric {name}"));
+        assert_eq!(d.kind, Kind::Histogram, "buckets for non-histogram {name}");
+        assert!(b.len() >= 5, "{name}: too few buckets");
+        assert!(b.iter().all(|x| x.is_finite() && *x > 0.0), "{name}");
+        assert!(
+            b.windows(2).all(|w| w[0] < w[1]),
+            "{name}: buckets not increasing"
+        );
+    }
+    for d in ALL.iter().filter(|d| d.kind == Kind::Histogram) {
+        assert!(d.buckets().is_some(), "histogram {} has no buckets", d.name);
+    }
+    // Per-metric ranges the dashboards rely on.
+    let last = |n| *def(n).unwrap().buckets().unwrap().last().unwrap();
+    let first = |n| def(n).unwrap().buckets().unwrap()[0];
+    assert!(last(RECLAIM_LATENCY_SECONDS) >= 600.0);
+    assert!(first(RECLAIM_LATENCY_SECONDS) <= 5.0);
+    assert!(first(TRIGGER_LATENCY_SECONDS) <= 0.001);
+    assert!(last(API_WAIT_SECONDS) >= 300.0);
+    assert_eq!(first(TRIGGER_FOLDS), 1.0);
+    assert!(def(IPS).unwrap().buckets().is_none());
+}
+
+/// A recorder that keeps what was described.
+#[derive(Default, Clone)]
+struct DescribeLog(Arc<Mutex<Vec<(String, MetricKind, Option<Unit>, String)>>>);
+
+impl DescribeLog {
+    fn push(&self, k: KeyName, kind: MetricKind, unit: Option<Unit>, d: SharedString) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((k.as_str().to_string(), kind, unit, d.to_string()));
+    }
+}
+
+impl Recorder for DescribeLog {
+    fn describe_counter(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.push(k, MetricKind::Counter, u, d)
+    }
+    fn describe_gauge(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.push(k, MetricKind::Gauge, u, d)
+    }
+    fn describe_histogram(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+        self.push(k, MetricKind::Histogram, u, d)
+    }
+    fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::noop()
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+#[test]
+fn describe_all_describes_every_metric_with_kind_unit_and_help() {
+    let log = DescribeLog::default();
+    with_local_recorder(&log, describe_all);
+    let got = log.0.lock().unwrap().clone();
+    assert_eq!(got.len(), NAMES.len());
+    for d in ALL {
+        let (_, kind, unit, help) = got
+            .iter()
+            .find(|(n, ..)| n == d.name)
+            .unwrap_or_else(|| panic!("{} not described", d.name));
+        let want = match d.kind {
+            Kind::Counter => MetricKind::Counter,
+            Kind::Gauge => MetricKind::Gauge,
+            Kind::Histogram => MetricKind::Histogram,
+        };
+        assert_eq!(*kind, want, "{}", d.name);
+        assert_eq!(*unit, d.unit, "{}", d.name);
+        assert_eq!(help, d.help);
+    }
+}
+
+type Series = BTreeMap<String, BTreeSet<Vec<(String, String)>>>;
+
+fn snapshot(s: &Snapshotter) -> (Series, Vec<(String, Vec<(String, String)>, DebugValue)>) {
+    let mut by_name: Series = BTreeMap::new();
+    let mut values = Vec::new();
+    for (ck, _unit, _desc, value) in s.snapshot().into_vec() {
+        let (_, key) = ck.into_parts();
+        let labels: Vec<(String, String)> = key
+            .labels()
+            .map(|l| (l.key().to_string(), l.value().to_string()))
+            .collect();
+        by_name
+            .entry(key.name().to_string())
+            .or_default()
+            .insert(labels.clone());
+        values.push((key.name().to_string(), labels, value));
+    }
+    (by_name, values)
+}
+
+#[test]
+fn register_zero_registers_every_enumerated_series() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    with_local_recorder(&rec, register_zero);
+    let (series, values) = snapshot(&snap);
+
+    // Expected series counts, from DESIGN.md's table.
+    let expected: &[(&str, usize)] = &[
+        (IPS, 2 * 6),
+        (NODES, 5),
+        (ALLOCATION_OPS_TOTAL, 2 * 2),
+        (RELEASE_OPS_TOTAL, 2 * 2),
+        (IPS_ALLOCATED_TOTAL, 2),
+        (IPS_RELEASED_TOTAL, 2),
+        (ALLOCATION_DURATION_SECONDS, 2 * 2),
+        (RECLAIM_CANDIDATES, 1),
+        (RECLAIMS_TOTAL, 4 * 2),
+        (RECLAIM_LATENCY_SECONDS, 1),
+        (RESYNC_TOTAL, 1),
+        (RESYNC_DURATION_SECONDS, 1),
+        (TRIGGER_QUEUED_TOTAL, 2),
+        (TRIGGER_FOLDS, 2),
+        (TRIGGER_LATENCY_SECONDS, 2),
+        (TRIGGER_DURATION_SECONDS, 2),
+        (API_REQUESTS_TOTAL, 2 * 4 + 3 * 4),
+        (API_WAIT_SECONDS, 2),
+        (REPAIR_ISSUES_TOTAL, 5),
+        (LEADER, 1),
+    ];
+    for (name, n) in expected {
+        let got = series.get(*name).map_or(0, |s| s.len());
+        assert_eq!(got, *n, "{name}: series registered");
+    }
+    // Not enumerable: left to their first recording.
+    assert!(!series.contains_key(POOL_IPS));
+    assert!(!series.contains_key(NODE_IPS));
+    assert_eq!(series.len(), expected.len());
+
+    // Every enumerated value of every label appears.
+    let values_of = |name: &str, key: &str| -> BTreeSet<String> {
+        series[name]
+            .iter()
+            .flat_map(|s| s.iter().filter(|(k, _)| k == key).map(|(_, v)| v.clone()))
+            .collect()
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(values_of(IPS, "family"), set(&["ipv4", "ipv6"]));
+    assert_eq!(
+        values_of(IPS, "state"),
+        set(&["allocated", "used", "free", "cooldown", "needed", "excess"])
+    );
+    assert_eq!(
+        values_of(NODES, "category"),
+        set(&["total", "in-deficit", "at-capacity", "releasing", "blocked"])
+    );
+    assert_eq!(
+        values_of(RECLAIMS_TOTAL, "reason"),
+        set(&[
+            "pod-deleted",
+            "pod-terminal",
+            "sandbox-replaced",
+            "node-deleted"
+        ])
+    );
+    assert_eq!(
+        values_of(RECLAIMS_TOTAL, "outcome"),
+        set(&["reclaimed", "failed"])
+    );
+    assert_eq!(
+        values_of(REPAIR_ISSUES_TOTAL, "kind"),
+        set(&[
+            "duplicate",
+            "out-of-range",
+            "unknown-pool",
+            "orphan-block",
+            "leaked"
+        ])
+    );
+    assert_eq!(
+        values_of(TRIGGER_QUEUED_TOTAL, "trigger"),
+        set(&["pool-maintainer", "resync"])
+    );
+    assert_eq!(values_of(API_WAIT_SECONDS, "api"), set(&["source", "kube"]));
+    assert_eq!(
+        values_of(ALLOCATION_OPS_TOTAL, "outcome"),
+        set(&["success", "failure"])
+    );
+    assert_eq!(
+        values_of(ALLOCATION_OPS_TOTAL, "source"),
+        set(&["cluster-pool", "sim-cloud"])
+    );
+    // `op` depends on `api`: no kube "allocate", no source "apply".
+    for s in &series[API_REQUESTS_TOTAL] {
+        let get = |k: &str| s.iter().find(|(kk, _)| kk == k).unwrap().1.as_str();
+        let ops = api::ops(get("api"));
+        assert!(ops.contains(&get("op")), "{s:?}");
+    }
+
+    // All at zero, histograms without samples.
+    for (name, labels, value) in values {
+        match value {
+            DebugValue::Counter(v) => assert_eq!(v, 0, "{name} {labels:?}"),
+            DebugValue::Gauge(v) => assert_eq!(v.into_inner(), 0.0, "{name} {labels:?}"),
+            DebugValue::Histogram(v) => assert!(v.is_empty(), "{name} {labels:?}"),
+        }
+    }
+}
+
+#[test]
+fn register_zero_keeps_existing_values() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    with_local_recorder(&rec, || {
+        metrics::gauge!(LEADER).set(1.0);
+        metrics::counter!(RESYNC_TOTAL).increment(3);
+        metrics::histogram!(RESYNC_DURATION_SECONDS).record(0.5);
+        register_zero();
+    });
+    let (_, values) = snapshot(&snap);
+    let get = |n: &str| {
+        values
+            .iter()
+            .find(|(name, ..)| name == n)
+            .map(|(.., v)| v)
+            .unwrap()
+    };
+    assert_eq!(get(LEADER), &DebugValue::Gauge(1.0.into()));
+    assert_eq!(get(RESYNC_TOTAL), &DebugValue::Counter(3));
+    assert_eq!(
+        get(RESYNC_DURATION_SECONDS),
+        &DebugValue::Histogram(vec![0.5.into()])
+    );
+}
+
+#[test]
+fn series_of_a_metric_without_labels_is_one_empty_set() {
+    assert_eq!(def(LEADER).unwrap().series(), vec![Vec::new()]);
+    assert!(def(POOL_IPS).unwrap().series().is_empty());
+    let api_series = def(API_REQUESTS_TOTAL).unwrap().series();
+    assert!(api_series.contains(&vec![("api", "kube"), ("op", "apply"), ("outcome", "conflict")]));
+    assert!(!api_series.iter().any(|s| s.contains(&("api", "kube")) && s.contains(&("op", "allocate"))));
+}

@@ -1,0 +1,510 @@
+//! HTTP front end: authentication by bearer token, fault injection, request counting,
+//! routing of Kubernetes API paths, and the watch stream.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::discovery;
+use crate::error::Error;
+use crate::registry::ResType;
+use crate::selector::Selector;
+use crate::server::State;
+use crate::store::{DeleteOpts, Store, WatchEvent, WriteOpts, event_line};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(q: Option<&str>) -> HashMap<String, String> {
+    q.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn json_response(code: u16, v: &Value, warnings: &[String]) -> Response<Body> {
+    let body = serde_json::to_vec(v).expect("serialise");
+    let mut r = Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::OK))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)).boxed())
+        .expect("response");
+    for w in warnings {
+        if let Ok(h) = HeaderValue::from_str(&format!("299 - {}", Value::String(w.clone()))) {
+            r.headers_mut().append(header::WARNING, h);
+        }
+    }
+    r
+}
+
+fn error_response(e: &Error) -> Response<Body> {
+    let mut r = json_response(e.code(), &e.status(), &[]);
+    if let Error::Api { details: Some(d), .. } = e
+        && let Some(s) = d.get("retryAfterSeconds").and_then(Value::as_u64)
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+fn success_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+}
+
+/// A parsed resource request.
+struct Target {
+    rt: Arc<ResType>,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: String,
+}
+
+fn parse_target(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<Target> {
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if store.resolve(group, version, plural).is_some_and(|t| t.namespaced) => {
+            (Some(ns.to_string()), [&[*plural][..], tail].concat())
+        }
+        _ => (None, rest.to_vec()),
+    };
+    let rt = store.resolve(group, version, rest.first()?)?;
+    if ns.is_some() && !rt.namespaced || rest.len() > 3 {
+        return None;
+    }
+    let sub = rest.get(2).map(|s| s.to_string()).unwrap_or_default();
+    if !sub.is_empty() && !(sub == "status" && rt.status) {
+        return None;
+    }
+    Some(Target {
+        rt,
+        ns,
+        name: rest.get(1).map(|s| s.to_string()),
+        sub,
+    })
+}
+
+fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>, ctype: &str) -> &'static str {
+    let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    match (method.as_str(), t.name.is_some()) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", false) => "create",
+        ("PUT", true) => "update",
+        ("PATCH", true) if ctype.starts_with("application/apply-patch") => "apply",
+        ("PATCH", true) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unsupported",
+    }
+}
+
+fn parse_body(bytes: &[u8], ctype: &str) -> Result<Value, Error> {
+    if bytes.is_empty() {
+        return Ok(Value::Null);
+    }
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Ok(v),
+        Err(e) if ctype.contains("yaml") => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| serde_saphyr::from_str::<Value>(s).ok())
+            .ok_or_else(|| Error::bad_request(format!("error decoding YAML: {e}"))),
+        Err(e) => Err(Error::bad_request(format!("couldn't get version/kind; json parse error: {e}"))),
+    }
+}
+
+fn identity(st: &State, req: &Request<Incoming>) -> Result<String, Error> {
+    match req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()) {
+        None => Ok("anonymous".into()),
+        Some(h) => {
+            let tok = h.strip_prefix("Bearer ").unwrap_or("");
+            st.tokens
+                .read()
+                .get(tok)
+                .cloned()
+                .ok_or_else(|| Error::api(401, "Unauthorized", "Unauthorized"))
+        }
+    }
+}
+
+/// Serves one request. An `Err` makes hyper drop the connection (refused identities).
+pub(crate) async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Error> {
+    let who = match identity(&st, &req) {
+        Ok(w) => w,
+        Err(e) => return Ok(error_response(&e)),
+    };
+    let (latency, refused) = {
+        let f = st.faults.read();
+        (f.latency, f.refused.contains(&who))
+    };
+    if refused {
+        return Err(Error::api(503, "ServiceUnavailable", "identity refused"));
+    }
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let types = || st.store.types();
+    let nonresource = |v: Option<Value>| {
+        st.count("get", &path);
+        match v {
+            Some(v) => json_response(200, &v, &[]),
+            None => error_response(&Error::not_found_path()),
+        }
+    };
+    let resp = match segs.as_slice() {
+        ["version"] => nonresource(Some(discovery::version())),
+        ["healthz" | "livez" | "readyz"] => {
+            st.count("get", &path);
+            Response::new(Full::new(Bytes::from_static(b"ok")).boxed())
+        }
+        ["api"] => nonresource(Some(discovery::api_versions(&st.addr.to_string()))),
+        ["apis"] => nonresource(Some(discovery::group_list(&types().0))),
+        ["openapi", "v3"] => {
+            let (t, g) = types();
+            nonresource(Some(discovery::openapi_root(&t, g)))
+        }
+        ["openapi", "v3", rest @ ..] => nonresource(discovery::openapi_gv(&types().0, &rest.join("/"))),
+        ["api", "v1"] => nonresource(discovery::resource_list(&types().0, "", "v1")),
+        ["apis", g] => nonresource(discovery::group(&types().0, g)),
+        ["apis", g, v] => nonresource(discovery::resource_list(&types().0, g, v)),
+        ["api", "v1", rest @ ..] => resource(&st, req, "", "v1", &rest.to_vec(), &who).await,
+        ["apis", g, v, rest @ ..] => {
+            let (g, v) = (g.to_string(), v.to_string());
+            resource(&st, req, &g, &v, &rest.to_vec(), &who).await
+        }
+        _ => nonresource(None),
+    };
+    Ok(resp)
+}
+
+async fn resource(st: &Arc<State>, req: Request<Incoming>, group: &str, version: &str, rest: &[&str], who: &str) -> Response<Body> {
+    let Some(t) = parse_target(&st.store, group, version, rest) else {
+        st.count("unknown", &req.uri().path().to_string());
+        return error_response(&Error::not_found_path());
+    };
+    let q = query(req.uri().query());
+    let ctype = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let verb = verb_of(req.method(), &t, &q, &ctype);
+    let res_name = if t.sub.is_empty() { t.rt.gr() } else { format!("{}/{}", t.rt.gr(), t.sub) };
+    st.count(verb, &res_name);
+    let injected = {
+        let f = st.faults.read();
+        if f.error_rate > 0.0
+            && (f.error_verbs.is_empty() || f.error_verbs.contains(verb))
+            && (st.store.random() % 1_000_000) as f64 / 1_000_000.0 < f.error_rate
+        {
+            Some(if f.error_code == 429 {
+                Error::too_many_requests(f.retry_after_secs)
+            } else {
+                Error::internal("injected fault: internal error")
+            })
+        } else {
+            None
+        }
+    };
+    if let Some(e) = injected {
+        return error_response(&e);
+    }
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let as_table = accept.contains("as=Table");
+    let ua = req.headers().get(header::USER_AGENT).and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+    let method = req.method().clone();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error_response(&Error::bad_request(e.to_string())),
+    };
+    let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who, &method).await;
+    match result {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    st: &Arc<State>,
+    t: &Target,
+    verb: &str,
+    q: &HashMap<String, String>,
+    ctype: &str,
+    body: &[u8],
+    as_table: bool,
+    ua: &str,
+    who: &str,
+    method: &Method,
+) -> Result<Response<Body>, Error> {
+    let rt = &t.rt;
+    let store = &st.store;
+    let ns = t.ns.clone().unwrap_or_default();
+    if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
+        return Err(Error::not_found_path());
+    }
+    let sel = || Selector::parse(q.get("labelSelector").map(String::as_str), q.get("fieldSelector").map(String::as_str));
+    let manager = q.get("fieldManager").cloned().unwrap_or_else(|| ua.split('/').next().unwrap_or("").chars().take(128).collect());
+    let opts = WriteOpts {
+        manager,
+        subresource: t.sub.clone(),
+        dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+        strict: q.get("fieldValidation").is_some_and(|v| v == "Strict"),
+        force: q.get("force").is_some_and(|f| f == "true"),
+    };
+    let name = t.name.clone().unwrap_or_default();
+    match verb {
+        "get" => {
+            let o = store.get(rt, &ns, &name)?;
+            if as_table {
+                return Ok(json_response(200, &discovery::table(rt, &[o], store.current_rv(), q.get("includeObject").map(String::as_str).unwrap_or("")), &[]));
+            }
+            Ok(json_response(200, &o, &[]))
+        }
+        "list" => {
+            let limit = q.get("limit").and_then(|l| l.parse().ok());
+            let l = store.list(rt, t.ns.as_deref(), &sel()?, limit, q.get("continue").map(String::as_str).filter(|c| !c.is_empty()))?;
+            if as_table {
+                return Ok(json_response(200, &discovery::table(rt, &l.items, l.rv, q.get("includeObject").map(String::as_str).unwrap_or("")), &[]));
+            }
+            let mut md = json!({"resourceVersion": l.rv.to_string()});
+            if let Some(c) = l.cont {
+                md["continue"] = json!(c);
+                md["remainingItemCount"] = json!(l.remaining.unwrap_or(0));
+            }
+            let items: Vec<&Value> = l.items.iter().map(|a| &**a).collect();
+            Ok(json_response(200, &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": md, "items": items}), &[]))
+        }
+        "watch" => watch(st, t, q, sel()?, who),
+        "create" => {
+            let w = store.create(rt, &ns, parse_body(body, ctype)?, &opts)?;
+            Ok(json_response(w.code, &w.obj, &w.warnings))
+        }
+        "update" => {
+            let w = store.update(rt, &ns, &name, parse_body(body, ctype)?, &opts)?;
+            Ok(json_response(w.code, &w.obj, &w.warnings))
+        }
+        "patch" | "apply" => {
+            let ptype = if verb == "apply" {
+                "apply"
+            } else if ctype.starts_with("application/merge-patch+json") {
+                "merge"
+            } else if ctype.starts_with("application/json-patch+json") {
+                "json"
+            } else if ctype.starts_with("application/strategic-merge-patch+json") {
+                "strategic"
+            } else {
+                return Err(Error::api(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {ctype}")));
+            };
+            let w = store.patch(rt, &ns, &name, ptype, &parse_body(body, ctype)?, &opts)?;
+            Ok(json_response(w.code, &w.obj, &w.warnings))
+        }
+        "delete" | "deletecollection" => {
+            let b = parse_body(body, ctype)?;
+            let dry = q.get("dryRun").is_some_and(|d| d == "All")
+                || b.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
+            let d = DeleteOpts {
+                uid: b.pointer("/preconditions/uid").and_then(Value::as_str).map(String::from),
+                rv: b.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(String::from),
+                propagation: b
+                    .get("propagationPolicy")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+                    .or_else(|| q.get("propagationPolicy").cloned()),
+                dry_run: dry,
+            };
+            if verb == "deletecollection" {
+                store.delete_collection(rt, t.ns.as_deref(), &sel()?, &d)?;
+                return Ok(json_response(200, &success_status(), &[]));
+            }
+            let w = store.delete(rt, &ns, &name, &d)?;
+            Ok(json_response(w.code, &w.obj, &[]))
+        }
+        _ => {
+            let _ = method;
+            Err(Error::method_not_allowed())
+        }
+    }
+}
+
+/// Whether a change passes a watch's selector; the event type seen by that watch.
+fn filtered(ev: &WatchEvent, sel: &Selector) -> Option<&'static str> {
+    if sel.is_empty() {
+        return Some(ev.etype);
+    }
+    let now = sel.matches(&ev.obj);
+    let before = ev.prev.as_ref().is_some_and(|p| sel.matches(p));
+    match ev.etype {
+        "ADDED" => now.then_some("ADDED"),
+        "DELETED" => (now || before).then_some("DELETED"),
+        _ => match (before, now) {
+            (true, true) => Some("MODIFIED"),
+            (false, true) => Some("ADDED"),
+            (true, false) => Some("DELETED"),
+            (false, false) => None,
+        },
+    }
+}
+
+fn render(ev: &WatchEvent, etype: &'static str, rt: &ResType) -> Bytes {
+    let av = rt.api_version();
+    if etype == ev.etype && ev.obj.get("apiVersion").and_then(Value::as_str) == Some(av.as_str()) {
+        return ev.line.clone();
+    }
+    event_line(etype, &Store::present(rt, &ev.obj))
+}
+
+fn watch(st: &Arc<State>, t: &Target, q: &HashMap<String, String>, sel: Selector, who: &str) -> Result<Response<Body>, Error> {
+    let rt = t.rt.clone();
+    let gr = rt.gr();
+    let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let from = match q.get("resourceVersion").map(String::as_str) {
+        _ if initial_events => None,
+        None | Some("") => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| Error::bad_request(format!("invalid resource version {v:?}")))?),
+    };
+    let timeout = match q.get("timeoutSeconds").and_then(|s| s.parse::<u64>().ok()) {
+        Some(s) => Duration::from_secs(s),
+        None => {
+            let base = st.config.min_request_timeout;
+            base + Duration::from_millis(st.store.random() % (base.as_millis() as u64).max(1))
+        }
+    };
+    let timeout = match st.faults.read().watch_max {
+        Some(m) => timeout.min(m),
+        None => timeout,
+    };
+    let (tx, out_rx) = mpsc::channel::<Bytes>(256);
+    let started = st.store.watch(&rt, t.ns.as_deref(), from);
+    let st = st.clone();
+    let ns = t.ns.clone();
+    let who = who.to_string();
+    tokio::spawn(async move {
+        let (first, mut rx, start_rv) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(event_line("ERROR", &e.status())).await;
+                return;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = st.changes.subscribe();
+        let mut paused = st.paused.subscribe();
+        let close_epoch = *st.close_epoch.lock();
+        let mut last_rv = start_rv;
+        for ev in &first {
+            if let Some(et) = filtered(ev, &sel)
+                && tx.send(render(ev, et, &rt)).await.is_err()
+            {
+                return;
+            }
+            last_rv = last_rv.max(ev.rv);
+        }
+        let bookmark = |rv: u64, end: bool| {
+            let mut md = json!({"resourceVersion": rv.to_string()});
+            if end {
+                md["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            event_line("BOOKMARK", &json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": md}))
+        };
+        if initial_events && bookmarks && tx.send(bookmark(start_rv, true)).await.is_err() {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + st.config.bookmark_interval, st.config.bookmark_interval);
+        let relevant = |ev: &WatchEvent| ev.gr == gr && ns.as_deref().is_none_or(|n| n == ev.ns);
+        loop {
+            let is_paused = *paused.borrow();
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = changes.changed() => {
+                    if *st.close_epoch.lock() != close_epoch || st.faults.read().refused.contains(&who) {
+                        return;
+                    }
+                }
+                _ = paused.changed() => {}
+                _ = tick.tick(), if bookmarks && !is_paused => {
+                    let now_rv = st.store.current_rv();
+                    loop {
+                        match rx.try_recv() {
+                            Ok(ev) => {
+                                if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel) {
+                                    if tx.send(render(&ev, et, &rt)).await.is_err() { return; }
+                                }
+                                last_rv = last_rv.max(ev.rv);
+                            }
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(_) => return,
+                        }
+                    }
+                    last_rv = last_rv.max(now_rv);
+                    if tx.send(bookmark(last_rv, false)).await.is_err() { return; }
+                }
+                ev = rx.recv(), if !is_paused => {
+                    match ev {
+                        Ok(ev) => {
+                            if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel) {
+                                if tx.send(render(&ev, et, &rt)).await.is_err() { return; }
+                                last_rv = ev.rv;
+                            }
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        }
+    });
+    let stream = futures::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::TRANSFER_ENCODING, "chunked")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("response"))
+}

@@ -1,0 +1,21 @@
+//! tidepool's in-process Kubernetes API server for tests.
+//!
+//! [`ApiServer`] serves the Kubernetes REST API on 127.0.0.1 with the semantics our clients
+//! depend on (resourceVersion, conflicts, Status bodies, watches with bookmarks and 410 Gone,
+//! status subresource, CRDs with schema validation, server-side apply with field ownership,
+//! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
+//! and per-verb request counters. See `tests/README.md` for what it does not emulate.
+
+mod discovery;
+mod error;
+mod fieldset;
+mod http;
+mod patch;
+mod registry;
+mod schema;
+mod selector;
+mod server;
+mod store;
+
+pub use error::{Error, Result};
+pub use server::{ApiServer, Config, Faults};

@@ -1,0 +1,315 @@
+//! Structural-schema handling for custom resources: pruning of unknown fields, nulls and
+//! defaults, validation (types, required, minimum/maximum, enum, pattern, lengths, items), and
+//! the shape lookups server-side apply needs (granular/atomic maps, list types and keys).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use regex::Regex;
+use serde_json::Value;
+
+/// How a node of an object merges under server-side apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// Object merged field by field (structs and `x-kubernetes-map-type: granular` maps).
+    Granular,
+    /// Replaced as a whole (scalars, atomic maps, atomic lists).
+    Atomic,
+    /// `x-kubernetes-list-type: map` with its keys.
+    ListMap(Vec<String>),
+    /// `x-kubernetes-list-type: set`.
+    ListSet,
+}
+
+fn type_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// Child schema of an object property.
+pub(crate) fn prop<'a>(schema: &'a Value, key: &str) -> Option<&'a Value> {
+    schema
+        .get("properties")
+        .and_then(|p| p.get(key))
+        .or_else(|| match schema.get("additionalProperties") {
+            Some(a @ Value::Object(_)) => Some(a),
+            _ => None,
+        })
+}
+
+fn preserves(schema: &Value) -> bool {
+    schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+        || schema.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true))
+        || schema.get("additionalProperties") == Some(&Value::Bool(true))
+}
+
+/// The SSA shape of a schema node.
+pub(crate) fn shape(schema: Option<&Value>, v: &Value) -> Shape {
+    match (schema, v) {
+        (Some(s), Value::Array(_)) => match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+            Some("map") => Shape::ListMap(
+                s.get("x-kubernetes-list-map-keys")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|k| k.as_str().map(String::from)).collect())
+                    .unwrap_or_default(),
+            ),
+            Some("set") => Shape::ListSet,
+            _ => Shape::Atomic,
+        },
+        (Some(s), Value::Object(_)) => {
+            if s.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic") {
+                Shape::Atomic
+            } else {
+                Shape::Granular
+            }
+        }
+        (None, Value::Object(_)) => Shape::Granular,
+        _ => Shape::Atomic,
+    }
+}
+
+/// Compiled `pattern`s, shared by all validations.
+#[derive(Default)]
+pub(crate) struct Patterns(Mutex<HashMap<String, Option<Arc<Regex>>>>);
+
+impl Patterns {
+    fn get(&self, p: &str) -> Option<Arc<Regex>> {
+        let mut m = self.0.lock();
+        m.entry(p.to_string())
+            .or_insert_with(|| Regex::new(p).ok().map(Arc::new))
+            .clone()
+    }
+}
+
+/// Drops unknown fields (recording their paths), drops nulls for non-nullable fields, and
+/// applies defaults, in place.
+pub(crate) fn prune_and_default(schema: &Value, v: &mut Value, path: &str, unknown: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => {
+            if schema.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true))
+                || schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+                    && schema.get("properties").is_none()
+            {
+                return;
+            }
+            let props = schema.get("properties").and_then(Value::as_object);
+            let addl = schema.get("additionalProperties");
+            let keep_unknown = preserves(schema);
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                let child = props.and_then(|p| p.get(&k)).or(match addl {
+                    Some(a @ Value::Object(_)) => Some(a),
+                    _ => None,
+                });
+                match child {
+                    Some(cs) => {
+                        let cv = map.get_mut(&k).expect("key present");
+                        if cv.is_null() && cs.get("nullable") != Some(&Value::Bool(true)) {
+                            map.remove(&k);
+                            continue;
+                        }
+                        prune_and_default(cs, cv, &join(path, &k), unknown);
+                    }
+                    None if keep_unknown => {}
+                    None => {
+                        map.remove(&k);
+                        unknown.push(join(path, &k));
+                    }
+                }
+            }
+            if let Some(props) = props {
+                for (k, cs) in props {
+                    if !map.contains_key(k)
+                        && let Some(d) = cs.get("default")
+                    {
+                        let mut d = d.clone();
+                        prune_and_default(cs, &mut d, &join(path, k), &mut Vec::new());
+                        map.insert(k.clone(), d);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(is) = schema.get("items") {
+                for (i, item) in items.iter_mut().enumerate() {
+                    prune_and_default(is, item, &format!("{path}[{i}]"), unknown);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Validates `v` against `schema`, appending `(field, message)` causes.
+pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, out: &mut Vec<(String, String)>) {
+    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    if v.is_null() {
+        if schema.get("nullable") != Some(&Value::Bool(true)) {
+            if let Some(t) = schema.get("type").and_then(Value::as_str) {
+                out.push((
+                    path.into(),
+                    format!("Invalid value: \"null\": {path} in body must be of type {t}: \"null\""),
+                ));
+            }
+        }
+        return;
+    }
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        let got = type_of(v);
+        let ok = got == t || (t == "number" && got == "integer") || (int_or_string && (got == "integer" || got == "string"));
+        if !ok {
+            out.push((
+                path.into(),
+                format!("Invalid value: \"{got}\": {path} in body must be of type {t}: \"{got}\""),
+            ));
+            return;
+        }
+    }
+    if let Some(e) = schema.get("enum").and_then(Value::as_array)
+        && !e.contains(v)
+    {
+        let vals: Vec<String> = e.iter().map(|x| x.to_string()).collect();
+        out.push((
+            path.into(),
+            format!("Unsupported value: {}: supported values: {}", v, vals.join(", ")),
+        ));
+    }
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(0.0);
+            let excl_min = schema.get("exclusiveMinimum") == Some(&Value::Bool(true));
+            let excl_max = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
+            if let Some(m) = schema.get("minimum").and_then(Value::as_f64) {
+                if excl_min && x <= m {
+                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be greater than {m}")));
+                } else if x < m {
+                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be greater than or equal to {m}")));
+                }
+            }
+            if let Some(m) = schema.get("maximum").and_then(Value::as_f64) {
+                if excl_max && x >= m {
+                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be less than {m}")));
+                } else if x > m {
+                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be less than or equal to {m}")));
+                }
+            }
+        }
+        Value::String(s) => {
+            if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+                && let Some(re) = pats.get(p)
+                && !re.is_match(s)
+            {
+                out.push((path.into(), format!("Invalid value: {v}: {path} in body should match '{p}'")));
+            }
+            let len = s.chars().count() as u64;
+            if let Some(m) = schema.get("minLength").and_then(Value::as_u64)
+                && len < m
+            {
+                out.push((path.into(), format!("Invalid value: {v}: {path} in body should be at least {m} chars long")));
+            }
+            if let Some(m) = schema.get("maxLength").and_then(Value::as_u64)
+                && len > m
+            {
+                out.push((path.into(), format!("Too long: may not be more than {m} bytes")));
+            }
+        }
+        Value::Array(items) => {
+            if let Some(m) = schema.get("minItems").and_then(Value::as_u64)
+                && (items.len() as u64) < m
+            {
+                out.push((path.into(), format!("Invalid value: {}: {path} in body should have at least {m} items", items.len())));
+            }
+            if let Some(m) = schema.get("maxItems").and_then(Value::as_u64)
+                && (items.len() as u64) > m
+            {
+                out.push((path.into(), format!("Too many: {}: must have at most {m} items", items.len())));
+            }
+            if let Some(is) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    validate(is, item, &format!("{path}[{i}]"), pats, out);
+                }
+            }
+            if let Shape::ListMap(keys) = shape(Some(schema), v) {
+                let mut seen = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let k: Vec<Value> = keys.iter().map(|k| item.get(k).cloned().unwrap_or(Value::Null)).collect();
+                    if seen.contains(&k) {
+                        out.push((format!("{path}[{i}]"), format!("Duplicate value: {}", Value::Array(k.clone()))));
+                    }
+                    seen.push(k);
+                }
+            }
+        }
+        Value::Object(map) => {
+            if let Some(req) = schema.get("required").and_then(Value::as_array) {
+                for r in req.iter().filter_map(Value::as_str) {
+                    if !map.contains_key(r) {
+                        out.push((join(path, r), "Required value".into()));
+                    }
+                }
+            }
+            let props = schema.get("properties").and_then(Value::as_object);
+            for (k, cv) in map {
+                if path.is_empty() && matches!(k.as_str(), "metadata" | "apiVersion" | "kind") {
+                    continue;
+                }
+                let cs = props.and_then(|p| p.get(k)).or(match schema.get("additionalProperties") {
+                    Some(a @ Value::Object(_)) => Some(a),
+                    _ => None,
+                });
+                if let Some(cs) = cs {
+                    validate(cs, cv, &join(path, k), pats, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks that a CRD's schema is structural enough for us to serve it (every node typed or
+/// preserving unknown fields). Returns a list of causes.
+pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    let Some(m) = schema.as_object() else {
+        out.push((path.into(), "Invalid value: schema must be an object".into()));
+        return;
+    };
+    let typed = m.contains_key("type")
+        || m.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+        || m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    if !typed && !path.ends_with("openAPIV3Schema") {
+        out.push((format!("{path}.type"), "Required value: must not be empty for specified object fields".into()));
+    }
+    if let Some(Value::Object(props)) = m.get("properties") {
+        for (k, v) in props {
+            check_structural(v, &format!("{path}.properties[{k}]"), out);
+        }
+    }
+    if let Some(a @ Value::Object(_)) = m.get("additionalProperties") {
+        check_structural(a, &format!("{path}.additionalProperties"), out);
+    }
+    if let Some(i) = m.get("items") {
+        check_structural(i, &format!("{path}.items"), out);
+    }
+    if let Some(p) = m.get("pattern").and_then(Value::as_str)
+        && Regex::new(p).is_err()
+    {
+        out.push((format!("{path}.pattern"), format!("Invalid value: {p:?}: must be a valid regular expression")));
+    }
+}
+

@@ -1,0 +1,259 @@
+//! The public handle: start the server on 127.0.0.1, hand out identities (bearer tokens,
+//! kubeconfigs, kube clients), inject faults at runtime, read request counters.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use parking_lot::{Mutex, RwLock};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// Server configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Events retained per resource type for watch resumption; older resourceVersions get
+    /// 410 Gone (the real server's watch cache window).
+    pub watch_window: usize,
+    /// Interval between watch bookmarks (for watches that allow them). The real server sends
+    /// one about every minute.
+    pub bookmark_interval: Duration,
+    /// Watches without `timeoutSeconds` end after a random time in `[t, 2t)`, like the real
+    /// server's `--min-request-timeout` (default 1800 s).
+    pub min_request_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            watch_window: 1000,
+            bookmark_interval: Duration::from_secs(60),
+            min_request_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// Faults to inject; change them at any time with [`ApiServer::set_faults`].
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Share (0.0–1.0) of resource requests answered with `error_code` instead of being served.
+    pub error_rate: f64,
+    /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After). 0 means 500.
+    pub error_code: u16,
+    /// Retry-After seconds sent with 429s.
+    pub retry_after_secs: u64,
+    /// Only these verbs (`get`, `list`, `watch`, `create`, `update`, `patch`, `apply`,
+    /// `delete`, `deletecollection`) get errors; empty means all.
+    pub error_verbs: BTreeSet<String>,
+    /// Latency added before every request is served.
+    pub latency: Duration,
+    /// Identities whose requests are refused: their connections are closed without an answer
+    /// and their open watches end (a network partition of that client).
+    pub refused: BTreeSet<String>,
+    /// Watches are closed after this long (watches closed early).
+    pub watch_max: Option<Duration>,
+}
+
+pub(crate) struct State {
+    pub store: Store,
+    pub config: Config,
+    pub faults: RwLock<Faults>,
+    /// Bumped on every fault change or forced watch close; watches re-check on change.
+    pub changes: watch::Sender<u64>,
+    pub close_epoch: Mutex<u64>,
+    pub paused: watch::Sender<bool>,
+    pub tokens: RwLock<HashMap<String, String>>,
+    pub counters: Mutex<BTreeMap<(String, String), u64>>,
+    pub addr: SocketAddr,
+}
+
+impl State {
+    pub(crate) fn count(&self, verb: &str, resource: &str) {
+        *self.counters.lock().entry((verb.to_string(), resource.to_string())).or_default() += 1;
+    }
+}
+
+/// A running in-process Kubernetes API server on 127.0.0.1.
+pub struct ApiServer {
+    state: Arc<State>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl ApiServer {
+    /// Starts a server with the default configuration on an ephemeral port.
+    pub async fn start() -> Result<Self> {
+        Self::start_with(Config::default()).await
+    }
+
+    /// Starts a server on an ephemeral port of 127.0.0.1.
+    pub async fn start_with(config: Config) -> Result<Self> {
+        Self::bind(config, "127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    /// Starts a server on the given address.
+    pub async fn bind(config: Config, addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            store: Store::new(config.watch_window),
+            config,
+            faults: RwLock::new(Faults::default()),
+            changes: watch::channel(0).0,
+            close_epoch: Mutex::new(0),
+            paused: watch::channel(false).0,
+            tokens: RwLock::new(HashMap::new()),
+            counters: Mutex::new(BTreeMap::new()),
+            addr,
+        });
+        let (shutdown, mut stop) = watch::channel(false);
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let conn = tokio::select! {
+                    c = listener.accept() => c,
+                    _ = stop.changed() => break,
+                };
+                let Ok((stream, _)) = conn else { continue };
+                let _ = stream.set_nodelay(true);
+                let st = st.clone();
+                let mut stop = stop.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| crate::http::handle(st.clone(), req));
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(ApiServer { state, shutdown })
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.state.addr)
+    }
+
+    /// The socket address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.state.addr
+    }
+
+    /// The bearer token of an identity (created on first use).
+    pub fn token(&self, identity: &str) -> String {
+        let mut t = self.state.tokens.write();
+        if let Some((tok, _)) = t.iter().find(|(_, id)| *id == identity) {
+            return tok.clone();
+        }
+        let tok = format!("{identity}-{:016x}", self.state.store.random());
+        t.insert(tok.clone(), identity.to_string());
+        tok
+    }
+
+    /// A kubeconfig (JSON, which is also YAML) for `identity`, default namespace `default`.
+    pub fn kubeconfig(&self, identity: &str) -> String {
+        let v = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "tidepool",
+            "clusters": [{"name": "tidepool", "cluster": {"server": self.url()}}],
+            "users": [{"name": identity, "user": {"token": self.token(identity)}}],
+            "contexts": [{"name": "tidepool", "context": {"cluster": "tidepool", "user": identity, "namespace": "default"}}],
+        });
+        serde_json::to_string_pretty(&v).expect("serialise")
+    }
+
+    /// Writes [`kubeconfig`](Self::kubeconfig) to `path`.
+    pub fn write_kubeconfig(&self, identity: &str, path: &Path) -> Result<()> {
+        std::fs::write(path, self.kubeconfig(identity))?;
+        Ok(())
+    }
+
+    /// A kube client configuration for `identity`.
+    pub async fn kube_config(&self, identity: &str) -> Result<kube::Config> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig(identity))
+            .map_err(|e| Error::KubeConfig(e.to_string()))?;
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| Error::KubeConfig(e.to_string()))
+    }
+
+    /// A kube client for `identity`.
+    pub async fn client(&self, identity: &str) -> Result<kube::Client> {
+        let cfg = self.kube_config(identity).await?;
+        kube::Client::try_from(cfg).map_err(|e| Error::KubeConfig(e.to_string()))
+    }
+
+    /// Replaces the injected faults.
+    pub fn set_faults(&self, faults: Faults) {
+        *self.state.faults.write() = faults;
+        self.state.changes.send_modify(|g| *g += 1);
+    }
+
+    /// Changes the injected faults in place.
+    pub fn update_faults(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.state.faults.write());
+        self.state.changes.send_modify(|g| *g += 1);
+    }
+
+    /// The faults in force.
+    pub fn faults(&self) -> Faults {
+        self.state.faults.read().clone()
+    }
+
+    /// Pauses (or resumes) the fan-out of events to every watch; events queue meanwhile.
+    pub fn pause_watches(&self, paused: bool) {
+        self.state.paused.send_replace(paused);
+    }
+
+    /// Ends every open watch now (clients then resume from their last resourceVersion).
+    pub fn close_watches(&self) {
+        *self.state.close_epoch.lock() += 1;
+        self.state.changes.send_modify(|g| *g += 1);
+    }
+
+    /// Requests served so far, by `(verb, resource)`; resource is `plural[.group][/subresource]`
+    /// and verb one of get, list, watch, create, update, patch, apply, delete,
+    /// deletecollection. Non-resource requests count as `("get", path)`.
+    pub fn requests(&self) -> BTreeMap<(String, String), u64> {
+        self.state.counters.lock().clone()
+    }
+
+    /// Requests of one verb on one resource.
+    pub fn request_count(&self, verb: &str, resource: &str) -> u64 {
+        self.state
+            .counters
+            .lock()
+            .get(&(verb.to_string(), resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Resets the request counters.
+    pub fn reset_counters(&self) {
+        self.state.counters.lock().clear();
+    }
+
+    /// The latest resourceVersion handed out.
+    pub fn resource_version(&self) -> u64 {
+        self.state.store.current_rv()
+    }
+
+    /// Stops accepting connections and closes open ones.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,1042 @@
+//! The object store: one monotonically increasing resourceVersion, per-resource event windows
+//! for watches, and the generic write semantics (create, update, patch, apply, delete,
+//! finalizers, garbage collection, status subresource, generation, CRD registration).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use crate::error::Error;
+use crate::fieldset::Writer;
+use crate::registry::{ResType, builtins, from_crd};
+use crate::schema::{Patterns, prune_and_default, validate};
+use crate::selector::Selector;
+
+const CRD_GR: &str = "customresourcedefinitions.apiextensions.k8s.io";
+
+/// One change, as retained for watches.
+#[derive(Debug)]
+pub(crate) struct WatchEvent {
+    pub rv: u64,
+    pub gr: String,
+    pub ns: String,
+    pub etype: &'static str,
+    pub obj: Arc<Value>,
+    pub prev: Option<Arc<Value>>,
+    /// `{"type":...,"object":...}\n` in the storage version.
+    pub line: Bytes,
+}
+
+pub(crate) fn event_line(etype: &str, obj: &Value) -> Bytes {
+    let mut v = Vec::with_capacity(512);
+    v.extend_from_slice(b"{\"type\":\"");
+    v.extend_from_slice(etype.as_bytes());
+    v.extend_from_slice(b"\",\"object\":");
+    serde_json::to_writer(&mut v, obj).expect("serialise");
+    v.extend_from_slice(b"}\n");
+    Bytes::from(v)
+}
+
+#[derive(Default)]
+struct Log {
+    events: VecDeque<Arc<WatchEvent>>,
+    compacted: u64,
+}
+
+type Key = (String, String);
+
+struct Inner {
+    rv: u64,
+    types: BTreeMap<(String, String, String), Arc<ResType>>,
+    objects: HashMap<String, BTreeMap<Key, Arc<Value>>>,
+    uids: HashMap<String, (String, Key)>,
+    logs: HashMap<String, Log>,
+    snapshots: BTreeMap<u64, (u64, Arc<Vec<Arc<Value>>>)>,
+    next_snapshot: u64,
+    discovery_gen: u64,
+}
+
+/// How a write's `managedFields` are computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owners {
+    Record,
+    Precomputed,
+}
+
+/// Per-request write options.
+pub(crate) struct WriteOpts {
+    pub manager: String,
+    pub subresource: String,
+    pub dry_run: bool,
+    pub strict: bool,
+    pub force: bool,
+}
+
+/// Result of a write: the object and any warnings (pruned unknown fields).
+pub(crate) struct Written {
+    pub obj: Arc<Value>,
+    pub warnings: Vec<String>,
+    pub code: u16,
+}
+
+/// Deletion options from the body or query.
+#[derive(Default)]
+pub(crate) struct DeleteOpts {
+    pub uid: Option<String>,
+    pub rv: Option<String>,
+    pub propagation: Option<String>,
+    pub dry_run: bool,
+}
+
+/// A list result.
+pub(crate) struct Listed {
+    pub items: Vec<Arc<Value>>,
+    pub rv: u64,
+    pub cont: Option<String>,
+    pub remaining: Option<usize>,
+}
+
+pub(crate) struct Store {
+    inner: Mutex<Inner>,
+    pub tx: broadcast::Sender<Arc<WatchEvent>>,
+    window: usize,
+    pats: Patterns,
+    rng: AtomicU64,
+}
+
+fn meta<'a>(o: &'a Value, k: &str) -> Option<&'a Value> {
+    o.get("metadata").and_then(|m| m.get(k))
+}
+
+fn meta_str<'a>(o: &'a Value, k: &str) -> &'a str {
+    meta(o, k).and_then(Value::as_str).unwrap_or("")
+}
+
+fn meta_mut(o: &mut Value) -> &mut Map<String, Value> {
+    if !o.get("metadata").is_some_and(Value::is_object) {
+        o["metadata"] = json!({});
+    }
+    o["metadata"].as_object_mut().expect("metadata object")
+}
+
+pub(crate) fn now() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns_label)
+}
+
+fn spec_part(o: &Value, with_status: bool) -> Value {
+    let mut c = o.clone();
+    if let Some(m) = c.as_object_mut() {
+        m.remove("metadata");
+        m.remove("apiVersion");
+        m.remove("kind");
+        if with_status {
+            m.remove("status");
+        }
+    }
+    c
+}
+
+fn without_managed(o: &Value) -> Value {
+    let mut c = o.clone();
+    if let Some(m) = c.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    c
+}
+
+fn finalizers(o: &Value) -> Vec<String> {
+    meta(o, "finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+impl Store {
+    pub(crate) fn new(window: usize) -> Self {
+        let (tx, _) = broadcast::channel(1 << 16);
+        let mut types = BTreeMap::new();
+        for rt in builtins() {
+            types.insert((rt.group.clone(), rt.version.clone(), rt.plural.clone()), Arc::new(rt));
+        }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
+        let store = Store {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                types,
+                objects: HashMap::new(),
+                uids: HashMap::new(),
+                logs: HashMap::new(),
+                snapshots: BTreeMap::new(),
+                next_snapshot: 1,
+                discovery_gen: 1,
+            }),
+            tx,
+            window: window.max(1),
+            pats: Patterns::default(),
+            rng: AtomicU64::new(seed),
+        };
+        let ns_type = store.resolve("", "v1", "namespaces").expect("namespaces");
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}});
+            let opts = WriteOpts {
+                manager: "kube-apiserver".into(),
+                subresource: String::new(),
+                dry_run: false,
+                strict: false,
+                force: false,
+            };
+            store.create(&ns_type, "", obj, &opts).expect("seed namespace");
+        }
+        store
+    }
+
+    pub(crate) fn random(&self) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+
+    fn uid(&self) -> String {
+        let (a, b) = (self.random(), self.random());
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            0x8000 | (b >> 48) & 0x3fff,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    pub(crate) fn resolve(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResType>> {
+        self.inner
+            .lock()
+            .types
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .cloned()
+    }
+
+    pub(crate) fn types(&self) -> (Vec<Arc<ResType>>, u64) {
+        let i = self.inner.lock();
+        (i.types.values().cloned().collect(), i.discovery_gen)
+    }
+
+    pub(crate) fn current_rv(&self) -> u64 {
+        self.inner.lock().rv
+    }
+
+    /// The object as seen through `rt`'s version.
+    pub(crate) fn present(rt: &ResType, obj: &Arc<Value>) -> Arc<Value> {
+        let av = rt.api_version();
+        if obj.get("apiVersion").and_then(Value::as_str) == Some(av.as_str()) {
+            obj.clone()
+        } else {
+            let mut o = (**obj).clone();
+            o["apiVersion"] = json!(av);
+            Arc::new(o)
+        }
+    }
+
+    pub(crate) fn get(&self, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
+        let i = self.inner.lock();
+        i.objects
+            .get(&rt.gr())
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .map(|o| Self::present(rt, o))
+            .ok_or_else(|| Error::not_found(&rt.group, &rt.plural, name))
+    }
+
+    pub(crate) fn list(
+        &self,
+        rt: &ResType,
+        ns: Option<&str>,
+        sel: &Selector,
+        limit: Option<usize>,
+        cont: Option<&str>,
+    ) -> Result<Listed, Error> {
+        let mut i = self.inner.lock();
+        let (rv, all, offset, id) = match cont {
+            Some(c) => {
+                let mut parts = c.splitn(2, ':');
+                let id: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let off: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let (rv, snap) = i.snapshots.get(&id).cloned().ok_or_else(|| {
+                    Error::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                })?;
+                (rv, snap, off, Some(id))
+            }
+            None => {
+                let items: Vec<Arc<Value>> = i
+                    .objects
+                    .get(&rt.gr())
+                    .map(|m| {
+                        m.iter()
+                            .filter(|((ons, _), o)| ns.is_none_or(|n| n == ons) && sel.matches(o))
+                            .map(|(_, o)| Self::present(rt, o))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (i.rv, Arc::new(items), 0, None)
+            }
+        };
+        let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let end = offset.saturating_add(limit).min(all.len());
+        let items = all[offset.min(end)..end].to_vec();
+        let mut next = None;
+        if end < all.len() {
+            let id = match id {
+                Some(id) => id,
+                None => {
+                    let id = i.next_snapshot;
+                    i.next_snapshot += 1;
+                    i.snapshots.insert(id, (rv, all.clone()));
+                    while i.snapshots.len() > 64 {
+                        let first = *i.snapshots.keys().next().expect("non-empty");
+                        i.snapshots.remove(&first);
+                    }
+                    id
+                }
+            };
+            next = Some(format!("{id}:{end}"));
+        } else if let Some(id) = id {
+            i.snapshots.remove(&id);
+        }
+        Ok(Listed {
+            items,
+            rv,
+            remaining: next.as_ref().map(|_| all.len() - end),
+            cont: next,
+        })
+    }
+
+    /// Starts a watch: returns the events to send first and the live receiver.
+    /// `from == None` means "current state first" (synthetic ADDED events).
+    pub(crate) fn watch(
+        &self,
+        rt: &ResType,
+        ns: Option<&str>,
+        from: Option<u64>,
+    ) -> Result<(Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>, u64), Error> {
+        let i = self.inner.lock();
+        let gr = rt.gr();
+        let rx = self.tx.subscribe();
+        let first = match from {
+            None | Some(0) => i
+                .objects
+                .get(&gr)
+                .map(|m| {
+                    m.iter()
+                        .filter(|((ons, _), _)| ns.is_none_or(|n| n == ons))
+                        .map(|((ons, _), o)| {
+                            Arc::new(WatchEvent {
+                                rv: 0,
+                                gr: gr.clone(),
+                                ns: ons.clone(),
+                                etype: "ADDED",
+                                obj: o.clone(),
+                                prev: None,
+                                line: event_line("ADDED", o),
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Some(rv) => {
+                let log = i.logs.get(&gr);
+                let compacted = log.map(|l| l.compacted).unwrap_or(0);
+                if rv < compacted {
+                    return Err(Error::gone(format!("too old resource version: {rv} ({compacted})")));
+                }
+                log.map(|l| {
+                    l.events
+                        .iter()
+                        .filter(|e| e.rv > rv && ns.is_none_or(|n| n == e.ns))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+            }
+        };
+        Ok((first, rx, i.rv))
+    }
+
+    fn commit(&self, i: &mut Inner, gr: &str, etype: &'static str, mut obj: Value, prev: Option<Arc<Value>>) -> Arc<Value> {
+        i.rv += 1;
+        let rv = i.rv;
+        let ns = meta_str(&obj, "namespace").to_string();
+        let name = meta_str(&obj, "name").to_string();
+        let uid = meta_str(&obj, "uid").to_string();
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        let obj = Arc::new(obj);
+        let key = (ns.clone(), name);
+        let map = i.objects.entry(gr.to_string()).or_default();
+        if etype == "DELETED" {
+            map.remove(&key);
+            i.uids.remove(&uid);
+        } else {
+            map.insert(key.clone(), obj.clone());
+            i.uids.insert(uid, (gr.to_string(), key));
+        }
+        let ev = Arc::new(WatchEvent {
+            rv,
+            gr: gr.to_string(),
+            ns,
+            etype,
+            line: event_line(etype, &obj),
+            obj: obj.clone(),
+            prev,
+        });
+        let log = i.logs.entry(gr.to_string()).or_default();
+        log.events.push_back(ev.clone());
+        while log.events.len() > self.window {
+            if let Some(old) = log.events.pop_front() {
+                log.compacted = old.rv;
+            }
+        }
+        let _ = self.tx.send(ev);
+        obj
+    }
+
+    fn type_for_gr(i: &Inner, gr: &str) -> Option<Arc<ResType>> {
+        i.types
+            .values()
+            .find(|t| t.gr() == gr && t.version == t.storage_version)
+            .cloned()
+    }
+
+    /// Validation, pruning and defaulting shared by all writes.
+    fn admit(&self, rt: &ResType, obj: &mut Value, strict: bool, warnings: &mut Vec<String>) -> Result<(), Error> {
+        let name = meta_str(obj, "name").to_string();
+        if let (true, Some(schema)) = (rt.crd, rt.schema.as_ref()) {
+            let mut unknown = Vec::new();
+            prune_and_default(schema, obj, "", &mut unknown);
+            unknown.retain(|u| u != "metadata" && u != "apiVersion" && u != "kind");
+            if !unknown.is_empty() {
+                if strict {
+                    let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+                    return Err(Error::bad_request(format!(
+                        "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                        rt.kind,
+                        rt.api_version(),
+                        rt.kind,
+                        list.join(", ")
+                    )));
+                }
+                warnings.extend(unknown.iter().map(|u| format!("unknown field \"{u}\"")));
+            }
+            let mut causes = Vec::new();
+            validate(schema, obj, "", &self.pats, &mut causes);
+            if !causes.is_empty() {
+                return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
+            }
+        }
+        let mut causes: Vec<(String, String)> = Vec::new();
+        match rt.kind.as_str() {
+            "Pod" if !obj.pointer("/spec/containers").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) => {
+                causes.push(("spec.containers".into(), "Required value".into()));
+            }
+            "Deployment" if obj.pointer("/spec/selector").is_none() => {
+                causes.push(("spec.selector".into(), "Required value".into()));
+            }
+            "Lease" => {
+                if let Some(d) = obj.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64)
+                    && d <= 0
+                {
+                    causes.push(("spec.leaseDurationSeconds".into(), format!("Invalid value: {d}: must be greater than 0")));
+                }
+            }
+            "CustomResourceDefinition" => {
+                from_crd(obj)?;
+            }
+            _ => {}
+        }
+        for (k, key) in [("labels", "metadata.labels"), ("annotations", "metadata.annotations")] {
+            if let Some(m) = meta(obj, k) {
+                match m.as_object() {
+                    Some(m) if m.values().all(Value::is_string) => {}
+                    _ => causes.push((key.into(), "Invalid value: must be a map of strings".into())),
+                }
+            }
+        }
+        if !causes.is_empty() {
+            return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
+        }
+        Ok(())
+    }
+
+    fn check_namespace(i: &Inner, rt: &ResType, ns: &str) -> Result<(), Error> {
+        if !rt.namespaced {
+            return Ok(());
+        }
+        match i.objects.get("namespaces").and_then(|m| m.get(&(String::new(), ns.to_string()))) {
+            None => Err(Error::not_found("", "namespaces", ns)),
+            Some(n) if meta(n, "deletionTimestamp").is_some() => Err(Error::api(
+                403,
+                "Forbidden",
+                format!(
+                    "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                    crate::error::qualified(&rt.group, &rt.plural),
+                    meta_str(n, "name")
+                ),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn check_type_meta(rt: &ResType, obj: &Value) -> Result<(), Error> {
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(&rt.kind);
+        let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let group_ok = if rt.group.is_empty() { av.is_empty() || av == rt.version } else { av.is_empty() || av.starts_with(&format!("{}/", rt.group)) };
+        if kind != rt.kind || !group_ok {
+            return Err(Error::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({})",
+                rt.api_version()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create(&self, rt: &ResType, ns: &str, obj: Value, o: &WriteOpts) -> Result<Written, Error> {
+        let mut i = self.inner.lock();
+        self.create_locked(&mut i, rt, ns, obj, o, Owners::Record)
+    }
+
+    fn create_locked(&self, i: &mut Inner, rt: &ResType, ns: &str, mut obj: Value, o: &WriteOpts, owners: Owners) -> Result<Written, Error> {
+        if !obj.is_object() {
+            return Err(Error::bad_request("the body of the request was in an unknown format"));
+        }
+        Self::check_type_meta(rt, &obj)?;
+        obj["apiVersion"] = json!(if rt.group.is_empty() { rt.storage_version.clone() } else { format!("{}/{}", rt.group, rt.storage_version) });
+        obj["kind"] = json!(rt.kind);
+        let body_ns = meta_str(&obj, "namespace").to_string();
+        if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
+            return Err(Error::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+        }
+        let mut name = meta_str(&obj, "name").to_string();
+        let generate = meta_str(&obj, "generateName").to_string();
+        if name.is_empty() && !generate.is_empty() {
+            const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            let suffix: String = (0..5).map(|_| ALPHA[(self.random() % ALPHA.len() as u64) as usize] as char).collect();
+            name = format!("{generate}{suffix}");
+        }
+        let uid = self.uid();
+        {
+            let m = meta_mut(&mut obj);
+            for k in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"] {
+                m.remove(k);
+            }
+            if owners == Owners::Record {
+                m.remove("managedFields");
+            }
+            m.insert("name".into(), json!(name));
+            if rt.namespaced {
+                m.insert("namespace".into(), json!(ns));
+            } else {
+                m.remove("namespace");
+            }
+            m.insert("uid".into(), json!(uid));
+            m.insert("creationTimestamp".into(), json!(now()));
+        }
+        if rt.has_generation() {
+            meta_mut(&mut obj).insert("generation".into(), json!(1));
+        }
+        if name.is_empty() {
+            return Err(Error::invalid(&rt.group, &rt.kind, "", vec![("metadata.name".into(), "Required value: name or generateName is required".into())]));
+        }
+        let valid_name = if rt.kind == "Namespace" { dns_label(&name) } else { dns_subdomain(&name) };
+        if !valid_name {
+            return Err(Error::invalid(&rt.group, &rt.kind, &name, vec![(
+                "metadata.name".into(),
+                format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"),
+            )]));
+        }
+        Self::check_namespace(i, rt, ns)?;
+        let gr = rt.gr();
+        if i.objects.get(&gr).is_some_and(|m| m.contains_key(&(if rt.namespaced { ns.to_string() } else { String::new() }, name.clone()))) {
+            return Err(Error::already_exists(&rt.group, &rt.plural, &name));
+        }
+        if rt.status && rt.kind != "Node" && rt.kind != "Namespace" {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+        if rt.kind == "Pod" {
+            obj["status"] = json!({"phase": "Pending"});
+        }
+        if rt.kind == "Namespace" && obj.get("status").is_none() {
+            obj["status"] = json!({"phase": "Active"});
+        }
+        let mut warnings = Vec::new();
+        self.admit(rt, &mut obj, o.strict, &mut warnings)?;
+        let t = now();
+        let av = rt.api_version();
+        let w = Writer {
+            manager: &o.manager,
+            subresource: "",
+            api_version: &av,
+            time: &t,
+            schema: rt.schema.as_ref(),
+            strip_status: rt.status,
+        };
+        if owners == Owners::Record {
+            w.record_update(None, &mut obj);
+        }
+        if o.dry_run {
+            return Ok(Written { obj: Arc::new(obj), warnings, code: 201 });
+        }
+        let stored = self.commit(i, &gr, "ADDED", obj, None);
+        if gr == CRD_GR {
+            self.crd_changed(i, &stored)?;
+        }
+        let stored = i.objects.get(&gr).and_then(|m| m.get(&(meta_str(&stored, "namespace").to_string(), name.clone()))).cloned().unwrap_or(stored);
+        Ok(Written { obj: Self::present(rt, &stored), warnings, code: 201 })
+    }
+
+    /// Registers the kinds of a CRD and marks it Established (a separate write, as the real
+    /// server's controllers do).
+    fn crd_changed(&self, i: &mut Inner, crd: &Arc<Value>) -> Result<(), Error> {
+        let types = from_crd(crd)?;
+        let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or("").to_string();
+        let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("").to_string();
+        i.types.retain(|(g, _, p), _| !(g == &group && p == &plural));
+        for t in types {
+            i.types.insert((t.group.clone(), t.version.clone(), t.plural.clone()), Arc::new(t));
+        }
+        i.discovery_gen += 1;
+        let established = crd
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+        if !established {
+            let mut next = (**crd).clone();
+            let t = now();
+            let storage: Vec<Value> = crd
+                .pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .map(|vs| vs.iter().filter(|v| v["storage"] == json!(true)).map(|v| v["name"].clone()).collect())
+                .unwrap_or_default();
+            let mut accepted = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
+            if accepted.get("listKind").is_none() {
+                accepted["listKind"] = json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
+            }
+            if accepted.get("singular").is_none() {
+                accepted["singular"] = json!(accepted["kind"].as_str().unwrap_or("").to_lowercase());
+            }
+            next["status"] = json!({
+                "acceptedNames": accepted,
+                "conditions": [
+                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": t},
+                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": t},
+                ],
+                "storedVersions": storage,
+            });
+            self.commit(i, CRD_GR, "MODIFIED", next, Some(crd.clone()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn update(&self, rt: &ResType, ns: &str, name: &str, body: Value, o: &WriteOpts) -> Result<Written, Error> {
+        let mut i = self.inner.lock();
+        let old = Self::lookup(&i, rt, ns, name)?;
+        if !body.is_object() {
+            return Err(Error::bad_request("the body of the request was in an unknown format"));
+        }
+        let body_rv = meta_str(&body, "resourceVersion").to_string();
+        if body_rv.is_empty() && rt.crd {
+            return Err(Error::invalid(&rt.group, &rt.kind, name, vec![(
+                "metadata.resourceVersion".into(),
+                "Invalid value: 0x0: must be specified for an update".into(),
+            )]));
+        }
+        self.update_locked(&mut i, rt, &old, body, &body_rv, o, Owners::Record)
+    }
+
+    fn lookup(i: &Inner, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
+        i.objects
+            .get(&rt.gr())
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .cloned()
+            .ok_or_else(|| Error::not_found(&rt.group, &rt.plural, name))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn update_locked(
+        &self,
+        i: &mut Inner,
+        rt: &ResType,
+        old: &Arc<Value>,
+        mut new: Value,
+        expect_rv: &str,
+        o: &WriteOpts,
+        owners: Owners,
+    ) -> Result<Written, Error> {
+        let name = meta_str(old, "name").to_string();
+        Self::check_type_meta(rt, &new)?;
+        if !expect_rv.is_empty() && expect_rv != meta_str(old, "resourceVersion") {
+            return Err(Error::stale(&rt.group, &rt.plural, &name));
+        }
+        let body_name = meta_str(&new, "name");
+        if !body_name.is_empty() && body_name != name {
+            return Err(Error::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let body_uid = meta_str(&new, "uid").to_string();
+        if !body_uid.is_empty() && body_uid != meta_str(old, "uid") {
+            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
+                "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
+                meta_str(old, "uid")
+            )));
+        }
+        new["apiVersion"] = old["apiVersion"].clone();
+        new["kind"] = json!(rt.kind);
+        if o.subresource == "status" {
+            let status = new.get("status").cloned();
+            let managed = meta(&new, "managedFields").cloned();
+            new = (**old).clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    new.as_object_mut().expect("object").remove("status");
+                }
+            }
+            if owners == Owners::Precomputed {
+                match managed {
+                    Some(m) => {
+                        meta_mut(&mut new).insert("managedFields".into(), m);
+                    }
+                    None => {
+                        meta_mut(&mut new).remove("managedFields");
+                    }
+                }
+            }
+        } else if rt.status {
+            match old.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    new.as_object_mut().expect("object").remove("status");
+                }
+            }
+        }
+        {
+            let om = old["metadata"].as_object().cloned().unwrap_or_default();
+            let m = meta_mut(&mut new);
+            for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+                match om.get(k) {
+                    Some(v) => m.insert(k.into(), v.clone()),
+                    None => m.remove(k),
+                };
+            }
+            if owners == Owners::Record {
+                match om.get("managedFields") {
+                    Some(v) => m.insert("managedFields".into(), v.clone()),
+                    None => m.remove("managedFields"),
+                };
+            }
+        }
+        let terminating = meta(old, "deletionTimestamp").is_some();
+        if terminating {
+            let oldf = finalizers(old);
+            if let Some(f) = finalizers(&new).iter().find(|f| !oldf.contains(f)) {
+                return Err(Error::invalid(&rt.group, &rt.kind, &name, vec![(
+                    "metadata.finalizers".into(),
+                    format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{f}\"}}"),
+                )]));
+            }
+        }
+        let mut warnings = Vec::new();
+        self.admit(rt, &mut new, o.strict, &mut warnings)?;
+        let t = now();
+        let av = rt.api_version();
+        let w = Writer {
+            manager: &o.manager,
+            subresource: &o.subresource,
+            api_version: &av,
+            time: &t,
+            schema: rt.schema.as_ref(),
+            strip_status: rt.status,
+        };
+        if owners == Owners::Record {
+            w.record_update(Some(old), &mut new);
+        }
+        if rt.has_generation() && spec_part(old, rt.status) != spec_part(&new, rt.status) {
+            let g = meta(old, "generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+            meta_mut(&mut new).insert("generation".into(), json!(g));
+        }
+        if without_managed(&new) == without_managed(old) {
+            return Ok(Written { obj: Self::present(rt, old), warnings, code: 200 });
+        }
+        if o.dry_run {
+            return Ok(Written { obj: Arc::new(new), warnings, code: 200 });
+        }
+        let gr = rt.gr();
+        if terminating && finalizers(&new).is_empty() {
+            let gone = self.commit(i, &gr, "DELETED", new, Some(old.clone()));
+            self.after_delete(i, &gone);
+            return Ok(Written { obj: Self::present(rt, &gone), warnings, code: 200 });
+        }
+        let stored = self.commit(i, &gr, "MODIFIED", new, Some(old.clone()));
+        if gr == CRD_GR {
+            self.crd_changed(i, &stored)?;
+        }
+        Ok(Written { obj: Self::present(rt, &stored), warnings, code: 200 })
+    }
+
+    /// PATCH with a merge, JSON or strategic patch, or a server-side apply.
+    pub(crate) fn patch(&self, rt: &ResType, ns: &str, name: &str, ptype: &str, body: &Value, o: &WriteOpts) -> Result<Written, Error> {
+        let mut i = self.inner.lock();
+        if ptype == "apply" {
+            return self.apply_locked(&mut i, rt, ns, name, body, o);
+        }
+        let old = Self::lookup(&i, rt, ns, name)?;
+        let mut new = (*old).clone();
+        match ptype {
+            "merge" => crate::patch::merge_patch(&mut new, body),
+            "json" => crate::patch::json_patch(&mut new, body)?,
+            _ => {
+                if rt.crd {
+                    return Err(Error::api(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"));
+                }
+                crate::patch::strategic_merge(&mut new, body)
+            }
+        }
+        let rv = meta_str(&new, "resourceVersion").to_string();
+        self.update_locked(&mut i, rt, &old, new, &rv, o, Owners::Record)
+    }
+
+    fn apply_locked(&self, i: &mut Inner, rt: &ResType, ns: &str, name: &str, config: &Value, o: &WriteOpts) -> Result<Written, Error> {
+        if o.manager.is_empty() {
+            return Err(Error::invalid("meta.k8s.io", "PatchOptions", "", vec![("fieldManager".into(), "Required value: is required for apply patch".into())]));
+        }
+        if !config.is_object() || config.get("apiVersion").is_none() || config.get("kind").is_none() {
+            return Err(Error::bad_request("apiVersion and kind must be set in an apply configuration"));
+        }
+        Self::check_type_meta(rt, config)?;
+        let cname = meta_str(config, "name");
+        if !cname.is_empty() && cname != name {
+            return Err(Error::bad_request(format!("the name of the object ({cname}) does not match the name on the URL ({name})")));
+        }
+        let mut config = config.clone();
+        if let Some(schema) = rt.schema.as_ref() {
+            let mut unknown = Vec::new();
+            prune_and_default(schema, &mut config, "", &mut unknown);
+            unknown.retain(|u| u != "metadata" && u != "apiVersion" && u != "kind");
+            if o.strict && !unknown.is_empty() {
+                let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+                return Err(Error::bad_request(format!("{}: strict decoding error: {}", rt.kind, list.join(", "))));
+            }
+        }
+        let t = now();
+        let av = rt.api_version();
+        let w = Writer {
+            manager: &o.manager,
+            subresource: &o.subresource,
+            api_version: &av,
+            time: &t,
+            schema: rt.schema.as_ref(),
+            strip_status: rt.status,
+        };
+        let existing = Self::lookup(i, rt, ns, name).ok();
+        let conflict_err = |conflicts: Vec<(String, String)>| {
+            let n = conflicts.len();
+            let lines: Vec<String> = conflicts.iter().map(|(m, f)| format!("conflict with \"{m}\" using {av}: {f}")).collect();
+            Error::Api {
+                code: 409,
+                reason: "Conflict",
+                message: if n == 1 { format!("Apply failed with 1 conflict: {}", lines[0]) } else { format!("Apply failed with {n} conflicts: {}", lines.join("\n")) },
+                details: Some(json!({
+                    "name": name, "kind": rt.plural, "group": rt.group,
+                    "causes": conflicts.iter().map(|(m, f)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\" using {av}"), "field": f})).collect::<Vec<_>>(),
+                })),
+            }
+        };
+        match existing {
+            None => {
+                if o.subresource == "status" {
+                    return Err(Error::not_found(&rt.group, &rt.plural, name));
+                }
+                if !meta_str(&config, "resourceVersion").is_empty() {
+                    return Err(Error::not_found(&rt.group, &rt.plural, name));
+                }
+                let mut live = json!({"apiVersion": config["apiVersion"], "kind": rt.kind, "metadata": {"name": name}});
+                if rt.namespaced {
+                    live["metadata"]["namespace"] = json!(ns);
+                }
+                let merged = w.apply(&live, &config, o.force).map_err(conflict_err)?;
+                let mut res = self.create_locked(i, rt, ns, merged, o, Owners::Precomputed)?;
+                res.code = 201;
+                Ok(res)
+            }
+            Some(old) => {
+                let expect = meta_str(&config, "resourceVersion").to_string();
+                if !expect.is_empty() && expect != meta_str(&old, "resourceVersion") {
+                    return Err(Error::stale(&rt.group, &rt.plural, name));
+                }
+                let merged = w.apply(&old, &config, o.force).map_err(conflict_err)?;
+                self.update_locked(i, rt, &old, merged, "", o, Owners::Precomputed)
+            }
+        }
+    }
+
+    pub(crate) fn delete(&self, rt: &ResType, ns: &str, name: &str, d: &DeleteOpts) -> Result<Written, Error> {
+        let mut i = self.inner.lock();
+        let old = Self::lookup(&i, rt, ns, name)?;
+        self.delete_locked(&mut i, rt, &old, d)
+    }
+
+    fn delete_locked(&self, i: &mut Inner, rt: &ResType, old: &Arc<Value>, d: &DeleteOpts) -> Result<Written, Error> {
+        let name = meta_str(old, "name").to_string();
+        if let Some(uid) = d.uid.as_deref()
+            && uid != meta_str(old, "uid")
+        {
+            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta_str(old, "uid")
+            )));
+        }
+        if let Some(rv) = d.rv.as_deref()
+            && rv != meta_str(old, "resourceVersion")
+        {
+            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                meta_str(old, "resourceVersion")
+            )));
+        }
+        if d.dry_run {
+            return Ok(Written { obj: Self::present(rt, old), warnings: vec![], code: 200 });
+        }
+        let gr = rt.gr();
+        let policy = d.propagation.as_deref().unwrap_or("Background");
+        if policy == "Orphan" {
+            self.orphan_dependents(i, meta_str(old, "uid"));
+        }
+        if policy == "Foreground" {
+            self.delete_dependents(i, meta_str(old, "uid"));
+        }
+        if !finalizers(old).is_empty() {
+            if meta(old, "deletionTimestamp").is_some() {
+                return Ok(Written { obj: Self::present(rt, old), warnings: vec![], code: 202 });
+            }
+            let mut next = (**old).clone();
+            let m = meta_mut(&mut next);
+            m.insert("deletionTimestamp".into(), json!(now()));
+            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
+            return Ok(Written { obj: Self::present(rt, &stored), warnings: vec![], code: 202 });
+        }
+        if rt.kind == "Namespace" {
+            let ns = meta_str(old, "name").to_string();
+            let victims: Vec<(String, Arc<Value>)> = i
+                .objects
+                .iter()
+                .flat_map(|(g, m)| m.iter().filter(|((n, _), _)| *n == ns).map(move |(_, o)| (g.clone(), o.clone())))
+                .collect();
+            for (g, o) in victims {
+                self.commit(i, &g, "DELETED", (*o).clone(), Some(o.clone()));
+            }
+        }
+        if gr == CRD_GR {
+            let group = old.pointer("/spec/group").and_then(Value::as_str).unwrap_or("").to_string();
+            let plural = old.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("").to_string();
+            let cr_gr = format!("{plural}.{group}");
+            let victims: Vec<Arc<Value>> = i.objects.get(&cr_gr).map(|m| m.values().cloned().collect()).unwrap_or_default();
+            for o in victims {
+                self.commit(i, &cr_gr, "DELETED", (*o).clone(), Some(o.clone()));
+            }
+            i.types.retain(|(g, _, p), _| !(g == &group && p == &plural));
+            i.discovery_gen += 1;
+        }
+        let gone = self.commit(i, &gr, "DELETED", (**old).clone(), Some(old.clone()));
+        self.after_delete(i, &gone);
+        Ok(Written { obj: Self::present(rt, &gone), warnings: vec![], code: 200 })
+    }
+
+    fn dependents(i: &Inner, uid: &str) -> Vec<(String, Arc<Value>)> {
+        let mut out = Vec::new();
+        for (g, m) in &i.objects {
+            for o in m.values() {
+                if let Some(refs) = meta(o, "ownerReferences").and_then(Value::as_array)
+                    && refs.iter().any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
+                {
+                    out.push((g.clone(), o.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn orphan_dependents(&self, i: &mut Inner, uid: &str) {
+        for (g, o) in Self::dependents(i, uid) {
+            let mut next = (*o).clone();
+            if let Some(refs) = meta_mut(&mut next).get_mut("ownerReferences").and_then(Value::as_array_mut) {
+                refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
+            }
+            self.commit(i, &g, "MODIFIED", next, Some(o));
+        }
+    }
+
+    fn delete_dependents(&self, i: &mut Inner, uid: &str) {
+        for (g, o) in Self::dependents(i, uid) {
+            if let Some(rt) = Self::type_for_gr(i, &g) {
+                let _ = self.delete_locked(i, &rt, &o, &DeleteOpts::default());
+            }
+        }
+    }
+
+    /// Garbage collection: dependents all of whose owners are gone are deleted (background).
+    fn after_delete(&self, i: &mut Inner, gone: &Value) {
+        let uid = meta_str(gone, "uid").to_string();
+        for (g, o) in Self::dependents(i, &uid) {
+            let owners_left = meta(&o, "ownerReferences")
+                .and_then(Value::as_array)
+                .map(|refs| refs.iter().any(|r| r.get("uid").and_then(Value::as_str).is_some_and(|u| i.uids.contains_key(u))))
+                .unwrap_or(false);
+            if owners_left {
+                continue;
+            }
+            if let Some(rt) = Self::type_for_gr(i, &g)
+                && let Some(cur) = i.objects.get(&g).and_then(|m| m.get(&(meta_str(&o, "namespace").to_string(), meta_str(&o, "name").to_string()))).cloned()
+            {
+                let _ = self.delete_locked(i, &rt, &cur, &DeleteOpts::default());
+            }
+        }
+    }
+
+    pub(crate) fn delete_collection(&self, rt: &ResType, ns: Option<&str>, sel: &Selector, d: &DeleteOpts) -> Result<u64, Error> {
+        let mut i = self.inner.lock();
+        let victims: Vec<Arc<Value>> = i
+            .objects
+            .get(&rt.gr())
+            .map(|m| m.iter().filter(|((n, _), o)| ns.is_none_or(|x| x == n) && sel.matches(o)).map(|(_, o)| o.clone()).collect())
+            .unwrap_or_default();
+        for o in victims {
+            self.delete_locked(&mut i, rt, &o, d)?;
+        }
+        Ok(i.rv)
+    }
+}
