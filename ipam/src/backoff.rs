@@ -67,11 +67,7 @@ impl BackoffConfig {
     /// Checks the settings; the error names the offending flag.
     pub fn validate(&self) -> Result<(), IpamError> {
         if self.min.is_zero() {
-            return Err(invalid(
-                "backoff-min",
-                self.min,
-                "must be positive".into(),
-            ));
+            return Err(invalid("backoff-min", self.min, "must be positive".into()));
         }
         if self.min > self.max {
             return Err(invalid(
@@ -244,6 +240,7 @@ mod tests {
         assert!(!c.cluster_size_scaling);
         assert_eq!(c.validate(), Ok(()));
         assert!(size_of::<Backoff>() <= 64, "{}", size_of::<Backoff>());
+        eprintln!("size_of Backoff {}", size_of::<Backoff>());
     }
 
     #[tokio::test(start_paused = true)]
@@ -252,7 +249,12 @@ mod tests {
         let mut b = Backoff::new(&cfg, 1);
         let mut got = Vec::new();
         for _ in 0..12 {
-            got.push(after(b.on_failure(&cfg, ErrorClass::Transient, Instant::now(), 1000)));
+            got.push(after(b.on_failure(
+                &cfg,
+                ErrorClass::Transient,
+                Instant::now(),
+                1000,
+            )));
             tokio::time::advance(S(1)).await;
         }
         let want: Vec<_> = [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
@@ -307,7 +309,10 @@ mod tests {
         for attempt in 1..=40u32 {
             let d = after(b.on_failure(&cfg, ErrorClass::Transient, now, 0));
             let t = S(1u64 << (attempt - 1).min(9)).min(S(300));
-            assert!(d >= S(1) && d <= t, "attempt {attempt}: {d:?} outside [1s, {t:?}]");
+            assert!(
+                d >= S(1) && d <= t,
+                "attempt {attempt}: {d:?} outside [1s, {t:?}]"
+            );
             distinct.insert(d);
         }
         assert!(distinct.len() > 30, "jitter does not vary: {distinct:?}");
@@ -332,20 +337,35 @@ mod tests {
         let cfg = no_jitter();
         let mut b = Backoff::new(&cfg, 1);
         let t0 = Instant::now();
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, t0, 0)), S(1));
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, t0 + S(1), 0)), S(2));
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, t0, 0)),
+            S(1)
+        );
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, t0 + S(1), 0)),
+            S(2)
+        );
         // Exactly reset_after later: not more than it, no reset.
         let t2 = t0 + S(1) + S(600);
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, t2, 0)), S(4));
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, t2, 0)),
+            S(4)
+        );
         assert_eq!(b.attempts(), 3);
         // More than reset_after after the previous failure: starts over.
         let t3 = t2 + S(601);
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, t3, 0)), S(1));
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, t3, 0)),
+            S(1)
+        );
         assert_eq!(b.attempts(), 1);
         assert_eq!(b.last_failure(), Some(t3));
         b.reset();
         assert_eq!(b.attempts(), 0);
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, t3, 0)), S(1));
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, t3, 0)),
+            S(1)
+        );
     }
 
     #[test]
@@ -375,11 +395,24 @@ mod tests {
         let mut b = Backoff::new(&cfg, 1);
         let now = Instant::now();
         let ln101 = (101f64).ln();
-        assert_eq!(after(b.on_failure(&cfg, ErrorClass::Transient, now, 100)), S(1));
+        assert_eq!(
+            after(b.on_failure(&cfg, ErrorClass::Transient, now, 100)),
+            S(1)
+        );
         let second = after(b.on_failure(&cfg, ErrorClass::Transient, now, 100));
-        assert!((second.as_secs_f64() - 2.0 * ln101).abs() < 1e-6, "{second:?}");
-        assert_eq!(b.delay(&cfg, 6, 100, 0.0).as_secs_f64().round(), (32.0 * ln101).round());
-        assert_eq!(b.delay(&cfg, 7, 100, 0.0), S(300), "capped again after scaling");
+        assert!(
+            (second.as_secs_f64() - 2.0 * ln101).abs() < 1e-6,
+            "{second:?}"
+        );
+        assert_eq!(
+            b.delay(&cfg, 6, 100, 0.0).as_secs_f64().round(),
+            (32.0 * ln101).round()
+        );
+        assert_eq!(
+            b.delay(&cfg, 8, 100, 0.0),
+            S(300),
+            "capped again after scaling"
+        );
         assert_eq!(b.delay(&cfg, 2, 0, 0.0), S(2), "no nodes: unscaled");
         // One node: ln 2 < 1, floored at min.
         let jit = BackoffConfig {
@@ -432,27 +465,9 @@ mod tests {
             other => panic!("{field}: expected InvalidSetting, got {other:?}"),
         };
         let d = BackoffConfig::default;
-        check(
-            BackoffConfig {
-                min: S(0),
-                ..d()
-            },
-            "backoff-min",
-        );
-        check(
-            BackoffConfig {
-                min: S(301),
-                ..d()
-            },
-            "backoff-min",
-        );
-        check(
-            BackoffConfig {
-                factor: 0.5,
-                ..d()
-            },
-            "backoff-factor",
-        );
+        check(BackoffConfig { min: S(0), ..d() }, "backoff-min");
+        check(BackoffConfig { min: S(301), ..d() }, "backoff-min");
+        check(BackoffConfig { factor: 0.5, ..d() }, "backoff-factor");
         check(
             BackoffConfig {
                 factor: f64::NAN,
@@ -467,14 +482,14 @@ mod tests {
             },
             "backoff-reset-after",
         );
-        let err = BackoffConfig {
-            min: S(301),
-            ..d()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("backoff-min") && err.contains("backoff-max"), "{err}");
+        let err = BackoffConfig { min: S(301), ..d() }
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("backoff-min") && err.contains("backoff-max"),
+            "{err}"
+        );
         assert_eq!(
             BackoffConfig {
                 min: S(300),

@@ -88,6 +88,8 @@ struct MemState {
     capacity: PerFamily<u64>,
     faults: Faults,
     rng: SmallRng,
+    calls: u64,
+    throttled: u64,
 }
 
 /// A per-address source with a fixed capacity per family: IPv4 from 10.0.0.0 upwards,
@@ -127,6 +129,8 @@ impl MemorySource {
                 },
                 faults: Faults::default(),
                 rng: SmallRng::seed_from_u64(seed),
+                calls: 0,
+                throttled: 0,
             })),
             hook: None,
         }
@@ -159,8 +163,15 @@ impl MemorySource {
     }
 
     /// Draws the fault for one mutating call: None = proceed normally.
+    /// Mutating calls received, and how many were answered "throttled".
+    pub fn calls(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.calls, s.throttled)
+    }
+
     fn draw_fault(&self, op: &'static str, node: &NodeName) -> (Option<IpamError>, bool) {
         let mut s = self.state.lock();
+        s.calls += 1;
         let f = s.faults;
         if f.error_rate + f.lost_reply_rate + f.throttle_rate <= 0.0 {
             return (None, false);
@@ -175,6 +186,7 @@ impl MemorySource {
         if x < f.error_rate {
             (Some(err(ErrorClass::Transient, "injected error")), false)
         } else if x < f.error_rate + f.throttle_rate {
+            s.throttled += 1;
             let class = ErrorClass::Throttled {
                 retry_after: Some(f.retry_after),
             };

@@ -67,6 +67,7 @@ struct Inner {
     events: BTreeMap<&'static str, u64>,
     /// Operator writes to fail (transient) before taking effect, for tests.
     fail_operator_writes: u32,
+    operator_writes: u64,
 }
 
 /// An in-memory IPAMNode store: one monotonically increasing resourceVersion, change
@@ -97,6 +98,11 @@ impl MemoryNodeStore {
     /// How many events of `reason` were recorded.
     pub fn event_count(&self, reason: &str) -> u64 {
         self.inner.lock().events.get(reason).copied().unwrap_or(0)
+    }
+
+    /// Operator write requests received (applies and deletes).
+    pub fn operator_writes(&self) -> u64 {
+        self.inner.lock().operator_writes
     }
 
     /// Makes the next `n` operator writes fail with a transient error.
@@ -191,6 +197,7 @@ impl NodeStore for MemoryNodeStore {
     ) -> Result<Arc<IpamNode>, IpamError> {
         {
             let mut inner = self.inner.lock();
+            inner.operator_writes += 1;
             if inner.fail_operator_writes > 0 {
                 inner.fail_operator_writes -= 1;
                 return Err(IpamError::Store {
@@ -214,6 +221,7 @@ impl NodeStore for MemoryNodeStore {
 
     async fn remove(&self, name: &str) -> Result<(), IpamError> {
         let mut inner = self.inner.lock();
+        inner.operator_writes += 1;
         if let Some(old) = inner.objects.remove(name) {
             inner.resource_version += 1;
             if let Some(h) = &self.hook {

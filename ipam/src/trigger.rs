@@ -154,7 +154,9 @@ impl FromIterator<Reason> for Reasons {
 
 impl fmt::Debug for Reasons {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.iter().map(Reason::as_str)).finish()
+        f.debug_set()
+            .entries(self.iter().map(Reason::as_str))
+            .finish()
     }
 }
 
@@ -462,7 +464,10 @@ mod tests {
         assert!(s.contains(Reason::Upsert) && s.contains(Reason::Delete));
         assert!(!s.contains(Reason::Retry));
         assert_eq!(s.len(), 2);
-        assert_eq!(s.iter().collect::<Vec<_>>(), [Reason::Upsert, Reason::Delete]);
+        assert_eq!(
+            s.iter().collect::<Vec<_>>(),
+            [Reason::Upsert, Reason::Delete]
+        );
         assert_eq!(s.to_string(), "upsert,delete");
         assert_eq!(format!("{s:?}"), r#"{"upsert", "delete"}"#);
         let all: Reasons = Reason::ALL.into_iter().collect();
@@ -470,7 +475,12 @@ mod tests {
         let names: std::collections::BTreeSet<_> = all.iter().map(Reason::as_str).collect();
         assert_eq!(names.len(), 8, "names must be distinct");
         assert_eq!(Reason::PoolFreed.as_str(), "pool-freed");
-        assert_eq!(Reasons::from(Reason::Retry).union(Reason::Leadership.into()).len(), 2);
+        assert_eq!(
+            Reasons::from(Reason::Retry)
+                .union(Reason::Leadership.into())
+                .len(),
+            2
+        );
     }
 
     #[test]
@@ -533,14 +543,28 @@ mod tests {
         // The run takes 50 ms; five triggers arrive during it.
         for i in 0..5 {
             sleep(10 * MS).await;
-            t.trigger(if i == 4 { Reason::Delete } else { Reason::PodEvent });
+            t.trigger(if i == 4 {
+                Reason::Delete
+            } else {
+                Reason::PodEvent
+            });
         }
         rx.finished(&first);
         let second = next(&mut rx).await;
-        assert_eq!(second.started, first.started + 50 * MS, "runs at once: min_interval passed");
+        assert_eq!(
+            second.started,
+            first.started + 50 * MS,
+            "runs at once: min_interval passed"
+        );
         assert_eq!(second.folds, 5);
-        assert!(second.reasons.contains(Reason::Delete), "the last trigger is kept");
-        assert!(!second.reasons.contains(Reason::Upsert), "reasons do not carry over");
+        assert!(
+            second.reasons.contains(Reason::Delete),
+            "the last trigger is kept"
+        );
+        assert!(
+            !second.reasons.contains(Reason::Upsert),
+            "reasons do not carry over"
+        );
         assert_eq!(second.latency, 40 * MS);
         rx.finished(&second);
         assert_idle(&mut rx).await;
@@ -631,9 +655,17 @@ mod tests {
         rx.finished(&r1);
         t.trigger_at(t0 + Duration::from_secs(1), Reason::Deadline);
         let r2 = next(&mut rx).await;
-        assert_eq!(r2.started, t0 + Duration::from_secs(2), "min_interval still holds");
+        assert_eq!(
+            r2.started,
+            t0 + Duration::from_secs(2),
+            "min_interval still holds"
+        );
         assert_eq!(r2.reasons, Reason::Deadline.into());
-        assert_eq!(r2.latency, Duration::from_secs(1), "counted from the deadline");
+        assert_eq!(
+            r2.latency,
+            Duration::from_secs(1),
+            "counted from the deadline"
+        );
         // A deadline in the past is due at once (after min_interval).
         rx.finished(&r2);
         sleep(Duration::from_secs(5)).await;
@@ -659,9 +691,34 @@ mod tests {
         assert_eq!(r2.folds, 2);
         assert_eq!(
             r2.reasons,
-            [Reason::PodEvent, Reason::Deadline, Reason::Retry].into_iter().collect()
+            [Reason::PodEvent, Reason::Deadline, Reason::Retry]
+                .into_iter()
+                .collect()
         );
         assert_eq!(r2.latency, Duration::from_millis(1500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_receiver_rearms_for_an_earlier_deadline() {
+        let (t, mut rx) = trigger(NAME, 10 * MS);
+        let t0 = Instant::now();
+        let task = tokio::spawn(async move {
+            let run = rx.next().await;
+            (run, Instant::now())
+        });
+        sleep(Duration::from_secs(1)).await; // the receiver waits with no timer
+        t.trigger_at(t0 + Duration::from_secs(5), Reason::Retry);
+        sleep(Duration::from_secs(1)).await; // now it sleeps until 5 s
+        t.trigger_at(t0 + Duration::from_secs(3), Reason::Deadline);
+        let (run, at) = timeout(Duration::from_secs(3600), task)
+            .await
+            .expect("the receiver never woke")
+            .unwrap();
+        assert_eq!(at, t0 + Duration::from_secs(3));
+        assert_eq!(
+            run.unwrap().reasons,
+            [Reason::Deadline, Reason::Retry].into_iter().collect()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -713,7 +770,11 @@ mod tests {
         t.trigger(Reason::Upsert);
         let (run, rx) = task.await.unwrap();
         assert!(run.is_some());
-        assert!(rx.wakeups <= 2, "receiver woke {} times while idle", rx.wakeups);
+        assert!(
+            rx.wakeups <= 2,
+            "receiver woke {} times while idle",
+            rx.wakeups
+        );
     }
 
     /// Runs never overlap, starts are min_interval apart, every trigger is followed by a run
@@ -726,7 +787,9 @@ mod tests {
             let mut runs = Vec::new();
             let mut seed = 7u64;
             while let Some(run) = rx.next().await {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 sleep(Duration::from_millis(seed >> 59)).await; // 0..31 ms
                 rx.finished(&run);
                 runs.push((run, Instant::now()));
@@ -736,7 +799,9 @@ mod tests {
         let mut calls = Vec::new();
         let mut seed = 1u64;
         for _ in 0..500 {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             sleep(Duration::from_millis(seed >> 60)).await; // 0..15 ms
             t.trigger(Reason::PodEvent);
             calls.push(Instant::now());
@@ -748,21 +813,34 @@ mod tests {
         for w in runs.windows(2) {
             let ((a, a_end), (b, _)) = (w[0], w[1]);
             assert!(b.started >= a_end, "runs overlap");
-            assert!(b.started >= a.started + min, "starts closer than min_interval");
+            assert!(
+                b.started >= a.started + min,
+                "starts closer than min_interval"
+            );
         }
         let last_call = *calls.last().unwrap();
-        assert!(runs.last().unwrap().0.started >= last_call, "last trigger lost");
+        assert!(
+            runs.last().unwrap().0.started >= last_call,
+            "last trigger lost"
+        );
         assert!(runs.len() < calls.len(), "nothing folded");
     }
 
-    type Snap = Vec<(metrics_util::CompositeKey, Option<metrics::Unit>, Option<metrics::SharedString>, DebugValue)>;
+    type Snap = Vec<(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )>;
 
     /// The value of `name{trigger=NAME}` in a snapshot (taking one drains histograms).
     fn value<'a>(snap: &'a Snap, name: &str) -> Option<&'a DebugValue> {
         snap.iter().find_map(|(ck, _, _, v)| {
             let key = ck.key();
             let ok = key.name() == name
-                && key.labels().any(|l| l.key() == m::trigger::KEY && l.value() == NAME);
+                && key
+                    .labels()
+                    .any(|l| l.key() == m::trigger::KEY && l.value() == NAME);
             ok.then_some(v)
         })
     }
@@ -800,7 +878,13 @@ mod tests {
             "3 calls + 1 reached deadline"
         );
         assert_eq!(histogram(&snap, m::TRIGGER_FOLDS), [1.0, 2.0, 1.0]);
-        assert_eq!(histogram(&snap, m::TRIGGER_DURATION_SECONDS), [0.05, 0.0, 0.001]);
-        assert_eq!(histogram(&snap, m::TRIGGER_LATENCY_SECONDS), [0.0, 0.04, 0.0]);
+        assert_eq!(
+            histogram(&snap, m::TRIGGER_DURATION_SECONDS),
+            [0.05, 0.0, 0.001]
+        );
+        assert_eq!(
+            histogram(&snap, m::TRIGGER_LATENCY_SECONDS),
+            [0.0, 0.04, 0.0]
+        );
     }
 }

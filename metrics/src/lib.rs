@@ -80,7 +80,7 @@ pub mod family {
     pub const ALL: &[&str] = &[IPV4, IPV6];
 }
 
-/// Label `state` of [`IPS`](crate::IPS) and [`NODE_IPS`](crate::NODE_IPS).
+/// Label `state` of [`crate::IPS`] and [`crate::NODE_IPS`].
 pub mod ips_state {
     pub const KEY: &str = "state";
     pub const ALLOCATED: &str = "allocated";
@@ -92,7 +92,7 @@ pub mod ips_state {
     pub const ALL: &[&str] = &[ALLOCATED, USED, FREE, COOLDOWN, NEEDED, EXCESS];
 }
 
-/// Label `category` of [`NODES`](crate::NODES).
+/// Label `category` of [`crate::NODES`].
 pub mod node_category {
     pub const KEY: &str = "category";
     pub const TOTAL: &str = "total";
@@ -103,7 +103,7 @@ pub mod node_category {
     pub const ALL: &[&str] = &[TOTAL, IN_DEFICIT, AT_CAPACITY, RELEASING, BLOCKED];
 }
 
-/// Label `state` of [`POOL_IPS`](crate::POOL_IPS).
+/// Label `state` of [`crate::POOL_IPS`].
 pub mod pool_state {
     pub const KEY: &str = "state";
     pub const CAPACITY: &str = "capacity";
@@ -138,8 +138,8 @@ pub mod outcome {
     pub const ALL: &[&str] = &[SUCCESS, FAILURE];
 }
 
-/// Label `op` of [`ALLOCATION_DURATION_SECONDS`](crate::ALLOCATION_DURATION_SECONDS) and of
-/// [`API_REQUESTS_TOTAL`](crate::API_REQUESTS_TOTAL) with `api="source"`: the source's mutating
+/// Label `op` of [`crate::ALLOCATION_DURATION_SECONDS`] and of
+/// [`crate::API_REQUESTS_TOTAL`] with `api="source"`: the source's mutating
 /// calls.
 pub mod source_op {
     pub const KEY: &str = "op";
@@ -148,7 +148,7 @@ pub mod source_op {
     pub const ALL: &[&str] = &[ALLOCATE, RELEASE];
 }
 
-/// Label `op` of [`API_REQUESTS_TOTAL`](crate::API_REQUESTS_TOTAL) with `api="kube"`: API
+/// Label `op` of [`crate::API_REQUESTS_TOTAL`] with `api="kube"`: API
 /// server writes (cluster-pool block claims are `create`, block releases `delete`, IPAMNode
 /// server-side applies `apply`).
 pub mod kube_op {
@@ -159,8 +159,8 @@ pub mod kube_op {
     pub const ALL: &[&str] = &[CREATE, DELETE, APPLY];
 }
 
-/// Label `outcome` of [`API_REQUESTS_TOTAL`](crate::API_REQUESTS_TOTAL): finer than
-/// [`outcome`](crate::outcome) so conflicts (409) and throttling (429) can be alerted on.
+/// Label `outcome` of [`crate::API_REQUESTS_TOTAL`]: finer than
+/// [`crate::outcome`] so conflicts (409) and throttling (429) can be alerted on.
 pub mod api_outcome {
     pub const KEY: &str = "outcome";
     pub const SUCCESS: &str = "success";
@@ -187,7 +187,7 @@ pub mod api {
     }
 }
 
-/// Label `reason` of [`RECLAIMS_TOTAL`](crate::RECLAIMS_TOTAL).
+/// Label `reason` of [`crate::RECLAIMS_TOTAL`].
 pub mod reclaim_reason {
     pub const KEY: &str = "reason";
     pub const POD_DELETED: &str = "pod-deleted";
@@ -197,7 +197,7 @@ pub mod reclaim_reason {
     pub const ALL: &[&str] = &[POD_DELETED, POD_TERMINAL, SANDBOX_REPLACED, NODE_DELETED];
 }
 
-/// Label `outcome` of [`RECLAIMS_TOTAL`](crate::RECLAIMS_TOTAL).
+/// Label `outcome` of [`crate::RECLAIMS_TOTAL`].
 pub mod reclaim_outcome {
     pub const KEY: &str = "outcome";
     pub const RECLAIMED: &str = "reclaimed";
@@ -205,7 +205,7 @@ pub mod reclaim_outcome {
     pub const ALL: &[&str] = &[RECLAIMED, FAILED];
 }
 
-/// Label `kind` of [`REPAIR_ISSUES_TOTAL`](crate::REPAIR_ISSUES_TOTAL).
+/// Label `kind` of [`crate::REPAIR_ISSUES_TOTAL`].
 pub mod repair_kind {
     pub const KEY: &str = "kind";
     pub const DUPLICATE: &str = "duplicate";
@@ -273,7 +273,10 @@ impl Def {
                     Values::Enumerated(v) => v,
                     Values::DependsOn { key: on, values } => {
                         let Some((_, v)) = partial.iter().find(|(k, _)| k == on) else {
-                            panic!("{}: label {key} depends on {on}, which must come first", self.name)
+                            panic!(
+                                "{}: label {key} depends on {on}, which must come first",
+                                self.name
+                            )
                         };
                         values(v)
                     }
@@ -503,8 +506,7 @@ pub fn def(name: &str) -> Option<&'static Def> {
 /// Trigger latency: the pool maintainer's min interval is milliseconds; a trigger that waits
 /// behind a long run (budget waits) can take a minute.
 const TRIGGER_LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 /// One maintenance pass or resync run: in-memory passes take microseconds to milliseconds;
 /// passes that call a budgeted cloud API can take minutes.
@@ -513,13 +515,11 @@ const TRIGGER_DURATION_BUCKETS: &[f64] = &[
     60.0, 120.0, 300.0,
 ];
 /// Folded trigger calls per run (a count, at least 1).
-const TRIGGER_FOLDS_BUCKETS: &[f64] = &[
-    1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 1000.0,
-];
+const TRIGGER_FOLDS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 1000.0];
 /// Budget waits: at --api-qps 4 a queue of thousands of nodes waits many minutes.
 const API_WAIT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-    300.0, 600.0,
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
 ];
 /// Source call latency: an API server write takes milliseconds, a cloud call up to tens of
 /// seconds (and calls that time out after taking effect up to a minute).
@@ -529,8 +529,8 @@ const ALLOCATION_DURATION_BUCKETS: &[f64] = &[
 /// Reclaim latency is bounded below by reclaim-grace (30s) and reclaim-min-age (2m): buckets
 /// around those, up to ~10 minutes.
 const RECLAIM_LATENCY_BUCKETS: &[f64] = &[
-    1.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 150.0, 180.0, 240.0, 300.0, 450.0,
-    600.0, 900.0,
+    1.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 150.0, 180.0, 240.0, 300.0, 450.0, 600.0,
+    900.0,
 ];
 /// A resync recalculates and triggers every node: milliseconds for hundreds of nodes, seconds
 /// for tens of thousands.

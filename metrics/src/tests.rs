@@ -51,7 +51,10 @@ fn names_match_design_table() {
         }
     }
     let defined: Vec<&str> = ALL.iter().map(|d| d.name).collect();
-    assert_eq!(defined, NAMES, "ALL must hold every name once, in table order");
+    assert_eq!(
+        defined, NAMES,
+        "ALL must hold every name once, in table order"
+    );
     let unique: BTreeSet<&str> = defined.iter().copied().collect();
     assert_eq!(unique.len(), NAMES.len());
 }
@@ -64,7 +67,11 @@ fn kinds_units_and_suffixes_are_consistent() {
             assert_eq!(d.kind, Kind::Counter, "{}", d.name);
         }
         if d.kind == Kind::Counter {
-            assert!(d.name.ends_with("_total"), "counter {} lacks _total", d.name);
+            assert!(
+                d.name.ends_with("_total"),
+                "counter {} lacks _total",
+                d.name
+            );
         }
         if d.name.ends_with("_seconds") {
             assert_eq!(d.unit, Some(Unit::Seconds), "{}", d.name);
@@ -112,7 +119,10 @@ fn every_histogram_has_sane_buckets() {
 
 /// A recorder that keeps what was described.
 #[derive(Default, Clone)]
-struct DescribeLog(Arc<Mutex<Vec<(String, MetricKind, Option<Unit>, String)>>>);
+struct DescribeLog(Arc<Mutex<Vec<Described>>>);
+
+/// Name, kind, unit, help.
+type Described = (String, MetricKind, Option<Unit>, String);
 
 impl DescribeLog {
     fn push(&self, k: KeyName, kind: MetricKind, unit: Option<Unit>, d: SharedString) {
@@ -168,7 +178,10 @@ fn describe_all_describes_every_metric_with_kind_unit_and_help() {
 
 type Series = BTreeMap<String, BTreeSet<Vec<(String, String)>>>;
 
-fn snapshot(s: &Snapshotter) -> (Series, Vec<(String, Vec<(String, String)>, DebugValue)>) {
+/// Name, labels, value.
+type Value = (String, Vec<(String, String)>, DebugValue);
+
+fn snapshot(s: &Snapshotter) -> (Series, Vec<Value>) {
     let mut by_name: Series = BTreeMap::new();
     let mut values = Vec::new();
     for (ck, _unit, _desc, value) in s.snapshot().into_vec() {
@@ -326,6 +339,14 @@ fn series_of_a_metric_without_labels_is_one_empty_set() {
     assert_eq!(def(LEADER).unwrap().series(), vec![Vec::new()]);
     assert!(def(POOL_IPS).unwrap().series().is_empty());
     let api_series = def(API_REQUESTS_TOTAL).unwrap().series();
-    assert!(api_series.contains(&vec![("api", "kube"), ("op", "apply"), ("outcome", "conflict")]));
-    assert!(!api_series.iter().any(|s| s.contains(&("api", "kube")) && s.contains(&("op", "allocate"))));
+    assert!(api_series.contains(&vec![
+        ("api", "kube"),
+        ("op", "apply"),
+        ("outcome", "conflict")
+    ]));
+    assert!(
+        !api_series
+            .iter()
+            .any(|s| s.contains(&("api", "kube")) && s.contains(&("op", "allocate")))
+    );
 }

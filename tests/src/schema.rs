@@ -113,6 +113,9 @@ pub(crate) fn prune_and_default(schema: &Value, v: &mut Value, path: &str, unkno
             let keep_unknown = preserves(schema);
             let keys: Vec<String> = map.keys().cloned().collect();
             for k in keys {
+                if path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
                 let child = props.and_then(|p| p.get(&k)).or(match addl {
                     Some(a @ Value::Object(_)) => Some(a),
                     _ => None,

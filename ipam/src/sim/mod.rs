@@ -1,0 +1,11 @@
+//! The simulated world the engine is judged in (cargo feature `sim`): node sides,
+//! kubelets, a workload, an independent observer and the `simulate` run with its report.
+
+pub mod node_side;
+pub mod observer;
+pub mod run;
+pub mod world;
+
+pub use observer::{Invariants, Observer};
+pub use run::{Report, SimConfig, WarmUp, simulate};
+pub use world::{World, WorldConfig};

@@ -1,0 +1,240 @@
+//! The node side (simulated now, an agent later): allocates addresses to pods from its
+//! pool and answers the operator's release marks and tombstones, keeping every promise
+//! DESIGN.md lists. Pure functions over the node's resource; the world applies them.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use crate::types::{
+    Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
+    ReleaseState, UsedEntry,
+};
+
+/// What a reconcile changed that the observer must know.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Answers {
+    /// Addresses answered ready-for-release: the node will not use them again.
+    pub ready: Vec<IpAddr>,
+    /// Addresses whose ready-for-release was withdrawn by the operator: usable again.
+    pub resumed: Vec<IpAddr>,
+    /// Entries removed by a tombstone (pod UID, address).
+    pub reclaimed: Vec<(PodUid, IpAddr)>,
+}
+
+/// Answers the operator: tombstones, release marks, stale acks, expired cooldowns.
+pub fn reconcile(
+    node: &IpamNode,
+    side: &mut NodeSideFields,
+    now: SystemTime,
+    reuse_cooldown: Duration,
+) -> Answers {
+    let op = &node.operator;
+    let mut out = Answers::default();
+    // Tombstones: reclaimed if the entry still has that pod UID, else stale.
+    for (addr, t) in &op.reclaim {
+        if side.reclaim_ack.get(addr).is_some_and(|a| a.pod_uid == t.pod_uid) {
+            continue;
+        }
+        let outcome = if side.used.get(addr).is_some_and(|e| e.pod_uid == t.pod_uid) {
+            side.used.remove(addr);
+            side.cooldown.insert(*addr, now + reuse_cooldown);
+            out.reclaimed.push((t.pod_uid, *addr));
+            ReclaimOutcome::Reclaimed
+        } else {
+            ReclaimOutcome::Stale
+        };
+        side.reclaim_ack.insert(
+            *addr,
+            ReclaimAck {
+                pod_uid: t.pod_uid,
+                outcome,
+            },
+        );
+    }
+    // An ack goes once its tombstone is gone.
+    side.reclaim_ack
+        .retain(|a, ack| op.reclaim.get(a).is_some_and(|t| t.pod_uid == ack.pod_uid));
+    // Release marks.
+    for (addr, state) in &op.release {
+        if *state != ReleaseState::MarkedForRelease || side.release_ack.contains_key(addr) {
+            continue;
+        }
+        let busy = side.used.contains_key(addr) || side.cooldown.contains_key(addr);
+        let ack = if busy {
+            ReleaseAck::DoNotRelease
+        } else {
+            out.ready.push(*addr);
+            ReleaseAck::ReadyForRelease
+        };
+        side.release_ack.insert(*addr, ack);
+    }
+    // An answer goes once the mark is withdrawn or the address released.
+    side.release_ack.retain(|a, ack| {
+        let keep = op.release.get(a) == Some(&ReleaseState::MarkedForRelease);
+        if !keep && *ack == ReleaseAck::ReadyForRelease && op.addresses.contains(a) {
+            out.resumed.push(*a); // withdrawn: ours again
+        }
+        keep
+    });
+    side.cooldown
+        .retain(|a, until| *until > now && op.addresses.contains(a));
+    out
+}
+
+/// Free addresses of one family: in the pool, not used, not cooling down, not marked or
+/// released, not promised away.
+pub fn free_address(node: &IpamNode, side: &NodeSideFields, family: Family) -> Option<IpAddr> {
+    node.operator
+        .addresses
+        .iter()
+        .find(|a| {
+            Family::of(a) == family
+                && !side.used.contains_key(a)
+                && !side.cooldown.contains_key(a)
+                && !node.operator.release.contains_key(a)
+                && !side.release_ack.contains_key(a)
+        })
+        .copied()
+}
+
+/// CNI ADD: one address per family, all or none. Returns the addresses taken.
+pub fn add(
+    node: &IpamNode,
+    side: &mut NodeSideFields,
+    families: &[Family],
+    entry: UsedEntry,
+) -> Option<Vec<IpAddr>> {
+    let mut addrs = Vec::with_capacity(families.len());
+    for &f in families {
+        addrs.push(free_address(node, side, f)?);
+    }
+    for a in &addrs {
+        side.used.insert(*a, entry.clone());
+    }
+    Some(addrs)
+}
+
+/// CNI DEL: idempotent; ignored when the container ID differs from the recorded ADD
+/// (kuryr's rule). Freed addresses cool down before reuse. Returns the freed addresses.
+pub fn del(
+    side: &mut NodeSideFields,
+    pod: PodUid,
+    container_id: u64,
+    now: SystemTime,
+    reuse_cooldown: Duration,
+) -> Vec<IpAddr> {
+    let freed: Vec<IpAddr> = side
+        .used
+        .iter()
+        .filter(|(_, e)| e.pod_uid == pod && e.container_id == container_id)
+        .map(|(a, _)| *a)
+        .collect();
+    for a in &freed {
+        side.used.remove(a);
+        side.cooldown.insert(*a, now + reuse_cooldown);
+    }
+    freed
+}
+
+/// The earliest cooldown end (when the node side must look again).
+pub fn next_cooldown_end(side: &NodeSideFields) -> Option<SystemTime> {
+    side.cooldown.values().min().copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Tombstone;
+    use crate::types::ReclaimReason;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn entry(uid: u128, cid: u64) -> UsedEntry {
+        UsedEntry {
+            pod_uid: PodUid(uid),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container_id: cid,
+            since: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn node_with(addrs: &[&str]) -> IpamNode {
+        let mut n = IpamNode::new("n".into(), 1);
+        n.operator.addresses = addrs.iter().map(|a| ip(a)).collect();
+        n
+    }
+
+    const CD: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn add_is_all_or_none_and_del_checks_the_container() {
+        let n = node_with(&["10.0.0.1", "fd00::1"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        let got = add(&n, &mut side, &[Family::V4, Family::V6], entry(1, 7)).unwrap();
+        assert_eq!(got, vec![ip("10.0.0.1"), ip("fd00::1")]);
+        assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
+        assert!(del(&mut side, PodUid(1), 8, t, CD).is_empty(), "stale DEL ignored");
+        assert_eq!(del(&mut side, PodUid(1), 7, t, CD).len(), 2);
+        assert!(del(&mut side, PodUid(1), 7, t, CD).is_empty(), "DEL is idempotent");
+        // cooling down: not reusable yet
+        assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
+        reconcile(&n, &mut side, t + CD, CD);
+        assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
+    }
+
+    #[test]
+    fn release_marks_are_answered_and_honoured() {
+        let mut n = node_with(&["10.0.0.1", "10.0.0.2"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        add(&n, &mut side, &[Family::V4], entry(1, 1)).unwrap();
+        n.operator.release.insert(ip("10.0.0.1"), ReleaseState::MarkedForRelease);
+        n.operator.release.insert(ip("10.0.0.2"), ReleaseState::MarkedForRelease);
+        let a = reconcile(&n, &mut side, t, CD);
+        assert_eq!(a.ready, vec![ip("10.0.0.2")]);
+        assert_eq!(side.release_ack[&ip("10.0.0.1")], ReleaseAck::DoNotRelease);
+        // never used again while marked
+        assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
+        // withdrawn: usable again, and the answer goes
+        n.operator.release.remove(&ip("10.0.0.2"));
+        let a = reconcile(&n, &mut side, t, CD);
+        assert_eq!(a.resumed, vec![ip("10.0.0.2")]);
+        assert!(!side.release_ack.contains_key(&ip("10.0.0.2")));
+        assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
+        // released: the answer goes, the address is no longer in the pool
+        n.operator.release.insert(ip("10.0.0.1"), ReleaseState::Released);
+        n.operator.addresses.remove(&ip("10.0.0.1"));
+        reconcile(&n, &mut side, t, CD);
+        assert!(side.release_ack.is_empty());
+    }
+
+    #[test]
+    fn tombstones_are_reclaimed_or_stale() {
+        let mut n = node_with(&["10.0.0.1", "10.0.0.2"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        add(&n, &mut side, &[Family::V4], entry(1, 1)).unwrap();
+        add(&n, &mut side, &[Family::V4], entry(2, 1)).unwrap();
+        let tomb = |uid| Tombstone {
+            pod_uid: PodUid(uid),
+            reason: ReclaimReason::PodDeleted,
+        };
+        n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1));
+        // the entry of 10.0.0.2 changed owner: its tombstone names pod 9
+        n.operator.reclaim.insert(ip("10.0.0.2"), tomb(9));
+        let a = reconcile(&n, &mut side, t, CD);
+        assert_eq!(a.reclaimed, vec![(PodUid(1), ip("10.0.0.1"))]);
+        assert_eq!(side.reclaim_ack[&ip("10.0.0.1")].outcome, ReclaimOutcome::Reclaimed);
+        assert_eq!(side.reclaim_ack[&ip("10.0.0.2")].outcome, ReclaimOutcome::Stale);
+        assert_eq!(side.used[&ip("10.0.0.2")].pod_uid, PodUid(2), "nothing lost");
+        assert!(side.cooldown.contains_key(&ip("10.0.0.1")));
+        // acks go once the tombstones do
+        n.operator.reclaim.clear();
+        reconcile(&n, &mut side, t, CD);
+        assert!(side.reclaim_ack.is_empty());
+    }
+}

@@ -1,0 +1,268 @@
+//! The independent observer: it builds its own log of who holds which address from the
+//! source's grants and releases, the node side's answers, the kubelets' pod starts and
+//! stops and the operator's tombstones, and judges DESIGN.md's three invariants from it.
+//! It trusts no engine counter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::source::SourceHook;
+use crate::store::{StoreHook, Writer};
+use crate::types::{IpamNode, NodeName, PodUid};
+
+/// Counts of invariant violations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Invariants {
+    pub double_allocations: u64,
+    pub live_ip_reclaimed: u64,
+    pub lost_allocations: u64,
+}
+
+impl Invariants {
+    pub fn ok(&self) -> bool {
+        *self == Invariants::default()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    node: NodeName,
+    /// False once the node side answered ready-for-release (it promised not to use it).
+    active: bool,
+}
+
+#[derive(Default)]
+struct State {
+    holds: BTreeMap<IpAddr, Hold>,
+    /// Address → the live pod using it.
+    addr_pod: BTreeMap<IpAddr, PodUid>,
+    live: BTreeMap<PodUid, Vec<IpAddr>>,
+    /// Pods deleted while their address stayed recorded: deletion time (for reclaim latency).
+    deleted_at: BTreeMap<PodUid, Instant>,
+    vanished: BTreeSet<NodeName>,
+    reclaim_latency: Vec<f64>,
+    reclaimed: u64,
+    inv: Invariants,
+    violations: Vec<String>,
+}
+
+impl State {
+    fn violate(&mut self, kind: fn(&mut Invariants) -> &mut u64, msg: String) {
+        *kind(&mut self.inv) += 1;
+        if self.violations.len() < 50 {
+            self.violations.push(msg);
+        }
+    }
+}
+
+/// The observer. Register it as the source's and the store's hook, and tell it what the
+/// kubelets and the node side do.
+#[derive(Default)]
+pub struct Observer {
+    s: Mutex<State>,
+}
+
+impl Observer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A pod started with these addresses on `node`.
+    pub fn pod_started(&self, node: &NodeName, uid: PodUid, addrs: &[IpAddr]) {
+        let mut s = self.s.lock();
+        for a in addrs {
+            let held = s.holds.get(a).is_some_and(|h| h.active && &h.node == node);
+            if !held {
+                s.violate(
+                    |i| &mut i.double_allocations,
+                    format!("pod {uid} on {node} uses {a}, which {node} does not hold"),
+                );
+            }
+            if let Some(other) = s.addr_pod.insert(*a, uid)
+                && other != uid
+            {
+                s.violate(
+                    |i| &mut i.double_allocations,
+                    format!("{a} used by live pods {other} and {uid} at once"),
+                );
+            }
+        }
+        s.live.insert(uid, addrs.to_vec());
+    }
+
+    /// A pod's containers stopped (DEL, crash or machine loss). `recorded` says whether its
+    /// addresses stay recorded (no DEL reached the node side): they must be reclaimed.
+    pub fn pod_stopped(&self, uid: PodUid, recorded: bool) {
+        let mut s = self.s.lock();
+        if let Some(addrs) = s.live.remove(&uid) {
+            for a in addrs {
+                if s.addr_pod.get(&a) == Some(&uid) {
+                    s.addr_pod.remove(&a);
+                }
+            }
+            if recorded {
+                s.deleted_at.insert(uid, Instant::now());
+            }
+        }
+    }
+
+    /// The node side answered: addresses it will no longer use, and withdrawn ones it may.
+    pub fn node_answers(&self, node: &NodeName, ready: &[IpAddr], resumed: &[IpAddr], reclaimed: usize) {
+        let mut s = self.s.lock();
+        s.reclaimed += reclaimed as u64;
+        for a in ready {
+            if let Some(h) = s.holds.get_mut(a)
+                && &h.node == node
+            {
+                h.active = false;
+            }
+        }
+        for a in resumed {
+            match s.holds.get_mut(a) {
+                Some(h) if &h.node == node => h.active = true,
+                Some(h) if h.active => {
+                    let other = h.node.clone();
+                    s.violate(
+                        |i| &mut i.double_allocations,
+                        format!("{a} resumed by {node} while {other} holds it"),
+                    );
+                }
+                _ => {
+                    s.violate(
+                        |i| &mut i.double_allocations,
+                        format!("{a} resumed by {node} after the source took it back"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A machine vanished with its pods: its holds end.
+    pub fn machine_vanished(&self, node: &NodeName) {
+        let mut s = self.s.lock();
+        s.holds.retain(|_, h| &h.node != node);
+        s.vanished.insert(node.clone());
+    }
+
+    /// End-of-run check for lost addresses: every address the source still grants must
+    /// be held by that node, and every `used` entry must belong to a live pod.
+    pub fn finish(&self, granted: &[(IpAddr, NodeName)], nodes: &[std::sync::Arc<IpamNode>]) -> Invariants {
+        let mut s = self.s.lock();
+        for (a, node) in granted {
+            let held = s.holds.get(a).is_some_and(|h| h.active && &h.node == node);
+            if !held {
+                s.violate(
+                    |i| &mut i.lost_allocations,
+                    format!("{a} granted to {node} by the source but not held by it"),
+                );
+            }
+        }
+        for n in nodes {
+            for (a, e) in &n.node.used {
+                if !s.live.contains_key(&e.pod_uid) {
+                    s.violate(
+                        |i| &mut i.lost_allocations,
+                        format!("{a} on {} still recorded for gone pod {}", n.name, e.pod_uid),
+                    );
+                }
+            }
+        }
+        s.inv
+    }
+
+    pub fn invariants(&self) -> Invariants {
+        self.s.lock().inv
+    }
+
+    /// The first violations, for diagnosis.
+    pub fn violations(&self) -> Vec<String> {
+        self.s.lock().violations.clone()
+    }
+
+    /// Pod deletion → tombstone latencies, in seconds.
+    pub fn reclaim_latencies(&self) -> Vec<f64> {
+        self.s.lock().reclaim_latency.clone()
+    }
+
+    /// Entries the node side removed on a tombstone.
+    pub fn reclaimed(&self) -> u64 {
+        self.s.lock().reclaimed
+    }
+
+    /// Pods currently running.
+    pub fn live_pods(&self) -> usize {
+        self.s.lock().live.len()
+    }
+}
+
+impl SourceHook for Observer {
+    fn granted(&self, node: &NodeName, addrs: &[IpAddr]) {
+        let mut s = self.s.lock();
+        if s.vanished.contains(node) {
+            return; // a machine that is gone holds nothing
+        }
+        for a in addrs {
+            if let Some(h) = s.holds.get(a)
+                && h.active
+                && &h.node != node
+            {
+                let other = h.node.clone();
+                s.violate(
+                    |i| &mut i.double_allocations,
+                    format!("{a} granted to {node} while {other} holds it"),
+                );
+            }
+            s.holds.insert(
+                *a,
+                Hold {
+                    node: node.clone(),
+                    active: true,
+                },
+            );
+        }
+    }
+
+    fn released(&self, node: &NodeName, addrs: &[IpAddr]) {
+        let mut s = self.s.lock();
+        for a in addrs {
+            // An active hold stays: granting the address elsewhere would then be a double grant.
+            if s.holds.get(a).is_some_and(|h| &h.node == node && !h.active) {
+                s.holds.remove(a);
+            }
+        }
+    }
+}
+
+impl StoreHook for Observer {
+    fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>) {
+        if writer != Writer::Operator {
+            return;
+        }
+        let Some(new) = new else {
+            return;
+        };
+        let before = old.map(|o| &o.operator.reclaim);
+        let mut s = self.s.lock();
+        let now = Instant::now();
+        let mut seen = BTreeSet::new();
+        for (a, t) in &new.operator.reclaim {
+            if before.is_some_and(|b| b.get(a) == Some(t)) {
+                continue;
+            }
+            if s.live.contains_key(&t.pod_uid) {
+                s.violate(
+                    |i| &mut i.live_ip_reclaimed,
+                    format!("tombstone for {a} of live pod {} on {}", t.pod_uid, new.name),
+                );
+            }
+            if seen.insert(t.pod_uid)
+                && let Some(at) = s.deleted_at.remove(&t.pod_uid)
+            {
+                s.reclaim_latency.push(now.duration_since(at).as_secs_f64());
+            }
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! The simulated cluster: nodes with a node side and a kubelet each, a pod API with an
+//! informer lag, an IP source, the real engine, and the observer. Everything runs as
+//! tasks on the caller's runtime; under paused tokio time it is virtual and deterministic.
+
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::cmp::Reverse;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::budget::{Api, Budget, SchedulingMode};
+use crate::clock::{Clock, TokioClock};
+use crate::error::IpamError;
+use crate::manager::{EngineConfig, NodeManager};
+use crate::pods::{MemoryPodView, PodPhase};
+use crate::sim::node_side;
+use crate::sim::observer::Observer;
+use crate::source::{Faults, MemorySource};
+use crate::store::{MemoryNodeStore, NodeStore, StoreEvent};
+use crate::types::{
+    Family, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry, WatermarkOverrides,
+};
+
+/// The engine as the simulator runs it.
+pub type SimManager = NodeManager<MemorySource, MemoryNodeStore, MemoryPodView>;
+
+/// Settings of a simulated world (not of its workload).
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    pub families: Vec<Family>,
+    /// Allocatable pods of each node.
+    pub max_pods: u32,
+    /// Addresses per family in the source.
+    pub capacity: PerFamily<u64>,
+    pub source_latency: Duration,
+    pub faults: Faults,
+    /// How long the pod informer lags behind the API.
+    pub cache_lag: Duration,
+    pub reuse_cooldown: Duration,
+    pub engine: EngineConfig,
+    pub source_qps: f64,
+    pub source_burst: u32,
+    pub kube_qps: f64,
+    pub kube_burst: u32,
+    pub scheduling: SchedulingMode,
+    pub seed: u64,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        Self {
+            families: vec![Family::V4],
+            max_pods: 250,
+            capacity: PerFamily {
+                v4: 1 << 24,
+                v6: 1 << 24,
+            },
+            source_latency: Duration::ZERO,
+            faults: Faults::default(),
+            cache_lag: Duration::from_millis(100),
+            reuse_cooldown: Duration::from_secs(30),
+            engine: EngineConfig::default(),
+            source_qps: 4.0,
+            source_burst: 20,
+            kube_qps: 50.0,
+            kube_burst: 100,
+            scheduling: SchedulingMode::Priority,
+            seed: 1,
+        }
+    }
+}
+
+/// A pod as its kubelet knows it.
+#[derive(Debug, Clone)]
+struct SimPod {
+    node: NodeName,
+    container_id: u64,
+    scheduled_at: Instant,
+    started: bool,
+    /// Born before the measured period (its wait is not reported).
+    measured: bool,
+}
+
+struct Agent {
+    /// The machine runs (false once it vanished).
+    alive: bool,
+    /// Pods waiting for addresses (CNI ADD retried when the pool changes).
+    queue: VecDeque<PodUid>,
+    pods: Vec<PodUid>,
+}
+
+/// Counters the world keeps of its workload.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadStats {
+    pub started: u64,
+    pub deleted: u64,
+    pub leaked_by_crash: u64,
+    pub waited_for_ip: u64,
+    pub wait_seconds: Vec<f64>,
+    /// Crashed pods younger than reclaim_min_age at deletion.
+    pub held_by_min_age: u64,
+    /// Simulated events processed (pod and node events, node-side answers).
+    pub events: u64,
+}
+
+struct Inner {
+    pods: BTreeMap<PodUid, SimPod>,
+    agents: BTreeMap<NodeName, Agent>,
+    next_uid: u128,
+    next_container: u64,
+    next_node_uid: u128,
+    cooldowns: BinaryHeap<Reverse<(Instant, NodeName)>>,
+    stats: WorkloadStats,
+    measure_from: Instant,
+}
+
+/// The simulated world. Cheap to clone.
+#[derive(Clone)]
+pub struct World {
+    pub cfg: Arc<WorldConfig>,
+    pub source: MemorySource,
+    pub store: MemoryNodeStore,
+    pub pods: MemoryPodView,
+    pub observer: Arc<Observer>,
+    pub manager: SimManager,
+    pub clock: Arc<TokioClock>,
+    pub leader: Arc<watch::Sender<bool>>,
+    inner: Arc<Mutex<Inner>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl World {
+    /// Builds the world and starts its engine (leading) and node-side tasks. Must be
+    /// called inside a tokio runtime.
+    pub fn start(cfg: WorldConfig) -> Result<World, IpamError> {
+        let observer = Arc::new(Observer::new());
+        let source = MemorySource::new(&cfg.families, cfg.capacity, cfg.seed)
+            .with_latency(cfg.source_latency)
+            .with_hook(observer.clone());
+        source.set_faults(cfg.faults);
+        let store = MemoryNodeStore::new().with_hook(observer.clone());
+        let pods = MemoryPodView::new(cfg.cache_lag);
+        let clock = Arc::new(TokioClock::anchored(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)));
+        let (leader, leader_rx) = watch::channel(true);
+        let source_budget = Budget::new(Api::Source, cfg.source_qps, cfg.source_burst, cfg.scheduling)?;
+        let kube_budget = Budget::new(Api::Kube, cfg.kube_qps, cfg.kube_burst, cfg.scheduling)?;
+        let manager = NodeManager::new(
+            source.clone(),
+            store.clone(),
+            pods.clone(),
+            clock.clone() as Arc<dyn Clock>,
+            cfg.engine.clone(),
+            source_budget,
+            kube_budget,
+            leader_rx,
+        )?;
+        let events = store.subscribe();
+        let world = World {
+            cfg: Arc::new(cfg),
+            source,
+            store,
+            pods,
+            observer,
+            manager,
+            clock,
+            leader: Arc::new(leader),
+            inner: Arc::new(Mutex::new(Inner {
+                pods: BTreeMap::new(),
+                agents: BTreeMap::new(),
+                next_uid: 1,
+                next_container: 1,
+                next_node_uid: 1,
+                cooldowns: BinaryHeap::new(),
+                stats: WorkloadStats::default(),
+                measure_from: Instant::now(),
+            })),
+            wake: Arc::new(tokio::sync::Notify::new()),
+        };
+        world.manager.spawn_resync_loop();
+        tokio::spawn(world.clone().node_side_loop(events));
+        Ok(world)
+    }
+
+    /// The node sides: forward every change to the engine (its informer), answer the
+    /// operator's writes, and look again when a cooldown ends.
+    async fn node_side_loop(self, mut events: tokio::sync::mpsc::UnboundedReceiver<StoreEvent>) {
+        loop {
+            let next_cooldown = self.inner.lock().cooldowns.peek().map(|Reverse((t, _))| *t);
+            let sleep = async {
+                match next_cooldown {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                ev = events.recv() => {
+                    let Some(ev) = ev else { return };
+                    self.manager.on_store_event(&ev);
+                    if ev.writer == crate::store::Writer::Operator && !ev.deleted {
+                        self.reconcile(&ev.name);
+                    }
+                }
+                _ = self.wake.notified() => {}
+                _ = sleep => {
+                    let now = Instant::now();
+                    let due: Vec<NodeName> = {
+                        let mut g = self.inner.lock();
+                        let mut due = Vec::new();
+                        while let Some(Reverse((t, _))) = g.cooldowns.peek() {
+                            if *t > now { break; }
+                            let Reverse((_, n)) = g.cooldowns.pop().expect("peeked");
+                            due.push(n);
+                        }
+                        due
+                    };
+                    for n in due {
+                        self.reconcile(&n);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts a measured period: waits and latencies before now are not reported.
+    pub fn start_measuring(&self) {
+        let mut g = self.inner.lock();
+        g.measure_from = Instant::now();
+        g.stats = WorkloadStats::default();
+        for p in g.pods.values_mut() {
+            p.measured = false;
+        }
+    }
+
+    pub fn workload_stats(&self) -> WorkloadStats {
+        self.inner.lock().stats.clone()
+    }
+
+    /// Adds a node (its Node object and machine) and returns its name.
+    pub fn add_node(&self, name: &str) -> NodeName {
+        let name: NodeName = name.into();
+        let uid = {
+            let mut g = self.inner.lock();
+            g.next_node_uid += 1;
+            g.agents.insert(
+                name.clone(),
+                Agent {
+                    alive: true,
+                    queue: VecDeque::new(),
+                    pods: Vec::new(),
+                },
+            );
+            g.stats.events += 1;
+            g.next_node_uid
+        };
+        self.manager.upsert_node(NodeInfo {
+            name: name.clone(),
+            uid,
+            allocatable_pods: self.cfg.max_pods,
+            cordoned: false,
+            terminating: false,
+        });
+        name
+    }
+
+    /// A user sets a node's watermark overrides.
+    pub fn set_watermarks(&self, node: &NodeName, w: WatermarkOverrides) {
+        self.store.set_watermarks(node, w);
+    }
+
+    /// Schedules a new pod to `node`; its kubelet asks for addresses at once.
+    pub fn schedule_pod(&self, node: &NodeName) -> PodUid {
+        let uid = {
+            let mut g = self.inner.lock();
+            g.next_uid += 1;
+            g.next_container += 1;
+            let uid = PodUid(g.next_uid);
+            let cid = g.next_container;
+            g.pods.insert(
+                uid,
+                SimPod {
+                    node: node.clone(),
+                    container_id: cid,
+                    scheduled_at: Instant::now(),
+                    started: false,
+                    measured: true,
+                },
+            );
+            if let Some(a) = g.agents.get_mut(node) {
+                a.queue.push_back(uid);
+                a.pods.push(uid);
+            }
+            g.stats.events += 1;
+            uid
+        };
+        self.pods.add(uid, node.clone());
+        self.manager.on_pod_event(node);
+        self.reconcile(node);
+        uid
+    }
+
+    /// Deletes a pod. A crash leaves its `used` entry behind (no DEL reaches the node side).
+    pub fn delete_pod(&self, uid: PodUid, crash: bool) {
+        let now = Instant::now();
+        let Some(p) = ({
+            let mut g = self.inner.lock();
+            let p = g.pods.remove(&uid);
+            if let Some(p) = &p
+                && let Some(a) = g.agents.get_mut(&p.node)
+            {
+                a.queue.retain(|u| *u != uid);
+                a.pods.retain(|u| *u != uid);
+            }
+            p
+        }) else {
+            return;
+        };
+        // its age as the operator could know it: since its start
+        let young = now.saturating_duration_since(p.scheduled_at) < self.cfg.engine.reclaim.min_age;
+        self.pods.delete(uid);
+        if p.started {
+            self.observer.pod_stopped(uid, crash);
+            if !crash {
+                let utc = self.clock.utc();
+                let cd = self.cfg.reuse_cooldown;
+                self.store.apply_node(&p.node, |side| {
+                    node_side::del(side, uid, p.container_id, utc, cd);
+                });
+                self.inner
+                    .lock()
+                    .cooldowns
+                    .push(Reverse((now + cd, p.node.clone())));
+                self.wake.notify_one();
+            }
+        }
+        {
+            let mut g = self.inner.lock();
+            g.stats.deleted += 1;
+            g.stats.events += 1;
+            if crash && p.started {
+                g.stats.leaked_by_crash += 1;
+                if young {
+                    g.stats.held_by_min_age += 1;
+                }
+            }
+        }
+        self.manager.on_pod_event(&p.node);
+        self.reconcile(&p.node);
+    }
+
+    /// The pod reached a terminal phase (its containers stopped without a DEL).
+    pub fn finish_pod(&self, uid: PodUid, phase: PodPhase) {
+        let node = {
+            let g = self.inner.lock();
+            g.pods.get(&uid).map(|p| p.node.clone())
+        };
+        if let Some(node) = node {
+            self.observer.pod_stopped(uid, true);
+            self.pods.set_terminal(uid, phase);
+            self.manager.on_pod_event(&node);
+        }
+    }
+
+    /// The kubelet restarts a pod's sandbox: a new ADD with a new container ID while the
+    /// old entry stays (its DEL never arrived). Returns the new addresses.
+    pub fn replace_sandbox(&self, uid: PodUid) -> Option<Vec<IpAddr>> {
+        let (node, cid) = {
+            let mut g = self.inner.lock();
+            g.next_container += 1;
+            let cid = g.next_container;
+            let p = g.pods.get_mut(&uid)?;
+            p.container_id = cid;
+            (p.node.clone(), cid)
+        };
+        self.observer.pod_stopped(uid, true);
+        let n = self.store.cached(&node)?;
+        let mut got = None;
+        let utc = self.clock.utc();
+        let families = self.cfg.families.clone();
+        self.store.apply_node(&node, |side| {
+            got = node_side::add(&n, side, &families, entry(uid, cid, utc));
+        });
+        let addrs = got?;
+        self.observer.pod_started(&node, uid, &addrs);
+        self.pods.set_running(uid, addrs.clone());
+        self.manager.on_pod_event(&node);
+        Some(addrs)
+    }
+
+    /// The machine vanishes with its pods: no DEL, no more answers.
+    pub fn vanish_machine(&self, node: &NodeName) {
+        let uids = {
+            let mut g = self.inner.lock();
+            g.stats.events += 1;
+            let Some(a) = g.agents.get_mut(node) else {
+                return;
+            };
+            a.alive = false;
+            a.queue.clear();
+            a.pods.clone()
+        };
+        for uid in uids {
+            self.observer.pod_stopped(uid, false);
+        }
+        self.observer.machine_vanished(node);
+    }
+
+    /// The Node object is deleted; the pod garbage collector deletes its pods.
+    pub fn delete_node_object(&self, node: &NodeName) {
+        let uids = {
+            let mut g = self.inner.lock();
+            g.stats.events += 1;
+            let uids = g.agents.remove(node).map(|a| a.pods).unwrap_or_default();
+            for u in &uids {
+                g.pods.remove(u);
+            }
+            uids
+        };
+        for uid in uids {
+            self.pods.delete(uid);
+        }
+        self.manager.delete_node(node);
+        self.manager.on_pod_event(node);
+    }
+
+    /// Pods on a node (running or waiting), in scheduling order.
+    pub fn pods_on(&self, node: &str) -> Vec<PodUid> {
+        self.inner
+            .lock()
+            .agents
+            .get(node)
+            .map(|a| a.pods.clone())
+            .unwrap_or_default()
+    }
+
+    /// Pods still waiting for an address.
+    pub fn waiting(&self) -> usize {
+        self.inner.lock().agents.values().map(|a| a.queue.len()).sum()
+    }
+
+    /// Live nodes (machines running), in name order.
+    pub fn live_nodes(&self) -> Vec<NodeName> {
+        self.inner
+            .lock()
+            .agents
+            .iter()
+            .filter(|(_, a)| a.alive)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The node side answers the operator and serves waiting pods.
+    fn reconcile(&self, name: &NodeName) {
+        let queue: Vec<PodUid> = {
+            let g = self.inner.lock();
+            match g.agents.get(name) {
+                Some(a) if a.alive => a.queue.iter().copied().collect(),
+                _ => return,
+            }
+        };
+        let Some(node) = self.store.cached(name) else {
+            return;
+        };
+        let utc = self.clock.utc();
+        let cd = self.cfg.reuse_cooldown;
+        let families = &self.cfg.families;
+        let containers: Vec<u64> = {
+            let g = self.inner.lock();
+            queue.iter().map(|u| g.pods[u].container_id).collect()
+        };
+        let mut answers = node_side::Answers::default();
+        let mut started: Vec<(PodUid, Vec<IpAddr>)> = Vec::new();
+        let mut next_cd = None;
+        self.store.apply_node(name, |side| {
+            answers = node_side::reconcile(&node, side, utc, cd);
+            for (uid, cid) in queue.iter().zip(&containers) {
+                match node_side::add(&node, side, families, entry(*uid, *cid, utc)) {
+                    Some(addrs) => started.push((*uid, addrs)),
+                    None => break,
+                }
+            }
+            next_cd = node_side::next_cooldown_end(side);
+        });
+        let now = Instant::now();
+        if let Some(t) = next_cd {
+            let at = now + t.duration_since(utc).unwrap_or_default();
+            self.inner.lock().cooldowns.push(Reverse((at, name.clone())));
+        }
+        self.observer
+            .node_answers(name, &answers.ready, &answers.resumed, answers.reclaimed.len());
+        if started.is_empty() {
+            return;
+        }
+        {
+            let mut g = self.inner.lock();
+            let measure_from = g.measure_from;
+            for (uid, _) in &started {
+                if let Some(a) = g.agents.get_mut(name) {
+                    a.queue.retain(|u| u != uid);
+                }
+                let p = g.pods.get_mut(uid).expect("queued pods exist");
+                p.started = true;
+                let (at, measured) = (p.scheduled_at, p.measured);
+                if measured && at >= measure_from {
+                    let wait = now.saturating_duration_since(at).as_secs_f64();
+                    g.stats.started += 1;
+                    g.stats.wait_seconds.push(wait);
+                    if wait > 0.0 {
+                        g.stats.waited_for_ip += 1;
+                    }
+                }
+                g.stats.events += 1;
+            }
+        }
+        for (uid, addrs) in started {
+            self.observer.pod_started(name, uid, &addrs);
+            self.pods.set_running(uid, addrs);
+        }
+        self.manager.on_pod_event(name);
+    }
+
+    /// Every live node settled in the engine's view and no pod waiting.
+    pub fn all_settled(&self) -> bool {
+        self.waiting() == 0 && self.manager.summaries().iter().all(|(_, s)| s.settled())
+    }
+
+    /// Advances virtual time until every node is settled (checking every `step`), at most
+    /// `limit`. Returns whether it settled.
+    pub async fn settle(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        let step = Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(step).await;
+            if self.all_settled() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+        }
+    }
+
+    /// Stops the engine's tasks.
+    pub fn shutdown(&self) {
+        self.manager.shutdown();
+    }
+
+    /// The IPAMNode of a node.
+    pub fn node(&self, name: &str) -> Option<Arc<IpamNode>> {
+        self.store.cached(name)
+    }
+}
+
+fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
+    UsedEntry {
+        pod_uid: uid,
+        namespace: "default".into(),
+        pod: format!("pod-{}", uid.0).into(),
+        container_id,
+        since,
+    }
+}

@@ -1,0 +1,127 @@
+//! Helpers shared by the integration tests (included with `mod common;`).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use tidepool_tests::{ApiServer, Config};
+
+pub const CRD_YAML: &str = include_str!("fixtures/crd-ipamnodes.yaml");
+
+/// Polls `f` until it returns `Some` or `timeout` passes (then panics with `what`).
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn fast_config() -> Config {
+    Config {
+        watch_window: 50,
+        bookmark_interval: Duration::from_millis(200),
+        min_request_timeout: Duration::from_secs(30),
+    }
+}
+
+pub async fn start() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(fast_config()).await.expect("start server");
+    let client = server.client("tester").await.expect("client");
+    (server, client)
+}
+
+/// HTTP status code of a kube error (0 for non-API errors).
+pub fn code(e: &kube::Error) -> u16 {
+    match e {
+        kube::Error::Api(s) => s.code,
+        _ => 0,
+    }
+}
+
+pub fn status(e: &kube::Error) -> &kube::core::Status {
+    match e {
+        kube::Error::Api(s) => s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+pub fn ipamnode_resource() -> ApiResource {
+    ApiResource {
+        group: "ipam.tidepool.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "ipam.tidepool.dev/v1alpha1".into(),
+        kind: "IPAMNode".into(),
+        plural: "ipamnodes".into(),
+    }
+}
+
+/// Creates the IPAMNode CRD, waits for Established, returns the CR api.
+pub async fn install_crd(client: &kube::Client) -> Api<DynamicObject> {
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(CRD_YAML).expect("crd yaml");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &crd).await.expect("create crd");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        await_condition(crds, "ipamnodes.ipam.tidepool.dev", conditions::is_crd_established()),
+    )
+    .await
+    .expect("crd established in time")
+    .expect("await condition");
+    Api::all_with(client.clone(), &ipamnode_resource())
+}
+
+pub fn dynamic(v: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(v).expect("dynamic object")
+}
+
+/// A raw HTTP/1.1 request (Connection: close); returns status, headers (lowercased names) and body.
+pub async fn raw(server: &ApiServer, method: &str, path: &str, token: Option<String>, body: Option<&str>) -> (u16, Vec<(String, String)>, String) {
+    let addr = server.addr();
+    let method = method.to_string();
+    let path = path.to_string();
+    let body = body.map(String::from);
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        if let Some(t) = token {
+            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        if let Some(b) = &body {
+            req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+        }
+        req.push_str("\r\n");
+        if let Some(b) = &body {
+            req.push_str(b);
+        }
+        s.write_all(req.as_bytes()).expect("write");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let mut lines = head.lines();
+        let code = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+            .collect();
+        (code, headers, body.to_string())
+    })
+    .await
+    .expect("raw request")
+}
