@@ -33,15 +33,17 @@ impl Default for ReleaseConfig {
 /// `ready-for-release`, in address order.
 pub fn settle(fields: &mut OperatorFields, acks: &BTreeMap<IpAddr, ReleaseAck>) -> Vec<IpAddr> {
     let mut ready = Vec::new();
-    fields.release.retain(|addr, state| match (*state, acks.get(addr)) {
-        (ReleaseState::Released, ack) => ack.is_some(),
-        (ReleaseState::MarkedForRelease, Some(ReleaseAck::DoNotRelease)) => false,
-        (ReleaseState::MarkedForRelease, Some(ReleaseAck::ReadyForRelease)) => {
-            ready.push(*addr);
-            true
-        }
-        (ReleaseState::MarkedForRelease, None) => true,
-    });
+    fields
+        .release
+        .retain(|addr, state| match (*state, acks.get(addr)) {
+            (ReleaseState::Released, ack) => ack.is_some(),
+            (ReleaseState::MarkedForRelease, Some(ReleaseAck::DoNotRelease)) => false,
+            (ReleaseState::MarkedForRelease, Some(ReleaseAck::ReadyForRelease)) => {
+                ready.push(*addr);
+                true
+            }
+            (ReleaseState::MarkedForRelease, None) => true,
+        });
     ready
 }
 
@@ -135,9 +137,15 @@ mod tests {
         acks.insert(ip("10.0.0.4"), ReleaseAck::ReadyForRelease);
         let ready = settle(&mut f, &acks);
         assert_eq!(ready, vec![ip("10.0.0.1")]);
-        assert!(!f.release.contains_key(&ip("10.0.0.2")), "do-not-release withdraws");
+        assert!(
+            !f.release.contains_key(&ip("10.0.0.2")),
+            "do-not-release withdraws"
+        );
         assert!(f.release.contains_key(&ip("10.0.0.3")), "unanswered stays");
-        assert!(f.release.contains_key(&ip("10.0.0.4")), "released waits for the ack to go");
+        assert!(
+            f.release.contains_key(&ip("10.0.0.4")),
+            "released waits for the ack to go"
+        );
         assert!(!f.release.contains_key(&ip("10.0.0.5")));
         released(&mut f, &ready);
         assert_eq!(f.release[&ip("10.0.0.1")], Released);
@@ -156,7 +164,10 @@ mod tests {
         let mut acks = BTreeMap::new();
         acks.insert(ip("10.0.0.3"), ReleaseAck::ReadyForRelease);
         assert_eq!(withdraw_surplus(&mut f, &acks, Family::V4, 1), 2);
-        assert_eq!(marked(&f, Family::V4).collect::<Vec<_>>(), vec![ip("10.0.0.3")]);
+        assert_eq!(
+            marked(&f, Family::V4).collect::<Vec<_>>(),
+            vec![ip("10.0.0.3")]
+        );
         assert_eq!(marked(&f, Family::V6).count(), 1, "other family untouched");
         assert_eq!(withdraw_surplus(&mut f, &acks, Family::V4, 5), 0);
     }

@@ -20,8 +20,8 @@ use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{
-    Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimOutcome,
-    ReleaseState, Tombstone,
+    Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimOutcome, ReleaseState,
+    Tombstone,
 };
 
 use tidepool_metrics as m;
@@ -82,7 +82,12 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
             Err(e) => {
                 tracing::debug!(node = %h.name, error = %e, "maintenance pass failed");
                 let now = Instant::now();
-                match local.backoff.on_failure(&shared.cfg.backoff, e.class(), now, shared.node_count()) {
+                match local.backoff.on_failure(
+                    &shared.cfg.backoff,
+                    e.class(),
+                    now,
+                    shared.node_count(),
+                ) {
                     Retry::After(d) => h.trigger.trigger_at(now + d, Reason::Retry),
                     Retry::ParkUntilPoolFrees => shared.park(&h.name),
                     Retry::UntilSpecChanges => {}
@@ -196,8 +201,13 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // Reclaim: tombstones the node side answered; groups observed twice, confirmed live.
     for (addr, ack) in &plan.answered_tombstones {
         if ack.outcome == ReclaimOutcome::Reclaimed {
-            let reason = node.operator.reclaim.get(addr).map_or("pod-deleted", |t| t.reason.as_str());
-            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => reason, "outcome" => "reclaimed").increment(1);
+            let reason = node
+                .operator
+                .reclaim
+                .get(addr)
+                .map_or("pod-deleted", |t| t.reason.as_str());
+            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => reason, "outcome" => "reclaimed")
+                .increment(1);
             shared.store.event(
                 &h.name,
                 EventType::Normal,
@@ -224,8 +234,10 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                     },
                 );
             }
-            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS)
-                .record(now.saturating_duration_since(g.first_observed).as_secs_f64());
+            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(
+                now.saturating_duration_since(g.first_observed)
+                    .as_secs_f64(),
+            );
         }
     }
 
@@ -251,7 +263,9 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         if failure.is_some() {
             break;
         }
-        let n = shared.source.prepare_allocation(&h.name, c.family, c.count, c.limit);
+        let n = shared
+            .source
+            .prepare_allocation(&h.name, c.family, c.count, c.limit);
         if n == 0 {
             blocked = Some(Blocked::Exhausted);
             failure = Some(IpamError::Source {
@@ -421,10 +435,14 @@ async fn write<S: IpSource, N: NodeStore, P: PodView>(
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
-    let r = shared.store.apply_operator(&h.name, node.node_uid, fields).await;
+    let r = shared
+        .store
+        .apply_operator(&h.name, node.node_uid, fields)
+        .await;
     api_call("kube", "apply", r.is_ok());
     let written = r?;
-    h.own_write.store(written.resource_version, Ordering::Relaxed);
+    h.own_write
+        .store(written.resource_version, Ordering::Relaxed);
     Ok(())
 }
 

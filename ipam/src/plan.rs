@@ -274,7 +274,12 @@ pub fn plan(
         if s.release.enabled && sizing.needed == 0 {
             let free = free_addresses(node, &p.fields, f);
             let mark = sizing.mark.min(free.len() as u64);
-            match handshake::excess_persisted(mem.excess_since.get_mut(f), mark, s.now, s.release.delay) {
+            match handshake::excess_persisted(
+                mem.excess_since.get_mut(f),
+                mark,
+                s.now,
+                s.release.delay,
+            ) {
                 Ok(()) => p.marks.push(Marks {
                     family: f,
                     count: mark,
@@ -296,11 +301,19 @@ pub fn plan(
 
 /// The hard cap on one family of the node's pool.
 fn cap(s: &Snapshot<'_>, f: Family) -> Option<u64> {
-    watermarks::pool_cap(&s.watermarks, Some(s.info.allocatable_pods), *s.grant_size.get(f))
+    watermarks::pool_cap(
+        &s.watermarks,
+        Some(s.info.allocatable_pods),
+        *s.grant_size.get(f),
+    )
 }
 
 /// Summarizes the node as it would be with `fields` as the operator's fields.
-pub fn summarize(s: &Snapshot<'_>, fields: &OperatorFields, reclaim_candidates: u64) -> NodeSummary {
+pub fn summarize(
+    s: &Snapshot<'_>,
+    fields: &OperatorFields,
+    reclaim_candidates: u64,
+) -> NodeSummary {
     let counts = count(s.node, fields, s.pending);
     let mut summary = NodeSummary {
         counts,

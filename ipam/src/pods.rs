@@ -41,7 +41,10 @@ pub struct PodInfo {
 /// `pod_live` asks the server.
 pub trait PodView: Send + Sync + 'static {
     fn pod(&self, uid: PodUid) -> Option<PodInfo>;
-    fn pod_live(&self, uid: PodUid) -> impl Future<Output = Result<Option<PodInfo>, IpamError>> + Send;
+    fn pod_live(
+        &self,
+        uid: PodUid,
+    ) -> impl Future<Output = Result<Option<PodInfo>, IpamError>> + Send;
     /// Pods bound to `node`, not terminal, with no pod IPs yet (candidates for "waiting").
     fn pending_pods(&self, node: &str) -> Vec<PodUid>;
     /// How many non-terminal pods are bound to `node`.

@@ -236,9 +236,15 @@ mod tests {
             None
         );
         let p = running(1, &["10.0.0.1"]);
-        assert_eq!(candidate_reason(&ip("10.0.0.2"), &used[&ip("10.0.0.2")], &used, Some(&p)), None);
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.2"), &used[&ip("10.0.0.2")], &used, Some(&p)),
+            None
+        );
         // a pending pod, or one without IPs yet, is never a candidate
-        assert_eq!(candidate_reason(&ip("10.0.0.1"), e, &used, Some(&running(1, &[]))), None);
+        assert_eq!(
+            candidate_reason(&ip("10.0.0.1"), e, &used, Some(&running(1, &[]))),
+            None
+        );
         // another family's address does not make a replacement
         let p = running(1, &["fd00::9"]);
         assert_eq!(candidate_reason(&ip("10.0.0.1"), e, &used, Some(&p)), None);
@@ -256,7 +262,9 @@ mod tests {
         let none = BTreeMap::new();
         let start = Instant::now();
         // the pod exists: the operator just records the entry
-        let s = t.observe(start, &cfg, &used, &none, |_| Some(running(1, &["10.0.0.1"])));
+        let s = t.observe(start, &cfg, &used, &none, |_| {
+            Some(running(1, &["10.0.0.1"]))
+        });
         assert_eq!(s.candidates, 0);
         // at 100 s the pod is gone: first observation
         let t1 = start + Duration::from_secs(100);
@@ -264,7 +272,9 @@ mod tests {
         assert_eq!((s.candidates, s.ready.len()), (1, 0));
         assert_eq!(s.next_deadline, Some(start + Duration::from_secs(130)));
         // second observation at 130: grace passed and the entry is 130 s old ≥ 120
-        let s = t.observe(start + Duration::from_secs(130), &cfg, &used, &none, |_| None);
+        let s = t.observe(start + Duration::from_secs(130), &cfg, &used, &none, |_| {
+            None
+        });
         assert_eq!(s.ready.len(), 1);
         assert_eq!(s.ready[0].reason, ReclaimReason::PodDeleted);
         assert_eq!(s.ready[0].first_observed, t1);
@@ -277,7 +287,9 @@ mod tests {
                 reason: ReclaimReason::PodDeleted,
             },
         );
-        let s = t.observe(start + Duration::from_secs(131), &cfg, &used, &tomb, |_| None);
+        let s = t.observe(start + Duration::from_secs(131), &cfg, &used, &tomb, |_| {
+            None
+        });
         assert_eq!(s.candidates, 0);
     }
 

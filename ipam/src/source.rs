@@ -192,7 +192,13 @@ impl MemorySource {
             };
             (Some(err(class, "injected throttling")), false)
         } else if x < f.error_rate + f.throttle_rate + f.lost_reply_rate {
-            (Some(err(ErrorClass::Transient, "reply lost after the call took effect")), true)
+            (
+                Some(err(
+                    ErrorClass::Transient,
+                    "reply lost after the call took effect",
+                )),
+                true,
+            )
         } else {
             (None, false)
         }
@@ -358,7 +364,13 @@ mod tests {
         assert_eq!(s.prepare_allocation(&node("b"), Family::V4, 3, u64::MAX), 1);
         let b = s.allocate(&node("b"), Family::V4, 1).await.unwrap();
         assert!(!a.contains(&b[0]));
-        assert_eq!(s.quota().v4, Quota { capacity: 4, free: 0 });
+        assert_eq!(
+            s.quota().v4,
+            Quota {
+                capacity: 4,
+                free: 0
+            }
+        );
         let err = s.allocate(&node("b"), Family::V4, 1).await.unwrap_err();
         assert_eq!(err.class(), ErrorClass::Exhausted);
         s.release(&node("a"), &a[..1]).await.unwrap();
@@ -366,7 +378,10 @@ mod tests {
         s.release(&node("b"), &a[1..2]).await.unwrap();
         assert_eq!(s.describe(&node("a")).await.unwrap().len(), 2);
         assert_eq!(s.quota().v4.free, 1);
-        assert_eq!(s.allocate(&node("b"), Family::V4, 1).await.unwrap(), vec![a[0]]);
+        assert_eq!(
+            s.allocate(&node("b"), Family::V4, 1).await.unwrap(),
+            vec![a[0]]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -40,7 +40,10 @@ pub trait NodeStore: Send + Sync + 'static {
     /// The latest copy known locally (the informer cache).
     fn cached(&self, name: &str) -> Option<Arc<IpamNode>>;
     /// A live read from the server (GET, not the cache).
-    fn get(&self, name: &str) -> impl Future<Output = Result<Option<Arc<IpamNode>>, IpamError>> + Send;
+    fn get(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Arc<IpamNode>>, IpamError>> + Send;
     /// One server-side apply of the operator's fields; creates the object if missing.
     fn apply_operator(
         &self,
@@ -255,7 +258,8 @@ mod tests {
         let a = s.create(IpamNode::new(name.clone(), 7));
         assert_eq!(a.resource_version, 1);
         let b = s.apply_node(&name, |f| {
-            f.cooldown.insert("10.0.0.1".parse().unwrap(), std::time::UNIX_EPOCH);
+            f.cooldown
+                .insert("10.0.0.1".parse().unwrap(), std::time::UNIX_EPOCH);
         });
         assert_eq!(b.unwrap().resource_version, 2);
         // the operator's apply keeps the node side's fields
@@ -269,7 +273,11 @@ mod tests {
         assert_eq!(ev.len(), 2);
         assert_eq!(ev[1].writer, Writer::NodeSide);
         s.fail_next_operator_writes(1);
-        assert!(s.apply_operator(&name, 7, OperatorFields::default()).await.is_err());
+        assert!(
+            s.apply_operator(&name, 7, OperatorFields::default())
+                .await
+                .is_err()
+        );
         s.remove("n1").await.unwrap();
         assert!(s.cached("n1").is_none());
         assert!(rx.try_recv().unwrap().deleted);

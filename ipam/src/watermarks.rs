@@ -292,7 +292,13 @@ mod tests {
     #[test]
     fn invalid_combinations_name_the_field() {
         let err = wm(8, 30, 20, 0).validate().unwrap_err();
-        assert!(matches!(err, IpamError::InvalidWatermarks { field: "min_allocate", .. }));
+        assert!(matches!(
+            err,
+            IpamError::InvalidWatermarks {
+                field: "min_allocate",
+                ..
+            }
+        ));
         assert!(err.to_string().contains("min_allocate"));
         // pre-allocate above the cap is allowed (Cilium's table has pre 8, max 6): the cap wins.
         assert!(wm(30, 0, 20, 0).validate().is_ok());

@@ -70,8 +70,14 @@ pub(crate) fn resource_list(types: &[Arc<ResType>], group: &str, version: &str) 
     if rs.is_empty() {
         return None;
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": rs}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": rs}),
+    )
 }
 
 fn gv_path(t: &ResType) -> String {
@@ -86,13 +92,20 @@ pub(crate) fn openapi_root(types: &[Arc<ResType>], generation: u64) -> Value {
     let mut paths = serde_json::Map::new();
     for t in types {
         let p = gv_path(t);
-        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={generation:016X}")}));
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={generation:016X}")}),
+        );
     }
     json!({"paths": paths})
 }
 
 fn schema_name(t: &ResType) -> String {
-    let mut g: Vec<&str> = if t.group.is_empty() { vec!["io", "k8s", "api", "core"] } else { t.group.split('.').rev().collect() };
+    let mut g: Vec<&str> = if t.group.is_empty() {
+        vec!["io", "k8s", "api", "core"]
+    } else {
+        t.group.split('.').rev().collect()
+    };
     if t.group.is_empty() {
         g.truncate(4);
     }
@@ -115,7 +128,9 @@ pub(crate) fn openapi_gv(types: &[Arc<ResType>], gv: &str) -> Option<Value> {
         let gvk = json!({"group": t.group, "version": t.version, "kind": t.kind});
         let sname = schema_name(t);
         let sref = json!({"$ref": format!("#/components/schemas/{sname}")});
-        let mut schema = t.schema.clone().unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let mut schema = t.schema.clone().unwrap_or_else(
+            || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+        );
         schema["x-kubernetes-group-version-kind"] = json!([gvk]);
         schemas.insert(sname, schema);
         let base = if t.namespaced {
@@ -123,7 +138,11 @@ pub(crate) fn openapi_gv(types: &[Arc<ResType>], gv: &str) -> Option<Value> {
         } else {
             format!("/{gv}/{}", t.plural)
         };
-        let write_params = vec![param("dryRun"), param("fieldManager"), param("fieldValidation")];
+        let write_params = vec![
+            param("dryRun"),
+            param("fieldManager"),
+            param("fieldValidation"),
+        ];
         let mut patch_params = write_params.clone();
         patch_params.push(json!({"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}}));
         let resp = json!({"200": {"description": "OK", "content": {"application/json": {"schema": sref}}}});
@@ -140,7 +159,8 @@ pub(crate) fn openapi_gv(types: &[Arc<ResType>], gv: &str) -> Option<Value> {
             "application/json-patch+json": {"schema": {"type": "object"}},
             "application/merge-patch+json": {"schema": {"type": "object"}},
         }, "required": true});
-        let json_body = json!({"content": {"application/json": {"schema": sref}}, "required": true});
+        let json_body =
+            json!({"content": {"application/json": {"schema": sref}}, "required": true});
         paths.insert(
             base.clone(),
             json!({"get": op("list", &vec![], None), "post": op("post", &write_params, Some(json_body.clone()))}),
@@ -176,7 +196,11 @@ pub(crate) fn age(ts: &str) -> String {
     if s < 120 {
         format!("{s}s")
     } else if s < 600 {
-        if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) }
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
     } else if h < 3 {
         format!("{m}m")
     } else if h < 8 {
@@ -212,12 +236,22 @@ pub(crate) fn jsonpath(v: &Value, path: &str) -> Vec<Value> {
                     .flatten()
                     .filter(|item| {
                         item.pointer(&format!("/{}", k.trim().replace('.', "/")))
-                            .is_some_and(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()) == want)
+                            .is_some_and(|x| {
+                                x.as_str()
+                                    .map(String::from)
+                                    .unwrap_or_else(|| x.to_string())
+                                    == want
+                            })
                     })
                     .cloned()
                     .collect();
             } else if inner == "*" {
-                cur = cur.iter().filter_map(Value::as_array).flatten().cloned().collect();
+                cur = cur
+                    .iter()
+                    .filter_map(Value::as_array)
+                    .flatten()
+                    .cloned()
+                    .collect();
             } else if let Ok(i) = inner.parse::<usize>() {
                 cur = cur.iter().filter_map(|c| c.get(i).cloned()).collect();
             }
@@ -234,13 +268,23 @@ fn cell(ty: &str, vals: Vec<Value>) -> Value {
         ("date", [Value::String(s)]) => json!(age(s)),
         ("integer" | "number" | "boolean", [x]) => x.clone(),
         (_, [Value::String(s)]) => json!(s),
-        (_, many) => json!(many.iter().map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).collect::<Vec<_>>().join(",")),
+        (_, many) => json!(
+            many.iter()
+                .map(|x| x
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
     }
 }
 
 /// A `meta.k8s.io/v1` Table of `items`.
 pub(crate) fn table(t: &ResType, items: &[Arc<Value>], rv: u64, include: &str) -> Value {
-    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0})];
+    let mut cols = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
+    ];
     let mut paths: Vec<(String, String)> = Vec::new();
     for c in &t.columns {
         cols.push(json!({"name": c.name, "type": c.ty, "format": "", "description": c.description, "priority": c.priority}));
@@ -283,7 +327,10 @@ mod tests {
     #[test]
     fn jsonpath_filters_conditions() {
         let o = json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]}, "spec": {"l": [1, 2]}});
-        assert_eq!(jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"), vec![json!("True")]);
+        assert_eq!(
+            jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
+            vec![json!("True")]
+        );
         assert_eq!(jsonpath(&o, ".spec.l[1]"), vec![json!(2)]);
         assert!(jsonpath(&o, ".spec.missing").is_empty());
     }

@@ -69,7 +69,11 @@ impl Error {
     }
 
     pub(crate) fn not_found_path() -> Self {
-        Error::api(404, "NotFound", "the server could not find the requested resource")
+        Error::api(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     pub(crate) fn already_exists(group: &str, plural: &str, name: &str) -> Self {
@@ -103,7 +107,12 @@ impl Error {
     }
 
     /// 422 with one cause per `(field, message)`; `kind` is the object's kind.
-    pub(crate) fn invalid(group: &str, kind: &str, name: &str, causes: Vec<(String, String)>) -> Self {
+    pub(crate) fn invalid(
+        group: &str,
+        kind: &str,
+        name: &str,
+        causes: Vec<(String, String)>,
+    ) -> Self {
         let qkind = if group.is_empty() {
             kind.to_string()
         } else {
@@ -145,7 +154,11 @@ impl Error {
     }
 
     pub(crate) fn method_not_allowed() -> Self {
-        Error::api(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        Error::api(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
     }
 
     pub(crate) fn internal(message: impl Into<String>) -> Self {
@@ -156,8 +169,9 @@ impl Error {
         Error::Api {
             code: 429,
             reason: "TooManyRequests",
-            message: "the server has received too many requests and has asked us to try again later"
-                .into(),
+            message:
+                "the server has received too many requests and has asked us to try again later"
+                    .into(),
             details: Some(json!({ "retryAfterSeconds": retry_after })),
         }
     }

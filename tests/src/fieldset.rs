@@ -70,7 +70,8 @@ impl FieldSet {
         if let Value::Object(m) = v {
             for (k, cv) in m {
                 let cs = schema.and_then(|s| prop(s, k));
-                fs.children.insert(format!("f:{k}"), Self::of_node(cv, cs, k));
+                fs.children
+                    .insert(format!("f:{k}"), Self::of_node(cv, cs, k));
             }
         }
         fs
@@ -111,7 +112,10 @@ impl FieldSet {
         }
         if let Some(md) = self.children.get_mut("f:metadata") {
             md.children.retain(|k, _| {
-                matches!(k.as_str(), "f:labels" | "f:annotations" | "f:ownerReferences" | "f:finalizers")
+                matches!(
+                    k.as_str(),
+                    "f:labels" | "f:annotations" | "f:ownerReferences" | "f:finalizers"
+                )
             });
             if md.children.is_empty() {
                 self.children.remove("f:metadata");
@@ -275,7 +279,8 @@ fn find_index(list: &Value, p: &str) -> Option<usize> {
     let a = list.as_array()?;
     if let Some(k) = p.strip_prefix("k:") {
         let key: Map<String, Value> = serde_json::from_str(k).ok()?;
-        a.iter().position(|item| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))
+        a.iter()
+            .position(|item| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))
     } else {
         let val: Value = serde_json::from_str(p.strip_prefix("v:")?).ok()?;
         a.iter().position(|i| *i == val)
@@ -397,7 +402,10 @@ impl Writer<'_> {
     }
 
     fn entry<'e>(&self, entries: &'e mut Vec<Managed>, op: &str) -> &'e mut Managed {
-        let i = match entries.iter().position(|e| e.same(self.manager, op, self.subresource)) {
+        let i = match entries
+            .iter()
+            .position(|e| e.same(self.manager, op, self.subresource))
+        {
             Some(i) => i,
             None => {
                 entries.push(Managed {
@@ -442,13 +450,21 @@ impl Writer<'_> {
 
     /// Server-side apply of `config` onto `live` (an empty object for a create). Returns the
     /// new object, or the list of conflicts `(manager, field path)` unless `force`.
-    pub(crate) fn apply(&self, live: &Value, config: &Value, force: bool) -> Result<Value, Vec<(String, String)>> {
+    pub(crate) fn apply(
+        &self,
+        live: &Value,
+        config: &Value,
+        force: bool,
+    ) -> Result<Value, Vec<(String, String)>> {
         let mut entries = read_managed(live);
         let applied = self.set_of(config);
         let mut conflicts = Vec::new();
         for p in applied.members() {
             let lv = value_at(live, &p);
-            if lv.is_none() || lv == value_at(config, &p) || p.last().is_some_and(|l| l.starts_with("k:")) {
+            if lv.is_none()
+                || lv == value_at(config, &p)
+                || p.last().is_some_and(|l| l.starts_with("k:"))
+            {
                 continue;
             }
             for e in entries.iter_mut() {
@@ -548,19 +564,33 @@ mod tests {
     #[test]
     fn apply_conflicts_then_force_and_removal() {
         let live = json!({"metadata": {"name": "x"}});
-        let a = w("a", None).apply(&live, &json!({"spec": {"m": {"k1": 1}}}), false).unwrap();
-        let b = w("b", None).apply(&a, &json!({"spec": {"m": {"k2": 2}}}), false).unwrap();
+        let a = w("a", None)
+            .apply(&live, &json!({"spec": {"m": {"k1": 1}}}), false)
+            .unwrap();
+        let b = w("b", None)
+            .apply(&a, &json!({"spec": {"m": {"k2": 2}}}), false)
+            .unwrap();
         assert_eq!(b["spec"]["m"], json!({"k1": 1, "k2": 2}));
-        let err = w("b", None).apply(&b, &json!({"spec": {"m": {"k1": 5}}}), false).unwrap_err();
+        let err = w("b", None)
+            .apply(&b, &json!({"spec": {"m": {"k1": 5}}}), false)
+            .unwrap_err();
         assert_eq!(err, vec![("a".to_string(), ".spec.m.k1".to_string())]);
-        let forced = w("b", None).apply(&b, &json!({"spec": {"m": {"k1": 5, "k2": 2}}}), true).unwrap();
+        let forced = w("b", None)
+            .apply(&b, &json!({"spec": {"m": {"k1": 5, "k2": 2}}}), true)
+            .unwrap();
         assert_eq!(forced["spec"]["m"], json!({"k1": 5, "k2": 2}));
         // b drops k2 from its apply: removed since nobody else owns it.
-        let dropped = w("b", None).apply(&forced, &json!({"spec": {"m": {"k1": 5}}}), false).unwrap();
+        let dropped = w("b", None)
+            .apply(&forced, &json!({"spec": {"m": {"k1": 5}}}), false)
+            .unwrap();
         assert_eq!(dropped["spec"]["m"], json!({"k1": 5}));
         // a no longer owns anything and has no entry left.
-        let managers: Vec<&str> = dropped["metadata"]["managedFields"].as_array().unwrap().iter()
-            .map(|e| e["manager"].as_str().unwrap()).collect();
+        let managers: Vec<&str> = dropped["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["manager"].as_str().unwrap())
+            .collect();
         assert_eq!(managers, vec!["b"]);
     }
 }

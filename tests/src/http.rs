@@ -30,15 +30,13 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
+            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(v) => {
+                    out.push(v);
+                    i += 2;
                 }
-            }
+                Err(_) => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;
@@ -74,10 +72,13 @@ fn json_response(code: u16, v: &Value, warnings: &[String]) -> Response<Body> {
 
 fn error_response(e: &Error) -> Response<Body> {
     let mut r = json_response(e.code(), &e.status(), &[]);
-    if let Error::Api { details: Some(d), .. } = e
+    if let Error::Api {
+        details: Some(d), ..
+    } = e
         && let Some(s) = d.get("retryAfterSeconds").and_then(Value::as_u64)
     {
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
     }
     r
 }
@@ -96,7 +97,11 @@ struct Target {
 
 fn parse_target(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let (ns, rest) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if store.resolve(group, version, plural).is_some_and(|t| t.namespaced) => {
+        ["namespaces", ns, plural, tail @ ..]
+            if store
+                .resolve(group, version, plural)
+                .is_some_and(|t| t.namespaced) =>
+        {
             (Some(ns.to_string()), [&[*plural][..], tail].concat())
         }
         _ => (None, rest.to_vec()),
@@ -143,12 +148,18 @@ fn parse_body(bytes: &[u8], ctype: &str) -> Result<Value, Error> {
             .ok()
             .and_then(|s| serde_saphyr::from_str::<Value>(s).ok())
             .ok_or_else(|| Error::bad_request(format!("error decoding YAML: {e}"))),
-        Err(e) => Err(Error::bad_request(format!("couldn't get version/kind; json parse error: {e}"))),
+        Err(e) => Err(Error::bad_request(format!(
+            "couldn't get version/kind; json parse error: {e}"
+        ))),
     }
 }
 
 fn identity(st: &State, req: &Request<Incoming>) -> Result<String, Error> {
-    match req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()) {
+    match req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+    {
         None => Ok("anonymous".into()),
         Some(h) => {
             let tok = h.strip_prefix("Bearer ").unwrap_or("");
@@ -162,7 +173,10 @@ fn identity(st: &State, req: &Request<Incoming>) -> Result<String, Error> {
 }
 
 /// Serves one request. An `Err` makes hyper drop the connection (refused identities).
-pub(crate) async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Error> {
+pub(crate) async fn handle(
+    st: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Error> {
     let who = match identity(&st, &req) {
         Ok(w) => w,
         Err(e) => return Ok(error_response(&e)),
@@ -199,7 +213,9 @@ pub(crate) async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Res
             let (t, g) = types();
             nonresource(Some(discovery::openapi_root(&t, g)))
         }
-        ["openapi", "v3", rest @ ..] => nonresource(discovery::openapi_gv(&types().0, &rest.join("/"))),
+        ["openapi", "v3", rest @ ..] => {
+            nonresource(discovery::openapi_gv(&types().0, &rest.join("/")))
+        }
         ["api", "v1"] => nonresource(discovery::resource_list(&types().0, "", "v1")),
         ["apis", g] => nonresource(discovery::group(&types().0, g)),
         ["apis", g, v] => nonresource(discovery::resource_list(&types().0, g, v)),
@@ -213,7 +229,14 @@ pub(crate) async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Res
     Ok(resp)
 }
 
-async fn resource(st: &Arc<State>, req: Request<Incoming>, group: &str, version: &str, rest: &[&str], who: &str) -> Response<Body> {
+async fn resource(
+    st: &Arc<State>,
+    req: Request<Incoming>,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    who: &str,
+) -> Response<Body> {
     let Some(t) = parse_target(&st.store, group, version, rest) else {
         st.count("unknown", &req.uri().path().to_string());
         return error_response(&Error::not_found_path());
@@ -226,7 +249,11 @@ async fn resource(st: &Arc<State>, req: Request<Incoming>, group: &str, version:
         .unwrap_or("application/json")
         .to_string();
     let verb = verb_of(req.method(), &t, &q, &ctype);
-    let res_name = if t.sub.is_empty() { t.rt.gr() } else { format!("{}/{}", t.rt.gr(), t.sub) };
+    let res_name = if t.sub.is_empty() {
+        t.rt.gr()
+    } else {
+        format!("{}/{}", t.rt.gr(), t.sub)
+    };
     st.count(verb, &res_name);
     let injected = {
         let f = st.faults.read();
@@ -253,7 +280,12 @@ async fn resource(st: &Arc<State>, req: Request<Incoming>, group: &str, version:
         .unwrap_or("")
         .to_string();
     let as_table = accept.contains("as=Table");
-    let ua = req.headers().get(header::USER_AGENT).and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+    let ua = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let method = req.method().clone();
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -285,8 +317,20 @@ async fn serve(
     if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
         return Err(Error::not_found_path());
     }
-    let sel = || Selector::parse(q.get("labelSelector").map(String::as_str), q.get("fieldSelector").map(String::as_str));
-    let manager = q.get("fieldManager").cloned().unwrap_or_else(|| ua.split('/').next().unwrap_or("").chars().take(128).collect());
+    let sel = || {
+        Selector::parse(
+            q.get("labelSelector").map(String::as_str),
+            q.get("fieldSelector").map(String::as_str),
+        )
+    };
+    let manager = q.get("fieldManager").cloned().unwrap_or_else(|| {
+        ua.split('/')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(128)
+            .collect()
+    });
     let opts = WriteOpts {
         manager,
         subresource: t.sub.clone(),
@@ -299,15 +343,41 @@ async fn serve(
         "get" => {
             let o = store.get(rt, &ns, &name)?;
             if as_table {
-                return Ok(json_response(200, &discovery::table(rt, &[o], store.current_rv(), q.get("includeObject").map(String::as_str).unwrap_or("")), &[]));
+                return Ok(json_response(
+                    200,
+                    &discovery::table(
+                        rt,
+                        &[o],
+                        store.current_rv(),
+                        q.get("includeObject").map(String::as_str).unwrap_or(""),
+                    ),
+                    &[],
+                ));
             }
             Ok(json_response(200, &o, &[]))
         }
         "list" => {
             let limit = q.get("limit").and_then(|l| l.parse().ok());
-            let l = store.list(rt, t.ns.as_deref(), &sel()?, limit, q.get("continue").map(String::as_str).filter(|c| !c.is_empty()))?;
+            let l = store.list(
+                rt,
+                t.ns.as_deref(),
+                &sel()?,
+                limit,
+                q.get("continue")
+                    .map(String::as_str)
+                    .filter(|c| !c.is_empty()),
+            )?;
             if as_table {
-                return Ok(json_response(200, &discovery::table(rt, &l.items, l.rv, q.get("includeObject").map(String::as_str).unwrap_or("")), &[]));
+                return Ok(json_response(
+                    200,
+                    &discovery::table(
+                        rt,
+                        &l.items,
+                        l.rv,
+                        q.get("includeObject").map(String::as_str).unwrap_or(""),
+                    ),
+                    &[],
+                ));
             }
             let mut md = json!({"resourceVersion": l.rv.to_string()});
             if let Some(c) = l.cont {
@@ -315,7 +385,11 @@ async fn serve(
                 md["remainingItemCount"] = json!(l.remaining.unwrap_or(0));
             }
             let items: Vec<&Value> = l.items.iter().map(|a| &**a).collect();
-            Ok(json_response(200, &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": md, "items": items}), &[]))
+            Ok(json_response(
+                200,
+                &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": md, "items": items}),
+                &[],
+            ))
         }
         "watch" => watch(st, t, q, sel()?, who),
         "create" => {
@@ -336,7 +410,13 @@ async fn serve(
             } else if ctype.starts_with("application/strategic-merge-patch+json") {
                 "strategic"
             } else {
-                return Err(Error::api(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {ctype}")));
+                return Err(Error::api(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {ctype}"
+                    ),
+                ));
             };
             let w = store.patch(rt, &ns, &name, ptype, &parse_body(body, ctype)?, &opts)?;
             Ok(json_response(w.code, &w.obj, &w.warnings))
@@ -344,10 +424,18 @@ async fn serve(
         "delete" | "deletecollection" => {
             let b = parse_body(body, ctype)?;
             let dry = q.get("dryRun").is_some_and(|d| d == "All")
-                || b.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
+                || b.get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|x| x == "All"));
             let d = DeleteOpts {
-                uid: b.pointer("/preconditions/uid").and_then(Value::as_str).map(String::from),
-                rv: b.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(String::from),
+                uid: b
+                    .pointer("/preconditions/uid")
+                    .and_then(Value::as_str)
+                    .map(String::from),
+                rv: b
+                    .pointer("/preconditions/resourceVersion")
+                    .and_then(Value::as_str)
+                    .map(String::from),
                 propagation: b
                     .get("propagationPolicy")
                     .and_then(Value::as_str)
@@ -396,7 +484,13 @@ fn render(ev: &WatchEvent, etype: &'static str, rt: &ResType) -> Bytes {
     event_line(etype, &Store::present(rt, &ev.obj))
 }
 
-fn watch(st: &Arc<State>, t: &Target, q: &HashMap<String, String>, sel: Selector, who: &str) -> Result<Response<Body>, Error> {
+fn watch(
+    st: &Arc<State>,
+    t: &Target,
+    q: &HashMap<String, String>,
+    sel: Selector,
+    who: &str,
+) -> Result<Response<Body>, Error> {
     let rt = t.rt.clone();
     let gr = rt.gr();
     let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
@@ -404,7 +498,10 @@ fn watch(st: &Arc<State>, t: &Target, q: &HashMap<String, String>, sel: Selector
     let from = match q.get("resourceVersion").map(String::as_str) {
         _ if initial_events => None,
         None | Some("") => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|_| Error::bad_request(format!("invalid resource version {v:?}")))?),
+        Some(v) => Some(
+            v.parse::<u64>()
+                .map_err(|_| Error::bad_request(format!("invalid resource version {v:?}")))?,
+        ),
     };
     let timeout = match q.get("timeoutSeconds").and_then(|s| s.parse::<u64>().ok()) {
         Some(s) => Duration::from_secs(s),
@@ -448,12 +545,18 @@ fn watch(st: &Arc<State>, t: &Target, q: &HashMap<String, String>, sel: Selector
             if end {
                 md["annotations"] = json!({"k8s.io/initial-events-end": "true"});
             }
-            event_line("BOOKMARK", &json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": md}))
+            event_line(
+                "BOOKMARK",
+                &json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": md}),
+            )
         };
         if initial_events && bookmarks && tx.send(bookmark(start_rv, true)).await.is_err() {
             return;
         }
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + st.config.bookmark_interval, st.config.bookmark_interval);
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + st.config.bookmark_interval,
+            st.config.bookmark_interval,
+        );
         let relevant = |ev: &WatchEvent| ev.gr == gr && ns.as_deref().is_none_or(|n| n == ev.ns);
         loop {
             let is_paused = *paused.borrow();
@@ -499,7 +602,9 @@ fn watch(st: &Arc<State>, t: &Target, q: &HashMap<String, String>, sel: Selector
         }
     });
     let stream = futures::stream::unfold(out_rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
     Ok(Response::builder()
         .status(200)

@@ -28,7 +28,12 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
 /// Merge keys a strategic merge patch uses for lists of objects, by field name.
 pub(crate) fn merge_keys(field: &str, sample: Option<&Value>) -> Option<Vec<&'static str>> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets" => {
             vec!["name"]
         }
         "conditions" => vec!["type"],
@@ -158,15 +163,25 @@ fn parent_mut<'a>(doc: &'a mut Value, toks: &[String]) -> Result<&'a mut Value, 
             Value::Array(a) => t.parse::<usize>().ok().and_then(move |i| a.get_mut(i)),
             _ => None,
         }
-        .ok_or_else(|| Error::api(422, "Invalid", format!("jsonpatch: path not found: /{}", toks.join("/"))))?;
+        .ok_or_else(|| {
+            Error::api(
+                422,
+                "Invalid",
+                format!("jsonpatch: path not found: /{}", toks.join("/")),
+            )
+        })?;
     }
     Ok(cur)
 }
 
 fn get_at(doc: &Value, path: &str) -> Result<Value, Error> {
-    doc.pointer(path)
-        .cloned()
-        .ok_or_else(|| Error::api(422, "Invalid", format!("jsonpatch: missing value at {path}")))
+    doc.pointer(path).cloned().ok_or_else(|| {
+        Error::api(
+            422,
+            "Invalid",
+            format!("jsonpatch: missing value at {path}"),
+        )
+    })
 }
 
 fn add_at(doc: &mut Value, path: &str, val: Value, replace: bool) -> Result<(), Error> {
@@ -178,14 +193,22 @@ fn add_at(doc: &mut Value, path: &str, val: Value, replace: bool) -> Result<(), 
     match parent_mut(doc, parent)? {
         Value::Object(m) => {
             if replace && !m.contains_key(last) {
-                return Err(Error::api(422, "Invalid", format!("jsonpatch replace operation does not apply: doc is missing key: {path}")));
+                return Err(Error::api(
+                    422,
+                    "Invalid",
+                    format!(
+                        "jsonpatch replace operation does not apply: doc is missing key: {path}"
+                    ),
+                ));
             }
             m.insert(last.clone(), val);
         }
         Value::Array(a) => {
             if replace {
                 let i: usize = last.parse().map_err(|_| Error::bad_request("bad index"))?;
-                *a.get_mut(i).ok_or_else(|| Error::api(422, "Invalid", "jsonpatch: index out of range"))? = val;
+                *a.get_mut(i)
+                    .ok_or_else(|| Error::api(422, "Invalid", "jsonpatch: index out of range"))? =
+                    val;
             } else if last == "-" {
                 a.push(val);
             } else {
@@ -196,7 +219,13 @@ fn add_at(doc: &mut Value, path: &str, val: Value, replace: bool) -> Result<(), 
                 a.insert(i, val);
             }
         }
-        _ => return Err(Error::api(422, "Invalid", format!("jsonpatch: cannot add at {path}"))),
+        _ => {
+            return Err(Error::api(
+                422,
+                "Invalid",
+                format!("jsonpatch: cannot add at {path}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -206,12 +235,22 @@ fn remove_at(doc: &mut Value, path: &str) -> Result<Value, Error> {
     let Some((last, parent)) = toks.split_last() else {
         return Err(Error::bad_request("cannot remove the root"));
     };
-    let missing = || Error::api(422, "Invalid", format!("jsonpatch remove operation does not apply: doc is missing path: {path}"));
+    let missing = || {
+        Error::api(
+            422,
+            "Invalid",
+            format!("jsonpatch remove operation does not apply: doc is missing path: {path}"),
+        )
+    };
     match parent_mut(doc, parent)? {
         Value::Object(m) => m.remove(last).ok_or_else(missing),
         Value::Array(a) => {
             let i: usize = last.parse().map_err(|_| missing())?;
-            if i < a.len() { Ok(a.remove(i)) } else { Err(missing()) }
+            if i < a.len() {
+                Ok(a.remove(i))
+            } else {
+                Err(missing())
+            }
         }
         _ => Err(missing()),
     }
@@ -219,7 +258,9 @@ fn remove_at(doc: &mut Value, path: &str) -> Result<Value, Error> {
 
 /// RFC 6902 JSON patch.
 pub(crate) fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), Error> {
-    let ops = ops.as_array().ok_or_else(|| Error::bad_request("json patch must be an array"))?;
+    let ops = ops
+        .as_array()
+        .ok_or_else(|| Error::bad_request("json patch must be an array"))?;
     for op in ops {
         let kind = op.get("op").and_then(Value::as_str).unwrap_or("");
         let path = op
@@ -239,19 +280,33 @@ pub(crate) fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), Error> {
                 remove_at(doc, path)?;
             }
             "move" => {
-                let v = remove_at(doc, from.ok_or_else(|| Error::bad_request("move without from"))?)?;
+                let v = remove_at(
+                    doc,
+                    from.ok_or_else(|| Error::bad_request("move without from"))?,
+                )?;
                 add_at(doc, path, v, false)?;
             }
             "copy" => {
-                let v = get_at(doc, from.ok_or_else(|| Error::bad_request("copy without from"))?)?;
+                let v = get_at(
+                    doc,
+                    from.ok_or_else(|| Error::bad_request("copy without from"))?,
+                )?;
                 add_at(doc, path, v, false)?;
             }
             "test" => {
                 if get_at(doc, path)? != value()? {
-                    return Err(Error::api(422, "Invalid", format!("jsonpatch: test operation failed at {path}")));
+                    return Err(Error::api(
+                        422,
+                        "Invalid",
+                        format!("jsonpatch: test operation failed at {path}"),
+                    ));
                 }
             }
-            other => return Err(Error::bad_request(format!("unknown json patch operation {other:?}"))),
+            other => {
+                return Err(Error::bad_request(format!(
+                    "unknown json patch operation {other:?}"
+                )));
+            }
         }
     }
     Ok(())
@@ -272,13 +327,17 @@ mod tests {
     #[test]
     fn json_patch_ops() {
         let mut d = json!({"a": [1, 2], "b": {"c": 1}});
-        json_patch(&mut d, &json!([
-            {"op": "add", "path": "/a/-", "value": 3},
-            {"op": "replace", "path": "/b/c", "value": 5},
-            {"op": "test", "path": "/b/c", "value": 5},
-            {"op": "remove", "path": "/a/0"},
-            {"op": "copy", "from": "/b", "path": "/e"}
-        ])).unwrap();
+        json_patch(
+            &mut d,
+            &json!([
+                {"op": "add", "path": "/a/-", "value": 3},
+                {"op": "replace", "path": "/b/c", "value": 5},
+                {"op": "test", "path": "/b/c", "value": 5},
+                {"op": "remove", "path": "/a/0"},
+                {"op": "copy", "from": "/b", "path": "/e"}
+            ]),
+        )
+        .unwrap();
         assert_eq!(d, json!({"a": [2, 3], "b": {"c": 5}, "e": {"c": 5}}));
         assert!(json_patch(&mut d, &json!([{"op": "test", "path": "/b/c", "value": 1}])).is_err());
         assert!(json_patch(&mut d, &json!([{"op": "remove", "path": "/zz"}])).is_err());
@@ -287,10 +346,19 @@ mod tests {
     #[test]
     fn strategic_merges_keyed_lists() {
         let mut d = json!({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}});
-        strategic_merge(&mut d, &json!({"spec": {"containers": [{"name": "b", "image": "z"}, {"name": "c", "image": "w"}],
-            "$setElementOrder/containers": [{"name": "a"}]}}));
-        assert_eq!(d["spec"]["containers"], json!([{"name": "a", "image": "x"}, {"name": "b", "image": "z"}, {"name": "c", "image": "w"}]));
-        strategic_merge(&mut d, &json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}}));
+        strategic_merge(
+            &mut d,
+            &json!({"spec": {"containers": [{"name": "b", "image": "z"}, {"name": "c", "image": "w"}],
+            "$setElementOrder/containers": [{"name": "a"}]}}),
+        );
+        assert_eq!(
+            d["spec"]["containers"],
+            json!([{"name": "a", "image": "x"}, {"name": "b", "image": "z"}, {"name": "c", "image": "w"}])
+        );
+        strategic_merge(
+            &mut d,
+            &json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}}),
+        );
         assert_eq!(d["spec"]["containers"].as_array().unwrap().len(), 2);
     }
 }

@@ -115,22 +115,121 @@ fn builtin(
 pub(crate) fn builtins() -> Vec<ResType> {
     let rbac = "rbac.authorization.k8s.io";
     vec![
-        builtin("", "v1", "Namespace", "namespaces", false, true, &["ns"], &[]),
+        builtin(
+            "",
+            "v1",
+            "Namespace",
+            "namespaces",
+            false,
+            true,
+            &["ns"],
+            &[],
+        ),
         builtin("", "v1", "Node", "nodes", false, true, &["no"], &[]),
         builtin("", "v1", "Pod", "pods", true, true, &["po"], &["all"]),
         builtin("", "v1", "Event", "events", true, false, &["ev"], &[]),
-        builtin("", "v1", "ServiceAccount", "serviceaccounts", true, false, &["sa"], &[]),
-        builtin("", "v1", "Service", "services", true, true, &["svc"], &["all"]),
-        builtin("", "v1", "ConfigMap", "configmaps", true, false, &["cm"], &[]),
+        builtin(
+            "",
+            "v1",
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            false,
+            &["sa"],
+            &[],
+        ),
+        builtin(
+            "",
+            "v1",
+            "Service",
+            "services",
+            true,
+            true,
+            &["svc"],
+            &["all"],
+        ),
+        builtin(
+            "",
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            true,
+            false,
+            &["cm"],
+            &[],
+        ),
         builtin("", "v1", "Secret", "secrets", true, false, &[], &[]),
-        builtin("events.k8s.io", "v1", "Event", "events", true, false, &["ev"], &[]),
-        builtin("coordination.k8s.io", "v1", "Lease", "leases", true, false, &[], &[]),
-        builtin("apps", "v1", "Deployment", "deployments", true, true, &["deploy"], &["all"]),
+        builtin(
+            "events.k8s.io",
+            "v1",
+            "Event",
+            "events",
+            true,
+            false,
+            &["ev"],
+            &[],
+        ),
+        builtin(
+            "coordination.k8s.io",
+            "v1",
+            "Lease",
+            "leases",
+            true,
+            false,
+            &[],
+            &[],
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+            true,
+            true,
+            &["deploy"],
+            &["all"],
+        ),
         builtin(rbac, "v1", "Role", "roles", true, false, &[], &[]),
-        builtin(rbac, "v1", "RoleBinding", "rolebindings", true, false, &[], &[]),
-        builtin(rbac, "v1", "ClusterRole", "clusterroles", false, false, &[], &[]),
-        builtin(rbac, "v1", "ClusterRoleBinding", "clusterrolebindings", false, false, &[], &[]),
-        builtin("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", true, true, &["pdb"], &[]),
+        builtin(
+            rbac,
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+            false,
+            &[],
+            &[],
+        ),
+        builtin(
+            rbac,
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+            false,
+            &[],
+            &[],
+        ),
+        builtin(
+            rbac,
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            false,
+            &[],
+            &[],
+        ),
+        builtin(
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+            true,
+            &["pdb"],
+            &[],
+        ),
         builtin(
             "apiextensions.k8s.io",
             "v1",
@@ -146,15 +245,32 @@ pub(crate) fn builtins() -> Vec<ResType> {
 
 fn strs(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Validates a CRD object (422 causes) and returns the resource types it defines.
 pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
-    let name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    let s = |p: &str| crd.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
-    let (group, plural, kind, scope) = (s("/spec/group"), s("/spec/names/plural"), s("/spec/names/kind"), s("/spec/scope"));
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let s = |p: &str| {
+        crd.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (group, plural, kind, scope) = (
+        s("/spec/group"),
+        s("/spec/names/plural"),
+        s("/spec/names/kind"),
+        s("/spec/scope"),
+    );
     let mut causes = Vec::new();
     if group.is_empty() {
         causes.push(("spec.group".to_string(), "Required value".to_string()));
@@ -174,24 +290,45 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
     if scope != "Namespaced" && scope != "Cluster" {
         causes.push((
             "spec.scope".into(),
-            format!("Unsupported value: \"{scope}\": supported values: \"Cluster\", \"Namespaced\""),
+            format!(
+                "Unsupported value: \"{scope}\": supported values: \"Cluster\", \"Namespaced\""
+            ),
         ));
     }
-    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if versions.is_empty() {
-        causes.push(("spec.versions".into(), "Invalid value: null: must have exactly one version marked as storage version".into()));
+        causes.push((
+            "spec.versions".into(),
+            "Invalid value: null: must have exactly one version marked as storage version".into(),
+        ));
     }
-    let storage: Vec<&Value> = versions.iter().filter(|v| v.get("storage") == Some(&Value::Bool(true))).collect();
+    let storage: Vec<&Value> = versions
+        .iter()
+        .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
+        .collect();
     if !versions.is_empty() && storage.len() != 1 {
         causes.push((
             "spec.versions".into(),
             format!("Invalid value: []apiextensions.CustomResourceDefinitionVersion{{...}}: must have exactly one version marked as storage version"),
         ));
     }
-    let storage_version = storage.first().and_then(|v| v.get("name")).and_then(Value::as_str).unwrap_or("").to_string();
+    let storage_version = storage
+        .first()
+        .and_then(|v| v.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let mut out = Vec::new();
     for (i, v) in versions.iter().enumerate() {
-        let vname = v.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        let vname = v
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
         let schema = v.pointer("/schema/openAPIV3Schema").cloned();
         match &schema {
@@ -208,10 +345,22 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
                 cols.iter()
                     .map(|c| Column {
                         name: c.get("name").and_then(Value::as_str).unwrap_or("").into(),
-                        ty: c.get("type").and_then(Value::as_str).unwrap_or("string").into(),
-                        json_path: c.get("jsonPath").and_then(Value::as_str).unwrap_or("").into(),
+                        ty: c
+                            .get("type")
+                            .and_then(Value::as_str)
+                            .unwrap_or("string")
+                            .into(),
+                        json_path: c
+                            .get("jsonPath")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .into(),
                         priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                        description: c.get("description").and_then(Value::as_str).unwrap_or("").into(),
+                        description: c
+                            .get("description")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .into(),
                     })
                     .collect()
             })
@@ -222,9 +371,17 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
             group: group.clone(),
             version: vname,
             kind: kind.clone(),
-            list_kind: if list_kind.is_empty() { format!("{kind}List") } else { list_kind },
+            list_kind: if list_kind.is_empty() {
+                format!("{kind}List")
+            } else {
+                list_kind
+            },
             plural: plural.clone(),
-            singular: if singular.is_empty() { kind.to_lowercase() } else { singular },
+            singular: if singular.is_empty() {
+                kind.to_lowercase()
+            } else {
+                singular
+            },
             namespaced: scope == "Namespaced",
             status: v.pointer("/subresources/status").is_some(),
             short_names: strs(crd.pointer("/spec/names/shortNames")),
@@ -236,7 +393,12 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
         });
     }
     if !causes.is_empty() {
-        return Err(Error::invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, causes));
+        return Err(Error::invalid(
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            name,
+            causes,
+        ));
     }
     Ok(out)
 }

@@ -62,11 +62,16 @@ fn preserves(schema: &Value) -> bool {
 /// The SSA shape of a schema node.
 pub(crate) fn shape(schema: Option<&Value>, v: &Value) -> Shape {
     match (schema, v) {
-        (Some(s), Value::Array(_)) => match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        (Some(s), Value::Array(_)) => match s.get("x-kubernetes-list-type").and_then(Value::as_str)
+        {
             Some("map") => Shape::ListMap(
                 s.get("x-kubernetes-list-map-keys")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|k| k.as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|k| k.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default(),
             ),
             Some("set") => Shape::ListSet,
@@ -99,7 +104,12 @@ impl Patterns {
 
 /// Drops unknown fields (recording their paths), drops nulls for non-nullable fields, and
 /// applies defaults, in place.
-pub(crate) fn prune_and_default(schema: &Value, v: &mut Value, path: &str, unknown: &mut Vec<String>) {
+pub(crate) fn prune_and_default(
+    schema: &Value,
+    v: &mut Value,
+    path: &str,
+    unknown: &mut Vec<String>,
+) {
     match v {
         Value::Object(map) => {
             if schema.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true))
@@ -160,14 +170,22 @@ pub(crate) fn prune_and_default(schema: &Value, v: &mut Value, path: &str, unkno
 }
 
 /// Validates `v` against `schema`, appending `(field, message)` causes.
-pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, out: &mut Vec<(String, String)>) {
+pub(crate) fn validate(
+    schema: &Value,
+    v: &Value,
+    path: &str,
+    pats: &Patterns,
+    out: &mut Vec<(String, String)>,
+) {
     let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if v.is_null() {
         if schema.get("nullable") != Some(&Value::Bool(true)) {
             if let Some(t) = schema.get("type").and_then(Value::as_str) {
                 out.push((
                     path.into(),
-                    format!("Invalid value: \"null\": {path} in body must be of type {t}: \"null\""),
+                    format!(
+                        "Invalid value: \"null\": {path} in body must be of type {t}: \"null\""
+                    ),
                 ));
             }
         }
@@ -175,7 +193,9 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
     }
     if let Some(t) = schema.get("type").and_then(Value::as_str) {
         let got = type_of(v);
-        let ok = got == t || (t == "number" && got == "integer") || (int_or_string && (got == "integer" || got == "string"));
+        let ok = got == t
+            || (t == "number" && got == "integer")
+            || (int_or_string && (got == "integer" || got == "string"));
         if !ok {
             out.push((
                 path.into(),
@@ -190,7 +210,11 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
         let vals: Vec<String> = e.iter().map(|x| x.to_string()).collect();
         out.push((
             path.into(),
-            format!("Unsupported value: {}: supported values: {}", v, vals.join(", ")),
+            format!(
+                "Unsupported value: {}: supported values: {}",
+                v,
+                vals.join(", ")
+            ),
         ));
     }
     match v {
@@ -200,16 +224,27 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
             let excl_max = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
             if let Some(m) = schema.get("minimum").and_then(Value::as_f64) {
                 if excl_min && x <= m {
-                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be greater than {m}")));
+                    out.push((
+                        path.into(),
+                        format!("Invalid value: {v}: {path} in body should be greater than {m}"),
+                    ));
                 } else if x < m {
                     out.push((path.into(), format!("Invalid value: {v}: {path} in body should be greater than or equal to {m}")));
                 }
             }
             if let Some(m) = schema.get("maximum").and_then(Value::as_f64) {
                 if excl_max && x >= m {
-                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be less than {m}")));
+                    out.push((
+                        path.into(),
+                        format!("Invalid value: {v}: {path} in body should be less than {m}"),
+                    ));
                 } else if x > m {
-                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be less than or equal to {m}")));
+                    out.push((
+                        path.into(),
+                        format!(
+                            "Invalid value: {v}: {path} in body should be less than or equal to {m}"
+                        ),
+                    ));
                 }
             }
         }
@@ -218,30 +253,48 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
                 && let Some(re) = pats.get(p)
                 && !re.is_match(s)
             {
-                out.push((path.into(), format!("Invalid value: {v}: {path} in body should match '{p}'")));
+                out.push((
+                    path.into(),
+                    format!("Invalid value: {v}: {path} in body should match '{p}'"),
+                ));
             }
             let len = s.chars().count() as u64;
             if let Some(m) = schema.get("minLength").and_then(Value::as_u64)
                 && len < m
             {
-                out.push((path.into(), format!("Invalid value: {v}: {path} in body should be at least {m} chars long")));
+                out.push((
+                    path.into(),
+                    format!("Invalid value: {v}: {path} in body should be at least {m} chars long"),
+                ));
             }
             if let Some(m) = schema.get("maxLength").and_then(Value::as_u64)
                 && len > m
             {
-                out.push((path.into(), format!("Too long: may not be more than {m} bytes")));
+                out.push((
+                    path.into(),
+                    format!("Too long: may not be more than {m} bytes"),
+                ));
             }
         }
         Value::Array(items) => {
             if let Some(m) = schema.get("minItems").and_then(Value::as_u64)
                 && (items.len() as u64) < m
             {
-                out.push((path.into(), format!("Invalid value: {}: {path} in body should have at least {m} items", items.len())));
+                out.push((
+                    path.into(),
+                    format!(
+                        "Invalid value: {}: {path} in body should have at least {m} items",
+                        items.len()
+                    ),
+                ));
             }
             if let Some(m) = schema.get("maxItems").and_then(Value::as_u64)
                 && (items.len() as u64) > m
             {
-                out.push((path.into(), format!("Too many: {}: must have at most {m} items", items.len())));
+                out.push((
+                    path.into(),
+                    format!("Too many: {}: must have at most {m} items", items.len()),
+                ));
             }
             if let Some(is) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
@@ -251,9 +304,15 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
             if let Shape::ListMap(keys) = shape(Some(schema), v) {
                 let mut seen = Vec::new();
                 for (i, item) in items.iter().enumerate() {
-                    let k: Vec<Value> = keys.iter().map(|k| item.get(k).cloned().unwrap_or(Value::Null)).collect();
+                    let k: Vec<Value> = keys
+                        .iter()
+                        .map(|k| item.get(k).cloned().unwrap_or(Value::Null))
+                        .collect();
                     if seen.contains(&k) {
-                        out.push((format!("{path}[{i}]"), format!("Duplicate value: {}", Value::Array(k.clone()))));
+                        out.push((
+                            format!("{path}[{i}]"),
+                            format!("Duplicate value: {}", Value::Array(k.clone())),
+                        ));
                     }
                     seen.push(k);
                 }
@@ -272,10 +331,13 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
                 if path.is_empty() && matches!(k.as_str(), "metadata" | "apiVersion" | "kind") {
                     continue;
                 }
-                let cs = props.and_then(|p| p.get(k)).or(match schema.get("additionalProperties") {
-                    Some(a @ Value::Object(_)) => Some(a),
-                    _ => None,
-                });
+                let cs =
+                    props
+                        .and_then(|p| p.get(k))
+                        .or(match schema.get("additionalProperties") {
+                            Some(a @ Value::Object(_)) => Some(a),
+                            _ => None,
+                        });
                 if let Some(cs) = cs {
                     validate(cs, cv, &join(path, k), pats, out);
                 }
@@ -289,14 +351,20 @@ pub(crate) fn validate(schema: &Value, v: &Value, path: &str, pats: &Patterns, o
 /// preserving unknown fields). Returns a list of causes.
 pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String, String)>) {
     let Some(m) = schema.as_object() else {
-        out.push((path.into(), "Invalid value: schema must be an object".into()));
+        out.push((
+            path.into(),
+            "Invalid value: schema must be an object".into(),
+        ));
         return;
     };
     let typed = m.contains_key("type")
         || m.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
         || m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if !typed && !path.ends_with("openAPIV3Schema") {
-        out.push((format!("{path}.type"), "Required value: must not be empty for specified object fields".into()));
+        out.push((
+            format!("{path}.type"),
+            "Required value: must not be empty for specified object fields".into(),
+        ));
     }
     if let Some(Value::Object(props)) = m.get("properties") {
         for (k, v) in props {
@@ -312,7 +380,9 @@ pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String
     if let Some(p) = m.get("pattern").and_then(Value::as_str)
         && Regex::new(p).is_err()
     {
-        out.push((format!("{path}.pattern"), format!("Invalid value: {p:?}: must be a valid regular expression")));
+        out.push((
+            format!("{path}.pattern"),
+            format!("Invalid value: {p:?}: must be a valid regular expression"),
+        ));
     }
 }
-

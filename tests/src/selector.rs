@@ -35,7 +35,15 @@ fn split_top(s: &str) -> Vec<&str> {
         }
     }
     out.push(&s[start..]);
-    out.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    out.into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+fn is_set(v: &str) -> bool {
+    let v = v.trim();
+    v.starts_with('(') && v.ends_with(')')
 }
 
 fn set_values(s: &str) -> Vec<String> {
@@ -54,16 +62,21 @@ fn parse_labels(s: &str) -> Result<Vec<Req>, Error> {
             Req::Ne(k.trim().into(), v.trim().into())
         } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
             Req::Eq(k.trim().into(), v.trim().into())
-        } else if let Some((k, v)) = part.split_once(" notin ") {
+        } else if let Some((k, v)) = part.split_once(" notin ").filter(|(_, v)| is_set(v)) {
             Req::NotIn(k.trim().into(), set_values(v))
-        } else if let Some((k, v)) = part.split_once(" in ") {
+        } else if let Some((k, v)) = part.split_once(" in ").filter(|(_, v)| is_set(v)) {
             Req::In(k.trim().into(), set_values(v))
         } else if let Some(k) = part.strip_prefix('!') {
             Req::NotExists(k.trim().into())
-        } else if part.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+        } else if part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        {
             Req::Exists(part.into())
         } else {
-            return Err(Error::bad_request(format!("unable to parse requirement: {part:?}")));
+            return Err(Error::bad_request(format!(
+                "unable to parse requirement: {part:?}"
+            )));
         };
         out.push(req);
     }
@@ -106,7 +119,10 @@ impl Selector {
     pub(crate) fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels");
         matches(&self.labels, |k| {
-            labels.and_then(|l| l.get(k)).and_then(Value::as_str).map(String::from)
+            labels
+                .and_then(|l| l.get(k))
+                .and_then(Value::as_str)
+                .map(String::from)
         }) && matches(&self.fields, |k| {
             let ptr = format!("/{}", k.replace('.', "/"));
             match obj.pointer(&ptr) {

@@ -77,7 +77,11 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn count(&self, verb: &str, resource: &str) {
-        *self.counters.lock().entry((verb.to_string(), resource.to_string())).or_default() += 1;
+        *self
+            .counters
+            .lock()
+            .entry((verb.to_string(), resource.to_string()))
+            .or_default() += 1;
     }
 }
 

@@ -125,13 +125,16 @@ fn meta_mut(o: &mut Value) -> &mut Map<String, Value> {
 }
 
 pub(crate) fn now() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 fn dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -164,7 +167,11 @@ fn without_managed(o: &Value) -> Value {
 fn finalizers(o: &Value) -> Vec<String> {
     meta(o, "finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -173,7 +180,10 @@ impl Store {
         let (tx, _) = broadcast::channel(1 << 16);
         let mut types = BTreeMap::new();
         for rt in builtins() {
-            types.insert((rt.group.clone(), rt.version.clone(), rt.plural.clone()), Arc::new(rt));
+            types.insert(
+                (rt.group.clone(), rt.version.clone(), rt.plural.clone()),
+                Arc::new(rt),
+            );
         }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -207,7 +217,9 @@ impl Store {
                 strict: false,
                 force: false,
             };
-            store.create(&ns_type, "", obj, &opts).expect("seed namespace");
+            store
+                .create(&ns_type, "", obj, &opts)
+                .expect("seed namespace");
         }
         store
     }
@@ -341,7 +353,14 @@ impl Store {
         rt: &ResType,
         ns: Option<&str>,
         from: Option<u64>,
-    ) -> Result<(Vec<Arc<WatchEvent>>, broadcast::Receiver<Arc<WatchEvent>>, u64), Error> {
+    ) -> Result<
+        (
+            Vec<Arc<WatchEvent>>,
+            broadcast::Receiver<Arc<WatchEvent>>,
+            u64,
+        ),
+        Error,
+    > {
         let i = self.inner.lock();
         let gr = rt.gr();
         let rx = self.tx.subscribe();
@@ -370,7 +389,9 @@ impl Store {
                 let log = i.logs.get(&gr);
                 let compacted = log.map(|l| l.compacted).unwrap_or(0);
                 if rv < compacted {
-                    return Err(Error::gone(format!("too old resource version: {rv} ({compacted})")));
+                    return Err(Error::gone(format!(
+                        "too old resource version: {rv} ({compacted})"
+                    )));
                 }
                 log.map(|l| {
                     l.events
@@ -385,7 +406,14 @@ impl Store {
         Ok((first, rx, i.rv))
     }
 
-    fn commit(&self, i: &mut Inner, gr: &str, etype: &'static str, mut obj: Value, prev: Option<Arc<Value>>) -> Arc<Value> {
+    fn commit(
+        &self,
+        i: &mut Inner,
+        gr: &str,
+        etype: &'static str,
+        mut obj: Value,
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
         i.rv += 1;
         let rv = i.rv;
         let ns = meta_str(&obj, "namespace").to_string();
@@ -430,7 +458,13 @@ impl Store {
     }
 
     /// Validation, pruning and defaulting shared by all writes.
-    fn admit(&self, rt: &ResType, obj: &mut Value, strict: bool, warnings: &mut Vec<String>) -> Result<(), Error> {
+    fn admit(
+        &self,
+        rt: &ResType,
+        obj: &mut Value,
+        strict: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), Error> {
         let name = meta_str(obj, "name").to_string();
         if let (true, Some(schema)) = (rt.crd, rt.schema.as_ref()) {
             let mut unknown = Vec::new();
@@ -438,7 +472,10 @@ impl Store {
             unknown.retain(|u| u != "metadata" && u != "apiVersion" && u != "kind");
             if !unknown.is_empty() {
                 if strict {
-                    let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+                    let list: Vec<String> = unknown
+                        .iter()
+                        .map(|u| format!("unknown field \"{u}\""))
+                        .collect();
                     return Err(Error::bad_request(format!(
                         "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
                         rt.kind,
@@ -457,17 +494,27 @@ impl Store {
         }
         let mut causes: Vec<(String, String)> = Vec::new();
         match rt.kind.as_str() {
-            "Pod" if !obj.pointer("/spec/containers").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) => {
+            "Pod"
+                if !obj
+                    .pointer("/spec/containers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| !c.is_empty()) =>
+            {
                 causes.push(("spec.containers".into(), "Required value".into()));
             }
             "Deployment" if obj.pointer("/spec/selector").is_none() => {
                 causes.push(("spec.selector".into(), "Required value".into()));
             }
             "Lease" => {
-                if let Some(d) = obj.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64)
+                if let Some(d) = obj
+                    .pointer("/spec/leaseDurationSeconds")
+                    .and_then(Value::as_i64)
                     && d <= 0
                 {
-                    causes.push(("spec.leaseDurationSeconds".into(), format!("Invalid value: {d}: must be greater than 0")));
+                    causes.push((
+                        "spec.leaseDurationSeconds".into(),
+                        format!("Invalid value: {d}: must be greater than 0"),
+                    ));
                 }
             }
             "CustomResourceDefinition" => {
@@ -475,11 +522,16 @@ impl Store {
             }
             _ => {}
         }
-        for (k, key) in [("labels", "metadata.labels"), ("annotations", "metadata.annotations")] {
+        for (k, key) in [
+            ("labels", "metadata.labels"),
+            ("annotations", "metadata.annotations"),
+        ] {
             if let Some(m) = meta(obj, k) {
                 match m.as_object() {
                     Some(m) if m.values().all(Value::is_string) => {}
-                    _ => causes.push((key.into(), "Invalid value: must be a map of strings".into())),
+                    _ => {
+                        causes.push((key.into(), "Invalid value: must be a map of strings".into()))
+                    }
                 }
             }
         }
@@ -493,7 +545,11 @@ impl Store {
         if !rt.namespaced {
             return Ok(());
         }
-        match i.objects.get("namespaces").and_then(|m| m.get(&(String::new(), ns.to_string()))) {
+        match i
+            .objects
+            .get("namespaces")
+            .and_then(|m| m.get(&(String::new(), ns.to_string())))
+        {
             None => Err(Error::not_found("", "namespaces", ns)),
             Some(n) if meta(n, "deletionTimestamp").is_some() => Err(Error::api(
                 403,
@@ -511,7 +567,11 @@ impl Store {
     fn check_type_meta(rt: &ResType, obj: &Value) -> Result<(), Error> {
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(&rt.kind);
         let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        let group_ok = if rt.group.is_empty() { av.is_empty() || av == rt.version } else { av.is_empty() || av.starts_with(&format!("{}/", rt.group)) };
+        let group_ok = if rt.group.is_empty() {
+            av.is_empty() || av == rt.version
+        } else {
+            av.is_empty() || av.starts_with(&format!("{}/", rt.group))
+        };
         if kind != rt.kind || !group_ok {
             return Err(Error::bad_request(format!(
                 "the API version in the data ({av}) does not match the expected API version ({})",
@@ -521,33 +581,65 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn create(&self, rt: &ResType, ns: &str, obj: Value, o: &WriteOpts) -> Result<Written, Error> {
+    pub(crate) fn create(
+        &self,
+        rt: &ResType,
+        ns: &str,
+        obj: Value,
+        o: &WriteOpts,
+    ) -> Result<Written, Error> {
         let mut i = self.inner.lock();
         self.create_locked(&mut i, rt, ns, obj, o, Owners::Record)
     }
 
-    fn create_locked(&self, i: &mut Inner, rt: &ResType, ns: &str, mut obj: Value, o: &WriteOpts, owners: Owners) -> Result<Written, Error> {
+    fn create_locked(
+        &self,
+        i: &mut Inner,
+        rt: &ResType,
+        ns: &str,
+        mut obj: Value,
+        o: &WriteOpts,
+        owners: Owners,
+    ) -> Result<Written, Error> {
         if !obj.is_object() {
-            return Err(Error::bad_request("the body of the request was in an unknown format"));
+            return Err(Error::bad_request(
+                "the body of the request was in an unknown format",
+            ));
         }
         Self::check_type_meta(rt, &obj)?;
-        obj["apiVersion"] = json!(if rt.group.is_empty() { rt.storage_version.clone() } else { format!("{}/{}", rt.group, rt.storage_version) });
+        obj["apiVersion"] = json!(if rt.group.is_empty() {
+            rt.storage_version.clone()
+        } else {
+            format!("{}/{}", rt.group, rt.storage_version)
+        });
         obj["kind"] = json!(rt.kind);
         let body_ns = meta_str(&obj, "namespace").to_string();
         if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
-            return Err(Error::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+            return Err(Error::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
         let mut name = meta_str(&obj, "name").to_string();
         let generate = meta_str(&obj, "generateName").to_string();
         if name.is_empty() && !generate.is_empty() {
             const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-            let suffix: String = (0..5).map(|_| ALPHA[(self.random() % ALPHA.len() as u64) as usize] as char).collect();
+            let suffix: String = (0..5)
+                .map(|_| ALPHA[(self.random() % ALPHA.len() as u64) as usize] as char)
+                .collect();
             name = format!("{generate}{suffix}");
         }
         let uid = self.uid();
         {
             let m = meta_mut(&mut obj);
-            for k in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"] {
+            for k in [
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "selfLink",
+            ] {
                 m.remove(k);
             }
             if owners == Owners::Record {
@@ -566,18 +658,46 @@ impl Store {
             meta_mut(&mut obj).insert("generation".into(), json!(1));
         }
         if name.is_empty() {
-            return Err(Error::invalid(&rt.group, &rt.kind, "", vec![("metadata.name".into(), "Required value: name or generateName is required".into())]));
+            return Err(Error::invalid(
+                &rt.group,
+                &rt.kind,
+                "",
+                vec![(
+                    "metadata.name".into(),
+                    "Required value: name or generateName is required".into(),
+                )],
+            ));
         }
-        let valid_name = if rt.kind == "Namespace" { dns_label(&name) } else { dns_subdomain(&name) };
+        let valid_name = if rt.kind == "Namespace" {
+            dns_label(&name)
+        } else {
+            dns_subdomain(&name)
+        };
         if !valid_name {
-            return Err(Error::invalid(&rt.group, &rt.kind, &name, vec![(
-                "metadata.name".into(),
-                format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"),
-            )]));
+            return Err(Error::invalid(
+                &rt.group,
+                &rt.kind,
+                &name,
+                vec![(
+                    "metadata.name".into(),
+                    format!(
+                        "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+                    ),
+                )],
+            ));
         }
         Self::check_namespace(i, rt, ns)?;
         let gr = rt.gr();
-        if i.objects.get(&gr).is_some_and(|m| m.contains_key(&(if rt.namespaced { ns.to_string() } else { String::new() }, name.clone()))) {
+        if i.objects.get(&gr).is_some_and(|m| {
+            m.contains_key(&(
+                if rt.namespaced {
+                    ns.to_string()
+                } else {
+                    String::new()
+                },
+                name.clone(),
+            ))
+        }) {
             return Err(Error::already_exists(&rt.group, &rt.plural, &name));
         }
         if rt.status && rt.kind != "Node" && rt.kind != "Namespace" {
@@ -607,45 +727,80 @@ impl Store {
             w.record_update(None, &mut obj);
         }
         if o.dry_run {
-            return Ok(Written { obj: Arc::new(obj), warnings, code: 201 });
+            return Ok(Written {
+                obj: Arc::new(obj),
+                warnings,
+                code: 201,
+            });
         }
         let stored = self.commit(i, &gr, "ADDED", obj, None);
         if gr == CRD_GR {
             self.crd_changed(i, &stored)?;
         }
-        let stored = i.objects.get(&gr).and_then(|m| m.get(&(meta_str(&stored, "namespace").to_string(), name.clone()))).cloned().unwrap_or(stored);
-        Ok(Written { obj: Self::present(rt, &stored), warnings, code: 201 })
+        let stored = i
+            .objects
+            .get(&gr)
+            .and_then(|m| m.get(&(meta_str(&stored, "namespace").to_string(), name.clone())))
+            .cloned()
+            .unwrap_or(stored);
+        Ok(Written {
+            obj: Self::present(rt, &stored),
+            warnings,
+            code: 201,
+        })
     }
 
     /// Registers the kinds of a CRD and marks it Established (a separate write, as the real
     /// server's controllers do).
     fn crd_changed(&self, i: &mut Inner, crd: &Arc<Value>) -> Result<(), Error> {
         let types = from_crd(crd)?;
-        let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or("").to_string();
-        let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("").to_string();
-        i.types.retain(|(g, _, p), _| !(g == &group && p == &plural));
+        let group = crd
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let plural = crd
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        i.types
+            .retain(|(g, _, p), _| !(g == &group && p == &plural));
         for t in types {
-            i.types.insert((t.group.clone(), t.version.clone(), t.plural.clone()), Arc::new(t));
+            i.types.insert(
+                (t.group.clone(), t.version.clone(), t.plural.clone()),
+                Arc::new(t),
+            );
         }
         i.discovery_gen += 1;
         let established = crd
             .pointer("/status/conditions")
             .and_then(Value::as_array)
-            .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Established" && c["status"] == "True")
+            });
         if !established {
             let mut next = (**crd).clone();
             let t = now();
             let storage: Vec<Value> = crd
                 .pointer("/spec/versions")
                 .and_then(Value::as_array)
-                .map(|vs| vs.iter().filter(|v| v["storage"] == json!(true)).map(|v| v["name"].clone()).collect())
+                .map(|vs| {
+                    vs.iter()
+                        .filter(|v| v["storage"] == json!(true))
+                        .map(|v| v["name"].clone())
+                        .collect()
+                })
                 .unwrap_or_default();
             let mut accepted = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
             if accepted.get("listKind").is_none() {
-                accepted["listKind"] = json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
+                accepted["listKind"] =
+                    json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
             }
             if accepted.get("singular").is_none() {
-                accepted["singular"] = json!(accepted["kind"].as_str().unwrap_or("").to_lowercase());
+                accepted["singular"] =
+                    json!(accepted["kind"].as_str().unwrap_or("").to_lowercase());
             }
             next["status"] = json!({
                 "acceptedNames": accepted,
@@ -660,18 +815,32 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn update(&self, rt: &ResType, ns: &str, name: &str, body: Value, o: &WriteOpts) -> Result<Written, Error> {
+    pub(crate) fn update(
+        &self,
+        rt: &ResType,
+        ns: &str,
+        name: &str,
+        body: Value,
+        o: &WriteOpts,
+    ) -> Result<Written, Error> {
         let mut i = self.inner.lock();
         let old = Self::lookup(&i, rt, ns, name)?;
         if !body.is_object() {
-            return Err(Error::bad_request("the body of the request was in an unknown format"));
+            return Err(Error::bad_request(
+                "the body of the request was in an unknown format",
+            ));
         }
         let body_rv = meta_str(&body, "resourceVersion").to_string();
         if body_rv.is_empty() && rt.crd {
-            return Err(Error::invalid(&rt.group, &rt.kind, name, vec![(
-                "metadata.resourceVersion".into(),
-                "Invalid value: 0x0: must be specified for an update".into(),
-            )]));
+            return Err(Error::invalid(
+                &rt.group,
+                &rt.kind,
+                name,
+                vec![(
+                    "metadata.resourceVersion".into(),
+                    "Invalid value: 0x0: must be specified for an update".into(),
+                )],
+            ));
         }
         self.update_locked(&mut i, rt, &old, body, &body_rv, o, Owners::Record)
     }
@@ -708,10 +877,15 @@ impl Store {
         }
         let body_uid = meta_str(&new, "uid").to_string();
         if !body_uid.is_empty() && body_uid != meta_str(old, "uid") {
-            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
-                "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
-                meta_str(old, "uid")
-            )));
+            return Err(Error::conflict(
+                &rt.group,
+                &rt.plural,
+                &name,
+                &format!(
+                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
+                    meta_str(old, "uid")
+                ),
+            ));
         }
         new["apiVersion"] = old["apiVersion"].clone();
         new["kind"] = json!(rt.kind);
@@ -746,7 +920,16 @@ impl Store {
         {
             let om = old["metadata"].as_object().cloned().unwrap_or_default();
             let m = meta_mut(&mut new);
-            for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+            for k in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ] {
                 match om.get(k) {
                     Some(v) => m.insert(k.into(), v.clone()),
                     None => m.remove(k),
@@ -763,10 +946,17 @@ impl Store {
         if terminating {
             let oldf = finalizers(old);
             if let Some(f) = finalizers(&new).iter().find(|f| !oldf.contains(f)) {
-                return Err(Error::invalid(&rt.group, &rt.kind, &name, vec![(
-                    "metadata.finalizers".into(),
-                    format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{f}\"}}"),
-                )]));
+                return Err(Error::invalid(
+                    &rt.group,
+                    &rt.kind,
+                    &name,
+                    vec![(
+                        "metadata.finalizers".into(),
+                        format!(
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{f}\"}}"
+                        ),
+                    )],
+                ));
             }
         }
         let mut warnings = Vec::new();
@@ -789,26 +979,50 @@ impl Store {
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
         if without_managed(&new) == without_managed(old) {
-            return Ok(Written { obj: Self::present(rt, old), warnings, code: 200 });
+            return Ok(Written {
+                obj: Self::present(rt, old),
+                warnings,
+                code: 200,
+            });
         }
         if o.dry_run {
-            return Ok(Written { obj: Arc::new(new), warnings, code: 200 });
+            return Ok(Written {
+                obj: Arc::new(new),
+                warnings,
+                code: 200,
+            });
         }
         let gr = rt.gr();
         if terminating && finalizers(&new).is_empty() {
             let gone = self.commit(i, &gr, "DELETED", new, Some(old.clone()));
             self.after_delete(i, &gone);
-            return Ok(Written { obj: Self::present(rt, &gone), warnings, code: 200 });
+            return Ok(Written {
+                obj: Self::present(rt, &gone),
+                warnings,
+                code: 200,
+            });
         }
         let stored = self.commit(i, &gr, "MODIFIED", new, Some(old.clone()));
         if gr == CRD_GR {
             self.crd_changed(i, &stored)?;
         }
-        Ok(Written { obj: Self::present(rt, &stored), warnings, code: 200 })
+        Ok(Written {
+            obj: Self::present(rt, &stored),
+            warnings,
+            code: 200,
+        })
     }
 
     /// PATCH with a merge, JSON or strategic patch, or a server-side apply.
-    pub(crate) fn patch(&self, rt: &ResType, ns: &str, name: &str, ptype: &str, body: &Value, o: &WriteOpts) -> Result<Written, Error> {
+    pub(crate) fn patch(
+        &self,
+        rt: &ResType,
+        ns: &str,
+        name: &str,
+        ptype: &str,
+        body: &Value,
+        o: &WriteOpts,
+    ) -> Result<Written, Error> {
         let mut i = self.inner.lock();
         if ptype == "apply" {
             return self.apply_locked(&mut i, rt, ns, name, body, o);
@@ -820,7 +1034,11 @@ impl Store {
             "json" => crate::patch::json_patch(&mut new, body)?,
             _ => {
                 if rt.crd {
-                    return Err(Error::api(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"));
+                    return Err(Error::api(
+                        415,
+                        "UnsupportedMediaType",
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                    ));
                 }
                 crate::patch::strategic_merge(&mut new, body)
             }
@@ -829,17 +1047,38 @@ impl Store {
         self.update_locked(&mut i, rt, &old, new, &rv, o, Owners::Record)
     }
 
-    fn apply_locked(&self, i: &mut Inner, rt: &ResType, ns: &str, name: &str, config: &Value, o: &WriteOpts) -> Result<Written, Error> {
+    fn apply_locked(
+        &self,
+        i: &mut Inner,
+        rt: &ResType,
+        ns: &str,
+        name: &str,
+        config: &Value,
+        o: &WriteOpts,
+    ) -> Result<Written, Error> {
         if o.manager.is_empty() {
-            return Err(Error::invalid("meta.k8s.io", "PatchOptions", "", vec![("fieldManager".into(), "Required value: is required for apply patch".into())]));
+            return Err(Error::invalid(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                vec![(
+                    "fieldManager".into(),
+                    "Required value: is required for apply patch".into(),
+                )],
+            ));
         }
-        if !config.is_object() || config.get("apiVersion").is_none() || config.get("kind").is_none() {
-            return Err(Error::bad_request("apiVersion and kind must be set in an apply configuration"));
+        if !config.is_object() || config.get("apiVersion").is_none() || config.get("kind").is_none()
+        {
+            return Err(Error::bad_request(
+                "apiVersion and kind must be set in an apply configuration",
+            ));
         }
         Self::check_type_meta(rt, config)?;
         let cname = meta_str(config, "name");
         if !cname.is_empty() && cname != name {
-            return Err(Error::bad_request(format!("the name of the object ({cname}) does not match the name on the URL ({name})")));
+            return Err(Error::bad_request(format!(
+                "the name of the object ({cname}) does not match the name on the URL ({name})"
+            )));
         }
         let mut config = config.clone();
         if let Some(schema) = rt.schema.as_ref() {
@@ -847,8 +1086,15 @@ impl Store {
             prune_and_default(schema, &mut config, "", &mut unknown);
             unknown.retain(|u| u != "metadata" && u != "apiVersion" && u != "kind");
             if o.strict && !unknown.is_empty() {
-                let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
-                return Err(Error::bad_request(format!("{}: strict decoding error: {}", rt.kind, list.join(", "))));
+                let list: Vec<String> = unknown
+                    .iter()
+                    .map(|u| format!("unknown field \"{u}\""))
+                    .collect();
+                return Err(Error::bad_request(format!(
+                    "{}: strict decoding error: {}",
+                    rt.kind,
+                    list.join(", ")
+                )));
             }
         }
         let t = now();
@@ -864,11 +1110,18 @@ impl Store {
         let existing = Self::lookup(i, rt, ns, name).ok();
         let conflict_err = |conflicts: Vec<(String, String)>| {
             let n = conflicts.len();
-            let lines: Vec<String> = conflicts.iter().map(|(m, f)| format!("conflict with \"{m}\" using {av}: {f}")).collect();
+            let lines: Vec<String> = conflicts
+                .iter()
+                .map(|(m, f)| format!("conflict with \"{m}\" using {av}: {f}"))
+                .collect();
             Error::Api {
                 code: 409,
                 reason: "Conflict",
-                message: if n == 1 { format!("Apply failed with 1 conflict: {}", lines[0]) } else { format!("Apply failed with {n} conflicts: {}", lines.join("\n")) },
+                message: if n == 1 {
+                    format!("Apply failed with 1 conflict: {}", lines[0])
+                } else {
+                    format!("Apply failed with {n} conflicts: {}", lines.join("\n"))
+                },
                 details: Some(json!({
                     "name": name, "kind": rt.plural, "group": rt.group,
                     "causes": conflicts.iter().map(|(m, f)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\" using {av}"), "field": f})).collect::<Vec<_>>(),
@@ -903,32 +1156,58 @@ impl Store {
         }
     }
 
-    pub(crate) fn delete(&self, rt: &ResType, ns: &str, name: &str, d: &DeleteOpts) -> Result<Written, Error> {
+    pub(crate) fn delete(
+        &self,
+        rt: &ResType,
+        ns: &str,
+        name: &str,
+        d: &DeleteOpts,
+    ) -> Result<Written, Error> {
         let mut i = self.inner.lock();
         let old = Self::lookup(&i, rt, ns, name)?;
         self.delete_locked(&mut i, rt, &old, d)
     }
 
-    fn delete_locked(&self, i: &mut Inner, rt: &ResType, old: &Arc<Value>, d: &DeleteOpts) -> Result<Written, Error> {
+    fn delete_locked(
+        &self,
+        i: &mut Inner,
+        rt: &ResType,
+        old: &Arc<Value>,
+        d: &DeleteOpts,
+    ) -> Result<Written, Error> {
         let name = meta_str(old, "name").to_string();
         if let Some(uid) = d.uid.as_deref()
             && uid != meta_str(old, "uid")
         {
-            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta_str(old, "uid")
-            )));
+            return Err(Error::conflict(
+                &rt.group,
+                &rt.plural,
+                &name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(old, "uid")
+                ),
+            ));
         }
         if let Some(rv) = d.rv.as_deref()
             && rv != meta_str(old, "resourceVersion")
         {
-            return Err(Error::conflict(&rt.group, &rt.plural, &name, &format!(
-                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                meta_str(old, "resourceVersion")
-            )));
+            return Err(Error::conflict(
+                &rt.group,
+                &rt.plural,
+                &name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta_str(old, "resourceVersion")
+                ),
+            ));
         }
         if d.dry_run {
-            return Ok(Written { obj: Self::present(rt, old), warnings: vec![], code: 200 });
+            return Ok(Written {
+                obj: Self::present(rt, old),
+                warnings: vec![],
+                code: 200,
+            });
         }
         let gr = rt.gr();
         let policy = d.propagation.as_deref().unwrap_or("Background");
@@ -940,40 +1219,69 @@ impl Store {
         }
         if !finalizers(old).is_empty() {
             if meta(old, "deletionTimestamp").is_some() {
-                return Ok(Written { obj: Self::present(rt, old), warnings: vec![], code: 202 });
+                return Ok(Written {
+                    obj: Self::present(rt, old),
+                    warnings: vec![],
+                    code: 202,
+                });
             }
             let mut next = (**old).clone();
             let m = meta_mut(&mut next);
             m.insert("deletionTimestamp".into(), json!(now()));
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
             let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
-            return Ok(Written { obj: Self::present(rt, &stored), warnings: vec![], code: 202 });
+            return Ok(Written {
+                obj: Self::present(rt, &stored),
+                warnings: vec![],
+                code: 202,
+            });
         }
         if rt.kind == "Namespace" {
             let ns = meta_str(old, "name").to_string();
             let victims: Vec<(String, Arc<Value>)> = i
                 .objects
                 .iter()
-                .flat_map(|(g, m)| m.iter().filter(|((n, _), _)| *n == ns).map(move |(_, o)| (g.clone(), o.clone())))
+                .flat_map(|(g, m)| {
+                    m.iter()
+                        .filter(|((n, _), _)| *n == ns)
+                        .map(move |(_, o)| (g.clone(), o.clone()))
+                })
                 .collect();
             for (g, o) in victims {
                 self.commit(i, &g, "DELETED", (*o).clone(), Some(o.clone()));
             }
         }
         if gr == CRD_GR {
-            let group = old.pointer("/spec/group").and_then(Value::as_str).unwrap_or("").to_string();
-            let plural = old.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("").to_string();
+            let group = old
+                .pointer("/spec/group")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let plural = old
+                .pointer("/spec/names/plural")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let cr_gr = format!("{plural}.{group}");
-            let victims: Vec<Arc<Value>> = i.objects.get(&cr_gr).map(|m| m.values().cloned().collect()).unwrap_or_default();
+            let victims: Vec<Arc<Value>> = i
+                .objects
+                .get(&cr_gr)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default();
             for o in victims {
                 self.commit(i, &cr_gr, "DELETED", (*o).clone(), Some(o.clone()));
             }
-            i.types.retain(|(g, _, p), _| !(g == &group && p == &plural));
+            i.types
+                .retain(|(g, _, p), _| !(g == &group && p == &plural));
             i.discovery_gen += 1;
         }
         let gone = self.commit(i, &gr, "DELETED", (**old).clone(), Some(old.clone()));
         self.after_delete(i, &gone);
-        Ok(Written { obj: Self::present(rt, &gone), warnings: vec![], code: 200 })
+        Ok(Written {
+            obj: Self::present(rt, &gone),
+            warnings: vec![],
+            code: 200,
+        })
     }
 
     fn dependents(i: &Inner, uid: &str) -> Vec<(String, Arc<Value>)> {
@@ -981,7 +1289,9 @@ impl Store {
         for (g, m) in &i.objects {
             for o in m.values() {
                 if let Some(refs) = meta(o, "ownerReferences").and_then(Value::as_array)
-                    && refs.iter().any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
+                    && refs
+                        .iter()
+                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
                 {
                     out.push((g.clone(), o.clone()));
                 }
@@ -993,7 +1303,10 @@ impl Store {
     fn orphan_dependents(&self, i: &mut Inner, uid: &str) {
         for (g, o) in Self::dependents(i, uid) {
             let mut next = (*o).clone();
-            if let Some(refs) = meta_mut(&mut next).get_mut("ownerReferences").and_then(Value::as_array_mut) {
+            if let Some(refs) = meta_mut(&mut next)
+                .get_mut("ownerReferences")
+                .and_then(Value::as_array_mut)
+            {
                 refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
             }
             self.commit(i, &g, "MODIFIED", next, Some(o));
@@ -1014,25 +1327,51 @@ impl Store {
         for (g, o) in Self::dependents(i, &uid) {
             let owners_left = meta(&o, "ownerReferences")
                 .and_then(Value::as_array)
-                .map(|refs| refs.iter().any(|r| r.get("uid").and_then(Value::as_str).is_some_and(|u| i.uids.contains_key(u))))
+                .map(|refs| {
+                    refs.iter().any(|r| {
+                        r.get("uid")
+                            .and_then(Value::as_str)
+                            .is_some_and(|u| i.uids.contains_key(u))
+                    })
+                })
                 .unwrap_or(false);
             if owners_left {
                 continue;
             }
             if let Some(rt) = Self::type_for_gr(i, &g)
-                && let Some(cur) = i.objects.get(&g).and_then(|m| m.get(&(meta_str(&o, "namespace").to_string(), meta_str(&o, "name").to_string()))).cloned()
+                && let Some(cur) = i
+                    .objects
+                    .get(&g)
+                    .and_then(|m| {
+                        m.get(&(
+                            meta_str(&o, "namespace").to_string(),
+                            meta_str(&o, "name").to_string(),
+                        ))
+                    })
+                    .cloned()
             {
                 let _ = self.delete_locked(i, &rt, &cur, &DeleteOpts::default());
             }
         }
     }
 
-    pub(crate) fn delete_collection(&self, rt: &ResType, ns: Option<&str>, sel: &Selector, d: &DeleteOpts) -> Result<u64, Error> {
+    pub(crate) fn delete_collection(
+        &self,
+        rt: &ResType,
+        ns: Option<&str>,
+        sel: &Selector,
+        d: &DeleteOpts,
+    ) -> Result<u64, Error> {
         let mut i = self.inner.lock();
         let victims: Vec<Arc<Value>> = i
             .objects
             .get(&rt.gr())
-            .map(|m| m.iter().filter(|((n, _), o)| ns.is_none_or(|x| x == n) && sel.matches(o)).map(|(_, o)| o.clone()).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|((n, _), o)| ns.is_none_or(|x| x == n) && sel.matches(o))
+                    .map(|(_, o)| o.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         for o in victims {
             self.delete_locked(&mut i, rt, &o, d)?;

@@ -37,7 +37,9 @@ pub fn fast_config() -> Config {
 }
 
 pub async fn start() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(fast_config()).await.expect("start server");
+    let server = ApiServer::start_with(fast_config())
+        .await
+        .expect("start server");
     let client = server.client("tester").await.expect("client");
     (server, client)
 }
@@ -71,10 +73,16 @@ pub fn ipamnode_resource() -> ApiResource {
 pub async fn install_crd(client: &kube::Client) -> Api<DynamicObject> {
     let crd: CustomResourceDefinition = serde_saphyr::from_str(CRD_YAML).expect("crd yaml");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &crd).await.expect("create crd");
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("create crd");
     tokio::time::timeout(
         Duration::from_secs(10),
-        await_condition(crds, "ipamnodes.ipam.tidepool.dev", conditions::is_crd_established()),
+        await_condition(
+            crds,
+            "ipamnodes.ipam.tidepool.dev",
+            conditions::is_crd_established(),
+        ),
     )
     .await
     .expect("crd established in time")
@@ -87,20 +95,30 @@ pub fn dynamic(v: serde_json::Value) -> DynamicObject {
 }
 
 /// A raw HTTP/1.1 request (Connection: close); returns status, headers (lowercased names) and body.
-pub async fn raw(server: &ApiServer, method: &str, path: &str, token: Option<String>, body: Option<&str>) -> (u16, Vec<(String, String)>, String) {
+pub async fn raw(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    token: Option<String>,
+    body: Option<&str>,
+) -> (u16, Vec<(String, String)>, String) {
     let addr = server.addr();
     let method = method.to_string();
     let path = path.to_string();
     let body = body.map(String::from);
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
         if let Some(t) = token {
             req.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
         if let Some(b) = &body {
-            req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+            req.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
         }
         req.push_str("\r\n");
         if let Some(b) = &body {

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
@@ -19,7 +20,11 @@ use tidepool_tests::{ApiServer, Config, Faults};
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
     let mut c = ConfigMap::default();
     c.metadata.name = Some(name.into());
-    c.data = Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    c.data = Some(
+        data.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
     c
 }
 
@@ -29,11 +34,23 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let pp = PostParams::default();
 
-    let a = cms.create(&pp, &cm("a", &[("k", "1")])).await.expect("create");
+    let a = cms
+        .create(&pp, &cm("a", &[("k", "1")]))
+        .await
+        .expect("create");
     let uid = a.metadata.uid.clone().expect("uid set on create");
     assert_eq!(uid.len(), 36, "uid looks like a UUID: {uid}");
-    assert!(a.metadata.creation_timestamp.is_some(), "creationTimestamp set");
-    let rv1: u64 = a.metadata.resource_version.clone().unwrap().parse().unwrap();
+    assert!(
+        a.metadata.creation_timestamp.is_some(),
+        "creationTimestamp set"
+    );
+    let rv1: u64 = a
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
 
     // A second create of the same name: 409 AlreadyExists with a Status body.
     let err = cms.create(&pp, &cm("a", &[])).await.unwrap_err();
@@ -45,7 +62,13 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
     let mut next = a.clone();
     next.data = Some(BTreeMap::from([("k".to_string(), "2".to_string())]));
     let b = cms.replace("a", &pp, &next).await.expect("replace");
-    let rv2: u64 = b.metadata.resource_version.clone().unwrap().parse().unwrap();
+    let rv2: u64 = b
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(rv2 > rv1, "resourceVersion increases: {rv1} -> {rv2}");
     assert_eq!(b.metadata.uid.as_deref(), Some(uid.as_str()));
 
@@ -53,11 +76,21 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
     let err = cms.replace("a", &pp, &next).await.unwrap_err();
     let s = status(&err);
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
-    assert!(s.message.contains("the object has been modified"), "{}", s.message);
+    assert!(
+        s.message.contains("the object has been modified"),
+        "{}",
+        s.message
+    );
 
     // A merge patch carrying a stale resourceVersion is also refused.
     let err = cms
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"resourceVersion": rv1.to_string()}, "data": {"x": "y"}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"resourceVersion": rv1.to_string()}, "data": {"x": "y"}}),
+            ),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&err), 409);
@@ -65,7 +98,10 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
     // 404 NotFound.
     let err = cms.get("missing").await.unwrap_err();
     let s = status(&err);
-    assert_eq!((s.code, s.reason.as_str(), s.message.as_str()), (404, "NotFound", "configmaps \"missing\" not found"));
+    assert_eq!(
+        (s.code, s.reason.as_str(), s.message.as_str()),
+        (404, "NotFound", "configmaps \"missing\" not found")
+    );
 
     // 422 Invalid: bad name, with a cause naming the field.
     let err = cms.create(&pp, &cm("Not_Valid", &[])).await.unwrap_err();
@@ -80,14 +116,29 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
     assert_eq!(status(&err).message, "namespaces \"nope\" not found");
 
     // Delete preconditions on uid and resourceVersion.
-    let bad_uid = DeleteParams::default().preconditions(Preconditions { uid: Some("other".into()), resource_version: None });
+    let bad_uid = DeleteParams::default().preconditions(Preconditions {
+        uid: Some("other".into()),
+        resource_version: None,
+    });
     let err = cms.delete("a", &bad_uid).await.unwrap_err();
     assert_eq!(code(&err), 409);
-    assert!(status(&err).message.contains("Precondition failed: UID"), "{}", status(&err).message);
-    let bad_rv = DeleteParams::default().preconditions(Preconditions { uid: None, resource_version: Some(rv1.to_string()) });
+    assert!(
+        status(&err).message.contains("Precondition failed: UID"),
+        "{}",
+        status(&err).message
+    );
+    let bad_rv = DeleteParams::default().preconditions(Preconditions {
+        uid: None,
+        resource_version: Some(rv1.to_string()),
+    });
     assert_eq!(code(&cms.delete("a", &bad_rv).await.unwrap_err()), 409);
-    let good = DeleteParams::default().preconditions(Preconditions { uid: Some(uid), resource_version: Some(rv2.to_string()) });
-    cms.delete("a", &good).await.expect("delete with matching preconditions");
+    let good = DeleteParams::default().preconditions(Preconditions {
+        uid: Some(uid),
+        resource_version: Some(rv2.to_string()),
+    });
+    cms.delete("a", &good)
+        .await
+        .expect("delete with matching preconditions");
     assert_eq!(code(&cms.get("a").await.unwrap_err()), 404);
 }
 
@@ -95,7 +146,14 @@ async fn crud_resource_version_conflicts_and_status_bodies() {
 async fn raw_status_bodies_and_discovery() {
     let (server, client) = start().await;
     let token = Some(server.token("tester"));
-    let (c, _, body) = raw(&server, "GET", "/api/v1/namespaces/default/pods/nope", token.clone(), None).await;
+    let (c, _, body) = raw(
+        &server,
+        "GET",
+        "/api/v1/namespaces/default/pods/nope",
+        token.clone(),
+        None,
+    )
+    .await;
     assert_eq!(c, 404);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["kind"], "Status");
@@ -108,15 +166,40 @@ async fn raw_status_bodies_and_discovery() {
     let v = client.apiserver_version().await.expect("version");
     assert_eq!((v.major.as_str(), v.minor.as_str()), ("1", "33"));
     install_crd(&client).await;
-    let d = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
+    let d = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
     let groups: Vec<String> = d.groups().map(|g| g.name().to_string()).collect();
-    for g in ["", "apps", "coordination.k8s.io", "ipam.tidepool.dev", "apiextensions.k8s.io", "policy", "rbac.authorization.k8s.io", "events.k8s.io"] {
-        assert!(groups.contains(&g.to_string()), "group {g:?} discovered in {groups:?}");
+    for g in [
+        "",
+        "apps",
+        "coordination.k8s.io",
+        "ipam.tidepool.dev",
+        "apiextensions.k8s.io",
+        "policy",
+        "rbac.authorization.k8s.io",
+        "events.k8s.io",
+    ] {
+        assert!(
+            groups.contains(&g.to_string()),
+            "group {g:?} discovered in {groups:?}"
+        );
     }
-    let (ar, caps) = d.resolve_gvk(&kube::api::GroupVersionKind::gvk("ipam.tidepool.dev", "v1alpha1", "IPAMNode")).expect("ipamnode found");
+    let (ar, caps) = d
+        .resolve_gvk(&kube::api::GroupVersionKind::gvk(
+            "ipam.tidepool.dev",
+            "v1alpha1",
+            "IPAMNode",
+        ))
+        .expect("ipamnode found");
     assert_eq!(ar.plural, "ipamnodes");
     assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
-    assert!(caps.subresources.iter().any(|(s, _)| s.plural == "ipamnodes/status" || s.plural == "status"));
+    assert!(
+        caps.subresources
+            .iter()
+            .any(|(s, _)| s.plural == "ipamnodes/status" || s.plural == "status")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,24 +209,57 @@ async fn crd_schema_validation_generation_and_status_subresource() {
     let pp = PostParams::default();
 
     let mk = |name: &str, spec: serde_json::Value| {
-        dynamic(json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode", "metadata": {"name": name}, "spec": spec}))
+        dynamic(
+            json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode", "metadata": {"name": name}, "spec": spec}),
+        )
     };
     let cases = [
-        (json!({"nodeUID": 5}), "spec.nodeUID", "must be of type string"),
-        (json!({"watermarks": {"preAllocate": -1}}), "spec.watermarks.preAllocate", "greater than or equal to 0"),
-        (json!({"watermarks": {"mode": "chaotic"}}), "spec.watermarks.mode", "Unsupported value"),
-        (json!({"pools": {"ipv4": "Bad Pool"}}), "spec.pools.ipv4", "should match"),
-        (json!({"reclaim": {"10.0.0.1": {"reason": "gone"}}}), "spec.reclaim.10.0.0.1.podUID", "Required value"),
+        (
+            json!({"nodeUID": 5}),
+            "spec.nodeUID",
+            "must be of type string",
+        ),
+        (
+            json!({"watermarks": {"preAllocate": -1}}),
+            "spec.watermarks.preAllocate",
+            "greater than or equal to 0",
+        ),
+        (
+            json!({"watermarks": {"mode": "chaotic"}}),
+            "spec.watermarks.mode",
+            "Unsupported value",
+        ),
+        (
+            json!({"pools": {"ipv4": "Bad Pool"}}),
+            "spec.pools.ipv4",
+            "should match",
+        ),
+        (
+            json!({"reclaim": {"10.0.0.1": {"reason": "gone"}}}),
+            "spec.reclaim.10.0.0.1.podUID",
+            "Required value",
+        ),
     ];
     for (spec, field, msg) in cases {
-        let err = nodes.create(&pp, &mk("bad", spec.clone())).await.unwrap_err();
+        let err = nodes
+            .create(&pp, &mk("bad", spec.clone()))
+            .await
+            .unwrap_err();
         let s = status(&err);
         assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "for {spec}");
         let causes = &s.details.as_ref().expect("details").causes;
-        assert!(causes.iter().any(|c| c.field == field && c.message.contains(msg)), "{spec}: {causes:?}");
+        assert!(
+            causes
+                .iter()
+                .any(|c| c.field == field && c.message.contains(msg)),
+            "{spec}: {causes:?}"
+        );
     }
     let err = nodes.create(&pp, &dynamic(json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode", "metadata": {"name": "nospec"}}))).await.unwrap_err();
-    assert_eq!(status(&err).details.as_ref().unwrap().causes[0].field, "spec");
+    assert_eq!(
+        status(&err).details.as_ref().unwrap().causes[0].field,
+        "spec"
+    );
 
     // Unknown fields are pruned (Warn), defaults applied, status dropped on create.
     let created = nodes
@@ -151,21 +267,52 @@ async fn crd_schema_validation_generation_and_status_subresource() {
             "spec": {"nodeUID": "u1", "bogus": true, "watermarks": {"preAllocate": 2}}, "status": {"used": {"10.0.0.1": {"pod": "p"}}}})))
         .await
         .expect("create");
-    assert_eq!(created.data["spec"], json!({"nodeUID": "u1", "watermarks": {"preAllocate": 2, "mode": "dynamic"}}));
-    assert!(created.data.get("status").is_none(), "status ignored on create: {:?}", created.data);
+    assert_eq!(
+        created.data["spec"],
+        json!({"nodeUID": "u1", "watermarks": {"preAllocate": 2, "mode": "dynamic"}})
+    );
+    assert!(
+        created.data.get("status").is_none(),
+        "status ignored on create: {:?}",
+        created.data
+    );
     assert_eq!(created.metadata.generation, Some(1));
     // Strict field validation refuses unknown fields.
     let err = nodes
-        .patch("n1", &PatchParams::default().validation_strict(), &Patch::Merge(json!({"spec": {"bogus": 1}})))
+        .patch(
+            "n1",
+            &PatchParams::default().validation_strict(),
+            &Patch::Merge(json!({"spec": {"bogus": 1}})),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&err), 400);
-    assert!(status(&err).message.contains("unknown field \"spec.bogus\""), "{}", status(&err).message);
+    assert!(
+        status(&err)
+            .message
+            .contains("unknown field \"spec.bogus\""),
+        "{}",
+        status(&err).message
+    );
 
     // Spec change bumps generation; metadata change does not.
-    let p = nodes.patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"watermarks": {"preAllocate": 3}}}))).await.unwrap();
+    let p = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"watermarks": {"preAllocate": 3}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(p.metadata.generation, Some(2));
-    let p = nodes.patch("n1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
+    let p = nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(p.metadata.generation, Some(2));
 
     // Status subresource: writes there cannot change spec, writes to the main resource cannot change status.
@@ -175,25 +322,43 @@ async fn crd_schema_validation_generation_and_status_subresource() {
         .unwrap();
     assert_eq!(s.data["spec"]["nodeUID"], "u1");
     assert_eq!(s.data["status"]["used"]["10.0.0.1"]["pod"], "p1");
-    assert_eq!(s.metadata.generation, Some(2), "status writes do not bump generation");
+    assert_eq!(
+        s.metadata.generation,
+        Some(2),
+        "status writes do not bump generation"
+    );
     let m = nodes
-        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeUID": "u2"}, "status": {"used": null}})))
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeUID": "u2"}, "status": {"used": null}})),
+        )
         .await
         .unwrap();
     assert_eq!(m.data["spec"]["nodeUID"], "u2");
-    assert_eq!(m.data["status"]["used"]["10.0.0.1"]["pod"], "p1", "status unchanged by main resource patch");
+    assert_eq!(
+        m.data["status"]["used"]["10.0.0.1"]["pod"], "p1",
+        "status unchanged by main resource patch"
+    );
     let got = nodes.get_status("n1").await.unwrap();
     assert_eq!(got.data["status"]["used"]["10.0.0.1"]["pod"], "p1");
     // An invalid status is refused too.
     let err = nodes
-        .patch_status("n1", &PatchParams::default(), &Patch::Merge(json!({"status": {"releaseAck": {"10.0.0.9": "maybe"}}})))
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"releaseAck": {"10.0.0.9": "maybe"}}})),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&err), 422);
     // Replace on a CR requires a resourceVersion.
     let mut no_rv = got.clone();
     no_rv.metadata.resource_version = None;
-    assert_eq!(code(&nodes.replace("n1", &pp, &no_rv).await.unwrap_err()), 422);
+    assert_eq!(
+        code(&nodes.replace("n1", &pp, &no_rv).await.unwrap_err()),
+        422
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,29 +371,65 @@ async fn finalizers_deletion_timestamp_and_owner_gc() {
     cms.create(&pp, &f).await.unwrap();
     let r = cms.delete("fin", &DeleteParams::default()).await.unwrap();
     let obj = r.left().expect("object returned while finalizers pending");
-    assert!(obj.metadata.deletion_timestamp.is_some(), "deletionTimestamp set");
-    assert!(cms.get("fin").await.is_ok(), "still there while finalizers remain");
+    assert!(
+        obj.metadata.deletion_timestamp.is_some(),
+        "deletionTimestamp set"
+    );
+    assert!(
+        cms.get("fin").await.is_ok(),
+        "still there while finalizers remain"
+    );
     let err = cms
-        .patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["tidepool.dev/keep", "new/one"]}})))
+        .patch(
+            "fin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["tidepool.dev/keep", "new/one"]}})),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&err), 422, "no new finalizers on a terminating object");
-    cms.patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
-    assert_eq!(code(&cms.get("fin").await.unwrap_err()), 404, "gone once the last finalizer is removed");
+    cms.patch(
+        "fin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        code(&cms.get("fin").await.unwrap_err()),
+        404,
+        "gone once the last finalizer is removed"
+    );
 
     // Owner references: background GC deletes dependents whose owners are all gone.
     let owner = cms.create(&pp, &cm("owner", &[])).await.unwrap();
     let other = cms.create(&pp, &cm("other-owner", &[])).await.unwrap();
     let oref = |o: &ConfigMap| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": o.metadata.name, "uid": o.metadata.uid});
-    for (name, refs) in [("child", vec![oref(&owner)]), ("shared", vec![oref(&owner), oref(&other)]), ("orphan", vec![oref(&other)])] {
-        let c: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": refs}})).unwrap();
+    for (name, refs) in [
+        ("child", vec![oref(&owner)]),
+        ("shared", vec![oref(&owner), oref(&other)]),
+        ("orphan", vec![oref(&other)]),
+    ] {
+        let c: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": refs}}))
+                .unwrap();
         cms.create(&pp, &c).await.unwrap();
     }
-    cms.delete("owner", &DeleteParams::background()).await.unwrap();
-    eventually(Duration::from_secs(5), "child collected", || async { (code(&cms.get("child").await.err()?) == 404).then_some(()) }).await;
-    assert!(cms.get("shared").await.is_ok(), "a dependent with a remaining owner survives");
+    cms.delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), "child collected", || async {
+        (code(&cms.get("child").await.err()?) == 404).then_some(())
+    })
+    .await;
+    assert!(
+        cms.get("shared").await.is_ok(),
+        "a dependent with a remaining owner survives"
+    );
     // Orphan propagation keeps dependents and strips the reference.
-    cms.delete("other-owner", &DeleteParams::orphan()).await.unwrap();
+    cms.delete("other-owner", &DeleteParams::orphan())
+        .await
+        .unwrap();
     let o = cms.get("orphan").await.expect("orphaned dependent kept");
     assert!(o.metadata.owner_references.unwrap_or_default().is_empty());
 }
@@ -242,14 +443,37 @@ async fn server_side_apply_field_ownership() {
     let base = |spec: serde_json::Value| json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode", "metadata": {"name": "n1"}, "spec": spec});
 
     // Apply creates; two managers own different keys of one granular map.
-    let a = nodes.patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u", "release": {"10.0.0.1": "marked-for-release"}})))).await.unwrap();
+    let a = nodes
+        .patch(
+            "n1",
+            &op,
+            &Patch::Apply(base(
+                json!({"nodeUID": "u", "release": {"10.0.0.1": "marked-for-release"}}),
+            )),
+        )
+        .await
+        .unwrap();
     assert_eq!(a.metadata.generation, Some(1));
-    let b = nodes.patch("n1", &node_side, &Patch::Apply(base(json!({"release": {"10.0.0.2": "released"}})))).await.unwrap();
-    assert_eq!(b.data["spec"]["release"], json!({"10.0.0.1": "marked-for-release", "10.0.0.2": "released"}));
+    let b = nodes
+        .patch(
+            "n1",
+            &node_side,
+            &Patch::Apply(base(json!({"release": {"10.0.0.2": "released"}}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        b.data["spec"]["release"],
+        json!({"10.0.0.1": "marked-for-release", "10.0.0.2": "released"})
+    );
     let mf = b.metadata.managed_fields.clone().unwrap();
     let owner_of = |key: &str| -> Vec<String> {
         mf.iter()
-            .filter(|e| e.fields_v1.as_ref().is_some_and(|f| f.0.pointer(&format!("/f:spec/f:release/f:{key}")).is_some()))
+            .filter(|e| {
+                e.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer(&format!("/f:spec/f:release/f:{key}")).is_some())
+            })
             .map(|e| e.manager.clone().unwrap())
             .collect()
     };
@@ -258,49 +482,202 @@ async fn server_side_apply_field_ownership() {
     assert!(mf.iter().all(|e| e.operation.as_deref() == Some("Apply")));
 
     // Changing a key owned by another manager conflicts (409 with the field in the causes).
-    let err = nodes.patch("n1", &node_side, &Patch::Apply(base(json!({"release": {"10.0.0.1": "released", "10.0.0.2": "released"}})))).await.unwrap_err();
+    let err = nodes
+        .patch(
+            "n1",
+            &node_side,
+            &Patch::Apply(base(
+                json!({"release": {"10.0.0.1": "released", "10.0.0.2": "released"}}),
+            )),
+        )
+        .await
+        .unwrap_err();
     let s = status(&err);
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
-    assert!(s.message.contains("conflict with \"tidepool-operator\""), "{}", s.message);
-    assert_eq!(s.details.as_ref().unwrap().causes[0].field, ".spec.release.10.0.0.1");
+    assert!(
+        s.message.contains("conflict with \"tidepool-operator\""),
+        "{}",
+        s.message
+    );
+    assert_eq!(
+        s.details.as_ref().unwrap().causes[0].field,
+        ".spec.release.10.0.0.1"
+    );
     // Applying the same value is shared ownership, not a conflict.
-    nodes.patch("n1", &node_side, &Patch::Apply(base(json!({"release": {"10.0.0.1": "marked-for-release", "10.0.0.2": "released"}})))).await.expect("same value: no conflict");
+    nodes
+        .patch(
+            "n1",
+            &node_side,
+            &Patch::Apply(base(
+                json!({"release": {"10.0.0.1": "marked-for-release", "10.0.0.2": "released"}}),
+            )),
+        )
+        .await
+        .expect("same value: no conflict");
     // The operator drops its key: it stays because the node side co-owns it.
-    let c = nodes.patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u"})))).await.unwrap();
+    let c = nodes
+        .patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u"}))))
+        .await
+        .unwrap();
     assert_eq!(c.data["spec"]["release"]["10.0.0.1"], "marked-for-release");
     // The node side drops both: both go, being owned by nobody else.
-    let d = nodes.patch("n1", &node_side, &Patch::Apply(base(json!({})))).await.unwrap();
-    assert!(d.data["spec"].get("release").is_none_or(|r| r.as_object().unwrap().is_empty()), "{:?}", d.data["spec"]);
+    let d = nodes
+        .patch("n1", &node_side, &Patch::Apply(base(json!({}))))
+        .await
+        .unwrap();
+    assert!(
+        d.data["spec"]
+            .get("release")
+            .is_none_or(|r| r.as_object().unwrap().is_empty()),
+        "{:?}",
+        d.data["spec"]
+    );
 
     // Force takes ownership.
-    nodes.patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u", "release": {"10.0.0.3": "marked-for-release"}})))).await.unwrap();
-    let e = nodes.patch("n1", &node_side.clone().force(), &Patch::Apply(base(json!({"release": {"10.0.0.3": "released"}})))).await.unwrap();
+    nodes
+        .patch(
+            "n1",
+            &op,
+            &Patch::Apply(base(
+                json!({"nodeUID": "u", "release": {"10.0.0.3": "marked-for-release"}}),
+            )),
+        )
+        .await
+        .unwrap();
+    let e = nodes
+        .patch(
+            "n1",
+            &node_side.clone().force(),
+            &Patch::Apply(base(json!({"release": {"10.0.0.3": "released"}}))),
+        )
+        .await
+        .unwrap();
     assert_eq!(e.data["spec"]["release"]["10.0.0.3"], "released");
-    let err = nodes.patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u", "release": {"10.0.0.3": "marked-for-release"}})))).await.unwrap_err();
-    assert!(status(&err).message.contains("tidepool-node"), "ownership moved to the forcing manager");
+    let err = nodes
+        .patch(
+            "n1",
+            &op,
+            &Patch::Apply(base(
+                json!({"nodeUID": "u", "release": {"10.0.0.3": "marked-for-release"}}),
+            )),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        status(&err).message.contains("tidepool-node"),
+        "ownership moved to the forcing manager"
+    );
 
     // Conditions: a list-type map keyed by type, applied through the status subresource.
     let cond = |t: &str, st: &str| json!({"type": t, "status": st, "reason": "Test"});
     let status_of = |conds: serde_json::Value| json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode", "metadata": {"name": "n1"}, "status": {"conditions": conds}});
-    nodes.patch_status("n1", &op, &Patch::Apply(status_of(json!([cond("Ready", "True")])))).await.unwrap();
-    let f = nodes.patch_status("n1", &node_side, &Patch::Apply(status_of(json!([cond("NodeSynced", "True")])))).await.unwrap();
-    let types: Vec<&str> = f.data["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    nodes
+        .patch_status(
+            "n1",
+            &op,
+            &Patch::Apply(status_of(json!([cond("Ready", "True")]))),
+        )
+        .await
+        .unwrap();
+    let f = nodes
+        .patch_status(
+            "n1",
+            &node_side,
+            &Patch::Apply(status_of(json!([cond("NodeSynced", "True")]))),
+        )
+        .await
+        .unwrap();
+    let types: Vec<&str> = f.data["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, vec!["Ready", "NodeSynced"]);
-    let entry = f.metadata.managed_fields.as_ref().unwrap().iter()
-        .find(|e| e.manager.as_deref() == Some("tidepool-operator") && e.subresource.as_deref() == Some("status"))
+    let entry = f
+        .metadata
+        .managed_fields
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| {
+            e.manager.as_deref() == Some("tidepool-operator")
+                && e.subresource.as_deref() == Some("status")
+        })
         .expect("operator status entry");
-    assert!(entry.fields_v1.as_ref().unwrap().0.pointer("/f:status/f:conditions/k:{\"type\":\"Ready\"}/f:status").is_some(), "{:?}", entry.fields_v1);
-    let err = nodes.patch_status("n1", &node_side, &Patch::Apply(status_of(json!([cond("NodeSynced", "True"), cond("Ready", "False")])))).await.unwrap_err();
-    assert_eq!(code(&err), 409, "node side may not flip the operator's condition");
-    let g = nodes.patch_status("n1", &op, &Patch::Apply(status_of(json!([])))).await.unwrap();
-    let types: Vec<&str> = g.data["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
-    assert_eq!(types, vec!["NodeSynced"], "operator's condition removed, node's kept");
+    assert!(
+        entry
+            .fields_v1
+            .as_ref()
+            .unwrap()
+            .0
+            .pointer("/f:status/f:conditions/k:{\"type\":\"Ready\"}/f:status")
+            .is_some(),
+        "{:?}",
+        entry.fields_v1
+    );
+    let err = nodes
+        .patch_status(
+            "n1",
+            &node_side,
+            &Patch::Apply(status_of(json!([
+                cond("NodeSynced", "True"),
+                cond("Ready", "False")
+            ]))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code(&err),
+        409,
+        "node side may not flip the operator's condition"
+    );
+    let g = nodes
+        .patch_status("n1", &op, &Patch::Apply(status_of(json!([]))))
+        .await
+        .unwrap();
+    let types: Vec<&str> = g.data["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        vec!["NodeSynced"],
+        "operator's condition removed, node's kept"
+    );
 
     // An update (merge patch) takes ownership without conflicts.
-    let h = nodes.patch("n1", &PatchParams { field_manager: Some("admin".into()), ..Default::default() }, &Patch::Merge(json!({"spec": {"release": {"10.0.0.3": "marked-for-release"}}}))).await.unwrap();
-    let admin = h.metadata.managed_fields.unwrap().into_iter().find(|e| e.manager.as_deref() == Some("admin")).expect("admin entry");
+    let h = nodes
+        .patch(
+            "n1",
+            &PatchParams {
+                field_manager: Some("admin".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"spec": {"release": {"10.0.0.3": "marked-for-release"}}})),
+        )
+        .await
+        .unwrap();
+    let admin = h
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .find(|e| e.manager.as_deref() == Some("admin"))
+        .expect("admin entry");
     assert_eq!(admin.operation.as_deref(), Some("Update"));
-    nodes.patch("n1", &op, &Patch::Apply(base(json!({"nodeUID": "u", "release": {"10.0.0.3": "released"}})))).await.expect_err("now conflicts with admin");
+    nodes
+        .patch(
+            "n1",
+            &op,
+            &Patch::Apply(base(
+                json!({"nodeUID": "u", "release": {"10.0.0.3": "released"}}),
+            )),
+        )
+        .await
+        .expect_err("now conflicts with admin");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,12 +693,21 @@ async fn watch_resume_bookmarks_and_gone() {
     }
     cms.delete("w1", &DeleteParams::default()).await.unwrap();
     // Resume from rv0: exactly the 4 changes since, in order, then bookmarks.
-    let mut s = cms.watch(&WatchParams::default().timeout(10), &rv0).await.unwrap().boxed();
+    let mut s = cms
+        .watch(&WatchParams::default().timeout(10), &rv0)
+        .await
+        .unwrap()
+        .boxed();
     let mut seen = Vec::new();
     let mut bookmark_rv = None;
     let deadline = Instant::now() + Duration::from_secs(5);
     while bookmark_rv.is_none() && Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_secs(2), s.try_next()).await.expect("event in time").unwrap().unwrap() {
+        match tokio::time::timeout(Duration::from_secs(2), s.try_next())
+            .await
+            .expect("event in time")
+            .unwrap()
+            .unwrap()
+        {
             WatchEvent::Added(o) => seen.push(format!("A:{}", o.metadata.name.unwrap())),
             WatchEvent::Deleted(o) => seen.push(format!("D:{}", o.metadata.name.unwrap())),
             WatchEvent::Modified(o) => seen.push(format!("M:{}", o.metadata.name.unwrap())),
@@ -330,15 +716,39 @@ async fn watch_resume_bookmarks_and_gone() {
         }
     }
     assert_eq!(seen, vec!["A:w1", "A:w2", "A:w3", "D:w1"]);
-    assert_eq!(bookmark_rv.expect("bookmark received"), server.resource_version().to_string());
+    assert_eq!(
+        bookmark_rv.expect("bookmark received"),
+        server.resource_version().to_string()
+    );
 
     // Label selectors: an object leaving the selector is seen as DELETED.
-    let mut sel = cms.watch(&WatchParams::default().labels("app=x").timeout(10), "0").await.unwrap().boxed();
-    cms.patch("w2", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "x"}}}))).await.unwrap();
-    cms.patch("w2", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "y"}}}))).await.unwrap();
+    let mut sel = cms
+        .watch(&WatchParams::default().labels("app=x").timeout(10), "0")
+        .await
+        .unwrap()
+        .boxed();
+    cms.patch(
+        "w2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "x"}}})),
+    )
+    .await
+    .unwrap();
+    cms.patch(
+        "w2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "y"}}})),
+    )
+    .await
+    .unwrap();
     let mut kinds = Vec::new();
     while kinds.len() < 2 {
-        match tokio::time::timeout(Duration::from_secs(2), sel.try_next()).await.expect("event").unwrap().unwrap() {
+        match tokio::time::timeout(Duration::from_secs(2), sel.try_next())
+            .await
+            .expect("event")
+            .unwrap()
+            .unwrap()
+        {
             WatchEvent::Added(_) => kinds.push("ADDED"),
             WatchEvent::Deleted(_) => kinds.push("DELETED"),
             WatchEvent::Modified(_) => kinds.push("MODIFIED"),
@@ -349,36 +759,83 @@ async fn watch_resume_bookmarks_and_gone() {
 
     // Beyond the retained window (50 events): 410 Gone as an ERROR event.
     for i in 0..60 {
-        cms.patch("w3", &PatchParams::default(), &Patch::Merge(json!({"data": {"i": i.to_string()}}))).await.unwrap();
+        cms.patch(
+            "w3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+        )
+        .await
+        .unwrap();
     }
-    let mut old = cms.watch(&WatchParams::default().timeout(10), &rv0).await.unwrap().boxed();
-    match tokio::time::timeout(Duration::from_secs(2), old.try_next()).await.expect("event").unwrap().unwrap() {
+    let mut old = cms
+        .watch(&WatchParams::default().timeout(10), &rv0)
+        .await
+        .unwrap()
+        .boxed();
+    match tokio::time::timeout(Duration::from_secs(2), old.try_next())
+        .await
+        .expect("event")
+        .unwrap()
+        .unwrap()
+    {
         WatchEvent::Error(e) => {
             assert_eq!((e.code, e.reason.as_str()), (410, "Expired"));
-            assert!(e.message.starts_with("too old resource version"), "{}", e.message);
+            assert!(
+                e.message.starts_with("too old resource version"),
+                "{}",
+                e.message
+            );
         }
         other => panic!("expected 410, got {other:?}"),
     }
     // Server-side timeout: a watch with timeoutSeconds=1 ends by itself.
     let started = Instant::now();
-    let mut short = cms.watch(&WatchParams::default().timeout(1), &server.resource_version().to_string()).await.unwrap().boxed();
-    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), short.next()).await.expect("watch ended by server") {
+    let mut short = cms
+        .watch(
+            &WatchParams::default().timeout(1),
+            &server.resource_version().to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), short.next())
+        .await
+        .expect("watch ended by server")
+    {
         assert!(matches!(ev, Ok(WatchEvent::Bookmark(_))), "{ev:?}");
     }
-    assert!(started.elapsed() >= Duration::from_millis(900), "ended after the timeout, not before");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "ended after the timeout, not before"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_watch_timeout_follows_min_request_timeout() {
-    let server = ApiServer::start_with(Config { min_request_timeout: Duration::from_millis(300), ..fast_config() }).await.unwrap();
+    let server = ApiServer::start_with(Config {
+        min_request_timeout: Duration::from_millis(300),
+        ..fast_config()
+    })
+    .await
+    .unwrap();
     let client = server.client("t").await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
-    let params = WatchParams { timeout: None, ..WatchParams::default() };
+    let params = WatchParams {
+        timeout: None,
+        ..WatchParams::default()
+    };
     let mut s = cms.watch(&params, "0").await.unwrap().boxed();
     let started = Instant::now();
-    while tokio::time::timeout(Duration::from_secs(5), s.next()).await.expect("ended in time").is_some() {}
+    while tokio::time::timeout(Duration::from_secs(5), s.next())
+        .await
+        .expect("ended in time")
+        .is_some()
+    {}
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "ended after {took:?}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "ended after {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,13 +847,24 @@ async fn watcher_relists_after_gone_and_reflector_converges() {
         cms.create(&pp, &cm(&format!("r{i}"), &[])).await.unwrap();
     }
     let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(cms.clone(), watcher::Config::default().page_size(2))).applied_objects();
+    let stream = reflector(
+        writer,
+        watcher(cms.clone(), watcher::Config::default().page_size(2)),
+    )
+    .applied_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         while stream.next().await.is_some() {}
     });
-    eventually(Duration::from_secs(5), "initial list in store", || async { (reader.state().len() == 5).then_some(()) }).await;
-    assert!(server.request_count("list", "configmaps") >= 3, "paged list (page size 2): {:?}", server.requests());
+    eventually(Duration::from_secs(5), "initial list in store", || async {
+        (reader.state().len() == 5).then_some(())
+    })
+    .await;
+    assert!(
+        server.request_count("list", "configmaps") >= 3,
+        "paged list (page size 2): {:?}",
+        server.requests()
+    );
     let lists_before = server.request_count("list", "configmaps");
 
     // Hold the fan-out, write past the window, then cut the watch: the resume gets 410 and
@@ -408,17 +876,36 @@ async fn watcher_relists_after_gone_and_reflector_converges() {
     cms.delete("r0", &DeleteParams::default()).await.unwrap();
     server.close_watches();
     server.pause_watches(false);
-    eventually(Duration::from_secs(10), "reflector converged after relist", || async {
-        let names: std::collections::BTreeSet<String> = reader.state().iter().map(|o| o.metadata.name.clone().unwrap()).collect();
-        (names.len() == 69 && !names.contains("r0")).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "reflector converged after relist",
+        || async {
+            let names: std::collections::BTreeSet<String> = reader
+                .state()
+                .iter()
+                .map(|o| o.metadata.name.clone().unwrap())
+                .collect();
+            (names.len() == 69 && !names.contains("r0")).then_some(())
+        },
+    )
     .await;
-    assert!(server.request_count("list", "configmaps") > lists_before, "relisted after 410");
+    assert!(
+        server.request_count("list", "configmaps") > lists_before,
+        "relisted after 410"
+    );
     // Live events keep flowing afterwards.
     cms.create(&pp, &cm("after", &[])).await.unwrap();
-    eventually(Duration::from_secs(5), "live event after relist", || async {
-        reader.state().iter().any(|o| o.metadata.name.as_deref() == Some("after")).then_some(())
-    })
+    eventually(
+        Duration::from_secs(5),
+        "live event after relist",
+        || async {
+            reader
+                .state()
+                .iter()
+                .any(|o| o.metadata.name.as_deref() == Some("after"))
+                .then_some(())
+        },
+    )
     .await;
     task.abort();
 }
@@ -437,23 +924,86 @@ async fn list_pagination_and_selectors() {
     assert_eq!(first.items.len(), 3);
     let token = first.metadata.continue_.clone().expect("continue token");
     assert_eq!(first.metadata.remaining_item_count, Some(4));
-    let second = pods.list(&ListParams::default().limit(3).continue_token(&token)).await.unwrap();
-    let third = pods.list(&ListParams::default().limit(3).continue_token(second.metadata.continue_.as_deref().unwrap())).await.unwrap();
+    let second = pods
+        .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    let third = pods
+        .list(
+            &ListParams::default()
+                .limit(3)
+                .continue_token(second.metadata.continue_.as_deref().unwrap()),
+        )
+        .await
+        .unwrap();
     assert!(third.metadata.continue_.is_none());
-    assert_eq!(first.items.len() + second.items.len() + third.items.len(), 7);
-    assert_eq!(second.metadata.resource_version, first.metadata.resource_version, "pages come from one snapshot");
-    assert_eq!(pods.list(&ListParams::default().labels("parity=even")).await.unwrap().items.len(), 4);
-    assert_eq!(pods.list(&ListParams::default().labels("parity in (odd),parity!=even")).await.unwrap().items.len(), 3);
-    assert_eq!(pods.list(&ListParams::default().fields("spec.nodeName=node-1")).await.unwrap().items.len(), 2);
-    assert_eq!(pods.list(&ListParams::default().fields("metadata.name=p3")).await.unwrap().items.len(), 1);
-    let err = pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "nocontainers"}, "spec": {"containers": []}})).unwrap()).await.unwrap_err();
+    assert_eq!(
+        first.items.len() + second.items.len() + third.items.len(),
+        7
+    );
+    assert_eq!(
+        second.metadata.resource_version, first.metadata.resource_version,
+        "pages come from one snapshot"
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().labels("parity=even"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        4
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().labels("parity in (odd),parity!=even"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        3
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().fields("spec.nodeName=node-1"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+    assert_eq!(
+        pods.list(&ListParams::default().fields("metadata.name=p3"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    let err = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "nocontainers"}, "spec": {"containers": []}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(code(&err), 422);
     // Namespace deletion removes its content.
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap()).await.unwrap();
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     let scratch: Api<ConfigMap> = Api::namespaced(client.clone(), "scratch");
-    scratch.create(&PostParams::default(), &cm("x", &[])).await.unwrap();
-    nss.delete("scratch", &DeleteParams::default()).await.unwrap();
+    scratch
+        .create(&PostParams::default(), &cm("x", &[]))
+        .await
+        .unwrap();
+    nss.delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap();
     assert_eq!(code(&scratch.get("x").await.unwrap_err()), 404);
 }
 
@@ -461,18 +1011,42 @@ async fn list_pagination_and_selectors() {
 async fn faults_and_request_counters() {
     let (server, client) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(&PostParams::default(), &cm("f", &[])).await.unwrap();
+    cms.create(&PostParams::default(), &cm("f", &[]))
+        .await
+        .unwrap();
     server.reset_counters();
 
     // Every request answered 500.
-    server.set_faults(Faults { error_rate: 1.0, error_code: 500, ..Faults::default() });
+    server.set_faults(Faults {
+        error_rate: 1.0,
+        error_code: 500,
+        ..Faults::default()
+    });
     let err = cms.get("f").await.unwrap_err();
-    assert_eq!((status(&err).code, status(&err).reason.as_str()), (500, "InternalError"));
+    assert_eq!(
+        (status(&err).code, status(&err).reason.as_str()),
+        (500, "InternalError")
+    );
     // 429 with Retry-After, seen raw.
-    server.set_faults(Faults { error_rate: 1.0, error_code: 429, retry_after_secs: 7, ..Faults::default() });
-    let (c, headers, body) = raw(&server, "GET", "/api/v1/namespaces/default/configmaps/f", Some(server.token("tester")), None).await;
+    server.set_faults(Faults {
+        error_rate: 1.0,
+        error_code: 429,
+        retry_after_secs: 7,
+        ..Faults::default()
+    });
+    let (c, headers, body) = raw(
+        &server,
+        "GET",
+        "/api/v1/namespaces/default/configmaps/f",
+        Some(server.token("tester")),
+        None,
+    )
+    .await;
     assert_eq!(c, 429);
-    assert!(headers.contains(&("retry-after".into(), "7".into())), "{headers:?}");
+    assert!(
+        headers.contains(&("retry-after".into(), "7".into())),
+        "{headers:?}"
+    );
     assert!(body.contains("\"retryAfterSeconds\":7"), "{body}");
     // kube retries 429s by default: lift the fault once a retry was seen and the call succeeds.
     let before = server.request_count("get", "configmaps");
@@ -480,17 +1054,33 @@ async fn faults_and_request_counters() {
         let cms = cms.clone();
         async move { cms.get("f").await }
     });
-    eventually(Duration::from_secs(5), "a retried request", || async { (server.request_count("get", "configmaps") >= before + 2).then_some(()) }).await;
+    eventually(Duration::from_secs(5), "a retried request", || async {
+        (server.request_count("get", "configmaps") >= before + 2).then_some(())
+    })
+    .await;
     server.set_faults(Faults::default());
-    pending.await.unwrap().expect("succeeds after the fault is lifted");
+    pending
+        .await
+        .unwrap()
+        .expect("succeeds after the fault is lifted");
     // Only some verbs.
-    server.set_faults(Faults { error_rate: 1.0, error_verbs: ["list".to_string()].into(), ..Faults::default() });
+    server.set_faults(Faults {
+        error_rate: 1.0,
+        error_verbs: ["list".to_string()].into(),
+        ..Faults::default()
+    });
     assert!(cms.get("f").await.is_ok());
-    assert_eq!(code(&cms.list(&ListParams::default()).await.unwrap_err()), 500);
+    assert_eq!(
+        code(&cms.list(&ListParams::default()).await.unwrap_err()),
+        500
+    );
     server.set_faults(Faults::default());
 
     // Added latency.
-    server.set_faults(Faults { latency: Duration::from_millis(300), ..Faults::default() });
+    server.set_faults(Faults {
+        latency: Duration::from_millis(300),
+        ..Faults::default()
+    });
     let t = Instant::now();
     cms.get("f").await.unwrap();
     assert!(t.elapsed() >= Duration::from_millis(300));
@@ -499,8 +1089,15 @@ async fn faults_and_request_counters() {
     // One identity refused entirely; its watch is cut, the other client is unaffected.
     let other = server.client("replica-b").await.unwrap();
     let other_cms: Api<ConfigMap> = Api::namespaced(other, "default");
-    let mut w = other_cms.watch(&WatchParams::default().timeout(30), "0").await.unwrap().boxed();
-    assert!(matches!(w.try_next().await.unwrap(), Some(WatchEvent::Added(_))));
+    let mut w = other_cms
+        .watch(&WatchParams::default().timeout(30), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert!(matches!(
+        w.try_next().await.unwrap(),
+        Some(WatchEvent::Added(_))
+    ));
     server.update_faults(|f| {
         f.refused.insert("replica-b".into());
     });
@@ -515,23 +1112,50 @@ async fn faults_and_request_counters() {
     .await;
     assert!(end.is_ok(), "refused identity's watch closed");
     let err = other_cms.get("f").await.unwrap_err();
-    assert_eq!(code(&err), 0, "no answer at all for a refused identity: {err:?}");
+    assert_eq!(
+        code(&err),
+        0,
+        "no answer at all for a refused identity: {err:?}"
+    );
     assert!(cms.get("f").await.is_ok());
     server.set_faults(Faults::default());
-    assert!(other_cms.get("f").await.is_ok(), "back once the refusal is lifted");
+    assert!(
+        other_cms.get("f").await.is_ok(),
+        "back once the refusal is lifted"
+    );
 
     // Watches closed early.
-    server.set_faults(Faults { watch_max: Some(Duration::from_millis(200)), ..Faults::default() });
-    let mut w = cms.watch(&WatchParams::default().timeout(30), "0").await.unwrap().boxed();
+    server.set_faults(Faults {
+        watch_max: Some(Duration::from_millis(200)),
+        ..Faults::default()
+    });
+    let mut w = cms
+        .watch(&WatchParams::default().timeout(30), "0")
+        .await
+        .unwrap()
+        .boxed();
     let t = Instant::now();
-    while tokio::time::timeout(Duration::from_secs(5), w.next()).await.expect("closed early").is_some() {}
+    while tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("closed early")
+        .is_some()
+    {}
     assert!(t.elapsed() < Duration::from_secs(3));
     server.set_faults(Faults::default());
 
     // Paused fan-out: events are held, then delivered in order.
-    let mut w = cms.watch(&WatchParams::default().timeout(30), &server.resource_version().to_string()).await.unwrap().boxed();
+    let mut w = cms
+        .watch(
+            &WatchParams::default().timeout(30),
+            &server.resource_version().to_string(),
+        )
+        .await
+        .unwrap()
+        .boxed();
     server.pause_watches(true);
-    cms.create(&PostParams::default(), &cm("held", &[])).await.unwrap();
+    cms.create(&PostParams::default(), &cm("held", &[]))
+        .await
+        .unwrap();
     let early = tokio::time::timeout(Duration::from_millis(300), async {
         loop {
             if let Some(Ok(WatchEvent::Added(_))) = w.next().await {
@@ -555,7 +1179,14 @@ async fn faults_and_request_counters() {
 
     // Counters per verb and resource.
     let counts = server.requests();
-    assert!(counts.get(&("create".into(), "configmaps".into())).copied().unwrap_or(0) >= 1, "{counts:?}");
+    assert!(
+        counts
+            .get(&("create".into(), "configmaps".into()))
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "{counts:?}"
+    );
     assert!(server.request_count("watch", "configmaps") >= 3);
     assert!(server.request_count("list", "configmaps") >= 2);
 }
@@ -574,22 +1205,38 @@ async fn lease_manager_leader_election_and_partition() {
     };
     let ma = mk(a, "replica-a").await.expect("manager a");
     let (rx_a, task_a) = ma.watch().await;
-    eventually(Duration::from_secs(10), "a leads", || async { (*rx_a.borrow()).then_some(()) }).await;
+    eventually(Duration::from_secs(10), "a leads", || async {
+        (*rx_a.borrow()).then_some(())
+    })
+    .await;
     let mb = mk(b, "replica-b").await.expect("manager b");
     let (rx_b, task_b) = mb.watch().await;
     let leases: Api<Lease> = Api::namespaced(server.client("observer").await.unwrap(), "default");
     let lease = leases.get("tidepool-leader").await.unwrap();
-    assert_eq!(lease.spec.as_ref().unwrap().holder_identity.as_deref(), Some("replica-a"));
+    assert_eq!(
+        lease.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("replica-a")
+    );
     assert!(!*rx_b.borrow(), "b does not lead while a holds the lease");
-    assert!(server.request_count("apply", "leases.coordination.k8s.io") >= 1, "{:?}", server.requests());
+    assert!(
+        server.request_count("apply", "leases.coordination.k8s.io") >= 1,
+        "{:?}",
+        server.requests()
+    );
 
     // Cut replica-a off: its lease expires and b takes over.
     server.update_faults(|f| {
         f.refused.insert("replica-a".into());
     });
-    eventually(Duration::from_secs(15), "b takes over", || async { (*rx_b.borrow()).then_some(()) }).await;
+    eventually(Duration::from_secs(15), "b takes over", || async {
+        (*rx_b.borrow()).then_some(())
+    })
+    .await;
     let lease = leases.get("tidepool-leader").await.unwrap();
-    assert_eq!(lease.spec.as_ref().unwrap().holder_identity.as_deref(), Some("replica-b"));
+    assert_eq!(
+        lease.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("replica-b")
+    );
     assert!(lease.spec.unwrap().lease_transitions.unwrap_or(0) >= 1);
     drop(rx_a);
     drop(rx_b);
@@ -607,14 +1254,20 @@ async fn patch_throughput_with_four_watchers() {
     const OBJECTS: usize = 16;
     const PATCHES: usize = 5000;
     for i in 0..OBJECTS {
-        cms.create(&PostParams::default(), &cm(&format!("b{i}"), &[])).await.unwrap();
+        cms.create(&PostParams::default(), &cm(&format!("b{i}"), &[]))
+            .await
+            .unwrap();
     }
     let start_rv = server.resource_version().to_string();
     let mut watchers = Vec::new();
     for _ in 0..4 {
         let cms = cms.clone();
         let rv = start_rv.clone();
-        let mut s = cms.watch(&WatchParams::default().timeout(120), &rv).await.unwrap().boxed();
+        let mut s = cms
+            .watch(&WatchParams::default().timeout(120), &rv)
+            .await
+            .unwrap()
+            .boxed();
         watchers.push(tokio::spawn(async move {
             let mut n = 0;
             while n < PATCHES {
@@ -632,7 +1285,13 @@ async fn patch_throughput_with_four_watchers() {
         tasks.push(tokio::spawn(async move {
             for j in 0..PATCHES / 8 {
                 let name = format!("b{}", (w * 7 + j) % OBJECTS);
-                cms.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"n": j.to_string()}}))).await.unwrap();
+                cms.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"data": {"n": j.to_string()}})),
+                )
+                .await
+                .unwrap();
             }
         }));
     }

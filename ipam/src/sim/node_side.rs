@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use crate::types::{
-    Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
-    ReleaseState, UsedEntry,
+    Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, ReleaseState,
+    UsedEntry,
 };
 
 /// What a reconcile changed that the observer must know.
@@ -32,7 +32,11 @@ pub fn reconcile(
     let mut out = Answers::default();
     // Tombstones: reclaimed if the entry still has that pod UID, else stale.
     for (addr, t) in &op.reclaim {
-        if side.reclaim_ack.get(addr).is_some_and(|a| a.pod_uid == t.pod_uid) {
+        if side
+            .reclaim_ack
+            .get(addr)
+            .is_some_and(|a| a.pod_uid == t.pod_uid)
+        {
             continue;
         }
         let outcome = if side.used.get(addr).is_some_and(|e| e.pod_uid == t.pod_uid) {
@@ -144,8 +148,8 @@ pub fn next_cooldown_end(side: &NodeSideFields) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Tombstone;
     use crate::types::ReclaimReason;
+    use crate::types::Tombstone;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -177,9 +181,15 @@ mod tests {
         let got = add(&n, &mut side, &[Family::V4, Family::V6], entry(1, 7)).unwrap();
         assert_eq!(got, vec![ip("10.0.0.1"), ip("fd00::1")]);
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
-        assert!(del(&mut side, PodUid(1), 8, t, CD).is_empty(), "stale DEL ignored");
+        assert!(
+            del(&mut side, PodUid(1), 8, t, CD).is_empty(),
+            "stale DEL ignored"
+        );
         assert_eq!(del(&mut side, PodUid(1), 7, t, CD).len(), 2);
-        assert!(del(&mut side, PodUid(1), 7, t, CD).is_empty(), "DEL is idempotent");
+        assert!(
+            del(&mut side, PodUid(1), 7, t, CD).is_empty(),
+            "DEL is idempotent"
+        );
         // cooling down: not reusable yet
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
         reconcile(&n, &mut side, t + CD, CD);
@@ -192,8 +202,12 @@ mod tests {
         let mut side = NodeSideFields::default();
         let t = SystemTime::UNIX_EPOCH;
         add(&n, &mut side, &[Family::V4], entry(1, 1)).unwrap();
-        n.operator.release.insert(ip("10.0.0.1"), ReleaseState::MarkedForRelease);
-        n.operator.release.insert(ip("10.0.0.2"), ReleaseState::MarkedForRelease);
+        n.operator
+            .release
+            .insert(ip("10.0.0.1"), ReleaseState::MarkedForRelease);
+        n.operator
+            .release
+            .insert(ip("10.0.0.2"), ReleaseState::MarkedForRelease);
         let a = reconcile(&n, &mut side, t, CD);
         assert_eq!(a.ready, vec![ip("10.0.0.2")]);
         assert_eq!(side.release_ack[&ip("10.0.0.1")], ReleaseAck::DoNotRelease);
@@ -206,7 +220,9 @@ mod tests {
         assert!(!side.release_ack.contains_key(&ip("10.0.0.2")));
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
         // released: the answer goes, the address is no longer in the pool
-        n.operator.release.insert(ip("10.0.0.1"), ReleaseState::Released);
+        n.operator
+            .release
+            .insert(ip("10.0.0.1"), ReleaseState::Released);
         n.operator.addresses.remove(&ip("10.0.0.1"));
         reconcile(&n, &mut side, t, CD);
         assert!(side.release_ack.is_empty());
@@ -228,9 +244,19 @@ mod tests {
         n.operator.reclaim.insert(ip("10.0.0.2"), tomb(9));
         let a = reconcile(&n, &mut side, t, CD);
         assert_eq!(a.reclaimed, vec![(PodUid(1), ip("10.0.0.1"))]);
-        assert_eq!(side.reclaim_ack[&ip("10.0.0.1")].outcome, ReclaimOutcome::Reclaimed);
-        assert_eq!(side.reclaim_ack[&ip("10.0.0.2")].outcome, ReclaimOutcome::Stale);
-        assert_eq!(side.used[&ip("10.0.0.2")].pod_uid, PodUid(2), "nothing lost");
+        assert_eq!(
+            side.reclaim_ack[&ip("10.0.0.1")].outcome,
+            ReclaimOutcome::Reclaimed
+        );
+        assert_eq!(
+            side.reclaim_ack[&ip("10.0.0.2")].outcome,
+            ReclaimOutcome::Stale
+        );
+        assert_eq!(
+            side.used[&ip("10.0.0.2")].pod_uid,
+            PodUid(2),
+            "nothing lost"
+        );
         assert!(side.cooldown.contains_key(&ip("10.0.0.1")));
         // acks go once the tombstones do
         n.operator.reclaim.clear();

@@ -110,7 +110,13 @@ impl Observer {
     }
 
     /// The node side answered: addresses it will no longer use, and withdrawn ones it may.
-    pub fn node_answers(&self, node: &NodeName, ready: &[IpAddr], resumed: &[IpAddr], reclaimed: usize) {
+    pub fn node_answers(
+        &self,
+        node: &NodeName,
+        ready: &[IpAddr],
+        resumed: &[IpAddr],
+        reclaimed: usize,
+    ) {
         let mut s = self.s.lock();
         s.reclaimed += reclaimed as u64;
         for a in ready {
@@ -149,7 +155,11 @@ impl Observer {
 
     /// End-of-run check for lost addresses: every address the source still grants must
     /// be held by that node, and every `used` entry must belong to a live pod.
-    pub fn finish(&self, granted: &[(IpAddr, NodeName)], nodes: &[std::sync::Arc<IpamNode>]) -> Invariants {
+    pub fn finish(
+        &self,
+        granted: &[(IpAddr, NodeName)],
+        nodes: &[std::sync::Arc<IpamNode>],
+    ) -> Invariants {
         let mut s = self.s.lock();
         for (a, node) in granted {
             let held = s.holds.get(a).is_some_and(|h| h.active && &h.node == node);
@@ -165,7 +175,10 @@ impl Observer {
                 if !s.live.contains_key(&e.pod_uid) {
                     s.violate(
                         |i| &mut i.lost_allocations,
-                        format!("{a} on {} still recorded for gone pod {}", n.name, e.pod_uid),
+                        format!(
+                            "{a} on {} still recorded for gone pod {}",
+                            n.name, e.pod_uid
+                        ),
                     );
                 }
             }
@@ -255,7 +268,10 @@ impl StoreHook for Observer {
             if s.live.contains_key(&t.pod_uid) {
                 s.violate(
                     |i| &mut i.live_ip_reclaimed,
-                    format!("tombstone for {a} of live pod {} on {}", t.pod_uid, new.name),
+                    format!(
+                        "tombstone for {a} of live pod {} on {}",
+                        t.pod_uid, new.name
+                    ),
                 );
             }
             if seen.insert(t.pod_uid)

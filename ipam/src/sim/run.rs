@@ -73,7 +73,10 @@ impl SimConfig {
             return bad(
                 "pods-per-node",
                 self.pods_per_node.to_string(),
-                &format!("above the nodes' allocatable pods (--max-pods {})", self.world.max_pods),
+                &format!(
+                    "above the nodes' allocatable pods (--max-pods {})",
+                    self.world.max_pods
+                ),
             );
         }
         for (name, v) in [("churn", self.churn), ("node-churn", self.node_churn)] {
@@ -82,7 +85,11 @@ impl SimConfig {
             }
         }
         if !(0.0..=1.0).contains(&self.crash_rate) {
-            return bad("crash-rate", self.crash_rate.to_string(), "must be within 0..=1");
+            return bad(
+                "crash-rate",
+                self.crash_rate.to_string(),
+                "must be within 0..=1",
+            );
         }
         if self.duration.is_zero() {
             return bad("duration", "0s".into(), "must be positive");
@@ -253,7 +260,10 @@ impl Workload {
 
 /// Runs a simulation to its end and reports. `progress` is called with the virtual time
 /// done and the total, about once per simulated second.
-pub async fn simulate(cfg: SimConfig, mut progress: impl FnMut(Duration, Duration)) -> Result<Report, IpamError> {
+pub async fn simulate(
+    cfg: SimConfig,
+    mut progress: impl FnMut(Duration, Duration),
+) -> Result<Report, IpamError> {
     cfg.validate()?;
     let wall = std::time::Instant::now();
     let cpu0 = cpu_seconds();
@@ -392,7 +402,9 @@ fn build_report(
     wall: std::time::Instant,
     cpu0: Option<f64>,
 ) -> Report {
-    let invariants = world.observer.finish(&world.source.granted(), &world.store.list());
+    let invariants = world
+        .observer
+        .finish(&world.source.granted(), &world.store.list());
     let stats = world.workload_stats();
     let summaries = world.manager.summaries();
     let mut nodes = NodesReport::default();

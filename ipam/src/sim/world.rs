@@ -2,8 +2,8 @@
 //! informer lag, an IP source, the real engine, and the observer. Everything runs as
 //! tasks on the caller's runtime; under paused tokio time it is virtual and deterministic.
 
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -144,9 +144,16 @@ impl World {
         source.set_faults(cfg.faults);
         let store = MemoryNodeStore::new().with_hook(observer.clone());
         let pods = MemoryPodView::new(cfg.cache_lag);
-        let clock = Arc::new(TokioClock::anchored(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)));
+        let clock = Arc::new(TokioClock::anchored(
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        ));
         let (leader, leader_rx) = watch::channel(true);
-        let source_budget = Budget::new(Api::Source, cfg.source_qps, cfg.source_burst, cfg.scheduling)?;
+        let source_budget = Budget::new(
+            Api::Source,
+            cfg.source_qps,
+            cfg.source_burst,
+            cfg.scheduling,
+        )?;
         let kube_budget = Budget::new(Api::Kube, cfg.kube_qps, cfg.kube_burst, cfg.scheduling)?;
         let manager = NodeManager::new(
             source.clone(),
@@ -439,7 +446,12 @@ impl World {
 
     /// Pods still waiting for an address.
     pub fn waiting(&self) -> usize {
-        self.inner.lock().agents.values().map(|a| a.queue.len()).sum()
+        self.inner
+            .lock()
+            .agents
+            .values()
+            .map(|a| a.queue.len())
+            .sum()
     }
 
     /// Live nodes (machines running), in name order.
@@ -488,10 +500,17 @@ impl World {
         let now = Instant::now();
         if let Some(t) = next_cd {
             let at = now + t.duration_since(utc).unwrap_or_default();
-            self.inner.lock().cooldowns.push(Reverse((at, name.clone())));
+            self.inner
+                .lock()
+                .cooldowns
+                .push(Reverse((at, name.clone())));
         }
-        self.observer
-            .node_answers(name, &answers.ready, &answers.resumed, answers.reclaimed.len());
+        self.observer.node_answers(
+            name,
+            &answers.ready,
+            &answers.resumed,
+            answers.reclaimed.len(),
+        );
         if started.is_empty() {
             return;
         }

@@ -21,8 +21,15 @@ async fn main() -> Result<(), tidepool_tests::Error> {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--port" => port = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
-            "--kubeconfig" => kubeconfig = args.next().map(PathBuf::from).unwrap_or_else(|| usage()),
+            "--port" => {
+                port = args
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or_else(|| usage())
+            }
+            "--kubeconfig" => {
+                kubeconfig = args.next().map(PathBuf::from).unwrap_or_else(|| usage())
+            }
             "--identity" => identities.push(args.next().unwrap_or_else(|| usage())),
             _ => usage(),
         }
@@ -37,7 +44,11 @@ async fn main() -> Result<(), tidepool_tests::Error> {
         p.push(format!(".{id}"));
         server.write_kubeconfig(id, &PathBuf::from(p))?;
     }
-    println!("serving {} (kubeconfig {})", server.url(), kubeconfig.display());
+    println!(
+        "serving {} (kubeconfig {})",
+        server.url(),
+        kubeconfig.display()
+    );
     tokio::signal::ctrl_c().await?;
     server.shutdown();
     Ok(())

@@ -1,0 +1,320 @@
+//! Command-line flags (clap). Every flag also reads a `TIDEPOOL_*` environment variable;
+//! durations are written like `30s` or `2m`; booleans accept `--flag` and `--flag=false`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use tidepool_ipam::backoff::BackoffConfig;
+use tidepool_ipam::budget::SchedulingMode;
+use tidepool_ipam::handshake::ReleaseConfig;
+use tidepool_ipam::manager::EngineConfig;
+use tidepool_ipam::reclaim::ReclaimConfig;
+use tidepool_ipam::watermarks::Watermarks;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 30s, 2m, 1h)"))
+}
+
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a positive rate")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} must be a finite number ≥ 0")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("{v} is not within 0..=1")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tidepool-operator",
+    version,
+    about = "Keeps every node supplied with pod IP addresses"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[arg(
+        long,
+        global = true,
+        default_value = "warn",
+        env = "TIDEPOOL_LOG_LEVEL"
+    )]
+    pub log_level: String,
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "TIDEPOOL_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run against a cluster (not available yet).
+    Run(RunFlags),
+    /// Run the real engine on a simulated cluster and report.
+    Simulate(SimulateFlags),
+    /// Read-only report of reclaim candidates, leaks and duplicates (not available yet).
+    Check,
+    /// Print the CustomResourceDefinitions (not available yet).
+    Crds,
+}
+
+/// Engine flags shared by `run` and `simulate`.
+#[derive(Args, Debug, Clone)]
+pub struct RunFlags {
+    /// Free addresses to keep per node and family (0 = none).
+    #[arg(long, default_value_t = 8, env = "TIDEPOOL_PRE_ALLOCATE")]
+    pub pre_allocate: u32,
+    /// Minimum pool size per node and family (0 = none).
+    #[arg(long, default_value_t = 0, env = "TIDEPOOL_MIN_ALLOCATE")]
+    pub min_allocate: u32,
+    /// Hard cap per node and family (0 = none).
+    #[arg(long, default_value_t = 0, env = "TIDEPOOL_MAX_ALLOCATE")]
+    pub max_allocate: u32,
+    /// Extra addresses claimed on top of the need in one pass.
+    #[arg(long, default_value_t = 0, env = "TIDEPOOL_MAX_ABOVE_WATERMARK")]
+    pub max_above_watermark: u32,
+    /// Give back excess addresses through the release handshake.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_RELEASE_EXCESS_IPS")]
+    pub release_excess_ips: bool,
+    /// How long excess must persist before it is marked for release.
+    #[arg(long, default_value = "180s", value_parser = duration, env = "TIDEPOOL_EXCESS_IP_RELEASE_DELAY")]
+    pub excess_ip_release_delay: Duration,
+    /// Workers recalculating nodes during a resync.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_PARALLEL_ALLOC_WORKERS")]
+    pub parallel_alloc_workers: u32,
+    #[arg(long, default_value = "1m", value_parser = duration, env = "TIDEPOOL_RESYNC_INTERVAL")]
+    pub resync_interval: Duration,
+    /// IP source calls per second.
+    #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_API_QPS")]
+    pub api_qps: f64,
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_API_BURST")]
+    pub api_burst: u32,
+    /// API server writes per second.
+    #[arg(long, default_value_t = 50.0, value_parser = positive_rate, env = "TIDEPOOL_KUBE_API_QPS")]
+    pub kube_api_qps: f64,
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_KUBE_API_BURST")]
+    pub kube_api_burst: u32,
+    /// Admission order of waiting calls: priority (pods waiting, then need) or fifo.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "priority",
+        env = "TIDEPOOL_SCHEDULING"
+    )]
+    pub scheduling: Scheduling,
+    #[arg(long, default_value = "1s", value_parser = duration, env = "TIDEPOOL_BACKOFF_MIN")]
+    pub backoff_min: Duration,
+    #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_BACKOFF_MAX")]
+    pub backoff_max: Duration,
+    #[arg(long, default_value = "10m", value_parser = duration, env = "TIDEPOOL_BACKOFF_RESET_AFTER")]
+    pub backoff_reset_after: Duration,
+    /// Time between the two observations of a reclaim candidate.
+    #[arg(long, default_value = "30s", value_parser = duration, env = "TIDEPOOL_RECLAIM_GRACE")]
+    pub reclaim_grace: Duration,
+    /// Minimum time since the operator first saw an entry before it may be reclaimed.
+    #[arg(long, default_value = "2m", value_parser = duration, env = "TIDEPOOL_RECLAIM_MIN_AGE")]
+    pub reclaim_min_age: Duration,
+    /// How long a freed or reclaimed address cools down before reuse.
+    #[arg(long, default_value = "30s", value_parser = duration, env = "TIDEPOOL_REUSE_COOLDOWN")]
+    pub reuse_cooldown: Duration,
+    /// Whole-node reclaim waits this long after the Node's deletion.
+    #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_NODE_RECLAIM_GRACE")]
+    pub node_reclaim_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Scheduling {
+    Priority,
+    Fifo,
+}
+
+impl RunFlags {
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            watermarks: Watermarks {
+                pre_allocate: self.pre_allocate,
+                min_allocate: self.min_allocate,
+                max_allocate: self.max_allocate,
+                max_above_watermark: self.max_above_watermark,
+            },
+            release: ReleaseConfig {
+                enabled: self.release_excess_ips,
+                delay: self.excess_ip_release_delay,
+            },
+            reclaim: ReclaimConfig {
+                grace: self.reclaim_grace,
+                min_age: self.reclaim_min_age,
+            },
+            node_reclaim_grace: self.node_reclaim_grace,
+            backoff: BackoffConfig {
+                min: self.backoff_min,
+                max: self.backoff_max,
+                reset_after: self.backoff_reset_after,
+                ..BackoffConfig::default()
+            },
+            resync_interval: self.resync_interval,
+            parallel_workers: self.parallel_alloc_workers as usize,
+            ..EngineConfig::default()
+        }
+    }
+
+    pub fn scheduling(&self) -> SchedulingMode {
+        match self.scheduling {
+            Scheduling::Priority => SchedulingMode::Priority,
+            Scheduling::Fifo => SchedulingMode::Fifo,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum WarmUpArg {
+    None,
+    Steady,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ReportFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SimulateFlags {
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_NODES")]
+    pub nodes: u32,
+    #[arg(long, default_value_t = 30, env = "TIDEPOOL_SIM_PODS_PER_NODE")]
+    pub pods_per_node: u32,
+    /// Pod replacements per node per minute.
+    #[arg(long, default_value_t = 2.0, value_parser = non_negative, env = "TIDEPOOL_SIM_CHURN")]
+    pub churn: f64,
+    /// Share of pod deletions that never release their address.
+    #[arg(long, default_value_t = 0.05, value_parser = share, env = "TIDEPOOL_SIM_CRASH_RATE")]
+    pub crash_rate: f64,
+    /// Node losses per hour.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative, env = "TIDEPOOL_SIM_NODE_CHURN")]
+    pub node_churn: f64,
+    /// The active period (a drain tail follows).
+    #[arg(long, default_value = "10m", value_parser = duration, env = "TIDEPOOL_SIM_DURATION")]
+    pub duration: Duration,
+    #[arg(long, value_enum, default_value = "none", env = "TIDEPOOL_SIM_WARM_UP")]
+    pub warm_up: WarmUpArg,
+    #[arg(long, default_value_t = 1, env = "TIDEPOOL_SIM_SEED")]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_SIM_REPORT")]
+    pub report: ReportFormat,
+    /// Add per-node details to the report.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_REPORT_NODES")]
+    pub report_nodes: bool,
+    /// Run at wall-clock speed (and serve /metrics on --metrics-addr).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_REALTIME")]
+    pub realtime: bool,
+    /// Where --realtime serves /metrics.
+    #[arg(long, default_value = "0.0.0.0:9963", env = "TIDEPOOL_METRICS_ADDR")]
+    pub metrics_addr: SocketAddr,
+    /// Allocatable pods of each simulated node.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_MAX_PODS")]
+    pub max_pods: u32,
+    /// Give every pod an IPv4 and an IPv6 address.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_DUAL_STACK")]
+    pub dual_stack: bool,
+    /// Addresses per family in the in-memory source.
+    #[arg(long, default_value_t = 1 << 24, value_parser = clap::value_parser!(u64).range(1..), env = "TIDEPOOL_SIM_SOURCE_CAPACITY")]
+    pub source_capacity: u64,
+    /// Latency of each source call.
+    #[arg(long, default_value = "0s", value_parser = duration, env = "TIDEPOOL_SIM_SOURCE_LATENCY")]
+    pub source_latency: Duration,
+    /// Share of source calls that fail (transient).
+    #[arg(long, default_value_t = 0.0, value_parser = share, env = "TIDEPOOL_SIM_FAULT_RATE")]
+    pub fault_rate: f64,
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn booleans_accept_both_forms() {
+        let c = Cli::try_parse_from([
+            "t",
+            "simulate",
+            "--release-excess-ips=false",
+            "--report-nodes",
+        ])
+        .unwrap();
+        let Command::Simulate(s) = c.command else {
+            panic!("simulate expected")
+        };
+        assert!(!s.run.release_excess_ips);
+        assert!(s.report_nodes);
+        let c = Cli::try_parse_from(["t", "simulate", "--release-excess-ips"]).unwrap();
+        let Command::Simulate(s) = c.command else {
+            panic!("simulate expected")
+        };
+        assert!(s.run.release_excess_ips);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (flag, value) in [
+            ("--api-qps", "0"),
+            ("--kube-api-qps", "-1"),
+            ("--crash-rate", "1.5"),
+            ("--duration", "ten"),
+            ("--nodes", "0"),
+            ("--churn", "NaN"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let err = Cli::try_parse_from(["t", "simulate", arg.as_str()])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let c = Cli::try_parse_from(["t", "simulate"]).unwrap();
+        let Command::Simulate(s) = c.command else {
+            panic!("simulate expected")
+        };
+        let e = s.run.engine();
+        assert_eq!(e.watermarks.pre_allocate, 8);
+        assert_eq!(e.release.delay, Duration::from_secs(180));
+        assert_eq!(e.reclaim.grace, Duration::from_secs(30));
+        assert_eq!(e.reclaim.min_age, Duration::from_secs(120));
+        assert_eq!(e.node_reclaim_grace, Duration::from_secs(300));
+        assert_eq!((s.run.api_qps, s.run.api_burst), (4.0, 20));
+        assert_eq!((s.run.kube_api_qps, s.run.kube_api_burst), (50.0, 100));
+        assert_eq!((s.nodes, s.pods_per_node, s.seed), (200, 30, 1));
+        assert_eq!(s.duration, Duration::from_secs(600));
+    }
+}
