@@ -1,1 +1,156 @@
-fn main() {}
+//! Engine benchmarks (BENCHMARKS.md has the figures and how to reproduce them):
+//! - `resync/10k_nodes`: one full resync of 10,000 nodes with 110 used addresses each and
+//!   10% in deficit;
+//! - `plan/one_node`: planning one node's pass (256 addresses, 110 used, 3 candidates).
+//!
+//! Trigger latency during resyncs: `benches/trigger_latency.rs`; memory per node and
+//! address: `benches/memory.rs`.
+//!
+//! `cargo bench -p tidepool-ipam --features sim --bench engine`
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+
+use tidepool_ipam::handshake::ReleaseConfig;
+use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
+use tidepool_ipam::pods::{PodInfo, PodPhase};
+use tidepool_ipam::reclaim::ReclaimConfig;
+use tidepool_ipam::sim::{World, WorldConfig};
+use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
+use tidepool_ipam::watermarks::Watermarks;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+/// 10,000 nodes with 110 running pods each, settled; then 10% get 10 more pods while the
+/// engine does not lead, so they stay in deficit for every resync measured.
+fn resync(c: &mut Criterion) {
+    let rt = rt();
+    // built on first use, so a filtered-out run skips the setup
+    let world = std::cell::OnceCell::new();
+    let setup = || {
+        rt.block_on(async {
+            let cfg = WorldConfig {
+                source_qps: 1e6,
+                source_burst: 1_000_000,
+                kube_qps: 1e6,
+                kube_burst: 1_000_000,
+                ..WorldConfig::default()
+            };
+            let w = World::start(cfg).expect("world");
+            let names: Vec<_> = (0..10_000)
+                .map(|i| w.add_node(&format!("n{i:05}")))
+                .collect();
+            for n in &names {
+                for _ in 0..110 {
+                    w.schedule_pod(n);
+                }
+            }
+            assert!(
+                w.settle(Duration::from_secs(600)).await,
+                "setup must settle"
+            );
+            w.leader.send(false).expect("leader");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            for n in names.iter().step_by(10) {
+                for _ in 0..10 {
+                    w.schedule_pod(n);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            w
+        })
+    };
+    c.bench_function("resync/10k_nodes", |b| {
+        let w: &World = world.get_or_init(setup);
+        b.iter(|| rt.block_on(w.manager.resync()));
+    });
+    if let Some(w) = world.get() {
+        w.shutdown();
+    }
+}
+
+/// The pod cache is a hash map, as an informer's store is.
+fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, HashMap<PodUid, PodInfo>) {
+    let mut node = IpamNode::new("n".into(), 1);
+    let since = SystemTime::UNIX_EPOCH;
+    let mut pods = HashMap::new();
+    for i in 0..256u32 {
+        let a = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
+        node.operator.addresses.insert(a);
+        if i < 110 {
+            let uid = PodUid(i as u128);
+            node.node.used.insert(
+                a,
+                UsedEntry {
+                    pod_uid: uid,
+                    namespace: "default".into(),
+                    pod: "p".into(),
+                    container_id: 1,
+                    since,
+                },
+            );
+            // pods 0..3 are gone: three reclaim candidates
+            if i >= 3 {
+                pods.insert(
+                    uid,
+                    PodInfo {
+                        uid,
+                        node: "n".into(),
+                        phase: PodPhase::Running,
+                        ips: vec![a].into(),
+                    },
+                );
+            }
+        }
+    }
+    let info = NodeInfo {
+        name: "n".into(),
+        uid: 1,
+        allocatable_pods: 250,
+        cordoned: false,
+        terminating: false,
+    };
+    (node, info, Vec::new(), pods)
+}
+
+fn plan_one(c: &mut Criterion) {
+    let rt = rt();
+    let _guard = rt.enter();
+    let (node, info, pending, pods) = node_for_plan();
+    let mut mem = NodeMemory::default();
+    let snap = Snapshot {
+        now: tokio::time::Instant::now(),
+        node: &node,
+        info: &info,
+        watermarks: Watermarks::default(),
+        families: &[Family::V4],
+        grant_size: PerFamily { v4: 1, v6: 1 },
+        pending: &pending,
+        release: ReleaseConfig::default(),
+        reclaim: ReclaimConfig::default(),
+    };
+    c.bench_function("plan/one_node", |b| {
+        b.iter(|| {
+            black_box(plan::plan(&mut mem, black_box(&snap), |u| {
+                pods.get(&u).cloned()
+            }))
+        });
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5));
+    targets = plan_one, resync
+}
+criterion_main!(benches);

@@ -41,9 +41,15 @@
 //! [`SchedulingMode::Fifo`] admits in arrival order and ignores priorities (Cilium's
 //! behaviour: its API limiter is a FIFO bucket), kept for comparison.
 //!
-//! Cost: a priority admission scans the waiters once (one atomic load and a few integer
-//! operations each), O(n); FIFO admission is O(log n). Measured figures are in the tests' module
-//! docs below and in `benches/budget.rs`.
+//! Cost: a priority admission scans the waiters in arrival order (one atomic load and a few
+//! integer operations each), O(n) at worst; the scan stops at the first waiter that arrived too
+//! late to beat the best so far (its key is at most `MAX_BOOST − arrival`), so it only covers
+//! waiters that arrived within about [`MAX_BOOST`] of the winner. FIFO admission is O(log n).
+//! Measured (`benches/budget.rs`, release, 2-vCPU Xeon, paused time, qps 1000, burst 1): draining
+//! 10,000 waiters that all queued at the same instant (no early stop possible) takes 161 ms in
+//! Priority mode against 10.3 ms in FIFO mode on a quiet machine (277 ms against 13.9 ms with
+//! other builds running), i.e. about 15 µs of scanning per admission at an average of 5,000
+//! waiting (~3 ns per waiter; ~30 µs per admission with 10,000 waiting).
 //!
 //! Cancel safety: dropping an `acquire` future removes it from the queue. A dropped dispatcher
 //! appoints a successor; a waiter dropped after it was handed a token passes that token on to
@@ -307,7 +313,7 @@ impl Queue {
         }
     }
 
-    /// Admits `seq` (removes it from the queue) and returns the wakers to call once the lock is
+    /// Admits `seq` (removes it from the queue) and pushes the wakers to call once the lock is
     /// released: the admitted waiter's and, if it was the dispatcher, its successor's.
     fn admit(&mut self, seq: u64, wake: &mut Vec<Waker>) {
         if let Some(w) = self.waiters.remove(&seq) {
@@ -453,6 +459,8 @@ impl Wait<'_> {
                         }
                         let seq = q.next_seq;
                         q.next_seq += 1;
+                        // Read under the lock, so arrival times never decrease with `seq`
+                        // (the priority scan's early stop relies on it).
                         let enqueued = Instant::now()
                             .saturating_duration_since(self.inner.epoch)
                             .as_nanos() as u64;
@@ -488,14 +496,16 @@ impl Wait<'_> {
                     match limiter.check() {
                         Ok(()) => {
                             let best = q.best(self.inner.mode).expect("dispatcher is queued");
-                            q.admit(best, &mut wake);
                             if best == seq {
+                                // Admit ourselves: no wake-up for us, one for our successor.
+                                q.waiters.remove(&seq);
+                                q.after_removal(seq, &mut wake);
                                 self.done = true;
                                 drop(q);
-                                // Our own waker is in `wake` too; waking it is harmless.
                                 wake.into_iter().for_each(Waker::wake);
                                 return Poll::Ready(());
                             }
+                            q.admit(best, &mut wake);
                         }
                         Err(not_until) => break not_until.earliest_possible().0,
                     }
@@ -819,6 +829,42 @@ mod tests {
         // And the bucket still spaces the next call by the period.
         budget.acquire(&low).await;
         assert_eq!(t0.elapsed(), Duration::from_secs(2));
+    }
+
+    #[derive(Default)]
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_admitted_waiter_is_woken() {
+        let budget = Budget::new(Api::Kube, 1.0, 1, SchedulingMode::Priority).unwrap();
+        budget.acquire(&PriorityCell::default()).await;
+        let cells: Vec<_> = (0..50).map(|i| prio(0, i)).collect();
+        let counts: Vec<Arc<CountingWaker>> = (0..50).map(|_| Arc::default()).collect();
+        let mut futs: Vec<_> = cells.iter().map(|c| Box::pin(budget.acquire(c))).collect();
+        fn poll_with<F: Future>(f: &mut Pin<Box<F>>, w: &Arc<CountingWaker>) -> Poll<F::Output> {
+            f.as_mut()
+                .poll(&mut Context::from_waker(&Waker::from(w.clone())))
+        }
+        let poll = |f: &mut Pin<Box<_>>, i: usize| poll_with(f, &counts[i]);
+        for (i, f) in futs.iter_mut().enumerate() {
+            assert!(poll(f, i).is_pending());
+        }
+        // Waiter 0 is the dispatcher; waiter 49 (largest needed) must get the token, and
+        // nobody else may be woken.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(poll(&mut futs[0], 0).is_pending());
+        let woken: Vec<usize> = (1..50)
+            .filter(|&i| counts[i].0.load(Ordering::SeqCst) > 0)
+            .collect();
+        assert_eq!(woken, vec![49]);
+        assert!(poll(&mut futs[49], 49).is_ready());
+        assert_eq!(budget.waiting(), 49);
     }
 
     #[tokio::test(start_paused = true)]

@@ -34,6 +34,11 @@ struct Local {
     seeded_epoch: u64,
     /// The source may hold something our fields do not show (a call failed after effect).
     needs_describe: bool,
+    /// The family whose claim failed as exhausted in the last pass.
+    exhausted: Option<Family>,
+    /// The last pass's own next deadline (reclaim's second observation, the release
+    /// delay), kept when the pass failed.
+    deadline: Option<Instant>,
 }
 
 /// How a pass ended.
@@ -62,11 +67,26 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         backoff: Backoff::new(&shared.cfg.backoff, seed_of(&h.name)),
         seeded_epoch: 0,
         needs_describe: false,
+        exhausted: None,
+        deadline: None,
     };
+    let mut retry_at: Option<Instant> = None;
     while let Some(run) = rx.next().await {
         if h.removed.load(Ordering::Relaxed) {
             break;
         }
+        // A run asked for while the node backs off (a resync, a pod or store event) waits
+        // for the retry; only a new lead or the Node's deletion does not.
+        if let Some(t) = retry_at
+            && Instant::now() < t
+            && !run.reasons.contains(Reason::Leadership)
+            && !run.reasons.contains(Reason::Delete)
+        {
+            rx.finished(&run);
+            h.trigger.trigger_at(t, Reason::Retry);
+            continue;
+        }
+        retry_at = None;
         let result = pass(&shared, &h, &mut local).await;
         rx.finished(&run);
         match result {
@@ -88,8 +108,29 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
                     now,
                     shared.node_count(),
                 ) {
-                    Retry::After(d) => h.trigger.trigger_at(now + d, Reason::Retry),
-                    Retry::ParkUntilPoolFrees => shared.park(&h.name),
+                    Retry::After(d) => {
+                        retry_at = Some(now + d);
+                        h.trigger.trigger_at(now + d, Reason::Retry);
+                    }
+                    Retry::ParkUntilPoolFrees => {
+                        // Parked for claims only: reclaim and release deadlines still run
+                        // (a reclaim is what frees an exhausted pool).
+                        if let Some(d) = local.deadline {
+                            h.trigger.trigger_at(d, Reason::Deadline);
+                        }
+                        shared.park(&h.name);
+                        // Park first, then look: a release between the failed claim and
+                        // the park (its wake-up found nobody parked), or a claim that lost
+                        // a race for a partly freed pool (concurrent claims all prepared
+                        // against the same free count), must not wait for a release
+                        // that may never come.
+                        let claimable = local.exhausted.is_some_and(|f| {
+                            shared.source.prepare_allocation(&h.name, f, 1, u64::MAX) > 0
+                        });
+                        if claimable {
+                            h.trigger.trigger(Reason::PoolFreed);
+                        }
+                    }
                     Retry::UntilSpecChanges => {}
                 }
             }
@@ -162,11 +203,21 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 ) -> Result<Outcome, IpamError> {
     let now = Instant::now();
     let cfg = &shared.cfg;
+    local.exhausted = None;
+    local.deadline = None;
+    // What the store holds: the write below is judged against it, so that a repair from
+    // the source alone is written too (judged against the repaired copy it never was).
+    let stored = node;
     let mut base = node.operator.clone();
     if local.needs_describe {
-        repair_from_source(shared, &h.name, &mut base).await?;
+        // Addresses the source took back in a call whose reply was lost: the pool freed,
+        // and nodes parked on an exhausted pool must hear it.
+        if repair_from_source(shared, &h.name, &mut base).await? {
+            shared.pool_freed();
+        }
         local.needs_describe = false;
     }
+    let repaired = base != stored.operator;
     let node = &IpamNode {
         operator: base,
         ..node.clone()
@@ -175,7 +226,11 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 
     let watermarks = match cfg.watermarks.with_overrides(&node.watermarks) {
         Ok(w) => w,
-        Err(e) => return invalid_spec(shared, h, node, e).await,
+        Err(e) => {
+            // invalid_spec may not write: keep the repair pending then
+            local.needs_describe |= repaired;
+            return invalid_spec(shared, h, node, e).await;
+        }
     };
     let families = shared.source.families();
     let grant_size = PerFamily {
@@ -268,6 +323,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             .prepare_allocation(&h.name, c.family, c.count, c.limit);
         if n == 0 {
             blocked = Some(Blocked::Exhausted);
+            local.exhausted = Some(c.family);
             failure = Some(IpamError::Source {
                 op: "allocate",
                 node: h.name.to_string(),
@@ -277,11 +333,19 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             break;
         }
         match source_allocate(shared, h, c.family, n).await {
-            Ok(addrs) => fields.addresses.extend(addrs),
+            Ok(addrs) => {
+                // The source had less than the claim: look again at once, so a node still
+                // short is seen exhausted (blocked, parked) now, not at the next resync.
+                if n < c.count {
+                    h.trigger.trigger(Reason::Retry);
+                }
+                fields.addresses.extend(addrs)
+            }
             Err(e) => {
                 local.needs_describe = true;
                 if e.class() == ErrorClass::Exhausted {
                     blocked = Some(Blocked::Exhausted);
+                    local.exhausted = Some(c.family);
                 }
                 failure = Some(e);
             }
@@ -294,11 +358,12 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
 
     // One coalesced write.
-    if fields != node.operator {
-        if let Err(e) = write(shared, h, node, fields.clone()).await {
-            local.needs_describe |= fields.addresses != node.operator.addresses;
-            return Err(e);
-        }
+    // (resourceVersion 0: the IPAMNode does not exist yet; the operator creates it)
+    if (fields != stored.operator || stored.resource_version == 0)
+        && let Err(e) = write(shared, h, node, fields.clone()).await
+    {
+        local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
+        return Err(e);
     }
     if freed {
         shared.pool_freed();
@@ -306,6 +371,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let mut summary = plan::summarize(&snap, &fields, plan.summary.reclaim_candidates);
     summary.blocked = summary.blocked.or(blocked);
     shared.publish(h, summary);
+    local.deadline = plan.next_deadline;
     match failure {
         Some(e) => Err(e),
         None => Ok(Outcome::Idle(plan.next_deadline)),
@@ -353,14 +419,15 @@ async fn invalid_spec<S: IpSource, N: NodeStore, P: PodView>(
 
 /// The source's truth repairs our fields after a call whose reply was lost: addresses it
 /// granted that we do not show are added; addresses we show that it no longer grants
-/// were released (a marked one completes its handshake).
+/// were released (a marked one completes its handshake). Returns whether any were.
 async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     name: &NodeName,
     fields: &mut OperatorFields,
-) -> Result<(), IpamError> {
+) -> Result<bool, IpamError> {
     let truth: BTreeSet<IpAddr> = shared.source.describe(name).await?;
     let gone: Vec<IpAddr> = fields.addresses.difference(&truth).copied().collect();
+    let any_gone = !gone.is_empty();
     for a in gone {
         fields.addresses.remove(&a);
         if fields.release.contains_key(&a) {
@@ -368,7 +435,7 @@ async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
     fields.addresses.extend(truth);
-    Ok(())
+    Ok(any_gone)
 }
 
 async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
@@ -464,8 +531,12 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     }
     let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
     if !truth.is_empty() {
-        source_release(shared, h, &truth).await?;
+        let r = source_release(shared, h, &truth).await;
+        // Also after a failure: the call may have taken effect with its reply lost, and
+        // the retry then finds nothing to release (a spurious wake-up costs parked nodes
+        // one cheap pass; a lost one strands them).
         shared.pool_freed();
+        r?;
     }
     if let Some(node) = shared.store.get(&h.name).await? {
         let n = node.node.used.len() as u64;

@@ -218,8 +218,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         let watcher = mgr.clone();
         let mut rx = mgr.shared.leader.clone();
         mgr.tasks.lock().push(tokio::spawn(async move {
+            metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(*rx.borrow())));
             while rx.changed().await.is_ok() {
-                if *rx.borrow_and_update() {
+                let leading = *rx.borrow_and_update();
+                metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(leading)));
+                if leading {
                     watcher.shared.leader_epoch.fetch_add(1, Ordering::Relaxed);
                 }
                 watcher.trigger_all(Reason::Leadership);

@@ -252,6 +252,9 @@ pub fn plan(
 
     // 3. Needed and excess per family; withdraw marks that are no longer justified.
     for &f in s.families {
+        if p.fields.release.is_empty() {
+            break;
+        }
         let counts = count(node, &p.fields, s.pending);
         let sizing = watermarks::size(&s.watermarks, counts.get(f), cap(s, f));
         let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
@@ -272,8 +275,7 @@ pub fn plan(
             });
         }
         if s.release.enabled && sizing.needed == 0 {
-            let free = free_addresses(node, &p.fields, f);
-            let mark = sizing.mark.min(free.len() as u64);
+            let mark = sizing.mark.min(p.summary.counts.get(f).free());
             match handshake::excess_persisted(
                 mem.excess_since.get_mut(f),
                 mark,
@@ -283,7 +285,7 @@ pub fn plan(
                 Ok(()) => p.marks.push(Marks {
                     family: f,
                     count: mark,
-                    free,
+                    free: free_addresses(node, &p.fields, f),
                 }),
                 Err(at) => p.next_deadline = earliest(p.next_deadline, at),
             }
@@ -333,8 +335,8 @@ pub fn summarize(
         } else if sizing.at_cap {
             summary.blocked = summary.blocked.or(Some(Blocked::AtCap));
         }
-        let free = free_addresses(s.node, fields, f).len() as u64;
-        summary.releasable += free.min(sizing.excess.saturating_sub(c.marked)) + c.marked;
+        // marks sit on free addresses and tombstones on used ones, so the counts suffice
+        summary.releasable += c.free().min(sizing.excess.saturating_sub(c.marked)) + c.marked;
         *summary.sizing.get_mut(f) = sizing;
     }
     summary

@@ -33,8 +33,8 @@ pub struct PodInfo {
     pub uid: PodUid,
     pub node: NodeName,
     pub phase: PodPhase,
-    /// `status.podIPs`.
-    pub ips: Vec<IpAddr>,
+    /// `status.podIPs` (shared: cloning a PodInfo allocates nothing).
+    pub ips: Arc<[IpAddr]>,
 }
 
 /// Pod lookups. `pod`, `pending_pods` and `bound_pods` answer from the informer cache;
@@ -94,7 +94,7 @@ impl MemoryPodView {
                     uid,
                     node,
                     phase: PodPhase::Pending,
-                    ips: Vec::new(),
+                    ips: Arc::from([]),
                 },
                 visible_from: Instant::now() + self.lag,
                 deleted_at: None,
@@ -112,7 +112,7 @@ impl MemoryPodView {
             return;
         }
         rec.info.phase = PodPhase::Running;
-        rec.info.ips = ips;
+        rec.info.ips = ips.into();
         let node = rec.info.node.clone();
         if let Some(set) = g.pending.get_mut(&node) {
             set.remove(&uid);

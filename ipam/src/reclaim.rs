@@ -92,7 +92,9 @@ struct Observed {
 /// observation of each candidate.
 #[derive(Debug, Default)]
 pub struct ReclaimTracker {
-    first_seen: BTreeMap<IpAddr, (PodUid, Instant)>,
+    /// (address, pod UID, first seen), in address order like the `used` map, so a pass
+    /// refreshes it with one merge instead of a lookup per entry.
+    first_seen: Vec<(IpAddr, PodUid, Instant)>,
     observed: BTreeMap<IpAddr, Observed>,
 }
 
@@ -116,13 +118,24 @@ impl ReclaimTracker {
         tombstones: &BTreeMap<IpAddr, Tombstone>,
         lookup: impl Fn(PodUid) -> Option<PodInfo>,
     ) -> ReclaimStep {
-        self.first_seen
-            .retain(|a, (uid, _)| used.get(a).is_some_and(|e| e.pod_uid == *uid));
-        let mut groups: BTreeMap<GroupKey, Vec<IpAddr>> = BTreeMap::new();
+        // Merge the used map (address order) with what we saw before.
+        let old = std::mem::take(&mut self.first_seen);
+        self.first_seen.reserve(used.len());
+        let mut i = 0;
+        for (addr, entry) in used {
+            while i < old.len() && old[i].0 < *addr {
+                i += 1;
+            }
+            let seen = match old.get(i) {
+                Some((a, uid, t)) if a == addr && *uid == entry.pod_uid => *t,
+                _ => now,
+            };
+            self.first_seen.push((*addr, entry.pod_uid, seen));
+        }
+        let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
         let mut step = ReclaimStep::default();
         let mut still = BTreeMap::new();
-        for (addr, entry) in used {
-            self.first_seen.entry(*addr).or_insert((entry.pod_uid, now));
+        for ((addr, entry), (_, _, seen)) in used.iter().zip(&self.first_seen) {
             if tombstones.contains_key(addr) {
                 continue;
             }
@@ -143,19 +156,20 @@ impl ReclaimTracker {
                 },
             );
             let key = GroupKey(entry.pod_uid, reason == ReclaimReason::SandboxReplaced);
-            groups.entry(key).or_default().push(*addr);
+            groups.entry(key).or_default().push((*addr, *seen));
         }
         self.observed = still;
         step.candidates = self.observed.len();
-        for (GroupKey(uid, _), addrs) in groups {
+        for (GroupKey(uid, _), members) in groups {
             let mut ready_at = now;
             let mut grace_at = now;
-            for a in &addrs {
+            for (a, seen) in &members {
                 let o = &self.observed[a];
                 grace_at = grace_at.max(o.first + cfg.grace);
                 ready_at = ready_at.max(o.first + cfg.grace);
-                ready_at = ready_at.max(self.first_seen[a].1 + cfg.min_age);
+                ready_at = ready_at.max(*seen + cfg.min_age);
             }
+            let addrs: Vec<IpAddr> = members.into_iter().map(|(a, _)| a).collect();
             if ready_at <= now {
                 let o = self.observed[&addrs[0]];
                 let first_observed = addrs
@@ -204,7 +218,7 @@ mod tests {
             uid: PodUid(uid),
             node: "n".into(),
             phase: PodPhase::Running,
-            ips: ips.iter().map(|s| ip(s)).collect(),
+            ips: ips.iter().map(|s| ip(s)).collect::<Vec<_>>().into(),
         }
     }
 

@@ -117,7 +117,9 @@ pub struct Sizing {
     pub claim: u64,
     /// How many more addresses may be marked for release this pass.
     pub mark: u64,
-    /// `needed > 0` but the cap leaves no room.
+    /// Demand the pool cannot meet — `needed > 0`, or pods waiting beyond the free
+    /// addresses (Cilium's formula clamps `needed` to 0 at a set `max_allocate`) — and the
+    /// cap leaves no room.
     pub at_cap: bool,
 }
 
@@ -138,13 +140,37 @@ pub fn pool_cap(w: &Watermarks, allocatable_pods: Option<u32>, block: u64) -> Op
 pub fn size(w: &Watermarks, c: &FamilyCounts, cap: Option<u64>) -> Sizing {
     let demand = c.demand();
     let usable = c.allocated.saturating_sub(c.cooldown + c.marked);
-    let needed = cilium_needed(w, usable, demand);
+    // pre-allocate counts usable free addresses; min-allocate counts what the node holds
+    // (cooling addresses come back, marked ones leave)
+    let mut needed = cilium_needed(
+        &Watermarks {
+            min_allocate: 0,
+            ..*w
+        },
+        usable,
+        demand,
+    );
+    if w.min_allocate > 0 {
+        let held = c.allocated.saturating_sub(c.marked);
+        needed = needed.max((w.min_allocate as u64).saturating_sub(held));
+    }
     let excess = cilium_excess(w, c.allocated.saturating_sub(c.cooldown), demand);
     let room = cap.map_or(u64::MAX, |cap| cap.saturating_sub(c.allocated));
+    // Never claim into what the excess formula would call excess right after (Cilium's
+    // middle branch: used + pre ≤ min + above releases everything above min + above).
+    let upper = w.min_allocate as u64 + w.max_above_watermark as u64;
+    let no_excess_up_to = if demand <= upper && demand + w.pre_allocate as u64 <= upper {
+        upper
+    } else {
+        demand + w.pre_allocate as u64 + w.max_above_watermark as u64
+    };
+    let base = c.allocated.saturating_sub(c.cooldown);
     let claim = if needed == 0 {
         0
     } else {
-        (needed + w.max_above_watermark as u64).min(room)
+        (needed + w.max_above_watermark as u64)
+            .min(needed.max(no_excess_up_to.saturating_sub(base)))
+            .min(room)
     };
     Sizing {
         needed,
@@ -155,7 +181,7 @@ pub fn size(w: &Watermarks, c: &FamilyCounts, cap: Option<u64>) -> Sizing {
         } else {
             excess.saturating_sub(c.marked)
         },
-        at_cap: needed > 0 && room == 0,
+        at_cap: room == 0 && (needed > 0 || c.waiting > c.free()),
     }
 }
 
@@ -252,8 +278,13 @@ mod tests {
         let s = size(&w, &counts(16, 16, 0, 0, 0), pool_cap(&w, None, 1));
         assert_eq!(s.needed, 4); // capped by max 20
         assert_eq!(s.claim, 4); // max_above_watermark does not pass the cap
+        // at the cap with pods waiting: nothing to claim, and blocked at the cap (DESIGN:
+        // settled = at target or blocked with a reason)
         let s = size(&w, &counts(20, 20, 3, 0, 0), pool_cap(&w, None, 1));
-        assert_eq!((s.needed, s.claim, s.at_cap), (0, 0, false));
+        assert_eq!((s.needed, s.claim, s.at_cap), (0, 0, true));
+        // at the cap with free addresses for every waiting pod: not blocked
+        let s = size(&w, &counts(20, 16, 3, 0, 0), pool_cap(&w, None, 1));
+        assert!(!s.at_cap);
     }
 
     #[test]

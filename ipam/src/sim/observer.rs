@@ -146,6 +146,12 @@ impl Observer {
         }
     }
 
+    /// A machine joins under `node` — possibly a name whose earlier machine vanished: the
+    /// new machine holds what it is granted from now on.
+    pub fn machine_joined(&self, node: &NodeName) {
+        self.s.lock().vanished.remove(node);
+    }
+
     /// A machine vanished with its pods: its holds end.
     pub fn machine_vanished(&self, node: &NodeName) {
         let mut s = self.s.lock();
@@ -265,7 +271,10 @@ impl StoreHook for Observer {
             if before.is_some_and(|b| b.get(a) == Some(t)) {
                 continue;
             }
-            if s.live.contains_key(&t.pod_uid) {
+            // Live reclaim: the address is in use by that very pod, which still runs. (A
+            // replaced sandbox's old address names a live pod too, but the pod no longer
+            // uses it: that tombstone is the point of the sandbox-replaced rule.)
+            if s.addr_pod.get(a) == Some(&t.pod_uid) {
                 s.violate(
                     |i| &mut i.live_ip_reclaimed,
                     format!(

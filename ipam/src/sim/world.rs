@@ -264,6 +264,7 @@ impl World {
             g.stats.events += 1;
             g.next_node_uid
         };
+        self.observer.machine_joined(&name);
         self.manager.upsert_node(NodeInfo {
             name: name.clone(),
             uid,
@@ -355,8 +356,27 @@ impl World {
                 }
             }
         }
-        self.manager.on_pod_event(&p.node);
+        self.pod_deleted_event(&p.node);
         self.reconcile(&p.node);
+    }
+
+    /// The pod informer's events for a deletion: one now, and one when the cache shows
+    /// the deletion (`cache_lag` later). A real informer updates its cache before it
+    /// delivers the event; the engine relies on that (its first reclaim observation is
+    /// the event itself, and nothing else looks again at a node whose last pass saw no
+    /// candidate), so an event that only precedes the cache update would leak the
+    /// crashed pod's addresses.
+    fn pod_deleted_event(&self, node: &NodeName) {
+        self.manager.on_pod_event(node);
+        let lag = self.cfg.cache_lag;
+        if !lag.is_zero() {
+            let manager = self.manager.clone();
+            let node = node.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(lag).await;
+                manager.on_pod_event(&node);
+            });
+        }
     }
 
     /// The pod reached a terminal phase (its containers stopped without a DEL).
@@ -431,7 +451,7 @@ impl World {
             self.pods.delete(uid);
         }
         self.manager.delete_node(node);
-        self.manager.on_pod_event(node);
+        self.pod_deleted_event(node);
     }
 
     /// Pods on a node (running or waiting), in scheduling order.

@@ -1,0 +1,100 @@
+//! Heap bytes per idle node (engine task and state, store object, source bookkeeping; no
+//! pods) and per address, measured with a counting allocator.
+//!
+//! `cargo bench -p tidepool-ipam --features sim --bench memory`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use tidepool_ipam::manager::EngineConfig;
+use tidepool_ipam::sim::{World, WorldConfig};
+use tidepool_ipam::types::IpamNode;
+use tidepool_ipam::watermarks::Watermarks;
+
+/// Counts live heap bytes.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let nodes: u32 = 2_000;
+    let measure = |addresses: u32| -> f64 {
+        rt.block_on(async {
+            let cfg = WorldConfig {
+                engine: EngineConfig {
+                    watermarks: Watermarks {
+                        pre_allocate: addresses,
+                        ..Watermarks::default()
+                    },
+                    ..Default::default()
+                },
+                source_qps: 1e6,
+                source_burst: 1_000_000,
+                kube_qps: 1e6,
+                kube_burst: 1_000_000,
+                ..WorldConfig::default()
+            };
+            let w = World::start(cfg).expect("world");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let before = LIVE.load(Ordering::Relaxed);
+            for i in 0..nodes {
+                w.add_node(&format!("n{i:05}"));
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert!(w.all_settled(), "nodes must reach their pools");
+            let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / nodes as f64;
+            w.shutdown();
+            per
+        })
+    };
+    let idle = measure(0);
+    let with64 = measure(64);
+    // The engine's own per-address state is the IPAMNode's address set (the informer
+    // copy); the rest of the world's figure is the simulated source's and observer's books.
+    let object = |addresses: u32| -> f64 {
+        let before = LIVE.load(Ordering::Relaxed);
+        let objs: Vec<IpamNode> = (0..nodes)
+            .map(|i| {
+                let mut n = IpamNode::new(format!("n{i:05}").into(), i as u128);
+                n.operator.addresses = (0..addresses)
+                    .map(|a| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i * 256 + a)))
+                    .collect();
+                n
+            })
+            .collect();
+        let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / nodes as f64;
+        drop(objs);
+        per
+    };
+    let engine_per_address = (object(64) - object(0)) / 64.0;
+    println!("memory/idle_node: {idle:.0} B per node with no address (engine + store + source)");
+    println!(
+        "memory/per_address: {:.1} B per address in the whole simulated world (64-address pools), \
+         of which {engine_per_address:.1} B is the engine's (the IPAMNode address set)",
+        (with64 - idle) / 64.0
+    );
+}
