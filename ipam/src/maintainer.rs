@@ -363,6 +363,18 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         && let Err(e) = write(shared, h, node, fields.clone()).await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
+        for (addr, t) in &fields.reclaim {
+            if !stored.operator.reclaim.contains_key(addr) {
+                metrics::counter!(m::RECLAIMS_TOTAL, "reason" => t.reason.as_str(), "outcome" => "failed")
+                    .increment(1);
+                shared.store.event(
+                    &h.name,
+                    EventType::Warning,
+                    "IPAddressGarbageCollectionFailed",
+                    format!("could not write the tombstone for {addr} of pod {}: {e}", t.pod_uid),
+                );
+            }
+        }
         return Err(e);
     }
     if freed {

@@ -575,3 +575,26 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     assert_eq!(world.observer.invariants().live_ip_reclaimed, 1);
     assert!(!ipam_node(&world, "node1").node.used.contains_key(&x));
 }
+
+/// A tombstone whose write fails: a warning event `IPAddressGarbageCollectionFailed`, the
+/// address stays recorded, and the retry after the backoff reclaims it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_tombstone_write_is_reported_and_retried() {
+    let world = World::start(quiet_config()).unwrap();
+    let n = world.add_node("node1");
+    let a = world.schedule_pod(&n);
+    advance(secs(150)).await;
+    let x = *ipam_node(&world, "node1").node.used.keys().next().unwrap();
+    world.delete_pod(a, true);
+    advance(secs(29)).await;
+    assert_eq!(world.store.event_count("IPAddressGarbageCollectionFailed"), 0);
+    world.store.fail_next_operator_writes(1);
+    advance(secs(2)).await;
+    assert_eq!(world.store.event_count("IPAddressGarbageCollectionFailed"), 1);
+    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 0);
+    assert_eq!(ipam_node(&world, "node1").node.used[&x].pod_uid, a, "still recorded");
+    advance(secs(10)).await; // the backoff's retry (1 s min, jittered)
+    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
+    assert!(ipam_node(&world, "node1").node.used.is_empty());
+    assert_finish_clean(&world);
+}
