@@ -371,7 +371,10 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                     &h.name,
                     EventType::Warning,
                     "IPAddressGarbageCollectionFailed",
-                    format!("could not write the tombstone for {addr} of pod {}: {e}", t.pod_uid),
+                    format!(
+                        "could not write the tombstone for {addr} of pod {}: {e}",
+                        t.pod_uid
+                    ),
                 );
             }
         }

@@ -231,16 +231,6 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         Ok(mgr)
     }
 
-    /// The source this manager draws from.
-    pub fn source(&self) -> &S {
-        &self.shared.source
-    }
-
-    /// The store this manager writes to.
-    pub fn store(&self) -> &N {
-        &self.shared.store
-    }
-
     /// A Node was added or changed (the Node informer).
     pub fn upsert_node(&self, info: NodeInfo) {
         let mut nodes = self.shared.nodes.lock();

@@ -587,12 +587,22 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
     let x = *ipam_node(&world, "node1").node.used.keys().next().unwrap();
     world.delete_pod(a, true);
     advance(secs(29)).await;
-    assert_eq!(world.store.event_count("IPAddressGarbageCollectionFailed"), 0);
+    assert_eq!(
+        world.store.event_count("IPAddressGarbageCollectionFailed"),
+        0
+    );
     world.store.fail_next_operator_writes(1);
     advance(secs(2)).await;
-    assert_eq!(world.store.event_count("IPAddressGarbageCollectionFailed"), 1);
+    assert_eq!(
+        world.store.event_count("IPAddressGarbageCollectionFailed"),
+        1
+    );
     assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 0);
-    assert_eq!(ipam_node(&world, "node1").node.used[&x].pod_uid, a, "still recorded");
+    assert_eq!(
+        ipam_node(&world, "node1").node.used[&x].pod_uid,
+        a,
+        "still recorded"
+    );
     advance(secs(10)).await; // the backoff's retry (1 s min, jittered)
     assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
     assert!(ipam_node(&world, "node1").node.used.is_empty());

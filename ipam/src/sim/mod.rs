@@ -1,6 +1,7 @@
 //! The simulated world the engine is judged in (cargo feature `sim`): node sides,
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
 
+pub mod cloud;
 pub mod node_side;
 pub mod observer;
 pub mod run;

@@ -93,9 +93,10 @@ impl Observer {
         s.live.insert(uid, addrs.to_vec());
     }
 
-    /// A pod's containers stopped (DEL, crash or machine loss). `recorded` says whether its
-    /// addresses stay recorded (no DEL reached the node side): they must be reclaimed.
-    pub fn pod_stopped(&self, uid: PodUid, recorded: bool) {
+    /// A pod's containers stopped (DEL, crash or machine loss). `timed` says whether the
+    /// time from now to its tombstone counts as a reclaim latency (its addresses stay
+    /// recorded, and it was older than the minimum age).
+    pub fn pod_stopped(&self, uid: PodUid, timed: bool) {
         let mut s = self.s.lock();
         if let Some(addrs) = s.live.remove(&uid) {
             for a in addrs {
@@ -103,7 +104,7 @@ impl Observer {
                     s.addr_pod.remove(&a);
                 }
             }
-            if recorded {
+            if timed {
                 s.deleted_at.insert(uid, Instant::now());
             }
         }
@@ -209,11 +210,6 @@ impl Observer {
     /// Entries the node side removed on a tombstone.
     pub fn reclaimed(&self) -> u64 {
         self.s.lock().reclaimed
-    }
-
-    /// Pods currently running.
-    pub fn live_pods(&self) -> usize {
-        self.s.lock().live.len()
     }
 }
 

@@ -80,7 +80,8 @@ struct SimPod {
     node: NodeName,
     container_id: u64,
     scheduled_at: Instant,
-    started: bool,
+    /// When it got its addresses (None while it waits).
+    started_at: Option<Instant>,
     /// Born before the measured period (its wait is not reported).
     measured: bool,
 }
@@ -294,7 +295,7 @@ impl World {
                     node: node.clone(),
                     container_id: cid,
                     scheduled_at: Instant::now(),
-                    started: false,
+                    started_at: None,
                     measured: true,
                 },
             );
@@ -327,11 +328,15 @@ impl World {
         }) else {
             return;
         };
-        // its age as the operator could know it: since its start
-        let young = now.saturating_duration_since(p.scheduled_at) < self.cfg.engine.reclaim.min_age;
+        // its entry's age as the operator could know it: since the pod got its addresses
+        let young = p
+            .started_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.engine.reclaim.min_age);
         self.pods.delete(uid);
-        if p.started {
-            self.observer.pod_stopped(uid, crash);
+        if p.started_at.is_some() {
+            // reclaim latency counts pods older than the minimum age; younger ones are
+            // reported as held by it
+            self.observer.pod_stopped(uid, crash && !young);
             if !crash {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
@@ -349,7 +354,7 @@ impl World {
             let mut g = self.inner.lock();
             g.stats.deleted += 1;
             g.stats.events += 1;
-            if crash && p.started {
+            if crash && p.started_at.is_some() {
                 g.stats.leaked_by_crash += 1;
                 if young {
                     g.stats.held_by_min_age += 1;
@@ -542,7 +547,7 @@ impl World {
                     a.queue.retain(|u| u != uid);
                 }
                 let p = g.pods.get_mut(uid).expect("queued pods exist");
-                p.started = true;
+                p.started_at = Some(now);
                 let (at, measured) = (p.scheduled_at, p.measured);
                 if measured && at >= measure_from {
                     let wait = now.saturating_duration_since(at).as_secs_f64();

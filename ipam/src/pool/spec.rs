@@ -1,0 +1,233 @@
+//! IPPool `spec` and its validation (DESIGN.md, "Resources").
+//!
+//! A pool is valid when: its block sizes are prefix lengths of their family; it has at least
+//! one CIDR; every CIDR is canonical (no host bits), fits the block size of its family (block
+//! prefix ≥ CIDR prefix, at most 2^64 blocks), and overlaps no other CIDR of the pool; every
+//! exclusion is canonical and inside one of the pool's CIDRs of its family; and at least one
+//! block is left after exclusions (and after IPv4 /32 blocks on a network or broadcast address,
+//! see [`super`]). Errors are checked in that order and the first one is returned.
+//!
+//! Across pools ([`check_pools`]), given in creation order: a pool whose name repeats an older
+//! pool's, or one of whose CIDRs overlaps a CIDR of an older *valid* pool, is Invalid; the older
+//! one keeps working. A pool that is itself invalid holds no address space, so it never makes a
+//! later pool invalid.
+
+use ipnet::IpNet;
+
+use super::index::excluded_ranges;
+use super::{DEFAULT_BLOCK_SIZE, Field, PoolError, family_of, max_prefix, span};
+use crate::types::{Family, PerFamily};
+
+/// IPPool `spec` (the parts the index needs; `nodeSelector` is the operator's business).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub name: String,
+    /// IPv4 and/or IPv6 CIDRs, in the order claims walk them.
+    pub cidrs: Vec<IpNet>,
+    /// Prefix length of the unit granted to a node, per family (default /28 and /124).
+    pub block_size: PerFamily<u8>,
+    pub exclude: Vec<IpNet>,
+}
+
+/// Parses one CIDR of a pool's spec. Refuses anything `ipnet` refuses and CIDRs with host bits
+/// set (`10.0.0.1/24`).
+pub fn parse_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolError> {
+    let err = |reason: String| PoolError::InvalidCidr {
+        pool: pool.to_string(),
+        field,
+        value: value.to_string(),
+        reason,
+    };
+    let net: IpNet = value.trim().parse().map_err(|e| err(format!("{e}")))?;
+    canonical(pool, field, &net).map_err(|_| err(format!("host bits set; did you mean {}?", net.trunc())))?;
+    Ok(net)
+}
+
+fn canonical(pool: &str, field: Field, net: &IpNet) -> Result<(), PoolError> {
+    if net.trunc() != *net {
+        return Err(PoolError::InvalidCidr {
+            pool: pool.to_string(),
+            field,
+            value: net.to_string(),
+            reason: format!("host bits set; did you mean {}?", net.trunc()),
+        });
+    }
+    Ok(())
+}
+
+impl PoolSpec {
+    /// A pool with the default block sizes and no exclusions.
+    pub fn new(name: impl Into<String>, cidrs: Vec<IpNet>) -> Self {
+        Self {
+            name: name.into(),
+            cidrs,
+            block_size: DEFAULT_BLOCK_SIZE,
+            exclude: Vec::new(),
+        }
+    }
+
+    pub fn with_block_size(mut self, block_size: PerFamily<u8>) -> Self {
+        self.block_size = block_size;
+        self
+    }
+
+    pub fn with_exclude(mut self, exclude: Vec<IpNet>) -> Self {
+        self.exclude = exclude;
+        self
+    }
+
+    /// Builds and validates a spec from strings (the CRD's or the CLI's form).
+    pub fn parse<S: AsRef<str>>(
+        name: &str,
+        cidrs: &[S],
+        block_size: PerFamily<u8>,
+        exclude: &[S],
+    ) -> Result<Self, PoolError> {
+        let spec = Self {
+            name: name.to_string(),
+            cidrs: cidrs
+                .iter()
+                .map(|c| parse_cidr(name, Field::Cidrs, c.as_ref()))
+                .collect::<Result<_, _>>()?,
+            block_size,
+            exclude: exclude
+                .iter()
+                .map(|c| parse_cidr(name, Field::Exclude, c.as_ref()))
+                .collect::<Result<_, _>>()?,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The pool's CIDRs of one family, in spec order.
+    pub fn cidrs_of(&self, family: Family) -> impl Iterator<Item = &IpNet> {
+        self.cidrs.iter().filter(move |c| family_of(c) == family)
+    }
+
+    /// Whether the pool has a CIDR of this family.
+    pub fn serves(&self, family: Family) -> bool {
+        self.cidrs_of(family).next().is_some()
+    }
+
+    /// Checks the spec on its own (see the module documentation for the rules and their order).
+    pub fn validate(&self) -> Result<(), PoolError> {
+        let pool = || self.name.clone();
+        for f in Family::ALL {
+            let prefix = *self.block_size.get(f);
+            if prefix > max_prefix(f) {
+                return Err(PoolError::InvalidBlockSize {
+                    pool: pool(),
+                    family: f,
+                    prefix,
+                });
+            }
+        }
+        if self.cidrs.is_empty() {
+            return Err(PoolError::EmptyPool {
+                pool: pool(),
+                reason: "no CIDRs",
+            });
+        }
+        for c in &self.cidrs {
+            canonical(&self.name, Field::Cidrs, c)?;
+            let prefix = *self.block_size.get(family_of(c));
+            if prefix < c.prefix_len() {
+                return Err(PoolError::BlockSizeDoesNotFit {
+                    pool: pool(),
+                    cidr: *c,
+                    prefix,
+                    reason: "the block prefix is shorter than the CIDR's",
+                });
+            }
+            if prefix - c.prefix_len() > 64 {
+                return Err(PoolError::BlockSizeDoesNotFit {
+                    pool: pool(),
+                    cidr: *c,
+                    prefix,
+                    reason: "more than 2^64 blocks in one CIDR",
+                });
+            }
+        }
+        for (i, a) in self.cidrs.iter().enumerate() {
+            for b in &self.cidrs[i + 1..] {
+                if overlaps(a, b) {
+                    return Err(PoolError::OverlappingCidrs {
+                        pool: pool(),
+                        first: *a,
+                        second: *b,
+                    });
+                }
+            }
+        }
+        for e in &self.exclude {
+            canonical(&self.name, Field::Exclude, e)?;
+            if !self.cidrs.iter().any(|c| c.contains(e)) {
+                return Err(PoolError::ExclusionOutsidePool {
+                    pool: pool(),
+                    exclusion: *e,
+                });
+            }
+        }
+        let mut capacity = 0u128;
+        for c in &self.cidrs {
+            let prefix = *self.block_size.get(family_of(c));
+            let count = 1u128 << (prefix - c.prefix_len());
+            let excluded: u128 = excluded_ranges(c, prefix, &self.exclude)
+                .iter()
+                .map(|&(lo, hi)| (hi - lo) as u128 + 1)
+                .sum();
+            capacity += count - excluded;
+        }
+        if capacity == 0 {
+            return Err(PoolError::EmptyPool {
+                pool: pool(),
+                reason: "every block is excluded",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether two networks share an address (different families never do).
+pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    if family_of(a) != family_of(b) {
+        return false;
+    }
+    let (a0, a1) = span(a);
+    let (b0, b1) = span(b);
+    a0 <= b1 && b0 <= a1
+}
+
+/// Validity of each pool, given in creation order: each pool's own validation, then duplicate
+/// names and overlap with older valid pools (the later pool is Invalid, the older keeps
+/// working). The result has one entry per pool, in the same order.
+pub fn check_pools(pools: &[PoolSpec]) -> Vec<Result<(), PoolError>> {
+    let mut out: Vec<Result<(), PoolError>> = Vec::with_capacity(pools.len());
+    for (i, p) in pools.iter().enumerate() {
+        let r = p.validate().and_then(|()| {
+            if pools[..i].iter().any(|q| q.name == p.name) {
+                return Err(PoolError::DuplicateName {
+                    pool: p.name.clone(),
+                });
+            }
+            for (q, ok) in pools[..i].iter().zip(&out) {
+                if ok.is_err() {
+                    continue;
+                }
+                for c in &p.cidrs {
+                    if let Some(o) = q.cidrs.iter().find(|o| overlaps(c, o)) {
+                        return Err(PoolError::OverlapsPool {
+                            pool: p.name.clone(),
+                            cidr: *c,
+                            other_pool: q.name.clone(),
+                            other_cidr: *o,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        });
+        out.push(r);
+    }
+    out
+}
