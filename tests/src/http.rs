@@ -23,6 +23,9 @@ use crate::store::{DeleteOpts, Store, WatchEvent, WriteOpts, event_line};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
+/// The real server's request body limit.
+const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -111,7 +114,7 @@ fn parse_target(store: &Store, group: &str, version: &str, rest: &[&str]) -> Opt
         return None;
     }
     let sub = rest.get(2).map(|s| s.to_string()).unwrap_or_default();
-    if !sub.is_empty() && !(sub == "status" && rt.status) {
+    if !(sub.is_empty() || sub == "status" && rt.status) {
         return None;
     }
     Some(Target {
@@ -186,6 +189,7 @@ pub(crate) async fn handle(
         (f.latency, f.refused.contains(&who))
     };
     if refused {
+        tracing::debug!(identity = %who, "connection dropped: identity refused");
         return Err(Error::api(503, "ServiceUnavailable", "identity refused"));
     }
     if !latency.is_zero() {
@@ -219,10 +223,10 @@ pub(crate) async fn handle(
         ["api", "v1"] => nonresource(discovery::resource_list(&types().0, "", "v1")),
         ["apis", g] => nonresource(discovery::group(&types().0, g)),
         ["apis", g, v] => nonresource(discovery::resource_list(&types().0, g, v)),
-        ["api", "v1", rest @ ..] => resource(&st, req, "", "v1", &rest.to_vec(), &who).await,
+        ["api", "v1", rest @ ..] => resource(&st, req, "", "v1", rest, &who).await,
         ["apis", g, v, rest @ ..] => {
             let (g, v) = (g.to_string(), v.to_string());
-            resource(&st, req, &g, &v, &rest.to_vec(), &who).await
+            resource(&st, req, &g, &v, rest, &who).await
         }
         _ => nonresource(None),
     };
@@ -238,7 +242,7 @@ async fn resource(
     who: &str,
 ) -> Response<Body> {
     let Some(t) = parse_target(&st.store, group, version, rest) else {
-        st.count("unknown", &req.uri().path().to_string());
+        st.count("unknown", req.uri().path());
         return error_response(&Error::not_found_path());
     };
     let q = query(req.uri().query());
@@ -261,10 +265,19 @@ async fn resource(
             && (f.error_verbs.is_empty() || f.error_verbs.contains(verb))
             && (st.store.random() % 1_000_000) as f64 / 1_000_000.0 < f.error_rate
         {
-            Some(if f.error_code == 429 {
-                Error::too_many_requests(f.retry_after_secs)
-            } else {
-                Error::internal("injected fault: internal error")
+            Some(match f.error_code {
+                429 => Error::too_many_requests(f.retry_after_secs),
+                503 => Error::api(
+                    503,
+                    "ServiceUnavailable",
+                    "injected fault: service unavailable",
+                ),
+                504 => Error::api(
+                    504,
+                    "Timeout",
+                    "injected fault: the server was unable to return a response in the time allotted",
+                ),
+                _ => Error::internal("injected fault: internal error"),
             })
         } else {
             None
@@ -286,15 +299,30 @@ async fn resource(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let method = req.method().clone();
-    let body = match req.into_body().collect().await {
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error_response(&Error::api(
+                413,
+                "RequestEntityTooLarge",
+                format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
+            ));
+        }
         Err(e) => return error_response(&Error::bad_request(e.to_string())),
     };
-    let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who, &method).await;
+    let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who).await;
     match result {
-        Ok(r) => r,
-        Err(e) => error_response(&e),
+        Ok(r) => {
+            tracing::debug!(verb, resource = %res_name, identity = who, code = r.status().as_u16(), "served");
+            r
+        }
+        Err(e) => {
+            tracing::debug!(verb, resource = %res_name, identity = who, error = %e, "refused");
+            error_response(&e)
+        }
     }
 }
 
@@ -309,7 +337,6 @@ async fn serve(
     as_table: bool,
     ua: &str,
     who: &str,
-    method: &Method,
 ) -> Result<Response<Body>, Error> {
     let rt = &t.rt;
     let store = &st.store;
@@ -317,11 +344,21 @@ async fn serve(
     if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
         return Err(Error::not_found_path());
     }
-    let sel = || {
-        Selector::parse(
+    let sel = || -> Result<Selector, Error> {
+        let s = Selector::parse(
             q.get("labelSelector").map(String::as_str),
             q.get("fieldSelector").map(String::as_str),
-        )
+        )?;
+        if let Some(bad) = s
+            .field_keys()
+            .into_iter()
+            .find(|k| !rt.field_label_supported(k))
+        {
+            return Err(Error::bad_request(format!(
+                "field label not supported: {bad}"
+            )));
+        }
+        Ok(s)
     };
     let manager = q.get("fieldManager").cloned().unwrap_or_else(|| {
         ua.split('/')
@@ -391,7 +428,7 @@ async fn serve(
                 &[],
             ))
         }
-        "watch" => watch(st, t, q, sel()?, who),
+        "watch" => watch(st, t, q, sel()?, who, as_table),
         "create" => {
             let w = store.create(rt, &ns, parse_body(body, ctype)?, &opts)?;
             Ok(json_response(w.code, &w.obj, &w.warnings))
@@ -442,18 +479,53 @@ async fn serve(
                     .map(String::from)
                     .or_else(|| q.get("propagationPolicy").cloned()),
                 dry_run: dry,
+                grace: b
+                    .get("gracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
             };
             if verb == "deletecollection" {
                 store.delete_collection(rt, t.ns.as_deref(), &sel()?, &d)?;
                 return Ok(json_response(200, &success_status(), &[]));
             }
             let w = store.delete(rt, &ns, &name, &d)?;
+            if rt.kind == "Namespace"
+                && rt.group.is_empty()
+                && !d.dry_run
+                && w.obj.pointer("/metadata/deletionTimestamp").is_some()
+            {
+                let (st, name) = (st.clone(), name.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(st.config.namespace_finalize_delay).await;
+                    st.store.finalize_namespace(&name);
+                });
+            }
+            if rt.kind == "Pod"
+                && rt.group.is_empty()
+                && !d.dry_run
+                && let Some(delay) = st.config.kubelet_delay
+                && w.obj.pointer("/metadata/deletionTimestamp").is_some()
+                && w.obj
+                    .pointer("/metadata/deletionGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+                    > 0
+            {
+                let (st, rt) = (st.clone(), rt.clone());
+                let uid = w
+                    .obj
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    st.store.kubelet_delete(&rt, &ns, &name, &uid);
+                });
+            }
             Ok(json_response(w.code, &w.obj, &[]))
         }
-        _ => {
-            let _ = method;
-            Err(Error::method_not_allowed())
-        }
+        _ => Err(Error::method_not_allowed()),
     }
 }
 
@@ -476,7 +548,7 @@ fn filtered(ev: &WatchEvent, sel: &Selector) -> Option<&'static str> {
     }
 }
 
-fn render(ev: &WatchEvent, etype: &'static str, rt: &ResType) -> Bytes {
+fn plain_line(ev: &WatchEvent, etype: &'static str, rt: &ResType) -> Bytes {
     let av = rt.api_version();
     if etype == ev.etype && ev.obj.get("apiVersion").and_then(Value::as_str) == Some(av.as_str()) {
         return ev.line.clone();
@@ -490,8 +562,10 @@ fn watch(
     q: &HashMap<String, String>,
     sel: Selector,
     who: &str,
+    as_table: bool,
 ) -> Result<Response<Body>, Error> {
     let rt = t.rt.clone();
+    let include = q.get("includeObject").cloned().unwrap_or_default();
     let gr = rt.gr();
     let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
@@ -532,9 +606,23 @@ fn watch(
         let mut paused = st.paused.subscribe();
         let close_epoch = *st.close_epoch.lock();
         let mut last_rv = start_rv;
+        // With `as=Table` (kubectl get -w) each event carries a one-row Table; only the first
+        // has column definitions, as the real server sends them.
+        let mut headers_sent = false;
+        let mut render = |ev: &WatchEvent, et: &'static str| -> Bytes {
+            if !as_table {
+                return plain_line(ev, et, &rt);
+            }
+            let mut tbl = discovery::table(&rt, &[Store::present(&rt, &ev.obj)], ev.rv, &include);
+            if headers_sent {
+                tbl["columnDefinitions"] = json!([]);
+            }
+            headers_sent = true;
+            event_line(et, &tbl)
+        };
         for ev in &first {
             if let Some(et) = filtered(ev, &sel)
-                && tx.send(render(ev, et, &rt)).await.is_err()
+                && tx.send(render(ev, et)).await.is_err()
             {
                 return;
             }
@@ -575,9 +663,8 @@ fn watch(
                     loop {
                         match rx.try_recv() {
                             Ok(ev) => {
-                                if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel) {
-                                    if tx.send(render(&ev, et, &rt)).await.is_err() { return; }
-                                }
+                                if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel)
+                                    && tx.send(render(&ev, et)).await.is_err() { return; }
                                 last_rv = last_rv.max(ev.rv);
                             }
                             Err(broadcast::error::TryRecvError::Empty) => break,
@@ -591,7 +678,7 @@ fn watch(
                     match ev {
                         Ok(ev) => {
                             if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel) {
-                                if tx.send(render(&ev, et, &rt)).await.is_err() { return; }
+                                if tx.send(render(&ev, et)).await.is_err() { return; }
                                 last_rv = ev.rv;
                             }
                         }

@@ -16,6 +16,7 @@ mod schema;
 mod selector;
 mod server;
 mod store;
+mod typed;
 
 pub use error::{Error, Result};
 pub use server::{ApiServer, Config, Faults};

@@ -294,7 +294,12 @@ pub(crate) fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), Error> {
                 add_at(doc, path, v, false)?;
             }
             "test" => {
-                if get_at(doc, path)? != value()? {
+                let want = value()?;
+                // As in Go's json-patch, testing a missing path against null succeeds.
+                if want.is_null() && doc.pointer(path).is_none() {
+                    continue;
+                }
+                if get_at(doc, path)? != want {
                     return Err(Error::api(
                         422,
                         "Invalid",

@@ -30,6 +30,8 @@ pub(crate) struct ResType {
     /// `openAPIV3Schema` of a custom resource version.
     pub schema: Option<Value>,
     pub columns: Vec<Column>,
+    /// Extra field labels usable in field selectors (`selectableFields` of a CRD).
+    pub selectable: Vec<String>,
     /// Defined by a CRD (unstructured: strict validation and pruning apply).
     pub crd: bool,
     /// Version objects are stored in (conversion `None` only rewrites `apiVersion`).
@@ -57,6 +59,46 @@ impl ResType {
                 self.kind.as_str(),
                 "Deployment" | "PodDisruptionBudget" | "CustomResourceDefinition" | "Pod"
             )
+    }
+
+    /// Whether the real server supports this field label in field selectors.
+    pub fn field_label_supported(&self, label: &str) -> bool {
+        if matches!(label, "metadata.name" | "metadata.namespace")
+            || self.selectable.iter().any(|s| s == label)
+        {
+            return true;
+        }
+        let list: &[&str] = match (self.group.as_str(), self.kind.as_str()) {
+            ("", "Pod") => &[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.podIPs",
+                "status.nominatedNodeName",
+            ],
+            ("", "Node") => &["spec.unschedulable"],
+            ("", "Namespace") => &["status.phase"],
+            ("", "Secret") => &["type"],
+            ("", "Event") | ("events.k8s.io", "Event") => &[
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            _ => &[],
+        };
+        list.contains(&label)
     }
 
     pub fn discovery(&self) -> Vec<Value> {
@@ -106,6 +148,7 @@ fn builtin(
         categories: categories.iter().map(|s| s.to_string()).collect(),
         schema: None,
         columns: Vec::new(),
+        selectable: Vec::new(),
         crd: false,
         storage_version: version.into(),
     }
@@ -313,7 +356,7 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
     if !versions.is_empty() && storage.len() != 1 {
         causes.push((
             "spec.versions".into(),
-            format!("Invalid value: []apiextensions.CustomResourceDefinitionVersion{{...}}: must have exactly one version marked as storage version"),
+            "Invalid value: []apiextensions.CustomResourceDefinitionVersion{...}: must have exactly one version marked as storage version".to_string(),
         ));
     }
     let storage_version = storage
@@ -388,6 +431,16 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
             categories: strs(crd.pointer("/spec/names/categories")),
             schema,
             columns,
+            selectable: v
+                .get("selectableFields")
+                .and_then(Value::as_array)
+                .map(|f| {
+                    f.iter()
+                        .filter_map(|x| x.get("jsonPath").and_then(Value::as_str))
+                        .map(|p| p.trim_start_matches('.').to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
             crd: true,
             storage_version: storage_version.clone(),
         });

@@ -110,6 +110,22 @@ pub(crate) fn prune_and_default(
     path: &str,
     unknown: &mut Vec<String>,
 ) {
+    prune_walk(schema, v, path, unknown, true);
+}
+
+/// Like [`prune_and_default`] without defaulting (for apply configurations: the applier does
+/// not own defaulted fields).
+pub(crate) fn prune(schema: &Value, v: &mut Value, unknown: &mut Vec<String>) {
+    prune_walk(schema, v, "", unknown, false);
+}
+
+fn prune_walk(
+    schema: &Value,
+    v: &mut Value,
+    path: &str,
+    unknown: &mut Vec<String>,
+    defaults: bool,
+) {
     match v {
         Value::Object(map) => {
             if schema.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true))
@@ -137,7 +153,7 @@ pub(crate) fn prune_and_default(
                             map.remove(&k);
                             continue;
                         }
-                        prune_and_default(cs, cv, &join(path, &k), unknown);
+                        prune_walk(cs, cv, &join(path, &k), unknown, defaults);
                     }
                     None if keep_unknown => {}
                     None => {
@@ -146,7 +162,7 @@ pub(crate) fn prune_and_default(
                     }
                 }
             }
-            if let Some(props) = props {
+            if let (Some(props), true) = (props, defaults) {
                 for (k, cs) in props {
                     if !map.contains_key(k)
                         && let Some(d) = cs.get("default")
@@ -161,7 +177,7 @@ pub(crate) fn prune_and_default(
         Value::Array(items) => {
             if let Some(is) = schema.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
-                    prune_and_default(is, item, &format!("{path}[{i}]"), unknown);
+                    prune_walk(is, item, &format!("{path}[{i}]"), unknown, defaults);
                 }
             }
         }
@@ -179,16 +195,24 @@ pub(crate) fn validate(
 ) {
     let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if v.is_null() {
-        if schema.get("nullable") != Some(&Value::Bool(true)) {
-            if let Some(t) = schema.get("type").and_then(Value::as_str) {
-                out.push((
-                    path.into(),
-                    format!(
-                        "Invalid value: \"null\": {path} in body must be of type {t}: \"null\""
-                    ),
-                ));
-            }
+        if schema.get("nullable") != Some(&Value::Bool(true))
+            && let Some(t) = schema.get("type").and_then(Value::as_str)
+        {
+            out.push((
+                path.into(),
+                format!("Invalid value: \"null\": {path} in body must be of type {t}: \"null\""),
+            ));
         }
+        return;
+    }
+    if int_or_string && !matches!(type_of(v), "integer" | "string") {
+        let got = type_of(v);
+        out.push((
+            path.into(),
+            format!(
+                "Invalid value: \"{got}\": {path} in body must be of type integer,string: \"{got}\""
+            ),
+        ));
         return;
     }
     if let Some(t) = schema.get("type").and_then(Value::as_str) {
@@ -384,5 +408,200 @@ pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String
             format!("{path}.pattern"),
             format!("Invalid value: {p:?}: must be a valid regular expression"),
         ));
+    }
+    if m.get("properties").is_some()
+        && m.get("additionalProperties")
+            .is_some_and(|a| a != &Value::Bool(false))
+    {
+        out.push((
+            format!("{path}.additionalProperties"),
+            "Forbidden: additionalProperties and properties are mutual exclusive".into(),
+        ));
+    }
+    let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
+    if m.contains_key("x-kubernetes-map-type") && ty != "object" {
+        out.push((
+            format!("{path}.x-kubernetes-map-type"),
+            "Invalid value: must only be used if type == \"object\"".into(),
+        ));
+    }
+    let list_type = m.get("x-kubernetes-list-type").and_then(Value::as_str);
+    if list_type.is_some() && ty != "array" {
+        out.push((
+            format!("{path}.x-kubernetes-list-type"),
+            "Invalid value: must only be used if type == \"array\"".into(),
+        ));
+    }
+    let items = m.get("items");
+    let item_ty = items
+        .and_then(|i| i.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match list_type {
+        Some("map") => {
+            if item_ty != "object" {
+                out.push((
+                    format!("{path}.items.type"),
+                    "Invalid value: must be object if parent array's x-kubernetes-list-type is map"
+                        .into(),
+                ));
+            }
+            let keys: Vec<&str> = m
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if keys.is_empty() {
+                out.push((
+                    format!("{path}.x-kubernetes-list-map-keys"),
+                    "Required value: must not be empty if x-kubernetes-list-type is map".into(),
+                ));
+            }
+            let required: Vec<&str> = items
+                .and_then(|i| i.get("required"))
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            for k in keys {
+                let prop = items
+                    .and_then(|i| i.get("properties"))
+                    .and_then(|p| p.get(k));
+                match prop {
+                    None => out.push((
+                        format!("{path}.x-kubernetes-list-map-keys"),
+                        format!(
+                            "Invalid value: \"{k}\": entries must all be names of item properties"
+                        ),
+                    )),
+                    Some(p) => {
+                        if !required.contains(&k) && p.get("default").is_none() {
+                            out.push((
+                                format!("{path}.items.properties[{k}]"),
+                                "Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property".into(),
+                            ));
+                        }
+                        if matches!(
+                            p.get("type").and_then(Value::as_str),
+                            Some("object" | "array")
+                        ) {
+                            out.push((
+                                format!("{path}.items.properties[{k}].type"),
+                                "Invalid value: must be a scalar type if parent array's x-kubernetes-list-type is map".into(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Some("set")
+            if matches!(item_ty, "object" | "array")
+                && items
+                    .and_then(|i| i.get("x-kubernetes-map-type"))
+                    .is_none_or(|t| t != "atomic") =>
+        {
+            out.push((
+                format!("{path}.items.x-kubernetes-map-type"),
+                "Required value: must be atomic as item of a list with x-kubernetes-list-type=set"
+                    .into(),
+            ));
+        }
+        Some("set" | "atomic") | None => {}
+        Some(other) => out.push((
+            format!("{path}.x-kubernetes-list-type"),
+            format!(
+                "Unsupported value: \"{other}\": supported values: \"atomic\", \"map\", \"set\""
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn causes(schema: &Value, v: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        validate(schema, v, "", &Patterns::default(), &mut out);
+        out.into_iter().map(|(f, m)| format!("{f}: {m}")).collect()
+    }
+
+    #[test]
+    fn validation_rules() {
+        let s = json!({"type": "object", "properties": {
+            "n": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 10},
+            "s": {"type": "string", "minLength": 2, "maxLength": 3},
+            "l": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "integer"}},
+            "m": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                  "items": {"type": "object", "properties": {"type": {"type": "string"}}}},
+            "i": {"x-kubernetes-int-or-string": true}}});
+        assert!(causes(&s, &json!({"n": 0.5, "s": "ab", "l": [1], "i": "50%"})).is_empty());
+        let c = causes(
+            &s,
+            &json!({"n": 0, "s": "abcd", "l": [], "m": [{"type": "A"}, {"type": "A"}], "i": 1.5}),
+        );
+        assert_eq!(c.len(), 5, "{c:?}");
+        assert!(c[0].starts_with("i: Invalid value"), "{c:?}");
+        assert!(
+            c.iter()
+                .any(|m| m
+                    .starts_with("l: Invalid value: 0: l in body should have at least 1 items")),
+            "{c:?}"
+        );
+        assert!(
+            c.iter().any(|m| m.starts_with("m[1]: Duplicate value")),
+            "{c:?}"
+        );
+        assert!(
+            c.iter()
+                .any(|m| m == "n: Invalid value: 0: n in body should be greater than 0"),
+            "{c:?}"
+        );
+        assert!(c.iter().any(|m| m.starts_with("s: Too long")), "{c:?}");
+        assert_eq!(
+            causes(&s, &json!({"n": 11})),
+            vec!["n: Invalid value: 11: n in body should be less than or equal to 10"]
+        );
+    }
+
+    #[test]
+    fn structural_checks_on_list_maps() {
+        let bad = json!({"type": "object", "properties": {"conditions": {"type": "array",
+            "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+            "items": {"type": "object", "properties": {"type": {"type": "string"}}}}}});
+        let mut out = Vec::new();
+        check_structural(&bad, "openAPIV3Schema", &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(
+            out[0]
+                .1
+                .contains("must have a default or be a required property"),
+            "{out:?}"
+        );
+        let mut good = bad.clone();
+        good["properties"]["conditions"]["items"]["required"] = json!(["type"]);
+        let mut out = Vec::new();
+        check_structural(&good, "openAPIV3Schema", &mut out);
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn pruning_nulls_and_defaults() {
+        let s = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "a": {"type": "string", "default": "x"},
+                "b": {"type": "string", "nullable": true},
+                "c": {"type": "string"},
+                "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}});
+        let mut v = json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": "n"},
+            "spec": {"b": null, "c": null, "zz": 1, "free": {"any": {"thing": 1}}}});
+        let mut unknown = Vec::new();
+        prune_and_default(&s, &mut v, "", &mut unknown);
+        assert_eq!(unknown, vec!["spec.zz"]);
+        assert_eq!(
+            v["spec"],
+            json!({"a": "x", "b": null, "free": {"any": {"thing": 1}}})
+        );
+        assert_eq!(v["metadata"]["name"], "n");
     }
 }

@@ -112,6 +112,21 @@ impl Selector {
         })
     }
 
+    /// Field labels used by the field selector.
+    pub(crate) fn field_keys(&self) -> Vec<&str> {
+        self.fields
+            .iter()
+            .map(|r| match r {
+                Req::Eq(k, _)
+                | Req::Ne(k, _)
+                | Req::In(k, _)
+                | Req::NotIn(k, _)
+                | Req::Exists(k)
+                | Req::NotExists(k) => k.as_str(),
+            })
+            .collect()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
     }

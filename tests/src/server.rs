@@ -29,6 +29,13 @@ pub struct Config {
     /// Watches without `timeoutSeconds` end after a random time in `[t, 2t)`, like the real
     /// server's `--min-request-timeout` (default 1800 s).
     pub min_request_timeout: Duration,
+    /// How long a deleted namespace stays Terminating before its content and itself are
+    /// removed (the namespace controller's delay).
+    pub namespace_finalize_delay: Duration,
+    /// Pods bound to a node are deleted gracefully (they stay with a deletionTimestamp); a
+    /// simulated kubelet then deletes them with grace 0 after this delay. `None`: no kubelet,
+    /// they stay terminating until someone deletes them with `gracePeriodSeconds=0`.
+    pub kubelet_delay: Option<Duration>,
 }
 
 impl Default for Config {
@@ -37,6 +44,8 @@ impl Default for Config {
             watch_window: 1000,
             bookmark_interval: Duration::from_secs(60),
             min_request_timeout: Duration::from_secs(1800),
+            namespace_finalize_delay: Duration::from_secs(1),
+            kubelet_delay: Some(Duration::from_millis(100)),
         }
     }
 }
@@ -46,7 +55,8 @@ impl Default for Config {
 pub struct Faults {
     /// Share (0.0–1.0) of resource requests answered with `error_code` instead of being served.
     pub error_rate: f64,
-    /// 500 (InternalError) or 429 (TooManyRequests, with Retry-After). 0 means 500.
+    /// 429 (TooManyRequests, with Retry-After), 503 (ServiceUnavailable), 504 (Timeout);
+    /// anything else (including 0) means 500 (InternalError).
     pub error_code: u16,
     /// Retry-After seconds sent with 429s.
     pub retry_after_secs: u64,
@@ -117,6 +127,7 @@ impl ApiServer {
             counters: Mutex::new(BTreeMap::new()),
             addr,
         });
+        tracing::info!(%addr, "in-process Kubernetes API server listening");
         let (shutdown, mut stop) = watch::channel(false);
         let st = state.clone();
         tokio::spawn(async move {

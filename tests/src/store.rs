@@ -17,6 +17,9 @@ use crate::registry::{ResType, builtins, from_crd};
 use crate::schema::{Patterns, prune_and_default, validate};
 use crate::selector::Selector;
 
+/// etcd's default request size limit, which bounds a stored object.
+const MAX_OBJECT_BYTES: usize = 1_572_864;
+
 const CRD_GR: &str = "customresourcedefinitions.apiextensions.k8s.io";
 
 /// One change, as retained for watches.
@@ -50,13 +53,23 @@ struct Log {
 
 type Key = (String, String);
 
+/// A list kept for `continue` tokens: its resourceVersion and items.
+type Snapshot = (u64, Arc<Vec<Arc<Value>>>);
+
+/// What a new watch starts with: events to send first, the live feed, the current version.
+pub(crate) type WatchStart = (
+    Vec<Arc<WatchEvent>>,
+    broadcast::Receiver<Arc<WatchEvent>>,
+    u64,
+);
+
 struct Inner {
     rv: u64,
     types: BTreeMap<(String, String, String), Arc<ResType>>,
     objects: HashMap<String, BTreeMap<Key, Arc<Value>>>,
     uids: HashMap<String, (String, Key)>,
     logs: HashMap<String, Log>,
-    snapshots: BTreeMap<u64, (u64, Arc<Vec<Arc<Value>>>)>,
+    snapshots: BTreeMap<u64, Snapshot>,
     next_snapshot: u64,
     discovery_gen: u64,
 }
@@ -91,6 +104,8 @@ pub(crate) struct DeleteOpts {
     pub rv: Option<String>,
     pub propagation: Option<String>,
     pub dry_run: bool,
+    /// `gracePeriodSeconds` (pods only).
+    pub grace: Option<i64>,
 }
 
 /// A list result.
@@ -139,6 +154,23 @@ fn dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// A label value or the name part of a label key.
+fn label_part(s: &str) -> bool {
+    s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// A label key: optional DNS-subdomain prefix and `/`, then a name part.
+fn qualified_name(k: &str) -> bool {
+    match k.split_once('/') {
+        Some((prefix, name)) => !prefix.is_empty() && dns_subdomain(prefix) && label_part(name),
+        None => label_part(k),
+    }
+}
+
 fn dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(dns_label)
 }
@@ -156,10 +188,15 @@ fn spec_part(o: &Value, with_status: bool) -> Value {
     c
 }
 
+/// The object without managedFields timestamps (a write changing only those is a no-op).
 fn without_managed(o: &Value) -> Value {
     let mut c = o.clone();
-    if let Some(m) = c.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
+    if let Some(Value::Array(entries)) = c.pointer_mut("/metadata/managedFields") {
+        for e in entries.iter_mut() {
+            if let Some(m) = e.as_object_mut() {
+                m.remove("time");
+            }
+        }
     }
     c
 }
@@ -353,14 +390,7 @@ impl Store {
         rt: &ResType,
         ns: Option<&str>,
         from: Option<u64>,
-    ) -> Result<
-        (
-            Vec<Arc<WatchEvent>>,
-            broadcast::Receiver<Arc<WatchEvent>>,
-            u64,
-        ),
-        Error,
-    > {
+    ) -> Result<WatchStart, Error> {
         let i = self.inner.lock();
         let gr = rt.gr();
         let rx = self.tx.subscribe();
@@ -492,13 +522,83 @@ impl Store {
                 return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
             }
         }
+        if !rt.crd
+            && let Some(decoded) = crate::typed::decode(&rt.group, &rt.kind, obj)
+        {
+            match decoded {
+                Ok(kept) => {
+                    let mut unknown = Vec::new();
+                    crate::typed::unknown_fields(obj, &kept, "", &mut unknown);
+                    if !unknown.is_empty() {
+                        let list: Vec<String> = unknown
+                            .iter()
+                            .map(|u| format!("unknown field \"{u}\""))
+                            .collect();
+                        if strict {
+                            return Err(Error::bad_request(format!(
+                                "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                                rt.kind,
+                                rt.version,
+                                rt.kind,
+                                list.join(", ")
+                            )));
+                        }
+                        crate::typed::remove_fields(obj, &unknown);
+                        warnings.extend(list);
+                    }
+                }
+                Err(e) if !e.to_string().starts_with("missing field") => {
+                    return Err(Error::bad_request(format!(
+                        "{} in version \"{}\" cannot be handled as a {}: {e}",
+                        rt.kind, rt.version, rt.kind
+                    )));
+                }
+                Err(_) => {}
+            }
+        }
         let mut causes: Vec<(String, String)> = Vec::new();
+        if rt.group == "events.k8s.io" {
+            let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
+            for (p, f) in [
+                ("/eventTime", "eventTime"),
+                ("/reportingController", "reportingController"),
+                ("/reportingInstance", "reportingInstance"),
+                ("/action", "action"),
+                ("/reason", "reason"),
+            ] {
+                if s(p).is_empty() {
+                    causes.push((f.into(), "Required value".into()));
+                }
+            }
+            for (p, f, max) in [
+                ("/reportingInstance", "reportingInstance", 128),
+                ("/action", "action", 128),
+                ("/reason", "reason", 128),
+                ("/note", "note", 1024),
+            ] {
+                if s(p).len() > max {
+                    causes.push((
+                        f.into(),
+                        format!("Too long: may not be more than {max} bytes"),
+                    ));
+                }
+            }
+            if !matches!(s("/type"), "Normal" | "Warning") {
+                causes.push((
+                    "type".into(),
+                    format!(
+                        "Unsupported value: \"{}\": supported values: \"Normal\", \"Warning\"",
+                        s("/type")
+                    ),
+                ));
+            }
+        }
         match rt.kind.as_str() {
             "Pod"
-                if !obj
+                if obj
                     .pointer("/spec/containers")
                     .and_then(Value::as_array)
-                    .is_some_and(|c| !c.is_empty()) =>
+                    .is_none_or(|c| c.is_empty()) =>
             {
                 causes.push(("spec.containers".into(), "Required value".into()));
             }
@@ -535,8 +635,45 @@ impl Store {
                 }
             }
         }
+        if let Some(labels) = meta(obj, "labels").and_then(Value::as_object) {
+            for (k, v) in labels {
+                if !qualified_name(k) {
+                    causes.push((
+                        "metadata.labels".into(),
+                        format!("Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"),
+                    ));
+                }
+                let v = v.as_str().unwrap_or("");
+                if !(v.is_empty() || label_part(v)) {
+                    causes.push((
+                        "metadata.labels".into(),
+                        format!("Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
+                    ));
+                }
+            }
+        }
+        if let Some(ann) = meta(obj, "annotations").and_then(Value::as_object) {
+            let total: usize = ann
+                .iter()
+                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                .sum();
+            if total > 256 * 1024 {
+                causes.push((
+                    "metadata.annotations".into(),
+                    format!("Too long: must have at most 262144 bytes, got {total}"),
+                ));
+            }
+        }
         if !causes.is_empty() {
             return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
+        }
+        let size = serde_json::to_vec(obj).map(|b| b.len()).unwrap_or(0);
+        if size > MAX_OBJECT_BYTES {
+            return Err(Error::api(
+                413,
+                "RequestEntityTooLarge",
+                format!("Request entity too large: limit is {MAX_OBJECT_BYTES}"),
+            ));
         }
         Ok(())
     }
@@ -700,10 +837,12 @@ impl Store {
         }) {
             return Err(Error::already_exists(&rt.group, &rt.plural, &name));
         }
-        if rt.status && rt.kind != "Node" && rt.kind != "Namespace" {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
+        if rt.status
+            && rt.kind != "Node"
+            && rt.kind != "Namespace"
+            && let Some(m) = obj.as_object_mut()
+        {
+            m.remove("status");
         }
         if rt.kind == "Pod" {
             obj["status"] = json!({"phase": "Pending"});
@@ -1083,7 +1222,7 @@ impl Store {
         let mut config = config.clone();
         if let Some(schema) = rt.schema.as_ref() {
             let mut unknown = Vec::new();
-            prune_and_default(schema, &mut config, "", &mut unknown);
+            crate::schema::prune(schema, &mut config, &mut unknown);
             unknown.retain(|u| u != "metadata" && u != "apiVersion" && u != "kind");
             if o.strict && !unknown.is_empty() {
                 let list: Vec<String> = unknown
@@ -1210,6 +1349,48 @@ impl Store {
             });
         }
         let gr = rt.gr();
+        if rt.kind == "Pod" && rt.group.is_empty() {
+            // Graceful deletion: a pod bound to a node and not terminal stays, terminating,
+            // until its kubelet deletes it with grace 0.
+            let bound = old
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            let terminal = matches!(
+                old.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            );
+            let grace = d.grace.unwrap_or_else(|| {
+                old.pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(30)
+            });
+            if bound && !terminal && grace > 0 {
+                if meta(old, "deletionTimestamp").is_some() {
+                    return Ok(Written {
+                        obj: Self::present(rt, old),
+                        warnings: vec![],
+                        code: 200,
+                    });
+                }
+                let at = jiff::Timestamp::now()
+                    .checked_add(jiff::SignedDuration::from_secs(grace))
+                    .unwrap_or_else(|_| jiff::Timestamp::now());
+                let mut next = (**old).clone();
+                let m = meta_mut(&mut next);
+                m.insert(
+                    "deletionTimestamp".into(),
+                    json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                );
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
+                return Ok(Written {
+                    obj: Self::present(rt, &stored),
+                    warnings: vec![],
+                    code: 200,
+                });
+            }
+        }
         let policy = d.propagation.as_deref().unwrap_or("Background");
         if policy == "Orphan" {
             self.orphan_dependents(i, meta_str(old, "uid"));
@@ -1236,20 +1417,25 @@ impl Store {
                 code: 202,
             });
         }
-        if rt.kind == "Namespace" {
-            let ns = meta_str(old, "name").to_string();
-            let victims: Vec<(String, Arc<Value>)> = i
-                .objects
-                .iter()
-                .flat_map(|(g, m)| {
-                    m.iter()
-                        .filter(|((n, _), _)| *n == ns)
-                        .map(move |(_, o)| (g.clone(), o.clone()))
-                })
-                .collect();
-            for (g, o) in victims {
-                self.commit(i, &g, "DELETED", (*o).clone(), Some(o.clone()));
+        if rt.kind == "Namespace" && rt.group.is_empty() {
+            // Like the real namespace lifecycle: Terminating now, content removed later by
+            // `finalize_namespace` (the namespace controller's job).
+            if meta(old, "deletionTimestamp").is_some() {
+                return Ok(Written {
+                    obj: Self::present(rt, old),
+                    warnings: vec![],
+                    code: 200,
+                });
             }
+            let mut next = (**old).clone();
+            meta_mut(&mut next).insert("deletionTimestamp".into(), json!(now()));
+            next["status"] = json!({"phase": "Terminating"});
+            let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
+            return Ok(Written {
+                obj: Self::present(rt, &stored),
+                warnings: vec![],
+                code: 200,
+            });
         }
         if gr == CRD_GR {
             let group = old
@@ -1282,6 +1468,56 @@ impl Store {
             warnings: vec![],
             code: 200,
         })
+    }
+
+    /// What a kubelet does once a pod it runs is terminating: delete it with grace 0.
+    pub(crate) fn kubelet_delete(&self, rt: &ResType, ns: &str, name: &str, uid: &str) {
+        let mut i = self.inner.lock();
+        if let Ok(cur) = Self::lookup(&i, rt, ns, name)
+            && meta_str(&cur, "uid") == uid
+            && meta(&cur, "deletionTimestamp").is_some()
+        {
+            let d = DeleteOpts {
+                uid: Some(uid.to_string()),
+                grace: Some(0),
+                ..DeleteOpts::default()
+            };
+            let _ = self.delete_locked(&mut i, rt, &cur, &d);
+        }
+    }
+
+    /// Removes everything in a terminating namespace, then the namespace.
+    pub(crate) fn finalize_namespace(&self, ns: &str) {
+        let mut i = self.inner.lock();
+        let victims: Vec<(String, Arc<Value>)> = i
+            .objects
+            .iter()
+            .flat_map(|(g, m)| {
+                m.iter()
+                    .filter(|((n, _), _)| n == ns)
+                    .map(move |(_, o)| (g.clone(), o.clone()))
+            })
+            .collect();
+        for (g, o) in victims {
+            let gone = self.commit(&mut i, &g, "DELETED", (*o).clone(), Some(o.clone()));
+            self.after_delete(&mut i, &gone);
+        }
+        let key = (String::new(), ns.to_string());
+        if let Some(n) = i
+            .objects
+            .get("namespaces")
+            .and_then(|m| m.get(&key))
+            .cloned()
+        {
+            let gone = self.commit(
+                &mut i,
+                "namespaces",
+                "DELETED",
+                (*n).clone(),
+                Some(n.clone()),
+            );
+            self.after_delete(&mut i, &gone);
+        }
     }
 
     fn dependents(i: &Inner, uid: &str) -> Vec<(String, Arc<Value>)> {

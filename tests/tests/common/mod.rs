@@ -10,7 +10,7 @@ use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use tidepool_tests::{ApiServer, Config};
 
-pub const CRD_YAML: &str = include_str!("fixtures/crd-ipamnodes.yaml");
+pub const CRD_YAML: &str = include_str!("../fixtures/crd-ipamnodes.yaml");
 
 /// Polls `f` until it returns `Some` or `timeout` passes (then panics with `what`).
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
@@ -33,6 +33,8 @@ pub fn fast_config() -> Config {
         watch_window: 50,
         bookmark_interval: Duration::from_millis(200),
         min_request_timeout: Duration::from_secs(30),
+        namespace_finalize_delay: Duration::from_millis(100),
+        kubelet_delay: Some(Duration::from_millis(100)),
     }
 }
 

@@ -1,0 +1,724 @@
+//! kubectl as an independent client of the in-process API server. These tests FAIL when
+//! kubectl is missing: run them with `cargo test -p tidepool-tests kubectl`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DynamicObject};
+use serde_json::Value;
+use tidepool_tests::ApiServer;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+
+/// The pinned v1.32 binary behind the machine's kubectl dispatcher (which picks the binary
+/// matching the server's minor version, 1.33 for us).
+const KUBECTL_1_32: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
+
+fn kubectl_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("TIDEPOOL_KUBECTL") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "TIDEPOOL_KUBECTL={} is not a file",
+            p.display()
+        );
+        return p;
+    }
+    let candidates = [PathBuf::from("/usr/bin/kubectl")].into_iter().chain(
+        std::env::var_os("PATH").into_iter().flat_map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .collect::<Vec<_>>()
+        }),
+    );
+    for c in candidates {
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!(
+        "kubectl not found (looked at /usr/bin/kubectl and on PATH): the kubectl tests need kubectl v1.32 installed; they do not skip"
+    );
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    dir: PathBuf,
+}
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+impl Kubectl {
+    fn new(server: &ApiServer) -> Self {
+        Self::with_binary(server, kubectl_binary())
+    }
+
+    fn with_binary(server: &ApiServer, bin: PathBuf) -> Self {
+        assert!(
+            bin.is_file(),
+            "kubectl binary {} not found: the kubectl tests need it; they do not skip",
+            bin.display()
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "tidepool-kubectl-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        server
+            .write_kubeconfig("kubectl", &dir.join("kubeconfig"))
+            .expect("kubeconfig");
+        Kubectl { bin, dir }
+    }
+
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .arg("--cache-dir")
+            .arg(self.dir.join("cache"))
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .env("HOME", &self.dir)
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .expect("join")
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args).await;
+        assert!(ok, "kubectl {args:?} failed:\nstdout: {out}\nstderr: {err}");
+        out
+    }
+
+    async fn fails(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args).await;
+        assert!(!ok, "kubectl {args:?} should fail but printed: {out}");
+        err
+    }
+}
+
+impl Drop for Kubectl {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(FIXTURES).join(name).display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_crd_and_custom_resources() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    crd_scenario(&server, &k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_32_pinned_binary_crd_and_kustomize() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::with_binary(&server, PathBuf::from(KUBECTL_1_32));
+    let (_, out, _) = k.run(&["version", "--client"]).await;
+    assert!(out.contains("v1.32"), "{out}");
+    crd_scenario(&server, &k).await;
+    kustomize_scenario(&server, &k).await;
+}
+
+async fn crd_scenario(server: &ApiServer, k: &Kubectl) {
+    let client = server.client("checker").await.unwrap();
+
+    let out = k.ok(&["apply", "-f", &fixture("crd-ipamnodes.yaml")]).await;
+    assert!(
+        out.contains(
+            "customresourcedefinition.apiextensions.k8s.io/ipamnodes.ipam.tidepool.dev created"
+        ),
+        "{out}"
+    );
+    let out = k
+        .ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/ipamnodes.ipam.tidepool.dev",
+            "--timeout=20s",
+        ])
+        .await;
+    assert!(out.contains("condition met"), "{out}");
+
+    let out = k.ok(&["apply", "-f", &fixture("ipamnode-a.yaml")]).await;
+    assert!(
+        out.contains("ipamnode.ipam.tidepool.dev/node-a created"),
+        "{out}"
+    );
+    let nodes: Api<DynamicObject> = Api::all_with(client.clone(), &ipamnode_resource());
+    let a = nodes.get("node-a").await.expect("created through kubectl");
+    assert_eq!(a.data["spec"]["nodeUID"], "uid-a");
+    assert_eq!(
+        a.data["spec"]["watermarks"]["mode"], "dynamic",
+        "schema default applied"
+    );
+    assert!(
+        a.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("kubectl.kubernetes.io/last-applied-configuration"),
+        "client-side apply annotation kept"
+    );
+
+    // Validation as kubectl sees it: unknown fields (strict field validation) and schema errors.
+    let err = k
+        .fails(&["apply", "-f", &fixture("ipamnode-bad-unknown.yaml")])
+        .await;
+    assert!(err.contains("unknown field \"spec.bogusField\""), "{err}");
+    let err = k
+        .fails(&["apply", "-f", &fixture("ipamnode-bad-min.yaml")])
+        .await;
+    assert!(
+        err.contains("spec.watermarks.preAllocate") && err.contains("greater than or equal to 0"),
+        "{err}"
+    );
+    assert_eq!(code(&nodes.get("node-bad").await.unwrap_err()), 404);
+
+    // get: default table (printer columns from the CRD), by short name, and JSON.
+    let table = k.ok(&["get", "ipn"]).await;
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        vec!["NAME", "READY", "PREALLOCATE"],
+        "{table}"
+    );
+    assert_eq!(
+        lines[1].split_whitespace().collect::<Vec<_>>(),
+        vec!["node-a", "8"],
+        "{table}"
+    );
+    let one: Value =
+        serde_json::from_str(&k.ok(&["get", "ipamnode", "node-a", "-o", "json"]).await).unwrap();
+    assert_eq!(one["metadata"]["uid"].as_str(), a.metadata.uid.as_deref());
+    let list: Value =
+        serde_json::from_str(&k.ok(&["get", "ipamnodes", "-o", "json"]).await).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let labelled = k
+        .ok(&["get", "ipamnodes", "-l", "tier=edge", "-o", "name"])
+        .await;
+    assert_eq!(labelled.trim(), "ipamnode.ipam.tidepool.dev/node-a");
+    assert!(
+        k.ok(&["get", "ipamnodes", "-l", "tier=core", "-o", "name"])
+            .await
+            .trim()
+            .is_empty()
+    );
+
+    // patch --type merge and --type json.
+    let out = k
+        .ok(&[
+            "patch",
+            "ipamnode",
+            "node-a",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"watermarks":{"preAllocate":4}}}"#,
+        ])
+        .await;
+    assert!(out.contains("patched"), "{out}");
+    let b = nodes.get("node-a").await.unwrap();
+    assert_eq!(b.data["spec"]["watermarks"]["preAllocate"], 4);
+    assert_eq!(b.metadata.generation, Some(2));
+    k.ok(&[
+        "patch",
+        "ipamnode",
+        "node-a",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pools/ipv4","value":"other"}]"#,
+    ])
+    .await;
+    assert_eq!(
+        nodes.get("node-a").await.unwrap().data["spec"]["pools"]["ipv4"],
+        "other"
+    );
+    let err = k
+        .fails(&[
+            "patch",
+            "ipamnode",
+            "node-a",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"watermarks":{"preAllocate":-3}}}"#,
+        ])
+        .await;
+    assert!(err.contains("is invalid"), "{err}");
+    let err = k
+        .fails(&[
+            "patch",
+            "ipamnode",
+            "node-a",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"test","path":"/spec/nodeUID","value":"nope"}]"#,
+        ])
+        .await;
+    assert!(!err.is_empty());
+    // Status subresource through kubectl.
+    k.ok(&[
+        "patch",
+        "ipamnode",
+        "node-a",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ])
+    .await;
+    let table = k.ok(&["get", "ipn", "node-a"]).await;
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .eq(["node-a", "True", "4"]),
+        "{table}"
+    );
+
+    // Re-applying the file restores what it says (three-way merge against last-applied).
+    let out = k.ok(&["apply", "-f", &fixture("ipamnode-a.yaml")]).await;
+    assert!(out.contains("configured"), "{out}");
+    let c = nodes.get("node-a").await.unwrap();
+    assert_eq!(
+        (
+            c.data["spec"]["watermarks"]["preAllocate"].clone(),
+            c.data["spec"]["pools"]["ipv4"].clone()
+        ),
+        (serde_json::json!(8), serde_json::json!("default"))
+    );
+    let out = k.ok(&["apply", "-f", &fixture("ipamnode-a.yaml")]).await;
+    assert!(out.contains("unchanged"), "{out}");
+
+    // delete.
+    let out = k.ok(&["delete", "ipamnode", "node-a"]).await;
+    assert!(out.contains("deleted"), "{out}");
+    assert_eq!(code(&nodes.get("node-a").await.unwrap_err()), 404);
+    let (_, out, err) = k.run(&["get", "ipamnodes"]).await;
+    assert!(
+        out.is_empty() && err.contains("No resources found"),
+        "{out} / {err}"
+    );
+    let out = k
+        .ok(&["delete", "-f", &fixture("crd-ipamnodes.yaml")])
+        .await;
+    assert!(out.contains("deleted"), "{out}");
+    // (kubectl's discovery cache may still list the type: either error is a "not found".)
+    let err = k.fails(&["get", "ipamnodes"]).await;
+    assert!(
+        err.contains("the server doesn't have a resource type \"ipamnodes\"")
+            || err.contains("the server could not find the requested resource"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_kustomize_builtin_kinds() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    kustomize_scenario(&server, &k).await;
+}
+
+async fn kustomize_scenario(server: &ApiServer, k: &Kubectl) {
+    let client = server.client("checker").await.unwrap();
+    let dir = fixture("kustomize");
+
+    let out = k.ok(&["apply", "-k", &dir]).await;
+    for what in [
+        "namespace/tidepool-system created",
+        "serviceaccount/tidepool-operator created",
+        "role.rbac.authorization.k8s.io/tidepool-leases created",
+        "clusterrole.rbac.authorization.k8s.io/tidepool-operator created",
+        "rolebinding.rbac.authorization.k8s.io/tidepool-leases created",
+        "clusterrolebinding.rbac.authorization.k8s.io/tidepool-operator created",
+        "configmap/tidepool-config created",
+        "service/tidepool-metrics created",
+        "deployment.apps/tidepool-operator created",
+        "poddisruptionbudget.policy/tidepool-operator created",
+    ] {
+        assert!(out.contains(what), "missing {what:?} in:\n{out}");
+    }
+    let ns = "tidepool-system";
+    let label = |m: &kube::api::ObjectMeta| {
+        m.labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/name").cloned())
+    };
+    let n = Api::<Namespace>::all(client.clone()).get(ns).await.unwrap();
+    assert_eq!(label(&n.metadata).as_deref(), Some("tidepool"));
+    let sa = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    assert_eq!(label(&sa.metadata).as_deref(), Some("tidepool"));
+    let cr = Api::<ClusterRole>::all(client.clone())
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        cr.rules.unwrap()[0].resources.as_ref().unwrap(),
+        &vec!["ipamnodes".to_string(), "ipamnodes/status".to_string()]
+    );
+    let crb = Api::<ClusterRoleBinding>::all(client.clone())
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    assert_eq!(crb.subjects.unwrap()[0].namespace.as_deref(), Some(ns));
+    Api::<Role>::namespaced(client.clone(), ns)
+        .get("tidepool-leases")
+        .await
+        .unwrap();
+    let rb = Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .get("tidepool-leases")
+        .await
+        .unwrap();
+    assert_eq!(
+        rb.subjects.unwrap()[0].namespace.as_deref(),
+        Some(ns),
+        "kustomize set the subject namespace"
+    );
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get("tidepool-config")
+        .await
+        .unwrap();
+    assert_eq!(cm.data.unwrap()["reuseCooldown"], "30s");
+    let svc = Api::<Service>::namespaced(client.clone(), ns)
+        .get("tidepool-metrics")
+        .await
+        .unwrap();
+    assert_eq!(svc.spec.unwrap().ports.unwrap()[0].port, 9090);
+    let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        pdb.spec.unwrap().min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    let deploy = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    let spec = deploy.spec.clone().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(
+        spec.template.spec.unwrap().containers[0].image.as_deref(),
+        Some("tidepool/operator:dev")
+    );
+    assert_eq!(deploy.metadata.generation, Some(1));
+
+    // Applying the same directory again changes nothing on the server.
+    let rv_before = server.resource_version();
+    let out = k.ok(&["apply", "-k", &dir]).await;
+    assert!(
+        out.contains("deployment.apps/tidepool-operator unchanged"),
+        "{out}"
+    );
+    assert!(out.contains("configmap/tidepool-config unchanged"), "{out}");
+    assert_eq!(
+        server.resource_version(),
+        rv_before,
+        "no writes on a re-apply:\n{out}"
+    );
+
+    // get in the default table and as JSON.
+    let table = k.ok(&["get", "deployments", "-n", ns]).await;
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("tidepool-operator")),
+        "{table}"
+    );
+    let all: Value = serde_json::from_str(
+        &k.ok(&[
+            "get",
+            "configmaps,services,serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    let kinds: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, vec!["ConfigMap", "Service", "ServiceAccount"]);
+
+    // A strategic-merge patch through kubectl on a built-in kind (containers merged by name).
+    k.ok(&["patch", "deployment", "tidepool-operator", "-n", ns, "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"operator","image":"tidepool/operator:v2"}]}}}}"#]).await;
+    let deploy = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get("tidepool-operator")
+        .await
+        .unwrap();
+    let c = &deploy.spec.unwrap().template.spec.unwrap().containers[0];
+    assert_eq!(
+        (c.image.as_deref(), c.args.clone()),
+        (Some("tidepool/operator:v2"), Some(vec!["run".to_string()]))
+    );
+    assert_eq!(deploy.metadata.generation, Some(2));
+
+    // delete -k removes everything, the namespace last.
+    let out = k.ok(&["delete", "-k", &dir]).await;
+    assert!(
+        out.contains("namespace \"tidepool-system\" deleted"),
+        "{out}"
+    );
+    assert_eq!(
+        code(
+            &Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .get("tidepool-config")
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
+    assert_eq!(
+        code(
+            &Api::<ClusterRole>::all(client.clone())
+                .get("tidepool-operator")
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
+    assert_eq!(
+        code(&Api::<Namespace>::all(client).get(ns).await.unwrap_err()),
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_against_the_standalone_binary() {
+    use std::io::BufRead;
+    let bin = kubectl_binary();
+    let dir = std::env::temp_dir().join(format!("tidepool-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kc = dir.join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidepool-apiserver"))
+        .args(["--port", "0", "--kubeconfig"])
+        .arg(&kc)
+        .args(["--identity", "admin", "--identity", "replica-b"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tidepool-apiserver");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("serving http://127.0.0.1:"), "{line}");
+    let run = |kubeconfig: PathBuf, args: Vec<&'static str>| {
+        let bin = bin.clone();
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(bin)
+                .args(args)
+                .arg("--cache-dir")
+                .arg(dir.join("cache"))
+                .env("KUBECONFIG", kubeconfig)
+                .env("HOME", &dir)
+                .output()
+                .unwrap()
+        })
+    };
+    let out = run(kc.clone(), vec!["get", "namespaces", "-o", "name"])
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let names = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut other = kc.clone().into_os_string();
+    other.push(".replica-b");
+    let second_exists = std::path::Path::new(&other).is_file();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        names.lines().collect::<Vec<_>>(),
+        vec![
+            "namespace/default",
+            "namespace/kube-node-lease",
+            "namespace/kube-public",
+            "namespace/kube-system"
+        ]
+    );
+    assert!(second_exists, "a kubeconfig per extra identity");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_server_side_apply_and_conflicts() {
+    let server = ApiServer::start().await.unwrap();
+    let client = server.client("checker").await.unwrap();
+    let k = Kubectl::new(&server);
+    let out = k
+        .ok(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &fixture("crd-ipamnodes.yaml"),
+        ])
+        .await;
+    assert!(out.contains("serverside-applied"), "{out}");
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/ipamnodes.ipam.tidepool.dev",
+        "--timeout=20s",
+    ])
+    .await;
+    k.ok(&["apply", "--server-side", "-f", &fixture("ipamnode-a.yaml")])
+        .await;
+    let nodes: Api<DynamicObject> = Api::all_with(client.clone(), &ipamnode_resource());
+    let a = nodes.get("node-a").await.unwrap();
+    let mf = a.metadata.managed_fields.clone().unwrap();
+    assert_eq!(
+        (
+            mf.len(),
+            mf[0].manager.as_deref(),
+            mf[0].operation.as_deref()
+        ),
+        (1, Some("kubectl"), Some("Apply"))
+    );
+    let owned = &mf[0].fields_v1.as_ref().unwrap().0;
+    assert!(
+        owned
+            .pointer("/f:spec/f:watermarks/f:preAllocate")
+            .is_some()
+    );
+    assert!(
+        owned.pointer("/f:spec/f:watermarks/f:mode").is_none(),
+        "defaulted fields are not the applier's: {owned}"
+    );
+
+    // Another manager takes a field; kubectl's apply then conflicts until --force-conflicts.
+    k.ok(&[
+        "patch",
+        "ipamnode",
+        "node-a",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"watermarks":{"preAllocate":4}}}"#,
+    ])
+    .await;
+    let err = k
+        .fails(&["apply", "--server-side", "-f", &fixture("ipamnode-a.yaml")])
+        .await;
+    assert!(
+        err.contains("Apply failed with 1 conflict: conflict with \"kubectl-patch\"")
+            && err.contains(".spec.watermarks.preAllocate"),
+        "{err}"
+    );
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &fixture("ipamnode-a.yaml"),
+    ])
+    .await;
+    assert_eq!(
+        nodes.get("node-a").await.unwrap().data["spec"]["watermarks"]["preAllocate"],
+        8
+    );
+
+    // Built-in kinds through server-side apply, twice (idempotent: no writes the second time).
+    let dir = fixture("kustomize");
+    k.ok(&["apply", "--server-side", "-k", &dir]).await;
+    let rv = server.resource_version();
+    let out = k.ok(&["apply", "--server-side", "-k", &dir]).await;
+    assert_eq!(out.matches("serverside-applied").count(), 10, "{out}");
+    assert_eq!(
+        server.resource_version(),
+        rv,
+        "re-applying the same configuration writes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_prints_table_rows() {
+    let server = ApiServer::start().await.unwrap();
+    let client = server.client("checker").await.unwrap();
+    let k = Kubectl::new(&server);
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": "before"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let watching = {
+        let (bin, dir) = (k.bin.clone(), k.dir.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(bin)
+                .args([
+                    "get",
+                    "configmaps",
+                    "-w",
+                    "--request-timeout=3s",
+                    "--cache-dir",
+                ])
+                .arg(dir.join("cache"))
+                .env("KUBECONFIG", dir.join("kubeconfig"))
+                .env("HOME", &dir)
+                .output()
+                .unwrap()
+        })
+    };
+    eventually(
+        std::time::Duration::from_secs(10),
+        "kubectl's watch open",
+        || async { (server.request_count("watch", "configmaps") >= 1).then_some(()) },
+    )
+    .await;
+    cms.create(
+        &Default::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": "during"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let out = watching.await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        rows,
+        vec!["NAME", "before", "during"],
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
