@@ -179,8 +179,20 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
         };
         let node = match node {
             Some(n) if n.node_uid == info.uid => n,
-            // Missing, or left by an older Node of the same name: (re)create it.
-            _ => Arc::new(IpamNode::new(h.name.clone(), info.uid)),
+            // Left by an older Node of the same name (a kubelet that re-registered, or a
+            // new machine under a reused name): adopt it, so nothing it records is lost.
+            // Its addresses are checked against the source, and the entries of pods that
+            // are gone are reclaimed pod by pod; the write records the new UID.
+            Some(n) => {
+                if !live {
+                    live = true;
+                    continue;
+                }
+                local.needs_describe = true;
+                n
+            }
+            // Missing: the first write creates it.
+            None => Arc::new(IpamNode::new(h.name.clone(), info.uid)),
         };
         local.seeded_epoch = epoch;
         match pass_once(shared, h, local, &node, &info).await {
@@ -224,13 +236,11 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     };
     let pending = shared.pods.pending_pods(&h.name);
 
-    let watermarks = match cfg.watermarks.with_overrides(&node.watermarks) {
-        Ok(w) => w,
-        Err(e) => {
-            // invalid_spec may not write: keep the repair pending then
-            local.needs_describe |= repaired;
-            return invalid_spec(shared, h, node, e).await;
-        }
+    // Invalid overrides: plan with the flags' watermarks so reclaim and handshakes go on,
+    // but claim and mark nothing; a condition and an event say why.
+    let (watermarks, invalid) = match cfg.watermarks.with_overrides(&node.watermarks) {
+        Ok(w) => (w, None),
+        Err(e) => (cfg.watermarks, Some(e)),
     };
     let families = shared.source.families();
     let grant_size = PerFamily {
@@ -248,9 +258,17 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         release: cfg.release,
         reclaim: cfg.reclaim,
     };
-    let plan = plan::plan(&mut local.mem, &snap, |uid| shared.pods.pod(uid));
+    let mut plan = plan::plan(&mut local.mem, &snap, |uid| shared.pods.pod(uid));
     let mut fields = plan.fields;
-    drop_condition(&mut fields, WATERMARKS_VALID);
+    match &invalid {
+        None => drop_condition(&mut fields, WATERMARKS_VALID),
+        Some(e) => {
+            plan.claims.clear();
+            plan.marks.clear();
+            plan.summary.blocked = Some(Blocked::InvalidSpec);
+            set_invalid_condition(shared, h, &mut fields, e);
+        }
+    }
     shared.publish(h, plan.summary);
 
     // Reclaim: tombstones the node side answered; groups observed twice, confirmed live.
@@ -358,8 +376,9 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
 
     // One coalesced write.
-    // (resourceVersion 0: the IPAMNode does not exist yet; the operator creates it)
-    if (fields != stored.operator || stored.resource_version == 0)
+    // (resourceVersion 0: the IPAMNode does not exist yet, the operator creates it; another
+    // Node UID: the operator adopts it)
+    if (fields != stored.operator || stored.resource_version == 0 || stored.node_uid != info.uid)
         && let Err(e) = write(shared, h, node, fields.clone()).await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
@@ -384,6 +403,9 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         shared.pool_freed();
     }
     let mut summary = plan::summarize(&snap, &fields, plan.summary.reclaim_candidates);
+    if invalid.is_some() {
+        summary.blocked = Some(Blocked::InvalidSpec);
+    }
     summary.blocked = summary.blocked.or(blocked);
     shared.publish(h, summary);
     local.deadline = plan.next_deadline;
@@ -399,37 +421,33 @@ fn drop_condition(fields: &mut OperatorFields, type_: &str) {
     fields.conditions.retain(|c| c.type_ != type_);
 }
 
-/// Invalid watermarks: a condition and an event, no retry until the spec changes.
-async fn invalid_spec<S: IpSource, N: NodeStore, P: PodView>(
+/// Invalid watermarks: a condition (and, when it is new, a warning event). The node gets no
+/// new addresses until the spec changes; reclaim and handshakes go on.
+fn set_invalid_condition<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
-    node: &IpamNode,
-    e: IpamError,
-) -> Result<Outcome, IpamError> {
+    fields: &mut OperatorFields,
+    e: &IpamError,
+) {
     let message = e.to_string();
-    let mut fields = node.operator.clone();
     let already = fields
         .conditions
         .iter()
         .any(|c| c.type_ == WATERMARKS_VALID && c.message == message);
-    if !already {
-        drop_condition(&mut fields, WATERMARKS_VALID);
-        fields.conditions.push(Condition {
-            type_: WATERMARKS_VALID,
-            status: false,
-            reason: "InvalidWatermarks",
-            message: message.clone(),
-            last_transition: shared.clock.utc(),
-        });
-        shared
-            .store
-            .event(&h.name, EventType::Warning, "InvalidWatermarks", message);
-        write(shared, h, node, fields).await?;
+    if already {
+        return;
     }
-    let mut summary = h.state.lock().summary;
-    summary.blocked = Some(Blocked::InvalidSpec);
-    shared.publish(h, summary);
-    Err(e)
+    drop_condition(fields, WATERMARKS_VALID);
+    fields.conditions.push(Condition {
+        type_: WATERMARKS_VALID,
+        status: false,
+        reason: "InvalidWatermarks",
+        message: message.clone(),
+        last_transition: shared.clock.utc(),
+    });
+    shared
+        .store
+        .event(&h.name, EventType::Warning, "InvalidWatermarks", message);
 }
 
 /// The source's truth repairs our fields after a call whose reply was lost: addresses it

@@ -128,7 +128,8 @@ impl MemoryNodeStore {
         let old = inner.objects.get(name).cloned();
         let mut new = f(old.as_deref())?;
         if old.as_deref().is_some_and(|o| {
-            o.watermarks == new.watermarks
+            o.node_uid == new.node_uid
+                && o.watermarks == new.watermarks
                 && o.operator == new.operator
                 && o.node == new.node
                 && o.finalizer == new.finalizer
@@ -216,6 +217,7 @@ impl NodeStore for MemoryNodeStore {
                 let mut n = old
                     .cloned()
                     .unwrap_or_else(|| IpamNode::new(name.clone(), node_uid));
+                n.node_uid = node_uid;
                 n.operator = fields;
                 Some(n)
             })

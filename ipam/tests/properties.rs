@@ -605,16 +605,11 @@ fn regression_repair_after_a_lost_release_reply_is_written() {
     );
 }
 
-/// KNOWN BUG (reported, not fixed): a machine that rejoins under the name of a deleted
-/// node before that node's whole-node reclaim (within `node_reclaim_grace`) inherits a
-/// half-state. `NodeManager::upsert_node` just swaps in the new UID and clears
-/// `deleted_at`, so the old UID's reclaim never runs; the maintainer then plans from a
-/// fresh `IpamNode` (UID mismatch) while the store keeps the old node-side fields and
-/// UID: the old pods' `used` entries are never reclaimed and addresses the source still
-/// grants under that name are lost. Run with `--ignored` to see it.
+/// A machine that rejoins under the name of a deleted node before that node's whole-node
+/// reclaim: the new Node adopts the IPAMNode (its addresses checked against the source),
+/// the old pods' entries are reclaimed pod by pod, and nothing is lost or granted twice.
 #[test]
-#[ignore = "known bug: same-name rejoin before the whole-node reclaim"]
-fn known_bug_rejoin_under_the_same_name_before_node_reclaim() {
+fn regression_rejoin_under_the_same_name_before_node_reclaim() {
     let c = Case {
         dual_stack: false,
         capacity: 1 << 20,
@@ -648,13 +643,10 @@ fn known_bug_rejoin_under_the_same_name_before_node_reclaim() {
     });
 }
 
-/// KNOWN BUG (reported, not fixed): invalid watermark overrides stop more than claims.
-/// `maintainer::pass_once` returns through `invalid_spec` before planning, so the node's
-/// reclaim (and its release handshakes and tombstone acks) stall until the spec is fixed:
-/// a pod that crashes meanwhile leaks its address. Run with `--ignored` to see it.
+/// Invalid watermark overrides stop claims and marks only: reclaim, release handshakes
+/// and tombstone acks go on, so a pod that crashes meanwhile does not leak its address.
 #[test]
-#[ignore = "known bug: invalid watermark overrides stall reclaim"]
-fn known_bug_invalid_watermarks_stall_reclaim() {
+fn regression_invalid_watermarks_do_not_stall_reclaim() {
     regression(
         false,
         1 << 20,

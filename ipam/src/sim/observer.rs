@@ -43,6 +43,10 @@ struct State {
     /// Pods deleted while their address stayed recorded: deletion time (for reclaim latency).
     deleted_at: BTreeMap<PodUid, Instant>,
     vanished: BTreeSet<NodeName>,
+    /// Holds of machines that vanished, while the source still grants them to the name:
+    /// a new machine joining under that name (or the same kubelet re-registering) holds
+    /// them again.
+    dormant: BTreeMap<IpAddr, NodeName>,
     reclaim_latency: Vec<f64>,
     reclaimed: u64,
     inv: Invariants,
@@ -150,13 +154,40 @@ impl Observer {
     /// A machine joins under `node` — possibly a name whose earlier machine vanished: the
     /// new machine holds what it is granted from now on.
     pub fn machine_joined(&self, node: &NodeName) {
-        self.s.lock().vanished.remove(node);
+        let mut s = self.s.lock();
+        s.vanished.remove(node);
+        let back: Vec<IpAddr> = s
+            .dormant
+            .iter()
+            .filter(|(_, n)| *n == node)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in back {
+            s.dormant.remove(&a);
+            s.holds.insert(
+                a,
+                Hold {
+                    node: node.clone(),
+                    active: true,
+                },
+            );
+        }
     }
 
     /// A machine vanished with its pods: its holds end.
     pub fn machine_vanished(&self, node: &NodeName) {
         let mut s = self.s.lock();
-        s.holds.retain(|_, h| &h.node != node);
+        let gone: Vec<IpAddr> = s
+            .holds
+            .iter()
+            .filter(|(_, h)| &h.node == node)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in gone {
+            if s.holds.remove(&a).is_some_and(|h| h.active) {
+                s.dormant.insert(a, node.clone());
+            }
+        }
         s.vanished.insert(node.clone());
     }
 
@@ -220,6 +251,7 @@ impl SourceHook for Observer {
             return; // a machine that is gone holds nothing
         }
         for a in addrs {
+            s.dormant.remove(a);
             if let Some(h) = s.holds.get(a)
                 && h.active
                 && &h.node != node
@@ -243,6 +275,9 @@ impl SourceHook for Observer {
     fn released(&self, node: &NodeName, addrs: &[IpAddr]) {
         let mut s = self.s.lock();
         for a in addrs {
+            if s.dormant.get(a) == Some(node) {
+                s.dormant.remove(a);
+            }
             // An active hold stays: granting the address elsewhere would then be a double grant.
             if s.holds.get(a).is_some_and(|h| &h.node == node && !h.active) {
                 s.holds.remove(a);

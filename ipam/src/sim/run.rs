@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::IpamError;
 use crate::sim::observer::Invariants;
-use crate::sim::world::{World, WorldConfig};
+use crate::sim::world::{SimSource, World, WorldConfig};
 use crate::types::{Family, NodeName};
 
 /// Whether steady state is reached before the measured period.
@@ -262,12 +262,24 @@ impl Workload {
 /// done and the total, about once per simulated second.
 pub async fn simulate(
     cfg: SimConfig,
-    mut progress: impl FnMut(Duration, Duration),
+    progress: impl FnMut(Duration, Duration),
 ) -> Result<Report, IpamError> {
     cfg.validate()?;
     let wall = std::time::Instant::now();
     let cpu0 = cpu_seconds();
     let world = World::start(cfg.world.clone())?;
+    drive(world, &cfg, progress, wall, cpu0).await
+}
+
+/// Runs the workload on a started world to the end of its drain tail and reports.
+async fn drive<S: SimSource>(
+    world: World<S>,
+    cfg: &SimConfig,
+    mut progress: impl FnMut(Duration, Duration),
+    wall: std::time::Instant,
+    cpu0: Option<f64>,
+) -> Result<Report, IpamError> {
+    let cfg = cfg.clone();
     let start = Instant::now();
     let mut wl = Workload {
         rng: SmallRng::seed_from_u64(cfg.world.seed ^ 0x5eed),
@@ -287,7 +299,7 @@ pub async fn simulate(
     let active_end = t0 + cfg.duration;
     let end = active_end + cfg.drain_tail();
     let total = end - start;
-    let churn_rate = |w: &World| cfg.churn / 60.0 * w.live_nodes().len() as f64;
+    let churn_rate = |w: &World<S>| cfg.churn / 60.0 * w.live_nodes().len() as f64;
     if let Some(d) = next_after(&mut wl.rng, churn_rate(&world)) {
         wl.push(start + d, Ev::Churn);
     }
@@ -369,7 +381,7 @@ pub async fn simulate(
     Ok(report)
 }
 
-fn add_node_with_pods(world: &World, cfg: &SimConfig, wl: &mut Workload) {
+fn add_node_with_pods<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
     let name = world.add_node(&format!("node-{:05}", wl.next_node));
     wl.next_node += 1;
     for _ in 0..cfg.pods_per_node {
@@ -379,7 +391,7 @@ fn add_node_with_pods(world: &World, cfg: &SimConfig, wl: &mut Workload) {
 
 /// A uniformly chosen pod of a uniformly chosen live node is deleted (crashing with
 /// `crash_rate`) and a new one scheduled there at the same instant.
-fn churn(world: &World, cfg: &SimConfig, wl: &mut Workload) {
+fn churn<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
     let live = world.live_nodes();
     if live.is_empty() {
         return;
@@ -394,8 +406,8 @@ fn churn(world: &World, cfg: &SimConfig, wl: &mut Workload) {
     world.schedule_pod(&node);
 }
 
-fn build_report(
-    world: &World,
+fn build_report<S: SimSource>(
+    world: &World<S>,
     cfg: &SimConfig,
     t0: Instant,
     settled_since: Option<Instant>,

@@ -19,14 +19,36 @@ use crate::manager::{EngineConfig, NodeManager};
 use crate::pods::{MemoryPodView, PodPhase};
 use crate::sim::node_side;
 use crate::sim::observer::Observer;
-use crate::source::{Faults, MemorySource};
+use crate::source::{Faults, IpSource, MemorySource};
 use crate::store::{MemoryNodeStore, NodeStore, StoreEvent};
 use crate::types::{
     Family, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry, WatermarkOverrides,
 };
 
 /// The engine as the simulator runs it.
-pub type SimManager = NodeManager<MemorySource, MemoryNodeStore, MemoryPodView>;
+pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPodView>;
+
+/// What the simulator needs of an IP source beyond [`IpSource`].
+pub trait SimSource: IpSource + Clone {
+    /// Every (address, node) the source has granted: the truth at the end of a run.
+    fn granted(&self) -> Vec<(IpAddr, NodeName)>;
+    /// Mutating calls received, and how many were answered "throttled".
+    fn calls(&self) -> (u64, u64);
+    /// A machine joined (a cloud registers its instance).
+    fn machine_added(&self, _node: &NodeName) {}
+    /// A machine vanished (a cloud terminates its instance).
+    fn machine_gone(&self, _node: &NodeName) {}
+}
+
+impl SimSource for MemorySource {
+    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
+        MemorySource::granted(self)
+    }
+
+    fn calls(&self) -> (u64, u64) {
+        MemorySource::calls(self)
+    }
+}
 
 /// Settings of a simulated world (not of its workload).
 #[derive(Debug, Clone)]
@@ -121,13 +143,13 @@ struct Inner {
 
 /// The simulated world. Cheap to clone.
 #[derive(Clone)]
-pub struct World {
+pub struct World<S = MemorySource> {
     pub cfg: Arc<WorldConfig>,
-    pub source: MemorySource,
+    pub source: S,
     pub store: MemoryNodeStore,
     pub pods: MemoryPodView,
     pub observer: Arc<Observer>,
-    pub manager: SimManager,
+    pub manager: SimManager<S>,
     pub clock: Arc<TokioClock>,
     pub leader: Arc<watch::Sender<bool>>,
     inner: Arc<Mutex<Inner>>,
@@ -135,14 +157,27 @@ pub struct World {
 }
 
 impl World {
-    /// Builds the world and starts its engine (leading) and node-side tasks. Must be
-    /// called inside a tokio runtime.
+    /// Builds the world on the in-memory source and starts its engine (leading) and
+    /// node-side tasks. Must be called inside a tokio runtime.
     pub fn start(cfg: WorldConfig) -> Result<World, IpamError> {
+        World::start_with(cfg, |cfg, observer| {
+            let source = MemorySource::new(&cfg.families, cfg.capacity, cfg.seed)
+                .with_latency(cfg.source_latency)
+                .with_hook(observer);
+            source.set_faults(cfg.faults);
+            Ok(source)
+        })
+    }
+}
+
+impl<S: SimSource> World<S> {
+    /// Builds the world on the source `make` returns (given the observer to hook in).
+    pub fn start_with(
+        cfg: WorldConfig,
+        make: impl FnOnce(&WorldConfig, Arc<Observer>) -> Result<S, IpamError>,
+    ) -> Result<World<S>, IpamError> {
         let observer = Arc::new(Observer::new());
-        let source = MemorySource::new(&cfg.families, cfg.capacity, cfg.seed)
-            .with_latency(cfg.source_latency)
-            .with_hook(observer.clone());
-        source.set_faults(cfg.faults);
+        let source = make(&cfg, observer.clone())?;
         let store = MemoryNodeStore::new().with_hook(observer.clone());
         let pods = MemoryPodView::new(cfg.cache_lag);
         let clock = Arc::new(TokioClock::anchored(
@@ -251,6 +286,7 @@ impl World {
     /// Adds a node (its Node object and machine) and returns its name.
     pub fn add_node(&self, name: &str) -> NodeName {
         let name: NodeName = name.into();
+        self.source.machine_added(&name);
         let uid = {
             let mut g = self.inner.lock();
             g.next_node_uid += 1;
@@ -439,6 +475,7 @@ impl World {
             self.observer.pod_stopped(uid, false);
         }
         self.observer.machine_vanished(node);
+        self.source.machine_gone(node);
     }
 
     /// The Node object is deleted; the pod garbage collector deletes its pods.
