@@ -146,6 +146,20 @@ impl MemorySource {
         self
     }
 
+    /// Each call's latency.
+    pub fn latency(&self) -> Duration {
+        self.latency
+    }
+
+    /// How many addresses the source grants `node`.
+    pub fn held_by(&self, node: &NodeName) -> u64 {
+        self.state
+            .lock()
+            .by_node
+            .get(node)
+            .map_or(0, |s| s.len() as u64)
+    }
+
     /// Changes the injected faults (at any time).
     pub fn set_faults(&self, faults: Faults) {
         self.state.lock().faults = faults;

@@ -200,6 +200,12 @@ pub enum WarmUpArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum SourceArg {
+    Memory,
+    SimCloud,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum ReportFormat {
     Text,
     Json,
@@ -247,9 +253,30 @@ pub struct SimulateFlags {
     /// Addresses per family in the in-memory source.
     #[arg(long, default_value_t = 1 << 24, value_parser = clap::value_parser!(u64).range(1..), env = "TIDEPOOL_SIM_SOURCE_CAPACITY")]
     pub source_capacity: u64,
-    /// Latency of each source call.
-    #[arg(long, default_value = "0s", value_parser = duration, env = "TIDEPOOL_SIM_SOURCE_LATENCY")]
-    pub source_latency: Duration,
+    /// Where addresses come from: the in-memory per-address source or the ENI-like cloud.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "memory",
+        env = "TIDEPOOL_SIM_SOURCE"
+    )]
+    pub source: SourceArg,
+    /// sim-cloud: the nodes' instance type (m5.large, m5.4xlarge, m4.xlarge, t2.xlarge,
+    /// c3.xlarge, m4.large).
+    #[arg(long, default_value = "m5.4xlarge", env = "TIDEPOOL_SIM_INSTANCE_TYPE")]
+    pub instance_type: String,
+    /// sim-cloud: prefix length of each subnet (one subnet per 1,000 nodes).
+    #[arg(long, default_value_t = 16, env = "TIDEPOOL_SIM_SUBNET_SIZE")]
+    pub subnet_size: u8,
+    /// Latency of each mutating source call.
+    #[arg(long, default_value = "0s", value_parser = duration, env = "TIDEPOOL_SIM_CLOUD_LATENCY")]
+    pub cloud_latency: Duration,
+    /// sim-cloud: the cloud's own rate limit (calls per second); unlimited if not given.
+    #[arg(long, value_parser = positive_rate, env = "TIDEPOOL_SIM_CLOUD_QPS")]
+    pub cloud_qps: Option<f64>,
+    /// sim-cloud: the cloud's burst (defaults to --cloud-qps).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_CLOUD_BURST")]
+    pub cloud_burst: Option<u32>,
     /// Share of source calls that fail (transient).
     #[arg(long, default_value_t = 0.0, value_parser = share, env = "TIDEPOOL_SIM_FAULT_RATE")]
     pub fault_rate: f64,
@@ -298,6 +325,34 @@ mod tests {
                 .to_string();
             assert!(err.contains(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn sim_cloud_flags_are_checked_before_anything_runs() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["t", "simulate", "--source", "sim-cloud"];
+            all.extend_from_slice(args);
+            let Command::Simulate(s) = Cli::try_parse_from(all).unwrap().command else {
+                panic!("simulate expected")
+            };
+            crate::simulate::config(&s)
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
+        };
+        assert!(parse(&[]).is_ok());
+        let e = parse(&["--instance-type", "x9.huge"]).unwrap_err();
+        assert!(
+            e.contains("--instance-type x9.huge") && e.contains("m5.large"),
+            "{e}"
+        );
+        let e = parse(&["--instance-type", "m5.large"]).unwrap_err();
+        assert!(e.contains("pods-per-node"), "{e}");
+        let e = parse(&["--cloud-burst", "5"]).unwrap_err();
+        assert!(e.contains("--cloud-qps"), "{e}");
+        let e = parse(&["--subnet-size", "4"]).unwrap_err();
+        assert!(e.contains("subnet"), "{e}");
+        let e = parse(&["--dual-stack"]).unwrap_err();
+        assert!(e.contains("IPv4 only"), "{e}");
     }
 
     #[test]

@@ -5,14 +5,44 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use tidepool_ipam::sim::{Report, SimConfig, WarmUp, WorldConfig, simulate};
+use tidepool_ipam::sim::cloud::InstanceType;
+use tidepool_ipam::sim::{
+    CloudChoice, Report, SimConfig, SourceChoice, WarmUp, WorldConfig, simulate,
+};
 use tidepool_ipam::source::Faults;
 use tidepool_ipam::types::{Family, PerFamily};
 
-use crate::cli::{ReportFormat, SimulateFlags, WarmUpArg};
+use crate::cli::{ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
 
 /// Builds the simulation from the flags; bad combinations fail here, before anything runs.
 pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
+    let source = match f.source {
+        SourceArg::Memory => SourceChoice::Memory,
+        SourceArg::SimCloud => {
+            if f.dual_stack {
+                anyhow::bail!("--dual-stack: sim-cloud serves IPv4 only");
+            }
+            if f.cloud_burst.is_some() && f.cloud_qps.is_none() {
+                anyhow::bail!("--cloud-burst needs --cloud-qps");
+            }
+            let instance_type = InstanceType::by_name(&f.instance_type)
+                .with_context(|| format!("--instance-type {}", f.instance_type))?;
+            SourceChoice::SimCloud(CloudChoice {
+                instance_type,
+                subnet_size: f.subnet_size,
+                rate_limit: f
+                    .cloud_qps
+                    .map(|q| (q, f.cloud_burst.unwrap_or_else(|| q.ceil().max(1.0) as u32))),
+            })
+        }
+    };
+    // sim-cloud nodes can hold what their instance type can address
+    let max_pods = match source {
+        SourceChoice::SimCloud(c) => {
+            c.instance_type.max_pod_addresses().min(u64::from(u32::MAX)) as u32
+        }
+        SourceChoice::Memory => f.max_pods,
+    };
     let families = if f.dual_stack {
         vec![Family::V4, Family::V6]
     } else {
@@ -21,12 +51,12 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
     let cfg = SimConfig {
         world: WorldConfig {
             families,
-            max_pods: f.max_pods,
+            max_pods,
             capacity: PerFamily {
                 v4: f.source_capacity,
                 v6: f.source_capacity,
             },
-            source_latency: f.source_latency,
+            source_latency: f.cloud_latency,
             faults: Faults {
                 error_rate: f.fault_rate,
                 ..Faults::default()
@@ -41,6 +71,7 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
             seed: f.seed,
             ..WorldConfig::default()
         },
+        source,
         nodes: f.nodes,
         pods_per_node: f.pods_per_node,
         churn: f.churn,

@@ -432,6 +432,8 @@ type Limiter =
 /// The simulated cloud. Cheap to clone (shared state).
 #[derive(Clone)]
 pub struct SimCloud {
+    /// The type of instances registered when the simulator adds a machine.
+    default_type: InstanceType,
     latency: Duration,
     /// (qps, burst) of the cloud's own limit.
     rate_limit: Option<(f64, u32)>,
@@ -495,6 +497,7 @@ impl SimCloud {
             })
             .collect();
         Ok(Self {
+            default_type: InstanceType::by_name("m5.4xlarge").expect("a built-in type"),
             latency: Duration::ZERO,
             rate_limit: None,
             limiter: None,
@@ -514,6 +517,12 @@ impl SimCloud {
     /// DESIGN.md's default layout for `nodes` nodes: one subnet per 1,000 nodes.
     pub fn for_nodes(nodes: u64, subnet_size: u8, seed: u64) -> Result<Self, CloudError> {
         Self::new(subnets_for_nodes(nodes), subnet_size, seed)
+    }
+
+    /// The type of the instances the simulator registers for new machines.
+    pub fn with_instance_type(mut self, itype: InstanceType) -> Self {
+        self.default_type = itype;
+        self
     }
 
     /// Every mutating call takes this long (tokio time).
@@ -1028,6 +1037,50 @@ impl IpSource for SimCloud {
             },
             v6: Quota::default(),
         }
+    }
+}
+
+impl crate::sim::world::SimSource for SimCloud {
+    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
+        SimCloud::granted(self)
+    }
+
+    fn calls(&self) -> (u64, u64) {
+        SimCloud::calls(self)
+    }
+
+    /// A machine joins as an instance of the cloud's default type (a name already
+    /// registered keeps its instance).
+    fn machine_added(&self, node: &NodeName) {
+        if !self.has_instance(node) {
+            // the only other failure is a subnet without room for the primary address: the
+            // node then gets nothing and shows as exhausted
+            let _ = self.add_instance(node, self.default_type);
+        }
+    }
+
+    fn machine_gone(&self, node: &NodeName) {
+        self.terminate_instance(node);
+    }
+
+    fn snapshot(&self, node: &NodeName) -> Vec<u64> {
+        self.instance(node)
+            .map(|i| i.secondary_counts())
+            .unwrap_or_default()
+    }
+
+    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
+        let fresh = [0];
+        let from = if from.is_empty() { &fresh[..] } else { from };
+        minimum_calls(&self.default_type, from, target)
+    }
+
+    fn call_latency(&self) -> Duration {
+        self.latency
+    }
+
+    fn rate_limit(&self) -> Option<(f64, u32)> {
+        self.rate_limit
     }
 }
 

@@ -8,5 +8,5 @@ pub mod run;
 pub mod world;
 
 pub use observer::{Invariants, Observer};
-pub use run::{Report, SimConfig, WarmUp, simulate};
+pub use run::{CloudChoice, Report, SimConfig, SourceChoice, WarmUp, simulate};
 pub use world::{World, WorldConfig};

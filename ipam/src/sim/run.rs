@@ -2,7 +2,7 @@
 //! fields DESIGN.md fixes.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -11,9 +11,11 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::IpamError;
+use crate::sim::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::sim::observer::Invariants;
 use crate::sim::world::{SimSource, World, WorldConfig};
 use crate::types::{Family, NodeName};
+use crate::watermarks::Watermarks;
 
 /// Whether steady state is reached before the measured period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +24,30 @@ pub enum WarmUp {
     Steady,
 }
 
+/// Which IP source the simulated cluster draws from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SourceChoice {
+    /// The in-memory per-address source (any count in one call).
+    Memory,
+    /// The ENI-like simulated cloud.
+    SimCloud(CloudChoice),
+}
+
+/// The simulated cloud's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CloudChoice {
+    pub instance_type: InstanceType,
+    /// Prefix length of each subnet (one subnet per 1,000 nodes).
+    pub subnet_size: u8,
+    /// The cloud's own rate limit (qps, burst); None = unlimited.
+    pub rate_limit: Option<(f64, u32)>,
+}
+
 /// A simulate run: the world and its workload.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub world: WorldConfig,
+    pub source: SourceChoice,
     pub nodes: u32,
     pub pods_per_node: u32,
     /// Pod replacements per node per minute.
@@ -44,6 +66,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             world: WorldConfig::default(),
+            source: SourceChoice::Memory,
             nodes: 200,
             pods_per_node: 30,
             churn: 2.0,
@@ -68,6 +91,26 @@ impl SimConfig {
         };
         if self.nodes == 0 {
             return bad("nodes", "0".into(), "must be at least 1");
+        }
+        if let SourceChoice::SimCloud(c) = &self.source {
+            // the subnet layout and the cloud's rate limit are checked as the run builds them
+            let cloud = SimCloud::for_nodes(u64::from(self.nodes), c.subnet_size, 0)?;
+            if let Some((qps, burst)) = c.rate_limit {
+                cloud.with_rate_limit(qps, burst)?;
+            }
+        }
+        if let SourceChoice::SimCloud(c) = &self.source
+            && u64::from(self.pods_per_node) > c.instance_type.max_pod_addresses()
+        {
+            return bad(
+                "pods-per-node",
+                self.pods_per_node.to_string(),
+                &format!(
+                    "{} can address at most {} pods (--instance-type)",
+                    c.instance_type.name,
+                    c.instance_type.max_pod_addresses()
+                ),
+            );
         }
         if self.pods_per_node > self.world.max_pods {
             return bad(
@@ -267,8 +310,33 @@ pub async fn simulate(
     cfg.validate()?;
     let wall = std::time::Instant::now();
     let cpu0 = cpu_seconds();
-    let world = World::start(cfg.world.clone())?;
-    drive(world, &cfg, progress, wall, cpu0).await
+    match cfg.source {
+        SourceChoice::Memory => {
+            let world = World::start(cfg.world.clone())?;
+            drive(world, &cfg, progress, wall, cpu0).await
+        }
+        SourceChoice::SimCloud(c) => {
+            let nodes = u64::from(cfg.nodes);
+            let world = World::start_with(cfg.world.clone(), |w, observer| {
+                let mut cloud = SimCloud::for_nodes(nodes, c.subnet_size, w.seed)?
+                    .with_instance_type(c.instance_type)
+                    .with_latency(w.source_latency)
+                    .with_hook(observer);
+                if let Some((qps, burst)) = c.rate_limit {
+                    cloud = cloud.with_rate_limit(qps, burst)?;
+                }
+                cloud.set_faults(CloudFaults {
+                    error_rate: w.faults.error_rate,
+                    throttle_rate: w.faults.throttle_rate,
+                    retry_after: w.faults.retry_after,
+                    lost_reply_rate: w.faults.lost_reply_rate,
+                    ..CloudFaults::default()
+                });
+                Ok(cloud)
+            })?;
+            drive(world, &cfg, progress, wall, cpu0).await
+        }
+    }
 }
 
 /// Runs the workload on a started world to the end of its drain tail and reports.
@@ -307,6 +375,13 @@ async fn drive<S: SimSource>(
         wl.push(start + d, Ev::NodeLoss);
     }
     let mut measuring = warm.is_zero();
+    // each node's state at t0, and the call oracle at the end of the active period
+    let mut at_t0 = if measuring {
+        snapshot(&world)
+    } else {
+        BTreeMap::new()
+    };
+    let mut oracle: Option<Oracle> = None;
     let mut settled_since: Option<Instant> = Some(t0);
     let mut next_sample = t0;
     let mut last_progress = start;
@@ -315,6 +390,10 @@ async fn drive<S: SimSource>(
         if !measuring && now >= t0 {
             world.start_measuring();
             measuring = true;
+            at_t0 = snapshot(&world);
+        }
+        if oracle.is_none() && now >= active_end {
+            oracle = Some(minimum_calls(&world, &cfg, &at_t0));
         }
         if now >= next_sample && now <= active_end {
             if world.all_settled() {
@@ -376,9 +455,71 @@ async fn drive<S: SimSource>(
         }
     }
     progress(total, total);
-    let report = build_report(&world, &cfg, t0, settled_since, wall, cpu0);
+    let oracle = oracle.unwrap_or_else(|| minimum_calls(&world, &cfg, &at_t0));
+    let report = build_report(&world, &cfg, t0, settled_since, wall, cpu0, &oracle);
     world.shutdown();
     Ok(report)
+}
+
+/// DESIGN.md's call oracle: the fewest source calls C that take every node from its state
+/// at t0 to its target for the demand at the end of the active period, and the lower
+/// bound on convergence it implies.
+#[derive(Debug, Clone, Copy, Default)]
+struct Oracle {
+    calls: u64,
+    lower_bound_seconds: f64,
+}
+
+fn snapshot<S: SimSource>(world: &World<S>) -> BTreeMap<NodeName, Vec<u64>> {
+    world
+        .live_nodes()
+        .into_iter()
+        .map(|n| {
+            let s = world.source.snapshot(&n);
+            (n, s)
+        })
+        .collect()
+}
+
+/// The pool a node's demand calls for: the smallest with nothing needed, within its cap.
+fn target_pool(w: &Watermarks, demand: u64, cap: u64) -> u64 {
+    let mut t = (demand + u64::from(w.pre_allocate)).max(u64::from(w.min_allocate));
+    if w.max_allocate > 0 {
+        t = t.min(u64::from(w.max_allocate));
+    }
+    t.min(cap)
+}
+
+fn minimum_calls<S: SimSource>(
+    world: &World<S>,
+    cfg: &SimConfig,
+    at_t0: &BTreeMap<NodeName, Vec<u64>>,
+) -> Oracle {
+    let w = &cfg.world.engine.watermarks;
+    let cap = u64::from(cfg.world.max_pods);
+    let mut calls = 0;
+    let mut chain = 0;
+    for node in world.live_nodes() {
+        let used = world.node(&node).map_or(0, |n| n.node.used.len() as u64);
+        let demand = used + world.waiting_on(&node) as u64;
+        let from = at_t0.get(&node).map(Vec::as_slice).unwrap_or(&[]);
+        let c = world
+            .source
+            .minimum_calls(from, target_pool(w, demand, cap));
+        calls += c;
+        chain = chain.max(c);
+    }
+    let (mut qps, mut burst) = (cfg.world.source_qps, u64::from(cfg.world.source_burst));
+    if let Some((q, b)) = world.source.rate_limit() {
+        qps = qps.min(q);
+        burst = burst.min(u64::from(b));
+    }
+    let latency = world.source.call_latency().as_secs_f64();
+    let by_rate = (calls.saturating_sub(burst) as f64 / qps).max(0.0) + latency;
+    Oracle {
+        calls,
+        lower_bound_seconds: by_rate.max(chain as f64 * latency),
+    }
 }
 
 fn add_node_with_pods<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
@@ -413,6 +554,7 @@ fn build_report<S: SimSource>(
     settled_since: Option<Instant>,
     wall: std::time::Instant,
     cpu0: Option<f64>,
+    oracle: &Oracle,
 ) -> Report {
     let invariants = world
         .observer
@@ -465,7 +607,7 @@ fn build_report<S: SimSource>(
     Report {
         converged: convergence.is_some(),
         convergence_seconds: convergence,
-        lower_bound_seconds: None,
+        lower_bound_seconds: Some(round3(oracle.lower_bound_seconds)),
         virtual_seconds: round3(Instant::now().saturating_duration_since(t0).as_secs_f64()),
         wall_seconds,
         cpu_seconds: cpu_seconds().zip(cpu0).map(|(b, a)| b - a),
@@ -479,7 +621,7 @@ fn build_report<S: SimSource>(
         ips,
         api: ApiReport {
             source_calls,
-            source_calls_minimum: None,
+            source_calls_minimum: Some(oracle.calls),
             kube_writes: world.store.operator_writes(),
             conflicts: 0,
             throttled,

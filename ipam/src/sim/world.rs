@@ -38,6 +38,18 @@ pub trait SimSource: IpSource + Clone {
     fn machine_added(&self, _node: &NodeName) {}
     /// A machine vanished (a cloud terminates its instance).
     fn machine_gone(&self, _node: &NodeName) {}
+    /// What the call oracle needs of a node's state (a cloud: secondary addresses per
+    /// interface); empty for a fresh machine.
+    fn snapshot(&self, node: &NodeName) -> Vec<u64>;
+    /// The fewest mutating calls that take a node from `from` (a [`SimSource::snapshot`])
+    /// to `target` pod addresses.
+    fn minimum_calls(&self, from: &[u64], target: u64) -> u64;
+    /// Each mutating call's latency.
+    fn call_latency(&self) -> Duration;
+    /// The source's own rate limit (qps, burst), if any.
+    fn rate_limit(&self) -> Option<(f64, u32)> {
+        None
+    }
 }
 
 impl SimSource for MemorySource {
@@ -47,6 +59,19 @@ impl SimSource for MemorySource {
 
     fn calls(&self) -> (u64, u64) {
         MemorySource::calls(self)
+    }
+
+    fn snapshot(&self, node: &NodeName) -> Vec<u64> {
+        vec![self.held_by(node)]
+    }
+
+    /// Any number of addresses in one call, up or down.
+    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
+        u64::from(from.iter().sum::<u64>() != target)
+    }
+
+    fn call_latency(&self) -> Duration {
+        self.latency()
     }
 }
 
@@ -504,6 +529,15 @@ impl<S: SimSource> World<S> {
             .get(node)
             .map(|a| a.pods.clone())
             .unwrap_or_default()
+    }
+
+    /// Pods on `node` still waiting for an address.
+    pub fn waiting_on(&self, node: &str) -> usize {
+        self.inner
+            .lock()
+            .agents
+            .get(node)
+            .map_or(0, |a| a.queue.len())
     }
 
     /// Pods still waiting for an address.
