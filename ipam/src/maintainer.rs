@@ -258,15 +258,23 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         release: cfg.release,
         reclaim: cfg.reclaim,
     };
-    let mut plan = plan::plan(&mut local.mem, &snap, |uid| shared.pods.pod(uid));
+    let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);
     let mut fields = plan.fields;
     match &invalid {
-        None => drop_condition(&mut fields, WATERMARKS_VALID),
+        None => {
+            if fields
+                .conditions
+                .iter()
+                .any(|c| c.type_ == WATERMARKS_VALID)
+            {
+                drop_condition(fields.to_mut(), WATERMARKS_VALID);
+            }
+        }
         Some(e) => {
             plan.claims.clear();
             plan.marks.clear();
             plan.summary.blocked = Some(Blocked::InvalidSpec);
-            set_invalid_condition(shared, h, &mut fields, e);
+            set_invalid_condition(shared, h, fields.to_mut(), e);
         }
     }
     shared.publish(h, plan.summary);
@@ -299,7 +307,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         });
         if confirmed {
             for a in &g.addrs {
-                fields.reclaim.insert(
+                fields.to_mut().reclaim.insert(
                     *a,
                     Tombstone {
                         pod_uid: g.pod_uid,
@@ -320,7 +328,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     if !plan.release_now.is_empty() {
         match source_release(shared, h, &plan.release_now).await {
             Ok(()) => {
-                handshake::released(&mut fields, &plan.release_now);
+                handshake::released(fields.to_mut(), &plan.release_now);
                 freed = true;
             }
             Err(e) => {
@@ -357,7 +365,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                 if n < c.count {
                     h.trigger.trigger(Reason::Retry);
                 }
-                fields.addresses.extend(addrs)
+                fields.to_mut().addresses.extend(addrs)
             }
             Err(e) => {
                 local.needs_describe = true;
@@ -371,15 +379,18 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
     for mk in &plan.marks {
         for a in shared.source.prepare_release(&h.name, &mk.free, mk.count) {
-            fields.release.insert(a, ReleaseState::MarkedForRelease);
+            fields
+                .to_mut()
+                .release
+                .insert(a, ReleaseState::MarkedForRelease);
         }
     }
 
     // One coalesced write.
     // (resourceVersion 0: the IPAMNode does not exist yet, the operator creates it; another
     // Node UID: the operator adopts it)
-    if (fields != stored.operator || stored.resource_version == 0 || stored.node_uid != info.uid)
-        && let Err(e) = write(shared, h, node, fields.clone()).await
+    if (*fields != stored.operator || stored.resource_version == 0 || stored.node_uid != info.uid)
+        && let Err(e) = write(shared, h, node, (*fields).clone()).await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
         for (addr, t) in &fields.reclaim {

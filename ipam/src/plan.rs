@@ -5,16 +5,18 @@
 //! Order (DESIGN.md): reclaim; advance release handshakes; compute needed/excess; claim or
 //! mark.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use tokio::time::Instant;
 
 use crate::handshake::{self, ReleaseConfig};
-use crate::pods::PodInfo;
+use crate::pods::PodCache;
 use crate::reclaim::{ReclaimConfig, ReclaimStep, ReclaimTracker};
 use crate::types::{
     Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseState,
+    Tombstone,
 };
 use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
 
@@ -134,12 +136,12 @@ impl NodeSummary {
     }
 }
 
-/// The plan of one pass.
+/// The plan of one pass. Its fields borrow the node's until a step changes them.
 #[derive(Debug, Default)]
-pub struct Plan {
+pub struct Plan<'a> {
     /// The operator's fields after the pure steps (acked tombstones dropped, answered marks
     /// settled, surplus marks withdrawn). The runtime adds tombstones, claims and marks.
-    pub fields: OperatorFields,
+    pub fields: Cow<'a, OperatorFields>,
     pub reclaim: ReclaimStep,
     /// Tombstones the node side answered (now dropped from `fields`).
     pub answered_tombstones: Vec<(IpAddr, ReclaimAck)>,
@@ -212,41 +214,48 @@ fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> V
         .collect()
 }
 
-/// Plans one pass. `lookup` answers pod lookups from the cache.
-pub fn plan(
-    mem: &mut NodeMemory,
-    s: &Snapshot<'_>,
-    lookup: impl Fn(PodUid) -> Option<PodInfo>,
-) -> Plan {
+/// Plans one pass; `pods` answers pod lookups from the cache.
+pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) -> Plan<'a> {
     let node = s.node;
     let mut p = Plan {
-        fields: node.operator.clone(),
+        fields: Cow::Borrowed(&node.operator),
         ..Plan::default()
     };
 
     // 1. Reclaim: drop answered tombstones, then observe candidates.
     let acks = &node.node.reclaim_ack;
-    p.fields.reclaim.retain(|addr, t| match acks.get(addr) {
-        Some(ack) if ack.pod_uid == t.pod_uid => {
-            p.answered_tombstones.push((*addr, *ack));
-            false
-        }
-        _ => true,
-    });
-    p.reclaim = mem.reclaim.observe(
-        s.now,
-        &s.reclaim,
-        &node.node.used,
-        &p.fields.reclaim,
-        lookup,
-    );
+    let answered = |addr: &IpAddr, t: &Tombstone| acks.get(addr).filter(|a| a.pod_uid == t.pod_uid);
+    if node
+        .operator
+        .reclaim
+        .iter()
+        .any(|(a, t)| answered(a, t).is_some())
+    {
+        p.fields
+            .to_mut()
+            .reclaim
+            .retain(|addr, t| match answered(addr, t) {
+                Some(ack) => {
+                    p.answered_tombstones.push((*addr, *ack));
+                    false
+                }
+                None => true,
+            });
+    }
+    p.reclaim = mem
+        .reclaim
+        .observe(s.now, &s.reclaim, &node.node.used, &p.fields.reclaim, pods);
     p.next_deadline = p.reclaim.next_deadline;
 
     // 2. Release handshakes: settle answers.
-    let ready = handshake::settle(&mut p.fields, &node.node.release_ack);
-    if !s.release.enabled {
-        for f in Family::ALL {
-            handshake::withdraw_surplus(&mut p.fields, &node.node.release_ack, f, 0);
+    let mut ready = Vec::new();
+    if !p.fields.release.is_empty() {
+        let fields = p.fields.to_mut();
+        ready = handshake::settle(fields, &node.node.release_ack);
+        if !s.release.enabled {
+            for f in Family::ALL {
+                handshake::withdraw_surplus(fields, &node.node.release_ack, f, 0);
+            }
         }
     }
 
@@ -259,7 +268,7 @@ pub fn plan(
         let sizing = watermarks::size(&s.watermarks, counts.get(f), cap(s, f));
         let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
         if counts.get(f).marked > keep {
-            handshake::withdraw_surplus(&mut p.fields, &node.node.release_ack, f, keep);
+            handshake::withdraw_surplus(p.fields.to_mut(), &node.node.release_ack, f, keep);
         }
     }
     // 4. Claim or mark.

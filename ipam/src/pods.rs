@@ -37,10 +37,39 @@ pub struct PodInfo {
     pub ips: Arc<[IpAddr]>,
 }
 
-/// Pod lookups. `pod`, `pending_pods` and `bound_pods` answer from the informer cache;
-/// `pod_live` asks the server.
-pub trait PodView: Send + Sync + 'static {
-    fn pod(&self, uid: PodUid) -> Option<PodInfo>;
+/// Looks pods up in a cache without copying them.
+pub trait PodCache {
+    /// Calls `f` with the pod of `uid` as the cache shows it (None: no such pod).
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R;
+}
+
+impl<S: std::hash::BuildHasher> PodCache for std::collections::HashMap<PodUid, PodInfo, S> {
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+        f(self.get(&uid))
+    }
+}
+
+impl PodCache for BTreeMap<PodUid, PodInfo> {
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+        f(self.get(&uid))
+    }
+}
+
+/// A pod cache answered by a function (handy in tests).
+pub struct FnPods<F>(pub F);
+
+impl<F: Fn(PodUid) -> Option<PodInfo>> PodCache for FnPods<F> {
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+        f((self.0)(uid).as_ref())
+    }
+}
+
+/// Pod lookups. `with_pod`, `pod`, `pending_pods` and `bound_pods` answer from the
+/// informer cache; `pod_live` asks the server.
+pub trait PodView: PodCache + Send + Sync + 'static {
+    fn pod(&self, uid: PodUid) -> Option<PodInfo> {
+        self.with_pod(uid, |p| p.cloned())
+    }
     fn pod_live(
         &self,
         uid: PodUid,
@@ -180,15 +209,19 @@ impl MemoryPodView {
     }
 }
 
-impl PodView for MemoryPodView {
-    fn pod(&self, uid: PodUid) -> Option<PodInfo> {
+impl PodCache for MemoryPodView {
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
         let now = Instant::now();
         let g = self.inner.lock();
-        let r = g.pods.get(&uid)?;
-        let visible = r.visible_from <= now && r.deleted_at.is_none_or(|d| d + self.lag > now);
-        visible.then(|| r.info.clone())
+        let r = g
+            .pods
+            .get(&uid)
+            .filter(|r| r.visible_from <= now && r.deleted_at.is_none_or(|d| d + self.lag > now));
+        f(r.map(|r| &r.info))
     }
+}
 
+impl PodView for MemoryPodView {
     async fn pod_live(&self, uid: PodUid) -> Result<Option<PodInfo>, IpamError> {
         Ok(self.truth(uid))
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pods::{PodInfo, PodPhase};
+use crate::pods::{PodCache, PodInfo, PodPhase};
 use crate::types::{Family, PodUid, ReclaimReason, Tombstone, UsedEntry};
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -95,6 +95,8 @@ pub struct ReclaimTracker {
     /// (address, pod UID, first seen), in address order like the `used` map, so a pass
     /// refreshes it with one merge instead of a lookup per entry.
     first_seen: Vec<(IpAddr, PodUid, Instant)>,
+    /// The previous pass's `first_seen`, kept for its allocation.
+    spare: Vec<(IpAddr, PodUid, Instant)>,
     observed: BTreeMap<IpAddr, Observed>,
 }
 
@@ -116,10 +118,13 @@ impl ReclaimTracker {
         cfg: &ReclaimConfig,
         used: &BTreeMap<IpAddr, UsedEntry>,
         tombstones: &BTreeMap<IpAddr, Tombstone>,
-        lookup: impl Fn(PodUid) -> Option<PodInfo>,
+        pods: &impl PodCache,
     ) -> ReclaimStep {
-        // Merge the used map (address order) with what we saw before.
-        let old = std::mem::take(&mut self.first_seen);
+        // Merge the used map (address order) with what we saw before; the two buffers
+        // take turns, so a pass allocates nothing here.
+        std::mem::swap(&mut self.first_seen, &mut self.spare);
+        let old = &self.spare;
+        self.first_seen.clear();
         self.first_seen.reserve(used.len());
         let mut i = 0;
         for (addr, entry) in used {
@@ -139,8 +144,10 @@ impl ReclaimTracker {
             if tombstones.contains_key(addr) {
                 continue;
             }
-            let pod = lookup(entry.pod_uid);
-            let Some(reason) = candidate_reason(addr, entry, used, pod.as_ref()) else {
+            let reason = pods.with_pod(entry.pod_uid, |pod| {
+                candidate_reason(addr, entry, used, pod)
+            });
+            let Some(reason) = reason else {
                 continue;
             };
             let first = match self.observed.get(addr) {
@@ -197,6 +204,7 @@ impl ReclaimTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pods::FnPods;
     use std::time::SystemTime;
 
     fn entry(uid: u128, since: u64) -> UsedEntry {
@@ -276,19 +284,27 @@ mod tests {
         let none = BTreeMap::new();
         let start = Instant::now();
         // the pod exists: the operator just records the entry
-        let s = t.observe(start, &cfg, &used, &none, |_| {
-            Some(running(1, &["10.0.0.1"]))
-        });
+        let s = t.observe(
+            start,
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| Some(running(1, &["10.0.0.1"]))),
+        );
         assert_eq!(s.candidates, 0);
         // at 100 s the pod is gone: first observation
         let t1 = start + Duration::from_secs(100);
-        let s = t.observe(t1, &cfg, &used, &none, |_| None);
+        let s = t.observe(t1, &cfg, &used, &none, &FnPods(|_| None));
         assert_eq!((s.candidates, s.ready.len()), (1, 0));
         assert_eq!(s.next_deadline, Some(start + Duration::from_secs(130)));
         // second observation at 130: grace passed and the entry is 130 s old ≥ 120
-        let s = t.observe(start + Duration::from_secs(130), &cfg, &used, &none, |_| {
-            None
-        });
+        let s = t.observe(
+            start + Duration::from_secs(130),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert_eq!(s.ready.len(), 1);
         assert_eq!(s.ready[0].reason, ReclaimReason::PodDeleted);
         assert_eq!(s.ready[0].first_observed, t1);
@@ -301,9 +317,13 @@ mod tests {
                 reason: ReclaimReason::PodDeleted,
             },
         );
-        let s = t.observe(start + Duration::from_secs(131), &cfg, &used, &tomb, |_| {
-            None
-        });
+        let s = t.observe(
+            start + Duration::from_secs(131),
+            &cfg,
+            &used,
+            &tomb,
+            &FnPods(|_| None),
+        );
         assert_eq!(s.candidates, 0);
     }
 
@@ -315,16 +335,37 @@ mod tests {
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let now = Instant::now();
         let none = BTreeMap::new();
-        assert_eq!(t.observe(now, &cfg, &used, &none, |_| None).ready.len(), 0);
-        let s = t.observe(now + Duration::from_secs(31), &cfg, &used, &none, |_| None);
+        assert_eq!(
+            t.observe(now, &cfg, &used, &none, &FnPods(|_| None))
+                .ready
+                .len(),
+            0
+        );
+        let s = t.observe(
+            now + Duration::from_secs(31),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert_eq!((s.ready.len(), s.held_by_min_age), (0, 1));
         assert_eq!(s.next_deadline, Some(now + Duration::from_secs(120)));
         // the pod shows up in the cache: no longer a candidate, the clock restarts
-        let s = t.observe(now + Duration::from_secs(60), &cfg, &used, &none, |_| {
-            Some(running(1, &["10.0.0.1"]))
-        });
+        let s = t.observe(
+            now + Duration::from_secs(60),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| Some(running(1, &["10.0.0.1"]))),
+        );
         assert_eq!(s.candidates, 0);
-        let s = t.observe(now + Duration::from_secs(125), &cfg, &used, &none, |_| None);
+        let s = t.observe(
+            now + Duration::from_secs(125),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert!(s.ready.is_empty(), "a fresh first observation is needed");
     }
 
@@ -339,14 +380,32 @@ mod tests {
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let now = Instant::now();
         let none = BTreeMap::new();
-        t.observe(now, &cfg, &used, &none, |_| None);
+        t.observe(now, &cfg, &used, &none, &FnPods(|_| None));
         // the v6 entry appears later: the group waits for its own grace
         used.insert(ip("fd00::1"), entry(1, 0));
-        let s = t.observe(now + Duration::from_secs(20), &cfg, &used, &none, |_| None);
+        let s = t.observe(
+            now + Duration::from_secs(20),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert!(s.ready.is_empty());
-        let s = t.observe(now + Duration::from_secs(31), &cfg, &used, &none, |_| None);
+        let s = t.observe(
+            now + Duration::from_secs(31),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert!(s.ready.is_empty(), "v6 observed only 11 s ago");
-        let s = t.observe(now + Duration::from_secs(50), &cfg, &used, &none, |_| None);
+        let s = t.observe(
+            now + Duration::from_secs(50),
+            &cfg,
+            &used,
+            &none,
+            &FnPods(|_| None),
+        );
         assert_eq!(s.ready.len(), 1);
         assert_eq!(s.ready[0].addrs, vec![ip("10.0.0.1"), ip("fd00::1")]);
     }
