@@ -14,6 +14,7 @@ pub mod maintainer;
 pub mod manager;
 pub mod plan;
 pub mod pods;
+pub mod pool;
 pub mod reclaim;
 pub mod source;
 pub mod stats;

@@ -8,8 +8,8 @@
 //!   two pools whose CIDRs overlap is `Invalid`, the others keep working.
 //! - [`index`]: [`FamilyIndex`] / [`PoolIndex`] — claim from a caller-given start (callers
 //!   randomize it), claim a specific block (adoption, rebuild), release, counts. A dense two-level
-//!   bitmap for CIDRs of at most 2^24 blocks (any IPv4 pool in /28 blocks), a map of taken runs
-//!   otherwise (an IPv6 /64 in /124 blocks: memory proportional to what is granted).
+//!   bitmap for CIDRs of at most 2^24 blocks (any IPv4 pool in /28 blocks), a sparse two-level
+//!   bitmap otherwise (an IPv6 /64 in /124 blocks: memory proportional to what is granted).
 //! - [`set`]: [`PoolSet`] — every pool in creation order with its validity, and
 //!   [`PoolSet::rebuild`] from typed block records with a typed [`RebuildReport`].
 //!
@@ -35,6 +35,7 @@ pub mod index;
 pub mod name;
 pub mod runs;
 pub mod set;
+pub mod sparse;
 pub mod spec;
 
 #[cfg(test)]

@@ -91,7 +91,9 @@ pub fn parse_block_name(name: &str) -> Result<IpNet, BlockNameError> {
     let (addr, prefix) = match family {
         Family::V4 => {
             if parts.len() != 5 {
-                return Err(err("an IPv4 block name has four octets and a prefix length"));
+                return Err(err(
+                    "an IPv4 block name has four octets and a prefix length",
+                ));
             }
             let mut addr = 0u128;
             for p in &parts[..4] {
@@ -105,11 +107,14 @@ pub fn parse_block_name(name: &str) -> Result<IpNet, BlockNameError> {
         }
         Family::V6 => {
             if parts.len() != 9 {
-                return Err(err("an IPv6 block name has eight groups and a prefix length"));
+                return Err(err(
+                    "an IPv6 block name has eight groups and a prefix length",
+                ));
             }
             let mut addr = 0u128;
             for p in &parts[..8] {
-                let g = group(p).ok_or_else(|| err("groups are exactly four lowercase hex digits"))?;
+                let g =
+                    group(p).ok_or_else(|| err("groups are exactly four lowercase hex digits"))?;
                 addr = (addr << 16) | g as u128;
             }
             let prefix = decimal(parts[8], 128)

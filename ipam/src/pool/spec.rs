@@ -39,7 +39,8 @@ pub fn parse_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolEr
         reason,
     };
     let net: IpNet = value.trim().parse().map_err(|e| err(format!("{e}")))?;
-    canonical(pool, field, &net).map_err(|_| err(format!("host bits set; did you mean {}?", net.trunc())))?;
+    canonical(pool, field, &net)
+        .map_err(|_| err(format!("host bits set; did you mean {}?", net.trunc())))?;
     Ok(net)
 }
 
