@@ -10,7 +10,7 @@
 //! [`DENSE_MAX_BLOCKS`] (2^24) blocks — 2 MiB at most, 8 KiB for an IPv4 /12 in /28 blocks —
 //! and otherwise a [`SparseBitmap`] (B-tree of partly taken 64-block words plus runs of full
 //! words) whose size follows what is granted (an IPv6 /64 in /124 blocks has 2^60 blocks).
-//! [`Layout::Runs`] (a B-tree of taken runs) is kept for comparison; see BENCH_NOTES.md for the
+//! [`Layout::Runs`] (a B-tree of taken runs) is kept for comparison; see BENCHMARKS.md for the
 //! figures behind the choice. Excluded blocks are kept as a short sorted list of block ranges
 //! per CIDR (in the dense layout they are also set in the bitmap, so a search skips them for
 //! free).

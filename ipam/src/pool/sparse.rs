@@ -17,7 +17,7 @@
 //! lookups, whatever the fill pattern. No decision depends on the map's iteration order:
 //! [`SparseBitmap::iter`] sorts. A hash map rather than a `BTreeMap` for level 0 because random
 //! claims in a /64 touch a new chunk each and a B-tree descent over 100,000 such entries costs
-//! three times a hash lookup (BENCH_NOTES.md: 6.6 vs 2.1 M claim+release pairs/s).
+//! three times a hash lookup (BENCHMARKS.md: 6.6 vs 2.1 M claim+release pairs/s).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
