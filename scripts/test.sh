@@ -16,4 +16,10 @@ command -v kubectl >/dev/null 2>&1 || echo "warning: kubectl not found; the kube
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-cargo test --workspace --all-features --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --all-features --locked 2>&1 | tee "$log"
+# One closing line over every test binary (the last binary cargo runs is a doc-test
+# harness with nothing in it, which would otherwise be the closing line).
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
