@@ -386,6 +386,21 @@ impl Budget {
     /// Waits for one call's token. `prio` is read at each admission decision while waiting.
     ///
     /// Cancel-safe: a dropped future leaves the queue without losing a token for others.
+    /// Takes a token only if one is free now and nobody is waiting (it never queues).
+    pub fn try_acquire(&self) -> bool {
+        let ok = match &self.0.limiter {
+            None => true,
+            Some(limiter) => {
+                let q = self.0.queue.lock();
+                q.waiters.is_empty() && limiter.check().is_ok()
+            }
+        };
+        if ok {
+            metrics::histogram!(API_WAIT_SECONDS, "api" => self.0.api.as_str()).record(0.0);
+        }
+        ok
+    }
+
     pub async fn acquire(&self, prio: &PriorityCell) {
         let start = Instant::now();
         if self.0.limiter.is_some() {

@@ -322,11 +322,32 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
 
+    // Source calls wait for the source budget. What this pass has already changed
+    // (tombstones, withdrawn marks, a release) must not wait behind it: then a call goes
+    // only with a token free at once; otherwise the changes are written now and the calls
+    // follow in a pass of their own, right after.
+    let mut deferred = false;
+    let mut gate = |fields: &OperatorFields| -> Option<bool> {
+        if *fields == stored.operator {
+            return Some(false); // nothing waits on us: queue for the budget
+        }
+        if shared.source_budget.try_acquire() {
+            return Some(true);
+        }
+        if !deferred {
+            deferred = true;
+            h.trigger.trigger(Reason::Retry);
+        }
+        None
+    };
+
     // Release handshakes: addresses answered ready-for-release go back to the source.
     let mut failure: Option<IpamError> = None;
     let mut freed = false;
-    if !plan.release_now.is_empty() {
-        match source_release(shared, h, &plan.release_now).await {
+    if !plan.release_now.is_empty()
+        && let Some(token) = gate(&fields)
+    {
+        match source_release(shared, h, &plan.release_now, token).await {
             Ok(()) => {
                 handshake::released(fields.to_mut(), &plan.release_now);
                 freed = true;
@@ -358,7 +379,10 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             });
             break;
         }
-        match source_allocate(shared, h, c.family, n).await {
+        let Some(token) = gate(&fields) else {
+            break;
+        };
+        match source_allocate(shared, h, c.family, n, token).await {
             Ok(addrs) => {
                 // The source had less than the claim: look again at once, so a node still
                 // short is seen exhausted (blocked, parked) now, not at the next resync.
@@ -487,8 +511,11 @@ async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     h: &NodeHandle,
     family: Family,
     count: u64,
+    token: bool,
 ) -> Result<Vec<IpAddr>, IpamError> {
-    shared.source_budget.acquire(&h.priority).await;
+    if !token {
+        shared.source_budget.acquire(&h.priority).await;
+    }
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -511,8 +538,11 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     addrs: &[IpAddr],
+    token: bool,
 ) -> Result<(), IpamError> {
-    shared.source_budget.acquire(&h.priority).await;
+    if !token {
+        shared.source_budget.acquire(&h.priority).await;
+    }
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -575,7 +605,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     }
     let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
     if !truth.is_empty() {
-        let r = source_release(shared, h, &truth).await;
+        let r = source_release(shared, h, &truth, false).await;
         // Also after a failure: the call may have taken effect with its reply lost, and
         // the retry then finds nothing to release (a spurious wake-up costs parked nodes
         // one cheap pass; a lost one strands them).

@@ -1,7 +1,7 @@
 //! The engine's view of pods: per UID (cached and live) and per node (pods waiting for an
 //! address, pods still bound). An in-memory implementation with an informer lag.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -93,6 +93,8 @@ struct Inner {
     pods: BTreeMap<PodUid, PodRecord>,
     pending: BTreeMap<NodeName, BTreeSet<PodUid>>,
     bound: BTreeMap<NodeName, usize>,
+    /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
+    deleted: VecDeque<(Instant, PodUid)>,
 }
 
 /// In-memory pods. The cache shows a new pod `lag` after its creation and forgets a
@@ -167,9 +169,13 @@ impl MemoryPodView {
         let now = Instant::now();
         let mut g = self.inner.lock();
         // forget pods whose deletion the cache has already seen
-        let lag = self.lag;
-        g.pods
-            .retain(|_, r| r.deleted_at.is_none_or(|d| d + lag > now));
+        while let Some((at, old)) = g.deleted.front().copied() {
+            if at + self.lag > now {
+                break;
+            }
+            g.deleted.pop_front();
+            g.pods.remove(&old);
+        }
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
@@ -177,6 +183,8 @@ impl MemoryPodView {
             return;
         }
         rec.deleted_at = Some(now);
+        g.deleted.push_back((now, uid));
+        let rec = g.pods.get_mut(&uid).expect("just seen");
         let was_bound = !rec.info.phase.is_terminal();
         let node = rec.info.node.clone();
         if was_bound {
