@@ -401,6 +401,13 @@ impl Budget {
         ok
     }
 
+    /// [`Budget::acquire`] as a future that owns what it needs, so a caller can keep its
+    /// place in the queue across awaits of its own (dropping it leaves the queue).
+    pub fn acquire_owned(&self, prio: PriorityCell) -> impl Future<Output = ()> + Send + 'static {
+        let budget = self.clone();
+        async move { budget.acquire(&prio).await }
+    }
+
     pub async fn acquire(&self, prio: &PriorityCell) {
         let start = Instant::now();
         if self.0.limiter.is_some() {

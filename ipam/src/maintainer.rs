@@ -39,7 +39,14 @@ struct Local {
     /// The last pass's own next deadline (reclaim's second observation, the release
     /// delay), kept when the pass failed.
     deadline: Option<Instant>,
+    /// Our place in the source budget's queue, kept from a pass whose wait was
+    /// interrupted to the next one. Only then: a place nobody polls could hold the
+    /// budget's dispatcher role and stall every other node.
+    ticket: Option<Ticket>,
+    keep_ticket: bool,
 }
+
+type Ticket = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// How a pass ended.
 enum Outcome {
@@ -69,6 +76,8 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         needs_describe: false,
         exhausted: None,
         deadline: None,
+        ticket: None,
+        keep_ticket: false,
     };
     let mut retry_at: Option<Instant> = None;
     while let Some(run) = rx.next().await {
@@ -87,8 +96,12 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
             continue;
         }
         retry_at = None;
+        local.keep_ticket = false;
         let result = pass(&shared, &h, &mut local).await;
         rx.finished(&run);
+        if !local.keep_ticket || result.is_err() {
+            local.ticket = None;
+        }
         match result {
             Ok(Outcome::Finished) => {
                 shared.remove(&h);
@@ -153,6 +166,7 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
     if !shared.is_leader() {
         // No mutating call while we do not lead; clocks restart with the next lead.
         local.seeded_epoch = 0;
+        local.ticket = None;
         return Ok(Outcome::Idle(None));
     }
     let epoch = shared.leader_epoch.load(Ordering::Relaxed);
@@ -322,32 +336,30 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
 
-    // Source calls wait for the source budget. What this pass has already changed
-    // (tombstones, withdrawn marks, a release) must not wait behind it: then a call goes
-    // only with a token free at once; otherwise the changes are written now and the calls
-    // follow in a pass of their own, right after.
+    // Source calls wait for the source budget, but a maintainer waiting there must not
+    // miss its node's other work. Changes this pass already made (tombstones, withdrawn
+    // marks, a release) are written at once unless a token is free right now; and a pass
+    // with nothing else to write waits only until new work arrives for the node or its
+    // next deadline passes. Either way the calls follow in the next pass, which keeps the
+    // place in the queue.
     let mut deferred = false;
-    let mut gate = |fields: &OperatorFields| -> Option<bool> {
-        if *fields == stored.operator {
-            return Some(false); // nothing waits on us: queue for the budget
-        }
-        if shared.source_budget.try_acquire() {
-            return Some(true);
-        }
-        if !deferred {
-            deferred = true;
-            h.trigger.trigger(Reason::Retry);
-        }
-        None
-    };
+    let deadline = plan.next_deadline;
 
     // Release handshakes: addresses answered ready-for-release go back to the source.
     let mut failure: Option<IpamError> = None;
     let mut freed = false;
     if !plan.release_now.is_empty()
-        && let Some(token) = gate(&fields)
+        && source_token(
+            shared,
+            h,
+            local,
+            *fields != stored.operator,
+            deadline,
+            &mut deferred,
+        )
+        .await
     {
-        match source_release(shared, h, &plan.release_now, token).await {
+        match source_release(shared, h, &plan.release_now).await {
             Ok(()) => {
                 handshake::released(fields.to_mut(), &plan.release_now);
                 freed = true;
@@ -379,10 +391,19 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             });
             break;
         }
-        let Some(token) = gate(&fields) else {
+        if !source_token(
+            shared,
+            h,
+            local,
+            *fields != stored.operator,
+            deadline,
+            &mut deferred,
+        )
+        .await
+        {
             break;
-        };
-        match source_allocate(shared, h, c.family, n, token).await {
+        }
+        match source_allocate(shared, h, c.family, n).await {
             Ok(addrs) => {
                 // The source had less than the claim: look again at once, so a node still
                 // short is seen exhausted (blocked, parked) now, not at the next resync.
@@ -506,16 +527,64 @@ async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
     Ok(any_gone)
 }
 
+/// A source budget token for one call of this pass (see the comment in `pass_once`).
+/// `pending`: the pass has changes of its own to write. Returns false when the call must
+/// wait for the next pass, which is then triggered.
+async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+    pending: bool,
+    deadline: Option<Instant>,
+    deferred: &mut bool,
+) -> bool {
+    let got = match (&mut local.ticket, pending) {
+        // no place in the queue yet and changes to write: only a token free right now
+        (None, true) => shared.source_budget.try_acquire(),
+        // our place may have come up meanwhile
+        (Some(t), true) => {
+            tokio::select! {
+                biased;
+                _ = t.as_mut() => true,
+                _ = std::future::ready(()) => false,
+            }
+        }
+        (ticket, false) => {
+            let t = ticket.get_or_insert_with(|| {
+                Box::pin(shared.source_budget.acquire_owned(h.priority.clone()))
+            });
+            let until = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = t.as_mut() => true,
+                _ = h.work.notified() => false,
+                _ = until => false,
+            }
+        }
+    };
+    if got {
+        local.ticket = None;
+    } else {
+        local.keep_ticket = local.ticket.is_some();
+        if !*deferred {
+            *deferred = true;
+            h.trigger.trigger(Reason::Retry);
+        }
+    }
+    got
+}
+
 async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     family: Family,
     count: u64,
-    token: bool,
 ) -> Result<Vec<IpAddr>, IpamError> {
-    if !token {
-        shared.source_budget.acquire(&h.priority).await;
-    }
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -538,11 +607,7 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     addrs: &[IpAddr],
-    token: bool,
 ) -> Result<(), IpamError> {
-    if !token {
-        shared.source_budget.acquire(&h.priority).await;
-    }
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -605,7 +670,8 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     }
     let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
     if !truth.is_empty() {
-        let r = source_release(shared, h, &truth, false).await;
+        shared.source_budget.acquire(&h.priority).await;
+        let r = source_release(shared, h, &truth).await;
         // Also after a failure: the call may have taken effect with its reply lost, and
         // the retry then finds nothing to release (a spurious wake-up costs parked nodes
         // one cheap pass; a lost one strands them).

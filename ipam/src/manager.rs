@@ -94,6 +94,8 @@ pub(crate) struct NodeHandle {
     /// The resourceVersion of the operator's own last write (its echo is not a trigger).
     pub own_write: AtomicU64,
     pub removed: AtomicBool,
+    /// Wakes a maintainer waiting for the source budget when its node has new work.
+    pub work: tokio::sync::Notify,
 }
 
 pub(crate) struct NodeState {
@@ -239,6 +241,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             st.info = info;
             st.deleted_at = None;
             h.trigger.trigger(Reason::Upsert);
+            h.work.notify_waiters();
             return;
         }
         let (trigger, rx) = trigger::trigger("pool-maintainer", self.shared.cfg.min_pass_interval);
@@ -253,6 +256,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             }),
             own_write: AtomicU64::new(0),
             removed: AtomicBool::new(false),
+            work: tokio::sync::Notify::new(),
         });
         self.shared
             .stats
@@ -273,6 +277,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         if let Some(h) = self.shared.nodes.lock().get(name) {
             h.state.lock().deleted_at.get_or_insert(Instant::now());
             h.trigger.trigger(Reason::Delete);
+            h.work.notify_waiters();
         }
     }
 
@@ -283,6 +288,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
                 && h.own_write.load(Ordering::Relaxed) == ev.resource_version;
             if !own {
                 h.trigger.trigger(Reason::Upsert);
+                h.work.notify_waiters();
             }
         }
     }
@@ -292,12 +298,14 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     pub fn on_pod_event(&self, node: &str) {
         if let Some(h) = self.shared.nodes.lock().get(node) {
             h.trigger.trigger(Reason::PodEvent);
+            h.work.notify_waiters();
         }
     }
 
     fn trigger_all(&self, reason: Reason) {
         for h in self.shared.nodes.lock().values() {
             h.trigger.trigger(reason);
+            h.work.notify_waiters();
         }
     }
 

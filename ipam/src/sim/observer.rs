@@ -233,6 +233,14 @@ impl Observer {
         self.s.lock().violations.clone()
     }
 
+    /// Starts a measured period: reclaim counts and latencies start from zero (the
+    /// invariants keep counting).
+    pub fn start_measuring(&self) {
+        let mut s = self.s.lock();
+        s.reclaimed = 0;
+        s.reclaim_latency.clear();
+    }
+
     /// Pod deletion → tombstone latencies, in seconds.
     pub fn reclaim_latencies(&self) -> Vec<f64> {
         self.s.lock().reclaim_latency.clone()

@@ -296,6 +296,7 @@ impl<S: SimSource> World<S> {
 
     /// Starts a measured period: waits and latencies before now are not reported.
     pub fn start_measuring(&self) {
+        self.observer.start_measuring();
         let mut g = self.inner.lock();
         g.measure_from = Instant::now();
         g.stats = WorkloadStats::default();
