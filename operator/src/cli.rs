@@ -2,6 +2,7 @@
 //! durations are written like `30s` or `2m`; booleans accept `--flag` and `--flag=false`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -31,6 +32,36 @@ fn non_negative(s: &str) -> Result<f64, String> {
         Ok(v) => Err(format!("{v} must be a finite number ≥ 0")),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A list of seeds (`--seeds`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeds(pub Vec<u64>);
+
+/// Seeds: `1..200` (inclusive: 200 seeds), `3,5,8`, or one number.
+pub fn seeds(s: &str) -> Result<Seeds, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{x:?} is not a seed (write 1..200, 3,5,8 or 7)"))
+        };
+        if let Some((a, b)) = part.split_once("..") {
+            let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
+            if a > b {
+                return Err(format!("{part}: empty range"));
+            }
+            if b - a >= 100_000 {
+                return Err(format!("{part}: at most 100000 seeds"));
+            }
+            out.extend(a..=b);
+        } else {
+            out.push(num(part)?);
+        }
+    }
+    Ok(Seeds(out))
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -78,7 +109,7 @@ pub enum Command {
     /// Run against a cluster (not available yet).
     Run(RunFlags),
     /// Run the real engine on a simulated cluster and report.
-    Simulate(SimulateFlags),
+    Simulate(Box<SimulateFlags>),
     /// Read-only report of reclaim candidates, leaks and duplicates (not available yet).
     Check,
     /// Print the CustomResourceDefinitions (not available yet).
@@ -211,28 +242,61 @@ pub enum ReportFormat {
     Json,
 }
 
+/// Defaults of the flags a scenario's `start` and `duration` may also set (a flag given
+/// explicitly wins over the scenario, which wins over these).
+pub const DEFAULT_NODES: u32 = 200;
+pub const DEFAULT_PODS_PER_NODE: u32 = 30;
+pub const DEFAULT_CHURN: f64 = 2.0;
+pub const DEFAULT_CRASH_RATE: f64 = 0.05;
+pub const DEFAULT_NODE_CHURN: f64 = 1.0;
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(600);
+/// Seeds `--compare-scheduling` runs without `--seeds`.
+pub const DEFAULT_COMPARE_SEEDS: u64 = 20;
+
 #[derive(Args, Debug, Clone)]
 pub struct SimulateFlags {
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_NODES")]
-    pub nodes: u32,
-    #[arg(long, default_value_t = 30, env = "TIDEPOOL_SIM_PODS_PER_NODE")]
-    pub pods_per_node: u32,
-    /// Pod replacements per node per minute.
-    #[arg(long, default_value_t = 2.0, value_parser = non_negative, env = "TIDEPOOL_SIM_CHURN")]
-    pub churn: f64,
-    /// Share of pod deletions that never release their address.
-    #[arg(long, default_value_t = 0.05, value_parser = share, env = "TIDEPOOL_SIM_CRASH_RATE")]
-    pub crash_rate: f64,
-    /// Node losses per hour.
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative, env = "TIDEPOOL_SIM_NODE_CHURN")]
-    pub node_churn: f64,
-    /// The active period (a drain tail follows).
-    #[arg(long, default_value = "10m", value_parser = duration, env = "TIDEPOOL_SIM_DURATION")]
-    pub duration: Duration,
+    /// Nodes at the start [default: 200, or the scenario's start.nodes].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_NODES")]
+    pub nodes: Option<u32>,
+    /// Pods scheduled to each node at the start [default: 30, or the scenario's].
+    #[arg(long, env = "TIDEPOOL_SIM_PODS_PER_NODE")]
+    pub pods_per_node: Option<u32>,
+    /// Pod replacements per node per minute [default: 2, or the scenario's].
+    #[arg(long, value_parser = non_negative, env = "TIDEPOOL_SIM_CHURN")]
+    pub churn: Option<f64>,
+    /// Share of pod deletions that never release their address [default: 0.05, or the
+    /// scenario's].
+    #[arg(long, value_parser = share, env = "TIDEPOOL_SIM_CRASH_RATE")]
+    pub crash_rate: Option<f64>,
+    /// Node losses per hour [default: 1, or the scenario's].
+    #[arg(long, value_parser = non_negative, env = "TIDEPOOL_SIM_NODE_CHURN")]
+    pub node_churn: Option<f64>,
+    /// The active period, a drain tail follows [default: 10m, or the scenario's].
+    #[arg(long, value_parser = duration, env = "TIDEPOOL_SIM_DURATION")]
+    pub duration: Option<Duration>,
     #[arg(long, value_enum, default_value = "none", env = "TIDEPOOL_SIM_WARM_UP")]
     pub warm_up: WarmUpArg,
-    #[arg(long, default_value_t = 1, env = "TIDEPOOL_SIM_SEED")]
+    #[arg(
+        long,
+        default_value_t = 1,
+        conflicts_with = "seeds",
+        env = "TIDEPOOL_SIM_SEED"
+    )]
     pub seed: u64,
+    /// Timed phases that change the workload, faults or watermarks during the run (YAML;
+    /// see README.md and scenarios/).
+    #[arg(long, env = "TIDEPOOL_SIM_SCENARIO")]
+    pub scenario: Option<PathBuf>,
+    /// Run once per seed and summarize: `1..200` (inclusive), `3,5,8` or one number.
+    #[arg(long, value_parser = seeds, env = "TIDEPOOL_SIM_SEEDS")]
+    pub seeds: Option<Seeds>,
+    /// Run the workload under priority and under FIFO admission for each seed (--seeds,
+    /// default 1..20) and compare pod waits.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_COMPARE_SCHEDULING")]
+    pub compare_scheduling: bool,
+    /// Runs at once with --seeds or --compare-scheduling [default: the CPU count].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_JOBS")]
+    pub jobs: Option<u32>,
     #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_SIM_REPORT")]
     pub report: ReportFormat,
     /// Add per-node details to the report.
@@ -369,7 +433,123 @@ mod tests {
         assert_eq!(e.node_reclaim_grace, Duration::from_secs(300));
         assert_eq!((s.run.api_qps, s.run.api_burst), (4.0, 20));
         assert_eq!((s.run.kube_api_qps, s.run.kube_api_burst), (50.0, 100));
-        assert_eq!((s.nodes, s.pods_per_node, s.seed), (200, 30, 1));
-        assert_eq!(s.duration, Duration::from_secs(600));
+        let cfg = crate::simulate::config(&s).unwrap();
+        assert_eq!((cfg.nodes, cfg.pods_per_node, s.seed), (200, 30, 1));
+        assert_eq!(cfg.duration, Duration::from_secs(600));
+        assert_eq!(
+            (cfg.churn, cfg.crash_rate, cfg.node_churn),
+            (2.0, 0.05, 1.0)
+        );
+    }
+
+    fn simulate_flags(args: &[&str]) -> Result<SimulateFlags, String> {
+        let mut all = vec!["t", "simulate"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Simulate(s) => Ok(*s),
+            _ => panic!("simulate expected"),
+        }
+    }
+
+    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("tidepool-{}-{name}", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn seeds_lists_and_ranges() {
+        assert_eq!(seeds("1..200").unwrap().0.len(), 200);
+        assert_eq!(seeds("1..=3").unwrap().0, vec![1, 2, 3]);
+        assert_eq!(seeds("3,5, 8").unwrap().0, vec![3, 5, 8]);
+        assert_eq!(seeds("7").unwrap().0, vec![7]);
+        for bad in ["", "5..1", "a..b", "1..x", "-1"] {
+            assert!(seeds(bad).is_err(), "{bad}");
+        }
+        let e = simulate_flags(&["--seeds", "1..3", "--seed", "4"]).unwrap_err();
+        assert!(e.contains("--seed"), "{e}");
+        let e = simulate_flags(&["--seeds", "x"]).unwrap_err();
+        assert!(e.contains("--seeds"), "{e}");
+    }
+
+    #[test]
+    fn flags_given_win_over_the_scenario_which_wins_over_defaults() {
+        let path = temp_file(
+            "precedence.yaml",
+            "duration: 5m\nstart: {nodes: 7, pods_per_node: 3, churn: 0}\nphases:\n- kind: churn\n  at: 1m\n  churn: 1\n",
+        );
+        let p = path.to_str().unwrap();
+        let cfg = crate::simulate::config(&simulate_flags(&["--scenario", p]).unwrap()).unwrap();
+        assert_eq!((cfg.nodes, cfg.pods_per_node, cfg.churn), (7, 3, 0.0));
+        assert_eq!(cfg.duration, Duration::from_secs(300));
+        assert_eq!(cfg.crash_rate, 0.05);
+        let cfg = crate::simulate::config(
+            &simulate_flags(&["--scenario", p, "--nodes", "9", "--duration", "6m"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!((cfg.nodes, cfg.pods_per_node), (9, 3));
+        assert_eq!(cfg.duration, Duration::from_secs(360));
+        // a run too short for the phases is refused, naming the phase
+        let e = crate::simulate::config(
+            &simulate_flags(&["--scenario", p, "--duration", "1m"]).unwrap(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains(p) && e.contains("phase #1 (churn)"), "{e}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn bad_scenarios_fail_before_anything_runs() {
+        let cases = [
+            (
+                "unknown.yaml",
+                "phases:\n- kind: meteor\n  at: 1m\n",
+                "phase #1 (meteor)",
+            ),
+            (
+                "field.yaml",
+                "phases:\n- kind: node-loss\n  at: 1m\n  nodes: 1\n  podz: 3\n",
+                "podz",
+            ),
+            (
+                "dur.yaml",
+                "phases:\n- kind: node-loss\n  at: soon\n  nodes: 1\n",
+                "bad duration",
+            ),
+            ("yaml.yaml", "phases: [ {kind: churn\n", "yaml.yaml"),
+            (
+                "many.yaml",
+                "phases:\n- kind: node-loss\n  at: 1m\n  nodes: 500\n",
+                "at most 200",
+            ),
+        ];
+        for (name, text, want) in cases {
+            let path = temp_file(name, text);
+            let f = simulate_flags(&["--scenario", path.to_str().unwrap()]).unwrap();
+            let e = format!("{:#}", crate::simulate::config(&f).map(|_| ()).unwrap_err());
+            assert!(e.contains(want) && e.contains(name), "{name}: {e}");
+            let _ = std::fs::remove_file(path);
+        }
+        let f = simulate_flags(&["--scenario", "/nonexistent/x.yaml"]).unwrap();
+        let e = format!("{:#}", crate::simulate::config(&f).map(|_| ()).unwrap_err());
+        assert!(
+            e.contains("/nonexistent/x.yaml") && e.contains("cannot read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn impossible_run_combinations_are_refused() {
+        let f = simulate_flags(&["--realtime", "--seeds", "1..2"]).unwrap();
+        let e = crate::simulate::run(&f).unwrap_err().to_string();
+        assert!(e.contains("--realtime"), "{e}");
+        let f = simulate_flags(&["--realtime", "--compare-scheduling"]).unwrap();
+        let e = crate::simulate::run(&f).unwrap_err().to_string();
+        assert!(e.contains("--compare-scheduling"), "{e}");
+        let f = simulate_flags(&["--jobs", "2"]).unwrap();
+        let e = crate::simulate::run(&f).unwrap_err().to_string();
+        assert!(e.contains("--jobs"), "{e}");
     }
 }

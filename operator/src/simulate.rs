@@ -1,18 +1,23 @@
 //! `tidepool-operator simulate`: the real engine on a simulated cluster.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use serde::Serialize;
 
+use tidepool_ipam::budget::SchedulingMode;
 use tidepool_ipam::sim::cloud::InstanceType;
+use tidepool_ipam::sim::run::{Quantiles, simulate_many};
+use tidepool_ipam::sim::scenario::Scenario;
 use tidepool_ipam::sim::{
-    CloudChoice, Report, SimConfig, SourceChoice, WarmUp, WorldConfig, simulate,
+    CloudChoice, Invariants, Report, SimConfig, SourceChoice, WarmUp, WorldConfig, simulate,
 };
 use tidepool_ipam::source::Faults;
 use tidepool_ipam::types::{Family, PerFamily};
 
-use crate::cli::{ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
+use crate::cli::{self, ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
 
 /// Builds the simulation from the flags; bad combinations fail here, before anything runs.
 pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
@@ -43,6 +48,20 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
         }
         SourceChoice::Memory => f.max_pods,
     };
+    let scenario = match &f.scenario {
+        Some(path) => Some(Arc::new(Scenario::load(path)?)),
+        None => None,
+    };
+    let start = scenario.as_ref().map(|s| s.start).unwrap_or_default();
+    let nodes = f.nodes.or(start.nodes).unwrap_or(cli::DEFAULT_NODES);
+    let duration = f
+        .duration
+        .or(scenario.as_ref().and_then(|s| s.duration))
+        .unwrap_or(cli::DEFAULT_DURATION);
+    if let Some(s) = &scenario {
+        // the scenario's own errors, named by file and phase, before anything runs
+        s.check(duration, nodes, max_pods, &f.run.engine().watermarks)?;
+    }
     let families = if f.dual_stack {
         vec![Family::V4, Family::V6]
     } else {
@@ -72,24 +91,47 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
             ..WorldConfig::default()
         },
         source,
-        nodes: f.nodes,
-        pods_per_node: f.pods_per_node,
-        churn: f.churn,
-        crash_rate: f.crash_rate,
-        node_churn: f.node_churn,
-        duration: f.duration,
+        nodes,
+        pods_per_node: f
+            .pods_per_node
+            .or(start.pods_per_node)
+            .unwrap_or(cli::DEFAULT_PODS_PER_NODE),
+        churn: f.churn.or(start.churn).unwrap_or(cli::DEFAULT_CHURN),
+        crash_rate: f
+            .crash_rate
+            .or(start.crash_rate)
+            .unwrap_or(cli::DEFAULT_CRASH_RATE),
+        node_churn: f
+            .node_churn
+            .or(start.node_churn)
+            .unwrap_or(cli::DEFAULT_NODE_CHURN),
+        duration,
         warm_up: match f.warm_up {
             WarmUpArg::None => WarmUp::None,
             WarmUpArg::Steady => WarmUp::Steady,
         },
         report_nodes: f.report_nodes,
+        scenario,
     };
     cfg.validate().context("invalid simulation")?;
     Ok(cfg)
 }
 
-/// Runs the simulation and prints the report. Returns whether every invariant held.
+/// Runs the simulation (or the seeds, or the comparison) and prints the report. Returns
+/// whether every invariant held.
 pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
+    if f.realtime && (f.seeds.is_some() || f.compare_scheduling) {
+        anyhow::bail!("--realtime runs one simulation: not with --seeds or --compare-scheduling");
+    }
+    if f.jobs.is_some() && f.seeds.is_none() && !f.compare_scheduling {
+        anyhow::bail!("--jobs needs --seeds or --compare-scheduling");
+    }
+    if f.compare_scheduling {
+        return compare(f);
+    }
+    if let Some(seeds) = &f.seeds {
+        return many_seeds(f, &seeds.0);
+    }
     let cfg = config(f)?;
     let mut rt = tokio::runtime::Builder::new_current_thread();
     rt.enable_time();
@@ -201,4 +243,290 @@ pub fn text(r: &Report) -> String {
         inv.live_ip_reclaimed,
         inv.lost_allocations,
     )
+}
+
+fn jobs(f: &SimulateFlags) -> usize {
+    f.jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |j| j as usize,
+    )
+}
+
+/// Runs `cfgs` in virtual time, `--jobs` at once, with a progress line on a terminal.
+fn run_all(f: &SimulateFlags, cfgs: Vec<SimConfig>) -> anyhow::Result<Vec<Report>> {
+    let show = std::io::stderr().is_terminal();
+    let wall = std::time::Instant::now();
+    let results = simulate_many(cfgs, jobs(f), &|done, total| {
+        if show {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r{done}/{total} runs, {:.0} s",
+                wall.elapsed().as_secs_f64()
+            );
+            let _ = err.flush();
+        }
+    });
+    if show {
+        eprintln!();
+    }
+    results
+        .into_iter()
+        .map(|r| r.map_err(anyhow::Error::from))
+        .collect()
+}
+
+fn violated(i: &Invariants) -> bool {
+    i.double_allocations + i.live_ip_reclaimed + i.lost_allocations > 0
+}
+
+fn add(a: &mut Invariants, b: &Invariants) {
+    a.double_allocations += b.double_allocations;
+    a.live_ip_reclaimed += b.live_ip_reclaimed;
+    a.lost_allocations += b.lost_allocations;
+}
+
+#[derive(Serialize)]
+struct SeedRun {
+    seed: u64,
+    report: Report,
+}
+
+/// `--seeds`: one report per seed.
+#[derive(Serialize)]
+struct SeedsReport {
+    runs: Vec<SeedRun>,
+    /// Runs with an invariant violated.
+    runs_violating: u64,
+    invariants: Invariants,
+    wall_seconds: f64,
+}
+
+fn many_seeds(f: &SimulateFlags, seeds: &[u64]) -> anyhow::Result<bool> {
+    let base = config(f)?;
+    let wall = std::time::Instant::now();
+    let cfgs = seeds
+        .iter()
+        .map(|&seed| {
+            let mut c = base.clone();
+            c.world.seed = seed;
+            c
+        })
+        .collect();
+    let reports = run_all(f, cfgs)?;
+    let mut out = SeedsReport {
+        runs: Vec::new(),
+        runs_violating: 0,
+        invariants: Invariants::default(),
+        wall_seconds: 0.0,
+    };
+    for (seed, report) in seeds.iter().zip(reports) {
+        out.runs_violating += u64::from(violated(&report.invariants));
+        add(&mut out.invariants, &report.invariants);
+        out.runs.push(SeedRun {
+            seed: *seed,
+            report,
+        });
+    }
+    out.wall_seconds = wall.elapsed().as_secs_f64();
+    match f.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+        ReportFormat::Text => print!("{}", seeds_text(&out)),
+    }
+    Ok(out.runs_violating == 0)
+}
+
+fn seeds_text(r: &SeedsReport) -> String {
+    let mut s = String::from(
+        "seed   converged  ip wait p50/p99 (s)  reclaimed  source calls  invariants (double/live/lost)\n",
+    );
+    for run in &r.runs {
+        let p = &run.report;
+        let i = &p.invariants;
+        s += &format!(
+            "{:<6} {:<10} {:>8} / {:<9} {:>9}  {:>12}  {}/{}/{}{}\n",
+            run.seed,
+            p.converged,
+            opt(p.pods.ip_wait_seconds.p50),
+            opt(p.pods.ip_wait_seconds.p99),
+            p.reclaim.reclaimed,
+            p.api.source_calls,
+            i.double_allocations,
+            i.live_ip_reclaimed,
+            i.lost_allocations,
+            if violated(i) { "  VIOLATED" } else { "" },
+        );
+    }
+    s += &format!(
+        "{} runs in {:.1} s wall: {} with an invariant violated ({} double allocations, {} live addresses reclaimed, {} lost)\n",
+        r.runs.len(),
+        r.wall_seconds,
+        r.runs_violating,
+        r.invariants.double_allocations,
+        r.invariants.live_ip_reclaimed,
+        r.invariants.lost_allocations,
+    );
+    s
+}
+
+/// One mode's pod waits in one run.
+#[derive(Serialize, Clone, Copy)]
+struct Waits {
+    p50: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+    waited_for_ip: u64,
+    started: u64,
+}
+
+impl Waits {
+    fn of(r: &Report) -> Waits {
+        let Quantiles { p50, p99, max } = r.pods.ip_wait_seconds;
+        Waits {
+            p50,
+            p99,
+            max,
+            waited_for_ip: r.pods.waited_for_ip,
+            started: r.pods.started,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CompareSeed {
+    seed: u64,
+    priority: Waits,
+    fifo: Waits,
+}
+
+#[derive(Serialize)]
+struct MeanWaits {
+    p50: f64,
+    p99: f64,
+}
+
+#[derive(Serialize)]
+struct CompareMeans {
+    priority: MeanWaits,
+    fifo: MeanWaits,
+}
+
+/// `--compare-scheduling`: the same workload under both admission orders.
+#[derive(Serialize)]
+struct CompareReport {
+    seeds: Vec<CompareSeed>,
+    /// Over the seeds (a run where no pod started counts 0).
+    mean: CompareMeans,
+    /// DESIGN's target: priority's mean p99 at most FIFO's.
+    priority_not_worse_at_p99: bool,
+    /// Seeds where priority's p99 is above FIFO's.
+    seeds_priority_worse_at_p99: u64,
+    invariants: Invariants,
+    wall_seconds: f64,
+}
+
+fn compare(f: &SimulateFlags) -> anyhow::Result<bool> {
+    let base = config(f)?;
+    let seeds: Vec<u64> = f.seeds.as_ref().map_or_else(
+        || (1..=cli::DEFAULT_COMPARE_SEEDS).collect(),
+        |s| s.0.clone(),
+    );
+    let wall = std::time::Instant::now();
+    let mut cfgs = Vec::new();
+    for &seed in &seeds {
+        for mode in [SchedulingMode::Priority, SchedulingMode::Fifo] {
+            let mut c = base.clone();
+            c.world.seed = seed;
+            c.world.scheduling = mode;
+            cfgs.push(c);
+        }
+    }
+    let reports = run_all(f, cfgs)?;
+    let mut inv = Invariants::default();
+    let mut rows = Vec::new();
+    for (seed, pair) in seeds.iter().zip(reports.chunks(2)) {
+        add(&mut inv, &pair[0].invariants);
+        add(&mut inv, &pair[1].invariants);
+        rows.push(CompareSeed {
+            seed: *seed,
+            priority: Waits::of(&pair[0]),
+            fifo: Waits::of(&pair[1]),
+        });
+    }
+    let n = rows.len().max(1) as f64;
+    let mean = |g: fn(&CompareSeed) -> Option<f64>| {
+        rows.iter().map(|r| g(r).unwrap_or(0.0)).sum::<f64>() / n
+    };
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let means = CompareMeans {
+        priority: MeanWaits {
+            p50: r3(mean(|r| r.priority.p50)),
+            p99: r3(mean(|r| r.priority.p99)),
+        },
+        fifo: MeanWaits {
+            p50: r3(mean(|r| r.fifo.p50)),
+            p99: r3(mean(|r| r.fifo.p99)),
+        },
+    };
+    let out = CompareReport {
+        priority_not_worse_at_p99: means.priority.p99 <= means.fifo.p99,
+        seeds_priority_worse_at_p99: rows
+            .iter()
+            .filter(|r| r.priority.p99.unwrap_or(0.0) > r.fifo.p99.unwrap_or(0.0))
+            .count() as u64,
+        seeds: rows,
+        mean: means,
+        invariants: inv,
+        wall_seconds: wall.elapsed().as_secs_f64(),
+    };
+    match f.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+        ReportFormat::Text => print!("{}", compare_text(&out)),
+    }
+    Ok(!violated(&inv))
+}
+
+fn compare_text(r: &CompareReport) -> String {
+    let mut s =
+        String::from("pod wait for an address (s)   priority p50     p99   |   fifo p50     p99\n");
+    for row in &r.seeds {
+        s += &format!(
+            "seed {:<24} {:>8} {:>8}   |   {:>8} {:>8}{}\n",
+            row.seed,
+            opt(row.priority.p50),
+            opt(row.priority.p99),
+            opt(row.fifo.p50),
+            opt(row.fifo.p99),
+            if row.priority.p99.unwrap_or(0.0) > row.fifo.p99.unwrap_or(0.0) {
+                "   (priority worse at p99)"
+            } else {
+                ""
+            },
+        );
+    }
+    s += &format!(
+        "mean over {} seeds            {:>8.3} {:>8.3}   |   {:>8.3} {:>8.3}\n",
+        r.seeds.len(),
+        r.mean.priority.p50,
+        r.mean.priority.p99,
+        r.mean.fifo.p50,
+        r.mean.fifo.p99,
+    );
+    s += &format!(
+        "priority is {} at p99 on average ({:.3} s against {:.3} s; worse on {} of {} seeds); invariants: {} double allocations, {} live addresses reclaimed, {} lost; {:.1} s wall\n",
+        if r.priority_not_worse_at_p99 {
+            "not worse than FIFO"
+        } else {
+            "WORSE than FIFO"
+        },
+        r.mean.priority.p99,
+        r.mean.fifo.p99,
+        r.seeds_priority_worse_at_p99,
+        r.seeds.len(),
+        r.invariants.double_allocations,
+        r.invariants.live_ip_reclaimed,
+        r.invariants.lost_allocations,
+        r.wall_seconds,
+    );
+    s
 }

@@ -5,6 +5,7 @@ pub mod cloud;
 pub mod node_side;
 pub mod observer;
 pub mod run;
+pub mod scenario;
 pub mod world;
 
 pub use observer::{Invariants, Observer};

@@ -2,7 +2,8 @@
 //! fields DESIGN.md fixes.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -13,8 +14,10 @@ use tokio::time::Instant;
 use crate::error::IpamError;
 use crate::sim::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::sim::observer::Invariants;
+use crate::sim::scenario::{Action, DEFAULT_GROUP, Scenario};
 use crate::sim::world::{SimSource, World, WorldConfig};
-use crate::types::{Family, NodeName};
+use crate::source::{Faults, MemorySource};
+use crate::types::{Family, NodeName, PodUid, WatermarkOverrides};
 use crate::watermarks::Watermarks;
 
 /// Whether steady state is reached before the measured period.
@@ -60,6 +63,8 @@ pub struct SimConfig {
     pub duration: Duration,
     pub warm_up: WarmUp,
     pub report_nodes: bool,
+    /// Timed phases (`--scenario`); their times count from the measured period's start.
+    pub scenario: Option<Arc<Scenario>>,
 }
 
 impl Default for SimConfig {
@@ -75,6 +80,7 @@ impl Default for SimConfig {
             duration: Duration::from_secs(600),
             warm_up: WarmUp::None,
             report_nodes: false,
+            scenario: None,
         }
     }
 }
@@ -94,7 +100,7 @@ impl SimConfig {
         }
         if let SourceChoice::SimCloud(c) = &self.source {
             // the subnet layout and the cloud's rate limit are checked as the run builds them
-            let cloud = SimCloud::for_nodes(u64::from(self.nodes), c.subnet_size, 0)?;
+            let cloud = SimCloud::for_nodes(self.max_nodes(), c.subnet_size, 0)?;
             if let Some((qps, burst)) = c.rate_limit {
                 cloud.with_rate_limit(qps, burst)?;
             }
@@ -140,7 +146,31 @@ impl SimConfig {
         if self.world.families.is_empty() {
             return bad("families", "none".into(), "at least one address family");
         }
+        if let Some(s) = &self.scenario
+            && let Err(e) = s.check(
+                self.duration,
+                self.nodes,
+                self.world.max_pods,
+                &self.world.engine.watermarks,
+            )
+        {
+            return bad("scenario", s.file.clone(), &e.to_string());
+        }
         self.world.engine.validate()
+    }
+
+    /// The most nodes the run can have at once (the start's and every scale-up's), for
+    /// sizing the simulated cloud's subnets.
+    pub fn max_nodes(&self) -> u64 {
+        let mut n = u64::from(self.nodes);
+        if let Some(s) = &self.scenario {
+            for p in &s.phases {
+                if let Action::ScaleUp { nodes, .. } = p.action {
+                    n += u64::from(nodes) * p.instants().len() as u64;
+                }
+            }
+        }
+        n
     }
 
     /// The drain tail after the active period: every leak reclaimable and every excess
@@ -271,9 +301,25 @@ impl Report {
 }
 
 enum Ev {
-    Churn,
-    NodeLoss,
-    NodeDelete(NodeName),
+    /// A pod replacement (stale unless its generation is the current one).
+    Churn(u32),
+    /// A node loss of the node churn (same).
+    NodeLoss(u32),
+    /// A lost machine's Node object is deleted; with `replace` a new node joins its group.
+    NodeDelete {
+        node: NodeName,
+        replace: bool,
+    },
+    /// A scenario action phase acts whole.
+    Act(usize),
+    /// One unit of a scenario ramp (a node, or a pod on each chosen node).
+    RampStep(usize),
+    /// A mass-deletion ramp starts: its pods are chosen and their deletions spread.
+    RampDeletions(usize),
+    DeletePod(PodUid, bool),
+    /// A scenario setting comes into force, or stops being.
+    SettingOn(usize),
+    SettingOff(usize),
 }
 
 /// Exponential inter-arrival time for a Poisson process of `per_second`.
@@ -285,12 +331,39 @@ fn next_after(rng: &mut SmallRng, per_second: f64) -> Option<Duration> {
     Some(Duration::from_secs_f64(-u.ln() / per_second))
 }
 
+/// Faults set on the source at run time (scenario `brown-out` phases over `--fault-rate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SourceFaults {
+    pub faults: Faults,
+    /// Every call fails until then.
+    pub outage_until: Option<Instant>,
+}
+
+/// The workload's rates in force.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rates {
+    churn: f64,
+    crash_rate: f64,
+    node_churn: f64,
+}
+
 struct Workload {
     rng: SmallRng,
     heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
     evs: Vec<Option<Ev>>,
     seq: u64,
     next_node: u32,
+    rates: Rates,
+    churn_gen: u32,
+    loss_gen: u32,
+    /// Group names (index 0: `default`), each group's pods per new node, each node's group.
+    groups: Vec<String>,
+    group_pods: Vec<u32>,
+    group_of: BTreeMap<NodeName, usize>,
+    /// Scenario settings in force, by (start, phase index): later ones win.
+    settings: BTreeSet<(Duration, usize)>,
+    /// Nodes whose watermark overrides wait for their IPAMNode to exist.
+    pending_watermarks: BTreeSet<NodeName>,
 }
 
 impl Workload {
@@ -298,6 +371,33 @@ impl Workload {
         self.seq += 1;
         self.evs.push(Some(ev));
         self.heap.push(Reverse((at, self.seq, self.evs.len() - 1)));
+    }
+
+    fn group_index(&self, name: Option<&str>) -> Option<usize> {
+        name.and_then(|n| self.groups.iter().position(|g| g == n))
+    }
+
+    /// Live nodes of `group` (None: all), in name order.
+    fn live_in<S: SimSource>(&self, world: &World<S>, group: Option<usize>) -> Vec<NodeName> {
+        let live = world.live_nodes();
+        match group {
+            None => live,
+            Some(g) => live
+                .into_iter()
+                .filter(|n| self.group_of.get(n) == Some(&g))
+                .collect(),
+        }
+    }
+
+    /// `k` of `items`, uniformly (partial Fisher–Yates), in chosen order.
+    fn choose<T>(&mut self, mut items: Vec<T>, k: usize) -> Vec<T> {
+        let k = k.min(items.len());
+        for i in 0..k {
+            let j = self.rng.random_range(i..items.len());
+            items.swap(i, j);
+        }
+        items.truncate(k);
+        items
     }
 }
 
@@ -313,10 +413,18 @@ pub async fn simulate(
     match cfg.source {
         SourceChoice::Memory => {
             let world = World::start(cfg.world.clone())?;
-            drive(world, &cfg, progress, wall, cpu0).await
+            let set_faults = |s: &MemorySource, f: &SourceFaults| {
+                let mut faults = f.faults;
+                if f.outage_until.is_some() {
+                    // the in-memory source has no outage of its own: every call fails
+                    faults.error_rate = 1.0;
+                }
+                s.set_faults(faults);
+            };
+            drive(world, &cfg, progress, set_faults, wall, cpu0).await
         }
         SourceChoice::SimCloud(c) => {
-            let nodes = u64::from(cfg.nodes);
+            let nodes = cfg.max_nodes();
             let world = World::start_with(cfg.world.clone(), |w, observer| {
                 let mut cloud = SimCloud::for_nodes(nodes, c.subnet_size, w.seed)?
                     .with_instance_type(c.instance_type)
@@ -325,18 +433,76 @@ pub async fn simulate(
                 if let Some((qps, burst)) = c.rate_limit {
                     cloud = cloud.with_rate_limit(qps, burst)?;
                 }
-                cloud.set_faults(CloudFaults {
-                    error_rate: w.faults.error_rate,
-                    throttle_rate: w.faults.throttle_rate,
-                    retry_after: w.faults.retry_after,
-                    lost_reply_rate: w.faults.lost_reply_rate,
-                    ..CloudFaults::default()
-                });
+                cloud.set_faults(cloud_faults(&SourceFaults {
+                    faults: w.faults,
+                    outage_until: None,
+                }));
                 Ok(cloud)
             })?;
-            drive(world, &cfg, progress, wall, cpu0).await
+            let set_faults = |c: &SimCloud, f: &SourceFaults| c.set_faults(cloud_faults(f));
+            drive(world, &cfg, progress, set_faults, wall, cpu0).await
         }
     }
+}
+
+fn cloud_faults(f: &SourceFaults) -> CloudFaults {
+    CloudFaults {
+        error_rate: f.faults.error_rate,
+        throttle_rate: f.faults.throttle_rate,
+        retry_after: f.faults.retry_after,
+        lost_reply_rate: f.faults.lost_reply_rate,
+        brown_out: f.outage_until.map(|until| (Instant::now(), until)),
+        ..CloudFaults::default()
+    }
+}
+
+/// Runs a simulation on a fresh current-thread runtime in paused (virtual) time.
+pub fn simulate_paused(cfg: SimConfig) -> Result<Report, IpamError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| IpamError::InvalidSetting {
+            name: "runtime",
+            value: String::new(),
+            reason: e.to_string(),
+        })?;
+    rt.block_on(simulate(cfg, |_, _| {}))
+}
+
+/// Runs several simulations in virtual time, `jobs` at once (each on its own thread and
+/// runtime, so each is as deterministic as alone). Results come in the order of `cfgs`;
+/// `done` is called with the number finished and the total after each.
+pub fn simulate_many(
+    cfgs: Vec<SimConfig>,
+    jobs: usize,
+    done: &(dyn Fn(usize, usize) + Sync),
+) -> Vec<Result<Report, IpamError>> {
+    let total = cfgs.len();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    let results: parking_lot::Mutex<Vec<Option<Result<Report, IpamError>>>> =
+        parking_lot::Mutex::new((0..total).map(|_| None).collect());
+    let cfgs = &cfgs;
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, total.max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(cfg) = cfgs.get(i) else { break };
+                    let r = simulate_paused(cfg.clone());
+                    results.lock()[i] = Some(r);
+                    let n = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    done(n, total);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .into_iter()
+        .map(|r| r.expect("every run finished"))
+        .collect()
 }
 
 /// Runs the workload on a started world to the end of its drain tail and reports.
@@ -344,10 +510,13 @@ async fn drive<S: SimSource>(
     world: World<S>,
     cfg: &SimConfig,
     mut progress: impl FnMut(Duration, Duration),
+    set_faults: impl Fn(&S, &SourceFaults),
     wall: std::time::Instant,
     cpu0: Option<f64>,
 ) -> Result<Report, IpamError> {
     let cfg = cfg.clone();
+    let scenario = cfg.scenario.clone();
+    let phases = scenario.as_ref().map_or(&[][..], |s| &s.phases[..]);
     let start = Instant::now();
     let mut wl = Workload {
         rng: SmallRng::seed_from_u64(cfg.world.seed ^ 0x5eed),
@@ -355,45 +524,115 @@ async fn drive<S: SimSource>(
         evs: Vec::new(),
         seq: 0,
         next_node: 0,
+        rates: Rates {
+            churn: cfg.churn,
+            crash_rate: cfg.crash_rate,
+            node_churn: cfg.node_churn,
+        },
+        churn_gen: 0,
+        loss_gen: 0,
+        groups: scenario
+            .as_ref()
+            .map_or_else(|| vec![DEFAULT_GROUP.to_string()], |s| s.groups()),
+        group_pods: Vec::new(),
+        group_of: BTreeMap::new(),
+        settings: BTreeSet::new(),
+        pending_watermarks: BTreeSet::new(),
     };
+    wl.group_pods = vec![cfg.pods_per_node; wl.groups.len()];
+    let has_watermarks = phases
+        .iter()
+        .any(|p| matches!(p.action, Action::WatermarkChange(_)));
+    // the operator's first write creates a node's IPAMNode; overrides set on a node that
+    // has none yet are applied as it appears
+    let mut store_events = has_watermarks.then(|| world.store.subscribe());
     for _ in 0..cfg.nodes {
-        add_node_with_pods(&world, &cfg, &mut wl);
+        add_node(&world, &mut wl, 0);
     }
     let warm = match cfg.warm_up {
         WarmUp::None => Duration::ZERO,
         WarmUp::Steady => cfg.drain_tail(),
     };
-    let t0 = start + warm;
-    let active_end = t0 + cfg.duration;
+    // the measured period starts at m0; t0 is the start of the last phase that changed
+    // demand (or m0)
+    let m0 = start + warm;
+    let t0 = m0
+        + scenario
+            .as_ref()
+            .and_then(|s| s.last_demand_change())
+            .unwrap_or_default();
+    let active_end = m0 + cfg.duration;
     let end = active_end + cfg.drain_tail();
     let total = end - start;
-    let churn_rate = |w: &World<S>| cfg.churn / 60.0 * w.live_nodes().len() as f64;
-    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world)) {
-        wl.push(start + d, Ev::Churn);
+    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
+        wl.push(start + d, Ev::Churn(0));
     }
-    if let Some(d) = next_after(&mut wl.rng, cfg.node_churn / 3600.0) {
-        wl.push(start + d, Ev::NodeLoss);
+    if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
+        wl.push(start + d, Ev::NodeLoss(0));
+    }
+    for (i, p) in phases.iter().enumerate() {
+        let at = m0 + p.at;
+        if p.action.is_setting() {
+            wl.push(at, Ev::SettingOn(i));
+            let off = match (p.end(), &p.action) {
+                (Some(e), _) => Some(m0 + e),
+                // watermarks are configuration: they stay to the end of the run
+                (None, Action::WatermarkChange(_)) => None,
+                (None, _) => Some(active_end),
+            };
+            if let Some(off) = off {
+                wl.push(off, Ev::SettingOff(i));
+            }
+        } else if p.is_ramp() {
+            let d = p.duration.unwrap_or_default();
+            let units = match p.action {
+                Action::ScaleUp { nodes, pods, .. } => {
+                    if nodes > 0 {
+                        nodes
+                    } else {
+                        pods
+                    }
+                }
+                Action::NodeLoss { nodes, .. } => nodes,
+                _ => 0,
+            };
+            if matches!(p.action, Action::MassDeletion { .. }) {
+                wl.push(at, Ev::RampDeletions(i));
+            }
+            for k in 0..units {
+                wl.push(
+                    at + d.mul_f64(f64::from(k) / f64::from(units)),
+                    Ev::RampStep(i),
+                );
+            }
+        } else {
+            for t in p.instants() {
+                wl.push(m0 + t, Ev::Act(i));
+            }
+        }
     }
     let mut measuring = warm.is_zero();
     // each node's state at t0, and the call oracle at the end of the active period
-    let mut at_t0 = if measuring {
-        snapshot(&world)
-    } else {
-        BTreeMap::new()
-    };
+    let mut at_t0: Option<BTreeMap<NodeName, Vec<u64>>> = None;
     let mut oracle: Option<Oracle> = None;
     let mut settled_since: Option<Instant> = Some(t0);
     let mut next_sample = t0;
     let mut last_progress = start;
     loop {
         let now = Instant::now();
-        if !measuring && now >= t0 {
+        if !measuring && now >= m0 {
             world.start_measuring();
             measuring = true;
-            at_t0 = snapshot(&world);
+        }
+        if at_t0.is_none() && now >= t0 {
+            at_t0 = Some(snapshot(&world));
         }
         if oracle.is_none() && now >= active_end {
-            oracle = Some(minimum_calls(&world, &cfg, &at_t0));
+            oracle = Some(minimum_calls(
+                &world,
+                &cfg,
+                at_t0.as_ref().unwrap_or(&BTreeMap::new()),
+            ));
         }
         if now >= next_sample && now <= active_end {
             if world.all_settled() {
@@ -413,52 +652,333 @@ async fn drive<S: SimSource>(
         let next_ev = wl.heap.peek().map(|Reverse((t, _, _))| *t);
         let mut wake = end.min(next_sample.max(now + Duration::from_millis(1)));
         if !measuring {
+            wake = wake.min(m0);
+        }
+        if at_t0.is_none() {
             wake = wake.min(t0);
         }
         if let Some(t) = next_ev {
             wake = wake.min(t);
         }
-        tokio::time::sleep_until(wake).await;
+        match store_events.as_mut() {
+            Some(rx) if !wl.pending_watermarks.is_empty() => {
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep_until(wake) => {}
+                    _ = rx.recv() => {}
+                }
+            }
+            _ => tokio::time::sleep_until(wake).await,
+        }
+        if let Some(rx) = store_events.as_mut() {
+            while rx.try_recv().is_ok() {}
+            if !wl.pending_watermarks.is_empty() {
+                let pending = std::mem::take(&mut wl.pending_watermarks);
+                for n in pending {
+                    let g = wl.group_of.get(&n).copied().unwrap_or(0);
+                    let w = watermarks_for(phases, &wl, g);
+                    if world.store.set_watermarks(&n, w).is_none() && wl.group_of.contains_key(&n) {
+                        wl.pending_watermarks.insert(n);
+                    }
+                }
+            }
+        }
         while let Some(Reverse((t, _, i))) = wl.heap.peek().copied() {
             if t > Instant::now() {
                 break;
+            }
+            if at_t0.is_none() && t >= t0 {
+                at_t0 = Some(snapshot(&world));
             }
             wl.heap.pop();
             let ev = wl.evs[i].take().expect("each event runs once");
             let active = t < active_end;
             match ev {
-                Ev::Churn if active => {
-                    churn(&world, &cfg, &mut wl);
-                    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world)) {
-                        wl.push(t + d, Ev::Churn);
+                Ev::Churn(g) if active && g == wl.churn_gen => {
+                    churn(&world, &mut wl);
+                    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
+                        wl.push(t + d, Ev::Churn(g));
                     }
                 }
-                Ev::NodeLoss if active => {
+                Ev::NodeLoss(g) if active && g == wl.loss_gen => {
                     let live = world.live_nodes();
                     if live.len() > 1 {
                         let n = live[wl.rng.random_range(0..live.len())].clone();
-                        world.vanish_machine(&n);
-                        wl.push(t + Duration::from_secs(60), Ev::NodeDelete(n));
+                        lose_node(&world, &mut wl, n, t, true);
                     }
-                    if let Some(d) = next_after(&mut wl.rng, cfg.node_churn / 3600.0) {
-                        wl.push(t + d, Ev::NodeLoss);
-                    }
-                }
-                Ev::NodeDelete(n) => {
-                    world.delete_node_object(&n);
-                    if active {
-                        add_node_with_pods(&world, &cfg, &mut wl);
+                    if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
+                        wl.push(t + d, Ev::NodeLoss(g));
                     }
                 }
-                Ev::Churn | Ev::NodeLoss => {}
+                Ev::NodeDelete { node, replace } => {
+                    world.delete_node_object(&node);
+                    let g = wl.group_of.remove(&node).unwrap_or(0);
+                    wl.pending_watermarks.remove(&node);
+                    if active && replace {
+                        let n = add_node(&world, &mut wl, g);
+                        joined(phases, &mut wl, n, g);
+                    }
+                }
+                Ev::Act(p) if active => act(&world, phases, &mut wl, p, t, false),
+                Ev::RampStep(p) if active => act(&world, phases, &mut wl, p, t, true),
+                Ev::RampDeletions(p) if active => {
+                    let (group, d) = (&phases[p].group, phases[p].duration.unwrap_or_default());
+                    let Action::MassDeletion { share, crash_rate } = phases[p].action else {
+                        continue;
+                    };
+                    let g = wl.group_index(group.as_deref());
+                    let victims = pick_deletions(&world, &mut wl, g, share, crash_rate);
+                    let n = victims.len().max(1) as f64;
+                    for (k, (uid, crash)) in victims.into_iter().enumerate() {
+                        wl.push(t + d.mul_f64(k as f64 / n), Ev::DeletePod(uid, crash));
+                    }
+                }
+                Ev::DeletePod(uid, crash) if active => world.delete_pod(uid, crash),
+                Ev::SettingOn(p) => {
+                    wl.settings.insert((phases[p].at, p));
+                    setting_changed(&world, &cfg, phases, &mut wl, p, t, active_end, &set_faults);
+                }
+                Ev::SettingOff(p) => {
+                    wl.settings.remove(&(phases[p].at, p));
+                    setting_changed(&world, &cfg, phases, &mut wl, p, t, active_end, &set_faults);
+                }
+                Ev::Churn(_)
+                | Ev::NodeLoss(_)
+                | Ev::Act(_)
+                | Ev::RampStep(_)
+                | Ev::RampDeletions(_)
+                | Ev::DeletePod(..) => {}
             }
         }
     }
     progress(total, total);
-    let oracle = oracle.unwrap_or_else(|| minimum_calls(&world, &cfg, &at_t0));
+    let oracle = oracle
+        .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&BTreeMap::new())));
     let report = build_report(&world, &cfg, t0, settled_since, wall, cpu0, &oracle);
     world.shutdown();
     Ok(report)
+}
+
+fn churn_rate<S: SimSource>(world: &World<S>, rates: &Rates) -> f64 {
+    rates.churn / 60.0 * world.live_nodes().len() as f64
+}
+
+/// The machine vanishes with its pods; its Node object goes a minute later.
+fn lose_node<S: SimSource>(
+    world: &World<S>,
+    wl: &mut Workload,
+    n: NodeName,
+    t: Instant,
+    replace: bool,
+) {
+    world.vanish_machine(&n);
+    wl.push(
+        t + Duration::from_secs(60),
+        Ev::NodeDelete { node: n, replace },
+    );
+}
+
+/// A scenario action phase acts whole, or (`step`) one unit of its ramp.
+fn act<S: SimSource>(
+    world: &World<S>,
+    phases: &[crate::sim::scenario::Phase],
+    wl: &mut Workload,
+    p: usize,
+    t: Instant,
+    step: bool,
+) {
+    let phase = &phases[p];
+    let g = wl.group_index(phase.group.as_deref());
+    match phase.action {
+        Action::ScaleUp {
+            nodes,
+            pods_per_node,
+            pods,
+            share,
+        } => {
+            if pods > 0 && !(step && nodes > 0) {
+                let targets = wl.live_in(world, g);
+                let k = (share * targets.len() as f64).ceil() as usize;
+                for n in wl.choose(targets, k) {
+                    for _ in 0..if step { 1 } else { pods } {
+                        world.schedule_pod(&n);
+                    }
+                }
+            }
+            if nodes > 0 {
+                let gi = g.unwrap_or(0);
+                if let Some(ppn) = pods_per_node {
+                    wl.group_pods[gi] = ppn;
+                }
+                for _ in 0..if step { 1 } else { nodes } {
+                    let n = add_node(world, wl, gi);
+                    joined(phases, wl, n, gi);
+                }
+            }
+        }
+        Action::MassDeletion { share, crash_rate } => {
+            for (uid, crash) in pick_deletions(world, wl, g, share, crash_rate) {
+                world.delete_pod(uid, crash);
+            }
+        }
+        Action::NodeLoss { nodes, replace } => {
+            let live = wl.live_in(world, g);
+            let k = if step { 1 } else { nodes as usize };
+            for n in wl.choose(live, k) {
+                lose_node(world, wl, n, t, replace);
+            }
+        }
+        Action::Churn { .. } | Action::BrownOut(_) | Action::WatermarkChange(_) => {}
+    }
+}
+
+/// A `share` of the pods on each live node of the group, each crashing with `crash_rate`.
+fn pick_deletions<S: SimSource>(
+    world: &World<S>,
+    wl: &mut Workload,
+    g: Option<usize>,
+    share: f64,
+    crash_rate: f64,
+) -> Vec<(PodUid, bool)> {
+    let mut out = Vec::new();
+    for n in wl.live_in(world, g) {
+        let pods = world.pods_on(&n);
+        let k = (share * pods.len() as f64).round() as usize;
+        for uid in wl.choose(pods, k) {
+            let crash = wl.rng.random_bool(crash_rate);
+            out.push((uid, crash));
+        }
+    }
+    out
+}
+
+/// The overrides in force for a group: every watermark phase in force that concerns it,
+/// the later-starting winning field by field.
+fn watermarks_for(
+    phases: &[crate::sim::scenario::Phase],
+    wl: &Workload,
+    g: usize,
+) -> WatermarkOverrides {
+    let mut w = WatermarkOverrides::default();
+    for &(_, i) in &wl.settings {
+        let p = &phases[i];
+        if let Action::WatermarkChange(o) = &p.action
+            && p.group.as_deref().is_none_or(|name| wl.groups[g] == name)
+        {
+            w.pre_allocate = o.pre_allocate.or(w.pre_allocate);
+            w.min_allocate = o.min_allocate.or(w.min_allocate);
+            w.max_allocate = o.max_allocate.or(w.max_allocate);
+            w.max_above_watermark = o.max_above_watermark.or(w.max_above_watermark);
+        }
+    }
+    w
+}
+
+/// A node that just joined gets its group's overrides once its IPAMNode exists.
+fn joined(phases: &[crate::sim::scenario::Phase], wl: &mut Workload, n: NodeName, g: usize) {
+    if phases
+        .iter()
+        .any(|p| matches!(p.action, Action::WatermarkChange(_)))
+        && watermarks_for(phases, wl, g) != WatermarkOverrides::default()
+    {
+        wl.pending_watermarks.insert(n);
+    }
+}
+
+/// A scenario setting started or ended: the rates, faults or watermarks in force follow.
+#[allow(clippy::too_many_arguments)]
+fn setting_changed<S: SimSource>(
+    world: &World<S>,
+    cfg: &SimConfig,
+    phases: &[crate::sim::scenario::Phase],
+    wl: &mut Workload,
+    p: usize,
+    t: Instant,
+    active_end: Instant,
+    set_faults: &impl Fn(&S, &SourceFaults),
+) {
+    match &phases[p].action {
+        Action::Churn { .. } => {
+            let mut r = Rates {
+                churn: cfg.churn,
+                crash_rate: cfg.crash_rate,
+                node_churn: cfg.node_churn,
+            };
+            for &(_, i) in &wl.settings {
+                if let Action::Churn {
+                    churn,
+                    crash_rate,
+                    node_churn,
+                } = phases[i].action
+                {
+                    r.churn = churn.unwrap_or(r.churn);
+                    r.crash_rate = crash_rate.unwrap_or(r.crash_rate);
+                    r.node_churn = node_churn.unwrap_or(r.node_churn);
+                }
+            }
+            let old = wl.rates;
+            wl.rates = r;
+            if r.churn != old.churn {
+                // a Poisson process can be restarted at any instant with its new rate
+                wl.churn_gen += 1;
+                if let Some(d) = next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
+                    wl.push(t + d, Ev::Churn(wl.churn_gen));
+                }
+            }
+            if r.node_churn != old.node_churn {
+                wl.loss_gen += 1;
+                if let Some(d) = next_after(&mut wl.rng, r.node_churn / 3600.0) {
+                    wl.push(t + d, Ev::NodeLoss(wl.loss_gen));
+                }
+            }
+        }
+        Action::BrownOut(_) => {
+            let base = cfg.world.faults;
+            let mut f = SourceFaults {
+                faults: base,
+                outage_until: None,
+            };
+            // independent faults add up: a call escapes both with (1 − a)(1 − b)
+            let add = |a: f64, b: f64| 1.0 - (1.0 - a) * (1.0 - b);
+            for &(_, i) in &wl.settings {
+                if let Action::BrownOut(b) = phases[i].action {
+                    f.faults.error_rate = add(f.faults.error_rate, b.error_rate);
+                    f.faults.lost_reply_rate = add(f.faults.lost_reply_rate, b.lost_reply_rate);
+                    f.faults.throttle_rate = add(f.faults.throttle_rate, b.throttle_rate);
+                    if b.throttle_rate > 0.0 {
+                        f.faults.retry_after = f.faults.retry_after.max(b.retry_after);
+                    }
+                    if b.outage {
+                        // phase times count from the measured period's start
+                        let m0 = active_end - cfg.duration;
+                        let until = phases[i]
+                            .end()
+                            .map_or(active_end, |e| active_end.min(m0 + e));
+                        f.outage_until = f.outage_until.max(Some(until));
+                    }
+                }
+            }
+            set_faults(&world.source, &f);
+        }
+        Action::WatermarkChange(_) => {
+            let nodes: Vec<(NodeName, usize)> =
+                wl.group_of.iter().map(|(n, g)| (n.clone(), *g)).collect();
+            for (n, g) in nodes {
+                let w = watermarks_for(phases, wl, g);
+                let same = world.node(&n).map(|x| x.watermarks == w);
+                match same {
+                    Some(true) => {}
+                    Some(false) => {
+                        world.store.set_watermarks(&n, w);
+                    }
+                    None => {
+                        wl.pending_watermarks.insert(n);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// DESIGN.md's call oracle: the fewest source calls C that take every node from its state
@@ -500,7 +1020,13 @@ fn minimum_calls<S: SimSource>(
     let mut calls = 0;
     let mut chain = 0;
     for node in world.live_nodes() {
-        let used = world.node(&node).map_or(0, |n| n.node.used.len() as u64);
+        let stored = world.node(&node);
+        let used = stored.as_ref().map_or(0, |n| n.node.used.len() as u64);
+        // the node's own overrides (scenario watermark changes) count
+        let w = &stored
+            .as_ref()
+            .and_then(|n| w.with_overrides(&n.watermarks).ok())
+            .unwrap_or(*w);
         let demand = used + world.waiting_on(&node) as u64;
         let from = at_t0.get(&node).map(Vec::as_slice).unwrap_or(&[]);
         let c = world
@@ -522,17 +1048,19 @@ fn minimum_calls<S: SimSource>(
     }
 }
 
-fn add_node_with_pods<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
+fn add_node<S: SimSource>(world: &World<S>, wl: &mut Workload, group: usize) -> NodeName {
     let name = world.add_node(&format!("node-{:05}", wl.next_node));
     wl.next_node += 1;
-    for _ in 0..cfg.pods_per_node {
+    wl.group_of.insert(name.clone(), group);
+    for _ in 0..wl.group_pods[group] {
         world.schedule_pod(&name);
     }
+    name
 }
 
 /// A uniformly chosen pod of a uniformly chosen live node is deleted (crashing with
-/// `crash_rate`) and a new one scheduled there at the same instant.
-fn churn<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
+/// the crash rate in force) and a new one scheduled there at the same instant.
+fn churn<S: SimSource>(world: &World<S>, wl: &mut Workload) {
     let live = world.live_nodes();
     if live.is_empty() {
         return;
@@ -541,7 +1069,7 @@ fn churn<S: SimSource>(world: &World<S>, cfg: &SimConfig, wl: &mut Workload) {
     let pods = world.pods_on(&node);
     if !pods.is_empty() {
         let uid = pods[wl.rng.random_range(0..pods.len())];
-        let crash = wl.rng.random_bool(cfg.crash_rate);
+        let crash = wl.rng.random_bool(wl.rates.crash_rate);
         world.delete_pod(uid, crash);
     }
     world.schedule_pod(&node);

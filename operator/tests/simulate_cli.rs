@@ -1,0 +1,105 @@
+//! The `simulate` binary end to end: scenario errors exit 2 before anything runs,
+//! `--seeds` and `--compare-scheduling` print the JSON their sections describe.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tidepool-operator"))
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("tidepool-cli-{}-{name}", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_bad_scenario_exits_2_naming_file_and_phase() {
+    let path = temp_file(
+        "bad.yaml",
+        "phases:\n- kind: churn\n  at: 1m\n  churn: 1\n- kind: volcano\n  at: 2m\n",
+    );
+    let out = bin()
+        .args(["simulate", "--scenario", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(path.to_str().unwrap()) && err.contains("phase #2 (volcano)"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing ran");
+    let _ = std::fs::remove_file(path);
+}
+
+const SMALL: &str = "duration: 3m\nstart: {nodes: 6, pods_per_node: 4, churn: 1, crash_rate: 0.2, node_churn: 0}\n\
+phases:\n\
+- kind: watermark-change\n  at: 0\n  group: idle\n  min_allocate: 32\n\
+- kind: scale-up\n  at: 5s\n  every: 30s\n  duration: 2m\n  nodes: 8\n  pods_per_node: 0\n  group: idle\n\
+- kind: scale-up\n  at: 7s\n  every: 30s\n  duration: 2m\n  pods: 12\n  share: 0.5\n\
+- kind: brown-out\n  at: 1m\n  duration: 20s\n  error_rate: 0.05\n";
+
+#[test]
+fn seeds_print_one_report_per_seed() {
+    let path = temp_file("seeds.yaml", SMALL);
+    let out = bin()
+        .args(["simulate", "--scenario", path.to_str().unwrap()])
+        .args(["--seeds", "1..3", "--jobs", "2", "--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[2]["seed"], 3);
+    assert!(runs[0]["report"]["pods"]["started"].as_u64().unwrap() > 0);
+    assert_eq!(v["runs_violating"], 0);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn compare_scheduling_prints_both_modes_side_by_side() {
+    let path = temp_file("compare.yaml", SMALL);
+    let out = bin()
+        .args(["simulate", "--scenario", path.to_str().unwrap()])
+        .args(["--compare-scheduling", "--seeds", "1,2", "--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seeds = v["seeds"].as_array().unwrap();
+    assert_eq!(seeds.len(), 2);
+    for s in seeds {
+        for mode in ["priority", "fifo"] {
+            assert!(s[mode]["p99"].is_number(), "{s}");
+            assert!(s[mode]["p50"].is_number(), "{s}");
+        }
+    }
+    assert!(v["mean"]["priority"]["p99"].is_number());
+    assert!(v["mean"]["fifo"]["p99"].is_number());
+    assert!(v["priority_not_worse_at_p99"].is_boolean());
+    assert_eq!(v["invariants"]["lost_allocations"], 0);
+    // the text form has the table and the verdict
+    let out = bin()
+        .args(["simulate", "--scenario", path.to_str().unwrap()])
+        .args(["--compare-scheduling", "--seeds", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("priority p50") && text.contains("mean over 1 seeds"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(path);
+}
