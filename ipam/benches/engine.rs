@@ -15,11 +15,13 @@ use std::time::{Duration, SystemTime};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
+mod common;
+
 use tidepool_ipam::handshake::ReleaseConfig;
 use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
 use tidepool_ipam::pods::{PodInfo, PodPhase};
 use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::sim::{World, WorldConfig};
+use tidepool_ipam::sim::World;
 use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
 use tidepool_ipam::watermarks::Watermarks;
 
@@ -37,39 +39,7 @@ fn resync(c: &mut Criterion) {
     let rt = rt();
     // built on first use, so a filtered-out run skips the setup
     let world = std::cell::OnceCell::new();
-    let setup = || {
-        rt.block_on(async {
-            let cfg = WorldConfig {
-                source_qps: 1e6,
-                source_burst: 1_000_000,
-                kube_qps: 1e6,
-                kube_burst: 1_000_000,
-                ..WorldConfig::default()
-            };
-            let w = World::start(cfg).expect("world");
-            let names: Vec<_> = (0..10_000)
-                .map(|i| w.add_node(&format!("n{i:05}")))
-                .collect();
-            for n in &names {
-                for _ in 0..110 {
-                    w.schedule_pod(n);
-                }
-            }
-            assert!(
-                w.settle(Duration::from_secs(600)).await,
-                "setup must settle"
-            );
-            w.leader.send(false).expect("leader");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            for n in names.iter().step_by(10) {
-                for _ in 0..10 {
-                    w.schedule_pod(n);
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            w
-        })
-    };
+    let setup = || rt.block_on(common::ten_thousand_nodes(Duration::from_secs(1)));
     c.bench_function("resync/10k_nodes", |b| {
         let w: &World = world.get_or_init(setup);
         b.iter(|| rt.block_on(w.manager.resync()));

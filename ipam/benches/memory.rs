@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tidepool_ipam::manager::EngineConfig;
 use tidepool_ipam::sim::{World, WorldConfig};
+
+mod common;
 use tidepool_ipam::types::IpamNode;
 use tidepool_ipam::watermarks::Watermarks;
 
@@ -52,11 +54,7 @@ fn main() {
                     },
                     ..Default::default()
                 },
-                source_qps: 1e6,
-                source_burst: 1_000_000,
-                kube_qps: 1e6,
-                kube_burst: 1_000_000,
-                ..WorldConfig::default()
+                ..common::unlimited()
             };
             let w = World::start(cfg).expect("world");
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tidepool_ipam::sim::{World, WorldConfig};
+
+mod common;
 
 fn main() {
     let recorder = DebuggingRecorder::new();
@@ -19,34 +20,7 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let cfg = WorldConfig {
-            source_qps: 1e6,
-            source_burst: 1_000_000,
-            kube_qps: 1e6,
-            kube_burst: 1_000_000,
-            ..WorldConfig::default()
-        };
-        let w = World::start(cfg).expect("world");
-        let names: Vec<_> = (0..10_000)
-            .map(|i| w.add_node(&format!("n{i:05}")))
-            .collect();
-        for n in &names {
-            for _ in 0..110 {
-                w.schedule_pod(n);
-            }
-        }
-        assert!(
-            w.settle(Duration::from_secs(600)).await,
-            "setup must settle"
-        );
-        w.leader.send(false).expect("leader");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for n in names.iter().step_by(10) {
-            for _ in 0..10 {
-                w.schedule_pod(n);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let w = common::ten_thousand_nodes(Duration::from_millis(200)).await;
         let _ = snapshotter.snapshot(); // drop what the setup recorded
         let mut resync = Vec::new();
         for _ in 0..20 {
