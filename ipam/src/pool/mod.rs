@@ -33,6 +33,7 @@
 pub mod bitmap;
 pub mod index;
 pub mod name;
+pub mod repair;
 pub mod runs;
 pub mod set;
 pub mod sparse;
