@@ -653,8 +653,9 @@ async fn write<S: IpSource, N: NodeStore, P: PodView>(
 }
 
 /// Whole-node reclaim (DESIGN.md): only when no non-terminal pod is bound to the node
-/// name and `node_reclaim_grace` has passed since the Node's deletion; then every address
-/// goes back to the source and the IPAMNode's finalizer goes.
+/// name and either the source says the machine is gone or `node_reclaim_grace` has passed
+/// since the Node's deletion; then every address goes back to the source and the
+/// IPAMNode's finalizer goes.
 async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
@@ -665,7 +666,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
         return Ok(Outcome::Idle(None)); // pod deletions trigger us again
     }
     let due = deleted_at + shared.cfg.node_reclaim_grace;
-    if now < due {
+    if now < due && !shared.source.machine_gone(&h.name) {
         return Ok(Outcome::Idle(Some(due)));
     }
     let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();

@@ -58,6 +58,12 @@ pub trait IpSource: Send + Sync + 'static {
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, IpamError>> + Send;
     /// Capacity and free addresses per family.
     fn quota(&self) -> PerFamily<Quota>;
+    /// Whether the source knows the node's machine is gone (a cloud: no such instance).
+    /// Whole-node reclaim then need not wait for the node grace. Sources that cannot tell
+    /// say false.
+    fn machine_gone(&self, _node: &NodeName) -> bool {
+        false
+    }
 }
 
 /// Injectable faults of the in-memory source.

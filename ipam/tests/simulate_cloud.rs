@@ -110,3 +110,58 @@ fn too_many_pods_for_the_instance_type_is_refused() {
     let err = cfg.validate().unwrap_err().to_string();
     assert!(err.contains("pods-per-node") && err.contains("27"), "{err}");
 }
+
+/// A machine the cloud no longer has: once its Node is deleted and no pod is bound to it,
+/// whole-node reclaim does not wait for the node grace (DESIGN: "either the source says the
+/// machine is gone or node_reclaim_grace has passed"); the memory source cannot tell, so
+/// there the grace applies.
+#[tokio::test(start_paused = true)]
+async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
+    use tidepool_ipam::sim::World;
+    use tidepool_ipam::store::NodeStore;
+
+    let cfg = WorldConfig {
+        max_pods: 232,
+        ..WorldConfig::default()
+    };
+    let cloud = World::start_with(cfg.clone(), |w, observer| {
+        Ok(tidepool_ipam::sim::cloud::SimCloud::for_nodes(10, 16, w.seed)?.with_hook(observer))
+    })
+    .unwrap();
+    let memory = World::start(cfg).unwrap();
+    let n1 = cloud.add_node("n1");
+    let n2 = memory.add_node("n1");
+    for _ in 0..5 {
+        cloud.schedule_pod(&n1);
+        memory.schedule_pod(&n2);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(cloud.node("n1").is_some() && memory.node("n1").is_some());
+    cloud.vanish_machine(&n1);
+    memory.vanish_machine(&n2);
+    cloud.delete_node_object(&n1);
+    memory.delete_node_object(&n2);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        cloud.store.get("n1").await.unwrap().is_none(),
+        "reclaimed at once"
+    );
+    assert!(
+        memory.store.get("n1").await.unwrap().is_some(),
+        "waits for the grace"
+    );
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert!(
+        memory.store.get("n1").await.unwrap().is_none(),
+        "reclaimed after the grace"
+    );
+    // nothing granted is lost (the cloud took the vanished instance's addresses back)
+    let inv = cloud
+        .observer
+        .finish(&cloud.source.granted(), &cloud.store.list());
+    assert!(inv.ok(), "{inv:?}");
+    let inv = memory
+        .observer
+        .finish(&memory.source.granted(), &memory.store.list());
+    assert!(inv.ok(), "{inv:?}");
+}

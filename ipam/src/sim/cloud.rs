@@ -1028,6 +1028,11 @@ impl IpSource for SimCloud {
             .unwrap_or_default())
     }
 
+    /// An instance the cloud no longer has is gone.
+    fn machine_gone(&self, node: &NodeName) -> bool {
+        !self.has_instance(node)
+    }
+
     fn quota(&self) -> PerFamily<Quota> {
         let s = self.state.lock();
         PerFamily {
@@ -1059,7 +1064,7 @@ impl crate::sim::world::SimSource for SimCloud {
         }
     }
 
-    fn machine_gone(&self, node: &NodeName) {
+    fn vanish(&self, node: &NodeName) {
         self.terminate_instance(node);
     }
 

@@ -37,7 +37,7 @@ pub trait SimSource: IpSource + Clone {
     /// A machine joined (a cloud registers its instance).
     fn machine_added(&self, _node: &NodeName) {}
     /// A machine vanished (a cloud terminates its instance).
-    fn machine_gone(&self, _node: &NodeName) {}
+    fn vanish(&self, _node: &NodeName) {}
     /// What the call oracle needs of a node's state (a cloud: secondary addresses per
     /// interface); empty for a fresh machine.
     fn snapshot(&self, node: &NodeName) -> Vec<u64>;
@@ -501,7 +501,7 @@ impl<S: SimSource> World<S> {
             self.observer.pod_stopped(uid, false);
         }
         self.observer.machine_vanished(node);
-        self.source.machine_gone(node);
+        self.source.vanish(node);
     }
 
     /// The Node object is deleted; the pod garbage collector deletes its pods.
