@@ -234,20 +234,25 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // What the store holds: the write below is judged against it, so that a repair from
     // the source alone is written too (judged against the repaired copy it never was).
     let stored = node;
-    let mut base = node.operator.clone();
-    if local.needs_describe {
+    // The node as the source's truth repairs it (a copy only when a repair is due).
+    let repaired_copy;
+    let node = if local.needs_describe {
+        let mut base = node.operator.clone();
         // Addresses the source took back in a call whose reply was lost: the pool freed,
         // and nodes parked on an exhausted pool must hear it.
         if repair_from_source(shared, &h.name, &mut base).await? {
             shared.pool_freed();
         }
         local.needs_describe = false;
-    }
-    let repaired = base != stored.operator;
-    let node = &IpamNode {
-        operator: base,
-        ..node.clone()
+        repaired_copy = IpamNode {
+            operator: base,
+            ..node.clone()
+        };
+        &repaired_copy
+    } else {
+        node
     };
+    let repaired = node.operator != stored.operator;
     let pending = shared.pods.pending_pods(&h.name);
 
     // Invalid overrides: plan with the flags' watermarks so reclaim and handshakes go on,
