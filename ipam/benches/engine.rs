@@ -101,6 +101,8 @@ fn plan_one(c: &mut Criterion) {
     let snap = Snapshot {
         now: tokio::time::Instant::now(),
         node: &node,
+        operator: &node.operator,
+        release_ack: &node.node.release_ack,
         info: &info,
         watermarks: Watermarks::default(),
         families: &[Family::V4],

@@ -51,6 +51,12 @@ pub enum IpamError {
     /// A write lost an optimistic-concurrency race (HTTP 409).
     #[error("conflict writing {name}: resourceVersion {expected} is stale")]
     Conflict { name: String, expected: u64 },
+    /// A create found an object of that name (HTTP 409 AlreadyExists).
+    #[error("{name} already exists")]
+    AlreadyExists { name: String },
+    /// The object is gone (HTTP 404).
+    #[error("{name} not found")]
+    NotFound { name: String },
     /// The pod view could not answer.
     #[error("pod lookup failed: {0}")]
     PodView(String),
@@ -67,9 +73,11 @@ impl IpamError {
                 ErrorClass::Permanent
             }
             IpamError::Source { class, .. } | IpamError::Store { class, .. } => *class,
-            IpamError::Conflict { .. } | IpamError::PodView(_) | IpamError::NotLeader => {
-                ErrorClass::Transient
-            }
+            IpamError::Conflict { .. }
+            | IpamError::AlreadyExists { .. }
+            | IpamError::NotFound { .. }
+            | IpamError::PodView(_)
+            | IpamError::NotLeader => ErrorClass::Transient,
         }
     }
 }

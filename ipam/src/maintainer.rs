@@ -2,7 +2,8 @@
 //! maintenance pass (plan, then execute the plan's calls through the budgets, then one
 //! coalesced write), and schedules its own next deadline or backs off on failure.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use crate::backoff::{Backoff, Retry};
+use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
 use crate::manager::{NodeHandle, Shared};
@@ -234,16 +236,17 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // What the store holds: the write below is judged against it, so that a repair from
     // the source alone is written too (judged against the repaired copy it never was).
     let stored = node;
-    // The node as the source's truth repairs it (a copy only when a repair is due).
+    // A source that keeps the node's addresses and handshakes (cluster-pool's blocks) is
+    // the truth each pass; the others' are repaired from `describe` when a reply was lost.
+    let holdings = shared.source.holdings(&h.name);
     let repaired_copy;
-    let node = if local.needs_describe {
+    let node = if local.needs_describe && holdings.is_none() {
         let mut base = node.operator.clone();
         // Addresses the source took back in a call whose reply was lost: the pool freed,
         // and nodes parked on an exhausted pool must hear it.
         if repair_from_source(shared, &h.name, &mut base).await? {
             shared.pool_freed();
         }
-        local.needs_describe = false;
         repaired_copy = IpamNode {
             operator: base,
             ..node.clone()
@@ -252,7 +255,43 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     } else {
         node
     };
+    local.needs_describe = false;
     let repaired = node.operator != stored.operator;
+    let (operator, release_ack) = match holdings {
+        Some(hd) => (
+            Cow::Owned(OperatorFields {
+                addresses: hd.addresses,
+                release: hd.release,
+                ..node.operator.clone()
+            }),
+            Cow::Owned(hd.acks),
+        ),
+        None => (
+            Cow::Borrowed(&node.operator),
+            Cow::Borrowed(&node.node.release_ack),
+        ),
+    };
+    let held = matches!(operator, Cow::Owned(_));
+    // What this pass would write: for a source that keeps addresses and marks, neither.
+    let to_write = |fields: &OperatorFields| -> OperatorFields {
+        if held {
+            OperatorFields {
+                addresses: stored.operator.addresses.clone(),
+                release: stored.operator.release.clone(),
+                ..fields.clone()
+            }
+        } else {
+            fields.clone()
+        }
+    };
+    let changed = |fields: &OperatorFields| -> bool {
+        if held {
+            fields.reclaim != stored.operator.reclaim
+                || fields.conditions != stored.operator.conditions
+        } else {
+            *fields != stored.operator
+        }
+    };
     let pending = shared.pods.pending_pods(&h.name);
 
     // Invalid overrides: plan with the flags' watermarks so reclaim and handshakes go on,
@@ -269,6 +308,8 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let snap = Snapshot {
         now,
         node,
+        operator: &operator,
+        release_ack: &release_ack,
         info,
         watermarks,
         families,
@@ -354,15 +395,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let mut failure: Option<IpamError> = None;
     let mut freed = false;
     if !plan.release_now.is_empty()
-        && source_token(
-            shared,
-            h,
-            local,
-            *fields != stored.operator,
-            deadline,
-            &mut deferred,
-        )
-        .await
+        && source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await
     {
         match source_release(shared, h, &plan.release_now).await {
             Ok(()) => {
@@ -396,16 +429,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             });
             break;
         }
-        if !source_token(
-            shared,
-            h,
-            local,
-            *fields != stored.operator,
-            deadline,
-            &mut deferred,
-        )
-        .await
-        {
+        if !source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await {
             break;
         }
         match source_allocate(shared, h, c.family, n).await {
@@ -436,11 +460,28 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
 
+    // Marks kept by the source: place the new ones and withdraw the dropped ones there.
+    if held {
+        let (mark, withdraw) = mark_changes(&operator.release, &fields.release);
+        if failure.is_none() && (!mark.is_empty() || !withdraw.is_empty()) {
+            shared.kube_budget.acquire(&h.priority).await;
+            let r = if shared.is_leader() {
+                shared.source.set_marks(&h.name, &mark, &withdraw).await
+            } else {
+                Err(IpamError::NotLeader)
+            };
+            api_call("kube", "mark", r.is_ok());
+            if let Err(e) = r {
+                failure = Some(e);
+            }
+        }
+    }
+
     // One coalesced write.
     // (resourceVersion 0: the IPAMNode does not exist yet, the operator creates it; another
     // Node UID: the operator adopts it)
-    if (*fields != stored.operator || stored.resource_version == 0 || stored.node_uid != info.uid)
-        && let Err(e) = write(shared, h, node, (*fields).clone()).await
+    if (changed(&fields) || stored.resource_version == 0 || stored.node_uid != info.uid)
+        && let Err(e) = write(shared, h, node, to_write(&fields)).await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
         for (addr, t) in &fields.reclaim {
@@ -474,6 +515,28 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         Some(e) => Err(e),
         None => Ok(Outcome::Idle(plan.next_deadline)),
     }
+}
+
+/// Marks to place (marked now, not before) and to withdraw (marked before, gone now
+/// without having been released).
+fn mark_changes(
+    before: &BTreeMap<IpAddr, ReleaseState>,
+    after: &BTreeMap<IpAddr, ReleaseState>,
+) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let marked = |m: &BTreeMap<IpAddr, ReleaseState>, a: &IpAddr| {
+        m.get(a) == Some(&ReleaseState::MarkedForRelease)
+    };
+    let mark = after
+        .keys()
+        .filter(|a| marked(after, a) && !marked(before, a))
+        .copied()
+        .collect();
+    let withdraw = before
+        .keys()
+        .filter(|a| marked(before, a) && !after.contains_key(a))
+        .copied()
+        .collect();
+    (mark, withdraw)
 }
 
 const WATERMARKS_VALID: &str = "WatermarksValid";
@@ -543,9 +606,16 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
     deadline: Option<Instant>,
     deferred: &mut bool,
 ) -> bool {
+    if shared.source.api() == Api::Kube {
+        // The calls share the budget with this pass's own write: a place kept in its queue
+        // while the pass goes on to write would wait behind itself. Wait here instead (the
+        // API server's budget is a fast one).
+        shared.kube_budget.acquire(&h.priority).await;
+        return true;
+    }
     let got = match (&mut local.ticket, pending) {
         // no place in the queue yet and changes to write: only a token free right now
-        (None, true) => shared.source_budget.try_acquire(),
+        (None, true) => shared.call_budget().try_acquire(),
         // our place may have come up meanwhile
         (Some(t), true) => {
             tokio::select! {
@@ -556,7 +626,7 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
         }
         (ticket, false) => {
             let t = ticket.get_or_insert_with(|| {
-                Box::pin(shared.source_budget.acquire_owned(h.priority.clone()))
+                Box::pin(shared.call_budget().acquire_owned(h.priority.clone()))
             });
             let until = async {
                 match deadline {
@@ -676,7 +746,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     }
     let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
     if !truth.is_empty() {
-        shared.source_budget.acquire(&h.priority).await;
+        shared.call_budget().acquire(&h.priority).await;
         let r = source_release(shared, h, &truth).await;
         // Also after a failure: the call may have taken effect with its reply lost, and
         // the retry then finds nothing to release (a spurious wake-up costs parked nodes

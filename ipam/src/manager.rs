@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backoff::BackoffConfig;
-use crate::budget::{Budget, Priority, PriorityCell};
+use crate::budget::{Api, Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::error::IpamError;
 use crate::handshake::ReleaseConfig;
@@ -24,7 +24,7 @@ use crate::pods::PodView;
 use crate::reclaim::ReclaimConfig;
 use crate::source::IpSource;
 use crate::stats::Stats;
-use crate::store::{NodeStore, StoreEvent, Writer};
+use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
 use crate::trigger::{self, Reason, Trigger};
 use crate::types::{NodeInfo, NodeName};
 use crate::watermarks::Watermarks;
@@ -130,6 +130,14 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         *self.leader.borrow()
     }
 
+    /// The budget the source's mutating calls draw on.
+    pub fn call_budget(&self) -> &Budget {
+        match self.source.api() {
+            Api::Source => &self.source_budget,
+            Api::Kube => &self.kube_budget,
+        }
+    }
+
     /// Publishes a node's new summary into the aggregate stats.
     pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
         let old = std::mem::replace(&mut h.state.lock().summary, summary);
@@ -161,6 +169,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
     /// A maintainer whose node is gone removes itself.
     pub fn remove(&self, h: &NodeHandle) {
         h.removed.store(true, Ordering::Relaxed);
+        self.source.node_gone(&h.name);
         self.nodes.lock().remove(&h.name);
         self.parked.lock().remove(&h.name);
         let summary = h.state.lock().summary;
@@ -235,6 +244,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
 
     /// A Node was added or changed (the Node informer).
     pub fn upsert_node(&self, info: NodeInfo) {
+        self.shared.source.node_seen(&info);
         let mut nodes = self.shared.nodes.lock();
         if let Some(h) = nodes.get(&info.name) {
             let mut st = h.state.lock();
@@ -284,8 +294,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     /// The IPAMNode changed (its informer). The echo of our own write is ignored.
     pub fn on_store_event(&self, ev: &StoreEvent) {
         if let Some(h) = self.shared.nodes.lock().get(&ev.name) {
+            // the echo of our own write is not news; an operator's block write is made
+            // by a pass of that very node
             let own = ev.writer == Writer::Operator
-                && h.own_write.load(Ordering::Relaxed) == ev.resource_version;
+                && (ev.kind == ObjectKind::IpamBlock
+                    || h.own_write.load(Ordering::Relaxed) == ev.resource_version);
             if !own {
                 h.trigger.trigger(Reason::Upsert);
                 h.work.notify_waiters();
@@ -313,6 +326,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     /// with work in priority order (pods waiting first, then needed).
     pub async fn resync(&self) {
         let started = std::time::Instant::now();
+        if self.shared.is_leader() {
+            self.shared.source.resync().await;
+        }
         let nodes: Vec<Arc<NodeHandle>> = self.shared.nodes.lock().values().cloned().collect();
         let workers = self.shared.cfg.parallel_workers.max(1);
         let chunk = nodes.len().div_ceil(workers).max(1);

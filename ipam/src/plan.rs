@@ -6,7 +6,7 @@
 //! mark.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use tokio::time::Instant;
@@ -15,8 +15,8 @@ use crate::handshake::{self, ReleaseConfig};
 use crate::pods::PodCache;
 use crate::reclaim::{ReclaimConfig, ReclaimStep, ReclaimTracker};
 use crate::types::{
-    Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseState,
-    Tombstone,
+    Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseAck,
+    ReleaseState, Tombstone,
 };
 use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
 
@@ -64,6 +64,12 @@ impl NodeMemory {
 pub struct Snapshot<'a> {
     pub now: Instant,
     pub node: &'a IpamNode,
+    /// The operator's fields to plan from: the node's, or with the addresses and marks of a
+    /// source that keeps them ([`crate::source::IpSource::holdings`]).
+    pub operator: &'a OperatorFields,
+    /// The node side's answers to release marks (the node's `status.releaseAck`, or the
+    /// source's).
+    pub release_ack: &'a BTreeMap<IpAddr, ReleaseAck>,
     pub info: &'a NodeInfo,
     /// Resolved watermarks (flags + the node's overrides), already validated.
     pub watermarks: Watermarks,
@@ -214,19 +220,56 @@ fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> V
         .collect()
 }
 
+/// How many free addresses could go back as whole blocks (aligned groups of `grant`
+/// addresses of which every address the node holds is free), at most `max`, largest first.
+fn whole_free_blocks(
+    node: &IpamNode,
+    fields: &OperatorFields,
+    family: Family,
+    grant: u64,
+    max: u64,
+) -> u64 {
+    let group = |a: &IpAddr| -> u128 {
+        match a {
+            IpAddr::V4(v) => u128::from(u32::from(*v)) / u128::from(grant),
+            IpAddr::V6(v) => u128::from(*v) / u128::from(grant),
+        }
+    };
+    // per group: (addresses held, of which free)
+    let mut groups: BTreeMap<u128, (u64, u64)> = BTreeMap::new();
+    let free: BTreeSet<IpAddr> = free_addresses(node, fields, family).into_iter().collect();
+    for a in fields.addresses.iter().filter(|a| Family::of(a) == family) {
+        let g = groups.entry(group(a)).or_default();
+        g.0 += 1;
+        g.1 += u64::from(free.contains(a));
+    }
+    let mut sizes: Vec<u64> = groups
+        .values()
+        .filter(|(held, free)| held == free)
+        .map(|(held, _)| *held)
+        .collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let mut total = 0;
+    for n in sizes {
+        if total + n <= max {
+            total += n;
+        }
+    }
+    total
+}
+
 /// Plans one pass; `pods` answers pod lookups from the cache.
 pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) -> Plan<'a> {
     let node = s.node;
     let mut p = Plan {
-        fields: Cow::Borrowed(&node.operator),
+        fields: Cow::Borrowed(s.operator),
         ..Plan::default()
     };
 
     // 1. Reclaim: drop answered tombstones, then observe candidates.
     let acks = &node.node.reclaim_ack;
     let answered = |addr: &IpAddr, t: &Tombstone| acks.get(addr).filter(|a| a.pod_uid == t.pod_uid);
-    if node
-        .operator
+    if s.operator
         .reclaim
         .iter()
         .any(|(a, t)| answered(a, t).is_some())
@@ -251,10 +294,10 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     let mut ready = Vec::new();
     if !p.fields.release.is_empty() {
         let fields = p.fields.to_mut();
-        ready = handshake::settle(fields, &node.node.release_ack);
+        ready = handshake::settle(fields, s.release_ack);
         if !s.release.enabled {
             for f in Family::ALL {
-                handshake::withdraw_surplus(fields, &node.node.release_ack, f, 0);
+                handshake::withdraw_surplus(fields, s.release_ack, f, 0);
             }
         }
     }
@@ -268,7 +311,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         let sizing = watermarks::size(&s.watermarks, counts.get(f), cap(s, f));
         let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
         if counts.get(f).marked > keep {
-            handshake::withdraw_surplus(p.fields.to_mut(), &node.node.release_ack, f, keep);
+            handshake::withdraw_surplus(p.fields.to_mut(), s.release_ack, f, keep);
         }
     }
     // 4. Claim or mark.
@@ -345,7 +388,15 @@ pub fn summarize(
             summary.blocked = summary.blocked.or(Some(Blocked::AtCap));
         }
         // marks sit on free addresses and tombstones on used ones, so the counts suffice
-        summary.releasable += c.free().min(sizing.excess.saturating_sub(c.marked)) + c.marked;
+        // for per-address grants; a source granting blocks can give back whole free blocks only
+        let room = c.free().min(sizing.excess.saturating_sub(c.marked));
+        let grant = *s.grant_size.get(f);
+        let releasable = if grant > 1 && room > 0 {
+            whole_free_blocks(s.node, fields, f, grant, room)
+        } else {
+            room
+        };
+        summary.releasable += releasable + c.marked;
         *summary.sizing.get_mut(f) = sizing;
     }
     summary

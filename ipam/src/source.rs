@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
-use crate::types::{Family, NodeName, PerFamily};
+use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
 
 /// Capacity and free addresses of a source, per family.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,6 +65,48 @@ pub trait IpSource: Send + Sync + 'static {
     fn machine_gone(&self, _node: &NodeName) -> bool {
         false
     }
+    /// Which budget the mutating calls draw on: an external API's (`source`), or the API
+    /// server's (`kube`: cluster-pool's block claims and releases are API server writes).
+    fn api(&self) -> Api {
+        Api::Source
+    }
+    /// A Node was added or changed (the source may need its UID or labels).
+    fn node_seen(&self, _info: &NodeInfo) {}
+    /// The engine is done with a node (its addresses were reclaimed and its IPAMNode let go).
+    fn node_gone(&self, _node: &NodeName) {}
+    /// For sources that keep a node's addresses and release handshakes themselves
+    /// (cluster-pool: on the node's IPAMBlocks), what they show now; the engine then plans
+    /// from it and writes neither addresses nor marks into IPAMNode spec. Sources whose
+    /// handshakes live in IPAMNode spec (cloud sources) return None.
+    fn holdings(&self, _node: &NodeName) -> Option<Holdings> {
+        None
+    }
+    /// Places release marks on `mark` and withdraws them from `withdraw` (sources with
+    /// [`IpSource::holdings`] only). A mutating call.
+    fn set_marks(
+        &self,
+        _node: &NodeName,
+        _mark: &[IpAddr],
+        _withdraw: &[IpAddr],
+    ) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async { Ok(()) }
+    }
+    /// Called at the start of every resync while leading, before nodes are recalculated: a
+    /// source with an index of its own rebuilds and repairs it here.
+    fn resync(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// A node's addresses and release handshakes as a source that keeps them shows them
+/// ([`IpSource::holdings`]), in the address-level form the planner reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holdings {
+    pub addresses: BTreeSet<IpAddr>,
+    /// Marked addresses (`MarkedForRelease` only).
+    pub release: BTreeMap<IpAddr, ReleaseState>,
+    /// The node side's answers, per address.
+    pub acks: BTreeMap<IpAddr, ReleaseAck>,
 }
 
 /// Injectable faults of the in-memory source.

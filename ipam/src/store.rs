@@ -1,5 +1,10 @@
 //! The per-node resource store (IPAMNode): the trait the engine writes through, and an
 //! in-memory implementation with resourceVersions, change notifications and a write hook.
+//! The same in-memory store keeps the IPAMBlock objects of cluster-pool ([`blocks`]).
+
+mod blocks;
+
+pub use blocks::BlockStore;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -9,7 +14,9 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::error::{ErrorClass, IpamError};
-use crate::types::{IpamNode, NodeName, NodeSideFields, OperatorFields, WatermarkOverrides};
+use crate::types::{
+    IpamBlock, IpamNode, NodeName, NodeSideFields, OperatorFields, WatermarkOverrides,
+};
 
 /// Who wrote a change (the field manager).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,9 +26,19 @@ pub enum Writer {
     User,
 }
 
+/// Which kind of object a change is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    IpamNode,
+    /// An IPAMBlock; the event's `name` is then the block's node.
+    IpamBlock,
+}
+
 /// A change notification (the informer's event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreEvent {
+    pub kind: ObjectKind,
+    /// The IPAMNode's name, or the node of an IPAMBlock.
     pub name: NodeName,
     pub resource_version: u64,
     pub writer: Writer,
@@ -60,11 +77,14 @@ pub trait NodeStore: Send + Sync + 'static {
 /// Sees every write, with the object before and after, in order.
 pub trait StoreHook: Send + Sync + 'static {
     fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>);
+    /// An IPAMBlock was created (`old` None), changed, or deleted (`new` None).
+    fn block_written(&self, _writer: Writer, _old: Option<&IpamBlock>, _new: Option<&IpamBlock>) {}
 }
 
 #[derive(Default)]
 struct Inner {
     objects: BTreeMap<NodeName, Arc<IpamNode>>,
+    blocks: blocks::Blocks,
     resource_version: u64,
     subscribers: Vec<mpsc::UnboundedSender<StoreEvent>>,
     events: BTreeMap<&'static str, u64>,
@@ -145,6 +165,7 @@ impl MemoryNodeStore {
             h.written(writer, old.as_deref(), Some(&new));
         }
         let ev = StoreEvent {
+            kind: ObjectKind::IpamNode,
             name: name.clone(),
             resource_version: new.resource_version,
             writer,
@@ -233,6 +254,7 @@ impl NodeStore for MemoryNodeStore {
                 h.written(Writer::Operator, Some(&old), None);
             }
             let ev = StoreEvent {
+                kind: ObjectKind::IpamNode,
                 name: old.name.clone(),
                 resource_version: inner.resource_version,
                 writer: Writer::Operator,

@@ -215,6 +215,26 @@ impl IpamNode {
     }
 }
 
+/// One IPAMBlock (cluster-pool): a block granted to a node. Creating it is the claim; the
+/// release mark and the node side's answer live on it; deleting it with a resourceVersion
+/// precondition is the release (DESIGN.md "Resources").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpamBlock {
+    /// The canonical name derived from the CIDR (`v4-10-0-1-16-28`).
+    pub name: Arc<str>,
+    pub cidr: ipnet::IpNet,
+    /// `spec.pool`.
+    pub pool: Arc<str>,
+    /// `spec.node` and `spec.nodeUID`.
+    pub node: NodeName,
+    pub node_uid: u128,
+    /// `spec.release` (operator): marked for release.
+    pub release: bool,
+    /// `status.releaseAck` (node side).
+    pub ack: Option<ReleaseAck>,
+    pub resource_version: u64,
+}
+
 /// What the engine knows of a Node object (from the Node informer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {

@@ -32,7 +32,7 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
         ..Watermarks::default()
     };
     cfg.engine.release.delay = Duration::from_secs(5);
-    let world = World::start_with(cfg.clone(), |w, observer| {
+    let world = World::start_with(cfg.clone(), |w, observer, _store| {
         Ok(SimCloud::for_nodes(10, 16, w.seed)?
             .with_instance_type(InstanceType::by_name("m5.4xlarge")?)
             .with_hook(observer))

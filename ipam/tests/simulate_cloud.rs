@@ -124,7 +124,7 @@ async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
         max_pods: 232,
         ..WorldConfig::default()
     };
-    let cloud = World::start_with(cfg.clone(), |w, observer| {
+    let cloud = World::start_with(cfg.clone(), |w, observer, _store| {
         Ok(tidepool_ipam::sim::cloud::SimCloud::for_nodes(10, 16, w.seed)?.with_hook(observer))
     })
     .unwrap();

@@ -234,6 +234,7 @@ pub enum WarmUpArg {
 pub enum SourceArg {
     Memory,
     SimCloud,
+    ClusterPool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -317,7 +318,8 @@ pub struct SimulateFlags {
     /// Addresses per family in the in-memory source.
     #[arg(long, default_value_t = 1 << 24, value_parser = clap::value_parser!(u64).range(1..), env = "TIDEPOOL_SIM_SOURCE_CAPACITY")]
     pub source_capacity: u64,
-    /// Where addresses come from: the in-memory per-address source or the ENI-like cloud.
+    /// Where addresses come from: the in-memory per-address source, the ENI-like cloud, or
+    /// the cluster pool (blocks of --pool-cidr claimed as IPAMBlock objects).
     #[arg(
         long,
         value_enum,
@@ -332,7 +334,20 @@ pub struct SimulateFlags {
     /// sim-cloud: prefix length of each subnet (one subnet per 1,000 nodes).
     #[arg(long, default_value_t = 16, env = "TIDEPOOL_SIM_SUBNET_SIZE")]
     pub subnet_size: u8,
-    /// Latency of each mutating source call.
+    /// cluster-pool: a CIDR of the pool (repeatable; IPv4 and/or IPv6).
+    #[arg(
+        long = "pool-cidr",
+        env = "TIDEPOOL_SIM_POOL_CIDR",
+        value_delimiter = ','
+    )]
+    pub pool_cidrs: Vec<String>,
+    /// cluster-pool: prefix length of each IPv4 block granted to a node (/32: per address).
+    #[arg(long, default_value_t = 28, env = "TIDEPOOL_SIM_BLOCK_SIZE")]
+    pub block_size: u8,
+    /// cluster-pool: prefix length of each IPv6 block granted to a node (/128: per address).
+    #[arg(long, default_value_t = 124, env = "TIDEPOOL_SIM_BLOCK_SIZE_V6")]
+    pub block_size_v6: u8,
+    /// Latency of each mutating source call (cluster-pool: of each block write).
     #[arg(long, default_value = "0s", value_parser = duration, env = "TIDEPOOL_SIM_CLOUD_LATENCY")]
     pub cloud_latency: Duration,
     /// sim-cloud: the cloud's own rate limit (calls per second); unlimited if not given.

@@ -12,7 +12,8 @@ use tidepool_ipam::sim::cloud::InstanceType;
 use tidepool_ipam::sim::run::{Quantiles, simulate_many};
 use tidepool_ipam::sim::scenario::Scenario;
 use tidepool_ipam::sim::{
-    CloudChoice, Invariants, Report, SimConfig, SourceChoice, WarmUp, WorldConfig, simulate,
+    CloudChoice, Invariants, PoolChoice, Report, SimConfig, SourceChoice, WarmUp, WorldConfig,
+    simulate,
 };
 use tidepool_ipam::source::Faults;
 use tidepool_ipam::types::{Family, PerFamily};
@@ -21,8 +22,30 @@ use crate::cli::{self, ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
 
 /// Builds the simulation from the flags; bad combinations fail here, before anything runs.
 pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
+    let cluster_pool_only = [
+        ("--pool-cidr", !f.pool_cidrs.is_empty()),
+        ("--block-size", f.block_size != 28),
+        ("--block-size-v6", f.block_size_v6 != 124),
+    ];
+    if f.source != SourceArg::ClusterPool
+        && let Some((flag, _)) = cluster_pool_only.iter().find(|(_, set)| *set)
+    {
+        anyhow::bail!("{flag} needs --source cluster-pool");
+    }
     let source = match f.source {
         SourceArg::Memory => SourceChoice::Memory,
+        SourceArg::ClusterPool => {
+            if f.pool_cidrs.is_empty() {
+                anyhow::bail!("--source cluster-pool needs at least one --pool-cidr");
+            }
+            SourceChoice::ClusterPool(PoolChoice {
+                cidrs: f.pool_cidrs.clone(),
+                block_size: PerFamily {
+                    v4: f.block_size,
+                    v6: f.block_size_v6,
+                },
+            })
+        }
         SourceArg::SimCloud => {
             if f.dual_stack {
                 anyhow::bail!("--dual-stack: sim-cloud serves IPv4 only");
@@ -42,11 +65,11 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
         }
     };
     // sim-cloud nodes can hold what their instance type can address
-    let max_pods = match source {
+    let max_pods = match &source {
         SourceChoice::SimCloud(c) => {
             c.instance_type.max_pod_addresses().min(u64::from(u32::MAX)) as u32
         }
-        SourceChoice::Memory => f.max_pods,
+        SourceChoice::Memory | SourceChoice::ClusterPool(_) => f.max_pods,
     };
     let scenario = match &f.scenario {
         Some(path) => Some(Arc::new(Scenario::load(path)?)),

@@ -36,6 +36,7 @@ pub mod name;
 pub mod repair;
 pub mod runs;
 pub mod set;
+pub mod source;
 pub mod sparse;
 pub mod spec;
 
@@ -50,6 +51,7 @@ use crate::types::{Family, PerFamily};
 pub use index::{AddressCounts, FamilyIndex, Layout, PoolIndex};
 pub use name::{BlockNameError, block_name, parse_block_name};
 pub use set::{BlockRecord, Finding, FindingKind, PoolSet, RebuildReport};
+pub use source::{ClusterPoolSource, DEFAULT_POOL, PoolConfig};
 pub use spec::{PoolSpec, check_pools};
 
 /// Default block sizes (prefix lengths): /28 for IPv4 and /124 for IPv6, 16 addresses each.
@@ -247,6 +249,13 @@ pub(crate) fn make_net(family: Family, addr: u128, prefix: u8) -> IpNet {
             prefix,
         )),
     }
+}
+
+/// Every address of a network, in order.
+pub fn addresses_of(net: &IpNet) -> impl Iterator<Item = std::net::IpAddr> + use<> {
+    let f = family_of(net);
+    let (lo, hi) = span(net);
+    (lo..=hi).map(move |a| make_addr(f, a))
 }
 
 /// Builds an address of `family` from a number.

@@ -358,10 +358,10 @@ fn addr_num(a: IpAddr) -> (Family, u128) {
 
 /// Checks the pools, blocks and IPAMNodes against the existing Nodes (see the module
 /// documentation for the rules). Input order does not matter.
-pub fn check(
+pub fn check<N: std::borrow::Borrow<IpamNode>>(
     pools: &PoolSet,
     blocks: &[BlockClaim],
-    ipam_nodes: &[IpamNode],
+    ipam_nodes: &[N],
     nodes: &LiveNodes,
 ) -> RepairReport {
     let mut found: BTreeSet<RepairFinding> = BTreeSet::new();
@@ -445,7 +445,7 @@ pub fn check(
 
     // `used` entries: outside the node's blocks (rule 2), out of range (rule 4).
     let mut uses: Vec<(IpAddr, UsedRef, bool)> = Vec::new();
-    for n in ipam_nodes {
+    for n in ipam_nodes.iter().map(|n| n.borrow()) {
         let holder: Holder<'_> = (&*n.name, n.node_uid);
         let node_live = live(holder);
         for (&address, e) in &n.node.used {
@@ -709,7 +709,7 @@ mod tests {
             block("a", "10.0.0.32/28", "recreated", 2),
             block("a", "10.0.0.48/28", "ok", 3),
         ];
-        let r = check(
+        let r = check::<IpamNode>(
             &pools(),
             &blocks,
             &[],
@@ -848,7 +848,7 @@ mod tests {
             block("b", "10.1.0.0/28", "n3", 3),
             block("b", "10.1.0.0/28", "n3", 3),
         ];
-        let r = check(
+        let r = check::<IpamNode>(
             &pools(),
             &blocks,
             &[],
@@ -871,7 +871,7 @@ mod tests {
             block("a", "10.0.0.16/28", "n1", 1),
             block("a", "10.0.0.0/26", "n2", 2),
         ];
-        let r = check(&pools(), &blocks, &[], &live(&[("n1", 1), ("n2", 2)]));
+        let r = check::<IpamNode>(&pools(), &blocks, &[], &live(&[("n1", 1), ("n2", 2)]));
         assert_eq!(r.counts()["duplicate"], 1);
         assert_eq!(r.counts()["out-of-range"], 1);
     }
@@ -993,7 +993,7 @@ mod tests {
             block("nope", "10.0.0.16/28", "n1", 1),
             block("bad", "10.0.1.0/28", "n1", 1),
         ];
-        let r = check(&pools(), &blocks, &[], &live(&[("n1", 1)]));
+        let r = check::<IpamNode>(&pools(), &blocks, &[], &live(&[("n1", 1)]));
         assert_eq!(
             r.findings,
             vec![
@@ -1025,7 +1025,7 @@ mod tests {
         ];
         let mut set = pools();
         let rebuilt = set.rebuild(blocks.iter().map(BlockClaim::record));
-        let r = check(&set, &blocks, &[], &live(&[("n1", 1)]));
+        let r = check::<IpamNode>(&set, &blocks, &[], &live(&[("n1", 1)]));
         let mine: BTreeSet<(&str, &str)> = r
             .findings
             .iter()
@@ -1089,7 +1089,7 @@ mod tests {
         // still proposed while it persists (a failed fix), gone once fixed
         t.observe(&r);
         assert_eq!(t.fixes(), fixes);
-        t.observe(&check(&pools(), &[], &[], &live(&[("n1", 1)])));
+        t.observe(&check::<IpamNode>(&pools(), &[], &[], &live(&[("n1", 1)])));
         assert_eq!(t.fixes(), vec![]);
         assert_eq!(t.pending(), 0);
     }
@@ -1115,13 +1115,13 @@ mod tests {
         let nodes = |pod| [ipam_node("n1", 1, &[("10.0.0.200", pod)])];
         let world = live(&[("n1", 1)]);
         let mut t = RepairTracker::new();
-        t.observe(&check(&pools(), &[], &nodes(10), &world));
-        t.observe(&check(&pools(), &[], &nodes(10), &world));
+        t.observe(&check::<IpamNode>(&pools(), &[], &nodes(10), &world));
+        t.observe(&check::<IpamNode>(&pools(), &[], &nodes(10), &world));
         // another pod took the address: its count starts at one
-        t.observe(&check(&pools(), &[], &nodes(11), &world));
+        t.observe(&check::<IpamNode>(&pools(), &[], &nodes(11), &world));
         assert_eq!(t.fixes(), vec![]);
-        t.observe(&check(&pools(), &[], &nodes(11), &world));
-        t.observe(&check(&pools(), &[], &nodes(11), &world));
+        t.observe(&check::<IpamNode>(&pools(), &[], &nodes(11), &world));
+        t.observe(&check::<IpamNode>(&pools(), &[], &nodes(11), &world));
         assert_eq!(
             t.fixes(),
             vec![RepairFix::Tombstone {

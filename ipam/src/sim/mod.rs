@@ -9,5 +9,5 @@ pub mod scenario;
 pub mod world;
 
 pub use observer::{Invariants, Observer};
-pub use run::{CloudChoice, Report, SimConfig, SourceChoice, WarmUp, simulate};
+pub use run::{CloudChoice, PoolChoice, Report, SimConfig, SourceChoice, WarmUp, simulate};
 pub use world::{World, WorldConfig};

@@ -28,9 +28,22 @@ pub fn reconcile(
     now: SystemTime,
     reuse_cooldown: Duration,
 ) -> Answers {
+    let mut out = answer_tombstones(node, side, now, reuse_cooldown);
+    answer_marks(node, side, &mut out);
+    expire_cooldowns(node, side, now);
+    out
+}
+
+/// Tombstones: reclaimed if the entry still has that pod UID, else stale; an ack goes once
+/// its tombstone is gone.
+pub fn answer_tombstones(
+    node: &IpamNode,
+    side: &mut NodeSideFields,
+    now: SystemTime,
+    reuse_cooldown: Duration,
+) -> Answers {
     let op = &node.operator;
     let mut out = Answers::default();
-    // Tombstones: reclaimed if the entry still has that pod UID, else stale.
     for (addr, t) in &op.reclaim {
         if side
             .reclaim_ack
@@ -55,16 +68,20 @@ pub fn reconcile(
             },
         );
     }
-    // An ack goes once its tombstone is gone.
     side.reclaim_ack
         .retain(|a, ack| op.reclaim.get(a).is_some_and(|t| t.pod_uid == ack.pod_uid));
-    // Release marks.
+    out
+}
+
+/// Address-level release marks (IPAMNode `spec.release`): answered once; an answer goes once
+/// the mark is withdrawn or the address released.
+fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, out: &mut Answers) {
+    let op = &node.operator;
     for (addr, state) in &op.release {
         if *state != ReleaseState::MarkedForRelease || side.release_ack.contains_key(addr) {
             continue;
         }
-        let busy = side.used.contains_key(addr) || side.cooldown.contains_key(addr);
-        let ack = if busy {
+        let ack = if busy(side, addr) {
             ReleaseAck::DoNotRelease
         } else {
             out.ready.push(*addr);
@@ -72,7 +89,6 @@ pub fn reconcile(
         };
         side.release_ack.insert(*addr, ack);
     }
-    // An answer goes once the mark is withdrawn or the address released.
     side.release_ack.retain(|a, ack| {
         let keep = op.release.get(a) == Some(&ReleaseState::MarkedForRelease);
         if !keep && *ack == ReleaseAck::ReadyForRelease && op.addresses.contains(a) {
@@ -80,9 +96,86 @@ pub fn reconcile(
         }
         keep
     });
+}
+
+/// Cooldowns end with their time or when the address leaves the pool.
+pub fn expire_cooldowns(node: &IpamNode, side: &mut NodeSideFields, now: SystemTime) {
     side.cooldown
-        .retain(|a, until| *until > now && op.addresses.contains(a));
-    out
+        .retain(|a, until| *until > now && node.operator.addresses.contains(a));
+}
+
+fn busy(side: &NodeSideFields, addr: &IpAddr) -> bool {
+    side.used.contains_key(addr) || side.cooldown.contains_key(addr)
+}
+
+/// One of the node's blocks as the node side reads it (cluster-pool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockView {
+    pub name: std::sync::Arc<str>,
+    /// The block's usable addresses.
+    pub addrs: Vec<IpAddr>,
+    /// Every address of the block (what the observer tracks).
+    pub all: Vec<IpAddr>,
+    pub release: bool,
+    pub ack: Option<ReleaseAck>,
+}
+
+/// The node as its blocks make it (cluster-pool): its pool is the union of its blocks, and
+/// a marked block's addresses count as marked — the form [`add`] and [`free_address`] read.
+pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
+    let mut view = IpamNode {
+        operator: crate::types::OperatorFields {
+            reclaim: node.operator.reclaim.clone(),
+            ..Default::default()
+        },
+        node: NodeSideFields::default(),
+        ..node.clone()
+    };
+    for b in blocks {
+        view.operator.addresses.extend(b.addrs.iter().copied());
+        if b.release || b.ack.is_some() {
+            for a in &b.addrs {
+                view.operator
+                    .release
+                    .insert(*a, ReleaseState::MarkedForRelease);
+            }
+        }
+    }
+    view
+}
+
+/// Answers the release marks on the node's blocks: `do-not-release` while any address of the
+/// block is used or cooling down, else `ready-for-release` (and then none is used again
+/// unless the mark is withdrawn); an answer goes once its mark is withdrawn. Returns the
+/// answers to write (block name, new answer) and, in `out`, the addresses given up or taken
+/// back.
+pub fn answer_blocks(
+    side: &NodeSideFields,
+    blocks: &[BlockView],
+    out: &mut Answers,
+) -> Vec<(std::sync::Arc<str>, Option<ReleaseAck>)> {
+    let mut writes = Vec::new();
+    for b in blocks {
+        match (b.release, b.ack) {
+            (true, None) => {
+                let ack = if b.addrs.iter().any(|a| busy(side, a)) {
+                    ReleaseAck::DoNotRelease
+                } else {
+                    out.ready.extend(b.all.iter().copied());
+                    ReleaseAck::ReadyForRelease
+                };
+                writes.push((b.name.clone(), Some(ack)));
+            }
+            (false, Some(ack)) => {
+                if ack == ReleaseAck::ReadyForRelease {
+                    out.resumed.extend(b.all.iter().copied());
+                }
+                writes.push((b.name.clone(), None));
+            }
+            _ => {}
+        }
+    }
+    writes
 }
 
 /// Free addresses of one family: in the pool, not used, not cooling down, not marked or

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::source::SourceHook;
 use crate::store::{StoreHook, Writer};
-use crate::types::{IpamNode, NodeName, PodUid};
+use crate::types::{IpamBlock, IpamNode, NodeName, PodUid};
 
 /// Counts of invariant violations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -295,6 +295,21 @@ impl SourceHook for Observer {
 }
 
 impl StoreHook for Observer {
+    /// cluster-pool: creating a block grants every address of it, deleting it takes them back.
+    fn block_written(&self, _writer: Writer, old: Option<&IpamBlock>, new: Option<&IpamBlock>) {
+        match (old, new) {
+            (None, Some(b)) => {
+                let addrs: Vec<IpAddr> = crate::pool::addresses_of(&b.cidr).collect();
+                self.granted(&b.node, &addrs);
+            }
+            (Some(b), None) => {
+                let addrs: Vec<IpAddr> = crate::pool::addresses_of(&b.cidr).collect();
+                self.released(&b.node, &addrs);
+            }
+            _ => {}
+        }
+    }
+
     fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>) {
         if writer != Writer::Operator {
             return;

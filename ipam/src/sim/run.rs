@@ -12,11 +12,13 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::IpamError;
+use crate::pool::{ClusterPoolSource, PoolConfig};
 use crate::sim::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::sim::observer::Invariants;
 use crate::sim::scenario::{Action, DEFAULT_GROUP, Scenario};
 use crate::sim::world::{SimSource, World, WorldConfig};
 use crate::source::{Faults, MemorySource};
+use crate::store::MemoryNodeStore;
 use crate::types::{Family, NodeName, PodUid, WatermarkOverrides};
 use crate::watermarks::Watermarks;
 
@@ -28,12 +30,65 @@ pub enum WarmUp {
 }
 
 /// Which IP source the simulated cluster draws from.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SourceChoice {
     /// The in-memory per-address source (any count in one call).
     Memory,
     /// The ENI-like simulated cloud.
     SimCloud(CloudChoice),
+    /// The cluster pool: blocks of one IPPool named `default`, claimed as IPAMBlock objects.
+    ClusterPool(PoolChoice),
+}
+
+/// The cluster pool's settings (`--pool-cidr`, `--block-size`, `--block-size-v6`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolChoice {
+    pub cidrs: Vec<String>,
+    pub block_size: crate::types::PerFamily<u8>,
+}
+
+impl PoolChoice {
+    /// The pool's spec, checked; errors name the flag and the value.
+    pub fn spec(&self, families: &[Family]) -> Result<crate::pool::PoolSpec, IpamError> {
+        let spec = crate::pool::PoolSpec::parse(
+            crate::pool::DEFAULT_POOL,
+            &self.cidrs,
+            self.block_size,
+            &[] as &[String],
+        )
+        .map_err(|e| IpamError::InvalidSetting {
+            name: match e {
+                crate::pool::PoolError::InvalidBlockSize {
+                    family: Family::V6, ..
+                } => "block-size-v6",
+                crate::pool::PoolError::InvalidBlockSize { .. } => "block-size",
+                crate::pool::PoolError::BlockSizeDoesNotFit { cidr, .. } => {
+                    if matches!(cidr, ipnet::IpNet::V6(_)) {
+                        "block-size-v6"
+                    } else {
+                        "block-size"
+                    }
+                }
+                _ => "pool-cidr",
+            },
+            value: self.cidrs.join(","),
+            reason: e.to_string(),
+        })?;
+        for &f in families {
+            if !spec.serves(f) {
+                return Err(IpamError::InvalidSetting {
+                    name: "pool-cidr",
+                    value: self.cidrs.join(","),
+                    reason: format!(
+                        "no {} CIDR, but the nodes need {} addresses",
+                        f.as_str(),
+                        f.as_str()
+                    ),
+                });
+            }
+        }
+        Ok(spec)
+    }
 }
 
 /// The simulated cloud's settings.
@@ -97,6 +152,9 @@ impl SimConfig {
         };
         if self.nodes == 0 {
             return bad("nodes", "0".into(), "must be at least 1");
+        }
+        if let SourceChoice::ClusterPool(p) = &self.source {
+            p.spec(&self.world.families)?;
         }
         if let SourceChoice::SimCloud(c) = &self.source {
             // the subnet layout and the cloud's rate limit are checked as the run builds them
@@ -410,7 +468,22 @@ pub async fn simulate(
     cfg.validate()?;
     let wall = std::time::Instant::now();
     let cpu0 = cpu_seconds();
-    match cfg.source {
+    match cfg.source.clone() {
+        SourceChoice::ClusterPool(p) => {
+            let spec = p.spec(&cfg.world.families)?;
+            let world = World::start_with(cfg.world.clone(), |w, _observer, store| {
+                Ok(ClusterPoolSource::new(
+                    store.clone(),
+                    &w.families,
+                    vec![PoolConfig::new(spec)],
+                    w.seed,
+                )
+                .with_latency(w.source_latency))
+            })?;
+            // block writes are API server writes: source faults do not apply
+            let set_faults = |_: &ClusterPoolSource<MemoryNodeStore>, _: &SourceFaults| {};
+            drive(world, &cfg, progress, set_faults, wall, cpu0).await
+        }
         SourceChoice::Memory => {
             let world = World::start(cfg.world.clone())?;
             let set_faults = |s: &MemorySource, f: &SourceFaults| {
@@ -425,7 +498,7 @@ pub async fn simulate(
         }
         SourceChoice::SimCloud(c) => {
             let nodes = cfg.max_nodes();
-            let world = World::start_with(cfg.world.clone(), |w, observer| {
+            let world = World::start_with(cfg.world.clone(), |w, observer, _store| {
                 let mut cloud = SimCloud::for_nodes(nodes, c.subnet_size, w.seed)?
                     .with_instance_type(c.instance_type)
                     .with_latency(w.source_latency)
@@ -1035,7 +1108,10 @@ fn minimum_calls<S: SimSource>(
         calls += c;
         chain = chain.max(c);
     }
-    let (mut qps, mut burst) = (cfg.world.source_qps, u64::from(cfg.world.source_burst));
+    let (mut qps, mut burst) = match world.source.api() {
+        crate::budget::Api::Source => (cfg.world.source_qps, u64::from(cfg.world.source_burst)),
+        crate::budget::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
+    };
     if let Some((q, b)) = world.source.rate_limit() {
         qps = qps.min(q);
         burst = burst.min(u64::from(b));
@@ -1102,14 +1178,10 @@ fn build_report<S: SimSource>(
     // Addresses from the store (the truth the node sides see), not from engine counters.
     let mut ips = IpsReport::default();
     for n in world.store.list() {
-        let allocated = n.operator.addresses.len() as u64;
+        let pool = world.pool_addresses(&n);
+        let allocated = pool.len() as u64;
         let used = n.node.used.len() as u64;
-        let cooldown = n
-            .node
-            .cooldown
-            .keys()
-            .filter(|a| n.operator.addresses.contains(a))
-            .count() as u64;
+        let cooldown = n.node.cooldown.keys().filter(|a| pool.contains(a)).count() as u64;
         ips.allocated += allocated;
         ips.used += used;
         ips.cooldown += cooldown;

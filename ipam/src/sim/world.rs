@@ -20,9 +20,11 @@ use crate::pods::{MemoryPodView, PodPhase};
 use crate::sim::node_side;
 use crate::sim::observer::Observer;
 use crate::source::{Faults, IpSource, MemorySource};
+use crate::store::BlockStore;
 use crate::store::{MemoryNodeStore, NodeStore, StoreEvent};
 use crate::types::{
-    Family, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry, WatermarkOverrides,
+    Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
+    WatermarkOverrides,
 };
 
 /// The engine as the simulator runs it.
@@ -50,6 +52,15 @@ pub trait SimSource: IpSource + Clone {
     fn rate_limit(&self) -> Option<(f64, u32)> {
         None
     }
+    /// Whether its grants are IPAMBlocks (the node side then reads its pool and the release
+    /// marks from its blocks, and answers on them).
+    fn grants_blocks(&self) -> bool {
+        false
+    }
+    /// The usable addresses of a block (the node side reads them from the block's IPPool).
+    fn block_addresses(&self, _block: &IpamBlock) -> Vec<IpAddr> {
+        Vec::new()
+    }
 }
 
 impl SimSource for MemorySource {
@@ -72,6 +83,40 @@ impl SimSource for MemorySource {
 
     fn call_latency(&self) -> Duration {
         self.latency()
+    }
+}
+
+impl SimSource for crate::pool::ClusterPoolSource<MemoryNodeStore> {
+    /// Every address of every block (the observer tracks whole blocks).
+    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
+        self.granted_addresses()
+    }
+
+    fn calls(&self) -> (u64, u64) {
+        (crate::pool::ClusterPoolSource::calls(self), 0)
+    }
+
+    fn snapshot(&self, node: &NodeName) -> Vec<u64> {
+        vec![self.blocks_held(node)]
+    }
+
+    /// One create per block gained, one delete per block given back.
+    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
+        let have = from.iter().sum::<u64>();
+        let want = target.div_ceil(self.grant_size(Family::V4).max(1));
+        have.abs_diff(want)
+    }
+
+    fn call_latency(&self) -> Duration {
+        self.latency()
+    }
+
+    fn grants_blocks(&self) -> bool {
+        true
+    }
+
+    fn block_addresses(&self, block: &IpamBlock) -> Vec<IpAddr> {
+        crate::pool::ClusterPoolSource::block_addresses(self, block)
     }
 }
 
@@ -185,7 +230,7 @@ impl World {
     /// Builds the world on the in-memory source and starts its engine (leading) and
     /// node-side tasks. Must be called inside a tokio runtime.
     pub fn start(cfg: WorldConfig) -> Result<World, IpamError> {
-        World::start_with(cfg, |cfg, observer| {
+        World::start_with(cfg, |cfg, observer, _store| {
             let source = MemorySource::new(&cfg.families, cfg.capacity, cfg.seed)
                 .with_latency(cfg.source_latency)
                 .with_hook(observer);
@@ -199,11 +244,11 @@ impl<S: SimSource> World<S> {
     /// Builds the world on the source `make` returns (given the observer to hook in).
     pub fn start_with(
         cfg: WorldConfig,
-        make: impl FnOnce(&WorldConfig, Arc<Observer>) -> Result<S, IpamError>,
+        make: impl FnOnce(&WorldConfig, Arc<Observer>, &MemoryNodeStore) -> Result<S, IpamError>,
     ) -> Result<World<S>, IpamError> {
         let observer = Arc::new(Observer::new());
-        let source = make(&cfg, observer.clone())?;
         let store = MemoryNodeStore::new().with_hook(observer.clone());
+        let source = make(&cfg, observer.clone(), &store)?;
         let pods = MemoryPodView::new(cfg.cache_lag);
         let clock = Arc::new(TokioClock::anchored(
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
@@ -269,7 +314,7 @@ impl<S: SimSource> World<S> {
                 ev = events.recv() => {
                     let Some(ev) = ev else { return };
                     self.manager.on_store_event(&ev);
-                    if ev.writer == crate::store::Writer::Operator && !ev.deleted {
+                    if ev.writer == crate::store::Writer::Operator {
                         self.reconcile(&ev.name);
                     }
                 }
@@ -471,7 +516,10 @@ impl<S: SimSource> World<S> {
             (p.node.clone(), cid)
         };
         self.observer.pod_stopped(uid, true);
-        let n = self.store.cached(&node)?;
+        let mut n = self.store.cached(&node)?;
+        if self.source.grants_blocks() {
+            n = Arc::new(node_side::project(&n, &self.block_views(&node)));
+        }
         let mut got = None;
         let utc = self.clock.utc();
         let families = self.cfg.families.clone();
@@ -584,10 +632,35 @@ impl<S: SimSource> World<S> {
         let mut answers = node_side::Answers::default();
         let mut started: Vec<(PodUid, Vec<IpAddr>)> = Vec::new();
         let mut next_cd = None;
+        let blocks_view;
+        let node: &IpamNode = if self.source.grants_blocks() {
+            // cluster-pool: the pool is the union of the node's blocks, and the release
+            // marks and answers live on them
+            let mut blocks = self.block_views(name);
+            for (block, ack) in node_side::answer_blocks(&node.node, &blocks, &mut answers) {
+                self.store.ack_block(&block, ack);
+                if let Some(b) = blocks.iter_mut().find(|b| b.name == block) {
+                    b.ack = ack;
+                }
+            }
+            blocks_view = node_side::project(&node, &blocks);
+            &blocks_view
+        } else {
+            &node
+        };
         self.store.apply_node(name, |side| {
-            answers = node_side::reconcile(&node, side, utc, cd);
+            let a = if self.source.grants_blocks() {
+                let a = node_side::answer_tombstones(node, side, utc, cd);
+                node_side::expire_cooldowns(node, side, utc);
+                a
+            } else {
+                node_side::reconcile(node, side, utc, cd)
+            };
+            answers.reclaimed = a.reclaimed;
+            answers.ready.extend(a.ready);
+            answers.resumed.extend(a.resumed);
             for (uid, cid) in queue.iter().zip(&containers) {
-                match node_side::add(&node, side, families, entry(*uid, *cid, utc)) {
+                match node_side::add(node, side, families, entry(*uid, *cid, utc)) {
                     Some(addrs) => started.push((*uid, addrs)),
                     None => break,
                 }
@@ -637,6 +710,34 @@ impl<S: SimSource> World<S> {
             self.pods.set_running(uid, addrs);
         }
         self.manager.on_pod_event(name);
+    }
+
+    /// A node's pool as its node side sees it: its blocks' addresses (cluster-pool), or
+    /// IPAMNode `spec.addresses`.
+    pub fn pool_addresses(&self, node: &IpamNode) -> std::collections::BTreeSet<IpAddr> {
+        if self.source.grants_blocks() {
+            self.block_views(&node.name)
+                .into_iter()
+                .flat_map(|b| b.addrs)
+                .collect()
+        } else {
+            node.operator.addresses.clone()
+        }
+    }
+
+    /// The node's blocks as its node side reads them (cluster-pool).
+    fn block_views(&self, name: &str) -> Vec<node_side::BlockView> {
+        self.store
+            .blocks_of(name)
+            .iter()
+            .map(|b| node_side::BlockView {
+                name: b.name.clone(),
+                addrs: self.source.block_addresses(b),
+                all: crate::pool::addresses_of(&b.cidr).collect(),
+                release: b.release,
+                ack: b.ack,
+            })
+            .collect()
     }
 
     /// Every live node settled in the engine's view and no pod waiting.

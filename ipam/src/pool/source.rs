@@ -1,0 +1,642 @@
+//! The `cluster-pool` IP source: blocks of the cluster's IPPools granted to nodes as IPAMBlock
+//! objects (DESIGN.md "Resources", "IP sources").
+//!
+//! - **The claim is the create.** [`IpSource::allocate`] picks a free block in its index from a
+//!   random start and creates the block's object; the store refuses a second create of a name,
+//!   so two engines that both think they lead never grant one block twice. On AlreadyExists the
+//!   block is read: adopted when its node and node UID are ours, else left taken in the index
+//!   and another one is picked.
+//! - **Handshakes live on the blocks.** [`IpSource::holdings`] shows the node's blocks in the
+//!   address-level form the planner reads (marks and answers copied to each usable address);
+//!   [`IpSource::set_marks`] marks or unmarks whole blocks; [`IpSource::release`] deletes each
+//!   block with the resourceVersion this engine last saw it at (in `holdings` or `describe`),
+//!   so a delete planned from an answer that another engine has since withdrawn fails with a
+//!   conflict instead of taking back addresses the node uses again.
+//! - **Whole blocks only.** [`IpSource::prepare_release`] offers only unmarked blocks all of
+//!   whose usable addresses are free, never more addresses than asked.
+//! - **Pool choice** per node and family: the pool set for the node ([`ClusterPoolSource::set_node_pool`],
+//!   IPAMNode `spec.pools`) > the oldest valid pool whose node selector matches the node's labels
+//!   > the pool named `default`.
+//! - **Rebuild and repair** on every resync ([`IpSource::resync`]): the index is rebuilt from all
+//!   blocks, [`super::repair::check`] runs over blocks and IPAMNodes, findings are counted in
+//!   `tidepool_ipam_repair_issues_total` and raised as events, and orphan blocks seen in three
+//!   consecutive passes are deleted (with a resourceVersion precondition). Leaked entries and
+//!   duplicates are reported, never fixed here.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::repair::{self, BlockClaim, LiveNodes, RepairFix, RepairReport, RepairTracker};
+use super::{PoolError, PoolSet, PoolSpec, addresses_of, block_name, family_of};
+use crate::budget::Api;
+use crate::error::{ErrorClass, IpamError};
+use crate::source::{Holdings, IpSource, Quota};
+use crate::store::BlockStore;
+use crate::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseState};
+
+use tidepool_metrics as m;
+
+/// A pool and the labels a node must carry to get it (empty: no selector).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    pub spec: PoolSpec,
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl PoolConfig {
+    pub fn new(spec: PoolSpec) -> Self {
+        Self {
+            spec,
+            node_selector: BTreeMap::new(),
+        }
+    }
+}
+
+/// The name of the pool nodes get when nothing else chooses one.
+pub const DEFAULT_POOL: &str = "default";
+
+#[derive(Debug, Default)]
+struct NodeMeta {
+    uid: u128,
+    labels: BTreeMap<String, String>,
+    /// IPAMNode `spec.pools`.
+    pools: PerFamily<Option<String>>,
+    /// The engine manages the node (seen and not yet gone).
+    managed: bool,
+}
+
+struct State {
+    pools: PoolSet,
+    selectors: Vec<(String, BTreeMap<String, String>)>,
+    nodes: HashMap<NodeName, NodeMeta>,
+    /// Per node: block name → the resourceVersion last shown to the engine.
+    seen: HashMap<NodeName, HashMap<Arc<str>, u64>>,
+    rng: SmallRng,
+    calls: u64,
+    tracker: RepairTracker,
+    last_repair: Option<RepairReport>,
+}
+
+/// The cluster-pool source over a block store. Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterPoolSource<B> {
+    store: B,
+    families: Arc<[Family]>,
+    latency: Duration,
+    state: Arc<Mutex<State>>,
+}
+
+fn source_error(op: &'static str, node: &str, class: ErrorClass, message: String) -> IpamError {
+    IpamError::Source {
+        op,
+        node: node.to_string(),
+        class,
+        message,
+    }
+}
+
+impl State {
+    /// The usable addresses of a block: as its pool says, or all of them when the pool no
+    /// longer holds it.
+    fn usable(&self, b: &IpamBlock) -> Vec<IpAddr> {
+        let f = family_of(&b.cidr);
+        match self
+            .pools
+            .get(&b.pool)
+            .ok()
+            .and_then(|p| p.family(f))
+            .and_then(|fi| fi.usable_addresses(&b.cidr).ok())
+        {
+            Some(it) => it.collect(),
+            None => addresses_of(&b.cidr).collect(),
+        }
+    }
+
+    /// The node's pool for a family (see the module documentation for the precedence).
+    fn pool_for(&self, node: &str, family: Family) -> Option<String> {
+        let meta = self.nodes.get(node);
+        if let Some(p) = meta.and_then(|m| m.pools.get(family).clone()) {
+            return Some(p);
+        }
+        let serves = |name: &str| {
+            self.pools
+                .get(name)
+                .is_ok_and(|p| p.family(family).is_some())
+        };
+        let labels = meta.map(|m| &m.labels);
+        let by_selector = self.selectors.iter().find(|(name, sel)| {
+            !sel.is_empty()
+                && serves(name)
+                && sel
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        });
+        match by_selector {
+            Some((name, _)) => Some(name.clone()),
+            None => Some(DEFAULT_POOL.to_string()),
+        }
+    }
+
+    fn remember(&mut self, node: &NodeName, blocks: &[Arc<IpamBlock>]) {
+        let seen = blocks
+            .iter()
+            .map(|b| (b.name.clone(), b.resource_version))
+            .collect();
+        self.seen.insert(node.clone(), seen);
+    }
+}
+
+impl<B: BlockStore + Clone> ClusterPoolSource<B> {
+    /// The usable addresses of a block.
+    pub fn block_addresses(&self, b: &IpamBlock) -> Vec<IpAddr> {
+        self.state.lock().usable(b)
+    }
+
+    /// A source over `store` serving `families` from `pools` (in creation order; invalid ones
+    /// are kept, reported by [`Self::validity`], and never granted from). The index is
+    /// rebuilt from the blocks in the store before anything is granted.
+    pub fn new(store: B, families: &[Family], pools: Vec<PoolConfig>, seed: u64) -> Self {
+        let selectors = pools
+            .iter()
+            .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
+            .collect();
+        let set = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
+        let source = Self {
+            store,
+            families: families.into(),
+            latency: Duration::ZERO,
+            state: Arc::new(Mutex::new(State {
+                pools: set,
+                selectors,
+                nodes: HashMap::new(),
+                seen: HashMap::new(),
+                rng: SmallRng::seed_from_u64(seed),
+                calls: 0,
+                tracker: RepairTracker::new(),
+                last_repair: None,
+            })),
+        };
+        source.rebuild();
+        source
+    }
+
+    /// Each store write waits this long first (the API server's round trip).
+    pub fn with_latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    /// Each store write's latency.
+    pub fn latency(&self) -> Duration {
+        self.latency
+    }
+
+    /// Every pool with its validity, in creation order.
+    pub fn validity(&self) -> Vec<(String, Result<(), PoolError>)> {
+        self.state
+            .lock()
+            .pools
+            .validity()
+            .map(|(n, r)| (n.to_string(), r.map_err(Clone::clone)))
+            .collect()
+    }
+
+    /// IPAMNode `spec.pools` of one node and family (None: chosen by selector or default).
+    pub fn set_node_pool(&self, node: &NodeName, family: Family, pool: Option<String>) {
+        let mut s = self.state.lock();
+        *s.nodes
+            .entry(node.clone())
+            .or_default()
+            .pools
+            .get_mut(family) = pool;
+    }
+
+    /// The node's labels (from its Node object).
+    pub fn set_node_labels(&self, node: &NodeName, labels: BTreeMap<String, String>) {
+        self.state
+            .lock()
+            .nodes
+            .entry(node.clone())
+            .or_default()
+            .labels = labels;
+    }
+
+    /// The pool a node gets addresses of `family` from now.
+    pub fn pool_of(&self, node: &str, family: Family) -> Option<String> {
+        self.state.lock().pool_for(node, family)
+    }
+
+    /// Replaces the pools (an IPPool added, edited or deleted). Blocks of CIDRs no longer in
+    /// a valid pool stay with their nodes and are never granted again.
+    pub fn set_pools(&self, pools: Vec<PoolConfig>) {
+        {
+            let mut s = self.state.lock();
+            s.selectors = pools
+                .iter()
+                .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
+                .collect();
+            s.pools = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
+        }
+        self.rebuild();
+    }
+
+    /// Rebuilds the index from every block in the store.
+    fn rebuild(&self) {
+        let blocks = self.store.list_blocks();
+        let mut s = self.state.lock();
+        let records = blocks.iter().map(|b| super::BlockRecord {
+            key: (),
+            name: &b.name,
+            pool: &b.pool,
+            cidr: b.cidr,
+        });
+        s.pools.rebuild(records);
+    }
+
+    /// Mutating calls made (block creates, marks, deletes).
+    pub fn calls(&self) -> u64 {
+        self.state.lock().calls
+    }
+
+    /// The last repair pass's report.
+    pub fn last_repair(&self) -> Option<RepairReport> {
+        self.state.lock().last_repair.clone()
+    }
+
+    /// Blocks granted per node (for the simulator's oracle).
+    pub fn blocks_held(&self, node: &str) -> u64 {
+        self.store.blocks_of(node).len() as u64
+    }
+
+    /// Addresses per block of the pool serving `family` first.
+    fn block_size(&self, family: Family) -> u64 {
+        let s = self.state.lock();
+        s.pools
+            .valid()
+            .find_map(|p| p.family(family))
+            .map_or(16, |fi| {
+                fi.block_addresses().min(u128::from(u64::MAX)) as u64
+            })
+    }
+
+    async fn call(&self) {
+        self.state.lock().calls += 1;
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+    }
+
+    /// Every address of every block (the simulator's truth at the end of a run).
+    pub fn granted_addresses(&self) -> Vec<(IpAddr, NodeName)> {
+        self.store
+            .list_blocks()
+            .iter()
+            .flat_map(|b| addresses_of(&b.cidr).map(|a| (a, b.node.clone())))
+            .collect()
+    }
+
+    /// One repair pass: rebuild, check, count, and the fixes that are due.
+    async fn repair(&self) {
+        self.rebuild();
+        let blocks = self.store.list_blocks();
+        let nodes = self.store.list_nodes();
+        let claims: Vec<BlockClaim> = blocks
+            .iter()
+            .map(|b| BlockClaim {
+                name: b.name.to_string(),
+                pool: b.pool.to_string(),
+                cidr: b.cidr,
+                node: b.node.clone(),
+                node_uid: b.node_uid,
+            })
+            .collect();
+        let fixes = {
+            let mut s = self.state.lock();
+            let mut live = LiveNodes::new();
+            for (name, meta) in &s.nodes {
+                if meta.managed {
+                    live.insert(name.clone(), meta.uid);
+                }
+            }
+            let report = repair::check(&s.pools, &claims, &nodes, &live);
+            for (kind, n) in report.counts() {
+                metrics::counter!(m::REPAIR_ISSUES_TOTAL, m::repair_kind::KEY => kind)
+                    .increment(n as u64);
+            }
+            for p in s.pools.valid() {
+                for f in Family::ALL {
+                    if let Some(fi) = p.family(f) {
+                        let c = fi.addresses();
+                        let name = p.name().to_string();
+                        for (state, v) in [
+                            (m::pool_state::CAPACITY, c.capacity),
+                            (m::pool_state::ALLOCATED, c.allocated),
+                            (m::pool_state::FREE, c.free),
+                        ] {
+                            metrics::gauge!(m::POOL_IPS, m::pool::KEY => name.clone(), m::family::KEY => f.as_str(), m::pool_state::KEY => state)
+                                .set(v as f64);
+                        }
+                    }
+                }
+            }
+            s.tracker.observe(&report);
+            let fixes = s.tracker.fixes();
+            s.last_repair = Some(report);
+            fixes
+        };
+        for fix in fixes {
+            if let RepairFix::ReleaseBlock(b) = fix {
+                // only the very object the finding named, unchanged since
+                let Ok(Some(cur)) = self.store.get_block(&b.name).await else {
+                    continue;
+                };
+                if cur.node != b.node || cur.node_uid != b.node_uid {
+                    continue;
+                }
+                self.call().await;
+                if self
+                    .store
+                    .delete_block(&b.name, cur.resource_version)
+                    .await
+                    .is_ok()
+                {
+                    tracing::info!(block = %b.name, node = %b.node, "released orphan block");
+                    let mut s = self.state.lock();
+                    if let Ok(p) = s.pools.get_mut(&b.pool) {
+                        let _ = p.release(&b.cidr);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<B: BlockStore + Clone> IpSource for ClusterPoolSource<B> {
+    fn name(&self) -> &'static str {
+        "cluster-pool"
+    }
+
+    fn families(&self) -> &[Family] {
+        &self.families
+    }
+
+    fn grant_size(&self, family: Family) -> u64 {
+        self.block_size(family)
+    }
+
+    fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
+        let s = self.state.lock();
+        let Some(fi) = s
+            .pool_for(node, family)
+            .and_then(|p| s.pools.get(&p).ok())
+            .and_then(|p| p.family(family))
+        else {
+            return 0;
+        };
+        let bs = fi.block_addresses().min(u128::from(u64::MAX)) as u64;
+        let free = fi.free().min(u128::from(u64::MAX)) as u64;
+        let blocks = want.div_ceil(bs).min(limit / bs).min(free);
+        blocks * bs
+    }
+
+    async fn allocate(
+        &self,
+        node: &NodeName,
+        family: Family,
+        count: u64,
+    ) -> Result<Vec<IpAddr>, IpamError> {
+        let (pool, uid, bs) = {
+            let s = self.state.lock();
+            let pool = s.pool_for(node, family).unwrap_or_default();
+            let bs = match s.pools.get(&pool) {
+                Ok(p) => match p.family(family) {
+                    Some(fi) => fi.block_addresses().min(u128::from(u64::MAX)) as u64,
+                    None => {
+                        let e = PoolError::FamilyNotServed { pool, family };
+                        return Err(source_error("allocate", node, e.class(), e.to_string()));
+                    }
+                },
+                Err(e) => return Err(source_error("allocate", node, e.class(), e.to_string())),
+            };
+            (pool, s.nodes.get(node).map_or(0, |m| m.uid), bs)
+        };
+        let pool_name: Arc<str> = pool.as_str().into();
+        let want = count.div_ceil(bs);
+        let mut out = Vec::new();
+        let mut got = 0;
+        let mut refused = 0;
+        while got < want {
+            let claimed = {
+                let mut s = self.state.lock();
+                let start: u128 = s.rng.random();
+                s.pools.get_mut(&pool).and_then(|p| p.claim(family, start))
+            };
+            let cidr = match claimed {
+                Ok(c) => c,
+                Err(e) if got == 0 => {
+                    return Err(source_error("allocate", node, e.class(), e.to_string()));
+                }
+                Err(_) => break,
+            };
+            let block = IpamBlock {
+                name: block_name(&cidr).into(),
+                cidr,
+                pool: pool_name.clone(),
+                node: node.clone(),
+                node_uid: uid,
+                release: false,
+                ack: None,
+                resource_version: 0,
+            };
+            let name = block.name.clone();
+            self.call().await;
+            let created = match self.store.create_block(block).await {
+                Ok(b) => Some(b),
+                // someone created it first: ours (a reply we lost), or taken
+                Err(IpamError::AlreadyExists { .. }) => match self.store.get_block(&name).await {
+                    Ok(Some(b)) if &b.node == node && b.node_uid == uid => Some(b),
+                    _ => None,
+                },
+                Err(e) => {
+                    if let Ok(p) = self.state.lock().pools.get_mut(&pool) {
+                        let _ = p.release(&cidr);
+                    }
+                    if got == 0 {
+                        return Err(e);
+                    }
+                    break;
+                }
+            };
+            match created {
+                Some(b) => {
+                    out.extend(self.state.lock().usable(&b));
+                    got += 1;
+                }
+                None => {
+                    // stays taken in our index; pick another
+                    refused += 1;
+                    if refused > 16 {
+                        if got == 0 {
+                            return Err(source_error(
+                                "allocate",
+                                node,
+                                ErrorClass::Transient,
+                                format!("{refused} blocks of pool {pool} were taken by others"),
+                            ));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn prepare_release(&self, node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr> {
+        let free: BTreeSet<&IpAddr> = free.iter().collect();
+        let blocks = self.store.blocks_of(node);
+        let s = self.state.lock();
+        let mut out = Vec::new();
+        for b in blocks.iter().rev().filter(|b| !b.release) {
+            let addrs = s.usable(b);
+            if addrs.iter().all(|a| free.contains(a)) && (out.len() + addrs.len()) as u64 <= max {
+                out.extend(addrs);
+            }
+        }
+        out
+    }
+
+    async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
+        let blocks = self.store.blocks_of(node);
+        let seen = self
+            .state
+            .lock()
+            .seen
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let mut first_err = None;
+        for b in blocks
+            .iter()
+            .filter(|b| addrs.iter().any(|a| b.cidr.contains(a)))
+        {
+            let expected = seen.get(&b.name).copied().unwrap_or(b.resource_version);
+            self.call().await;
+            match self.store.delete_block(&b.name, expected).await {
+                Ok(()) | Err(IpamError::NotFound { .. }) => {
+                    if let Ok(p) = self.state.lock().pools.get_mut(&b.pool) {
+                        let _ = p.release(&b.cidr);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+        let blocks = self.store.blocks_of(node);
+        let mut s = self.state.lock();
+        s.remember(node, &blocks);
+        Ok(blocks.iter().flat_map(|b| s.usable(b)).collect())
+    }
+
+    fn quota(&self) -> PerFamily<Quota> {
+        let s = self.state.lock();
+        let mut q: PerFamily<Quota> = PerFamily::default();
+        for p in s.pools.valid() {
+            for &f in self.families.iter() {
+                if let Some(fi) = p.family(f) {
+                    let c = fi.addresses();
+                    let e = q.get_mut(f);
+                    e.capacity = e
+                        .capacity
+                        .saturating_add(c.capacity.min(u128::from(u64::MAX)) as u64);
+                    e.free = e
+                        .free
+                        .saturating_add(c.free.min(u128::from(u64::MAX)) as u64);
+                }
+            }
+        }
+        q
+    }
+
+    fn api(&self) -> Api {
+        Api::Kube
+    }
+
+    fn node_seen(&self, info: &NodeInfo) {
+        let mut s = self.state.lock();
+        let meta = s.nodes.entry(info.name.clone()).or_default();
+        meta.uid = info.uid;
+        meta.managed = true;
+    }
+
+    fn node_gone(&self, node: &NodeName) {
+        let mut s = self.state.lock();
+        if let Some(meta) = s.nodes.get_mut(node) {
+            meta.managed = false;
+        }
+        s.seen.remove(node);
+    }
+
+    fn holdings(&self, node: &NodeName) -> Option<Holdings> {
+        let blocks = self.store.blocks_of(node);
+        let mut s = self.state.lock();
+        s.remember(node, &blocks);
+        let mut h = Holdings::default();
+        for b in &blocks {
+            let addrs = s.usable(b);
+            for a in addrs {
+                h.addresses.insert(a);
+                if b.release {
+                    h.release.insert(a, ReleaseState::MarkedForRelease);
+                }
+                if let Some(ack) = b.ack {
+                    h.acks.insert(a, ack);
+                }
+            }
+        }
+        Some(h)
+    }
+
+    async fn set_marks(
+        &self,
+        node: &NodeName,
+        mark: &[IpAddr],
+        withdraw: &[IpAddr],
+    ) -> Result<(), IpamError> {
+        let blocks = self.store.blocks_of(node);
+        let touches = |b: &IpamBlock, addrs: &[IpAddr]| addrs.iter().any(|a| b.cidr.contains(a));
+        for b in &blocks {
+            // a block is withdrawn as soon as any of its addresses is
+            let want = if touches(b, withdraw) {
+                false
+            } else if touches(b, mark) {
+                true
+            } else {
+                continue;
+            };
+            if b.release != want {
+                self.call().await;
+                self.store.mark_block(&b.name, want).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn resync(&self) {
+        self.repair().await;
+    }
+}

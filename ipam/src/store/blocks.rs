@@ -1,0 +1,280 @@
+//! IPAMBlock objects (cluster-pool) in the in-memory store, behaving as the API server does:
+//! a second create of a name is refused (AlreadyExists), every write bumps the one
+//! resourceVersion, a delete can carry a resourceVersion precondition (409 when stale), and
+//! every change reaches the subscribers and the hook.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+
+use super::{MemoryNodeStore, ObjectKind, StoreEvent, Writer};
+use crate::error::IpamError;
+use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck};
+
+/// The IPAMBlock half of the store, as the cluster-pool source uses it.
+pub trait BlockStore: Send + Sync + 'static {
+    /// The node's blocks as the local cache knows them, in name order.
+    fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>>;
+    /// Every block in the local cache, in name order.
+    fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
+    /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
+    fn list_nodes(&self) -> Vec<Arc<IpamNode>>;
+    /// Creates the block: the claim. `AlreadyExists` when the name is taken.
+    fn create_block(
+        &self,
+        block: IpamBlock,
+    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
+    /// A live read (GET).
+    fn get_block(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Arc<IpamBlock>>, IpamError>> + Send;
+    /// Sets or withdraws the release mark (the operator's apply). `NotFound` when gone.
+    fn mark_block(
+        &self,
+        name: &str,
+        release: bool,
+    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
+    /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`):
+    /// the release. `NotFound` when gone.
+    fn delete_block(
+        &self,
+        name: &str,
+        expected: u64,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send;
+}
+
+/// What a block write does.
+enum Change {
+    /// Nothing (a no-op apply does not bump the resourceVersion, as the API server).
+    Keep,
+    Put(IpamBlock),
+    Delete,
+}
+
+#[derive(Default)]
+pub(super) struct Blocks {
+    by_name: BTreeMap<Arc<str>, Arc<IpamBlock>>,
+    by_node: HashMap<NodeName, BTreeSet<Arc<str>>>,
+}
+
+impl MemoryNodeStore {
+    /// Applies one block change under the lock: bumps the resourceVersion, indexes it,
+    /// tells the hook and the subscribers. `f` gets the current object and says what to do;
+    /// an `Err` leaves everything as it was. Returns the object as it is afterwards.
+    fn write_block(
+        &self,
+        name: &str,
+        writer: Writer,
+        f: impl FnOnce(Option<&IpamBlock>) -> Result<Change, IpamError>,
+    ) -> Result<Option<Arc<IpamBlock>>, IpamError> {
+        let mut inner = self.inner.lock();
+        if writer == Writer::Operator {
+            inner.operator_writes += 1;
+        }
+        let old = inner.blocks.by_name.get(name).cloned();
+        let new = match f(old.as_deref())? {
+            Change::Keep => return Ok(old),
+            Change::Put(b) => Some(b),
+            Change::Delete if old.is_none() => return Ok(None),
+            Change::Delete => None,
+        };
+        inner.resource_version += 1;
+        let rv = inner.resource_version;
+        let new = new.map(|mut b| {
+            b.resource_version = rv;
+            Arc::new(b)
+        });
+        let node = match (&new, &old) {
+            (Some(b), _) | (None, Some(b)) => b.node.clone(),
+            (None, None) => unreachable!("checked above"),
+        };
+        let blocks = &mut inner.blocks;
+        match &new {
+            Some(b) => {
+                blocks.by_name.insert(b.name.clone(), b.clone());
+                blocks
+                    .by_node
+                    .entry(b.node.clone())
+                    .or_default()
+                    .insert(b.name.clone());
+            }
+            None => {
+                blocks.by_name.remove(name);
+                if let Some(set) = blocks.by_node.get_mut(&node) {
+                    set.remove(name);
+                    if set.is_empty() {
+                        blocks.by_node.remove(&node);
+                    }
+                }
+            }
+        }
+        if let Some(h) = &self.hook {
+            h.block_written(writer, old.as_deref(), new.as_deref());
+        }
+        let ev = StoreEvent {
+            kind: ObjectKind::IpamBlock,
+            name: node,
+            resource_version: rv,
+            writer,
+            deleted: new.is_none(),
+        };
+        inner.subscribers.retain(|s| s.send(ev.clone()).is_ok());
+        Ok(new)
+    }
+
+    /// The node side answers a block's release mark (its own field manager), or drops its
+    /// answer (`None`). Nothing happens when the block is gone or the answer unchanged.
+    pub fn ack_block(&self, name: &str, ack: Option<ReleaseAck>) -> Option<Arc<IpamBlock>> {
+        self.write_block(name, Writer::NodeSide, |old| {
+            Ok(match old {
+                Some(b) if b.ack != ack => Change::Put(IpamBlock { ack, ..b.clone() }),
+                _ => Change::Keep,
+            })
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// The block of that name in the cache.
+    pub fn cached_block(&self, name: &str) -> Option<Arc<IpamBlock>> {
+        self.inner.lock().blocks.by_name.get(name).cloned()
+    }
+}
+
+fn not_found(name: &str) -> IpamError {
+    IpamError::NotFound {
+        name: name.to_string(),
+    }
+}
+
+impl BlockStore for MemoryNodeStore {
+    fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>> {
+        let inner = self.inner.lock();
+        let b = &inner.blocks;
+        b.by_node.get(node).map_or_else(Vec::new, |names| {
+            names.iter().map(|n| b.by_name[n].clone()).collect()
+        })
+    }
+
+    fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
+        self.inner.lock().blocks.by_name.values().cloned().collect()
+    }
+
+    fn list_nodes(&self) -> Vec<Arc<IpamNode>> {
+        self.list()
+    }
+
+    async fn create_block(&self, block: IpamBlock) -> Result<Arc<IpamBlock>, IpamError> {
+        let name = block.name.clone();
+        let new = self.write_block(&name, Writer::Operator, |old| match old {
+            Some(_) => Err(IpamError::AlreadyExists {
+                name: name.to_string(),
+            }),
+            None => Ok(Change::Put(block)),
+        })?;
+        Ok(new.expect("a create writes"))
+    }
+
+    async fn get_block(&self, name: &str) -> Result<Option<Arc<IpamBlock>>, IpamError> {
+        Ok(self.cached_block(name))
+    }
+
+    async fn mark_block(&self, name: &str, release: bool) -> Result<Arc<IpamBlock>, IpamError> {
+        let new = self.write_block(name, Writer::Operator, |old| match old {
+            None => Err(not_found(name)),
+            Some(b) if b.release == release => Ok(Change::Keep),
+            Some(b) => Ok(Change::Put(IpamBlock {
+                release,
+                ..b.clone()
+            })),
+        })?;
+        Ok(new.expect("checked present"))
+    }
+
+    async fn delete_block(&self, name: &str, expected: u64) -> Result<(), IpamError> {
+        self.write_block(name, Writer::Operator, |old| match old {
+            None => Err(not_found(name)),
+            Some(b) if b.resource_version != expected => Err(IpamError::Conflict {
+                name: name.to_string(),
+                expected,
+            }),
+            Some(_) => Ok(Change::Delete),
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(cidr: &str, node: &str) -> IpamBlock {
+        let cidr: ipnet::IpNet = cidr.parse().unwrap();
+        IpamBlock {
+            name: crate::pool::block_name(&cidr).into(),
+            cidr,
+            pool: "default".into(),
+            node: node.into(),
+            node_uid: 7,
+            release: false,
+            ack: None,
+            resource_version: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn blocks_behave_like_api_server_objects() {
+        let s = MemoryNodeStore::new();
+        let mut rx = s.subscribe();
+        let a = s.create_block(block("10.0.0.16/28", "n1")).await.unwrap();
+        assert_eq!(a.resource_version, 1);
+        // a second create of the name is refused, whoever asks
+        assert!(matches!(
+            s.create_block(block("10.0.0.16/28", "n2")).await,
+            Err(IpamError::AlreadyExists { .. })
+        ));
+        assert_eq!(s.blocks_of("n1").len(), 1);
+        assert!(s.blocks_of("n2").is_empty());
+        // marking bumps the resourceVersion; re-marking does not
+        let m = s.mark_block(&a.name, true).await.unwrap();
+        assert_eq!(m.resource_version, 2);
+        assert_eq!(
+            s.mark_block(&a.name, true).await.unwrap().resource_version,
+            2
+        );
+        let acked = s
+            .ack_block(&a.name, Some(ReleaseAck::ReadyForRelease))
+            .unwrap();
+        assert_eq!(acked.resource_version, 3);
+        // a delete with a stale precondition fails and changes nothing
+        assert!(matches!(
+            s.delete_block(&a.name, 2).await,
+            Err(IpamError::Conflict { expected: 2, .. })
+        ));
+        assert!(s.cached_block(&a.name).is_some());
+        s.delete_block(&a.name, 3).await.unwrap();
+        assert!(s.blocks_of("n1").is_empty());
+        assert!(matches!(
+            s.delete_block(&a.name, 3).await,
+            Err(IpamError::NotFound { .. })
+        ));
+        assert!(matches!(
+            s.mark_block(&a.name, false).await,
+            Err(IpamError::NotFound { .. })
+        ));
+        let ev: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(ev.len(), 4, "create, mark, ack, delete: {ev:?}");
+        assert!(
+            ev.iter()
+                .all(|e| e.kind == ObjectKind::IpamBlock && &*e.name == "n1")
+        );
+        assert_eq!(ev[2].writer, Writer::NodeSide);
+        assert!(ev[3].deleted);
+        assert_eq!(
+            s.operator_writes(),
+            8,
+            "node-side acks are not operator writes"
+        );
+    }
+}
