@@ -396,6 +396,12 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         Some(s)
     }
 
+    /// The pools changed (an IPPool added or edited): nodes parked on an exhausted pool
+    /// look again.
+    pub fn pools_changed(&self) {
+        self.shared.pool_freed();
+    }
+
     /// Every managed node with its last summary, in name order.
     pub fn summaries(&self) -> Vec<(NodeName, NodeSummary)> {
         let nodes: Vec<_> = self.shared.nodes.lock().values().cloned().collect();

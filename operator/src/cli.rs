@@ -435,6 +435,56 @@ mod tests {
     }
 
     #[test]
+    fn cluster_pool_flags_are_checked_before_anything_runs() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["t", "simulate"];
+            all.extend_from_slice(args);
+            let Command::Simulate(s) = Cli::try_parse_from(all).unwrap().command else {
+                panic!("simulate expected")
+            };
+            crate::simulate::config(&s)
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
+        };
+        let cp = |args: &[&str]| {
+            let mut all = vec!["--source", "cluster-pool"];
+            all.extend_from_slice(args);
+            parse(&all)
+        };
+        assert!(cp(&["--pool-cidr", "10.0.0.0/16"]).is_ok());
+        assert!(cp(&["--pool-cidr", "10.0.0.0/16,fd00::/64", "--dual-stack"]).is_ok());
+        assert!(cp(&["--pool-cidr", "10.0.0.0/16", "--pool-cidr", "10.1.0.0/16"]).is_ok());
+        let e = cp(&[]).unwrap_err();
+        assert!(e.contains("--pool-cidr"), "{e}");
+        let e = cp(&["--pool-cidr", "10.0.0.300/16"]).unwrap_err();
+        assert!(
+            e.contains("pool-cidr") && e.contains("10.0.0.300/16"),
+            "{e}"
+        );
+        let e = cp(&["--pool-cidr", "10.0.0.1/16"]).unwrap_err();
+        assert!(e.contains("host bits") && e.contains("10.0.0.0/16"), "{e}");
+        let e = cp(&["--pool-cidr", "10.0.0.0/16", "--block-size", "12"]).unwrap_err();
+        assert!(e.contains("block-size") && e.contains("/12"), "{e}");
+        let e = cp(&["--pool-cidr", "10.0.0.0/16", "--block-size", "33"]).unwrap_err();
+        assert!(e.contains("block-size") && e.contains("/33"), "{e}");
+        let e = cp(&[
+            "--pool-cidr",
+            "10.0.0.0/16,fd00::/64",
+            "--dual-stack",
+            "--block-size-v6",
+            "60",
+        ])
+        .unwrap_err();
+        assert!(e.contains("block-size-v6"), "{e}");
+        let e = cp(&["--pool-cidr", "10.0.0.0/16", "--dual-stack"]).unwrap_err();
+        assert!(e.contains("pool-cidr") && e.contains("ipv6"), "{e}");
+        let e = cp(&["--pool-cidr", "10.0.0.0/16,10.0.128.0/17"]).unwrap_err();
+        assert!(e.contains("overlap"), "{e}");
+        let e = parse(&["--pool-cidr", "10.0.0.0/16"]).unwrap_err();
+        assert!(e.contains("--pool-cidr needs --source cluster-pool"), "{e}");
+    }
+
+    #[test]
     fn defaults_match_the_design() {
         let c = Cli::try_parse_from(["t", "simulate"]).unwrap();
         let Command::Simulate(s) = c.command else {

@@ -20,8 +20,12 @@
 //! - **Rebuild and repair** on every resync ([`IpSource::resync`]): the index is rebuilt from all
 //!   blocks, [`super::repair::check`] runs over blocks and IPAMNodes, findings are counted in
 //!   `tidepool_ipam_repair_issues_total` and raised as events, and orphan blocks seen in three
-//!   consecutive passes are deleted (with a resourceVersion precondition). Leaked entries and
-//!   duplicates are reported, never fixed here.
+//!   consecutive passes are deleted (with a resourceVersion precondition). Duplicates between
+//!   live nodes are never fixed: each raises an `IPAddressDuplicate` warning event on both
+//!   nodes when first found. Leaked entries are counted, not fixed here (reclaim takes back
+//!   entries whose pod is gone).
+//! - **Drain**: blocks a pool no longer holds (CIDR removed or excluded, pool deleted) are
+//!   marked, answered and deleted by the source itself on resync, regardless of excess.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -37,8 +41,8 @@ use super::{PoolError, PoolSet, PoolSpec, addresses_of, block_name, family_of};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::source::{Holdings, IpSource, Quota};
-use crate::store::BlockStore;
-use crate::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseState};
+use crate::store::{BlockStore, EventType, NodeStore};
+use crate::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
 
 use tidepool_metrics as m;
 
@@ -118,6 +122,16 @@ impl State {
         }
     }
 
+    /// Whether a block is to be drained: its pool no longer holds it as a grantable block
+    /// (its CIDR was removed or excluded, or the pool is gone or Invalid).
+    fn drained(&self, b: &IpamBlock) -> bool {
+        self.pools
+            .get(&b.pool)
+            .ok()
+            .and_then(|p| p.family(family_of(&b.cidr)))
+            .is_none_or(|fi| fi.usable_count(&b.cidr).is_err())
+    }
+
     /// The node's pool for a family (see the module documentation for the precedence).
     fn pool_for(&self, node: &str, family: Family) -> Option<String> {
         let meta = self.nodes.get(node);
@@ -152,7 +166,7 @@ impl State {
     }
 }
 
-impl<B: BlockStore + Clone> ClusterPoolSource<B> {
+impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     /// The usable addresses of a block.
     pub fn block_addresses(&self, b: &IpamBlock) -> Vec<IpAddr> {
         self.state.lock().usable(b)
@@ -301,6 +315,33 @@ impl<B: BlockStore + Clone> ClusterPoolSource<B> {
             .collect()
     }
 
+    /// Drains blocks their pool no longer holds (a CIDR removed from an IPPool, an exclusion
+    /// added, the pool deleted), regardless of excess: each is marked for release; once the
+    /// node side answers ready-for-release (when none of its addresses is used or cooling
+    /// down) it is deleted with the resourceVersion it was answered at. Its addresses are
+    /// never granted again: the index holds only the pools' current blocks.
+    async fn drain(&self) {
+        let blocks = self.store.list_blocks();
+        let drained: Vec<Arc<IpamBlock>> = {
+            let s = self.state.lock();
+            blocks.into_iter().filter(|b| s.drained(b)).collect()
+        };
+        for b in drained {
+            let r = if !b.release {
+                self.call().await;
+                self.store.mark_block(&b.name, true).await.map(|_| ())
+            } else if b.ack == Some(ReleaseAck::ReadyForRelease) {
+                self.call().await;
+                self.store.delete_block(&b.name, b.resource_version).await
+            } else {
+                Ok(()) // the node side answers when the block is free
+            };
+            if let Err(e) = r {
+                tracing::debug!(block = %b.name, error = %e, "draining a block failed");
+            }
+        }
+    }
+
     /// One repair pass: rebuild, check, count, and the fixes that are due.
     async fn repair(&self) {
         self.rebuild();
@@ -345,6 +386,24 @@ impl<B: BlockStore + Clone> ClusterPoolSource<B> {
                     }
                 }
             }
+            // a duplicate between live nodes is never fixed: both nodes hear of it once
+            for f in &report.findings {
+                if let repair::RepairFinding::Duplicate(c) = f
+                    && !s
+                        .last_repair
+                        .as_ref()
+                        .is_some_and(|last| last.findings.contains(f))
+                {
+                    for node in c.nodes() {
+                        self.store.event(
+                            node,
+                            EventType::Warning,
+                            "IPAddressDuplicate",
+                            format!("{c:?}"),
+                        );
+                    }
+                }
+            }
             s.tracker.observe(&report);
             let fixes = s.tracker.fixes();
             s.last_repair = Some(report);
@@ -377,7 +436,7 @@ impl<B: BlockStore + Clone> ClusterPoolSource<B> {
     }
 }
 
-impl<B: BlockStore + Clone> IpSource for ClusterPoolSource<B> {
+impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     fn name(&self) -> &'static str {
         "cluster-pool"
     }
@@ -596,7 +655,9 @@ impl<B: BlockStore + Clone> IpSource for ClusterPoolSource<B> {
         let mut s = self.state.lock();
         s.remember(node, &blocks);
         let mut h = Holdings::default();
-        for b in &blocks {
+        // drained blocks are the source's own handshakes (see `drain`): the engine neither
+        // counts them nor marks them, and tops the node up from the pools that remain
+        for b in blocks.iter().filter(|b| !s.drained(b)) {
             let addrs = s.usable(b);
             for a in addrs {
                 h.addresses.insert(a);
@@ -638,5 +699,112 @@ impl<B: BlockStore + Clone> IpSource for ClusterPoolSource<B> {
 
     async fn resync(&self) {
         self.repair().await;
+        self.drain().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryNodeStore;
+
+    fn pool(name: &str, cidr: &str, selector: &[(&str, &str)]) -> PoolConfig {
+        let spec = PoolSpec::parse(
+            name,
+            &[cidr],
+            super::super::DEFAULT_BLOCK_SIZE,
+            &[] as &[&str],
+        )
+        .unwrap();
+        PoolConfig {
+            spec,
+            node_selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn pool_choice_follows_the_precedence() {
+        let src = ClusterPoolSource::new(
+            MemoryNodeStore::new(),
+            &[Family::V4],
+            vec![
+                pool("default", "10.0.0.0/24", &[]),
+                pool("gpu", "10.1.0.0/24", &[("pool", "gpu")]),
+                pool("gpu-new", "10.2.0.0/24", &[("pool", "gpu")]),
+                // overlaps "default": Invalid, the others keep working
+                pool("bad", "10.0.0.0/25", &[("pool", "bad")]),
+            ],
+            1,
+        );
+        let v = src.validity();
+        assert!(v[..3].iter().all(|(_, r)| r.is_ok()));
+        assert!(matches!(v[3].1, Err(PoolError::OverlapsPool { .. })));
+        let n: NodeName = "n".into();
+        assert_eq!(src.pool_of("n", Family::V4).as_deref(), Some("default"));
+        src.set_node_labels(&n, labels(&[("pool", "gpu"), ("zone", "a")]));
+        assert_eq!(
+            src.pool_of("n", Family::V4).as_deref(),
+            Some("gpu"),
+            "the oldest matching pool"
+        );
+        src.set_node_labels(&n, labels(&[("pool", "bad")]));
+        assert_eq!(
+            src.pool_of("n", Family::V4).as_deref(),
+            Some("default"),
+            "an Invalid pool is never chosen"
+        );
+        src.set_node_pool(&n, Family::V4, Some("gpu-new".into()));
+        assert_eq!(
+            src.pool_of("n", Family::V4).as_deref(),
+            Some("gpu-new"),
+            "spec.pools wins"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_offers_whole_free_blocks_only() {
+        let store = MemoryNodeStore::new();
+        let src = ClusterPoolSource::new(
+            store.clone(),
+            &[Family::V4],
+            vec![pool("default", "10.0.0.0/24", &[])],
+            1,
+        );
+        let n: NodeName = "n".into();
+        let got = src.allocate(&n, Family::V4, 20).await.unwrap();
+        assert_eq!(store.blocks_of("n").len(), 2);
+        assert!(
+            got.len() >= 31 && got.len() <= 32,
+            "two /28s: {}",
+            got.len()
+        );
+        // one address used: its block is not offered
+        let mut free = got.clone();
+        let used = free.remove(0);
+        let offered = src.prepare_release(&n, &free, u64::MAX);
+        assert!(!offered.is_empty());
+        let used_block = store
+            .blocks_of("n")
+            .into_iter()
+            .find(|b| b.cidr.contains(&used))
+            .unwrap();
+        assert!(offered.iter().all(|a| !used_block.cidr.contains(a)));
+        // never more than asked: less than a block asked, nothing offered
+        assert!(src.prepare_release(&n, &free, 10).is_empty());
+        assert_eq!(src.prepare_allocation(&n, Family::V4, 1, u64::MAX), 16);
+        assert_eq!(
+            src.prepare_allocation(&n, Family::V4, 40, 20),
+            16,
+            "capped by the limit"
+        );
     }
 }

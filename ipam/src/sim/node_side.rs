@@ -146,7 +146,9 @@ pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
 
 /// Answers the release marks on the node's blocks: `do-not-release` while any address of the
 /// block is used or cooling down, else `ready-for-release` (and then none is used again
-/// unless the mark is withdrawn); an answer goes once its mark is withdrawn. Returns the
+/// unless the mark is withdrawn) — a `do-not-release` turns into `ready-for-release` once
+/// the block is free (a drained block waits marked until then); an answer goes once its
+/// mark is withdrawn. Returns the
 /// answers to write (block name, new answer) and, in `out`, the addresses given up or taken
 /// back.
 pub fn answer_blocks(
@@ -157,15 +159,14 @@ pub fn answer_blocks(
     let mut writes = Vec::new();
     for b in blocks {
         match (b.release, b.ack) {
-            (true, None) => {
-                let ack = if b.addrs.iter().any(|a| busy(side, a)) {
-                    ReleaseAck::DoNotRelease
-                } else {
-                    out.ready.extend(b.all.iter().copied());
-                    ReleaseAck::ReadyForRelease
-                };
-                writes.push((b.name.clone(), Some(ack)));
+            // unanswered, or answered do-not-release and free since
+            (true, None) | (true, Some(ReleaseAck::DoNotRelease))
+                if !b.addrs.iter().any(|a| busy(side, a)) =>
+            {
+                out.ready.extend(b.all.iter().copied());
+                writes.push((b.name.clone(), Some(ReleaseAck::ReadyForRelease)));
             }
+            (true, None) => writes.push((b.name.clone(), Some(ReleaseAck::DoNotRelease))),
             (false, Some(ack)) => {
                 if ack == ReleaseAck::ReadyForRelease {
                     out.resumed.extend(b.all.iter().copied());
