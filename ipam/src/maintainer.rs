@@ -462,8 +462,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 
     // Marks kept by the source: place the new ones and withdraw the dropped ones there.
     if held {
-        let (mark, withdraw) = mark_changes(&operator.release, &fields.release);
-        if failure.is_none() && (!mark.is_empty() || !withdraw.is_empty()) {
+        // Withdrawals always go (a refused or vanished mark must not keep the block from
+        // the node while a claim fails, e.g. on an exhausted pool); new marks only from a
+        // pass that did not fail.
+        let (mut mark, withdraw) = mark_changes(&operator.release, &fields.release);
+        if failure.is_some() {
+            mark.clear();
+        }
+        if !mark.is_empty() || !withdraw.is_empty() {
             shared.kube_budget.acquire(&h.priority).await;
             let r = if shared.is_leader() {
                 shared.source.set_marks(&h.name, &mark, &withdraw).await
@@ -472,7 +478,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             };
             api_call("kube", "mark", r.is_ok());
             if let Err(e) = r {
-                failure = Some(e);
+                failure.get_or_insert(e);
             }
         }
     }
