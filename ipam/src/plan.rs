@@ -31,6 +31,9 @@ pub enum Blocked {
     Terminating,
     /// Its watermarks are invalid (no retry until the spec changes).
     InvalidSpec,
+    /// Repair found one of its addresses held by another live node too (never fixed
+    /// automatically; blocked until an operator resolves it).
+    Duplicate,
 }
 
 impl Blocked {
@@ -41,6 +44,7 @@ impl Blocked {
             Blocked::Cordoned => "cordoned",
             Blocked::Terminating => "terminating",
             Blocked::InvalidSpec => "invalid-spec",
+            Blocked::Duplicate => "duplicate",
         }
     }
 }
@@ -209,15 +213,17 @@ fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> V
         .addresses
         .iter()
         .rev()
-        .filter(|a| {
-            Family::of(a) == family
-                && !node.node.used.contains_key(a)
-                && !node.node.cooldown.contains_key(a)
-                && !fields.release.contains_key(a)
-                && !fields.reclaim.contains_key(a)
-        })
+        .filter(|a| Family::of(a) == family && is_free(node, fields, a))
         .copied()
         .collect()
+}
+
+/// Not used, not cooling down, not marked, not tombstoned.
+fn is_free(node: &IpamNode, fields: &OperatorFields, a: &IpAddr) -> bool {
+    !node.node.used.contains_key(a)
+        && !node.node.cooldown.contains_key(a)
+        && !fields.release.contains_key(a)
+        && !fields.reclaim.contains_key(a)
 }
 
 /// How many free addresses could go back as whole blocks (aligned groups of `grant`
@@ -235,19 +241,31 @@ fn whole_free_blocks(
             IpAddr::V6(v) => u128::from(*v) / u128::from(grant),
         }
     };
-    // per group: (addresses held, of which free)
-    let mut groups: BTreeMap<u128, (u64, u64)> = BTreeMap::new();
-    let free: BTreeSet<IpAddr> = free_addresses(node, fields, family).into_iter().collect();
+    // per group: (addresses held, of which free). The addresses are sorted and a group is
+    // an aligned range, so each group's addresses are contiguous: one run per group.
+    let mut sizes: Vec<u64> = Vec::new();
+    let mut run: Option<(u128, u64, u64)> = None;
     for a in fields.addresses.iter().filter(|a| Family::of(a) == family) {
-        let g = groups.entry(group(a)).or_default();
-        g.0 += 1;
-        g.1 += u64::from(free.contains(a));
+        let (g, free) = (group(a), u64::from(is_free(node, fields, a)));
+        match &mut run {
+            Some((rg, held, f)) if *rg == g => {
+                *held += 1;
+                *f += free;
+            }
+            _ => {
+                if let Some((_, held, f)) = run.replace((g, 1, free))
+                    && held == f
+                {
+                    sizes.push(held);
+                }
+            }
+        }
     }
-    let mut sizes: Vec<u64> = groups
-        .values()
-        .filter(|(held, free)| held == free)
-        .map(|(held, _)| *held)
-        .collect();
+    if let Some((_, held, f)) = run
+        && held == f
+    {
+        sizes.push(held);
+    }
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     let mut total = 0;
     for n in sizes {

@@ -1,8 +1,9 @@
 //! The engine's view of pods: per UID (cached and live) and per node (pods waiting for an
 //! address, pods still bound). An in-memory implementation with an informer lag.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,20 @@ pub struct PodInfo {
 pub trait PodCache {
     /// Calls `f` with the pod of `uid` as the cache shows it (None: no such pod).
     fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R;
+
+    /// Calls `f` with each item and the pod of its UID (`uid(item)`), in order: one
+    /// [`PodCache::with_pod`] per item, or one look at the cache for them all.
+    fn with_pods<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        uid: impl Fn(&T) -> PodUid,
+        mut f: impl FnMut(T, Option<&PodInfo>),
+    ) {
+        for item in items {
+            let u = uid(&item);
+            self.with_pod(u, |p| f(item, p));
+        }
+    }
 }
 
 impl<S: std::hash::BuildHasher> PodCache for std::collections::HashMap<PodUid, PodInfo, S> {
@@ -88,9 +103,34 @@ struct PodRecord {
     deleted_at: Option<Instant>,
 }
 
+/// A fixed (seedless, so deterministic) hasher for pod UIDs: UIDs are already unique
+/// numbers, so folding and mixing their halves spreads them well. Only lookups use it;
+/// nothing iterates the map.
+#[derive(Default)]
+struct UidHasher(u64);
+
+impl Hasher for UidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        let x = (v as u64) ^ ((v >> 64) as u64).rotate_left(32) ^ self.0;
+        self.0 = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        self.0 ^= self.0 >> 32;
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    pods: BTreeMap<PodUid, PodRecord>,
+    /// Looked up per `used` entry on every reclaim scan: a hash map (nothing iterates it).
+    pods: HashMap<PodUid, PodRecord, BuildHasherDefault<UidHasher>>,
     pending: BTreeMap<NodeName, BTreeSet<PodUid>>,
     bound: BTreeMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
@@ -217,15 +257,56 @@ impl MemoryPodView {
     }
 }
 
+impl MemoryPodView {
+    /// The pod API's heap as a deterministic size estimate (see
+    /// [`crate::sim::World::world_heap_estimate`]): the hash table's slots (one control
+    /// byte each), each running pod's address list, the per-node sets.
+    pub fn heap_estimate(&self) -> usize {
+        use std::mem::size_of;
+        let g = self.inner.lock();
+        let slots = g.pods.capacity().next_power_of_two() * 8 / 7;
+        let mut bytes = slots * (size_of::<(PodUid, PodRecord)>() + 1);
+        bytes += g
+            .pods
+            .values()
+            .filter(|r| !r.info.ips.is_empty())
+            .map(|r| 16 + (r.info.ips.len() * size_of::<IpAddr>()).div_ceil(8) * 8)
+            .sum::<usize>();
+        let set = |n: usize| (n.div_ceil(7)) * (11 * size_of::<PodUid>() + 112);
+        bytes += g.pending.values().map(|s| 48 + set(s.len())).sum::<usize>();
+        bytes += g.bound.len() * 48;
+        bytes + g.deleted.capacity() * size_of::<(Instant, PodUid)>()
+    }
+
+    /// The pod as the cache shows it at `now`.
+    fn cached<'a>(&self, g: &'a Inner, uid: PodUid, now: Instant) -> Option<&'a PodInfo> {
+        g.pods
+            .get(&uid)
+            .filter(|r| r.visible_from <= now && r.deleted_at.is_none_or(|d| d + self.lag > now))
+            .map(|r| &r.info)
+    }
+}
+
 impl PodCache for MemoryPodView {
     fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
         let now = Instant::now();
         let g = self.inner.lock();
-        let r = g
-            .pods
-            .get(&uid)
-            .filter(|r| r.visible_from <= now && r.deleted_at.is_none_or(|d| d + self.lag > now));
-        f(r.map(|r| &r.info))
+        f(self.cached(&g, uid, now))
+    }
+
+    /// One lock and one clock reading for the whole batch.
+    fn with_pods<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        uid: impl Fn(&T) -> PodUid,
+        mut f: impl FnMut(T, Option<&PodInfo>),
+    ) {
+        let now = Instant::now();
+        let g = self.inner.lock();
+        for item in items {
+            let u = uid(&item);
+            f(item, self.cached(&g, u, now));
+        }
     }
 }
 

@@ -140,16 +140,22 @@ impl ReclaimTracker {
         let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
         let mut step = ReclaimStep::default();
         let mut still = BTreeMap::new();
-        for ((addr, entry), (_, _, seen)) in used.iter().zip(&self.first_seen) {
-            if tombstones.contains_key(addr) {
-                continue;
-            }
-            let reason = pods.with_pod(entry.pod_uid, |pod| {
-                candidate_reason(addr, entry, used, pod)
-            });
-            let Some(reason) = reason else {
-                continue;
-            };
+        // One batch of cache lookups for the whole map, then the candidates.
+        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
+        pods.with_pods(
+            used.iter()
+                .zip(&self.first_seen)
+                .filter(|((addr, _), _)| !tombstones.contains_key(addr)),
+            |((_, entry), _)| entry.pod_uid,
+            |((addr, entry), (_, _, seen)), pod| {
+                if let Some(r) = candidate_reason(addr, entry, used, pod) {
+                    reasons.push((*addr, entry, *seen, r));
+                }
+            },
+        );
+        for (addr, entry, seen, reason) in reasons {
+            let addr = &addr;
+            let seen = &seen;
             let first = match self.observed.get(addr) {
                 Some(o) if o.uid == entry.pod_uid && o.reason == reason => o.first,
                 _ => now,

@@ -229,6 +229,7 @@ pub fn text(r: &Report) -> String {
          pods             {} started, {} deleted, {} leaked by crashes, {} waited for an address\n\
          ip wait (s)      p50 {}  p99 {}  max {}\n\
          reclaim          {} reclaimed, {} held by min age; latency (s) p50 {}  p99 {}  max {}\n\
+         memory           {} bytes per address in the engine (measured), {:.1} in the world (estimated)\n\
          invariants       {} double allocations, {} live addresses reclaimed, {} lost\n",
         opt(r.convergence_seconds),
         r.converged,
@@ -262,6 +263,10 @@ pub fn text(r: &Report) -> String {
         opt(r.reclaim.latency_seconds.p50),
         opt(r.reclaim.latency_seconds.p99),
         opt(r.reclaim.latency_seconds.max),
+        r.memory
+            .engine_bytes_per_address
+            .map_or("-".into(), |b| format!("{b:.1}")),
+        r.memory.world_bytes_per_address,
         inv.double_allocations,
         inv.live_ip_reclaimed,
         inv.lost_allocations,

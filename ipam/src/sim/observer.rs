@@ -75,6 +75,26 @@ impl Observer {
     }
 
     /// A pod started with these addresses on `node`.
+    /// The observer's heap as a deterministic size estimate (see
+    /// [`crate::sim::World::world_heap_estimate`]).
+    pub fn heap_estimate(&self) -> usize {
+        use crate::sim::world::btree_bytes;
+        use std::mem::size_of;
+        let s = self.s.lock();
+        let ip = size_of::<IpAddr>();
+        btree_bytes(s.holds.len(), ip + size_of::<Hold>())
+            + btree_bytes(s.addr_pod.len(), ip + size_of::<PodUid>())
+            + btree_bytes(s.live.len(), size_of::<PodUid>() + size_of::<Vec<IpAddr>>())
+            + s.live.values().map(|v| v.capacity() * ip).sum::<usize>()
+            + btree_bytes(
+                s.deleted_at.len(),
+                size_of::<PodUid>() + size_of::<Instant>(),
+            )
+            + btree_bytes(s.vanished.len(), size_of::<NodeName>())
+            + btree_bytes(s.dormant.len(), ip + size_of::<NodeName>())
+            + s.reclaim_latency.capacity() * 8
+    }
+
     pub fn pod_started(&self, node: &NodeName, uid: PodUid, addrs: &[IpAddr]) {
         let mut s = self.s.lock();
         for a in addrs {

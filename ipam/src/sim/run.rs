@@ -56,23 +56,33 @@ impl PoolChoice {
             self.block_size,
             &[] as &[String],
         )
-        .map_err(|e| IpamError::InvalidSetting {
-            name: match e {
+        .map_err(|e| {
+            let v6 = matches!(
+                e,
                 crate::pool::PoolError::InvalidBlockSize {
-                    family: Family::V6, ..
-                } => "block-size-v6",
-                crate::pool::PoolError::InvalidBlockSize { .. } => "block-size",
-                crate::pool::PoolError::BlockSizeDoesNotFit { cidr, .. } => {
-                    if matches!(cidr, ipnet::IpNet::V6(_)) {
-                        "block-size-v6"
+                    family: Family::V6,
+                    ..
+                } | crate::pool::PoolError::BlockSizeDoesNotFit {
+                    cidr: ipnet::IpNet::V6(_),
+                    ..
+                }
+            );
+            let (name, value) = match e {
+                crate::pool::PoolError::InvalidBlockSize { .. }
+                | crate::pool::PoolError::BlockSizeDoesNotFit { .. } => {
+                    if v6 {
+                        ("block-size-v6", self.block_size.v6.to_string())
                     } else {
-                        "block-size"
+                        ("block-size", self.block_size.v4.to_string())
                     }
                 }
-                _ => "pool-cidr",
-            },
-            value: self.cidrs.join(","),
-            reason: e.to_string(),
+                _ => ("pool-cidr", self.cidrs.join(",")),
+            };
+            IpamError::InvalidSetting {
+                name,
+                value,
+                reason: e.to_string(),
+            }
         })?;
         for &f in families {
             if !spec.serves(f) {
@@ -312,6 +322,23 @@ pub struct ReclaimReport {
     pub latency_seconds: Quantiles,
 }
 
+/// Heap bytes per allocated address at the end of the active period's drain tail, the
+/// engine and the simulated world separately.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct MemoryReport {
+    /// The simulated world (API objects, pod API, kubelets, observer): a deterministic size
+    /// estimate from its structures ([`World::world_heap_estimate`]), not a measurement.
+    pub world_bytes_per_address: f64,
+    /// The engine (maintainers, trackers, the source's index, budgets, tasks): the live heap
+    /// measured by the process's counting allocator ([`LIVE_HEAP_BYTES`]) minus the world's
+    /// estimate; null when no counting allocator is installed (a library caller, tests).
+    pub engine_bytes_per_address: Option<f64>,
+}
+
+/// The process's live heap bytes, if its binary installs a counting global allocator (the
+/// operator binary does); [`Report::memory`] reads it at the end of a run.
+pub static LIVE_HEAP_BYTES: std::sync::OnceLock<fn() -> usize> = std::sync::OnceLock::new();
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeDetail {
     pub name: String,
@@ -324,7 +351,8 @@ pub struct NodeDetail {
 }
 
 /// The simulate report (DESIGN.md "simulate"). With the same seed two reports are equal
-/// except for `wall_seconds`, `cpu_seconds`, `peak_rss_bytes` and `events_per_second`.
+/// except for `wall_seconds`, `cpu_seconds`, `peak_rss_bytes`, `events_per_second` and
+/// `memory.engine_bytes_per_address` (an allocator measurement).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     pub converged: bool,
@@ -340,6 +368,7 @@ pub struct Report {
     pub api: ApiReport,
     pub pods: PodsReport,
     pub reclaim: ReclaimReport,
+    pub memory: MemoryReport,
     pub invariants: Invariants,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_details: Option<Vec<NodeDetail>>,
@@ -353,6 +382,10 @@ impl Report {
             cpu_seconds: None,
             peak_rss_bytes: None,
             events_per_second: 0.0,
+            memory: MemoryReport {
+                engine_bytes_per_address: None,
+                ..self.memory
+            },
             ..self.clone()
         }
     }
@@ -774,9 +807,10 @@ async fn drive<S: SimSource>(
                     }
                 }
                 Ev::NodeLoss(g) if active && g == wl.loss_gen => {
-                    let live = world.live_nodes();
-                    if live.len() > 1 {
-                        let n = live[wl.rng.random_range(0..live.len())].clone();
+                    let live = world.live_count();
+                    if live > 1 {
+                        let i = wl.rng.random_range(0..live);
+                        let n = world.live_node(i).expect("in range");
                         lose_node(&world, &mut wl, n, t, true);
                     }
                     if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
@@ -833,7 +867,7 @@ async fn drive<S: SimSource>(
 }
 
 fn churn_rate<S: SimSource>(world: &World<S>, rates: &Rates) -> f64 {
-    rates.churn / 60.0 * world.live_nodes().len() as f64
+    rates.churn / 60.0 * world.live_count() as f64
 }
 
 /// The machine vanishes with its pods; its Node object goes a minute later.
@@ -1137,11 +1171,13 @@ fn add_node<S: SimSource>(world: &World<S>, wl: &mut Workload, group: usize) -> 
 /// A uniformly chosen pod of a uniformly chosen live node is deleted (crashing with
 /// the crash rate in force) and a new one scheduled there at the same instant.
 fn churn<S: SimSource>(world: &World<S>, wl: &mut Workload) {
-    let live = world.live_nodes();
-    if live.is_empty() {
+    let live = world.live_count();
+    if live == 0 {
         return;
     }
-    let node = live[wl.rng.random_range(0..live.len())].clone();
+    let node = world
+        .live_node(wl.rng.random_range(0..live))
+        .expect("in range");
     let pods = world.pods_on(&node);
     if !pods.is_empty() {
         let uid = pods[wl.rng.random_range(0..pods.len())];
@@ -1188,6 +1224,16 @@ fn build_report<S: SimSource>(
         ips.free += allocated.saturating_sub(used + cooldown);
     }
     let (source_calls, throttled) = world.source.calls();
+    let memory = {
+        let world_bytes = world.world_heap_estimate() as f64;
+        let per = |b: f64| round3(b / (ips.allocated.max(1) as f64));
+        MemoryReport {
+            world_bytes_per_address: per(world_bytes),
+            engine_bytes_per_address: LIVE_HEAP_BYTES
+                .get()
+                .map(|live| per((live() as f64 - world_bytes).max(0.0))),
+        }
+    };
     let wall_seconds = wall.elapsed().as_secs_f64();
     let node_details = cfg.report_nodes.then(|| {
         summaries
@@ -1238,6 +1284,7 @@ fn build_report<S: SimSource>(
             held_by_min_age: stats.held_by_min_age,
             latency_seconds: Quantiles::of(world.observer.reclaim_latencies()),
         },
+        memory,
         invariants,
         node_details,
     }

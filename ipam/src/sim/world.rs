@@ -203,6 +203,9 @@ pub struct WorkloadStats {
 struct Inner {
     pods: BTreeMap<PodUid, SimPod>,
     agents: BTreeMap<NodeName, Agent>,
+    /// The names of the agents that are alive, in name order (kept with `agents`, so the
+    /// workload can pick a live node without listing them all).
+    live: Vec<NodeName>,
     next_uid: u128,
     next_container: u64,
     next_node_uid: u128,
@@ -284,6 +287,7 @@ impl<S: SimSource> World<S> {
             inner: Arc::new(Mutex::new(Inner {
                 pods: BTreeMap::new(),
                 agents: BTreeMap::new(),
+                live: Vec::new(),
                 next_uid: 1,
                 next_container: 1,
                 next_node_uid: 1,
@@ -369,6 +373,9 @@ impl<S: SimSource> World<S> {
                     pods: Vec::new(),
                 },
             );
+            if let Err(i) = g.live.binary_search(&name) {
+                g.live.insert(i, name.clone());
+            }
             g.stats.events += 1;
             g.next_node_uid
         };
@@ -518,7 +525,7 @@ impl<S: SimSource> World<S> {
         self.observer.pod_stopped(uid, true);
         let mut n = self.store.cached(&node)?;
         if self.source.grants_blocks() {
-            n = Arc::new(node_side::project(&n, &self.block_views(&node)));
+            n = Arc::new(project(&n, &self.block_views(&node)));
         }
         let mut got = None;
         let utc = self.clock.utc();
@@ -543,7 +550,11 @@ impl<S: SimSource> World<S> {
             };
             a.alive = false;
             a.queue.clear();
-            a.pods.clone()
+            let uids = a.pods.clone();
+            if let Ok(i) = g.live.binary_search(node) {
+                g.live.remove(i);
+            }
+            uids
         };
         for uid in uids {
             self.observer.pod_stopped(uid, false);
@@ -558,6 +569,9 @@ impl<S: SimSource> World<S> {
             let mut g = self.inner.lock();
             g.stats.events += 1;
             let uids = g.agents.remove(node).map(|a| a.pods).unwrap_or_default();
+            if let Ok(i) = g.live.binary_search(node) {
+                g.live.remove(i);
+            }
             for u in &uids {
                 g.pods.remove(u);
             }
@@ -601,13 +615,17 @@ impl<S: SimSource> World<S> {
 
     /// Live nodes (machines running), in name order.
     pub fn live_nodes(&self) -> Vec<NodeName> {
-        self.inner
-            .lock()
-            .agents
-            .iter()
-            .filter(|(_, a)| a.alive)
-            .map(|(n, _)| n.clone())
-            .collect()
+        self.inner.lock().live.clone()
+    }
+
+    /// How many nodes are live.
+    pub fn live_count(&self) -> usize {
+        self.inner.lock().live.len()
+    }
+
+    /// The `i`th live node in name order (`live_nodes()[i]` without the list).
+    pub fn live_node(&self, i: usize) -> Option<NodeName> {
+        self.inner.lock().live.get(i).cloned()
     }
 
     /// The node side answers the operator and serves waiting pods.
@@ -643,7 +661,7 @@ impl<S: SimSource> World<S> {
                     b.ack = ack;
                 }
             }
-            blocks_view = node_side::project(&node, &blocks);
+            blocks_view = project(&node, &blocks);
             &blocks_view
         } else {
             &node
@@ -772,10 +790,92 @@ impl<S: SimSource> World<S> {
     }
 }
 
+/// Estimated heap bytes of a B-tree map of `len` entries of `entry` bytes each: leaves of
+/// 11 slots about 2/3 full, plus the node header and parent edges (a deterministic
+/// estimate, not a measurement).
+pub(crate) fn btree_bytes(len: usize, entry: usize) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    len.div_ceil(7) * (11 * entry + 112)
+}
+
+/// Estimated heap bytes of an `Arc<str>` of `len` bytes (counts + text, 8-byte rounded).
+pub(crate) fn arc_str_bytes(len: usize) -> usize {
+    16 + len.div_ceil(8) * 8
+}
+
+impl<S: SimSource> World<S> {
+    /// The simulated world's heap as a deterministic size estimate from its structures'
+    /// element counts and `size_of` (not an allocator measurement): the API server's
+    /// objects (IPAMNodes with their maps, IPAMBlocks), the pod API, the kubelets' pod
+    /// records, and the observer. Everything else the process holds belongs to the engine.
+    pub fn world_heap_estimate(&self) -> usize {
+        use std::mem::size_of;
+        let ip = size_of::<IpAddr>();
+        let mut bytes = 0;
+        for n in self.store.list() {
+            bytes += size_of::<IpamNode>() + 16 + arc_str_bytes(n.name.len());
+            let side = &n.node;
+            bytes += btree_bytes(side.used.len(), ip + size_of::<UsedEntry>());
+            // each entry's pod name (the namespace is shared)
+            bytes += side
+                .used
+                .values()
+                .map(|e| arc_str_bytes(e.pod.len()))
+                .sum::<usize>();
+            bytes += btree_bytes(side.cooldown.len(), ip + size_of::<SystemTime>());
+            bytes += btree_bytes(side.release_ack.len(), ip + 1);
+            bytes += btree_bytes(side.reclaim_ack.len(), ip + 32);
+            let op = &n.operator;
+            bytes += btree_bytes(op.addresses.len(), ip);
+            bytes += btree_bytes(op.release.len(), ip + 1);
+            bytes += btree_bytes(op.reclaim.len(), ip + 32);
+            bytes += self.store.blocks_of(&n.name).len()
+                * (btree_bytes(1, 48 + size_of::<IpamBlock>()) / 7 + 2 * arc_str_bytes(24));
+        }
+        bytes += self.pods.heap_estimate();
+        bytes += self.observer.heap_estimate();
+        let g = self.inner.lock();
+        bytes += btree_bytes(g.pods.len(), size_of::<PodUid>() + size_of::<SimPod>());
+        bytes += g
+            .agents
+            .values()
+            .map(|a| {
+                size_of::<Agent>() + (a.pods.capacity() + a.queue.capacity()) * size_of::<PodUid>()
+            })
+            .sum::<usize>();
+        bytes += g.live.capacity() * size_of::<NodeName>();
+        bytes += g.cooldowns.capacity() * size_of::<(Instant, NodeName)>();
+        bytes
+    }
+}
+
+/// [`node_side::project`] without copying what it drops: it keeps only the node's identity,
+/// watermarks and tombstones, so it is handed a copy without the `used` map and the other
+/// node-side and operator fields (same result, no deep copy of `used` per reconcile).
+fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
+    let slim = IpamNode {
+        name: node.name.clone(),
+        node_uid: node.node_uid,
+        resource_version: node.resource_version,
+        watermarks: node.watermarks,
+        operator: crate::types::OperatorFields {
+            reclaim: node.operator.reclaim.clone(),
+            ..Default::default()
+        },
+        node: crate::types::NodeSideFields::default(),
+        finalizer: node.finalizer,
+    };
+    node_side::project(&slim, blocks)
+}
+
 fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
+    // every simulated pod lives in one namespace: its name is shared, not copied per entry
+    static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
     UsedEntry {
         pod_uid: uid,
-        namespace: "default".into(),
+        namespace: NAMESPACE.clone(),
         pod: format!("pod-{}", uid.0).into(),
         container_id,
         since,
