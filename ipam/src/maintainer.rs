@@ -330,12 +330,20 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                 drop_condition(fields.to_mut(), WATERMARKS_VALID);
             }
         }
-        Some(e) => {
-            plan.claims.clear();
-            plan.marks.clear();
-            plan.summary.blocked = Some(Blocked::InvalidSpec);
-            set_invalid_condition(shared, h, fields.to_mut(), e);
-        }
+        Some(e) => set_invalid_condition(shared, h, fields.to_mut(), e),
+    }
+    // Invalid overrides, or a duplicate repair found: nothing new for the node.
+    let held_back = if invalid.is_some() {
+        Some(Blocked::InvalidSpec)
+    } else if shared.source.node_blocked(&h.name) {
+        Some(Blocked::Duplicate)
+    } else {
+        None
+    };
+    if held_back.is_some() {
+        plan.claims.clear();
+        plan.marks.clear();
+        plan.summary.blocked = held_back;
     }
     shared.publish(h, plan.summary);
 
@@ -511,10 +519,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         shared.pool_freed();
     }
     let mut summary = plan::summarize(&snap, &fields, plan.summary.reclaim_candidates);
-    if invalid.is_some() {
-        summary.blocked = Some(Blocked::InvalidSpec);
-    }
-    summary.blocked = summary.blocked.or(blocked);
+    summary.blocked = held_back.or(summary.blocked).or(blocked);
     shared.publish(h, summary);
     local.deadline = plan.next_deadline;
     match failure {

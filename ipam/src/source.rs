@@ -72,6 +72,12 @@ pub trait IpSource: Send + Sync + 'static {
     }
     /// A Node was added or changed (the source may need its UID or labels).
     fn node_seen(&self, _info: &NodeInfo) {}
+    /// Whether the source found one of the node's addresses held by another live node too
+    /// (cluster-pool repair): the node then gets no new addresses and no marks until that
+    /// is resolved; reclaim and running handshakes go on.
+    fn node_blocked(&self, _node: &NodeName) -> bool {
+        false
+    }
     /// The engine is done with a node (its addresses were reclaimed and its IPAMNode let go).
     fn node_gone(&self, _node: &NodeName) {}
     /// For sources that keep a node's addresses and release handshakes themselves

@@ -248,5 +248,48 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         "once, on both nodes"
     );
     assert_eq!(store.blocks_of("a").len(), 1, "never fixed automatically");
+    assert!(src.node_blocked(&"a".into()) && src.node_blocked(&"b".into()));
+    // resolved (the pod is gone from b's record): both nodes are free again
+    store.apply_node(&"b".into(), |side| {
+        side.used.remove(&foreign);
+    });
+    src.resync().await;
+    assert!(!src.node_blocked(&"a".into()) && !src.node_blocked(&"b".into()));
     assert_eq!(store.blocks_of("b").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
+    use std::time::SystemTime;
+    use tidepool_ipam::types::{PodUid, UsedEntry};
+    let w = world(&["10.0.0.0/24"]);
+    let (n1, n2) = (w.add_node("n1"), w.add_node("n2"));
+    w.schedule_pod(&n1);
+    w.schedule_pod(&n2);
+    assert!(w.settle(Duration::from_secs(60)).await);
+    let foreign = *w.node("n1").unwrap().node.used.keys().next().unwrap();
+    w.store.apply_node(&n2, |side| {
+        side.used.insert(
+            foreign,
+            UsedEntry {
+                pod_uid: PodUid(u128::MAX),
+                namespace: "ns".into(),
+                pod: "stray".into(),
+                container_id: 1,
+                since: SystemTime::UNIX_EPOCH,
+            },
+        );
+    });
+    tokio::time::sleep(Duration::from_secs(61)).await; // one resync: repair finds it
+    let blocks = w.store.blocks_of("n2").len();
+    for _ in 0..30 {
+        w.schedule_pod(&n2);
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        w.manager.summary("n2").unwrap().blocked,
+        Some(Blocked::Duplicate)
+    );
+    assert_eq!(w.store.blocks_of("n2").len(), blocks, "no new block");
+    assert!(w.waiting_on("n2") > 0);
 }

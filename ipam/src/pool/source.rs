@@ -22,7 +22,8 @@
 //!   `tidepool_ipam_repair_issues_total` and raised as events, and orphan blocks seen in three
 //!   consecutive passes are deleted (with a resourceVersion precondition). Duplicates between
 //!   live nodes are never fixed: each raises an `IPAddressDuplicate` warning event on both
-//!   nodes when first found. Leaked entries are counted, not fixed here (reclaim takes back
+//!   nodes when first found, and both are blocked ([`IpSource::node_blocked`]) until a pass
+//!   no longer finds it. Leaked entries are counted, not fixed here (reclaim takes back
 //!   entries whose pod is gone).
 //! - **Drain**: blocks a pool no longer holds (CIDR removed or excluded, pool deleted) are
 //!   marked, answered and deleted by the source itself on resync, regardless of excess.
@@ -85,6 +86,8 @@ struct State {
     calls: u64,
     tracker: RepairTracker,
     last_repair: Option<RepairReport>,
+    /// Nodes holding an address another live node holds too (the last repair's duplicates).
+    duplicates: BTreeSet<NodeName>,
 }
 
 /// The cluster-pool source over a block store. Cheap to clone.
@@ -194,6 +197,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 calls: 0,
                 tracker: RepairTracker::new(),
                 last_repair: None,
+                duplicates: BTreeSet::new(),
             })),
         };
         source.rebuild();
@@ -404,6 +408,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     }
                 }
             }
+            s.duplicates = report.nodes_to_block();
             s.tracker.observe(&report);
             let fixes = s.tracker.fixes();
             s.last_repair = Some(report);
@@ -640,6 +645,10 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         let meta = s.nodes.entry(info.name.clone()).or_default();
         meta.uid = info.uid;
         meta.managed = true;
+    }
+
+    fn node_blocked(&self, node: &NodeName) -> bool {
+        self.state.lock().duplicates.contains(node)
     }
 
     fn node_gone(&self, node: &NodeName) {
