@@ -76,12 +76,28 @@ struct NodeMeta {
     managed: bool,
 }
 
+#[derive(Default)]
+struct Seen {
+    blocks: Vec<(Arc<str>, u64)>,
+    holdings: Option<Holdings>,
+}
+
+impl Seen {
+    fn version(&self, block: &str) -> Option<u64> {
+        self.blocks
+            .iter()
+            .find(|(n, _)| &**n == block)
+            .map(|(_, rv)| *rv)
+    }
+}
+
 struct State {
     pools: PoolSet,
     selectors: Vec<(String, BTreeMap<String, String>)>,
     nodes: HashMap<NodeName, NodeMeta>,
-    /// Per node: block name → the resourceVersion last shown to the engine.
-    seen: HashMap<NodeName, HashMap<Arc<str>, u64>>,
+    /// Per node: the blocks (name, resourceVersion) last shown to the engine, and the
+    /// holdings built from them (reused while the blocks are unchanged).
+    seen: HashMap<NodeName, Seen>,
     rng: SmallRng,
     calls: u64,
     tracker: RepairTracker,
@@ -160,12 +176,24 @@ impl State {
         }
     }
 
-    fn remember(&mut self, node: &NodeName, blocks: &[Arc<IpamBlock>]) {
-        let seen = blocks
-            .iter()
-            .map(|b| (b.name.clone(), b.resource_version))
-            .collect();
-        self.seen.insert(node.clone(), seen);
+    /// Records the blocks shown to the engine; the cached holdings stay only if they are
+    /// the same blocks at the same versions.
+    fn remember(&mut self, node: &NodeName, blocks: &[Arc<IpamBlock>]) -> &mut Seen {
+        let seen = self.seen.entry(node.clone()).or_default();
+        let same = seen.blocks.len() == blocks.len()
+            && seen
+                .blocks
+                .iter()
+                .zip(blocks)
+                .all(|((n, rv), b)| *n == b.name && *rv == b.resource_version);
+        if !same {
+            seen.blocks = blocks
+                .iter()
+                .map(|b| (b.name.clone(), b.resource_version))
+                .collect();
+            seen.holdings = None;
+        }
+        seen
     }
 }
 
@@ -260,6 +288,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
                 .collect();
             s.pools = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
+            // what is drained and what is usable may have changed
+            for seen in s.seen.values_mut() {
+                seen.holdings = None;
+            }
         }
         self.rebuild();
     }
@@ -578,19 +610,20 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
 
     async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
-        let seen = self
-            .state
-            .lock()
-            .seen
-            .get(node)
-            .cloned()
-            .unwrap_or_default();
+        let seen: Vec<Option<u64>> = {
+            let s = self.state.lock();
+            let seen = s.seen.get(node);
+            blocks
+                .iter()
+                .map(|b| seen.and_then(|x| x.version(&b.name)))
+                .collect()
+        };
         let mut first_err = None;
-        for b in blocks
-            .iter()
-            .filter(|b| addrs.iter().any(|a| b.cidr.contains(a)))
-        {
-            let expected = seen.get(&b.name).copied().unwrap_or(b.resource_version);
+        for (b, seen) in blocks.iter().zip(seen) {
+            if !addrs.iter().any(|a| b.cidr.contains(a)) {
+                continue;
+            }
+            let expected = seen.unwrap_or(b.resource_version);
             self.call().await;
             match self.store.delete_block(&b.name, expected).await {
                 Ok(()) | Err(IpamError::NotFound { .. }) => {
@@ -662,7 +695,9 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     fn holdings(&self, node: &NodeName) -> Option<Holdings> {
         let blocks = self.store.blocks_of(node);
         let mut s = self.state.lock();
-        s.remember(node, &blocks);
+        if let Some(h) = &s.remember(node, &blocks).holdings {
+            return Some(h.clone());
+        }
         let mut h = Holdings::default();
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
         // counts them nor marks them, and tops the node up from the pools that remain
@@ -677,6 +712,9 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                     h.acks.insert(a, ack);
                 }
             }
+        }
+        if let Some(seen) = s.seen.get_mut(node) {
+            seen.holdings = Some(h.clone());
         }
         Some(h)
     }
