@@ -95,8 +95,6 @@ pub struct ReclaimTracker {
     /// (address, pod UID, first seen), in address order like the `used` map, so a pass
     /// refreshes it with one merge instead of a lookup per entry.
     first_seen: Vec<(IpAddr, PodUid, Instant)>,
-    /// The previous pass's `first_seen`, kept for its allocation.
-    spare: Vec<(IpAddr, PodUid, Instant)>,
     observed: BTreeMap<IpAddr, Observed>,
 }
 
@@ -120,12 +118,9 @@ impl ReclaimTracker {
         tombstones: &BTreeMap<IpAddr, Tombstone>,
         pods: &impl PodCache,
     ) -> ReclaimStep {
-        // Merge the used map (address order) with what we saw before; the two buffers
-        // take turns, so a pass allocates nothing here.
-        std::mem::swap(&mut self.first_seen, &mut self.spare);
-        let old = &self.spare;
-        self.first_seen.clear();
-        self.first_seen.reserve(used.len());
+        // Merge the used map (address order) with what we saw before (one allocation per
+        // pass rather than a second buffer kept per node: memory is what limits large runs).
+        let old = std::mem::replace(&mut self.first_seen, Vec::with_capacity(used.len()));
         let mut i = 0;
         for (addr, entry) in used {
             while i < old.len() && old[i].0 < *addr {
