@@ -98,9 +98,34 @@ pub trait PodView: PodCache + Send + Sync + 'static {
 struct PodRecord {
     info: PodInfo,
     /// When the informer cache first shows the pod.
-    visible_from: Instant,
+    visible_from: Nanos,
     /// When the pod was deleted from the server (live lookups stop finding it).
-    deleted_at: Option<Instant>,
+    deleted_at: Nanos,
+}
+
+/// An instant as nanoseconds since the view's start: 8 bytes where an `Instant` takes 16
+/// (and an `Option<Instant>` 16), converted exactly (whole nanoseconds both ways), so a
+/// pod record stays small. [`Nanos::NEVER`] (not deleted) takes the place of a `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Nanos(u64);
+
+impl Nanos {
+    const NEVER: Nanos = Nanos(u64::MAX);
+
+    fn is_never(self) -> bool {
+        self == Self::NEVER
+    }
+    fn since(base: Instant, t: Instant) -> Nanos {
+        Nanos(u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX - 1))
+    }
+
+    fn plus(self, d: Duration) -> Nanos {
+        Nanos(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                .min(u64::MAX - 1),
+        )
+    }
 }
 
 /// A fixed (seedless, so deterministic) hasher for pod UIDs: UIDs are already unique
@@ -143,6 +168,8 @@ struct Inner {
 pub struct MemoryPodView {
     inner: Arc<Mutex<Inner>>,
     lag: Duration,
+    /// What the records' [`Nanos`] count from.
+    base: Instant,
 }
 
 impl MemoryPodView {
@@ -150,7 +177,12 @@ impl MemoryPodView {
         Self {
             inner: Arc::default(),
             lag,
+            base: Instant::now(),
         }
+    }
+
+    fn now(&self) -> Nanos {
+        Nanos::since(self.base, Instant::now())
     }
 
     /// A pod is scheduled to `node` (Pending, no IPs).
@@ -167,8 +199,8 @@ impl MemoryPodView {
                     phase: PodPhase::Pending,
                     ips: Arc::from([]),
                 },
-                visible_from: Instant::now() + self.lag,
-                deleted_at: None,
+                visible_from: self.now().plus(self.lag),
+                deleted_at: Nanos::NEVER,
             },
         );
     }
@@ -179,7 +211,7 @@ impl MemoryPodView {
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if rec.deleted_at.is_some() || rec.info.phase.is_terminal() {
+        if !rec.deleted_at.is_never() || rec.info.phase.is_terminal() {
             return;
         }
         rec.info.phase = PodPhase::Running;
@@ -196,7 +228,7 @@ impl MemoryPodView {
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if rec.deleted_at.is_some() || rec.info.phase.is_terminal() {
+        if !rec.deleted_at.is_never() || rec.info.phase.is_terminal() {
             return;
         }
         rec.info.phase = phase;
@@ -207,6 +239,7 @@ impl MemoryPodView {
     /// The pod object is deleted from the API.
     pub fn delete(&self, uid: PodUid) {
         let now = Instant::now();
+        let now_ns = Nanos::since(self.base, now);
         let mut g = self.inner.lock();
         // forget pods whose deletion the cache has already seen
         while let Some((at, old)) = g.deleted.front().copied() {
@@ -219,10 +252,10 @@ impl MemoryPodView {
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if rec.deleted_at.is_some() {
+        if !rec.deleted_at.is_never() {
             return;
         }
-        rec.deleted_at = Some(now);
+        rec.deleted_at = now_ns;
         g.deleted.push_back((now, uid));
         let rec = g.pods.get_mut(&uid).expect("just seen");
         let was_bound = !rec.info.phase.is_terminal();
@@ -252,8 +285,18 @@ impl MemoryPodView {
         let g = self.inner.lock();
         g.pods
             .get(&uid)
-            .filter(|r| r.deleted_at.is_none())
+            .filter(|r| r.deleted_at.is_never())
             .map(|r| r.info.clone())
+    }
+}
+
+/// The buckets of a std (hashbrown) hash table of this capacity: a power of two, with room
+/// for 7/8 of them (small tables: capacity + 1).
+pub(crate) fn hash_slots(capacity: usize) -> usize {
+    match capacity {
+        0 => 0,
+        1..8 => (capacity + 1).next_power_of_two(),
+        _ => (capacity * 8 / 7).next_power_of_two(),
     }
 }
 
@@ -264,8 +307,7 @@ impl MemoryPodView {
     pub fn heap_estimate(&self) -> usize {
         use std::mem::size_of;
         let g = self.inner.lock();
-        let slots = g.pods.capacity().next_power_of_two() * 8 / 7;
-        let mut bytes = slots * (size_of::<(PodUid, PodRecord)>() + 1);
+        let mut bytes = hash_slots(g.pods.capacity()) * (size_of::<(PodUid, PodRecord)>() + 1);
         bytes += g
             .pods
             .values()
@@ -279,17 +321,20 @@ impl MemoryPodView {
     }
 
     /// The pod as the cache shows it at `now`.
-    fn cached<'a>(&self, g: &'a Inner, uid: PodUid, now: Instant) -> Option<&'a PodInfo> {
+    fn cached<'a>(&self, g: &'a Inner, uid: PodUid, now: Nanos) -> Option<&'a PodInfo> {
         g.pods
             .get(&uid)
-            .filter(|r| r.visible_from <= now && r.deleted_at.is_none_or(|d| d + self.lag > now))
+            .filter(|r| {
+                r.visible_from <= now
+                    && (r.deleted_at.is_never() || r.deleted_at.plus(self.lag) > now)
+            })
             .map(|r| &r.info)
     }
 }
 
 impl PodCache for MemoryPodView {
     fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
-        let now = Instant::now();
+        let now = self.now();
         let g = self.inner.lock();
         f(self.cached(&g, uid, now))
     }
@@ -301,7 +346,7 @@ impl PodCache for MemoryPodView {
         uid: impl Fn(&T) -> PodUid,
         mut f: impl FnMut(T, Option<&PodInfo>),
     ) {
-        let now = Instant::now();
+        let now = self.now();
         let g = self.inner.lock();
         for item in items {
             let u = uid(&item);

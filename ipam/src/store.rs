@@ -74,11 +74,18 @@ pub trait NodeStore: Send + Sync + 'static {
     fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String);
 }
 
-/// Sees every write, with the object before and after, in order.
+/// Sees every write, with the object before and after, in order (the node side's IPAMNode
+/// writes only if [`StoreHook::wants_node_side_writes`]).
 pub trait StoreHook: Send + Sync + 'static {
     fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>);
     /// An IPAMBlock was created (`old` None), changed, or deleted (`new` None).
     fn block_written(&self, _writer: Writer, _old: Option<&IpamBlock>, _new: Option<&IpamBlock>) {}
+    /// Whether [`StoreHook::written`] wants the node side's IPAMNode writes. A hook that
+    /// ignores them says false, and the store then skips copying the object before such a
+    /// write ([`MemoryNodeStore::update_node`] can change it in place).
+    fn wants_node_side_writes(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -161,7 +168,9 @@ impl MemoryNodeStore {
         new.resource_version = inner.resource_version;
         let new = Arc::new(new);
         inner.objects.insert(name.clone(), new.clone());
-        if let Some(h) = &self.hook {
+        if let Some(h) = &self.hook
+            && (writer != Writer::NodeSide || h.wants_node_side_writes())
+        {
             h.written(writer, old.as_deref(), Some(&new));
         }
         let ev = StoreEvent {
@@ -202,6 +211,59 @@ impl MemoryNodeStore {
             f(&mut n.node);
             Some(n)
         })
+    }
+
+    /// The node side changes its fields in place (its own field manager, as
+    /// [`Self::apply_node`]) without the copy and comparison `apply_node` makes: `f` gets
+    /// the object and its node-side fields and returns whether it changed them. The object
+    /// it is shown has its node-side fields moved out into the second argument for the
+    /// call, so it must read only the other fields. A change bumps the resourceVersion,
+    /// reaches the hook and the subscribers; no change (`f` returns false, and then it must
+    /// not have changed anything) leaves the object as it was and tells no one, as a no-op
+    /// apply on the API server. The object is copied only when someone else holds the
+    /// previous version (a reader's `Arc`) or the hook wants node-side writes (it gets the
+    /// old and the new version). Returns the object as it is afterwards.
+    pub fn update_node(
+        &self,
+        name: &NodeName,
+        f: impl FnOnce(&IpamNode, &mut NodeSideFields) -> bool,
+    ) -> Option<Arc<IpamNode>> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let hook = self.hook.as_ref().filter(|h| h.wants_node_side_writes());
+        let slot = inner.objects.get_mut(name)?;
+        // The version before the write, when the write copies the object anyway (a reader
+        // holds it) or the hook is to be shown it: a no-op then puts it back.
+        let old = (hook.is_some() || Arc::strong_count(slot) > 1).then(|| slot.clone());
+        let n = Arc::make_mut(slot);
+        let mut side = std::mem::take(&mut n.node);
+        let changed = f(n, &mut side);
+        n.node = side;
+        if !changed {
+            // nothing changed: no new resourceVersion, no notification (as the API server);
+            // a copy made goes, the object stays the one readers share
+            if let Some(old) = old {
+                *slot = old.clone();
+                return Some(old);
+            }
+            return Some(slot.clone());
+        }
+        inner.resource_version += 1;
+        n.resource_version = inner.resource_version;
+        let new = slot.clone();
+        if let Some(h) = hook {
+            h.written(Writer::NodeSide, old.as_deref(), Some(&new));
+        }
+        drop(old);
+        let ev = StoreEvent {
+            kind: ObjectKind::IpamNode,
+            name: name.clone(),
+            resource_version: new.resource_version,
+            writer: Writer::NodeSide,
+            deleted: false,
+        };
+        inner.subscribers.retain(|s| s.send(ev.clone()).is_ok());
+        Some(new)
     }
 }
 
@@ -273,6 +335,7 @@ impl NodeStore for MemoryNodeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[tokio::test]
     async fn writes_bump_one_resource_version_and_notify() {
@@ -305,5 +368,77 @@ mod tests {
         s.remove("n1").await.unwrap();
         assert!(s.cached("n1").is_none());
         assert!(rx.try_recv().unwrap().deleted);
+    }
+
+    #[test]
+    fn update_node_writes_in_place_and_skips_no_ops() {
+        let s = MemoryNodeStore::new();
+        let mut rx = s.subscribe();
+        let name: NodeName = "n1".into();
+        s.create(IpamNode::new(name.clone(), 7));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let held = s.cached("n1").unwrap();
+        // a change: a new resourceVersion, a notification, and the reader's copy unchanged
+        let b = s
+            .update_node(&name, |n, side| {
+                assert_eq!(n.node_uid, 7);
+                side.cooldown.insert(a, std::time::UNIX_EPOCH);
+                true
+            })
+            .unwrap();
+        assert_eq!(b.resource_version, 2);
+        assert_eq!(b.node.cooldown.len(), 1);
+        assert!(
+            held.node.cooldown.is_empty(),
+            "a reader's version never changes"
+        );
+        // no change: same version, nobody told, the object readers share stays
+        let c = s
+            .update_node(&name, |_, side| side.used.contains_key(&a))
+            .unwrap();
+        assert!(Arc::ptr_eq(&b, &c));
+        assert_eq!(c.resource_version, 2);
+        assert!(s.update_node(&"gone".into(), |_, _| true).is_none());
+        let ev: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(ev.len(), 2);
+        assert_eq!(
+            (ev[1].writer, ev[1].resource_version),
+            (Writer::NodeSide, 2)
+        );
+        // nobody else holds it: changed in place
+        drop((b, c, held));
+        let before = Arc::as_ptr(&s.cached("n1").unwrap());
+        let d = s
+            .update_node(&name, |_, side| side.cooldown.remove(&a).is_some())
+            .unwrap();
+        assert_eq!(Arc::as_ptr(&d), before);
+        assert_eq!(d.resource_version, 3);
+    }
+
+    /// A hook that wants node-side writes sees the object before and after each one.
+    #[test]
+    fn update_node_shows_the_hook_old_and_new() {
+        #[derive(Default)]
+        struct Seen(Mutex<Vec<(Writer, u64, u64)>>);
+        impl StoreHook for Seen {
+            fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>) {
+                let rv = |n: Option<&IpamNode>| n.map_or(0, |n| n.resource_version);
+                self.0.lock().push((writer, rv(old), rv(new)));
+            }
+        }
+        let seen = Arc::new(Seen::default());
+        let s = MemoryNodeStore::new().with_hook(seen.clone());
+        let name: NodeName = "n1".into();
+        s.create(IpamNode::new(name.clone(), 7));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        s.update_node(&name, |_, side| {
+            side.cooldown.insert(a, std::time::UNIX_EPOCH);
+            true
+        });
+        s.update_node(&name, |_, _| false);
+        assert_eq!(
+            *seen.0.lock(),
+            vec![(Writer::Operator, 0, 1), (Writer::NodeSide, 1, 2)]
+        );
     }
 }

@@ -19,6 +19,8 @@ pub struct Answers {
     pub resumed: Vec<IpAddr>,
     /// Entries removed by a tombstone (pod UID, address).
     pub reclaimed: Vec<(PodUid, IpAddr)>,
+    /// Whether the node-side fields changed (a write is due).
+    pub changed: bool,
 }
 
 /// Answers the operator: tombstones, release marks, stale acks, expired cooldowns.
@@ -30,7 +32,7 @@ pub fn reconcile(
 ) -> Answers {
     let mut out = answer_tombstones(node, side, now, reuse_cooldown);
     answer_marks(node, side, &mut out);
-    expire_cooldowns(node, side, now);
+    out.changed |= expire_cooldowns(node, side, now);
     out
 }
 
@@ -60,6 +62,7 @@ pub fn answer_tombstones(
         } else {
             ReclaimOutcome::Stale
         };
+        // a new answer, or one for another pod replaced: a change either way
         side.reclaim_ack.insert(
             *addr,
             ReclaimAck {
@@ -67,9 +70,12 @@ pub fn answer_tombstones(
                 outcome,
             },
         );
+        out.changed = true;
     }
+    let before = side.reclaim_ack.len();
     side.reclaim_ack
         .retain(|a, ack| op.reclaim.get(a).is_some_and(|t| t.pod_uid == ack.pod_uid));
+    out.changed |= side.reclaim_ack.len() != before;
     out
 }
 
@@ -88,7 +94,9 @@ fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, out: &mut Answers) {
             ReleaseAck::ReadyForRelease
         };
         side.release_ack.insert(*addr, ack);
+        out.changed = true;
     }
+    let before = side.release_ack.len();
     side.release_ack.retain(|a, ack| {
         let keep = op.release.get(a) == Some(&ReleaseState::MarkedForRelease);
         if !keep && *ack == ReleaseAck::ReadyForRelease && op.addresses.contains(a) {
@@ -96,12 +104,16 @@ fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, out: &mut Answers) {
         }
         keep
     });
+    out.changed |= side.release_ack.len() != before;
 }
 
-/// Cooldowns end with their time or when the address leaves the pool.
-pub fn expire_cooldowns(node: &IpamNode, side: &mut NodeSideFields, now: SystemTime) {
+/// Cooldowns end with their time or when the address leaves the pool. Returns whether any
+/// ended.
+pub fn expire_cooldowns(node: &IpamNode, side: &mut NodeSideFields, now: SystemTime) -> bool {
+    let before = side.cooldown.len();
     side.cooldown
         .retain(|a, until| *until > now && node.operator.addresses.contains(a));
+    side.cooldown.len() != before
 }
 
 fn busy(side: &NodeSideFields, addr: &IpAddr) -> bool {
@@ -320,6 +332,52 @@ mod tests {
         n.operator.addresses.remove(&ip("10.0.0.1"));
         reconcile(&n, &mut side, t, CD);
         assert!(side.release_ack.is_empty());
+    }
+
+    /// `changed` says exactly whether the node-side fields changed (the world writes only
+    /// then, so a missed change would be lost and a false one would bump the version).
+    #[test]
+    fn answers_say_whether_anything_changed() {
+        let mut n = node_with(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        let check = |n: &IpamNode, side: &mut NodeSideFields, now| {
+            let before = side.clone();
+            let a = reconcile(n, side, now, CD);
+            assert_eq!(a.changed, before != *side, "{before:?} -> {side:?}");
+        };
+        check(&n, &mut side, t);
+        add(&n, &mut side, &[Family::V4], entry(1, 1)).unwrap();
+        add(&n, &mut side, &[Family::V4], entry(2, 1)).unwrap();
+        check(&n, &mut side, t);
+        // a tombstone: reclaimed, then acked again (nothing), then its ack goes
+        let tomb = |uid| Tombstone {
+            pod_uid: PodUid(uid),
+            reason: ReclaimReason::PodDeleted,
+        };
+        n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1));
+        check(&n, &mut side, t);
+        check(&n, &mut side, t);
+        // an ack for another pod replaced in place (same count)
+        n.operator.reclaim.insert(ip("10.0.0.1"), tomb(5));
+        check(&n, &mut side, t);
+        n.operator.reclaim.clear();
+        check(&n, &mut side, t);
+        // marks: answered, answered already, withdrawn
+        n.operator
+            .release
+            .insert(ip("10.0.0.3"), ReleaseState::MarkedForRelease);
+        check(&n, &mut side, t);
+        check(&n, &mut side, t);
+        n.operator.release.clear();
+        check(&n, &mut side, t);
+        // cooldowns: still running, then over
+        check(&n, &mut side, t + CD / 2);
+        check(&n, &mut side, t + CD);
+        check(&n, &mut side, t + CD);
+        let before = side.clone();
+        assert!(!expire_cooldowns(&n, &mut side, t + CD));
+        assert_eq!(before, side);
     }
 
     #[test]

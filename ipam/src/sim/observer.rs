@@ -29,7 +29,8 @@ impl Invariants {
 
 #[derive(Debug, Clone)]
 struct Hold {
-    node: NodeName,
+    /// The holding node's id ([`State::names`]).
+    node: u32,
     /// False once the node side answered ready-for-release (it promised not to use it).
     active: bool,
 }
@@ -37,9 +38,12 @@ struct Hold {
 #[derive(Default)]
 struct State {
     holds: BTreeMap<IpAddr, Hold>,
+    /// Node names by id: a hold names its node by id (4 bytes per address, not a string's 16).
+    names: Vec<NodeName>,
+    ids: BTreeMap<NodeName, u32>,
     /// Address → the live pod using it.
     addr_pod: BTreeMap<IpAddr, PodUid>,
-    live: BTreeMap<PodUid, Vec<IpAddr>>,
+    live: BTreeMap<PodUid, Box<[IpAddr]>>,
     /// Pods deleted while their address stayed recorded: deletion time (for reclaim latency).
     deleted_at: BTreeMap<PodUid, Instant>,
     vanished: BTreeSet<NodeName>,
@@ -54,6 +58,25 @@ struct State {
 }
 
 impl State {
+    /// The node's id, given on first sight.
+    fn id(&mut self, node: &NodeName) -> u32 {
+        if let Some(&id) = self.ids.get(node) {
+            return id;
+        }
+        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 node names");
+        self.names.push(node.clone());
+        self.ids.insert(node.clone(), id);
+        id
+    }
+
+    /// Whether `a` is held by `node`, and actively (not promised away) if `active`.
+    fn held_by(&self, a: &IpAddr, node: &str, active: bool) -> bool {
+        let id = self.ids.get(node);
+        self.holds
+            .get(a)
+            .is_some_and(|h| (h.active || !active) && Some(&h.node) == id)
+    }
+
     fn violate(&mut self, kind: fn(&mut Invariants) -> &mut u64, msg: String) {
         *kind(&mut self.inv) += 1;
         if self.violations.len() < 50 {
@@ -84,8 +107,13 @@ impl Observer {
         let ip = size_of::<IpAddr>();
         btree_bytes(s.holds.len(), ip + size_of::<Hold>())
             + btree_bytes(s.addr_pod.len(), ip + size_of::<PodUid>())
-            + btree_bytes(s.live.len(), size_of::<PodUid>() + size_of::<Vec<IpAddr>>())
-            + s.live.values().map(|v| v.capacity() * ip).sum::<usize>()
+            + btree_bytes(
+                s.live.len(),
+                size_of::<PodUid>() + size_of::<Box<[IpAddr]>>(),
+            )
+            + s.live.values().map(|v| v.len() * ip).sum::<usize>()
+            + s.names.capacity() * size_of::<NodeName>()
+            + btree_bytes(s.ids.len(), size_of::<NodeName>() + 4)
             + btree_bytes(
                 s.deleted_at.len(),
                 size_of::<PodUid>() + size_of::<Instant>(),
@@ -98,8 +126,7 @@ impl Observer {
     pub fn pod_started(&self, node: &NodeName, uid: PodUid, addrs: &[IpAddr]) {
         let mut s = self.s.lock();
         for a in addrs {
-            let held = s.holds.get(a).is_some_and(|h| h.active && &h.node == node);
-            if !held {
+            if !s.held_by(a, node, true) {
                 s.violate(
                     |i| &mut i.double_allocations,
                     format!("pod {uid} on {node} uses {a}, which {node} does not hold"),
@@ -114,7 +141,7 @@ impl Observer {
                 );
             }
         }
-        s.live.insert(uid, addrs.to_vec());
+        s.live.insert(uid, addrs.into());
     }
 
     /// A pod's containers stopped (DEL, crash or machine loss). `timed` says whether the
@@ -142,20 +169,22 @@ impl Observer {
         resumed: &[IpAddr],
         reclaimed: usize,
     ) {
-        let mut s = self.s.lock();
+        let mut guard = self.s.lock();
+        let s = &mut *guard;
         s.reclaimed += reclaimed as u64;
+        let id = s.ids.get(node).copied();
         for a in ready {
             if let Some(h) = s.holds.get_mut(a)
-                && &h.node == node
+                && Some(h.node) == id
             {
                 h.active = false;
             }
         }
         for a in resumed {
             match s.holds.get_mut(a) {
-                Some(h) if &h.node == node => h.active = true,
+                Some(h) if Some(h.node) == id => h.active = true,
                 Some(h) if h.active => {
-                    let other = h.node.clone();
+                    let other = s.names[h.node as usize].clone();
                     s.violate(
                         |i| &mut i.double_allocations,
                         format!("{a} resumed by {node} while {other} holds it"),
@@ -182,12 +211,13 @@ impl Observer {
             .filter(|(_, n)| *n == node)
             .map(|(a, _)| *a)
             .collect();
+        let id = s.id(node);
         for a in back {
             s.dormant.remove(&a);
             s.holds.insert(
                 a,
                 Hold {
-                    node: node.clone(),
+                    node: id,
                     active: true,
                 },
             );
@@ -197,10 +227,11 @@ impl Observer {
     /// A machine vanished with its pods: its holds end.
     pub fn machine_vanished(&self, node: &NodeName) {
         let mut s = self.s.lock();
+        let id = s.ids.get(node).copied();
         let gone: Vec<IpAddr> = s
             .holds
             .iter()
-            .filter(|(_, h)| &h.node == node)
+            .filter(|(_, h)| Some(h.node) == id)
             .map(|(a, _)| *a)
             .collect();
         for a in gone {
@@ -220,8 +251,7 @@ impl Observer {
     ) -> Invariants {
         let mut s = self.s.lock();
         for (a, node) in granted {
-            let held = s.holds.get(a).is_some_and(|h| h.active && &h.node == node);
-            if !held {
+            if !s.held_by(a, node, true) {
                 s.violate(
                     |i| &mut i.lost_allocations,
                     format!("{a} granted to {node} by the source but not held by it"),
@@ -278,13 +308,14 @@ impl SourceHook for Observer {
         if s.vanished.contains(node) {
             return; // a machine that is gone holds nothing
         }
+        let id = s.id(node);
         for a in addrs {
             s.dormant.remove(a);
             if let Some(h) = s.holds.get(a)
                 && h.active
-                && &h.node != node
+                && h.node != id
             {
-                let other = h.node.clone();
+                let other = s.names[h.node as usize].clone();
                 s.violate(
                     |i| &mut i.double_allocations,
                     format!("{a} granted to {node} while {other} holds it"),
@@ -293,7 +324,7 @@ impl SourceHook for Observer {
             s.holds.insert(
                 *a,
                 Hold {
-                    node: node.clone(),
+                    node: id,
                     active: true,
                 },
             );
@@ -307,7 +338,7 @@ impl SourceHook for Observer {
                 s.dormant.remove(a);
             }
             // An active hold stays: granting the address elsewhere would then be a double grant.
-            if s.holds.get(a).is_some_and(|h| &h.node == node && !h.active) {
+            if s.held_by(a, node, false) && s.holds.get(a).is_some_and(|h| !h.active) {
                 s.holds.remove(a);
             }
         }
@@ -328,6 +359,11 @@ impl StoreHook for Observer {
             }
             _ => {}
         }
+    }
+
+    /// Only the operator's tombstones matter here.
+    fn wants_node_side_writes(&self) -> bool {
+        false
     }
 
     fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>) {

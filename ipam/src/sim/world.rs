@@ -3,7 +3,7 @@
 //! tasks on the caller's runtime; under paused tokio time it is virtual and deterministic.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -171,18 +171,41 @@ impl Default for WorldConfig {
 struct SimPod {
     node: NodeName,
     container_id: u64,
-    scheduled_at: Instant,
-    /// When it got its addresses (None while it waits).
-    started_at: Option<Instant>,
+    /// When it was scheduled, in nanoseconds since the world's start ([`Inner::base`]):
+    /// half an `Instant`'s size, converted exactly.
+    scheduled_ns: u64,
+    /// When it got its addresses, likewise ([`NOT_STARTED`] while it waits).
+    started_ns: u64,
     /// Born before the measured period (its wait is not reported).
     measured: bool,
+}
+
+/// [`SimPod::started_ns`] of a pod still waiting.
+const NOT_STARTED: u64 = u64::MAX;
+
+/// `t` as nanoseconds since `base` (exact: whole nanoseconds both ways).
+fn ns_since(base: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base).as_nanos())
+        .unwrap_or(NOT_STARTED - 1)
+        .min(NOT_STARTED - 1)
+}
+
+impl SimPod {
+    fn scheduled_at(&self, base: Instant) -> Instant {
+        base + Duration::from_nanos(self.scheduled_ns)
+    }
+
+    fn started_at(&self, base: Instant) -> Option<Instant> {
+        (self.started_ns != NOT_STARTED).then(|| base + Duration::from_nanos(self.started_ns))
+    }
 }
 
 struct Agent {
     /// The machine runs (false once it vanished).
     alive: bool,
     /// Pods waiting for addresses (CNI ADD retried when the pool changes).
-    queue: VecDeque<PodUid>,
+    /// (with each pod's current container ID, so a reconcile reads the queue alone)
+    queue: VecDeque<(PodUid, u64)>,
     pods: Vec<PodUid>,
 }
 
@@ -212,6 +235,8 @@ struct Inner {
     cooldowns: BinaryHeap<Reverse<(Instant, NodeName)>>,
     stats: WorkloadStats,
     measure_from: Instant,
+    /// What the pods' times count from.
+    base: Instant,
 }
 
 /// The simulated world. Cheap to clone.
@@ -227,6 +252,84 @@ pub struct World<S = MemorySource> {
     pub leader: Arc<watch::Sender<bool>>,
     inner: Arc<Mutex<Inner>>,
     wake: Arc<tokio::sync::Notify>,
+    /// cluster-pool: each node's pool as its blocks make it, kept between reconciles.
+    projections: Arc<Mutex<HashMap<NodeName, Projection>>>,
+}
+
+/// A node as its blocks make it (cluster-pool: [`node_side::project`]), kept so that a
+/// reconcile rebuilds it only when the blocks changed: it is reused while the node's blocks
+/// have the same release state and usable addresses, in the same order, as when it was
+/// built. Its identity and tombstones are refreshed from the IPAMNode before each use.
+struct Projection {
+    /// Per block (in the order `blocks_of` gives): whether it is marked (its addresses then
+    /// count as marked) and how many usable addresses it has.
+    blocks: Vec<(bool, u32)>,
+    /// The blocks' usable addresses, block after block.
+    addrs: Vec<IpAddr>,
+    view: IpamNode,
+}
+
+impl Projection {
+    fn marked(b: &node_side::BlockView) -> bool {
+        b.release || b.ack.is_some()
+    }
+
+    /// Whether it was built from blocks like these (what [`node_side::project`] reads).
+    fn matches(&self, blocks: &[node_side::BlockView]) -> bool {
+        if self.blocks.len() != blocks.len() {
+            return false;
+        }
+        let mut at = 0;
+        for (&(marked, len), b) in self.blocks.iter().zip(blocks) {
+            let len = len as usize;
+            if marked != Self::marked(b)
+                || len != b.addrs.len()
+                || self.addrs.get(at..at + len) != Some(&b.addrs[..])
+            {
+                return false;
+            }
+            at += len;
+        }
+        true
+    }
+
+    fn build(node: &IpamNode, blocks: &[node_side::BlockView]) -> Projection {
+        Projection {
+            blocks: blocks
+                .iter()
+                .map(|b| (Self::marked(b), b.addrs.len() as u32))
+                .collect(),
+            addrs: blocks
+                .iter()
+                .flat_map(|b| b.addrs.iter().copied())
+                .collect(),
+            view: project(node, blocks),
+        }
+    }
+
+    /// Takes the node's identity and tombstones (what `project` copies from it).
+    fn refresh(&mut self, node: &IpamNode) {
+        let v = &mut self.view;
+        v.name.clone_from(&node.name);
+        v.node_uid = node.node_uid;
+        v.resource_version = node.resource_version;
+        v.watermarks = node.watermarks;
+        v.finalizer = node.finalizer;
+        if v.operator.reclaim != node.operator.reclaim {
+            v.operator.reclaim.clone_from(&node.operator.reclaim);
+        }
+    }
+
+    /// Estimated heap bytes (see [`World::world_heap_estimate`]).
+    fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let ip = size_of::<IpAddr>();
+        self.blocks.capacity() * size_of::<(bool, u32)>()
+            + self.addrs.capacity() * ip
+            + btree_bytes(self.view.operator.addresses.len(), ip)
+            + btree_bytes(self.view.operator.release.len(), ip + 1)
+            + btree_bytes(self.view.operator.reclaim.len(), ip + 32)
+    }
 }
 
 impl World {
@@ -294,8 +397,10 @@ impl<S: SimSource> World<S> {
                 cooldowns: BinaryHeap::new(),
                 stats: WorkloadStats::default(),
                 measure_from: Instant::now(),
+                base: Instant::now(),
             })),
             wake: Arc::new(tokio::sync::Notify::new()),
+            projections: Arc::default(),
         };
         world.manager.spawn_resync_loop();
         tokio::spawn(world.clone().node_side_loop(events));
@@ -403,18 +508,19 @@ impl<S: SimSource> World<S> {
             g.next_container += 1;
             let uid = PodUid(g.next_uid);
             let cid = g.next_container;
+            let scheduled_ns = ns_since(g.base, Instant::now());
             g.pods.insert(
                 uid,
                 SimPod {
                     node: node.clone(),
                     container_id: cid,
-                    scheduled_at: Instant::now(),
-                    started_at: None,
+                    scheduled_ns,
+                    started_ns: NOT_STARTED,
                     measured: true,
                 },
             );
             if let Some(a) = g.agents.get_mut(node) {
-                a.queue.push_back(uid);
+                a.queue.push_back((uid, cid));
                 a.pods.push(uid);
             }
             g.stats.events += 1;
@@ -429,33 +535,36 @@ impl<S: SimSource> World<S> {
     /// Deletes a pod. A crash leaves its `used` entry behind (no DEL reaches the node side).
     pub fn delete_pod(&self, uid: PodUid, crash: bool) {
         let now = Instant::now();
-        let Some(p) = ({
+        let Some((p, started_at)) = ({
             let mut g = self.inner.lock();
+            let base = g.base;
             let p = g.pods.remove(&uid);
             if let Some(p) = &p
                 && let Some(a) = g.agents.get_mut(&p.node)
             {
-                a.queue.retain(|u| *u != uid);
+                a.queue.retain(|(u, _)| *u != uid);
                 a.pods.retain(|u| *u != uid);
             }
-            p
+            p.map(|p| {
+                let started_at = p.started_at(base);
+                (p, started_at)
+            })
         }) else {
             return;
         };
         // its entry's age as the operator could know it: since the pod got its addresses
-        let young = p
-            .started_at
+        let young = started_at
             .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.engine.reclaim.min_age);
         self.pods.delete(uid);
-        if p.started_at.is_some() {
+        if started_at.is_some() {
             // reclaim latency counts pods older than the minimum age; younger ones are
             // reported as held by it
             self.observer.pod_stopped(uid, crash && !young);
             if !crash {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
-                self.store.apply_node(&p.node, |side| {
-                    node_side::del(side, uid, p.container_id, utc, cd);
+                self.store.update_node(&p.node, |_, side| {
+                    !node_side::del(side, uid, p.container_id, utc, cd).is_empty()
                 });
                 self.inner
                     .lock()
@@ -468,7 +577,7 @@ impl<S: SimSource> World<S> {
             let mut g = self.inner.lock();
             g.stats.deleted += 1;
             g.stats.events += 1;
-            if crash && p.started_at.is_some() {
+            if crash && started_at.is_some() {
                 g.stats.leaked_by_crash += 1;
                 if young {
                     g.stats.held_by_min_age += 1;
@@ -520,19 +629,37 @@ impl<S: SimSource> World<S> {
             let cid = g.next_container;
             let p = g.pods.get_mut(&uid)?;
             p.container_id = cid;
-            (p.node.clone(), cid)
+            let node = p.node.clone();
+            // a pod still waiting asks with its new container ID too
+            if let Some(q) = g
+                .agents
+                .get_mut(&node)
+                .and_then(|a| a.queue.iter_mut().find(|(u, _)| *u == uid))
+            {
+                q.1 = cid;
+            }
+            (node, cid)
         };
         self.observer.pod_stopped(uid, true);
-        let mut n = self.store.cached(&node)?;
-        if self.source.grants_blocks() {
-            n = Arc::new(project(&n, &self.block_views(&node)));
-        }
+        let proj = if self.source.grants_blocks() {
+            let n = self.store.cached(&node)?;
+            let views = self.block_views(&node, false);
+            Some(self.projection(&n, &views))
+        } else {
+            None
+        };
         let mut got = None;
         let utc = self.clock.utc();
-        let families = self.cfg.families.clone();
-        self.store.apply_node(&node, |side| {
-            got = node_side::add(&n, side, &families, entry(uid, cid, utc));
+        let families = &self.cfg.families;
+        let written = self.store.update_node(&node, |stored, side| {
+            let n = proj.as_ref().map_or(stored, |p| &p.view);
+            got = node_side::add(n, side, families, entry(uid, cid, utc));
+            got.as_ref().is_some_and(|a| !a.is_empty())
         });
+        if let Some(p) = proj {
+            self.projections.lock().insert(node.clone(), p);
+        }
+        written?;
         let addrs = got?;
         self.observer.pod_started(&node, uid, &addrs);
         self.pods.set_running(uid, addrs.clone());
@@ -556,6 +683,7 @@ impl<S: SimSource> World<S> {
             }
             uids
         };
+        self.projections.lock().remove(node);
         for uid in uids {
             self.observer.pod_stopped(uid, false);
         }
@@ -577,6 +705,7 @@ impl<S: SimSource> World<S> {
             }
             uids
         };
+        self.projections.lock().remove(node);
         for uid in uids {
             self.pods.delete(uid);
         }
@@ -630,61 +759,70 @@ impl<S: SimSource> World<S> {
 
     /// The node side answers the operator and serves waiting pods.
     fn reconcile(&self, name: &NodeName) {
-        let queue: Vec<PodUid> = {
+        let queue: Vec<(PodUid, u64)> = {
             let g = self.inner.lock();
             match g.agents.get(name) {
                 Some(a) if a.alive => a.queue.iter().copied().collect(),
                 _ => return,
             }
         };
-        let Some(node) = self.store.cached(name) else {
-            return;
-        };
         let utc = self.clock.utc();
         let cd = self.cfg.reuse_cooldown;
         let families = &self.cfg.families;
-        let containers: Vec<u64> = {
-            let g = self.inner.lock();
-            queue.iter().map(|u| g.pods[u].container_id).collect()
-        };
         let mut answers = node_side::Answers::default();
         let mut started: Vec<(PodUid, Vec<IpAddr>)> = Vec::new();
         let mut next_cd = None;
-        let blocks_view;
-        let node: &IpamNode = if self.source.grants_blocks() {
+        let blocks = self.source.grants_blocks();
+        let proj = if blocks {
             // cluster-pool: the pool is the union of the node's blocks, and the release
             // marks and answers live on them
-            let mut blocks = self.block_views(name);
-            for (block, ack) in node_side::answer_blocks(&node.node, &blocks, &mut answers) {
+            let Some(node) = self.store.cached(name) else {
+                return;
+            };
+            let mut views = self.block_views(name, true);
+            for (block, ack) in node_side::answer_blocks(&node.node, &views, &mut answers) {
                 self.store.ack_block(&block, ack);
-                if let Some(b) = blocks.iter_mut().find(|b| b.name == block) {
+                if let Some(b) = views.iter_mut().find(|b| b.name == block) {
                     b.ack = ack;
                 }
             }
-            blocks_view = project(&node, &blocks);
-            &blocks_view
+            // read, then let go of the object: the write below changes it in place
+            Some(self.projection(&node, &views))
         } else {
-            &node
+            None
         };
-        self.store.apply_node(name, |side| {
-            let a = if self.source.grants_blocks() {
-                let a = node_side::answer_tombstones(node, side, utc, cd);
-                node_side::expire_cooldowns(node, side, utc);
+        let written = self.store.update_node(name, |stored, side| {
+            // sim-cloud: the object itself (its node-side fields are in `side`)
+            let node = proj.as_ref().map_or(stored, |p| &p.view);
+            let a = if blocks {
+                let mut a = node_side::answer_tombstones(node, side, utc, cd);
+                a.changed |= node_side::expire_cooldowns(node, side, utc);
                 a
             } else {
                 node_side::reconcile(node, side, utc, cd)
             };
+            let mut changed = a.changed;
             answers.reclaimed = a.reclaimed;
             answers.ready.extend(a.ready);
             answers.resumed.extend(a.resumed);
-            for (uid, cid) in queue.iter().zip(&containers) {
+            for (uid, cid) in &queue {
                 match node_side::add(node, side, families, entry(*uid, *cid, utc)) {
-                    Some(addrs) => started.push((*uid, addrs)),
+                    Some(addrs) => {
+                        changed |= !addrs.is_empty();
+                        started.push((*uid, addrs));
+                    }
                     None => break,
                 }
             }
             next_cd = node_side::next_cooldown_end(side);
+            changed
         });
+        if let Some(p) = proj {
+            self.projections.lock().insert(name.clone(), p);
+        }
+        if written.is_none() {
+            return;
+        }
         let now = Instant::now();
         if let Some(t) = next_cd {
             let at = now + t.duration_since(utc).unwrap_or_default();
@@ -704,14 +842,23 @@ impl<S: SimSource> World<S> {
         }
         {
             let mut g = self.inner.lock();
-            let measure_from = g.measure_from;
+            let (measure_from, base) = (g.measure_from, g.base);
             for (uid, _) in &started {
                 if let Some(a) = g.agents.get_mut(name) {
-                    a.queue.retain(|u| u != uid);
+                    // the pods served are the first in the queue, in order
+                    if a.queue.front().is_some_and(|(u, _)| u == uid) {
+                        a.queue.pop_front();
+                    } else {
+                        a.queue.retain(|(u, _)| u != uid);
+                    }
+                    if a.queue.is_empty() && a.queue.capacity() > 8 {
+                        // a drained burst (the warm-up's) gives its room back
+                        a.queue = VecDeque::new();
+                    }
                 }
                 let p = g.pods.get_mut(uid).expect("queued pods exist");
-                p.started_at = Some(now);
-                let (at, measured) = (p.scheduled_at, p.measured);
+                p.started_ns = ns_since(base, now);
+                let (at, measured) = (p.scheduled_at(base), p.measured);
                 if measured && at >= measure_from {
                     let wait = now.saturating_duration_since(at).as_secs_f64();
                     g.stats.started += 1;
@@ -734,7 +881,7 @@ impl<S: SimSource> World<S> {
     /// IPAMNode `spec.addresses`.
     pub fn pool_addresses(&self, node: &IpamNode) -> std::collections::BTreeSet<IpAddr> {
         if self.source.grants_blocks() {
-            self.block_views(&node.name)
+            self.block_views(&node.name, false)
                 .into_iter()
                 .flat_map(|b| b.addrs)
                 .collect()
@@ -743,19 +890,39 @@ impl<S: SimSource> World<S> {
         }
     }
 
-    /// The node's blocks as its node side reads them (cluster-pool).
-    fn block_views(&self, name: &str) -> Vec<node_side::BlockView> {
+    /// The node's blocks as its node side reads them (cluster-pool). With `answering`,
+    /// the blocks [`node_side::answer_blocks`] answers (those with a release mark or an
+    /// answer) list every address of the block in `all` (the others never need it: empty).
+    fn block_views(&self, name: &str, answering: bool) -> Vec<node_side::BlockView> {
         self.store
             .blocks_of(name)
             .iter()
             .map(|b| node_side::BlockView {
                 name: b.name.clone(),
                 addrs: self.source.block_addresses(b),
-                all: crate::pool::addresses_of(&b.cidr).collect(),
+                all: if answering && (b.release || b.ack.is_some()) {
+                    crate::pool::addresses_of(&b.cidr).collect()
+                } else {
+                    Vec::new()
+                },
                 release: b.release,
                 ack: b.ack,
             })
             .collect()
+    }
+
+    /// The node as its blocks make it ([`node_side::project`]): the kept projection when
+    /// the blocks are as it was built from, else a new one. The caller puts it back into
+    /// `projections` when done.
+    fn projection(&self, node: &IpamNode, blocks: &[node_side::BlockView]) -> Projection {
+        let kept = self.projections.lock().remove(&node.name);
+        match kept {
+            Some(mut p) if p.matches(blocks) => {
+                p.refresh(node);
+                p
+            }
+            _ => Projection::build(node, blocks),
+        }
     }
 
     /// Every live node settled in the engine's view and no pod waiting.
@@ -836,13 +1003,21 @@ impl<S: SimSource> World<S> {
         }
         bytes += self.pods.heap_estimate();
         bytes += self.observer.heap_estimate();
+        {
+            let p = self.projections.lock();
+            bytes +=
+                crate::pods::hash_slots(p.capacity()) * (size_of::<(NodeName, Projection)>() + 1);
+            bytes += p.values().map(Projection::heap_bytes).sum::<usize>();
+        }
         let g = self.inner.lock();
         bytes += btree_bytes(g.pods.len(), size_of::<PodUid>() + size_of::<SimPod>());
         bytes += g
             .agents
             .values()
             .map(|a| {
-                size_of::<Agent>() + (a.pods.capacity() + a.queue.capacity()) * size_of::<PodUid>()
+                size_of::<Agent>()
+                    + a.pods.capacity() * size_of::<PodUid>()
+                    + a.queue.capacity() * size_of::<(PodUid, u64)>()
             })
             .sum::<usize>();
         bytes += g.live.capacity() * size_of::<NodeName>();
