@@ -460,11 +460,24 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
         .map(|n| n.borrow())
         .map(|n| ((&*n.name, n.node_uid), n))
         .collect();
+    let mut own_blocks: BTreeMap<Holder<'_>, Vec<usize>> = BTreeMap::new();
+    for (i, b) in blocks.iter().enumerate() {
+        own_blocks.entry(b.holder()).or_default().push(i);
+    }
     let mut uses: Vec<(IpAddr, UsedRef, bool)> = Vec::new();
     for n in ipam_nodes.iter().map(|n| n.borrow()) {
         let holder: Holder<'_> = (&*n.name, n.node_uid);
         let node_live = live(holder);
+        let mine = own_blocks.get(&holder).map_or(&[][..], Vec::as_slice);
         for (&address, e) in &n.node.used {
+            // fast path: in exactly one block of its own, in its pool, shared with nobody
+            let mut own_iter = mine.iter().filter(|&&i| blocks[i].cidr.contains(&address));
+            if let (Some(&i), None) = (own_iter.next(), own_iter.next())
+                && in_pool[i]
+                && !overlapped[i]
+            {
+                continue;
+            }
             let held = holding(address);
             let own = held.iter().find(|&&i| blocks[i].holder() == holder);
             if let Some(&i) = own

@@ -3,7 +3,7 @@
 //! resourceVersion, a delete can carry a resourceVersion precondition (409 when stale), and
 //! every change reaches the subscribers and the hook.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -55,7 +55,8 @@ enum Change {
 #[derive(Default)]
 pub(super) struct Blocks {
     by_name: BTreeMap<Arc<str>, Arc<IpamBlock>>,
-    by_node: HashMap<NodeName, BTreeSet<Arc<str>>>,
+    /// Each node's blocks by name (the objects themselves: `blocks_of` runs every pass).
+    by_node: HashMap<NodeName, BTreeMap<Arc<str>, Arc<IpamBlock>>>,
 }
 
 impl MemoryNodeStore {
@@ -97,7 +98,7 @@ impl MemoryNodeStore {
                     .by_node
                     .entry(b.node.clone())
                     .or_default()
-                    .insert(b.name.clone());
+                    .insert(b.name.clone(), b.clone());
             }
             None => {
                 blocks.by_name.remove(name);
@@ -152,9 +153,9 @@ impl BlockStore for MemoryNodeStore {
     fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>> {
         let inner = self.inner.lock();
         let b = &inner.blocks;
-        b.by_node.get(node).map_or_else(Vec::new, |names| {
-            names.iter().map(|n| b.by_name[n].clone()).collect()
-        })
+        b.by_node
+            .get(node)
+            .map_or_else(Vec::new, |blocks| blocks.values().cloned().collect())
     }
 
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
