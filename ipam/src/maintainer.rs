@@ -257,6 +257,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     };
     local.needs_describe = false;
     let repaired = node.operator != stored.operator;
+    let held = holdings.is_some();
     let (operator, release_ack) = match holdings {
         Some(hd) => (
             Cow::Owned(OperatorFields {
@@ -271,14 +272,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             Cow::Borrowed(&node.node.release_ack),
         ),
     };
-    let held = matches!(operator, Cow::Owned(_));
     // What this pass would write: for a source that keeps addresses and marks, neither.
     let to_write = |fields: &OperatorFields| -> OperatorFields {
         if held {
             OperatorFields {
                 addresses: stored.operator.addresses.clone(),
                 release: stored.operator.release.clone(),
-                ..fields.clone()
+                reclaim: fields.reclaim.clone(),
+                conditions: fields.conditions.clone(),
             }
         } else {
             fields.clone()
