@@ -1,9 +1,8 @@
 //! The engine's view of pods: per UID (cached and live) and per node (pods waiting for an
 //! address, pods still bound). An in-memory implementation with an informer lag.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +94,7 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn bound_pods(&self, node: &str) -> usize;
 }
 
-struct PodRecord {
+pub(crate) struct PodRecord {
     info: PodInfo,
     /// When the informer cache first shows the pod.
     visible_from: Nanos,
@@ -128,34 +127,190 @@ impl Nanos {
     }
 }
 
-/// A fixed (seedless, so deterministic) hasher for pod UIDs: UIDs are already unique
-/// numbers, so folding and mixing their halves spreads them well. Only lookups use it;
-/// nothing iterates the map.
-#[derive(Default)]
-struct UidHasher(u64);
+/// A record keyed by a pod UID it carries.
+pub(crate) trait Keyed {
+    fn uid(&self) -> PodUid;
+}
 
-impl Hasher for UidHasher {
-    fn finish(&self) -> u64 {
-        self.0
+impl Keyed for PodRecord {
+    fn uid(&self) -> PodUid {
+        self.info.uid
+    }
+}
+
+/// Records per chunk of a [`UidTable`].
+const CHUNK: usize = 4096;
+/// An empty index slot.
+const FREE: u32 = u32::MAX;
+
+/// Records by pod UID, compact under churn: the records sit in fixed chunks (a removed
+/// record's place is reused, nothing doubles), found through an index of 4-byte record
+/// numbers (open addressing, linear probing, at most 3/4 full, backward-shift deletion:
+/// no tombstones; a std hash table keeps those until it runs out of room, then doubles
+/// although the live records would fit). Slots come from a fixed (seedless, so
+/// deterministic) mix of the UID. Only lookups use it; nothing depends on its order.
+pub(crate) struct UidTable<V> {
+    /// A power of two of record numbers ([`FREE`]: empty), or none.
+    index: Vec<u32>,
+    chunks: Vec<Box<[Option<V>]>>,
+    /// Record numbers handed out so far.
+    next: u32,
+    /// Handed-out record numbers free again.
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<V> Default for UidTable<V> {
+    fn default() -> Self {
+        Self {
+            index: Vec::new(),
+            chunks: Vec::new(),
+            next: 0,
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<V: Keyed> UidTable<V> {
+    fn home(uid: PodUid, slots: usize) -> usize {
+        let x = (uid.0 as u64) ^ ((uid.0 >> 64) as u64).rotate_left(32);
+        let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (x >> (64 - slots.trailing_zeros())) as usize
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    fn rec(&self, id: u32) -> &V {
+        let id = id as usize;
+        self.chunks[id / CHUNK][id % CHUNK]
+            .as_ref()
+            .expect("indexed records exist")
+    }
+
+    fn rec_mut(&mut self, id: u32) -> &mut Option<V> {
+        let id = id as usize;
+        &mut self.chunks[id / CHUNK][id % CHUNK]
+    }
+
+    /// The index slot and record number of `uid`.
+    fn find(&self, uid: PodUid) -> Option<(usize, u32)> {
+        if self.index.is_empty() {
+            return None;
+        }
+        let mask = self.index.len() - 1;
+        let mut i = Self::home(uid, self.index.len());
+        loop {
+            match self.index[i] {
+                FREE => return None,
+                id if self.rec(id).uid() == uid => return Some((i, id)),
+                _ => i = (i + 1) & mask,
+            }
         }
     }
 
-    fn write_u128(&mut self, v: u128) {
-        let x = (v as u64) ^ ((v >> 64) as u64).rotate_left(32) ^ self.0;
-        self.0 = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 ^= self.0 >> 32;
+    pub(crate) fn get(&self, uid: &PodUid) -> Option<&V> {
+        self.find(*uid).map(|(_, id)| self.rec(id))
+    }
+
+    pub(crate) fn get_mut(&mut self, uid: &PodUid) -> Option<&mut V> {
+        let (_, id) = self.find(*uid)?;
+        self.rec_mut(id).as_mut()
+    }
+
+    /// Inserts the record, replacing one of the same UID.
+    pub(crate) fn insert(&mut self, rec: V) {
+        if let Some((_, id)) = self.find(rec.uid()) {
+            *self.rec_mut(id) = Some(rec);
+            return;
+        }
+        if (self.len + 1) * 4 > self.index.len() * 3 {
+            self.grow_index();
+        }
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.next;
+                assert!(id < FREE, "fewer than 2^32 - 1 records");
+                if id as usize == self.chunks.len() * CHUNK {
+                    self.chunks.push((0..CHUNK).map(|_| None).collect());
+                }
+                self.next += 1;
+                id
+            }
+        };
+        let uid = rec.uid();
+        *self.rec_mut(id) = Some(rec);
+        self.place(uid, id);
+        self.len += 1;
+    }
+
+    fn place(&mut self, uid: PodUid, id: u32) {
+        let mask = self.index.len() - 1;
+        let mut i = Self::home(uid, self.index.len());
+        while self.index[i] != FREE {
+            i = (i + 1) & mask;
+        }
+        self.index[i] = id;
+    }
+
+    fn grow_index(&mut self) {
+        let n = (self.index.len() * 2).max(16);
+        let old = std::mem::replace(&mut self.index, vec![FREE; n]);
+        for id in old.into_iter().filter(|&id| id != FREE) {
+            let uid = self.rec(id).uid();
+            self.place(uid, id);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, uid: &PodUid) -> Option<V> {
+        let (mut hole, id) = self.find(*uid)?;
+        let out = self.rec_mut(id).take();
+        self.free.push(id);
+        self.index[hole] = FREE;
+        self.len -= 1;
+        // backward shift: move later entries of the run into the hole when the hole lies
+        // on their probe path, so no lookup ever stops short at it
+        let mask = self.index.len() - 1;
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let other = self.index[j];
+            if other == FREE {
+                break;
+            }
+            let home = Self::home(self.rec(other).uid(), self.index.len());
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.index[hole] = other;
+                self.index[j] = FREE;
+                hole = j;
+            }
+        }
+        out
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.chunks.iter().flat_map(|c| c.iter().flatten())
+    }
+
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.chunks.iter_mut().flat_map(|c| c.iter_mut().flatten())
+    }
+
+    /// Heap bytes (exact: the index, the chunks, the free list).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.index.capacity() * 4
+            + self.chunks.capacity() * size_of::<Box<[Option<V>]>>()
+            + self.chunks.len() * CHUNK * size_of::<Option<V>>()
+            + self.free.capacity() * 4
     }
 }
 
 #[derive(Default)]
 struct Inner {
-    /// Looked up per `used` entry on every reclaim scan: a hash map (nothing iterates it).
-    pods: HashMap<PodUid, PodRecord, BuildHasherDefault<UidHasher>>,
+    /// Looked up per `used` entry on every reclaim scan: a hash table (nothing iterates it).
+    pods: UidTable<PodRecord>,
     pending: BTreeMap<NodeName, BTreeSet<PodUid>>,
     bound: BTreeMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
@@ -190,19 +345,16 @@ impl MemoryPodView {
         let mut g = self.inner.lock();
         g.pending.entry(node.clone()).or_default().insert(uid);
         *g.bound.entry(node.clone()).or_default() += 1;
-        g.pods.insert(
-            uid,
-            PodRecord {
-                info: PodInfo {
-                    uid,
-                    node,
-                    phase: PodPhase::Pending,
-                    ips: Arc::from([]),
-                },
-                visible_from: self.now().plus(self.lag),
-                deleted_at: Nanos::NEVER,
+        g.pods.insert(PodRecord {
+            info: PodInfo {
+                uid,
+                node,
+                phase: PodPhase::Pending,
+                ips: Arc::from([]),
             },
-        );
+            visible_from: self.now().plus(self.lag),
+            deleted_at: Nanos::NEVER,
+        });
     }
 
     /// The pod runs with these addresses (its status.podIPs).
@@ -302,12 +454,12 @@ pub(crate) fn hash_slots(capacity: usize) -> usize {
 
 impl MemoryPodView {
     /// The pod API's heap as a deterministic size estimate (see
-    /// [`crate::sim::World::world_heap_estimate`]): the hash table's slots (one control
-    /// byte each), each running pod's address list, the per-node sets.
+    /// [`crate::sim::World::world_heap_estimate`]): the pod table's slots, each running
+    /// pod's address list, the per-node sets.
     pub fn heap_estimate(&self) -> usize {
         use std::mem::size_of;
         let g = self.inner.lock();
-        let mut bytes = hash_slots(g.pods.capacity()) * (size_of::<(PodUid, PodRecord)>() + 1);
+        let mut bytes = g.pods.heap_bytes();
         bytes += g
             .pods
             .values()

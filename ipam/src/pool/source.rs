@@ -344,11 +344,15 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 
     /// Every address of every block (the simulator's truth at the end of a run).
     pub fn granted_addresses(&self) -> Vec<(IpAddr, NodeName)> {
+        self.granted_iter().collect()
+    }
+
+    /// The same, one block at a time.
+    pub fn granted_iter(&self) -> impl Iterator<Item = (IpAddr, NodeName)> + use<B> {
         self.store
             .list_blocks()
-            .iter()
-            .flat_map(|b| addresses_of(&b.cidr).map(|a| (a, b.node.clone())))
-            .collect()
+            .into_iter()
+            .flat_map(|b| addresses_of(&b.cidr).map(move |a| (a, b.node.clone())))
     }
 
     /// Drains blocks their pool no longer holds (a CIDR removed from an IPPool, an exclusion

@@ -249,8 +249,19 @@ impl Observer {
         granted: &[(IpAddr, NodeName)],
         nodes: &[std::sync::Arc<IpamNode>],
     ) -> Invariants {
+        self.finish_with(granted.iter().cloned(), nodes)
+    }
+
+    /// [`Observer::finish`] over the granted addresses as an iterator (a large source need
+    /// not list them all at once).
+    pub fn finish_with(
+        &self,
+        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        nodes: &[std::sync::Arc<IpamNode>],
+    ) -> Invariants {
         let mut s = self.s.lock();
         for (a, node) in granted {
+            let (a, node) = (&a, &node);
             if !s.held_by(a, node, true) {
                 s.violate(
                     |i| &mut i.lost_allocations,

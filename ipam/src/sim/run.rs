@@ -1198,7 +1198,7 @@ fn build_report<S: SimSource>(
 ) -> Report {
     let invariants = world
         .observer
-        .finish(&world.source.granted(), &world.store.list());
+        .finish_with(world.source.granted_iter(), &world.store.list());
     let stats = world.workload_stats();
     let summaries = world.manager.summaries();
     let mut nodes = NodesReport::default();

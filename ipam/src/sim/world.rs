@@ -16,7 +16,7 @@ use crate::budget::{Api, Budget, SchedulingMode};
 use crate::clock::{Clock, TokioClock};
 use crate::error::IpamError;
 use crate::manager::{EngineConfig, NodeManager};
-use crate::pods::{MemoryPodView, PodPhase};
+use crate::pods::{Keyed, MemoryPodView, PodPhase, UidTable};
 use crate::sim::node_side;
 use crate::sim::observer::Observer;
 use crate::source::{Faults, IpSource, MemorySource};
@@ -34,6 +34,10 @@ pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPo
 pub trait SimSource: IpSource + Clone {
     /// Every (address, node) the source has granted: the truth at the end of a run.
     fn granted(&self) -> Vec<(IpAddr, NodeName)>;
+    /// The same as an iterator (a large source need not list them all at once).
+    fn granted_iter(&self) -> Box<dyn Iterator<Item = (IpAddr, NodeName)> + '_> {
+        Box::new(self.granted().into_iter())
+    }
     /// Mutating calls received, and how many were answered "throttled".
     fn calls(&self) -> (u64, u64);
     /// A machine joined (a cloud registers its instance).
@@ -90,6 +94,10 @@ impl SimSource for crate::pool::ClusterPoolSource<MemoryNodeStore> {
     /// Every address of every block (the observer tracks whole blocks).
     fn granted(&self) -> Vec<(IpAddr, NodeName)> {
         self.granted_addresses()
+    }
+
+    fn granted_iter(&self) -> Box<dyn Iterator<Item = (IpAddr, NodeName)> + '_> {
+        Box::new(crate::pool::ClusterPoolSource::granted_iter(self))
     }
 
     fn calls(&self) -> (u64, u64) {
@@ -169,6 +177,8 @@ impl Default for WorldConfig {
 /// A pod as its kubelet knows it.
 #[derive(Debug, Clone)]
 struct SimPod {
+    /// Its key in [`Inner::pods`].
+    uid: PodUid,
     node: NodeName,
     container_id: u64,
     /// When it was scheduled, in nanoseconds since the world's start ([`Inner::base`]):
@@ -178,6 +188,12 @@ struct SimPod {
     started_ns: u64,
     /// Born before the measured period (its wait is not reported).
     measured: bool,
+}
+
+impl Keyed for SimPod {
+    fn uid(&self) -> PodUid {
+        self.uid
+    }
 }
 
 /// [`SimPod::started_ns`] of a pod still waiting.
@@ -224,7 +240,8 @@ pub struct WorkloadStats {
 }
 
 struct Inner {
-    pods: BTreeMap<PodUid, SimPod>,
+    /// By UID (only looked up: a compact table that churn does not grow).
+    pods: UidTable<SimPod>,
     agents: BTreeMap<NodeName, Agent>,
     /// The names of the agents that are alive, in name order (kept with `agents`, so the
     /// workload can pick a live node without listing them all).
@@ -388,7 +405,7 @@ impl<S: SimSource> World<S> {
             clock,
             leader: Arc::new(leader),
             inner: Arc::new(Mutex::new(Inner {
-                pods: BTreeMap::new(),
+                pods: UidTable::default(),
                 agents: BTreeMap::new(),
                 live: Vec::new(),
                 next_uid: 1,
@@ -509,16 +526,14 @@ impl<S: SimSource> World<S> {
             let uid = PodUid(g.next_uid);
             let cid = g.next_container;
             let scheduled_ns = ns_since(g.base, Instant::now());
-            g.pods.insert(
+            g.pods.insert(SimPod {
                 uid,
-                SimPod {
-                    node: node.clone(),
-                    container_id: cid,
-                    scheduled_ns,
-                    started_ns: NOT_STARTED,
-                    measured: true,
-                },
-            );
+                node: node.clone(),
+                container_id: cid,
+                scheduled_ns,
+                started_ns: NOT_STARTED,
+                measured: true,
+            });
             if let Some(a) = g.agents.get_mut(node) {
                 a.queue.push_back((uid, cid));
                 a.pods.push(uid);
@@ -985,12 +1000,6 @@ impl<S: SimSource> World<S> {
             bytes += size_of::<IpamNode>() + 16 + arc_str_bytes(n.name.len());
             let side = &n.node;
             bytes += btree_bytes(side.used.len(), ip + size_of::<UsedEntry>());
-            // each entry's pod name (the namespace is shared)
-            bytes += side
-                .used
-                .values()
-                .map(|e| arc_str_bytes(e.pod.len()))
-                .sum::<usize>();
             bytes += btree_bytes(side.cooldown.len(), ip + size_of::<SystemTime>());
             bytes += btree_bytes(side.release_ack.len(), ip + 1);
             bytes += btree_bytes(side.reclaim_ack.len(), ip + 32);
@@ -1010,7 +1019,7 @@ impl<S: SimSource> World<S> {
             bytes += p.values().map(Projection::heap_bytes).sum::<usize>();
         }
         let g = self.inner.lock();
-        bytes += btree_bytes(g.pods.len(), size_of::<PodUid>() + size_of::<SimPod>());
+        bytes += g.pods.heap_bytes();
         bytes += g
             .agents
             .values()
@@ -1046,12 +1055,14 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
 }
 
 fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
-    // every simulated pod lives in one namespace: its name is shared, not copied per entry
+    // every simulated pod lives in one namespace: its name is shared, not copied per entry;
+    // the pod name is shared too (identity is the UID, nothing reads the name)
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
+    static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
     UsedEntry {
         pod_uid: uid,
         namespace: NAMESPACE.clone(),
-        pod: format!("pod-{}", uid.0).into(),
+        pod: POD.clone(),
         container_id,
         since,
     }
