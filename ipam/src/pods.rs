@@ -141,17 +141,21 @@ impl Keyed for PodRecord {
 /// Records per chunk of a [`UidTable`].
 const CHUNK: usize = 4096;
 /// An empty index slot.
-const FREE: u32 = u32::MAX;
+const FREE: u64 = u64::MAX;
+/// The largest record number (its slot entry could not be told from [`FREE`] otherwise).
+const MAX_ID: u32 = u32::MAX - 1;
 
 /// Records by pod UID, compact under churn: the records sit in fixed chunks (a removed
-/// record's place is reused, nothing doubles), found through an index of 4-byte record
-/// numbers (open addressing, linear probing, at most 3/4 full, backward-shift deletion:
-/// no tombstones; a std hash table keeps those until it runs out of room, then doubles
-/// although the live records would fit). Slots come from a fixed (seedless, so
+/// record's place is reused, nothing doubles), found through an index of 8-byte slots
+/// (open addressing, linear probing, at most 3/4 full, backward-shift deletion: no
+/// tombstones; a std hash table keeps those until it runs out of room, then doubles
+/// although the live records would fit). A slot holds the record number and the high 32 bits
+/// of the UID's hash: a probe compares those before it touches a record, and the hash gives a
+/// record's home slot without reading the record. The hash is a fixed (seedless, so
 /// deterministic) mix of the UID. Only lookups use it; nothing depends on its order.
 pub(crate) struct UidTable<V> {
-    /// A power of two of record numbers ([`FREE`]: empty), or none.
-    index: Vec<u32>,
+    /// A power of two of slots ([`FREE`]: empty; else hash << 32 | record number), or none.
+    index: Vec<u64>,
     chunks: Vec<Box<[Option<V>]>>,
     /// Record numbers handed out so far.
     next: u32,
@@ -173,11 +177,26 @@ impl<V> Default for UidTable<V> {
 }
 
 impl<V: Keyed> UidTable<V> {
-    fn home(uid: PodUid, slots: usize) -> usize {
+    /// The high 32 bits of the UID's hash.
+    fn hash(uid: PodUid) -> u32 {
         let x = (uid.0 as u64) ^ ((uid.0 >> 64) as u64).rotate_left(32);
         let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let x = (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (x >> (64 - slots.trailing_zeros())) as usize
+        (x >> 32) as u32
+    }
+
+    /// The home slot of a hash in an index of `slots` (a power of two, at most 2^32).
+    fn home(hash: u32, slots: usize) -> usize {
+        let bits = slots.trailing_zeros();
+        if bits == 0 {
+            0
+        } else {
+            (hash >> (32 - bits)) as usize
+        }
+    }
+
+    fn entry(hash: u32, id: u32) -> u64 {
+        (u64::from(hash) << 32) | u64::from(id)
     }
 
     fn rec(&self, id: u32) -> &V {
@@ -198,13 +217,18 @@ impl<V: Keyed> UidTable<V> {
             return None;
         }
         let mask = self.index.len() - 1;
-        let mut i = Self::home(uid, self.index.len());
+        let hash = Self::hash(uid);
+        let mut i = Self::home(hash, self.index.len());
         loop {
-            match self.index[i] {
-                FREE => return None,
-                id if self.rec(id).uid() == uid => return Some((i, id)),
-                _ => i = (i + 1) & mask,
+            let e = self.index[i];
+            if e == FREE {
+                return None;
             }
+            let id = e as u32;
+            if (e >> 32) as u32 == hash && self.rec(id).uid() == uid {
+                return Some((i, id));
+            }
+            i = (i + 1) & mask;
         }
     }
 
@@ -230,7 +254,7 @@ impl<V: Keyed> UidTable<V> {
             Some(id) => id,
             None => {
                 let id = self.next;
-                assert!(id < FREE, "fewer than 2^32 - 1 records");
+                assert!(id <= MAX_ID, "fewer than 2^32 - 1 records");
                 if id as usize == self.chunks.len() * CHUNK {
                     self.chunks.push((0..CHUNK).map(|_| None).collect());
                 }
@@ -245,20 +269,24 @@ impl<V: Keyed> UidTable<V> {
     }
 
     fn place(&mut self, uid: PodUid, id: u32) {
+        let hash = Self::hash(uid);
+        self.place_entry(Self::entry(hash, id));
+    }
+
+    fn place_entry(&mut self, e: u64) {
         let mask = self.index.len() - 1;
-        let mut i = Self::home(uid, self.index.len());
+        let mut i = Self::home((e >> 32) as u32, self.index.len());
         while self.index[i] != FREE {
             i = (i + 1) & mask;
         }
-        self.index[i] = id;
+        self.index[i] = e;
     }
 
     fn grow_index(&mut self) {
         let n = (self.index.len() * 2).max(16);
         let old = std::mem::replace(&mut self.index, vec![FREE; n]);
-        for id in old.into_iter().filter(|&id| id != FREE) {
-            let uid = self.rec(id).uid();
-            self.place(uid, id);
+        for e in old.into_iter().filter(|&e| e != FREE) {
+            self.place_entry(e);
         }
     }
 
@@ -278,7 +306,7 @@ impl<V: Keyed> UidTable<V> {
             if other == FREE {
                 break;
             }
-            let home = Self::home(self.rec(other).uid(), self.index.len());
+            let home = Self::home((other >> 32) as u32, self.index.len());
             if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
                 self.index[hole] = other;
                 self.index[j] = FREE;
@@ -300,7 +328,7 @@ impl<V: Keyed> UidTable<V> {
     /// Heap bytes (exact: the index, the chunks, the free list).
     pub(crate) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        self.index.capacity() * 4
+        self.index.capacity() * 8
             + self.chunks.capacity() * size_of::<Box<[Option<V>]>>()
             + self.chunks.len() * CHUNK * size_of::<Option<V>>()
             + self.free.capacity() * 4
@@ -528,6 +556,50 @@ impl PodView for MemoryPodView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Rec(PodUid, u64);
+
+    impl Keyed for Rec {
+        fn uid(&self) -> PodUid {
+            self.0
+        }
+    }
+
+    /// The UID table against a BTreeMap model through random inserts, replacements and
+    /// removals (long probe runs, backward shifts, index growth, reused record numbers).
+    #[test]
+    fn uid_table_matches_a_map() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut t: UidTable<Rec> = UidTable::default();
+        let mut model: BTreeMap<u128, u64> = BTreeMap::new();
+        for step in 0..200_000u64 {
+            // few distinct UIDs, some far apart: many collisions and removals
+            let uid = if rng.random_bool(0.9) {
+                rng.random_range(0..5_000u128)
+            } else {
+                rng.random::<u128>() >> rng.random_range(0..128)
+            };
+            match rng.random_range(0..3) {
+                0 | 1 => {
+                    t.insert(Rec(PodUid(uid), step));
+                    model.insert(uid, step);
+                }
+                _ => {
+                    let got = t.remove(&PodUid(uid)).map(|r| r.1);
+                    assert_eq!(got, model.remove(&uid), "remove {uid} at {step}");
+                }
+            }
+            if step % 997 == 0 {
+                for (u, v) in &model {
+                    assert_eq!(t.get(&PodUid(*u)).map(|r| r.1), Some(*v));
+                }
+                assert_eq!(t.values().count(), model.len());
+            }
+        }
+        assert_eq!(t.len, model.len());
+        assert!(t.get(&PodUid(u128::MAX)).is_none() || model.contains_key(&u128::MAX));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn cache_lags_behind_the_truth() {
