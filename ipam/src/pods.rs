@@ -141,21 +141,25 @@ impl Keyed for PodRecord {
 /// Records per chunk of a [`UidTable`].
 const CHUNK: usize = 4096;
 /// An empty index slot.
-const FREE: u64 = u64::MAX;
-/// The largest record number (its slot entry could not be told from [`FREE`] otherwise).
-const MAX_ID: u32 = u32::MAX - 1;
+const FREE: u32 = u32::MAX;
+/// Bits of a slot that hold the record number (2^26 records: beyond what fits in memory
+/// here); the 6 above hold a tag from the hash.
+const ID_BITS: u32 = 26;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
+/// The largest record number (its slot could not be told from [`FREE`] otherwise).
+const MAX_ID: u32 = ID_MASK - 1;
 
 /// Records by pod UID, compact under churn: the records sit in fixed chunks (a removed
-/// record's place is reused, nothing doubles), found through an index of 8-byte slots
+/// record's place is reused, nothing doubles), found through an index of 4-byte slots
 /// (open addressing, linear probing, at most 3/4 full, backward-shift deletion: no
 /// tombstones; a std hash table keeps those until it runs out of room, then doubles
-/// although the live records would fit). A slot holds the record number and the high 32 bits
-/// of the UID's hash: a probe compares those before it touches a record, and the hash gives a
-/// record's home slot without reading the record. The hash is a fixed (seedless, so
+/// although the live records would fit). A slot holds a 26-bit record number and a 6-bit
+/// tag from the UID's hash: a probe compares the tag before it touches a record, so most
+/// probes past other records read no record. The hash is a fixed (seedless, so
 /// deterministic) mix of the UID. Only lookups use it; nothing depends on its order.
 pub(crate) struct UidTable<V> {
-    /// A power of two of slots ([`FREE`]: empty; else hash << 32 | record number), or none.
-    index: Vec<u64>,
+    /// A power of two of slots ([`FREE`]: empty; else tag << 26 | record number), or none.
+    index: Vec<u32>,
     chunks: Vec<Box<[Option<V>]>>,
     /// Record numbers handed out so far.
     next: u32,
@@ -177,26 +181,21 @@ impl<V> Default for UidTable<V> {
 }
 
 impl<V: Keyed> UidTable<V> {
-    /// The high 32 bits of the UID's hash.
-    fn hash(uid: PodUid) -> u32 {
+    /// The UID's hash.
+    fn hash(uid: PodUid) -> u64 {
         let x = (uid.0 as u64) ^ ((uid.0 >> 64) as u64).rotate_left(32);
         let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let x = (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (x >> 32) as u32
+        (x ^ (x >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
-    /// The home slot of a hash in an index of `slots` (a power of two, at most 2^32).
-    fn home(hash: u32, slots: usize) -> usize {
-        let bits = slots.trailing_zeros();
-        if bits == 0 {
-            0
-        } else {
-            (hash >> (32 - bits)) as usize
-        }
+    /// The home slot (from the hash's high bits) in an index of `slots` (a power of two).
+    fn home(hash: u64, slots: usize) -> usize {
+        (hash >> (64 - slots.trailing_zeros())) as usize
     }
 
-    fn entry(hash: u32, id: u32) -> u64 {
-        (u64::from(hash) << 32) | u64::from(id)
+    /// The slot of a record: its tag (the hash's low bits) and number.
+    fn slot(hash: u64, id: u32) -> u32 {
+        ((hash as u32) << ID_BITS) | id
     }
 
     fn rec(&self, id: u32) -> &V {
@@ -218,14 +217,15 @@ impl<V: Keyed> UidTable<V> {
         }
         let mask = self.index.len() - 1;
         let hash = Self::hash(uid);
+        let tag = Self::slot(hash, 0);
         let mut i = Self::home(hash, self.index.len());
         loop {
             let e = self.index[i];
             if e == FREE {
                 return None;
             }
-            let id = e as u32;
-            if (e >> 32) as u32 == hash && self.rec(id).uid() == uid {
+            let id = e & ID_MASK;
+            if e & !ID_MASK == tag && self.rec(id).uid() == uid {
                 return Some((i, id));
             }
             i = (i + 1) & mask;
@@ -254,7 +254,7 @@ impl<V: Keyed> UidTable<V> {
             Some(id) => id,
             None => {
                 let id = self.next;
-                assert!(id <= MAX_ID, "fewer than 2^32 - 1 records");
+                assert!(id <= MAX_ID, "at most 2^26 - 1 records");
                 if id as usize == self.chunks.len() * CHUNK {
                     self.chunks.push((0..CHUNK).map(|_| None).collect());
                 }
@@ -270,23 +270,21 @@ impl<V: Keyed> UidTable<V> {
 
     fn place(&mut self, uid: PodUid, id: u32) {
         let hash = Self::hash(uid);
-        self.place_entry(Self::entry(hash, id));
-    }
-
-    fn place_entry(&mut self, e: u64) {
         let mask = self.index.len() - 1;
-        let mut i = Self::home((e >> 32) as u32, self.index.len());
+        let mut i = Self::home(hash, self.index.len());
         while self.index[i] != FREE {
             i = (i + 1) & mask;
         }
-        self.index[i] = e;
+        self.index[i] = Self::slot(hash, id);
     }
 
     fn grow_index(&mut self) {
         let n = (self.index.len() * 2).max(16);
         let old = std::mem::replace(&mut self.index, vec![FREE; n]);
         for e in old.into_iter().filter(|&e| e != FREE) {
-            self.place_entry(e);
+            let id = e & ID_MASK;
+            let uid = self.rec(id).uid();
+            self.place(uid, id);
         }
     }
 
@@ -306,7 +304,10 @@ impl<V: Keyed> UidTable<V> {
             if other == FREE {
                 break;
             }
-            let home = Self::home((other >> 32) as u32, self.index.len());
+            let home = Self::home(
+                Self::hash(self.rec(other & ID_MASK).uid()),
+                self.index.len(),
+            );
             if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
                 self.index[hole] = other;
                 self.index[j] = FREE;
@@ -328,7 +329,7 @@ impl<V: Keyed> UidTable<V> {
     /// Heap bytes (exact: the index, the chunks, the free list).
     pub(crate) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        self.index.capacity() * 8
+        self.index.capacity() * 4
             + self.chunks.capacity() * size_of::<Box<[Option<V>]>>()
             + self.chunks.len() * CHUNK * size_of::<Option<V>>()
             + self.free.capacity() * 4

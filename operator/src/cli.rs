@@ -482,6 +482,8 @@ mod tests {
         assert!(e.contains("overlap"), "{e}");
         let e = parse(&["--pool-cidr", "10.0.0.0/16"]).unwrap_err();
         assert!(e.contains("--pool-cidr needs --source cluster-pool"), "{e}");
+        let e = parse(&["--nodes", "200000"]).unwrap_err();
+        assert!(e.contains("nodes") && e.contains("supports up to"), "{e}");
     }
 
     #[test]

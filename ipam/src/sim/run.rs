@@ -22,6 +22,10 @@ use crate::store::MemoryNodeStore;
 use crate::types::{Family, NodeName, PodUid, WatermarkOverrides};
 use crate::watermarks::Watermarks;
 
+/// The most pods one simulation may hold at once (its pod tables' limit, with room for the
+/// recently deleted ones the pod informer still shows).
+pub const MAX_SIMULATED_PODS: u64 = 1 << 25;
+
 /// Whether steady state is reached before the measured period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarmUp {
@@ -183,6 +187,17 @@ impl SimConfig {
                     "{} can address at most {} pods (--instance-type)",
                     c.instance_type.name,
                     c.instance_type.max_pod_addresses()
+                ),
+            );
+        }
+        // the simulated pod tables hold at most 2^26 records (live and recently deleted)
+        let pods = self.max_nodes() * u64::from(self.pods_per_node.max(self.world.max_pods));
+        if pods > MAX_SIMULATED_PODS {
+            return bad(
+                "nodes",
+                self.max_nodes().to_string(),
+                &format!(
+                    "{pods} pods at most (nodes × max(--pods-per-node, --max-pods)); simulate supports up to {MAX_SIMULATED_PODS}"
                 ),
             );
         }
