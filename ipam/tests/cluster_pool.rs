@@ -5,6 +5,8 @@
 //! precondition of a release, and property tests of its bookkeeping. (Two engines on one
 //! store: tests/two_engines.rs.)
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -23,32 +25,7 @@ use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, PodUid, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
 
-type Pool = ClusterPoolSource<MemoryNodeStore>;
-
-fn spec(cidrs: &[&str]) -> PoolSpec {
-    PoolSpec::parse(
-        "default",
-        cidrs,
-        PerFamily { v4: 28, v6: 124 },
-        &[] as &[&str],
-    )
-    .unwrap()
-}
-
-/// A world on the cluster pool; each block write of its engine takes `latency`.
-fn world_with(cfg: WorldConfig, cidrs: &[&str], latency: Duration) -> World<Pool> {
-    let spec = spec(cidrs);
-    World::start_with(cfg, move |w, _obs, store| {
-        Ok(ClusterPoolSource::new(
-            store.clone(),
-            &w.families,
-            vec![PoolConfig::new(spec)],
-            w.seed,
-        )
-        .with_latency(latency))
-    })
-    .unwrap()
-}
+use common::{Pool, pool_spec as spec, pool_world as world_with};
 
 fn world(cfg: WorldConfig, cidrs: &[&str]) -> World<Pool> {
     world_with(cfg, cidrs, Duration::ZERO)

@@ -3,40 +3,26 @@
 //! block handshake regardless of excess and is never granted again; a CIDR added wakes the
 //! nodes parked on an exhausted pool; an orphan block goes after three repair passes.
 
+mod common;
+
 use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use tidepool_ipam::plan::Blocked;
-use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec};
+use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
 use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::{IpamBlock, PerFamily};
+use tidepool_ipam::types::IpamBlock;
 
-type Pool = ClusterPoolSource<MemoryNodeStore>;
+use common::{Pool, pool_spec, pool_world};
 
 fn pools(cidrs: &[&str]) -> Vec<PoolConfig> {
-    let spec = PoolSpec::parse(
-        "default",
-        cidrs,
-        PerFamily { v4: 28, v6: 124 },
-        &[] as &[&str],
-    )
-    .unwrap();
-    vec![PoolConfig::new(spec)]
+    vec![PoolConfig::new(pool_spec(cidrs))]
 }
 
 fn world(cidrs: &[&str]) -> World<Pool> {
-    let p = pools(cidrs);
-    World::start_with(WorldConfig::default(), move |w, _obs, store| {
-        Ok(ClusterPoolSource::new(
-            store.clone(),
-            &w.families,
-            p,
-            w.seed,
-        ))
-    })
-    .unwrap()
+    pool_world(WorldConfig::default(), cidrs, Duration::ZERO)
 }
 
 fn inside(net: &str, a: &IpAddr) -> bool {

@@ -5,6 +5,8 @@
 //! block's create (a second create of a name is refused) and the release a delete with a
 //! resourceVersion precondition (a delete planned before another engine's withdrawal fails).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,39 +21,15 @@ use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::Clock;
 use tidepool_ipam::manager::{EngineConfig, NodeManager};
 use tidepool_ipam::pods::MemoryPodView;
-use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
+use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, block_name};
 use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::{NodeInfo, NodeName, PerFamily, PodUid, ReleaseAck};
+use tidepool_ipam::types::{NodeInfo, NodeName, PodUid, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
 
-type Pool = ClusterPoolSource<MemoryNodeStore>;
+use common::{Pool, pool_spec as spec, pool_world as world};
+
 type Engine = NodeManager<Pool, MemoryNodeStore, MemoryPodView>;
-
-fn spec(cidrs: &[&str]) -> PoolSpec {
-    PoolSpec::parse(
-        "default",
-        cidrs,
-        PerFamily { v4: 28, v6: 124 },
-        &[] as &[&str],
-    )
-    .unwrap()
-}
-
-/// The world's engine (A) on the cluster pool, each block write taking `latency`.
-fn world(cfg: WorldConfig, cidrs: &[&str], latency: Duration) -> World<Pool> {
-    let spec = spec(cidrs);
-    World::start_with(cfg, move |w, _obs, store| {
-        Ok(ClusterPoolSource::new(
-            store.clone(),
-            &w.families,
-            vec![PoolConfig::new(spec)],
-            w.seed,
-        )
-        .with_latency(latency))
-    })
-    .unwrap()
-}
 
 /// A second engine (B) on the world's store and pods with its own cluster-pool source (its
 /// index rebuilt from the store now), budgets and leader watch, leading. Store events reach

@@ -298,7 +298,11 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 
     /// Rebuilds the index from every block in the store.
     fn rebuild(&self) {
-        let blocks = self.store.list_blocks();
+        self.rebuild_from(&self.store.list_blocks());
+    }
+
+    /// Rebuilds the index from these blocks.
+    fn rebuild_from(&self, blocks: &[Arc<IpamBlock>]) {
         let mut s = self.state.lock();
         let records = blocks.iter().map(|b| super::BlockRecord {
             key: (),
@@ -384,8 +388,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 
     /// One repair pass: rebuild, check, count, and the fixes that are due.
     async fn repair(&self) {
-        self.rebuild();
         let blocks = self.store.list_blocks();
+        self.rebuild_from(&blocks);
         let nodes = self.store.list_nodes();
         let claims: Vec<BlockClaim> = blocks
             .iter()

@@ -332,3 +332,33 @@ impl Ord for SeenKey {
         self.key().cmp(&other.key())
     }
 }
+
+/// The cluster-pool source as the simulated world runs it.
+pub type Pool = tidepool_ipam::pool::ClusterPoolSource<tidepool_ipam::store::MemoryNodeStore>;
+
+/// The pool `default` over `cidrs`, with the default block sizes and no exclusions.
+pub fn pool_spec(cidrs: &[&str]) -> tidepool_ipam::pool::PoolSpec {
+    tidepool_ipam::pool::PoolSpec::parse(
+        tidepool_ipam::pool::DEFAULT_POOL,
+        cidrs,
+        tidepool_ipam::pool::DEFAULT_BLOCK_SIZE,
+        &[] as &[&str],
+    )
+    .unwrap()
+}
+
+/// A world on the cluster pool `default` over `cidrs`; each block write of its engine takes
+/// `latency`.
+pub fn pool_world(cfg: WorldConfig, cidrs: &[&str], latency: Duration) -> World<Pool> {
+    let spec = pool_spec(cidrs);
+    World::start_with(cfg, move |w, _obs, store| {
+        Ok(tidepool_ipam::pool::ClusterPoolSource::new(
+            store.clone(),
+            &w.families,
+            vec![tidepool_ipam::pool::PoolConfig::new(spec)],
+            w.seed,
+        )
+        .with_latency(latency))
+    })
+    .unwrap()
+}
