@@ -77,7 +77,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
                         uid,
                         node: "n".into(),
                         phase: PodPhase::Running,
-                        ips: vec![a].into(),
+                        ips: PodIps::new([a]),
                     },
                 );
             }

@@ -209,21 +209,47 @@ pub fn count(
 /// Free addresses of a family (not used, not cooling down, not marked, not tombstoned),
 /// highest first.
 fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> Vec<IpAddr> {
+    let mut free: Vec<IpAddr> = held_with_free(node, fields, family)
+        .filter(|(_, free)| *free)
+        .map(|(a, _)| *a)
+        .collect();
+    free.reverse();
+    free
+}
+
+/// The node's addresses of a family in ascending order, each with whether it is free (not
+/// used, not cooling down, not marked, not tombstoned). The maps are sorted like the
+/// addresses, so one walk along each answers every address: no lookup per address.
+fn held_with_free<'a>(
+    node: &'a IpamNode,
+    fields: &'a OperatorFields,
+    family: Family,
+) -> impl Iterator<Item = (&'a IpAddr, bool)> {
+    let mut used = node.node.used.keys().peekable();
+    let mut cooldown = node.node.cooldown.keys().peekable();
+    let mut release = fields.release.keys().peekable();
+    let mut reclaim = fields.reclaim.keys().peekable();
     fields
         .addresses
         .iter()
-        .rev()
-        .filter(|a| Family::of(a) == family && is_free(node, fields, a))
-        .copied()
-        .collect()
+        .filter(move |a| Family::of(a) == family)
+        .map(move |a| {
+            let taken = has(&mut used, a)
+                || has(&mut cooldown, a)
+                || has(&mut release, a)
+                || has(&mut reclaim, a);
+            (a, !taken)
+        })
 }
 
-/// Not used, not cooling down, not marked, not tombstoned.
-fn is_free(node: &IpamNode, fields: &OperatorFields, a: &IpAddr) -> bool {
-    !node.node.used.contains_key(a)
-        && !node.node.cooldown.contains_key(a)
-        && !fields.release.contains_key(a)
-        && !fields.reclaim.contains_key(a)
+/// Whether the ascending `keys` hold `a`, skipping the keys below it (`a` never decreases
+/// from one call to the next).
+fn has<'a>(
+    keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>,
+    a: &IpAddr,
+) -> bool {
+    while keys.next_if(|k| *k < a).is_some() {}
+    keys.peek() == Some(&a)
 }
 
 /// How many free addresses could go back as whole blocks (aligned groups of `grant`
@@ -245,8 +271,8 @@ fn whole_free_blocks(
     // an aligned range, so each group's addresses are contiguous: one run per group.
     let mut sizes: Vec<u64> = Vec::new();
     let mut run: Option<(u128, u64, u64)> = None;
-    for a in fields.addresses.iter().filter(|a| Family::of(a) == family) {
-        let (g, free) = (group(a), u64::from(is_free(node, fields, a)));
+    for (a, free) in held_with_free(node, fields, family) {
+        let (g, free) = (group(a), u64::from(free));
         match &mut run {
             Some((rg, held, f)) if *rg == g => {
                 *held += 1;
@@ -418,4 +444,67 @@ pub fn summarize(
         *summary.sizing.get_mut(f) = sizing;
     }
     summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{PodUid, ReclaimReason, UsedEntry};
+    use proptest::prelude::*;
+    use std::time::SystemTime;
+
+    fn addr(v6: bool, n: u8) -> IpAddr {
+        if v6 {
+            IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)))
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, n))
+        }
+    }
+
+    proptest! {
+        /// The one-walk free test answers as a lookup per address would.
+        #[test]
+        fn held_with_free_matches_lookups(
+            // per address (both families, 0..64): held, used, cooling down, marked, tombstoned
+            flags in proptest::collection::vec(any::<[bool; 5]>(), 128),
+        ) {
+            let mut node = IpamNode::new("n".into(), 1);
+            let mut fields = OperatorFields::default();
+            for (i, f) in flags.iter().enumerate() {
+                let a = addr(i >= 64, (i % 64) as u8);
+                if f[0] { fields.addresses.insert(a); }
+                if f[1] {
+                    node.node.used.insert(a, UsedEntry {
+                        pod_uid: PodUid(i as u128),
+                        namespace: "ns".into(),
+                        pod: "p".into(),
+                        container_id: 1,
+                        since: SystemTime::UNIX_EPOCH,
+                    });
+                }
+                if f[2] { node.node.cooldown.insert(a, SystemTime::UNIX_EPOCH); }
+                if f[3] { fields.release.insert(a, ReleaseState::MarkedForRelease); }
+                if f[4] {
+                    fields.reclaim.insert(a, Tombstone { pod_uid: PodUid(1), reason: ReclaimReason::PodDeleted });
+                }
+            }
+            for family in Family::ALL {
+                let walked: Vec<(IpAddr, bool)> =
+                    held_with_free(&node, &fields, family).map(|(a, f)| (*a, f)).collect();
+                let looked_up: Vec<(IpAddr, bool)> = fields
+                    .addresses
+                    .iter()
+                    .filter(|a| Family::of(a) == family)
+                    .map(|a| {
+                        let free = !node.node.used.contains_key(a)
+                            && !node.node.cooldown.contains_key(a)
+                            && !fields.release.contains_key(a)
+                            && !fields.reclaim.contains_key(a);
+                        (*a, free)
+                    })
+                    .collect();
+                prop_assert_eq!(walked, looked_up);
+            }
+        }
+    }
 }

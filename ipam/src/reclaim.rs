@@ -32,9 +32,9 @@ pub fn candidate_reason(
     // entry has the same UID and a later `since`.
     let family = Family::of(addr);
     let replaced = pod.ips.iter().any(|other| {
-        Family::of(other) == family
+        Family::of(&other) == family
             && used
-                .get(other)
+                .get(&other)
                 .is_some_and(|e| e.pod_uid == entry.pod_uid && e.since > entry.since)
     });
     replaced.then_some(ReclaimReason::SandboxReplaced)
@@ -205,7 +205,7 @@ impl ReclaimTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::FnPods;
+    use crate::pods::{FnPods, PodIps};
     use std::time::SystemTime;
 
     fn entry(uid: u128, since: u64) -> UsedEntry {
@@ -227,7 +227,7 @@ mod tests {
             uid: PodUid(uid),
             node: "n".into(),
             phase: PodPhase::Running,
-            ips: ips.iter().map(|s| ip(s)).collect::<Vec<_>>().into(),
+            ips: PodIps::new(ips.iter().map(|s| ip(s))),
         }
     }
 

@@ -104,6 +104,8 @@ struct State {
     last_repair: Option<RepairReport>,
     /// Nodes holding an address another live node holds too (the last repair's duplicates).
     duplicates: BTreeSet<NodeName>,
+    /// Counts [`ClusterPoolSource::set_pools`] calls.
+    pools_generation: u64,
 }
 
 /// The cluster-pool source over a block store. Cheap to clone.
@@ -226,6 +228,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 tracker: RepairTracker::new(),
                 last_repair: None,
                 duplicates: BTreeSet::new(),
+                pools_generation: 0,
             })),
         };
         source.rebuild();
@@ -288,6 +291,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
                 .collect();
             s.pools = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
+            s.pools_generation += 1;
             // what is drained and what is usable may have changed
             for seen in s.seen.values_mut() {
                 seen.holdings = None;
@@ -311,6 +315,12 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             cidr: b.cidr,
         });
         s.pools.rebuild(records);
+    }
+
+    /// How many times the pools were replaced ([`Self::set_pools`]): a block's usable
+    /// addresses can change only with its object or with this.
+    pub fn pools_generation(&self) -> u64 {
+        self.state.lock().pools_generation
     }
 
     /// Mutating calls made (block creates, marks, deletes).

@@ -65,6 +65,10 @@ pub trait SimSource: IpSource + Clone {
     fn block_addresses(&self, _block: &IpamBlock) -> Vec<IpAddr> {
         Vec::new()
     }
+    /// Counts changes of the pools' specs (a block's usable addresses change with them).
+    fn pools_generation(&self) -> u64 {
+        0
+    }
 }
 
 impl SimSource for MemorySource {
@@ -125,6 +129,10 @@ impl SimSource for crate::pool::ClusterPoolSource<MemoryNodeStore> {
 
     fn block_addresses(&self, block: &IpamBlock) -> Vec<IpAddr> {
         crate::pool::ClusterPoolSource::block_addresses(self, block)
+    }
+
+    fn pools_generation(&self) -> u64 {
+        crate::pool::ClusterPoolSource::pools_generation(self)
     }
 }
 
@@ -278,49 +286,39 @@ pub struct World<S = MemorySource> {
 /// have the same release state and usable addresses, in the same order, as when it was
 /// built. Its identity and tombstones are refreshed from the IPAMNode before each use.
 struct Projection {
-    /// Per block (in the order `blocks_of` gives): whether it is marked (its addresses then
-    /// count as marked) and how many usable addresses it has.
-    blocks: Vec<(bool, u32)>,
-    /// The blocks' usable addresses, block after block.
-    addrs: Vec<IpAddr>,
+    /// The blocks it was built from (name and resourceVersion, in the order `blocks_of`
+    /// gives) and the source's pool generation then: a block's usable addresses and marks
+    /// change only with its object or its pool's spec.
+    built_from: Vec<(Arc<str>, u64)>,
+    pools: u64,
     view: IpamNode,
 }
 
 impl Projection {
-    fn marked(b: &node_side::BlockView) -> bool {
-        b.release || b.ack.is_some()
+    /// Whether it was built from these blocks under this pool generation.
+    fn matches(&self, blocks: &[Arc<IpamBlock>], pools: u64) -> bool {
+        self.pools == pools
+            && self.built_from.len() == blocks.len()
+            && self
+                .built_from
+                .iter()
+                .zip(blocks)
+                .all(|((name, rv), b)| *rv == b.resource_version && *name == b.name)
     }
 
-    /// Whether it was built from blocks like these (what [`node_side::project`] reads).
-    fn matches(&self, blocks: &[node_side::BlockView]) -> bool {
-        if self.blocks.len() != blocks.len() {
-            return false;
-        }
-        let mut at = 0;
-        for (&(marked, len), b) in self.blocks.iter().zip(blocks) {
-            let len = len as usize;
-            if marked != Self::marked(b)
-                || len != b.addrs.len()
-                || self.addrs.get(at..at + len) != Some(&b.addrs[..])
-            {
-                return false;
-            }
-            at += len;
-        }
-        true
-    }
-
-    fn build(node: &IpamNode, blocks: &[node_side::BlockView]) -> Projection {
+    fn build(
+        node: &IpamNode,
+        blocks: &[Arc<IpamBlock>],
+        views: &[node_side::BlockView],
+        pools: u64,
+    ) -> Projection {
         Projection {
-            blocks: blocks
+            built_from: blocks
                 .iter()
-                .map(|b| (Self::marked(b), b.addrs.len() as u32))
+                .map(|b| (b.name.clone(), b.resource_version))
                 .collect(),
-            addrs: blocks
-                .iter()
-                .flat_map(|b| b.addrs.iter().copied())
-                .collect(),
-            view: project(node, blocks),
+            pools,
+            view: project(node, views),
         }
     }
 
@@ -341,8 +339,7 @@ impl Projection {
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let ip = size_of::<IpAddr>();
-        self.blocks.capacity() * size_of::<(bool, u32)>()
-            + self.addrs.capacity() * ip
+        self.built_from.capacity() * size_of::<(Arc<str>, u64)>()
             + btree_bytes(self.view.operator.addresses.len(), ip)
             + btree_bytes(self.view.operator.release.len(), ip + 1)
             + btree_bytes(self.view.operator.reclaim.len(), ip + 32)
@@ -658,8 +655,7 @@ impl<S: SimSource> World<S> {
         self.observer.pod_stopped(uid, true);
         let proj = if self.source.grants_blocks() {
             let n = self.store.cached(&node)?;
-            let views = self.block_views(&node, false);
-            Some(self.projection(&n, &views))
+            Some(self.projection(&n, &self.store.blocks_of(&node)))
         } else {
             None
         };
@@ -794,15 +790,21 @@ impl<S: SimSource> World<S> {
             let Some(node) = self.store.cached(name) else {
                 return;
             };
-            let mut views = self.block_views(name, true);
-            for (block, ack) in node_side::answer_blocks(&node.node, &views, &mut answers) {
-                self.store.ack_block(&block, ack);
-                if let Some(b) = views.iter_mut().find(|b| b.name == block) {
-                    b.ack = ack;
+            let mut blocks = self.store.blocks_of(name);
+            let answering: Vec<node_side::BlockView> = blocks
+                .iter()
+                .filter(|b| b.release || b.ack.is_some())
+                .map(|b| self.block_view(b, true))
+                .collect();
+            for (block, ack) in node_side::answer_blocks(&node.node, &answering, &mut answers) {
+                if let Some(new) = self.store.ack_block(&block, ack)
+                    && let Some(b) = blocks.iter_mut().find(|b| b.name == block)
+                {
+                    *b = new;
                 }
             }
             // read, then let go of the object: the write below changes it in place
-            Some(self.projection(&node, &views))
+            Some(self.projection(&node, &blocks))
         } else {
             None
         };
@@ -896,47 +898,49 @@ impl<S: SimSource> World<S> {
     /// IPAMNode `spec.addresses`.
     pub fn pool_addresses(&self, node: &IpamNode) -> std::collections::BTreeSet<IpAddr> {
         if self.source.grants_blocks() {
-            self.block_views(&node.name, false)
-                .into_iter()
-                .flat_map(|b| b.addrs)
+            self.store
+                .blocks_of(&node.name)
+                .iter()
+                .flat_map(|b| self.source.block_addresses(b))
                 .collect()
         } else {
             node.operator.addresses.clone()
         }
     }
 
-    /// The node's blocks as its node side reads them (cluster-pool). With `answering`,
-    /// the blocks [`node_side::answer_blocks`] answers (those with a release mark or an
-    /// answer) list every address of the block in `all` (the others never need it: empty).
-    fn block_views(&self, name: &str, answering: bool) -> Vec<node_side::BlockView> {
-        self.store
-            .blocks_of(name)
-            .iter()
-            .map(|b| node_side::BlockView {
-                name: b.name.clone(),
-                addrs: self.source.block_addresses(b),
-                all: if answering && (b.release || b.ack.is_some()) {
-                    crate::pool::addresses_of(&b.cidr).collect()
-                } else {
-                    Vec::new()
-                },
-                release: b.release,
-                ack: b.ack,
-            })
-            .collect()
+    /// A block as its node side reads it (cluster-pool). With `answering`, a block that
+    /// [`node_side::answer_blocks`] answers (one with a release mark or an answer) lists
+    /// every address of the block in `all` (the others never need it: empty).
+    fn block_view(&self, b: &IpamBlock, answering: bool) -> node_side::BlockView {
+        node_side::BlockView {
+            name: b.name.clone(),
+            addrs: self.source.block_addresses(b),
+            all: if answering && (b.release || b.ack.is_some()) {
+                crate::pool::addresses_of(&b.cidr).collect()
+            } else {
+                Vec::new()
+            },
+            release: b.release,
+            ack: b.ack,
+        }
     }
 
     /// The node as its blocks make it ([`node_side::project`]): the kept projection when
     /// the blocks are as it was built from, else a new one. The caller puts it back into
     /// `projections` when done.
-    fn projection(&self, node: &IpamNode, blocks: &[node_side::BlockView]) -> Projection {
+    fn projection(&self, node: &IpamNode, blocks: &[Arc<IpamBlock>]) -> Projection {
+        let pools = self.source.pools_generation();
         let kept = self.projections.lock().remove(&node.name);
         match kept {
-            Some(mut p) if p.matches(blocks) => {
+            Some(mut p) if p.matches(blocks, pools) => {
                 p.refresh(node);
                 p
             }
-            _ => Projection::build(node, blocks),
+            _ => {
+                let views: Vec<node_side::BlockView> =
+                    blocks.iter().map(|b| self.block_view(b, false)).collect();
+                Projection::build(node, blocks, &views, pools)
+            }
         }
     }
 
