@@ -244,10 +244,7 @@ fn held_with_free<'a>(
 
 /// Whether the ascending `keys` hold `a`, skipping the keys below it (`a` never decreases
 /// from one call to the next).
-fn has<'a>(
-    keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>,
-    a: &IpAddr,
-) -> bool {
+fn has<'a>(keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>, a: &IpAddr) -> bool {
     while keys.next_if(|k| *k < a).is_some() {}
     keys.peek() == Some(&a)
 }
@@ -331,7 +328,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     }
     p.reclaim = mem
         .reclaim
-        .observe(s.now, &s.reclaim, &node.node.used, &p.fields.reclaim, pods);
+        .observe(s.now, &s.reclaim, node, &p.fields.reclaim, pods);
     p.next_deadline = p.reclaim.next_deadline;
 
     // 2. Release handshakes: settle answers.
@@ -455,7 +452,16 @@ mod tests {
 
     fn addr(v6: bool, n: u8) -> IpAddr {
         if v6 {
-            IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n)))
+            IpAddr::V6(std::net::Ipv6Addr::new(
+                0xfd00,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                u16::from(n),
+            ))
         } else {
             IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, n))
         }

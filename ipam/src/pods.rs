@@ -1,7 +1,7 @@
 //! The engine's view of pods: per UID (cached and live) and per node (pods waiting for an
 //! address, pods still bound). An in-memory implementation with an informer lag.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -102,6 +102,21 @@ pub trait PodCache {
             self.with_pod(u, |p| f(item, p));
         }
     }
+
+    /// The version of the pods bound to `node` as the cache shows them: `seq` changes
+    /// whenever one of them changes, and the view stays as it is until `stable_until`
+    /// (a cache that shows changes some time after they happen) unless `seq` changes.
+    /// `None`: the cache cannot tell, and a reclaim scan looks every pod up.
+    fn node_version(&self, _node: &str) -> Option<NodeVersion> {
+        None
+    }
+}
+
+/// See [`PodCache::node_version`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeVersion {
+    pub seq: u64,
+    pub stable_until: Option<Instant>,
 }
 
 impl<S: std::hash::BuildHasher> PodCache for std::collections::HashMap<PodUid, PodInfo, S> {
@@ -392,6 +407,22 @@ struct Inner {
     bound: BTreeMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
     deleted: VecDeque<(Instant, PodUid)>,
+    /// Per node: the sequence number of the last change of one of its pods, and when the
+    /// cache will show the changes it does not show yet.
+    versions: HashMap<NodeName, (u64, Vec<Nanos>)>,
+    /// The last sequence number handed out (one counter for all nodes: a node's number
+    /// never comes back, even after its entry is gone).
+    seq: u64,
+}
+
+impl Inner {
+    /// A pod bound to `node` changed; the cache shows the change from `visible` on.
+    fn touch(&mut self, node: &NodeName, visible: Option<Nanos>) {
+        self.seq += 1;
+        let v = self.versions.entry(node.clone()).or_default();
+        v.0 = self.seq;
+        v.1.extend(visible);
+    }
 }
 
 /// In-memory pods. The cache shows a new pod `lag` after its creation and forgets a
@@ -422,6 +453,8 @@ impl MemoryPodView {
         let mut g = self.inner.lock();
         g.pending.entry(node.clone()).or_default().insert(uid);
         *g.bound.entry(node.clone()).or_default() += 1;
+        let visible = self.now().plus(self.lag);
+        g.touch(&node, Some(visible));
         g.pods.insert(PodRecord {
             info: PodInfo {
                 uid,
@@ -429,7 +462,7 @@ impl MemoryPodView {
                 phase: PodPhase::Pending,
                 ips: PodIps::default(),
             },
-            visible_from: self.now().plus(self.lag),
+            visible_from: visible,
             deleted_at: Nanos::NEVER,
         });
     }
@@ -446,6 +479,7 @@ impl MemoryPodView {
         rec.info.phase = PodPhase::Running;
         rec.info.ips = PodIps::new(ips);
         let node = rec.info.node.clone();
+        g.touch(&node, None);
         if let Some(set) = g.pending.get_mut(&node) {
             set.remove(&uid);
         }
@@ -462,6 +496,7 @@ impl MemoryPodView {
         }
         rec.info.phase = phase;
         let node = rec.info.node.clone();
+        g.touch(&node, None);
         Self::unbind(&mut g, &node, uid);
     }
 
@@ -489,6 +524,7 @@ impl MemoryPodView {
         let rec = g.pods.get_mut(&uid).expect("just seen");
         let was_bound = !rec.info.phase.is_terminal();
         let node = rec.info.node.clone();
+        g.touch(&node, Some(now_ns.plus(self.lag)));
         if was_bound {
             Self::unbind(&mut g, &node, uid);
         }
@@ -532,7 +568,7 @@ pub(crate) fn hash_slots(capacity: usize) -> usize {
 impl MemoryPodView {
     /// The pod API's heap as a deterministic size estimate (see
     /// [`crate::sim::World::world_heap_estimate`]): the pod table (records hold their
-    /// addresses inline), the per-node sets.
+    /// addresses inline), the per-node sets and versions.
     pub fn heap_estimate(&self) -> usize {
         use std::mem::size_of;
         let g = self.inner.lock();
@@ -540,6 +576,12 @@ impl MemoryPodView {
         let set = |n: usize| (n.div_ceil(7)) * (11 * size_of::<PodUid>() + 112);
         bytes += g.pending.values().map(|s| 48 + set(s.len())).sum::<usize>();
         bytes += g.bound.len() * 48;
+        bytes += hash_slots(g.versions.capacity())
+            * (size_of::<(NodeName, (u64, Vec<Nanos>))>() + 1)
+            + g.versions
+                .values()
+                .map(|(_, p)| p.capacity() * 8)
+                .sum::<usize>();
         bytes + g.deleted.capacity() * size_of::<(Instant, PodUid)>()
     }
 
@@ -575,6 +617,25 @@ impl PodCache for MemoryPodView {
             let u = uid(&item);
             f(item, self.cached(&g, u, now));
         }
+    }
+
+    fn node_version(&self, node: &str) -> Option<NodeVersion> {
+        let now = self.now();
+        let mut g = self.inner.lock();
+        let Some((seq, pending)) = g.versions.get_mut(node) else {
+            return Some(NodeVersion {
+                seq: 0,
+                stable_until: None,
+            });
+        };
+        pending.retain(|t| *t > now);
+        Some(NodeVersion {
+            seq: *seq,
+            stable_until: pending
+                .iter()
+                .min()
+                .and_then(|t| self.base.checked_add(Duration::from_nanos(t.0))),
+        })
     }
 }
 
@@ -663,5 +724,50 @@ mod tests {
         assert!(v.pod(uid).is_some(), "cache still shows it");
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(v.pod(uid).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn node_versions_change_with_the_nodes_pods_and_their_delayed_visibility() {
+        let lag = Duration::from_secs(2);
+        let v = MemoryPodView::new(lag);
+        let version = |n: &str| v.node_version(n).expect("the view keeps versions");
+        let fresh = version("n");
+        assert_eq!(fresh.stable_until, None);
+        let uid = PodUid(1);
+        let t0 = Instant::now();
+        v.add(uid, "n".into());
+        let added = version("n");
+        assert_ne!(added.seq, fresh.seq);
+        assert_eq!(
+            added.stable_until,
+            Some(t0 + lag),
+            "the cache shows it at t0 + lag"
+        );
+        assert_eq!(
+            version("m"),
+            fresh,
+            "another node's pods are not this one's"
+        );
+        tokio::time::sleep(lag).await;
+        assert_eq!(
+            version("n"),
+            NodeVersion {
+                seq: added.seq,
+                stable_until: None
+            }
+        );
+        v.set_running(uid, vec!["10.0.0.1".parse().unwrap()]);
+        let running = version("n");
+        assert_ne!(running.seq, added.seq);
+        assert_eq!(running.stable_until, None, "a phase change shows at once");
+        let t1 = Instant::now();
+        v.delete(uid);
+        let deleted = version("n");
+        assert_ne!(deleted.seq, running.seq);
+        assert_eq!(deleted.stable_until, Some(t1 + lag));
+        let u2 = PodUid(2);
+        v.add(u2, "n".into());
+        v.set_terminal(u2, PodPhase::Failed);
+        assert!(version("n").seq > deleted.seq);
     }
 }

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pods::{PodCache, PodInfo, PodPhase};
-use crate::types::{Family, PodUid, ReclaimReason, Tombstone, UsedEntry};
+use crate::pods::{NodeVersion, PodCache, PodInfo, PodPhase};
+use crate::types::{Family, IpamNode, PodUid, ReclaimReason, Tombstone, UsedEntry};
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
 /// with that UID). `used` is the node's whole `used` map, for the replaced-sandbox rule.
@@ -96,6 +97,16 @@ pub struct ReclaimTracker {
     /// refreshes it with one merge instead of a lookup per entry.
     first_seen: Vec<(IpAddr, PodUid, Instant)>,
     observed: BTreeMap<IpAddr, Observed>,
+    /// What the last scan's answers depended on, when the next scan may reuse them.
+    scanned: Option<Scanned>,
+}
+
+/// A scan's inputs: the node's pods as the cache showed them, and the resourceVersion of
+/// the IPAMNode it read the `used` entries and tombstones from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scanned {
+    pods: NodeVersion,
+    node: u64,
 }
 
 /// Group key: a gone or terminal pod's addresses go together; a replaced sandbox's too.
@@ -108,18 +119,10 @@ impl ReclaimTracker {
         *self = Self::default();
     }
 
-    /// Observes the node's `used` map at `now`. Addresses that already carry a tombstone
-    /// are skipped. `lookup` answers from the cache.
-    pub fn observe(
-        &mut self,
-        now: Instant,
-        cfg: &ReclaimConfig,
-        used: &BTreeMap<IpAddr, UsedEntry>,
-        tombstones: &BTreeMap<IpAddr, Tombstone>,
-        pods: &impl PodCache,
-    ) -> ReclaimStep {
-        // Merge the used map (address order) with what we saw before (one allocation per
-        // pass rather than a second buffer kept per node: memory is what limits large runs).
+    /// Refreshes the first sightings from the `used` map (address order) with one merge
+    /// (one allocation per scan rather than a second buffer kept per node: memory is what
+    /// limits large runs).
+    fn merge_first_seen(&mut self, now: Instant, used: &BTreeMap<IpAddr, UsedEntry>) {
         let old = std::mem::replace(&mut self.first_seen, Vec::with_capacity(used.len()));
         let mut i = 0;
         for (addr, entry) in used {
@@ -132,22 +135,80 @@ impl ReclaimTracker {
             };
             self.first_seen.push((*addr, entry.pod_uid, seen));
         }
+    }
+
+    /// Observes the node's `used` map at `now`. Addresses in `tombstones` (the node's,
+    /// less those answered) are skipped. `pods` answers from the cache. When the node is
+    /// the same object as at the last scan (its resourceVersion; 0, not stored yet, never
+    /// counts as the same) and, as the cache tells ([`PodCache::node_version`]), none of
+    /// its pods changed, that scan's candidates stand and no pod is looked up.
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        cfg: &ReclaimConfig,
+        node: &IpamNode,
+        tombstones: &BTreeMap<IpAddr, Tombstone>,
+        pods: &impl PodCache,
+    ) -> ReclaimStep {
+        let used = &node.node.used;
+        let version = pods.node_version(&node.name);
+        let reusable = match (self.scanned, version) {
+            (Some(s), Some(v)) => {
+                s.node == node.resource_version
+                    && node.resource_version != 0
+                    && s.pods.seq == v.seq
+                    && s.pods.stable_until.is_none_or(|t| now < t)
+            }
+            _ => false,
+        };
+        // the same entries (so the same first sightings) and the same pods: the same
+        // candidates, with the reasons found then
+        let reused = reusable
+            .then(|| {
+                self.observed
+                    .iter()
+                    .map(|(addr, o)| {
+                        let entry = used.get(addr)?;
+                        let i = self
+                            .first_seen
+                            .binary_search_by(|(a, _, _)| a.cmp(addr))
+                            .ok()?;
+                        Some((*addr, entry, self.first_seen[i].2, o.reason))
+                    })
+                    .collect::<Option<Vec<_>>>()
+            })
+            .flatten();
+        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
+        if let Some(r) = reused {
+            reasons = r;
+        } else {
+            self.merge_first_seen(now, used);
+            // One batch of cache lookups for the whole map, then the candidates. The
+            // answers are reusable only if every pod found is bound to this node (the
+            // node's version says nothing about the others).
+            let mut own_pods = true;
+            pods.with_pods(
+                used.iter()
+                    .zip(&self.first_seen)
+                    .filter(|((addr, _), _)| !tombstones.contains_key(addr)),
+                |((_, entry), _)| entry.pod_uid,
+                |((addr, entry), (_, _, seen)), pod| {
+                    if let Some(p) = pod {
+                        own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
+                    }
+                    if let Some(r) = candidate_reason(addr, entry, used, pod) {
+                        reasons.push((*addr, entry, *seen, r));
+                    }
+                },
+            );
+            self.scanned = version.filter(|_| own_pods).map(|pods| Scanned {
+                pods,
+                node: node.resource_version,
+            });
+        }
         let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
         let mut step = ReclaimStep::default();
         let mut still = BTreeMap::new();
-        // One batch of cache lookups for the whole map, then the candidates.
-        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
-        pods.with_pods(
-            used.iter()
-                .zip(&self.first_seen)
-                .filter(|((addr, _), _)| !tombstones.contains_key(addr)),
-            |((_, entry), _)| entry.pod_uid,
-            |((addr, entry), (_, _, seen)), pod| {
-                if let Some(r) = candidate_reason(addr, entry, used, pod) {
-                    reasons.push((*addr, entry, *seen, r));
-                }
-            },
-        );
         for (addr, entry, seen, reason) in reasons {
             let addr = &addr;
             let seen = &seen;
@@ -216,6 +277,14 @@ mod tests {
             container_id: 1,
             since: SystemTime::UNIX_EPOCH + Duration::from_secs(since),
         }
+    }
+
+    /// An IPAMNode "n" with these entries, not stored (resourceVersion 0: scans never
+    /// reuse answers for it).
+    fn node(used: &BTreeMap<IpAddr, UsedEntry>) -> IpamNode {
+        let mut n = IpamNode::new("n".into(), 1);
+        n.node.used = used.clone();
+        n
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -288,21 +357,21 @@ mod tests {
         let s = t.observe(
             start,
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| Some(running(1, &["10.0.0.1"]))),
         );
         assert_eq!(s.candidates, 0);
         // at 100 s the pod is gone: first observation
         let t1 = start + Duration::from_secs(100);
-        let s = t.observe(t1, &cfg, &used, &none, &FnPods(|_| None));
+        let s = t.observe(t1, &cfg, &node(&used), &none, &FnPods(|_| None));
         assert_eq!((s.candidates, s.ready.len()), (1, 0));
         assert_eq!(s.next_deadline, Some(start + Duration::from_secs(130)));
         // second observation at 130: grace passed and the entry is 130 s old ≥ 120
         let s = t.observe(
             start + Duration::from_secs(130),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
@@ -321,7 +390,7 @@ mod tests {
         let s = t.observe(
             start + Duration::from_secs(131),
             &cfg,
-            &used,
+            &node(&used),
             &tomb,
             &FnPods(|_| None),
         );
@@ -337,7 +406,7 @@ mod tests {
         let now = Instant::now();
         let none = BTreeMap::new();
         assert_eq!(
-            t.observe(now, &cfg, &used, &none, &FnPods(|_| None))
+            t.observe(now, &cfg, &node(&used), &none, &FnPods(|_| None))
                 .ready
                 .len(),
             0
@@ -345,7 +414,7 @@ mod tests {
         let s = t.observe(
             now + Duration::from_secs(31),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
@@ -355,7 +424,7 @@ mod tests {
         let s = t.observe(
             now + Duration::from_secs(60),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| Some(running(1, &["10.0.0.1"]))),
         );
@@ -363,7 +432,7 @@ mod tests {
         let s = t.observe(
             now + Duration::from_secs(125),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
@@ -381,13 +450,13 @@ mod tests {
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let now = Instant::now();
         let none = BTreeMap::new();
-        t.observe(now, &cfg, &used, &none, &FnPods(|_| None));
+        t.observe(now, &cfg, &node(&used), &none, &FnPods(|_| None));
         // the v6 entry appears later: the group waits for its own grace
         used.insert(ip("fd00::1"), entry(1, 0));
         let s = t.observe(
             now + Duration::from_secs(20),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
@@ -395,7 +464,7 @@ mod tests {
         let s = t.observe(
             now + Duration::from_secs(31),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
@@ -403,11 +472,134 @@ mod tests {
         let s = t.observe(
             now + Duration::from_secs(50),
             &cfg,
-            &used,
+            &node(&used),
             &none,
             &FnPods(|_| None),
         );
         assert_eq!(s.ready.len(), 1);
         assert_eq!(s.ready[0].addrs, vec![ip("10.0.0.1"), ip("fd00::1")]);
+    }
+
+    /// Pods in a map, a version the test sets, and a count of lookups.
+    struct Versioned {
+        pods: BTreeMap<PodUid, PodInfo>,
+        version: std::cell::Cell<NodeVersion>,
+        lookups: std::cell::Cell<usize>,
+    }
+
+    impl PodCache for Versioned {
+        fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+            self.lookups.set(self.lookups.get() + 1);
+            f(self.pods.get(&uid))
+        }
+        fn node_version(&self, _node: &str) -> Option<NodeVersion> {
+            Some(self.version.get())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_node_with_unchanged_pods_reuses_the_last_scan() {
+        let cfg = ReclaimConfig {
+            grace: Duration::from_secs(30),
+            min_age: Duration::ZERO,
+        };
+        let mut t = ReclaimTracker::default();
+        let mut n = IpamNode::new("n".into(), 1);
+        n.resource_version = 7;
+        for i in 1..=3u8 {
+            n.node
+                .used
+                .insert(ip(&format!("10.0.0.{i}")), entry(u128::from(i), 0));
+        }
+        // pod 1 is gone, 2 and 3 run
+        let mut pods = BTreeMap::new();
+        pods.insert(PodUid(2), running(2, &["10.0.0.2"]));
+        pods.insert(PodUid(3), running(3, &["10.0.0.3"]));
+        let v = NodeVersion {
+            seq: 1,
+            stable_until: None,
+        };
+        let cache = Versioned {
+            pods,
+            version: std::cell::Cell::new(v),
+            lookups: std::cell::Cell::new(0),
+        };
+        let none = BTreeMap::new();
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let s = t.observe(start, &cfg, &n, &none, &cache);
+        assert_eq!((s.candidates, cache.lookups.get()), (1, 3));
+        // same object, same pods: no lookup, and the candidate still comes due
+        let s = t.observe(at(10), &cfg, &n, &none, &cache);
+        assert_eq!(
+            (s.candidates, s.ready.len(), cache.lookups.get()),
+            (1, 0, 3)
+        );
+        let s = t.observe(at(30), &cfg, &n, &none, &cache);
+        assert_eq!((s.ready.len(), cache.lookups.get()), (1, 3));
+        assert_eq!(s.ready[0].pod_uid, PodUid(1));
+        assert_eq!(s.ready[0].first_observed, start);
+        // a pod of the node changed: every pod is looked up again
+        cache.version.set(NodeVersion { seq: 2, ..v });
+        t.observe(at(31), &cfg, &n, &none, &cache);
+        assert_eq!(cache.lookups.get(), 6);
+        // the cache shows a change at 40: reused before, looked up from then on
+        cache.version.set(NodeVersion {
+            seq: 3,
+            stable_until: Some(at(40)),
+        });
+        t.observe(at(32), &cfg, &n, &none, &cache);
+        t.observe(at(39), &cfg, &n, &none, &cache);
+        assert_eq!(cache.lookups.get(), 9);
+        t.observe(at(40), &cfg, &n, &none, &cache);
+        assert_eq!(cache.lookups.get(), 12);
+        // the object changed (a new resourceVersion): looked up again
+        cache.version.set(NodeVersion { seq: 4, ..v });
+        t.observe(at(41), &cfg, &n, &none, &cache);
+        n.resource_version = 8;
+        t.observe(at(42), &cfg, &n, &none, &cache);
+        assert_eq!(cache.lookups.get(), 18);
+        // a tombstone written: the next scan of the new object skips its address
+        let mut tomb = BTreeMap::new();
+        tomb.insert(
+            ip("10.0.0.1"),
+            Tombstone {
+                pod_uid: PodUid(1),
+                reason: ReclaimReason::PodDeleted,
+            },
+        );
+        n.resource_version = 9;
+        let s = t.observe(at(43), &cfg, &n, &tomb, &cache);
+        assert_eq!((s.candidates, cache.lookups.get()), (0, 20));
+        // an object never stored (resourceVersion 0) is always looked at afresh
+        n.resource_version = 0;
+        t.observe(at(44), &cfg, &n, &none, &cache);
+        t.observe(at(45), &cfg, &n, &none, &cache);
+        assert_eq!(cache.lookups.get(), 26);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_bound_elsewhere_makes_every_scan_look_again() {
+        let cfg = ReclaimConfig::default();
+        let mut t = ReclaimTracker::default();
+        let mut n = IpamNode::new("n".into(), 1);
+        n.resource_version = 7;
+        n.node.used.insert(ip("10.0.0.1"), entry(1, 0));
+        let mut elsewhere = running(1, &["10.0.0.1"]);
+        elsewhere.node = "other".into();
+        let cache = Versioned {
+            pods: BTreeMap::from([(PodUid(1), elsewhere)]),
+            version: std::cell::Cell::new(NodeVersion {
+                seq: 1,
+                stable_until: None,
+            }),
+            lookups: std::cell::Cell::new(0),
+        };
+        let none = BTreeMap::new();
+        let now = Instant::now();
+        t.observe(now, &cfg, &n, &none, &cache);
+        t.observe(now + Duration::from_secs(1), &cfg, &n, &none, &cache);
+        // the node's version says nothing about that pod
+        assert_eq!(cache.lookups.get(), 2);
     }
 }

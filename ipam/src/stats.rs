@@ -25,6 +25,8 @@ pub struct Stats {
     pub releasing: i64,
     pub blocked: i64,
     pub reclaim_candidates: i64,
+    /// Nodes neither at target nor blocked with a reason ([`NodeSummary::settled`]).
+    pub unsettled: i64,
 }
 
 impl Stats {
@@ -50,6 +52,7 @@ impl Stats {
         self.releasing += sign * i64::from(s.releasing());
         self.blocked += sign * i64::from(s.blocked.is_some());
         self.reclaim_candidates += sign * s.reclaim_candidates as i64;
+        self.unsettled += sign * i64::from(!s.settled());
     }
 
     /// Replaces one node's contribution (`old` = None for a new node, `new` = None for a
@@ -108,13 +111,14 @@ mod tests {
         };
         a.sizing.v4.needed = 2;
         st.replace(None, Some(&a));
+        assert_eq!(st.unsettled, 1, "needs addresses: not settled");
         let mut b = a;
         b.counts.v4.allocated = 12;
         b.sizing.v4.needed = 0;
         st.replace(Some(&a), Some(&b));
         assert_eq!(st.ips.v4.allocated, 12);
         assert_eq!(st.ips.v4.free, 8);
-        assert_eq!((st.nodes, st.in_deficit), (1, 0));
+        assert_eq!((st.nodes, st.in_deficit, st.unsettled), (1, 0, 0));
         st.replace(Some(&b), None);
         assert_eq!(st, Stats::default());
     }

@@ -271,7 +271,10 @@ async fn a_replaced_sandboxs_old_address_is_reclaimed() {
     );
     assert_eq!(node.node.used.len(), 1);
     assert!(node.node.cooldown.contains_key(&old));
-    assert_eq!(world.pods.truth(a).unwrap().ips.iter().collect::<Vec<_>>(), new);
+    assert_eq!(
+        world.pods.truth(a).unwrap().ips.iter().collect::<Vec<_>>(),
+        new
+    );
     // and nothing more is reclaimed later
     advance(secs(600)).await;
     assert_eq!(rec.tombstones("node1").len(), 1);

@@ -946,7 +946,7 @@ impl<S: SimSource> World<S> {
 
     /// Every live node settled in the engine's view and no pod waiting.
     pub fn all_settled(&self) -> bool {
-        self.waiting() == 0 && self.manager.summaries().iter().all(|(_, s)| s.settled())
+        self.waiting() == 0 && self.manager.stats().unsettled == 0
     }
 
     /// Advances virtual time until every node is settled (checking every `step`), at most
