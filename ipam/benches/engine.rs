@@ -19,7 +19,7 @@ mod common;
 
 use tidepool_ipam::handshake::ReleaseConfig;
 use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
-use tidepool_ipam::pods::{PodInfo, PodPhase};
+use tidepool_ipam::pods::{PodInfo, PodIps, PodPhase};
 use tidepool_ipam::reclaim::ReclaimConfig;
 use tidepool_ipam::sim::World;
 use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
