@@ -56,7 +56,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
     let mut pods = BTreeMap::new();
     for i in 0..256u32 {
         let a = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
-        node.operator.addresses.insert(a);
+        std::sync::Arc::make_mut(&mut node.operator.addresses).insert(a);
         if i < 110 {
             let uid = PodUid(i as u128);
             node.node.used.insert(

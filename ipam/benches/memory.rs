@@ -78,9 +78,11 @@ fn main() {
         let objs: Vec<IpamNode> = (0..nodes)
             .map(|i| {
                 let mut n = IpamNode::new(format!("n{i:05}").into(), i as u128);
-                n.operator.addresses = (0..addresses)
-                    .map(|a| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i * 256 + a)))
-                    .collect();
+                n.operator.addresses = std::sync::Arc::new(
+                    (0..addresses)
+                        .map(|a| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i * 256 + a)))
+                        .collect(),
+                );
                 n
             })
             .collect();

@@ -77,8 +77,9 @@ pub fn withdraw_surplus(
 /// Completes a release at the source: the entry becomes `released` and the address leaves
 /// the node's pool, in the same write.
 pub fn released(fields: &mut OperatorFields, addrs: &[IpAddr]) {
+    let addresses = std::sync::Arc::make_mut(&mut fields.addresses);
     for a in addrs {
-        fields.addresses.remove(a);
+        addresses.remove(a);
         fields.release.insert(*a, ReleaseState::Released);
     }
 }
@@ -115,7 +116,7 @@ mod tests {
     fn fields(marks: &[(&str, ReleaseState)]) -> OperatorFields {
         let mut f = OperatorFields::default();
         for (a, s) in marks {
-            f.addresses.insert(ip(a));
+            std::sync::Arc::make_mut(&mut f.addresses).insert(ip(a));
             f.release.insert(ip(a), *s);
         }
         f

@@ -448,7 +448,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                 if n < c.count {
                     h.trigger.trigger(Reason::Retry);
                 }
-                fields.to_mut().addresses.extend(addrs)
+                Arc::make_mut(&mut fields.to_mut().addresses).extend(addrs)
             }
             Err(e) => {
                 local.needs_describe = true;
@@ -597,13 +597,14 @@ async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
     let truth: BTreeSet<IpAddr> = shared.source.describe(name).await?;
     let gone: Vec<IpAddr> = fields.addresses.difference(&truth).copied().collect();
     let any_gone = !gone.is_empty();
+    let addresses = Arc::make_mut(&mut fields.addresses);
     for a in gone {
-        fields.addresses.remove(&a);
+        addresses.remove(&a);
         if fields.release.contains_key(&a) {
             fields.release.insert(a, ReleaseState::Released);
         }
     }
-    fields.addresses.extend(truth);
+    addresses.extend(truth);
     Ok(any_gone)
 }
 

@@ -177,7 +177,7 @@ pub fn count(
     pending: &[PodUid],
 ) -> PerFamily<FamilyCounts> {
     let mut c: PerFamily<FamilyCounts> = PerFamily::default();
-    for a in &fields.addresses {
+    for a in fields.addresses.iter() {
         c.get_mut(Family::of(a)).allocated += 1;
     }
     let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
@@ -375,11 +375,18 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
                 s.now,
                 s.release.delay,
             ) {
-                Ok(()) => p.marks.push(Marks {
-                    family: f,
-                    count: mark,
-                    free: free_addresses(node, &p.fields, f),
-                }),
+                // a source granting blocks takes back whole free blocks only: when none
+                // fits, there is nothing to offer it
+                Ok(()) => {
+                    let grant = *s.grant_size.get(f);
+                    if grant <= 1 || whole_free_blocks(node, &p.fields, f, grant, mark) > 0 {
+                        p.marks.push(Marks {
+                            family: f,
+                            count: mark,
+                            free: free_addresses(node, &p.fields, f),
+                        });
+                    }
+                }
                 Err(at) => p.next_deadline = earliest(p.next_deadline, at),
             }
         } else {
@@ -478,7 +485,7 @@ mod tests {
             let mut fields = OperatorFields::default();
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(i >= 64, (i % 64) as u8);
-                if f[0] { fields.addresses.insert(a); }
+                if f[0] { std::sync::Arc::make_mut(&mut fields.addresses).insert(a); }
                 if f[1] {
                     node.node.used.insert(a, UsedEntry {
                         pod_uid: PodUid(i as u128),

@@ -108,7 +108,7 @@ pub trait IpSource: Send + Sync + 'static {
 /// ([`IpSource::holdings`]), in the address-level form the planner reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Holdings {
-    pub addresses: BTreeSet<IpAddr>,
+    pub addresses: Arc<BTreeSet<IpAddr>>,
     /// Marked addresses (`MarkedForRelease` only).
     pub release: BTreeMap<IpAddr, ReleaseState>,
     /// The node side's answers, per address.

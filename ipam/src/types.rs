@@ -170,8 +170,10 @@ pub struct Condition {
 /// The fields the operator writes (one server-side apply of the operator's field manager).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OperatorFields {
-    /// The node's addresses as the source reports them (`spec.addresses`).
-    pub addresses: BTreeSet<IpAddr>,
+    /// The node's addresses as the source reports them (`spec.addresses`). Shared: a
+    /// source's kept holdings and each pass's fields read one copy (change it through
+    /// `Arc::make_mut`).
+    pub addresses: Arc<BTreeSet<IpAddr>>,
     pub release: BTreeMap<IpAddr, ReleaseState>,
     pub reclaim: BTreeMap<IpAddr, Tombstone>,
     pub conditions: Vec<Condition>,

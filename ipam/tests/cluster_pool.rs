@@ -325,7 +325,7 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
     assert_eq!(src.quota().v4.free, 0);
     assert_eq!(src.quota().v4.capacity, 14);
     assert_eq!(
-        src.holdings(&"n1".into()).unwrap().addresses,
+        *src.holdings(&"n1".into()).unwrap().addresses,
         want.iter().copied().collect::<BTreeSet<_>>()
     );
 

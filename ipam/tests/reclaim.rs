@@ -420,7 +420,7 @@ fn node_side_answers_a_changed_owner_stale() {
     use tidepool_ipam::types::{IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
     let mut node = IpamNode::new("n".into(), 1);
-    node.operator.addresses.insert(x);
+    std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);
     node.operator.reclaim.insert(
         x,
         Tombstone {

@@ -717,12 +717,13 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
             return Some(h.clone());
         }
         let mut h = Holdings::default();
+        let mut addresses = BTreeSet::new();
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
         // counts them nor marks them, and tops the node up from the pools that remain
         for b in blocks.iter().filter(|b| !s.drained(b)) {
             let addrs = s.usable(b);
             for a in addrs {
-                h.addresses.insert(a);
+                addresses.insert(a);
                 if b.release {
                     h.release.insert(a, ReleaseState::MarkedForRelease);
                 }
@@ -731,6 +732,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 }
             }
         }
+        h.addresses = Arc::new(addresses);
         if let Some(seen) = s.seen.get_mut(node) {
             seen.holdings = Some(h.clone());
         }

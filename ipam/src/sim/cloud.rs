@@ -1773,7 +1773,7 @@ mod tests {
             .list()
             .iter()
             .find(|n| &*n.name == "a")
-            .map(|n| n.operator.addresses.clone())
+            .map(|n| (*n.operator.addresses).clone())
             .unwrap_or_default()
     }
 

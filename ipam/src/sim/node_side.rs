@@ -3,6 +3,7 @@
 //! DESIGN.md lists. Pure functions over the node's resource; the world applies them.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::types::{
@@ -144,7 +145,7 @@ pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
         ..node.clone()
     };
     for b in blocks {
-        view.operator.addresses.extend(b.addrs.iter().copied());
+        Arc::make_mut(&mut view.operator.addresses).extend(b.addrs.iter().copied());
         if b.release || b.ack.is_some() {
             for a in &b.addrs {
                 view.operator
@@ -273,7 +274,7 @@ mod tests {
 
     fn node_with(addrs: &[&str]) -> IpamNode {
         let mut n = IpamNode::new("n".into(), 1);
-        n.operator.addresses = addrs.iter().map(|a| ip(a)).collect();
+        n.operator.addresses = Arc::new(addrs.iter().map(|a| ip(a)).collect());
         n
     }
 
@@ -329,7 +330,7 @@ mod tests {
         n.operator
             .release
             .insert(ip("10.0.0.1"), ReleaseState::Released);
-        n.operator.addresses.remove(&ip("10.0.0.1"));
+        Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.1"));
         reconcile(&n, &mut side, t, CD);
         assert!(side.release_ack.is_empty());
     }

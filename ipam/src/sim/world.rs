@@ -904,7 +904,7 @@ impl<S: SimSource> World<S> {
                 .flat_map(|b| self.source.block_addresses(b))
                 .collect()
         } else {
-            node.operator.addresses.clone()
+            (*node.operator.addresses).clone()
         }
     }
 
