@@ -103,20 +103,30 @@ pub trait PodCache {
         }
     }
 
-    /// The version of the pods bound to `node` as the cache shows them: `seq` changes
-    /// whenever one of them changes, and the view stays as it is until `stable_until`
-    /// (a cache that shows changes some time after they happen) unless `seq` changes.
-    /// `None`: the cache cannot tell, and a reclaim scan looks every pod up.
-    fn node_version(&self, _node: &str) -> Option<NodeVersion> {
+    /// Which pods bound to `node` may show differently now than they did at `since` (a
+    /// reclaim scan then looks up only those): the node's change sequence number now, and
+    /// with `since` the pods changed after it. `None`: the cache cannot tell (it keeps no
+    /// such record, or no longer holds the changes since then), and a reclaim scan looks
+    /// every pod up.
+    fn pod_changes(&self, _node: &str, _since: Option<Since>) -> Option<PodChanges> {
         None
     }
 }
 
-/// See [`PodCache::node_version`].
+/// A point a reclaim scan saw a node's pods at: the node's change sequence number and the
+/// time (a cache may show a change some time after it happened).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeVersion {
+pub struct Since {
     pub seq: u64,
-    pub stable_until: Option<Instant>,
+    pub at: Instant,
+}
+
+/// See [`PodCache::pod_changes`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodChanges {
+    pub seq: u64,
+    /// Pods changed since the given point (in change order; a pod may repeat).
+    pub changed: Vec<PodUid>,
 }
 
 impl<S: std::hash::BuildHasher> PodCache for std::collections::HashMap<PodUid, PodInfo, S> {
@@ -167,7 +177,7 @@ pub(crate) struct PodRecord {
 /// An instant as nanoseconds since the view's start: 8 bytes where an `Instant` takes 16
 /// (and an `Option<Instant>` 16), converted exactly (whole nanoseconds both ways), so a
 /// pod record stays small. [`Nanos::NEVER`] (not deleted) takes the place of a `None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 struct Nanos(u64);
 
 impl Nanos {
@@ -407,21 +417,35 @@ struct Inner {
     bound: BTreeMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
     deleted: VecDeque<(Instant, PodUid)>,
-    /// Per node: the sequence number of the last change of one of its pods, and when the
-    /// cache will show the changes it does not show yet.
-    versions: HashMap<NodeName, (u64, Vec<Nanos>)>,
-    /// The last sequence number handed out (one counter for all nodes: a node's number
-    /// never comes back, even after its entry is gone).
+    /// Per node: its pods' recent changes ([`PodCache::pod_changes`]).
+    changes: HashMap<NodeName, ChangeLog>,
+    /// The last sequence number handed out (one counter for all nodes).
     seq: u64,
+}
+
+/// Changes of one node's pods kept for [`PodCache::pod_changes`].
+const CHANGES_KEPT: usize = 16;
+
+#[derive(Default)]
+struct ChangeLog {
+    /// (sequence number, pod, when the cache shows the change), oldest first, at most
+    /// [`CHANGES_KEPT`].
+    recent: VecDeque<(u64, PodUid, Nanos)>,
+    /// The largest sequence number and the latest visibility of the changes dropped.
+    dropped: (u64, Nanos),
 }
 
 impl Inner {
     /// A pod bound to `node` changed; the cache shows the change from `visible` on.
-    fn touch(&mut self, node: &NodeName, visible: Option<Nanos>) {
+    fn touch(&mut self, node: &NodeName, uid: PodUid, visible: Nanos) {
         self.seq += 1;
-        let v = self.versions.entry(node.clone()).or_default();
-        v.0 = self.seq;
-        v.1.extend(visible);
+        let log = self.changes.entry(node.clone()).or_default();
+        if log.recent.len() == CHANGES_KEPT
+            && let Some((seq, _, at)) = log.recent.pop_front()
+        {
+            log.dropped = (seq, log.dropped.1.max(at));
+        }
+        log.recent.push_back((self.seq, uid, visible));
     }
 }
 
@@ -454,7 +478,7 @@ impl MemoryPodView {
         g.pending.entry(node.clone()).or_default().insert(uid);
         *g.bound.entry(node.clone()).or_default() += 1;
         let visible = self.now().plus(self.lag);
-        g.touch(&node, Some(visible));
+        g.touch(&node, uid, visible);
         g.pods.insert(PodRecord {
             info: PodInfo {
                 uid,
@@ -479,7 +503,7 @@ impl MemoryPodView {
         rec.info.phase = PodPhase::Running;
         rec.info.ips = PodIps::new(ips);
         let node = rec.info.node.clone();
-        g.touch(&node, None);
+        g.touch(&node, uid, self.now());
         if let Some(set) = g.pending.get_mut(&node) {
             set.remove(&uid);
         }
@@ -496,7 +520,7 @@ impl MemoryPodView {
         }
         rec.info.phase = phase;
         let node = rec.info.node.clone();
-        g.touch(&node, None);
+        g.touch(&node, uid, self.now());
         Self::unbind(&mut g, &node, uid);
     }
 
@@ -524,7 +548,7 @@ impl MemoryPodView {
         let rec = g.pods.get_mut(&uid).expect("just seen");
         let was_bound = !rec.info.phase.is_terminal();
         let node = rec.info.node.clone();
-        g.touch(&node, Some(now_ns.plus(self.lag)));
+        g.touch(&node, uid, now_ns.plus(self.lag));
         if was_bound {
             Self::unbind(&mut g, &node, uid);
         }
@@ -568,7 +592,7 @@ pub(crate) fn hash_slots(capacity: usize) -> usize {
 impl MemoryPodView {
     /// The pod API's heap as a deterministic size estimate (see
     /// [`crate::sim::World::world_heap_estimate`]): the pod table (records hold their
-    /// addresses inline), the per-node sets and versions.
+    /// addresses inline), the per-node sets and change logs.
     pub fn heap_estimate(&self) -> usize {
         use std::mem::size_of;
         let g = self.inner.lock();
@@ -576,11 +600,10 @@ impl MemoryPodView {
         let set = |n: usize| (n.div_ceil(7)) * (11 * size_of::<PodUid>() + 112);
         bytes += g.pending.values().map(|s| 48 + set(s.len())).sum::<usize>();
         bytes += g.bound.len() * 48;
-        bytes += hash_slots(g.versions.capacity())
-            * (size_of::<(NodeName, (u64, Vec<Nanos>))>() + 1)
-            + g.versions
+        bytes += hash_slots(g.changes.capacity()) * (size_of::<(NodeName, ChangeLog)>() + 1)
+            + g.changes
                 .values()
-                .map(|(_, p)| p.capacity() * 8)
+                .map(|l| l.recent.capacity() * size_of::<(u64, PodUid, Nanos)>())
                 .sum::<usize>();
         bytes + g.deleted.capacity() * size_of::<(Instant, PodUid)>()
     }
@@ -619,23 +642,33 @@ impl PodCache for MemoryPodView {
         }
     }
 
-    fn node_version(&self, node: &str) -> Option<NodeVersion> {
+    fn pod_changes(&self, node: &str, since: Option<Since>) -> Option<PodChanges> {
         let now = self.now();
-        let mut g = self.inner.lock();
-        let Some((seq, pending)) = g.versions.get_mut(node) else {
-            return Some(NodeVersion {
-                seq: 0,
-                stable_until: None,
+        let g = self.inner.lock();
+        let Some(log) = g.changes.get(node) else {
+            // no pod was ever bound to it
+            return Some(PodChanges::default());
+        };
+        let seq = log.recent.back().map_or(log.dropped.0, |c| c.0);
+        let Some(since) = since else {
+            return Some(PodChanges {
+                seq,
+                changed: Vec::new(),
             });
         };
-        pending.retain(|t| *t > now);
-        Some(NodeVersion {
-            seq: *seq,
-            stable_until: pending
-                .iter()
-                .min()
-                .and_then(|t| self.base.checked_add(Duration::from_nanos(t.0))),
-        })
+        let at = Nanos::since(self.base, since.at);
+        // a change no longer kept may be one the caller has not seen, or one that shows
+        // only now: it cannot tell which pod
+        if log.dropped.0 > since.seq || log.dropped.1 > at {
+            return None;
+        }
+        let changed = log
+            .recent
+            .iter()
+            .filter(|(s, _, visible)| *s > since.seq || (*visible > at && *visible <= now))
+            .map(|(_, uid, _)| *uid)
+            .collect();
+        Some(PodChanges { seq, changed })
     }
 }
 
@@ -727,47 +760,58 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn node_versions_change_with_the_nodes_pods_and_their_delayed_visibility() {
+    async fn pod_changes_name_the_pods_changed_and_those_shown_late() {
         let lag = Duration::from_secs(2);
         let v = MemoryPodView::new(lag);
-        let version = |n: &str| v.node_version(n).expect("the view keeps versions");
-        let fresh = version("n");
-        assert_eq!(fresh.stable_until, None);
-        let uid = PodUid(1);
+        let changes = |since: Option<Since>| v.pod_changes("n", since).expect("kept");
+        assert_eq!(changes(None), PodChanges::default(), "no pod was ever on n");
+        let (a, b) = (PodUid(1), PodUid(2));
+        v.add(a, "n".into());
         let t0 = Instant::now();
-        v.add(uid, "n".into());
-        let added = version("n");
-        assert_ne!(added.seq, fresh.seq);
+        let s0 = Since {
+            seq: changes(None).seq,
+            at: t0,
+        };
+        // added, shown `lag` later: not a change at t0, one at t0 + lag
+        assert!(changes(Some(s0)).changed.is_empty());
+        tokio::time::sleep(lag).await;
+        assert_eq!(changes(Some(s0)).changed, vec![a]);
+        let s1 = Since {
+            seq: s0.seq,
+            at: Instant::now(),
+        };
+        assert!(changes(Some(s1)).changed.is_empty());
+        // a phase change shows at once; another node's pods are not this one's
+        v.set_running(a, vec!["10.0.0.1".parse().unwrap()]);
+        v.add(b, "m".into());
+        let c = changes(Some(s1));
+        assert_eq!(c.changed, vec![a]);
+        assert!(c.seq > s1.seq);
+        let s2 = Since {
+            seq: c.seq,
+            at: Instant::now(),
+        };
+        v.delete(a);
         assert_eq!(
-            added.stable_until,
-            Some(t0 + lag),
-            "the cache shows it at t0 + lag"
+            changes(Some(s2)).changed,
+            vec![a],
+            "a new change, shown later"
         );
-        assert_eq!(
-            version("m"),
-            fresh,
-            "another node's pods are not this one's"
-        );
+        let s3 = Since {
+            seq: changes(None).seq,
+            at: Instant::now(),
+        };
         tokio::time::sleep(lag).await;
         assert_eq!(
-            version("n"),
-            NodeVersion {
-                seq: added.seq,
-                stable_until: None
-            }
+            changes(Some(s3)).changed,
+            vec![a],
+            "now shown: changed again"
         );
-        v.set_running(uid, vec!["10.0.0.1".parse().unwrap()]);
-        let running = version("n");
-        assert_ne!(running.seq, added.seq);
-        assert_eq!(running.stable_until, None, "a phase change shows at once");
-        let t1 = Instant::now();
-        v.delete(uid);
-        let deleted = version("n");
-        assert_ne!(deleted.seq, running.seq);
-        assert_eq!(deleted.stable_until, Some(t1 + lag));
-        let u2 = PodUid(2);
-        v.add(u2, "n".into());
-        v.set_terminal(u2, PodPhase::Failed);
-        assert!(version("n").seq > deleted.seq);
+        // more changes than are kept: it can no longer tell since s3
+        for i in 0..CHANGES_KEPT as u128 {
+            v.add(PodUid(10 + i), "n".into());
+        }
+        assert_eq!(v.pod_changes("n", Some(s3)), None);
+        assert!(v.pod_changes("n", None).is_some());
     }
 }

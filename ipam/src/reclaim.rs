@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pods::{NodeVersion, PodCache, PodInfo, PodPhase};
+use crate::pods::{PodCache, PodInfo, PodPhase, Since};
 use crate::types::{Family, IpamNode, PodUid, ReclaimReason, Tombstone, UsedEntry};
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -101,12 +101,13 @@ pub struct ReclaimTracker {
     scanned: Option<Scanned>,
 }
 
-/// A scan's inputs: the node's pods as the cache showed them, and the resourceVersion of
-/// the IPAMNode it read the `used` entries and tombstones from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a scan read: the node's pods as the cache showed them, the resourceVersion of the
+/// IPAMNode it read the `used` entries from, and the tombstoned addresses it skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Scanned {
-    pods: NodeVersion,
+    pods: Since,
     node: u64,
+    tombstones: Vec<IpAddr>,
 }
 
 /// Group key: a gone or terminal pod's addresses go together; a replaced sandbox's too.
@@ -121,27 +122,49 @@ impl ReclaimTracker {
 
     /// Refreshes the first sightings from the `used` map (address order) with one merge
     /// (one allocation per scan rather than a second buffer kept per node: memory is what
-    /// limits large runs).
-    fn merge_first_seen(&mut self, now: Instant, used: &BTreeMap<IpAddr, UsedEntry>) {
+    /// limits large runs). Returns the pod UIDs of the entries added and gone.
+    fn merge_first_seen(
+        &mut self,
+        now: Instant,
+        used: &BTreeMap<IpAddr, UsedEntry>,
+    ) -> Vec<PodUid> {
         let old = std::mem::replace(&mut self.first_seen, Vec::with_capacity(used.len()));
+        let mut moved = Vec::new();
         let mut i = 0;
         for (addr, entry) in used {
             while i < old.len() && old[i].0 < *addr {
+                moved.push(old[i].1);
                 i += 1;
             }
             let seen = match old.get(i) {
-                Some((a, uid, t)) if a == addr && *uid == entry.pod_uid => *t,
-                _ => now,
+                Some((a, uid, t)) if a == addr && *uid == entry.pod_uid => {
+                    i += 1;
+                    *t
+                }
+                Some((a, uid, _)) if a == addr => {
+                    moved.extend([*uid, entry.pod_uid]);
+                    i += 1;
+                    now
+                }
+                _ => {
+                    moved.push(entry.pod_uid);
+                    now
+                }
             };
             self.first_seen.push((*addr, entry.pod_uid, seen));
         }
+        moved.extend(old[i..].iter().map(|(_, uid, _)| *uid));
+        moved
     }
 
     /// Observes the node's `used` map at `now`. Addresses in `tombstones` (the node's,
-    /// less those answered) are skipped. `pods` answers from the cache. When the node is
-    /// the same object as at the last scan (its resourceVersion; 0, not stored yet, never
-    /// counts as the same) and, as the cache tells ([`PodCache::node_version`]), none of
-    /// its pods changed, that scan's candidates stand and no pod is looked up.
+    /// less those answered) are skipped. `pods` answers from the cache. Pods are looked up
+    /// only where the answer may have changed since the last scan: when the cache can tell
+    /// which of the node's pods changed ([`PodCache::pod_changes`]), the pods of the
+    /// entries added or gone since (none when the IPAMNode is the same object: its
+    /// resourceVersion; 0, not stored yet, is never the same) and the pods the cache
+    /// changed; every entry otherwise. An entry keeps its identity (address and pod UID)
+    /// as for its first sighting.
     pub fn observe(
         &mut self,
         now: Instant,
@@ -151,61 +174,82 @@ impl ReclaimTracker {
         pods: &impl PodCache,
     ) -> ReclaimStep {
         let used = &node.node.used;
-        let version = pods.node_version(&node.name);
-        let reusable = match (self.scanned, version) {
-            (Some(s), Some(v)) => {
-                s.node == node.resource_version
-                    && node.resource_version != 0
-                    && s.pods.seq == v.seq
-                    && s.pods.stable_until.is_none_or(|t| now < t)
+        let last = self.scanned.take();
+        let changes = pods.pod_changes(&node.name, last.as_ref().map(|s| s.pods));
+        // the pods to look up: None = all of them
+        let mut dirty: Option<Vec<PodUid>> = match (&last, &changes) {
+            (Some(l), Some(c)) if l.tombstones.iter().eq(tombstones.keys()) => {
+                Some(c.changed.clone())
             }
-            _ => false,
+            _ => None,
         };
-        // the same entries (so the same first sightings) and the same pods: the same
-        // candidates, with the reasons found then
-        let reused = reusable
-            .then(|| {
-                self.observed
-                    .iter()
-                    .map(|(addr, o)| {
-                        let entry = used.get(addr)?;
-                        let i = self
-                            .first_seen
-                            .binary_search_by(|(a, _, _)| a.cmp(addr))
-                            .ok()?;
-                        Some((*addr, entry, self.first_seen[i].2, o.reason))
-                    })
-                    .collect::<Option<Vec<_>>>()
-            })
-            .flatten();
-        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
-        if let Some(r) = reused {
-            reasons = r;
-        } else {
-            self.merge_first_seen(now, used);
-            // One batch of cache lookups for the whole map, then the candidates. The
-            // answers are reusable only if every pod found is bound to this node (the
-            // node's version says nothing about the others).
-            let mut own_pods = true;
-            pods.with_pods(
-                used.iter()
-                    .zip(&self.first_seen)
-                    .filter(|((addr, _), _)| !tombstones.contains_key(addr)),
-                |((_, entry), _)| entry.pod_uid,
-                |((addr, entry), (_, _, seen)), pod| {
-                    if let Some(p) = pod {
-                        own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
-                    }
-                    if let Some(r) = candidate_reason(addr, entry, used, pod) {
-                        reasons.push((*addr, entry, *seen, r));
-                    }
-                },
-            );
-            self.scanned = version.filter(|_| own_pods).map(|pods| Scanned {
-                pods,
-                node: node.resource_version,
-            });
+        let same_object = last
+            .as_ref()
+            .is_some_and(|l| l.node == node.resource_version && node.resource_version != 0);
+        if !same_object {
+            let moved = self.merge_first_seen(now, used);
+            if let Some(d) = &mut dirty {
+                d.extend(moved);
+            }
         }
+        if let Some(d) = &mut dirty {
+            d.sort_unstable();
+            d.dedup();
+        }
+        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
+        let mut own_pods = true;
+        match &dirty {
+            // nothing changed: the last scan's candidates stand
+            Some(d) if d.is_empty() && same_object => {
+                for (addr, o) in &self.observed {
+                    if let (Some(entry), Ok(i)) = (
+                        used.get(addr),
+                        self.first_seen.binary_search_by(|(a, _, _)| a.cmp(addr)),
+                    ) {
+                        reasons.push((*addr, entry, self.first_seen[i].2, o.reason));
+                    }
+                }
+            }
+            _ => {
+                let look =
+                    |uid: &PodUid| dirty.as_ref().is_none_or(|d| d.binary_search(uid).is_ok());
+                let entries = used
+                    .iter()
+                    .zip(&self.first_seen)
+                    .filter(|((addr, _), _)| !tombstones.contains_key(addr));
+                // the others keep the last scan's answer
+                for ((addr, entry), (_, _, seen)) in entries.clone() {
+                    if !look(&entry.pod_uid)
+                        && let Some(o) = self.observed.get(addr).filter(|o| o.uid == entry.pod_uid)
+                    {
+                        reasons.push((*addr, entry, *seen, o.reason));
+                    }
+                }
+                // one batch of cache lookups; the answers are reusable only if every pod
+                // found is bound to this node (its changes say nothing about the others)
+                pods.with_pods(
+                    entries.filter(|((_, entry), _)| look(&entry.pod_uid)),
+                    |((_, entry), _)| entry.pod_uid,
+                    |((addr, entry), (_, _, seen)), pod| {
+                        if let Some(p) = pod {
+                            own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
+                        }
+                        if let Some(r) = candidate_reason(addr, entry, used, pod) {
+                            reasons.push((*addr, entry, *seen, r));
+                        }
+                    },
+                );
+                reasons.sort_unstable_by_key(|r| r.0);
+            }
+        }
+        self.scanned = changes.filter(|_| own_pods).map(|c| Scanned {
+            pods: Since {
+                seq: c.seq,
+                at: now,
+            },
+            node: node.resource_version,
+            tombstones: tombstones.keys().copied().collect(),
+        });
         let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
         let mut step = ReclaimStep::default();
         let mut still = BTreeMap::new();
@@ -266,7 +310,7 @@ impl ReclaimTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::{FnPods, PodIps};
+    use crate::pods::{FnPods, PodChanges, PodIps};
     use std::time::SystemTime;
 
     fn entry(uid: u128, since: u64) -> UsedEntry {
@@ -480,25 +524,60 @@ mod tests {
         assert_eq!(s.ready[0].addrs, vec![ip("10.0.0.1"), ip("fd00::1")]);
     }
 
-    /// Pods in a map, a version the test sets, and a count of lookups.
-    struct Versioned {
-        pods: BTreeMap<PodUid, PodInfo>,
-        version: std::cell::Cell<NodeVersion>,
+    /// Pods in a map, a change log the test writes, and a count of lookups.
+    struct Logged {
+        pods: std::cell::RefCell<BTreeMap<PodUid, PodInfo>>,
+        log: std::cell::RefCell<Vec<PodUid>>,
+        /// Whether it can tell what changed.
+        tells: std::cell::Cell<bool>,
         lookups: std::cell::Cell<usize>,
     }
 
-    impl PodCache for Versioned {
-        fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
-            self.lookups.set(self.lookups.get() + 1);
-            f(self.pods.get(&uid))
+    impl Logged {
+        fn new(pods: impl IntoIterator<Item = PodInfo>) -> Self {
+            Logged {
+                pods: std::cell::RefCell::new(pods.into_iter().map(|p| (p.uid, p)).collect()),
+                log: Default::default(),
+                tells: std::cell::Cell::new(true),
+                lookups: Default::default(),
+            }
         }
-        fn node_version(&self, _node: &str) -> Option<NodeVersion> {
-            Some(self.version.get())
+        fn change(&self, uid: PodUid, pod: Option<PodInfo>) {
+            match pod {
+                Some(p) => self.pods.borrow_mut().insert(uid, p),
+                None => self.pods.borrow_mut().remove(&uid),
+            };
+            self.log.borrow_mut().push(uid);
         }
     }
 
+    impl PodCache for Logged {
+        fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+            self.lookups.set(self.lookups.get() + 1);
+            f(self.pods.borrow().get(&uid))
+        }
+        fn pod_changes(&self, _node: &str, since: Option<Since>) -> Option<PodChanges> {
+            let log = self.log.borrow();
+            let from = since.map_or(log.len(), |s| s.seq as usize);
+            self.tells.get().then(|| PodChanges {
+                seq: log.len() as u64,
+                changed: log[from..].to_vec(),
+            })
+        }
+    }
+
+    fn tomb(a: &str, uid: u128) -> BTreeMap<IpAddr, Tombstone> {
+        BTreeMap::from([(
+            ip(a),
+            Tombstone {
+                pod_uid: PodUid(uid),
+                reason: ReclaimReason::PodDeleted,
+            },
+        )])
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn an_unchanged_node_with_unchanged_pods_reuses_the_last_scan() {
+    async fn scans_look_up_only_the_pods_that_may_have_changed() {
         let cfg = ReclaimConfig {
             grace: Duration::from_secs(30),
             min_age: Duration::ZERO,
@@ -512,70 +591,68 @@ mod tests {
                 .insert(ip(&format!("10.0.0.{i}")), entry(u128::from(i), 0));
         }
         // pod 1 is gone, 2 and 3 run
-        let mut pods = BTreeMap::new();
-        pods.insert(PodUid(2), running(2, &["10.0.0.2"]));
-        pods.insert(PodUid(3), running(3, &["10.0.0.3"]));
-        let v = NodeVersion {
-            seq: 1,
-            stable_until: None,
-        };
-        let cache = Versioned {
-            pods,
-            version: std::cell::Cell::new(v),
-            lookups: std::cell::Cell::new(0),
-        };
+        let cache = Logged::new([running(2, &["10.0.0.2"]), running(3, &["10.0.0.3"])]);
         let none = BTreeMap::new();
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
+        let lookups = || cache.lookups.get();
         let s = t.observe(start, &cfg, &n, &none, &cache);
-        assert_eq!((s.candidates, cache.lookups.get()), (1, 3));
+        assert_eq!((s.candidates, lookups()), (1, 3));
         // same object, same pods: no lookup, and the candidate still comes due
         let s = t.observe(at(10), &cfg, &n, &none, &cache);
-        assert_eq!(
-            (s.candidates, s.ready.len(), cache.lookups.get()),
-            (1, 0, 3)
-        );
+        assert_eq!((s.candidates, s.ready.len(), lookups()), (1, 0, 3));
         let s = t.observe(at(30), &cfg, &n, &none, &cache);
-        assert_eq!((s.ready.len(), cache.lookups.get()), (1, 3));
-        assert_eq!(s.ready[0].pod_uid, PodUid(1));
-        assert_eq!(s.ready[0].first_observed, start);
-        // a pod of the node changed: every pod is looked up again
-        cache.version.set(NodeVersion { seq: 2, ..v });
-        t.observe(at(31), &cfg, &n, &none, &cache);
-        assert_eq!(cache.lookups.get(), 6);
-        // the cache shows a change at 40: reused before, looked up from then on
-        cache.version.set(NodeVersion {
-            seq: 3,
-            stable_until: Some(at(40)),
-        });
-        t.observe(at(32), &cfg, &n, &none, &cache);
-        t.observe(at(39), &cfg, &n, &none, &cache);
-        assert_eq!(cache.lookups.get(), 9);
-        t.observe(at(40), &cfg, &n, &none, &cache);
-        assert_eq!(cache.lookups.get(), 12);
-        // the object changed (a new resourceVersion): looked up again
-        cache.version.set(NodeVersion { seq: 4, ..v });
-        t.observe(at(41), &cfg, &n, &none, &cache);
-        n.resource_version = 8;
-        t.observe(at(42), &cfg, &n, &none, &cache);
-        assert_eq!(cache.lookups.get(), 18);
-        // a tombstone written: the next scan of the new object skips its address
-        let mut tomb = BTreeMap::new();
-        tomb.insert(
-            ip("10.0.0.1"),
-            Tombstone {
-                pod_uid: PodUid(1),
-                reason: ReclaimReason::PodDeleted,
-            },
+        assert_eq!((s.ready.len(), lookups()), (1, 3));
+        assert_eq!(
+            (s.ready[0].pod_uid, s.ready[0].first_observed),
+            (PodUid(1), start)
         );
+        // pod 2 is deleted: only it is looked up
+        cache.change(PodUid(2), None);
+        let s = t.observe(at(31), &cfg, &n, &none, &cache);
+        assert_eq!((s.candidates, lookups()), (2, 4));
+        // a new object with one more entry: only its pod is looked up; pod 1's candidate
+        // keeps its first observation
+        n.resource_version = 8;
+        n.node.used.insert(ip("10.0.0.4"), entry(4, 0));
+        cache.change(PodUid(4), Some(running(4, &["10.0.0.4"])));
+        let s = t.observe(at(32), &cfg, &n, &none, &cache);
+        assert_eq!((s.candidates, lookups()), (2, 5));
+        assert_eq!(s.ready.len(), 1, "pod 1 is still due, pod 2 not yet");
+        // an entry gone (pod 3's): nothing to look up
         n.resource_version = 9;
-        let s = t.observe(at(43), &cfg, &n, &tomb, &cache);
-        assert_eq!((s.candidates, cache.lookups.get()), (0, 20));
-        // an object never stored (resourceVersion 0) is always looked at afresh
+        n.node.used.remove(&ip("10.0.0.3"));
+        let s = t.observe(at(33), &cfg, &n, &none, &cache);
+        assert_eq!((s.candidates, lookups()), (2, 5));
+        // a replaced sandbox: pod 4 gets a second address and lists only the new one;
+        // both of its entries are looked up and the old one is a candidate
+        n.resource_version = 10;
+        n.node.used.insert(ip("10.0.0.5"), entry(4, 5));
+        cache.change(PodUid(4), Some(running(4, &["10.0.0.5"])));
+        let s = t.observe(at(34), &cfg, &n, &none, &cache);
+        assert_eq!((s.candidates, lookups()), (3, 7));
+        // a tombstone written: every entry is looked at again, the tombstoned one skipped
+        n.resource_version = 11;
+        let s = t.observe(at(35), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
+        assert_eq!((s.candidates, lookups()), (2, 10));
+        // the cache cannot tell what changed: every entry again
+        cache.tells.set(false);
+        t.observe(at(36), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
+        assert_eq!(lookups(), 13);
+        // an object not stored (resourceVersion 0) is compared entry by entry
+        cache.tells.set(true);
         n.resource_version = 0;
-        t.observe(at(44), &cfg, &n, &none, &cache);
-        t.observe(at(45), &cfg, &n, &none, &cache);
-        assert_eq!(cache.lookups.get(), 26);
+        t.observe(at(37), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
+        let before = lookups();
+        let s = t.observe(at(38), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
+        assert_eq!((s.candidates, lookups()), (2, before));
+        n.node.used.insert(ip("10.0.0.6"), entry(6, 0));
+        let s = t.observe(at(39), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
+        assert_eq!(
+            (s.candidates, lookups()),
+            (3, before + 1),
+            "pod 6 is unknown"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -587,19 +664,12 @@ mod tests {
         n.node.used.insert(ip("10.0.0.1"), entry(1, 0));
         let mut elsewhere = running(1, &["10.0.0.1"]);
         elsewhere.node = "other".into();
-        let cache = Versioned {
-            pods: BTreeMap::from([(PodUid(1), elsewhere)]),
-            version: std::cell::Cell::new(NodeVersion {
-                seq: 1,
-                stable_until: None,
-            }),
-            lookups: std::cell::Cell::new(0),
-        };
+        let cache = Logged::new([elsewhere]);
         let none = BTreeMap::new();
         let now = Instant::now();
         t.observe(now, &cfg, &n, &none, &cache);
         t.observe(now + Duration::from_secs(1), &cfg, &n, &none, &cache);
-        // the node's version says nothing about that pod
+        // the node's changes say nothing about that pod
         assert_eq!(cache.lookups.get(), 2);
     }
 }
