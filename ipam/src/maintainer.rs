@@ -320,6 +320,8 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         reclaim: cfg.reclaim,
     };
     let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);
+    // the plan's summary of its own fields, before a hold-back changes it
+    let planned = plan.summary;
     let mut fields = plan.fields;
     match &invalid {
         None => {
@@ -519,7 +521,11 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     if freed {
         shared.pool_freed();
     }
-    let mut summary = plan::summarize(&snap, &fields, plan.summary.reclaim_candidates);
+    // fields nothing changed since the plan summarized them need no second count
+    let mut summary = match fields {
+        Cow::Borrowed(_) => planned,
+        Cow::Owned(_) => plan::summarize(&snap, &fields, plan.summary.reclaim_candidates),
+    };
     summary.blocked = held_back.or(summary.blocked).or(blocked);
     shared.publish(h, summary);
     local.deadline = plan.next_deadline;

@@ -59,6 +59,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -74,9 +75,9 @@ pub const PASSES_BEFORE_FIX: u32 = 3;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockClaim {
     /// The object's name.
-    pub name: String,
+    pub name: Arc<str>,
     /// `spec.pool`.
-    pub pool: String,
+    pub pool: Arc<str>,
     /// `spec.cidr`.
     pub cidr: IpNet,
     /// `spec.node`.
@@ -101,9 +102,10 @@ impl BlockClaim {
     }
 }
 
-/// The existing Nodes: name → UID (from the Node informer).
+/// The existing Nodes: name → UID (from the Node informer). A hash map: a repair pass
+/// asks it a few times per block, and nothing iterates it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LiveNodes(BTreeMap<NodeName, u128>);
+pub struct LiveNodes(std::collections::HashMap<NodeName, u128>);
 
 impl LiveNodes {
     pub fn new() -> Self {
@@ -150,9 +152,9 @@ pub struct BlockRef {
 impl BlockRef {
     fn of(b: &BlockClaim) -> Self {
         Self {
-            name: b.name.clone(),
+            name: b.name.to_string(),
             cidr: b.cidr,
-            pool: b.pool.clone(),
+            pool: b.pool.to_string(),
             node: b.node.clone(),
             node_uid: b.node_uid,
         }
@@ -469,10 +471,39 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
         let holder: Holder<'_> = (&*n.name, n.node_uid);
         let node_live = live(holder);
         let mine = own_blocks.get(&holder).map_or(&[][..], Vec::as_slice);
+        // its blocks in address order; when they do not overlap (the normal case), the
+        // entries (in address order too) find their block with one walk along them
+        let mut spans: Vec<(Family, u128, u128, usize)> = mine
+            .iter()
+            .map(|&i| {
+                let (lo, hi) = span(&blocks[i].cidr);
+                (family_of(&blocks[i].cidr), lo, hi, i)
+            })
+            .collect();
+        spans.sort_unstable();
+        let disjoint = spans
+            .windows(2)
+            .all(|w| w[0].0 != w[1].0 || w[0].2 < w[1].1);
+        let mut at = 0;
         for (&address, e) in &n.node.used {
             // fast path: in exactly one block of its own, in its pool, shared with nobody
-            let mut own_iter = mine.iter().filter(|&&i| blocks[i].cidr.contains(&address));
-            if let (Some(&i), None) = (own_iter.next(), own_iter.next())
+            let only = if disjoint {
+                let (family, a) = addr_num(address);
+                while at < spans.len() && (spans[at].0, spans[at].2) < (family, a) {
+                    at += 1;
+                }
+                spans
+                    .get(at)
+                    .filter(|&&(f, lo, _, _)| f == family && lo <= a)
+                    .map(|&(.., i)| i)
+            } else {
+                let mut own_iter = mine.iter().filter(|&&i| blocks[i].cidr.contains(&address));
+                match (own_iter.next(), own_iter.next()) {
+                    (Some(&i), None) => Some(i),
+                    _ => None,
+                }
+            };
+            if let Some(i) = only
                 && in_pool[i]
                 && !overlapped[i]
             {
@@ -589,7 +620,7 @@ fn check_pool(
         Err(_) => {
             return Some(RepairFinding::UnknownPool {
                 block: BlockRef::of(b),
-                invalid: pool_names.contains(b.pool.as_str()),
+                invalid: pool_names.contains(&*b.pool),
             });
         }
         Ok(p) => p,
@@ -866,7 +897,7 @@ mod tests {
     fn block(pool: &str, cidr: &str, node: &str, uid: u128) -> BlockClaim {
         let cidr = net(cidr);
         BlockClaim {
-            name: crate::pool::block_name(&cidr),
+            name: crate::pool::block_name(&cidr).into(),
             pool: pool.into(),
             cidr,
             node: node.into(),
@@ -1429,7 +1460,7 @@ mod tests {
                         crate::pool::make_net(Family::V4, (10u128 << 24) | ((k as u128) << 6), len)
                     };
                     BlockClaim {
-                        name: crate::pool::block_name(&cidr),
+                        name: crate::pool::block_name(&cidr).into(),
                         pool: pool.into(),
                         cidr,
                         node: format!("n{n}").into(),
@@ -1613,7 +1644,7 @@ mod tests {
                         IpNet::V4(ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::from(a as u32), len.min(32)))
                     };
                     BlockClaim {
-                        name: format!("x{a}"),
+                        name: format!("x{a}").into(),
                         pool: ["a", "b", "bad", ""][p].into(),
                         cidr,
                         node: format!("n{n}").into(),

@@ -404,8 +404,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         let claims: Vec<BlockClaim> = blocks
             .iter()
             .map(|b| BlockClaim {
-                name: b.name.to_string(),
-                pool: b.pool.to_string(),
+                name: b.name.clone(),
+                pool: b.pool.clone(),
                 cidr: b.cidr,
                 node: b.node.clone(),
                 node_uid: b.node_uid,
