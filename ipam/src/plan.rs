@@ -177,13 +177,13 @@ pub fn count(
     pending: &[PodUid],
 ) -> PerFamily<FamilyCounts> {
     let mut c: PerFamily<FamilyCounts> = PerFamily::default();
-    for a in fields.addresses.iter() {
-        c.get_mut(Family::of(a)).allocated += 1;
-    }
+    let allocated = per_family(fields.addresses.iter());
+    let used = per_family(node.node.used.keys());
+    (c.v4.allocated, c.v6.allocated) = (allocated.v4, allocated.v6);
+    (c.v4.used, c.v6.used) = (used.v4, used.v6);
     let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
-    for (a, e) in &node.node.used {
-        c.get_mut(Family::of(a)).used += 1;
-        if !pending.is_empty() {
+    if !pending.is_empty() {
+        for (a, e) in &node.node.used {
             with_ip.get_mut(Family::of(a)).insert(e.pod_uid);
         }
     }
@@ -204,6 +204,27 @@ pub fn count(
             .count() as u64;
     }
     c
+}
+
+/// How many of the ascending addresses are IPv4 and how many IPv6. IPv4 sorts first, so
+/// when the first and the last are of one family, all are: no walk (the common
+/// single-stack node); otherwise one walk.
+fn per_family<'a>(
+    mut addrs: impl DoubleEndedIterator<Item = &'a IpAddr> + ExactSizeIterator,
+) -> PerFamily<u64> {
+    let n = addrs.len() as u64;
+    let mut counts = PerFamily::default();
+    let (Some(first), last) = (addrs.next(), addrs.next_back()) else {
+        return counts;
+    };
+    let last = last.unwrap_or(first);
+    if Family::of(first) == Family::of(last) {
+        *counts.get_mut(Family::of(first)) = n;
+        return counts;
+    }
+    counts.v4 = 1 + addrs.filter(|a| a.is_ipv4()).count() as u64;
+    counts.v6 = n - counts.v4;
+    counts
 }
 
 /// Free addresses of a family (not used, not cooling down, not marked, not tombstoned),
@@ -475,6 +496,17 @@ mod tests {
     }
 
     proptest! {
+        /// Per-family counts agree with counting each address.
+        #[test]
+        fn per_family_counts_each_address(v4 in 0u8..40, v6 in 0u8..40) {
+            let set: BTreeSet<IpAddr> = (0..v4)
+                .map(|n| addr(false, n))
+                .chain((0..v6).map(|n| addr(true, n)))
+                .collect();
+            let c = per_family(set.iter());
+            prop_assert_eq!((c.v4, c.v6), (u64::from(v4), u64::from(v6)));
+        }
+
         /// The one-walk free test answers as a lookup per address would.
         #[test]
         fn held_with_free_matches_lookups(

@@ -413,8 +413,9 @@ impl<V: Keyed> UidTable<V> {
 struct Inner {
     /// Looked up per `used` entry on every reclaim scan: a hash table (nothing iterates it).
     pods: UidTable<PodRecord>,
-    pending: BTreeMap<NodeName, BTreeSet<PodUid>>,
-    bound: BTreeMap<NodeName, usize>,
+    /// Per node (hash maps: looked up on every pod event and pass, iterated never).
+    pending: HashMap<NodeName, BTreeSet<PodUid>>,
+    bound: HashMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
     deleted: VecDeque<(Instant, PodUid)>,
     /// Per node: its pods' recent changes ([`PodCache::pod_changes`]).
@@ -598,8 +599,9 @@ impl MemoryPodView {
         let g = self.inner.lock();
         let mut bytes = g.pods.heap_bytes();
         let set = |n: usize| (n.div_ceil(7)) * (11 * size_of::<PodUid>() + 112);
-        bytes += g.pending.values().map(|s| 48 + set(s.len())).sum::<usize>();
-        bytes += g.bound.len() * 48;
+        bytes += hash_slots(g.pending.capacity()) * (size_of::<(NodeName, BTreeSet<PodUid>)>() + 1)
+            + g.pending.values().map(|s| set(s.len())).sum::<usize>();
+        bytes += hash_slots(g.bound.capacity()) * (size_of::<(NodeName, usize)>() + 1);
         bytes += hash_slots(g.changes.capacity()) * (size_of::<(NodeName, ChangeLog)>() + 1)
             + g.changes
                 .values()

@@ -229,16 +229,19 @@ pub fn add(
 /// (kuryr's rule). Freed addresses cool down before reuse. Returns the freed addresses.
 pub fn del(
     side: &mut NodeSideFields,
+    families: &[Family],
     pod: PodUid,
     container_id: u64,
     now: SystemTime,
     reuse_cooldown: Duration,
 ) -> Vec<IpAddr> {
+    // an ADD records one address per family: the search ends when it found them all
     let freed: Vec<IpAddr> = side
         .used
         .iter()
         .filter(|(_, e)| e.pod_uid == pod && e.container_id == container_id)
         .map(|(a, _)| *a)
+        .take(families.len())
         .collect();
     for a in &freed {
         side.used.remove(a);
@@ -288,13 +291,14 @@ mod tests {
         let got = add(&n, &mut side, &[Family::V4, Family::V6], entry(1, 7)).unwrap();
         assert_eq!(got, vec![ip("10.0.0.1"), ip("fd00::1")]);
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
+        let both = [Family::V4, Family::V6];
         assert!(
-            del(&mut side, PodUid(1), 8, t, CD).is_empty(),
+            del(&mut side, &both, PodUid(1), 8, t, CD).is_empty(),
             "stale DEL ignored"
         );
-        assert_eq!(del(&mut side, PodUid(1), 7, t, CD).len(), 2);
+        assert_eq!(del(&mut side, &both, PodUid(1), 7, t, CD).len(), 2);
         assert!(
-            del(&mut side, PodUid(1), 7, t, CD).is_empty(),
+            del(&mut side, &both, PodUid(1), 7, t, CD).is_empty(),
             "DEL is idempotent"
         );
         // cooling down: not reusable yet

@@ -40,7 +40,8 @@ struct State {
     holds: BTreeMap<IpAddr, Hold>,
     /// Node names by id: a hold names its node by id (4 bytes per address, not a string's 16).
     names: Vec<NodeName>,
-    ids: BTreeMap<NodeName, u32>,
+    /// Ids by name (a hash map: asked on every pod start, iterated never).
+    ids: std::collections::HashMap<NodeName, u32>,
     /// Address → the live pod using it.
     addr_pod: BTreeMap<IpAddr, PodUid>,
     live: BTreeMap<PodUid, Box<[IpAddr]>>,
@@ -113,7 +114,7 @@ impl Observer {
             )
             + s.live.values().map(|v| v.len() * ip).sum::<usize>()
             + s.names.capacity() * size_of::<NodeName>()
-            + btree_bytes(s.ids.len(), size_of::<NodeName>() + 4)
+            + crate::pods::hash_slots(s.ids.capacity()) * (size_of::<(NodeName, u32)>() + 1)
             + btree_bytes(
                 s.deleted_at.len(),
                 size_of::<PodUid>() + size_of::<Instant>(),

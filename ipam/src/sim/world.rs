@@ -576,7 +576,8 @@ impl<S: SimSource> World<S> {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
                 self.store.update_node(&p.node, |_, side| {
-                    !node_side::del(side, uid, p.container_id, utc, cd).is_empty()
+                    !node_side::del(side, &self.cfg.families, uid, p.container_id, utc, cd)
+                        .is_empty()
                 });
                 self.inner
                     .lock()
@@ -946,7 +947,8 @@ impl<S: SimSource> World<S> {
 
     /// Every live node settled in the engine's view and no pod waiting.
     pub fn all_settled(&self) -> bool {
-        self.waiting() == 0 && self.manager.stats().unsettled == 0
+        // the counter first: counting the waiting pods walks every node
+        self.manager.stats().unsettled == 0 && self.waiting() == 0
     }
 
     /// Advances virtual time until every node is settled (checking every `step`), at most
