@@ -95,10 +95,32 @@ struct Observed {
 pub struct ReclaimTracker {
     /// (address, pod UID, first seen), in address order like the `used` map, so a pass
     /// refreshes it with one merge instead of a lookup per entry.
-    first_seen: Vec<(IpAddr, PodUid, Instant)>,
+    first_seen: Vec<Sighting>,
+    /// What [`Sighting::at`] counts from (the first observation's time).
+    base: Option<Instant>,
     observed: BTreeMap<IpAddr, Observed>,
     /// What the last scan's answers depended on, when the next scan may reuse them.
     scanned: Option<Scanned>,
+}
+
+/// A `used` entry (address, pod UID) and when the operator first saw it: 48 bytes where
+/// `(IpAddr, PodUid, Instant)` takes 64 (a `u128` aligns to 16), kept per address.
+#[derive(Debug, Clone, Copy)]
+struct Sighting {
+    uid: [u64; 2],
+    /// Nanoseconds since the tracker's base.
+    at: u64,
+    addr: IpAddr,
+}
+
+impl Sighting {
+    fn uid_of(uid: PodUid) -> [u64; 2] {
+        [uid.0 as u64, (uid.0 >> 64) as u64]
+    }
+
+    fn pod_uid(&self) -> PodUid {
+        PodUid(u128::from(self.uid[0]) | u128::from(self.uid[1]) << 64)
+    }
 }
 
 /// What a scan read: the node's pods as the cache showed them, the resourceVersion of the
@@ -128,33 +150,46 @@ impl ReclaimTracker {
         now: Instant,
         used: &BTreeMap<IpAddr, UsedEntry>,
     ) -> Vec<PodUid> {
+        let base = *self.base.get_or_insert(now);
+        let now_at = u64::try_from(now.saturating_duration_since(base).as_nanos())
+            .expect("fewer than 584 years since the first observation");
         let old = std::mem::replace(&mut self.first_seen, Vec::with_capacity(used.len()));
         let mut moved = Vec::new();
         let mut i = 0;
         for (addr, entry) in used {
-            while i < old.len() && old[i].0 < *addr {
-                moved.push(old[i].1);
+            while i < old.len() && old[i].addr < *addr {
+                moved.push(old[i].pod_uid());
                 i += 1;
             }
-            let seen = match old.get(i) {
-                Some((a, uid, t)) if a == addr && *uid == entry.pod_uid => {
+            let uid = Sighting::uid_of(entry.pod_uid);
+            let at = match old.get(i) {
+                Some(o) if o.addr == *addr && o.uid == uid => {
                     i += 1;
-                    *t
+                    o.at
                 }
-                Some((a, uid, _)) if a == addr => {
-                    moved.extend([*uid, entry.pod_uid]);
+                Some(o) if o.addr == *addr => {
+                    moved.extend([o.pod_uid(), entry.pod_uid]);
                     i += 1;
-                    now
+                    now_at
                 }
                 _ => {
                     moved.push(entry.pod_uid);
-                    now
+                    now_at
                 }
             };
-            self.first_seen.push((*addr, entry.pod_uid, seen));
+            self.first_seen.push(Sighting {
+                uid,
+                at,
+                addr: *addr,
+            });
         }
-        moved.extend(old[i..].iter().map(|(_, uid, _)| *uid));
+        moved.extend(old[i..].iter().map(Sighting::pod_uid));
         moved
+    }
+
+    /// When a sighting was.
+    fn seen(&self, s: &Sighting) -> Instant {
+        self.base.expect("set by the first merge") + std::time::Duration::from_nanos(s.at)
     }
 
     /// Observes the node's `used` map at `now`. Addresses in `tombstones` (the node's,
@@ -204,9 +239,9 @@ impl ReclaimTracker {
                 for (addr, o) in &self.observed {
                     if let (Some(entry), Ok(i)) = (
                         used.get(addr),
-                        self.first_seen.binary_search_by(|(a, _, _)| a.cmp(addr)),
+                        self.first_seen.binary_search_by(|s| s.addr.cmp(addr)),
                     ) {
-                        reasons.push((*addr, entry, self.first_seen[i].2, o.reason));
+                        reasons.push((*addr, entry, self.seen(&self.first_seen[i]), o.reason));
                     }
                 }
             }
@@ -218,11 +253,11 @@ impl ReclaimTracker {
                     .zip(&self.first_seen)
                     .filter(|((addr, _), _)| !tombstones.contains_key(addr));
                 // the others keep the last scan's answer
-                for ((addr, entry), (_, _, seen)) in entries.clone() {
+                for ((addr, entry), seen) in entries.clone() {
                     if !look(&entry.pod_uid)
                         && let Some(o) = self.observed.get(addr).filter(|o| o.uid == entry.pod_uid)
                     {
-                        reasons.push((*addr, entry, *seen, o.reason));
+                        reasons.push((*addr, entry, self.seen(seen), o.reason));
                     }
                 }
                 // one batch of cache lookups; the answers are reusable only if every pod
@@ -230,12 +265,12 @@ impl ReclaimTracker {
                 pods.with_pods(
                     entries.filter(|((_, entry), _)| look(&entry.pod_uid)),
                     |((_, entry), _)| entry.pod_uid,
-                    |((addr, entry), (_, _, seen)), pod| {
+                    |((addr, entry), seen), pod| {
                         if let Some(p) = pod {
                             own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
                         }
                         if let Some(r) = candidate_reason(addr, entry, used, pod) {
-                            reasons.push((*addr, entry, *seen, r));
+                            reasons.push((*addr, entry, self.seen(seen), r));
                         }
                     },
                 );
