@@ -524,7 +524,12 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // fields nothing changed since the plan summarized them need no second count
     let mut summary = match fields {
         Cow::Borrowed(_) => planned,
-        Cow::Owned(_) => plan::summarize(&snap, &fields, plan.summary.reclaim_candidates),
+        Cow::Owned(_) => plan::summarize(
+            &mut local.mem,
+            &snap,
+            &fields,
+            plan.summary.reclaim_candidates,
+        ),
     };
     summary.blocked = held_back.or(summary.blocked).or(blocked);
     shared.publish(h, summary);

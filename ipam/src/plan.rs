@@ -54,6 +54,16 @@ impl Blocked {
 pub struct NodeMemory {
     pub reclaim: ReclaimTracker,
     pub excess_since: PerFamily<Option<Instant>>,
+    /// The smallest groups of the address set last planned with (see [`smallest_group`]),
+    /// kept while the set is the same (shared) one: a source's holdings change rarely.
+    groups: Option<Groups>,
+}
+
+#[derive(Debug)]
+struct Groups {
+    of: std::sync::Weak<BTreeSet<IpAddr>>,
+    grant: PerFamily<u64>,
+    smallest: PerFamily<u64>,
 }
 
 impl NodeMemory {
@@ -61,6 +71,27 @@ impl NodeMemory {
     pub fn reset(&mut self) {
         self.reclaim.reset();
         self.excess_since = PerFamily::default();
+    }
+
+    /// [`smallest_groups`] of `addresses`, computed once per address set.
+    fn smallest_groups(
+        &mut self,
+        addresses: &std::sync::Arc<BTreeSet<IpAddr>>,
+        grant: PerFamily<u64>,
+    ) -> PerFamily<u64> {
+        // the weak reference keeps the set's allocation: no other set can reuse its address
+        match &self.groups {
+            Some(g) if g.grant == grant && std::ptr::eq(g.of.as_ptr(), &**addresses) => g.smallest,
+            _ => {
+                let smallest = smallest_groups(addresses, grant);
+                self.groups = Some(Groups {
+                    of: std::sync::Arc::downgrade(addresses),
+                    grant,
+                    smallest,
+                });
+                smallest
+            }
+        }
     }
 }
 
@@ -272,37 +303,61 @@ fn has<'a>(keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>, a: 
 
 /// How many free addresses could go back as whole blocks (aligned groups of `grant`
 /// addresses of which every address the node holds is free), at most `max`, largest first.
+/// Per family, the fewest addresses the node holds of one group (aligned `grant`
+/// addresses of its family; `u64::MAX` when it holds none, or when grants are single
+/// addresses, which form no groups).
+fn smallest_groups(addresses: &BTreeSet<IpAddr>, grant: PerFamily<u64>) -> PerFamily<u64> {
+    let mut smallest = PerFamily {
+        v4: u64::MAX,
+        v6: u64::MAX,
+    };
+    let mut run: Option<(Family, u128, u64)> = None;
+    for a in addresses.iter() {
+        let f = Family::of(a);
+        let size = *grant.get(f);
+        if size <= 1 {
+            continue;
+        }
+        let g = group_of(a, size);
+        match &mut run {
+            Some((rf, rg, held)) if *rf == f && *rg == g => *held += 1,
+            _ => {
+                if let Some((rf, _, held)) = run.replace((f, g, 1)) {
+                    let s = smallest.get_mut(rf);
+                    *s = (*s).min(held);
+                }
+            }
+        }
+    }
+    if let Some((rf, _, held)) = run {
+        let s = smallest.get_mut(rf);
+        *s = (*s).min(held);
+    }
+    smallest
+}
+
+/// The aligned group of `grant` addresses holding `a`.
+fn group_of(a: &IpAddr, grant: u64) -> u128 {
+    match a {
+        IpAddr::V4(v) => u128::from(u32::from(*v)) / u128::from(grant),
+        IpAddr::V6(v) => u128::from(*v) / u128::from(grant),
+    }
+}
+
+/// `smallest`: the smallest group's size ([`smallest_groups`]).
 fn whole_free_blocks(
     node: &IpamNode,
     fields: &OperatorFields,
     family: Family,
     grant: u64,
     max: u64,
+    smallest: u64,
 ) -> u64 {
-    let group = |a: &IpAddr| -> u128 {
-        match a {
-            IpAddr::V4(v) => u128::from(u32::from(*v)) / u128::from(grant),
-            IpAddr::V6(v) => u128::from(*v) / u128::from(grant),
-        }
-    };
-    // A group larger than `max` never counts: when every group is, the addresses alone
-    // answer (the usual case, a node holding a little more than its target; the walk
-    // below reads the node's other maps too).
-    let mut fits = false;
-    let mut run: Option<(u128, u64)> = None;
-    for a in fields.addresses.iter().filter(|a| Family::of(a) == family) {
-        let g = group(a);
-        match &mut run {
-            Some((rg, held)) if *rg == g => *held += 1,
-            _ => {
-                if let Some((_, held)) = run.replace((g, 1)) {
-                    fits |= held <= max;
-                }
-            }
-        }
-    }
-    fits |= run.is_some_and(|(_, held)| held <= max);
-    if !fits {
+    let group = |a: &IpAddr| group_of(a, grant);
+    // A group larger than `max` never counts: when every group is, nothing needs a look
+    // (the usual case, a node holding a little more than its target; the walk below reads
+    // the node's other maps too).
+    if smallest > max {
         return 0;
     }
     // per group: (addresses held, of which free). The addresses are sorted and a group is
@@ -397,7 +452,8 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         }
     }
     // 4. Claim or mark.
-    p.summary = summarize(s, &p.fields, p.reclaim.candidates as u64);
+    let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
+    p.summary = summarize_with(s, &p.fields, p.reclaim.candidates as u64, smallest);
     for &f in s.families {
         let sizing = *p.summary.sizing.get(f);
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
@@ -420,7 +476,9 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
                 // fits, there is nothing to offer it
                 Ok(()) => {
                     let grant = *s.grant_size.get(f);
-                    if grant <= 1 || whole_free_blocks(node, &p.fields, f, grant, mark) > 0 {
+                    if grant <= 1
+                        || whole_free_blocks(node, &p.fields, f, grant, mark, *smallest.get(f)) > 0
+                    {
                         p.marks.push(Marks {
                             family: f,
                             count: mark,
@@ -453,9 +511,21 @@ fn cap(s: &Snapshot<'_>, f: Family) -> Option<u64> {
 
 /// Summarizes the node as it would be with `fields` as the operator's fields.
 pub fn summarize(
+    mem: &mut NodeMemory,
     s: &Snapshot<'_>,
     fields: &OperatorFields,
     reclaim_candidates: u64,
+) -> NodeSummary {
+    let smallest = mem.smallest_groups(&fields.addresses, s.grant_size);
+    summarize_with(s, fields, reclaim_candidates, smallest)
+}
+
+/// [`summarize`] with the address set's [`smallest_groups`] at hand.
+fn summarize_with(
+    s: &Snapshot<'_>,
+    fields: &OperatorFields,
+    reclaim_candidates: u64,
+    smallest: PerFamily<u64>,
 ) -> NodeSummary {
     let counts = count(s.node, fields, s.pending);
     let mut summary = NodeSummary {
@@ -481,7 +551,7 @@ pub fn summarize(
         let room = c.free().min(sizing.excess.saturating_sub(c.marked));
         let grant = *s.grant_size.get(f);
         let releasable = if grant > 1 && room > 0 {
-            whole_free_blocks(s.node, fields, f, grant, room)
+            whole_free_blocks(s.node, fields, f, grant, room, *smallest.get(f))
         } else {
             room
         };
@@ -567,7 +637,11 @@ mod tests {
                     want += n;
                 }
             }
-            prop_assert_eq!(whole_free_blocks(&node, &fields, Family::V4, grant, max), want);
+            let smallest = smallest_groups(&fields.addresses, PerFamily { v4: grant, v6: 1 });
+            prop_assert_eq!(
+                whole_free_blocks(&node, &fields, Family::V4, grant, max, smallest.v4),
+                want
+            );
         }
 
         /// The one-walk free test answers as a lookup per address would.

@@ -3,7 +3,7 @@
 //! tasks on the caller's runtime; under paused tokio time it is virtual and deterministic.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -250,7 +250,8 @@ pub struct WorkloadStats {
 struct Inner {
     /// By UID (only looked up: a compact table that churn does not grow).
     pods: UidTable<SimPod>,
-    agents: BTreeMap<NodeName, Agent>,
+    /// By node name (a hash map: looked up on every pod event, iterated only for sums).
+    agents: HashMap<NodeName, Agent>,
     /// The names of the agents that are alive, in name order (kept with `agents`, so the
     /// workload can pick a live node without listing them all).
     live: Vec<NodeName>,
@@ -403,7 +404,7 @@ impl<S: SimSource> World<S> {
             leader: Arc::new(leader),
             inner: Arc::new(Mutex::new(Inner {
                 pods: UidTable::default(),
-                agents: BTreeMap::new(),
+                agents: HashMap::new(),
                 live: Vec::new(),
                 next_uid: 1,
                 next_container: 1,
@@ -1026,12 +1027,13 @@ impl<S: SimSource> World<S> {
         }
         let g = self.inner.lock();
         bytes += g.pods.heap_bytes();
+        bytes +=
+            crate::pods::hash_slots(g.agents.capacity()) * (size_of::<(NodeName, Agent)>() + 1);
         bytes += g
             .agents
             .values()
             .map(|a| {
-                size_of::<Agent>()
-                    + a.pods.capacity() * size_of::<PodUid>()
+                a.pods.capacity() * size_of::<PodUid>()
                     + a.queue.capacity() * size_of::<(PodUid, u64)>()
             })
             .sum::<usize>();
