@@ -296,13 +296,14 @@ fn held_with_free<'a>(
 
 /// Whether the ascending `keys` hold `a`, skipping the keys below it (`a` never decreases
 /// from one call to the next).
-fn has<'a>(keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>, a: &IpAddr) -> bool {
+pub(crate) fn has<'a>(
+    keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>,
+    a: &IpAddr,
+) -> bool {
     while keys.next_if(|k| *k < a).is_some() {}
     keys.peek() == Some(&a)
 }
 
-/// How many free addresses could go back as whole blocks (aligned groups of `grant`
-/// addresses of which every address the node holds is free), at most `max`, largest first.
 /// Per family, the fewest addresses the node holds of one group (aligned `grant`
 /// addresses of its family; `u64::MAX` when it holds none, or when grants are single
 /// addresses, which form no groups).
@@ -344,6 +345,8 @@ fn group_of(a: &IpAddr, grant: u64) -> u128 {
     }
 }
 
+/// How many free addresses could go back as whole blocks (aligned groups of `grant`
+/// addresses of which every address the node holds is free), at most `max`, largest first.
 /// `smallest`: the smallest group's size ([`smallest_groups`]).
 fn whole_free_blocks(
     node: &IpamNode,
