@@ -150,6 +150,16 @@ impl ReclaimTracker {
         now: Instant,
         used: &BTreeMap<IpAddr, UsedEntry>,
     ) -> Vec<PodUid> {
+        // the same entries (another field of the object changed): nothing to redo
+        if self.first_seen.len() == used.len()
+            && self
+                .first_seen
+                .iter()
+                .zip(used)
+                .all(|(s, (a, e))| s.addr == *a && s.uid == Sighting::uid_of(e.pod_uid))
+        {
+            return Vec::new();
+        }
         let base = *self.base.get_or_insert(now);
         let now_at = u64::try_from(now.saturating_duration_since(base).as_nanos())
             .expect("fewer than 584 years since the first observation");

@@ -79,6 +79,8 @@ struct NodeMeta {
 #[derive(Default)]
 struct Seen {
     blocks: Vec<(Arc<str>, u64)>,
+    /// The store's version of the node's blocks when `blocks` was taken.
+    at: u64,
     holdings: Option<Holdings>,
 }
 
@@ -178,10 +180,11 @@ impl State {
         }
     }
 
-    /// Records the blocks shown to the engine; the cached holdings stay only if they are
-    /// the same blocks at the same versions.
-    fn remember(&mut self, node: &NodeName, blocks: &[Arc<IpamBlock>]) -> &mut Seen {
+    /// Records the blocks shown to the engine (the store's `at` version of them); the
+    /// cached holdings stay only if they are the same blocks at the same versions.
+    fn remember(&mut self, node: &NodeName, blocks: &[Arc<IpamBlock>], at: u64) -> &mut Seen {
         let seen = self.seen.entry(node.clone()).or_default();
+        seen.at = at;
         let same = seen.blocks.len() == blocks.len()
             && seen
                 .blocks
@@ -661,9 +664,10 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+        let at = self.store.blocks_version(node);
         let blocks = self.store.blocks_of(node);
         let mut s = self.state.lock();
-        s.remember(node, &blocks);
+        s.remember(node, &blocks, at);
         Ok(blocks.iter().flat_map(|b| s.usable(b)).collect())
     }
 
@@ -711,9 +715,22 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     fn holdings(&self, node: &NodeName) -> Option<Holdings> {
+        // the blocks as last shown, unchanged since (the version read first: a write after
+        // it makes the next call look again)
+        let at = self.store.blocks_version(node);
+        {
+            let s = self.state.lock();
+            if let Some(seen) = s.seen.get(node)
+                && seen.at == at
+                && at != 0
+                && let Some(h) = &seen.holdings
+            {
+                return Some(h.clone());
+            }
+        }
         let blocks = self.store.blocks_of(node);
         let mut s = self.state.lock();
-        if let Some(h) = &s.remember(node, &blocks).holdings {
+        if let Some(h) = &s.remember(node, &blocks, at).holdings {
             return Some(h.clone());
         }
         let mut h = Holdings::default();

@@ -283,42 +283,31 @@ pub struct World<S = MemorySource> {
 }
 
 /// A node as its blocks make it (cluster-pool: [`node_side::project`]), kept so that a
-/// reconcile rebuilds it only when the blocks changed: it is reused while the node's blocks
-/// have the same release state and usable addresses, in the same order, as when it was
-/// built. Its identity and tombstones are refreshed from the IPAMNode before each use.
+/// reconcile rebuilds it only when the node's blocks or the pools changed. Its identity and
+/// tombstones are refreshed from the IPAMNode before each use.
 struct Projection {
-    /// The blocks it was built from (name and resourceVersion, in the order `blocks_of`
-    /// gives) and the source's pool generation then: a block's usable addresses and marks
+    /// The store's version of the node's blocks ([`BlockStore::blocks_version`]) and the
+    /// source's pool generation it was built at: a block's usable addresses and marks
     /// change only with its object or its pool's spec.
-    built_from: Vec<(Arc<str>, u64)>,
+    blocks_at: u64,
     pools: u64,
+    /// Whether a block carried a release mark or an answer (the node side has to answer).
+    marked: bool,
     view: IpamNode,
 }
 
 impl Projection {
-    /// Whether it was built from these blocks under this pool generation.
-    fn matches(&self, blocks: &[Arc<IpamBlock>], pools: u64) -> bool {
-        self.pools == pools
-            && self.built_from.len() == blocks.len()
-            && self
-                .built_from
-                .iter()
-                .zip(blocks)
-                .all(|((name, rv), b)| *rv == b.resource_version && *name == b.name)
-    }
-
     fn build(
         node: &IpamNode,
         blocks: &[Arc<IpamBlock>],
         views: &[node_side::BlockView],
+        blocks_at: u64,
         pools: u64,
     ) -> Projection {
         Projection {
-            built_from: blocks
-                .iter()
-                .map(|b| (b.name.clone(), b.resource_version))
-                .collect(),
+            blocks_at,
             pools,
+            marked: blocks.iter().any(|b| b.release || b.ack.is_some()),
             view: project(node, views),
         }
     }
@@ -340,8 +329,7 @@ impl Projection {
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let ip = size_of::<IpAddr>();
-        self.built_from.capacity() * size_of::<(Arc<str>, u64)>()
-            + btree_bytes(self.view.operator.addresses.len(), ip)
+        btree_bytes(self.view.operator.addresses.len(), ip)
             + btree_bytes(self.view.operator.release.len(), ip + 1)
             + btree_bytes(self.view.operator.reclaim.len(), ip + 32)
     }
@@ -657,7 +645,7 @@ impl<S: SimSource> World<S> {
         self.observer.pod_stopped(uid, true);
         let proj = if self.source.grants_blocks() {
             let n = self.store.cached(&node)?;
-            Some(self.projection(&n, &self.store.blocks_of(&node)))
+            Some(self.projection(&n))
         } else {
             None
         };
@@ -792,21 +780,27 @@ impl<S: SimSource> World<S> {
             let Some(node) = self.store.cached(name) else {
                 return;
             };
-            let mut blocks = self.store.blocks_of(name);
-            let answering: Vec<node_side::BlockView> = blocks
-                .iter()
-                .filter(|b| b.release || b.ack.is_some())
-                .map(|b| self.block_view(b, true))
-                .collect();
-            for (block, ack) in node_side::answer_blocks(&node.node, &answering, &mut answers) {
-                if let Some(new) = self.store.ack_block(&block, ack)
-                    && let Some(b) = blocks.iter_mut().find(|b| b.name == block)
-                {
-                    *b = new;
+            // blocks as the kept projection saw them, none marked: nothing to answer
+            let at = self.store.blocks_version(name);
+            let quiet = self
+                .projections
+                .lock()
+                .get(name)
+                .is_some_and(|p| p.blocks_at == at && !p.marked);
+            if !quiet {
+                let answering: Vec<node_side::BlockView> = self
+                    .store
+                    .blocks_of(name)
+                    .iter()
+                    .filter(|b| b.release || b.ack.is_some())
+                    .map(|b| self.block_view(b, true))
+                    .collect();
+                for (block, ack) in node_side::answer_blocks(&node.node, &answering, &mut answers) {
+                    self.store.ack_block(&block, ack);
                 }
             }
             // read, then let go of the object: the write below changes it in place
-            Some(self.projection(&node, &blocks))
+            Some(self.projection(&node))
         } else {
             None
         };
@@ -928,20 +922,23 @@ impl<S: SimSource> World<S> {
     }
 
     /// The node as its blocks make it ([`node_side::project`]): the kept projection when
-    /// the blocks are as it was built from, else a new one. The caller puts it back into
-    /// `projections` when done.
-    fn projection(&self, node: &IpamNode, blocks: &[Arc<IpamBlock>]) -> Projection {
+    /// neither the blocks nor the pools changed since it was built, else a new one. The
+    /// caller puts it back into `projections` when done.
+    fn projection(&self, node: &IpamNode) -> Projection {
+        // the version first: a block written after it makes the next call build again
+        let at = self.store.blocks_version(&node.name);
         let pools = self.source.pools_generation();
         let kept = self.projections.lock().remove(&node.name);
         match kept {
-            Some(mut p) if p.matches(blocks, pools) => {
+            Some(mut p) if p.blocks_at == at && p.pools == pools => {
                 p.refresh(node);
                 p
             }
             _ => {
+                let blocks = self.store.blocks_of(&node.name);
                 let views: Vec<node_side::BlockView> =
                     blocks.iter().map(|b| self.block_view(b, false)).collect();
-                Projection::build(node, blocks, &views, pools)
+                Projection::build(node, &blocks, &views, at, pools)
             }
         }
     }

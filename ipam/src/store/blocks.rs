@@ -15,6 +15,10 @@ use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck};
 pub trait BlockStore: Send + Sync + 'static {
     /// The node's blocks as the local cache knows them, in name order.
     fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>>;
+    /// Changes whenever one of the node's blocks is created, changed or deleted (the
+    /// resourceVersion of the last such write; 0 if there was none): what a caller made of
+    /// `blocks_of` stays right while this is the same.
+    fn blocks_version(&self, node: &str) -> u64;
     /// Every block in the local cache, in name order.
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
     /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
@@ -57,6 +61,8 @@ pub(super) struct Blocks {
     by_name: BTreeMap<Arc<str>, Arc<IpamBlock>>,
     /// Each node's blocks by name (the objects themselves: `blocks_of` runs every pass).
     by_node: HashMap<NodeName, BTreeMap<Arc<str>, Arc<IpamBlock>>>,
+    /// Per node, the resourceVersion of the last write to one of its blocks.
+    versions: HashMap<NodeName, u64>,
 }
 
 impl MemoryNodeStore {
@@ -91,6 +97,7 @@ impl MemoryNodeStore {
             (None, None) => unreachable!("checked above"),
         };
         let blocks = &mut inner.blocks;
+        blocks.versions.insert(node.clone(), rv);
         match &new {
             Some(b) => {
                 blocks.by_name.insert(b.name.clone(), b.clone());
@@ -156,6 +163,11 @@ impl BlockStore for MemoryNodeStore {
         b.by_node
             .get(node)
             .map_or_else(Vec::new, |blocks| blocks.values().cloned().collect())
+    }
+
+    fn blocks_version(&self, node: &str) -> u64 {
+        let inner = self.inner.lock();
+        inner.blocks.versions.get(node).copied().unwrap_or(0)
     }
 
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
@@ -237,6 +249,8 @@ mod tests {
         ));
         assert_eq!(s.blocks_of("n1").len(), 1);
         assert!(s.blocks_of("n2").is_empty());
+        // each node's blocks have a version: the last write to one of them
+        assert_eq!((s.blocks_version("n1"), s.blocks_version("n2")), (1, 0));
         // marking bumps the resourceVersion; re-marking does not
         let m = s.mark_block(&a.name, true).await.unwrap();
         assert_eq!(m.resource_version, 2);
@@ -244,10 +258,16 @@ mod tests {
             s.mark_block(&a.name, true).await.unwrap().resource_version,
             2
         );
+        assert_eq!(s.blocks_version("n1"), 2);
         let acked = s
             .ack_block(&a.name, Some(ReleaseAck::ReadyForRelease))
             .unwrap();
         assert_eq!(acked.resource_version, 3);
+        assert_eq!(
+            s.blocks_version("n1"),
+            3,
+            "the node side's answers count too"
+        );
         // a delete with a stale precondition fails and changes nothing
         assert!(matches!(
             s.delete_block(&a.name, 2).await,
@@ -256,6 +276,7 @@ mod tests {
         assert!(s.cached_block(&a.name).is_some());
         s.delete_block(&a.name, 3).await.unwrap();
         assert!(s.blocks_of("n1").is_empty());
+        assert_eq!(s.blocks_version("n1"), 4, "and deletes");
         assert!(matches!(
             s.delete_block(&a.name, 3).await,
             Err(IpamError::NotFound { .. })
