@@ -457,12 +457,14 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
     // An address two holders use is outside the blocks of at least one of them, unless
     // blocks of two holders overlap: so only such entries are gathered, and each one's
     // address is completed with the holders of the blocks holding it that use it too.
-    let by_holder: BTreeMap<Holder<'_>, &IpamNode> = ipam_nodes
+    // (hash maps: asked once per node and per block, iterated never)
+    let by_holder: std::collections::HashMap<Holder<'_>, &IpamNode> = ipam_nodes
         .iter()
         .map(|n| n.borrow())
         .map(|n| ((&*n.name, n.node_uid), n))
         .collect();
-    let mut own_blocks: BTreeMap<Holder<'_>, Vec<usize>> = BTreeMap::new();
+    let mut own_blocks: std::collections::HashMap<Holder<'_>, Vec<usize>> =
+        std::collections::HashMap::new();
     for (i, b) in blocks.iter().enumerate() {
         own_blocks.entry(b.holder()).or_default().push(i);
     }
