@@ -588,6 +588,17 @@ mod tests {
         }
     }
 
+    /// The `used` entry of pod `i`.
+    fn used_by(i: usize) -> UsedEntry {
+        UsedEntry {
+            pod_uid: PodUid(i as u128),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container_id: 1,
+            since: SystemTime::UNIX_EPOCH,
+        }
+    }
+
     proptest! {
         /// Per-family counts agree with counting each address.
         #[test]
@@ -613,15 +624,7 @@ mod tests {
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(false, i as u8);
                 if f[0] { std::sync::Arc::make_mut(&mut fields.addresses).insert(a); }
-                if f[1] {
-                    node.node.used.insert(a, UsedEntry {
-                        pod_uid: PodUid(i as u128),
-                        namespace: "ns".into(),
-                        pod: "p".into(),
-                        container_id: 1,
-                        since: SystemTime::UNIX_EPOCH,
-                    });
-                }
+                if f[1] { node.node.used.insert(a, used_by(i)); }
             }
             let mut groups: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
             for (i, f) in flags.iter().enumerate() {
@@ -658,15 +661,7 @@ mod tests {
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(i >= 64, (i % 64) as u8);
                 if f[0] { std::sync::Arc::make_mut(&mut fields.addresses).insert(a); }
-                if f[1] {
-                    node.node.used.insert(a, UsedEntry {
-                        pod_uid: PodUid(i as u128),
-                        namespace: "ns".into(),
-                        pod: "p".into(),
-                        container_id: 1,
-                        since: SystemTime::UNIX_EPOCH,
-                    });
-                }
+                if f[1] { node.node.used.insert(a, used_by(i)); }
                 if f[2] { node.node.cooldown.insert(a, SystemTime::UNIX_EPOCH); }
                 if f[3] { fields.release.insert(a, ReleaseState::MarkedForRelease); }
                 if f[4] {
