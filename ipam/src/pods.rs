@@ -816,4 +816,21 @@ mod tests {
         assert_eq!(v.pod_changes("n", Some(s3)), None);
         assert!(v.pod_changes("n", None).is_some());
     }
+
+    #[test]
+    fn pod_ips_hold_one_address_per_family() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let ips = PodIps::new([ip("10.0.0.1"), ip("fd00::1"), ip("10.0.0.2")]);
+        assert!(ips.contains(&ip("10.0.0.1")) && ips.contains(&ip("fd00::1")));
+        assert!(
+            !ips.contains(&ip("10.0.0.2")),
+            "a second IPv4 address is ignored"
+        );
+        assert_eq!(
+            ips.iter().collect::<Vec<_>>(),
+            vec![ip("10.0.0.1"), ip("fd00::1")]
+        );
+        assert!(!ips.is_empty() && PodIps::default().is_empty());
+        assert_eq!(PodIps::new([ip("fd00::2")]).iter().count(), 1);
+    }
 }
