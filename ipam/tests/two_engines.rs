@@ -183,15 +183,14 @@ async fn two_leading_engines_never_grant_one_address_twice() {
     let b = second(&w, CIDRS, cfg.engine.clone(), Duration::from_millis(35));
     b.engine.spawn_resync_loop();
 
-    // The world numbers node UIDs 2, 3, ... in the order nodes are added (World::add_node);
-    // checked below against the IPAMNodes A writes.
-    let mut next_uid = 1u128;
+    // B's Node informer sees each node with the UID the world gave it; checked below
+    // against the IPAMNodes A writes.
     let mut uids = Vec::new();
     let mut add = |name: &str| -> NodeName {
         let n = w.add_node(name);
-        next_uid += 1;
-        b.upsert(&n, next_uid, cfg.max_pods);
-        uids.push((n.clone(), next_uid));
+        let uid = w.node_uid(&n).expect("just added");
+        b.upsert(&n, uid, cfg.max_pods);
+        uids.push((n.clone(), uid));
         n
     };
     let mut nodes: Vec<NodeName> = (0..8).map(|i| add(&format!("node-{i}"))).collect();

@@ -225,6 +225,8 @@ impl SimPod {
 }
 
 struct Agent {
+    /// The UID of its Node object.
+    uid: u128,
     /// The machine runs (false once it vanished).
     alive: bool,
     /// Pods waiting for addresses (CNI ADD retried when the pool changes).
@@ -473,9 +475,11 @@ impl<S: SimSource> World<S> {
         let uid = {
             let mut g = self.inner.lock();
             g.next_node_uid += 1;
+            let uid = g.next_node_uid;
             g.agents.insert(
                 name.clone(),
                 Agent {
+                    uid,
                     alive: true,
                     queue: VecDeque::new(),
                     pods: Vec::new(),
@@ -485,7 +489,7 @@ impl<S: SimSource> World<S> {
                 g.live.insert(i, name.clone());
             }
             g.stats.events += 1;
-            g.next_node_uid
+            uid
         };
         self.observer.machine_joined(&name);
         self.manager.upsert_node(NodeInfo {
@@ -722,6 +726,11 @@ impl<S: SimSource> World<S> {
             .get(node)
             .map(|a| a.pods.clone())
             .unwrap_or_default()
+    }
+
+    /// The UID the world gave the Node object of `node` (while its machine is known).
+    pub fn node_uid(&self, node: &str) -> Option<u128> {
+        self.inner.lock().agents.get(node).map(|a| a.uid)
     }
 
     /// Pods on `node` still waiting for an address.
