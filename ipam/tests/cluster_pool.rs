@@ -22,10 +22,10 @@ use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 use tidepool_ipam::source::IpSource;
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, PodUid, ReleaseAck};
+use tidepool_ipam::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
 
-use common::{Pool, pool_spec as spec, pool_world as world_with};
+use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};
 
 fn world(cfg: WorldConfig, cidrs: &[&str]) -> World<Pool> {
     world_with(cfg, cidrs, Duration::ZERO)
@@ -42,18 +42,6 @@ fn pre_allocate(pre: u32) -> WorldConfig {
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()
-}
-
-/// The pods of `node` whose address lies in `cidr`.
-fn pods_in(w: &World<Pool>, node: &str, cidr: &IpNet) -> Vec<PodUid> {
-    w.node(node).map_or_else(Vec::new, |n| {
-        n.node
-            .used
-            .iter()
-            .filter(|(a, _)| cidr.contains(*a))
-            .map(|(_, e)| e.pod_uid)
-            .collect()
-    })
 }
 
 /// Every invariant the observer judges, including the end-of-run check for lost addresses.

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipnet::IpNet;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
@@ -27,7 +26,7 @@ use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::types::{NodeInfo, NodeName, PodUid, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
 
-use common::{Pool, pool_spec as spec, pool_world as world};
+use common::{Pool, pods_in, pool_spec as spec, pool_world as world};
 
 type Engine = NodeManager<Pool, MemoryNodeStore, MemoryPodView>;
 
@@ -97,18 +96,6 @@ impl Second {
             e.on_pod_event(&node);
         });
     }
-}
-
-/// Pods of `node` whose address lies in `cidr`.
-fn pods_in(w: &World<Pool>, node: &str, cidr: &IpNet) -> Vec<PodUid> {
-    w.node(node).map_or_else(Vec::new, |n| {
-        n.node
-            .used
-            .iter()
-            .filter(|(a, _)| cidr.contains(*a))
-            .map(|(_, e)| e.pod_uid)
-            .collect()
-    })
 }
 
 /// Every `used` address of a live node lies in one of its own blocks, and no two blocks

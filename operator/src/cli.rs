@@ -406,17 +406,24 @@ mod tests {
         }
     }
 
+    /// Parses `simulate` with `args` and builds its configuration: the error, if any.
+    fn simulate_config(args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["t", "simulate"];
+        all.extend_from_slice(args);
+        let Command::Simulate(s) = Cli::try_parse_from(all).unwrap().command else {
+            panic!("simulate expected")
+        };
+        crate::simulate::config(&s)
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    }
+
     #[test]
     fn sim_cloud_flags_are_checked_before_anything_runs() {
         let parse = |args: &[&str]| {
-            let mut all = vec!["t", "simulate", "--source", "sim-cloud"];
+            let mut all = vec!["--source", "sim-cloud"];
             all.extend_from_slice(args);
-            let Command::Simulate(s) = Cli::try_parse_from(all).unwrap().command else {
-                panic!("simulate expected")
-            };
-            crate::simulate::config(&s)
-                .map(|_| ())
-                .map_err(|e| format!("{e:#}"))
+            simulate_config(&all)
         };
         assert!(parse(&[]).is_ok());
         let e = parse(&["--instance-type", "x9.huge"]).unwrap_err();
@@ -436,16 +443,7 @@ mod tests {
 
     #[test]
     fn cluster_pool_flags_are_checked_before_anything_runs() {
-        let parse = |args: &[&str]| {
-            let mut all = vec!["t", "simulate"];
-            all.extend_from_slice(args);
-            let Command::Simulate(s) = Cli::try_parse_from(all).unwrap().command else {
-                panic!("simulate expected")
-            };
-            crate::simulate::config(&s)
-                .map(|_| ())
-                .map_err(|e| format!("{e:#}"))
-        };
+        let parse = simulate_config;
         let cp = |args: &[&str]| {
             let mut all = vec!["--source", "cluster-pool"];
             all.extend_from_slice(args);

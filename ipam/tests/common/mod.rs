@@ -362,3 +362,15 @@ pub fn pool_world(cfg: WorldConfig, cidrs: &[&str], latency: Duration) -> World<
     })
     .unwrap()
 }
+
+/// The pods of `node` whose address lies in `cidr`.
+pub fn pods_in(w: &World<Pool>, node: &str, cidr: &ipnet::IpNet) -> Vec<PodUid> {
+    w.node(node).map_or_else(Vec::new, |n| {
+        n.node
+            .used
+            .iter()
+            .filter(|(a, _)| cidr.contains(*a))
+            .map(|(_, e)| e.pod_uid)
+            .collect()
+    })
+}
