@@ -21,6 +21,7 @@ pub mod stats;
 pub mod store;
 pub mod trigger;
 pub mod types;
+pub mod used;
 pub mod watermarks;
 
 #[cfg(feature = "sim")]

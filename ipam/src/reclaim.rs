@@ -10,14 +10,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
-use crate::types::{Family, IpamNode, PodUid, ReclaimReason, Tombstone, UsedEntry};
+use crate::types::{Family, IpamNode, PodUid, ReclaimReason, Tombstone, UsedEntry, UsedMap};
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
 /// with that UID). `used` is the node's whole `used` map, for the replaced-sandbox rule.
 pub fn candidate_reason(
     addr: &IpAddr,
     entry: &UsedEntry,
-    used: &BTreeMap<IpAddr, UsedEntry>,
+    used: &UsedMap,
     pod: Option<&PodInfo>,
 ) -> Option<ReclaimReason> {
     let Some(pod) = pod else {
@@ -145,11 +145,7 @@ impl ReclaimTracker {
     /// Refreshes the first sightings from the `used` map (address order) with one merge
     /// (one allocation per scan rather than a second buffer kept per node: memory is what
     /// limits large runs). Returns the pod UIDs of the entries added and gone.
-    fn merge_first_seen(
-        &mut self,
-        now: Instant,
-        used: &BTreeMap<IpAddr, UsedEntry>,
-    ) -> Vec<PodUid> {
+    fn merge_first_seen(&mut self, now: Instant, used: &UsedMap) -> Vec<PodUid> {
         // the same entries (another field of the object changed): nothing to redo
         if self.first_seen.len() == used.len()
             && self
@@ -370,7 +366,7 @@ mod tests {
 
     /// An IPAMNode "n" with these entries, not stored (resourceVersion 0: scans never
     /// reuse answers for it).
-    fn node(used: &BTreeMap<IpAddr, UsedEntry>) -> IpamNode {
+    fn node(used: &UsedMap) -> IpamNode {
         let mut n = IpamNode::new("n".into(), 1);
         n.node.used = used.clone();
         n
@@ -391,7 +387,7 @@ mod tests {
 
     #[test]
     fn candidate_rules() {
-        let mut used = BTreeMap::new();
+        let mut used = UsedMap::new();
         used.insert(ip("10.0.0.1"), entry(1, 10));
         used.insert(ip("10.0.0.2"), entry(1, 20));
         let e = &used[&ip("10.0.0.1")];
@@ -438,7 +434,7 @@ mod tests {
             min_age: Duration::from_secs(120),
         };
         let mut t = ReclaimTracker::default();
-        let mut used = BTreeMap::new();
+        let mut used = UsedMap::new();
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let none = BTreeMap::new();
         let start = Instant::now();
@@ -490,7 +486,7 @@ mod tests {
     async fn young_entries_wait_for_min_age_and_reappearing_pods_reset() {
         let cfg = ReclaimConfig::default();
         let mut t = ReclaimTracker::default();
-        let mut used = BTreeMap::new();
+        let mut used = UsedMap::new();
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let now = Instant::now();
         let none = BTreeMap::new();
@@ -535,7 +531,7 @@ mod tests {
             min_age: Duration::ZERO,
         };
         let mut t = ReclaimTracker::default();
-        let mut used = BTreeMap::new();
+        let mut used = UsedMap::new();
         used.insert(ip("10.0.0.1"), entry(1, 0));
         let now = Instant::now();
         let none = BTreeMap::new();

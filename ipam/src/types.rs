@@ -7,6 +7,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use crate::used::UsedMap;
+
 /// An address family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {
@@ -182,7 +184,7 @@ pub struct OperatorFields {
 /// The fields the node side writes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeSideFields {
-    pub used: BTreeMap<IpAddr, UsedEntry>,
+    pub used: UsedMap,
     /// Address → end of its reuse cooldown.
     pub cooldown: BTreeMap<IpAddr, SystemTime>,
     pub release_ack: BTreeMap<IpAddr, ReleaseAck>,

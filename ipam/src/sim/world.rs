@@ -1012,7 +1012,7 @@ impl<S: SimSource> World<S> {
         for n in self.store.list() {
             bytes += size_of::<IpamNode>() + 16 + arc_str_bytes(n.name.len());
             let side = &n.node;
-            bytes += btree_bytes(side.used.len(), ip + size_of::<UsedEntry>());
+            bytes += side.used.heap_bytes();
             bytes += btree_bytes(side.cooldown.len(), ip + size_of::<SystemTime>());
             bytes += btree_bytes(side.release_ack.len(), ip + 1);
             bytes += btree_bytes(side.reclaim_ack.len(), ip + 32);
