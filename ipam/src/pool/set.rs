@@ -120,6 +120,8 @@ pub struct PoolSet {
     entries: Vec<Entry>,
     /// Name → entry of the first pool of that name.
     by_name: HashMap<String, usize>,
+    /// Calls that may have changed an index ([`Self::get_mut`], [`Self::rebuild`]).
+    changes: u64,
 }
 
 impl PoolSet {
@@ -141,7 +143,11 @@ impl PoolSet {
                 Entry { spec, state }
             })
             .collect();
-        Self { entries, by_name }
+        Self {
+            entries,
+            by_name,
+            changes: 0,
+        }
     }
 
     /// Each pool's name and validity, in creation order.
@@ -162,12 +168,19 @@ impl PoolSet {
     }
 
     pub fn get_mut(&mut self, name: &str) -> Result<&mut PoolIndex, PoolError> {
+        self.changes += 1;
         match self.by_name.get(name) {
             None => Err(PoolError::UnknownPool {
                 pool: name.to_string(),
             }),
             Some(&i) => self.entries[i].state.as_mut().map_err(|e| e.clone()),
         }
+    }
+
+    /// Counts the calls that may have changed an index (mutable access, rebuilds): while it
+    /// is the same, nothing changed.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Valid pools, in creation order.
@@ -191,6 +204,7 @@ impl PoolSet {
         &mut self,
         records: impl IntoIterator<Item = BlockRecord<'a, K>>,
     ) -> RebuildReport<K> {
+        self.changes += 1;
         for e in &mut self.entries {
             if let Ok(p) = &mut e.state {
                 p.clear();

@@ -108,6 +108,20 @@ struct State {
     duplicates: BTreeSet<NodeName>,
     /// Counts [`ClusterPoolSource::set_pools`] calls.
     pools_generation: u64,
+    /// What the last rebuild indexed, while the index is still exactly its result.
+    indexed: Option<Indexed>,
+}
+
+/// A rebuild's inputs and its block claims: the rebuilt index depends on the pools and on the
+/// blocks' specs alone, so while neither the store's block set, nor the pools, nor the index
+/// changed since, rebuilding again would give the same index and the same claims.
+struct Indexed {
+    /// [`BlockStore::block_set_version`] before the blocks were listed.
+    blocks_at: u64,
+    pools_generation: u64,
+    /// [`PoolSet::changes`] right after the rebuild.
+    pool_changes: u64,
+    claims: Arc<[BlockClaim]>,
 }
 
 /// The cluster-pool source over a block store. Cheap to clone.
@@ -232,6 +246,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 last_repair: None,
                 duplicates: BTreeSet::new(),
                 pools_generation: 0,
+                indexed: None,
             })),
         };
         source.rebuild();
@@ -303,13 +318,31 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.rebuild();
     }
 
-    /// Rebuilds the index from every block in the store.
-    fn rebuild(&self) {
-        self.rebuild_from(&self.store.list_blocks());
-    }
-
-    /// Rebuilds the index from these blocks.
-    fn rebuild_from(&self, blocks: &[Arc<IpamBlock>]) {
+    /// Rebuilds the index from every block in the store, unless it is still the last
+    /// rebuild's result ([`Indexed`]). Returns the blocks' claims.
+    fn rebuild(&self) -> Arc<[BlockClaim]> {
+        // read before listing: a block created in between makes the next call rebuild again
+        let at = self.store.block_set_version();
+        {
+            let s = self.state.lock();
+            if let Some(i) = s.indexed.as_ref().filter(|i| {
+                (i.blocks_at, i.pools_generation, i.pool_changes)
+                    == (at, s.pools_generation, s.pools.changes())
+            }) {
+                return i.claims.clone();
+            }
+        }
+        let blocks = self.store.list_blocks();
+        let claims: Arc<[BlockClaim]> = blocks
+            .iter()
+            .map(|b| BlockClaim {
+                name: b.name.clone(),
+                pool: b.pool.clone(),
+                cidr: b.cidr,
+                node: b.node.clone(),
+                node_uid: b.node_uid,
+            })
+            .collect();
         let mut s = self.state.lock();
         let records = blocks.iter().map(|b| super::BlockRecord {
             key: (),
@@ -318,6 +351,13 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             cidr: b.cidr,
         });
         s.pools.rebuild(records);
+        s.indexed = Some(Indexed {
+            blocks_at: at,
+            pools_generation: s.pools_generation,
+            pool_changes: s.pools.changes(),
+            claims: claims.clone(),
+        });
+        claims
     }
 
     /// How many times the pools were replaced ([`Self::set_pools`]): a block's usable
@@ -401,19 +441,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 
     /// One repair pass: rebuild, check, count, and the fixes that are due.
     async fn repair(&self) {
-        let blocks = self.store.list_blocks();
-        self.rebuild_from(&blocks);
+        let claims = self.rebuild();
         let nodes = self.store.list_nodes();
-        let claims: Vec<BlockClaim> = blocks
-            .iter()
-            .map(|b| BlockClaim {
-                name: b.name.clone(),
-                pool: b.pool.clone(),
-                cidr: b.cidr,
-                node: b.node.clone(),
-                node_uid: b.node_uid,
-            })
-            .collect();
         let fixes = {
             let mut s = self.state.lock();
             let mut live = LiveNodes::new();
@@ -889,6 +918,76 @@ mod tests {
             src.prepare_allocation(&n, Family::V4, 40, 20),
             16,
             "capped by the limit"
+        );
+    }
+    /// A repair rebuilds the index only when its result could differ: after a block was
+    /// created or deleted behind the source's back (another engine), after the source's
+    /// own claims, not after release marks and answers.
+    #[tokio::test(start_paused = true)]
+    async fn repair_rebuilds_when_the_blocks_or_the_index_changed() {
+        let store = MemoryNodeStore::new();
+        let src = ClusterPoolSource::new(
+            store.clone(),
+            &[Family::V4],
+            vec![pool("default", "10.0.0.0/24", &[])],
+            1,
+        );
+        let n: NodeName = "n".into();
+        src.node_seen(&NodeInfo {
+            name: n.clone(),
+            uid: 7,
+            allocatable_pods: 250,
+            cordoned: false,
+            terminating: false,
+        });
+        let changes = |src: &ClusterPoolSource<MemoryNodeStore>| src.state.lock().pools.changes();
+        src.allocate(&n, Family::V4, 1).await.unwrap();
+        let after_claim = changes(&src);
+        src.repair().await;
+        let rebuilt = changes(&src);
+        assert!(rebuilt > after_claim, "the source's claim: rebuilt");
+        src.repair().await;
+        assert_eq!(changes(&src), rebuilt, "nothing changed: not rebuilt");
+        let b = store.blocks_of("n")[0].clone();
+        store.mark_block(&b.name, true).await.unwrap();
+        store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
+        src.repair().await;
+        assert_eq!(changes(&src), rebuilt, "marks and answers: not rebuilt");
+        let free = src.quota().v4.free;
+
+        // another engine deletes the block, then creates one for another node
+        store
+            .delete_block(
+                &b.name,
+                store.cached_block(&b.name).unwrap().resource_version,
+            )
+            .await
+            .unwrap();
+        src.repair().await;
+        assert_eq!(
+            src.quota().v4.free,
+            free + src.block_addresses(&b).len() as u64,
+            "the deleted block is free again"
+        );
+        let theirs: ipnet::IpNet = "10.0.0.64/28".parse().unwrap();
+        store
+            .create_block(IpamBlock {
+                name: block_name(&theirs).into(),
+                cidr: theirs,
+                pool: "default".into(),
+                node: "other".into(),
+                node_uid: 9,
+                release: false,
+                ack: None,
+                resource_version: 0,
+            })
+            .await
+            .unwrap();
+        src.repair().await;
+        assert_eq!(
+            src.quota().v4.free,
+            free + src.block_addresses(&b).len() as u64 - 16,
+            "the created one is taken"
         );
     }
 }

@@ -19,6 +19,10 @@ pub trait BlockStore: Send + Sync + 'static {
     /// resourceVersion of the last such write; 0 if there was none): what a caller made of
     /// `blocks_of` stays right while this is the same.
     fn blocks_version(&self, node: &str) -> u64;
+    /// Changes whenever a block is created or deleted, or its spec (pool, CIDR, node)
+    /// changes; not with release marks and answers: what a caller made of the specs
+    /// `list_blocks` gave stays right while this is the same.
+    fn block_set_version(&self) -> u64;
     /// Every block in the local cache, in name order.
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
     /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
@@ -63,6 +67,8 @@ pub(super) struct Blocks {
     by_node: HashMap<NodeName, BTreeMap<Arc<str>, Arc<IpamBlock>>>,
     /// Per node, the resourceVersion of the last write to one of its blocks.
     versions: HashMap<NodeName, u64>,
+    /// The resourceVersion of the last create, delete or spec change of any block.
+    set_version: u64,
 }
 
 impl MemoryNodeStore {
@@ -98,6 +104,12 @@ impl MemoryNodeStore {
         };
         let blocks = &mut inner.blocks;
         blocks.versions.insert(node.clone(), rv);
+        let same_spec = |a: &IpamBlock, b: &IpamBlock| {
+            (&a.pool, a.cidr, &a.node, a.node_uid) == (&b.pool, b.cidr, &b.node, b.node_uid)
+        };
+        if !matches!((&old, &new), (Some(o), Some(n)) if same_spec(o, n)) {
+            blocks.set_version = rv;
+        }
         match &new {
             Some(b) => {
                 blocks.by_name.insert(b.name.clone(), b.clone());
@@ -168,6 +180,10 @@ impl BlockStore for MemoryNodeStore {
     fn blocks_version(&self, node: &str) -> u64 {
         let inner = self.inner.lock();
         inner.blocks.versions.get(node).copied().unwrap_or(0)
+    }
+
+    fn block_set_version(&self) -> u64 {
+        self.inner.lock().blocks.set_version
     }
 
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
@@ -251,6 +267,7 @@ mod tests {
         assert!(s.blocks_of("n2").is_empty());
         // each node's blocks have a version: the last write to one of them
         assert_eq!((s.blocks_version("n1"), s.blocks_version("n2")), (1, 0));
+        assert_eq!(s.block_set_version(), 1, "a create changes the set");
         // marking bumps the resourceVersion; re-marking does not
         let m = s.mark_block(&a.name, true).await.unwrap();
         assert_eq!(m.resource_version, 2);
@@ -268,6 +285,7 @@ mod tests {
             3,
             "the node side's answers count too"
         );
+        assert_eq!(s.block_set_version(), 1, "marks and answers leave the set");
         // a delete with a stale precondition fails and changes nothing
         assert!(matches!(
             s.delete_block(&a.name, 2).await,
@@ -277,6 +295,7 @@ mod tests {
         s.delete_block(&a.name, 3).await.unwrap();
         assert!(s.blocks_of("n1").is_empty());
         assert_eq!(s.blocks_version("n1"), 4, "and deletes");
+        assert_eq!(s.block_set_version(), 4, "a delete changes the set");
         assert!(matches!(
             s.delete_block(&a.name, 3).await,
             Err(IpamError::NotFound { .. })
