@@ -233,6 +233,8 @@ struct Agent {
     /// (with each pod's current container ID, so a reconcile reads the queue alone)
     queue: VecDeque<(PodUid, u64)>,
     pods: Vec<PodUid>,
+    /// The earliest wake-up queued in [`Inner::cooldowns`] for this node, if any.
+    wake_at: Option<Instant>,
 }
 
 /// Counters the world keeps of its workload.
@@ -260,11 +262,27 @@ struct Inner {
     next_uid: u128,
     next_container: u64,
     next_node_uid: u128,
+    /// When the node sides must look again (a cooldown ends): at most one entry per node
+    /// and time, and none later than one already queued for the node.
     cooldowns: BinaryHeap<Reverse<(Instant, NodeName)>>,
     stats: WorkloadStats,
     measure_from: Instant,
     /// What the pods' times count from.
     base: Instant,
+}
+
+impl Inner {
+    /// Has the node side of `node` look again at `at`, unless it already will by then.
+    fn wake_at(&mut self, node: &NodeName, at: Instant) {
+        let Some(a) = self.agents.get_mut(node) else {
+            return;
+        };
+        if a.wake_at.is_some_and(|q| q <= at) {
+            return;
+        }
+        a.wake_at = Some(at);
+        self.cooldowns.push(Reverse((at, node.clone())));
+    }
 }
 
 /// The simulated world. Cheap to clone.
@@ -440,8 +458,15 @@ impl<S: SimSource> World<S> {
                         let mut due = Vec::new();
                         while let Some(Reverse((t, _))) = g.cooldowns.peek() {
                             if *t > now { break; }
-                            let Reverse((_, n)) = g.cooldowns.pop().expect("peeked");
-                            due.push(n);
+                            let Reverse((t, n)) = g.cooldowns.pop().expect("peeked");
+                            if let Some(a) = g.agents.get_mut(&n)
+                                && a.wake_at == Some(t)
+                            {
+                                a.wake_at = None;
+                            }
+                            if !due.contains(&n) {
+                                due.push(n);
+                            }
                         }
                         due
                     };
@@ -483,6 +508,7 @@ impl<S: SimSource> World<S> {
                     alive: true,
                     queue: VecDeque::new(),
                     pods: Vec::new(),
+                    wake_at: None,
                 },
             );
             if let Err(i) = g.live.binary_search(&name) {
@@ -572,10 +598,7 @@ impl<S: SimSource> World<S> {
                     !node_side::del(side, &self.cfg.families, uid, p.container_id, utc, cd)
                         .is_empty()
                 });
-                self.inner
-                    .lock()
-                    .cooldowns
-                    .push(Reverse((now + cd, p.node.clone())));
+                self.inner.lock().wake_at(&p.node, now + cd);
                 self.wake.notify_one();
             }
         }
@@ -842,16 +865,13 @@ impl<S: SimSource> World<S> {
         if let Some(p) = proj {
             self.projections.lock().insert(name.clone(), p);
         }
-        if written.is_none() {
-            return;
-        }
         let now = Instant::now();
         if let Some(t) = next_cd {
             let at = now + t.duration_since(utc).unwrap_or_default();
-            self.inner
-                .lock()
-                .cooldowns
-                .push(Reverse((at, name.clone())));
+            self.inner.lock().wake_at(name, at);
+        }
+        if written.is_none() {
+            return;
         }
         self.observer.node_answers(
             name,
