@@ -32,7 +32,7 @@ pub fn reconcile(
     reuse_cooldown: Duration,
 ) -> Answers {
     let mut out = answer_tombstones(node, side, now, reuse_cooldown);
-    answer_marks(node, side, &mut out);
+    answer_marks(node, side, now, &mut out);
     out.changed |= expire_cooldowns(node, side, now);
     out
 }
@@ -82,13 +82,13 @@ pub fn answer_tombstones(
 
 /// Address-level release marks (IPAMNode `spec.release`): answered once; an answer goes once
 /// the mark is withdrawn or the address released.
-fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, out: &mut Answers) {
+fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, now: SystemTime, out: &mut Answers) {
     let op = &node.operator;
     for (addr, state) in &op.release {
         if *state != ReleaseState::MarkedForRelease || side.release_ack.contains_key(addr) {
             continue;
         }
-        let ack = if busy(side, addr) {
+        let ack = if busy(side, addr, now) {
             ReleaseAck::DoNotRelease
         } else {
             out.ready.push(*addr);
@@ -117,8 +117,10 @@ pub fn expire_cooldowns(node: &IpamNode, side: &mut NodeSideFields, now: SystemT
     side.cooldown.len() != before
 }
 
-fn busy(side: &NodeSideFields, addr: &IpAddr) -> bool {
-    side.used.contains_key(addr) || side.cooldown.contains_key(addr)
+/// Used, or cooling down at `now` (a cooldown that ended counts for nothing, whether or not
+/// [`expire_cooldowns`] has dropped it yet).
+fn busy(side: &NodeSideFields, addr: &IpAddr, now: SystemTime) -> bool {
+    side.used.contains_key(addr) || side.cooldown.get(addr).is_some_and(|until| *until > now)
 }
 
 /// One of the node's blocks as the node side reads it (cluster-pool).
@@ -161,12 +163,12 @@ pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
 /// block is used or cooling down, else `ready-for-release` (and then none is used again
 /// unless the mark is withdrawn) — a `do-not-release` turns into `ready-for-release` once
 /// the block is free (a drained block waits marked until then); an answer goes once its
-/// mark is withdrawn. Returns the
-/// answers to write (block name, new answer) and, in `out`, the addresses given up or taken
-/// back.
+/// mark is withdrawn. Returns the answers to write (block name, new answer) and, in `out`,
+/// the addresses given up or taken back.
 pub fn answer_blocks(
     side: &NodeSideFields,
     blocks: &[BlockView],
+    now: SystemTime,
     out: &mut Answers,
 ) -> Vec<(std::sync::Arc<str>, Option<ReleaseAck>)> {
     let mut writes = Vec::new();
@@ -174,7 +176,7 @@ pub fn answer_blocks(
         match (b.release, b.ack) {
             // unanswered, or answered do-not-release and free since
             (true, None) | (true, Some(ReleaseAck::DoNotRelease))
-                if !b.addrs.iter().any(|a| busy(side, a)) =>
+                if !b.addrs.iter().any(|a| busy(side, a, now)) =>
             {
                 out.ready.extend(b.all.iter().copied());
                 writes.push((b.name.clone(), Some(ReleaseAck::ReadyForRelease)));
@@ -343,6 +345,41 @@ mod tests {
         Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.1"));
         reconcile(&n, &mut side, t, CD);
         assert!(side.release_ack.is_empty());
+    }
+
+    /// A marked block is answered do-not-release while an address of it is used or cooling
+    /// down, and ready-for-release from the moment the last cooldown ends, even before
+    /// `expire_cooldowns` dropped it (the world answers blocks before it writes the node).
+    #[test]
+    fn a_block_is_ready_once_its_cooldowns_end() {
+        let block = |ack| BlockView {
+            name: "b".into(),
+            addrs: vec![ip("10.0.0.1"), ip("10.0.0.2")],
+            all: vec![
+                ip("10.0.0.0"),
+                ip("10.0.0.1"),
+                ip("10.0.0.2"),
+                ip("10.0.0.3"),
+            ],
+            release: true,
+            ack,
+        };
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        side.cooldown.insert(ip("10.0.0.2"), t + CD);
+        let mut out = Answers::default();
+        let w = answer_blocks(&side, &[block(None)], t + CD / 2, &mut out);
+        assert_eq!(w, vec![("b".into(), Some(ReleaseAck::DoNotRelease))]);
+        assert!(out.ready.is_empty());
+        let dnr = Some(ReleaseAck::DoNotRelease);
+        let w = answer_blocks(&side, &[block(dnr)], t + CD, &mut out);
+        assert_eq!(w, vec![("b".into(), Some(ReleaseAck::ReadyForRelease))]);
+        assert_eq!(out.ready, block(None).all);
+        // a used address keeps it whatever the time
+        side.used.insert(ip("10.0.0.1"), entry(1, 1));
+        let mut out = Answers::default();
+        assert!(answer_blocks(&side, &[block(dnr)], t + CD * 9, &mut out).is_empty());
+        assert!(out.ready.is_empty());
     }
 
     /// `changed` says exactly whether the node-side fields changed (the world writes only

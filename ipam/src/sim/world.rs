@@ -827,7 +827,9 @@ impl<S: SimSource> World<S> {
                     .filter(|b| b.release || b.ack.is_some())
                     .map(|b| self.block_view(b, true))
                     .collect();
-                for (block, ack) in node_side::answer_blocks(&node.node, &answering, &mut answers) {
+                for (block, ack) in
+                    node_side::answer_blocks(&node.node, &answering, utc, &mut answers)
+                {
                     self.store.ack_block(&block, ack);
                 }
             }
