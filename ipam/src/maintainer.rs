@@ -239,7 +239,9 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // A source that keeps the node's addresses and handshakes (cluster-pool's blocks) is
     // the truth each pass; the others' are repaired from `describe` when a reply was lost.
     let holdings = shared.source.holdings(&h.name);
-    let repaired_copy;
+    // boxed: held across the awaits below, it would otherwise make every node's task
+    // future an IpamNode larger, for a copy made only after a lost reply
+    let repaired_copy: Box<IpamNode>;
     let node = if local.needs_describe && holdings.is_none() {
         let mut base = node.operator.clone();
         // Addresses the source took back in a call whose reply was lost: the pool freed,
@@ -247,11 +249,11 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         if repair_from_source(shared, &h.name, &mut base).await? {
             shared.pool_freed();
         }
-        repaired_copy = IpamNode {
+        repaired_copy = Box::new(IpamNode {
             operator: base,
             ..node.clone()
-        };
-        &repaired_copy
+        });
+        &*repaired_copy
     } else {
         node
     };
