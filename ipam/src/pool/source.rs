@@ -883,8 +883,8 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn release_offers_whole_free_blocks_only() {
+    /// A source over a new store with one IPv4 pool, 10.0.0.0/24 in /28 blocks.
+    fn source_on_a_24() -> (MemoryNodeStore, ClusterPoolSource<MemoryNodeStore>) {
         let store = MemoryNodeStore::new();
         let src = ClusterPoolSource::new(
             store.clone(),
@@ -892,6 +892,12 @@ mod tests {
             vec![pool("default", "10.0.0.0/24", &[])],
             1,
         );
+        (store, src)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_offers_whole_free_blocks_only() {
+        let (store, src) = source_on_a_24();
         let n: NodeName = "n".into();
         let got = src.allocate(&n, Family::V4, 20).await.unwrap();
         assert_eq!(store.blocks_of("n").len(), 2);
@@ -920,18 +926,13 @@ mod tests {
             "capped by the limit"
         );
     }
+
     /// A repair rebuilds the index only when its result could differ: after a block was
     /// created or deleted behind the source's back (another engine), after the source's
     /// own claims, not after release marks and answers.
     #[tokio::test(start_paused = true)]
     async fn repair_rebuilds_when_the_blocks_or_the_index_changed() {
-        let store = MemoryNodeStore::new();
-        let src = ClusterPoolSource::new(
-            store.clone(),
-            &[Family::V4],
-            vec![pool("default", "10.0.0.0/24", &[])],
-            1,
-        );
+        let (store, src) = source_on_a_24();
         let n: NodeName = "n".into();
         src.node_seen(&NodeInfo {
             name: n.clone(),
