@@ -456,6 +456,8 @@ impl<S: SimSource> World<S> {
                     let due: Vec<NodeName> = {
                         let mut g = self.inner.lock();
                         let mut due = Vec::new();
+                        // (a mass deletion makes every node due at once)
+                        let mut seen = std::collections::HashSet::new();
                         while let Some(Reverse((t, _))) = g.cooldowns.peek() {
                             if *t > now { break; }
                             let Reverse((t, n)) = g.cooldowns.pop().expect("peeked");
@@ -464,7 +466,7 @@ impl<S: SimSource> World<S> {
                             {
                                 a.wake_at = None;
                             }
-                            if !due.contains(&n) {
+                            if seen.insert(n.clone()) {
                                 due.push(n);
                             }
                         }
