@@ -71,11 +71,6 @@ impl UsedMap {
         Some(self.entries.remove(i))
     }
 
-    /// The addresses, sorted.
-    pub fn addresses(&self) -> &[IpAddr] {
-        &self.addrs
-    }
-
     pub fn keys(&self) -> std::slice::Iter<'_, IpAddr> {
         self.addrs.iter()
     }
@@ -198,6 +193,12 @@ mod tests {
                 prop_assert_eq!(m.len(), b.len());
             }
             prop_assert!(m.iter().eq(b.iter()));
+            prop_assert!(m.keys().eq(b.keys()));
+            prop_assert!(m.values().eq(b.values()));
+            prop_assert_eq!(m.is_empty(), b.is_empty());
+            for (a, e) in &b {
+                prop_assert_eq!(&m[a], e);
+            }
             for i in 0..=u8::MAX {
                 prop_assert_eq!(m.get(&addr(i)), b.get(&addr(i)));
                 prop_assert_eq!(m.contains_key(&addr(i)), b.contains_key(&addr(i)));

@@ -611,3 +611,69 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
     assert!(ipam_node(&world, "node1").node.used.is_empty());
     assert_finish_clean(&world);
 }
+
+/// Every cooldown in a node's status ends on time, also when the node side's wake-up for an
+/// earlier one finds nothing left to do: the world does not queue a wake-up for the later
+/// cooldown while the earlier one's is queued, so the earlier one's must queue the next.
+/// Here the earlier cooldown is dropped before its end (as when its address leaves the
+/// pool).
+#[tokio::test(start_paused = true)]
+async fn a_later_cooldown_ends_on_time_when_the_earlier_one_went_first() {
+    let world = World::start(quiet_config()).unwrap();
+    let n = world.add_node("node1");
+    let pods = schedule(&world, &n, 2);
+    advance(secs(130)).await;
+    let node = ipam_node(&world, "node1");
+    let addr_of = |uid: PodUid| {
+        node.node
+            .used
+            .iter()
+            .find(|(_, e)| e.pod_uid == uid)
+            .map(|(a, _)| *a)
+            .unwrap()
+    };
+    let (a, b) = (addr_of(pods[0]), addr_of(pods[1]));
+    // a's cooldown ends at 30 s, b's at 40 s
+    world.delete_pod(pods[0], false);
+    advance(secs(10)).await;
+    world.delete_pod(pods[1], false);
+    let cooling = |world: &World| -> Vec<std::net::IpAddr> {
+        ipam_node(world, "node1")
+            .node
+            .cooldown
+            .keys()
+            .copied()
+            .collect()
+    };
+    assert_eq!(cooling(&world), vec![a.min(b), a.max(b)]);
+    // a's cooldown goes early, with no wake-up of the node side
+    world
+        .store
+        .update_node(&n, |_, side| side.cooldown.remove(&a).is_some())
+        .unwrap();
+    advance(secs(19)).await;
+    assert_eq!(cooling(&world), vec![b], "29 s after a's deletion");
+    advance(secs(2)).await;
+    assert_eq!(cooling(&world), vec![b], "31 s: b cools down until 40 s");
+    advance(secs(10)).await;
+    assert!(cooling(&world).is_empty(), "41 s: b's cooldown is over");
+}
+
+/// A machine that vanished and came back under its name (the kubelet re-registering) ends
+/// the cooldowns its status still holds: their wake-ups came while no machine answered.
+#[tokio::test(start_paused = true)]
+async fn a_returning_machine_ends_the_cooldowns_it_missed() {
+    let world = World::start(quiet_config()).unwrap();
+    let n = world.add_node("node1");
+    let pods = schedule(&world, &n, 1);
+    advance(secs(150)).await;
+    world.delete_pod(pods[0], false);
+    advance(secs(1)).await;
+    world.vanish_machine(&n);
+    advance(secs(60)).await;
+    let cooling = |world: &World| ipam_node(world, "node1").node.cooldown.len();
+    assert_eq!(cooling(&world), 1, "no machine answered at its end");
+    world.add_node("node1");
+    advance(secs(1)).await;
+    assert_eq!(cooling(&world), 0);
+}

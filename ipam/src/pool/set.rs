@@ -199,7 +199,8 @@ impl PoolSet {
     }
 
     /// Frees every block of every valid pool, then indexes `records` (see the module
-    /// documentation for the rules). Meant to run on a fresh set, before any claim.
+    /// documentation for the rules): the index is then the records' alone, whatever was
+    /// claimed before.
     pub fn rebuild<'a, K: Clone>(
         &mut self,
         records: impl IntoIterator<Item = BlockRecord<'a, K>>,

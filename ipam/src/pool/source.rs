@@ -18,7 +18,8 @@
 //!   IPAMNode `spec.pools`) > the oldest valid pool whose node selector matches the node's labels
 //!   > the pool named `default`.
 //! - **Rebuild and repair** on every resync ([`IpSource::resync`]): the index is rebuilt from all
-//!   blocks, [`super::repair::check`] runs over blocks and IPAMNodes, findings are counted in
+//!   blocks (skipped while neither the store's blocks, the pools nor the index changed since the
+//!   last rebuild: it would give the same index), [`super::repair::check`] runs over blocks and IPAMNodes, findings are counted in
 //!   `tidepool_ipam_repair_issues_total` and raised as events, and orphan blocks seen in three
 //!   consecutive passes are deleted (with a resourceVersion precondition). Duplicates between
 //!   live nodes are never fixed: each raises an `IPAddressDuplicate` warning event on both
@@ -112,9 +113,10 @@ struct State {
     indexed: Option<Indexed>,
 }
 
-/// A rebuild's inputs and its block claims: the rebuilt index depends on the pools and on the
-/// blocks' specs alone, so while neither the store's block set, nor the pools, nor the index
-/// changed since, rebuilding again would give the same index and the same claims.
+/// A rebuild's inputs and its block claims: the rebuilt index depends on the pool set and on
+/// the blocks' specs alone (a pool a rebuild found invalid stays so until the pools are
+/// replaced), so while neither the store's block set, nor the pools, nor the index changed
+/// since, rebuilding again would give the same index and the same claims.
 struct Indexed {
     /// [`BlockStore::block_set_version`] before the blocks were listed.
     blocks_at: u64,
@@ -955,6 +957,19 @@ mod tests {
         src.repair().await;
         assert_eq!(changes(&src), rebuilt, "marks and answers: not rebuilt");
         let free = src.quota().v4.free;
+        // a claim in the index alone (a create that never happened): the repair's rebuild
+        // from the store frees it again
+        let stray = src
+            .state
+            .lock()
+            .pools
+            .get_mut("default")
+            .unwrap()
+            .claim(Family::V4, 0)
+            .unwrap();
+        assert!(src.quota().v4.free < free, "{stray} claimed");
+        src.repair().await;
+        assert_eq!(src.quota().v4.free, free, "{stray} free again");
 
         // another engine deletes the block, then creates one for another node
         store

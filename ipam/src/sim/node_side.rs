@@ -332,6 +332,20 @@ mod tests {
         assert_eq!(side.release_ack[&ip("10.0.0.1")], ReleaseAck::DoNotRelease);
         // never used again while marked
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
+        // a mark on an address whose cooldown ends now: ready (the cooldown counts for
+        // nothing from its end, whether or not it was expired yet)
+        n.operator
+            .release
+            .insert(ip("10.0.0.3"), ReleaseState::MarkedForRelease);
+        Arc::make_mut(&mut n.operator.addresses).insert(ip("10.0.0.3"));
+        side.cooldown.insert(ip("10.0.0.3"), t);
+        let mut out = Answers::default();
+        answer_marks(&n, &mut side, t, &mut out);
+        assert_eq!(out.ready, vec![ip("10.0.0.3")]);
+        n.operator.release.remove(&ip("10.0.0.3"));
+        Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.3"));
+        reconcile(&n, &mut side, t, CD);
+        assert!(!side.cooldown.contains_key(&ip("10.0.0.3")));
         // withdrawn: usable again, and the answer goes
         n.operator.release.remove(&ip("10.0.0.2"));
         let a = reconcile(&n, &mut side, t, CD);

@@ -233,7 +233,9 @@ struct Agent {
     /// (with each pod's current container ID, so a reconcile reads the queue alone)
     queue: VecDeque<(PodUid, u64)>,
     pods: Vec<PodUid>,
-    /// The earliest wake-up queued in [`Inner::cooldowns`] for this node, if any.
+    /// A wake-up queued in [`Inner::cooldowns`] for this node, no later than its earliest
+    /// cooldown end when it was queued; `None`: maybe none. A later one is not queued while
+    /// this one stands: the reconcile it wakes queues the next cooldown end.
     wake_at: Option<Instant>,
 }
 
@@ -262,8 +264,8 @@ struct Inner {
     next_uid: u128,
     next_container: u64,
     next_node_uid: u128,
-    /// When the node sides must look again (a cooldown ends): at most one entry per node
-    /// and time, and none later than one already queued for the node.
+    /// When the node sides must look again (a cooldown ends); see [`Agent::wake_at`] for
+    /// what is left out.
     cooldowns: BinaryHeap<Reverse<(Instant, NodeName)>>,
     stats: WorkloadStats,
     measure_from: Instant,
@@ -519,6 +521,12 @@ impl<S: SimSource> World<S> {
             g.stats.events += 1;
             uid
         };
+        if self.store.cached(&name).is_some() {
+            // a machine under a known name: its status may hold cooldowns whose wake-ups
+            // came while no machine answered
+            self.inner.lock().wake_at(&name, Instant::now());
+            self.wake.notify_one();
+        }
         self.observer.machine_joined(&name);
         self.manager.upsert_node(NodeInfo {
             name: name.clone(),

@@ -19,8 +19,8 @@ pub trait BlockStore: Send + Sync + 'static {
     /// resourceVersion of the last such write; 0 if there was none): what a caller made of
     /// `blocks_of` stays right while this is the same.
     fn blocks_version(&self, node: &str) -> u64;
-    /// Changes whenever a block is created or deleted, or its spec (pool, CIDR, node)
-    /// changes; not with release marks and answers: what a caller made of the specs
+    /// Changes whenever a block is created or deleted, or its spec (pool, CIDR, node, node
+    /// UID) changes; not with release marks and answers: what a caller made of the specs
     /// `list_blocks` gave stays right while this is the same.
     fn block_set_version(&self) -> u64;
     /// Every block in the local cache, in name order.
