@@ -612,6 +612,16 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
     assert_finish_clean(&world);
 }
 
+/// The addresses cooling down on node1.
+fn cooling(world: &World) -> Vec<std::net::IpAddr> {
+    ipam_node(world, "node1")
+        .node
+        .cooldown
+        .keys()
+        .copied()
+        .collect()
+}
+
 /// Every cooldown in a node's status ends on time, also when the node side's wake-up for an
 /// earlier one finds nothing left to do: the world does not queue a wake-up for the later
 /// cooldown while the earlier one's is queued, so the earlier one's must queue the next.
@@ -637,14 +647,6 @@ async fn a_later_cooldown_ends_on_time_when_the_earlier_one_went_first() {
     world.delete_pod(pods[0], false);
     advance(secs(10)).await;
     world.delete_pod(pods[1], false);
-    let cooling = |world: &World| -> Vec<std::net::IpAddr> {
-        ipam_node(world, "node1")
-            .node
-            .cooldown
-            .keys()
-            .copied()
-            .collect()
-    };
     assert_eq!(cooling(&world), vec![a.min(b), a.max(b)]);
     // a's cooldown goes early, with no wake-up of the node side
     world
@@ -671,9 +673,8 @@ async fn a_returning_machine_ends_the_cooldowns_it_missed() {
     advance(secs(1)).await;
     world.vanish_machine(&n);
     advance(secs(60)).await;
-    let cooling = |world: &World| ipam_node(world, "node1").node.cooldown.len();
-    assert_eq!(cooling(&world), 1, "no machine answered at its end");
+    assert_eq!(cooling(&world).len(), 1, "no machine answered at its end");
     world.add_node("node1");
     advance(secs(1)).await;
-    assert_eq!(cooling(&world), 0);
+    assert!(cooling(&world).is_empty());
 }
