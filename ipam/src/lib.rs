@@ -21,10 +21,8 @@ pub mod stats;
 pub mod store;
 pub mod trigger;
 pub mod types;
+pub mod uid_table;
 pub mod used;
 pub mod watermarks;
-
-#[cfg(feature = "sim")]
-pub mod sim;
 
 pub use error::{ErrorClass, IpamError};

@@ -296,7 +296,7 @@ fn held_with_free<'a>(
 
 /// Whether the ascending `keys` hold `a`, skipping the keys below it (`a` never decreases
 /// from one call to the next).
-pub(crate) fn has<'a>(
+pub fn has<'a>(
     keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>,
     a: &IpAddr,
 ) -> bool {

@@ -13,7 +13,7 @@ use clap::Parser;
 use cli::{Cli, Command, LogFormat};
 
 /// The system allocator, counting live heap bytes for the simulate report's memory figures
-/// (`tidepool_ipam::sim::run::LIVE_HEAP_BYTES`). One relaxed atomic add per call.
+/// (`tidepool_sim::run::LIVE_HEAP_BYTES`). One relaxed atomic add per call.
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -76,7 +76,7 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let _ = tidepool_ipam::sim::run::LIVE_HEAP_BYTES.set(live_heap_bytes);
+    let _ = tidepool_sim::run::LIVE_HEAP_BYTES.set(live_heap_bytes);
     let cli = Cli::parse();
     if let Err(e) = init_logging(&cli) {
         eprintln!("error: {e:#}");

@@ -8,15 +8,15 @@ use anyhow::Context;
 use serde::Serialize;
 
 use tidepool_ipam::budget::SchedulingMode;
-use tidepool_ipam::sim::cloud::InstanceType;
-use tidepool_ipam::sim::run::{Quantiles, simulate_many};
-use tidepool_ipam::sim::scenario::Scenario;
-use tidepool_ipam::sim::{
+use tidepool_ipam::source::Faults;
+use tidepool_ipam::types::{Family, PerFamily};
+use tidepool_sim::cloud::InstanceType;
+use tidepool_sim::run::{Quantiles, simulate_many};
+use tidepool_sim::scenario::Scenario;
+use tidepool_sim::{
     CloudChoice, Invariants, PoolChoice, Report, SimConfig, SourceChoice, WarmUp, WorldConfig,
     simulate,
 };
-use tidepool_ipam::source::Faults;
-use tidepool_ipam::types::{Family, PerFamily};
 
 use crate::cli::{self, ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
 

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::types::{
+use tidepool_ipam::types::{
     Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, ReleaseState,
     UsedEntry,
 };
@@ -139,7 +139,7 @@ pub struct BlockView {
 /// a marked block's addresses count as marked — the form [`add`] and [`free_address`] read.
 pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
     let mut view = IpamNode {
-        operator: crate::types::OperatorFields {
+        operator: tidepool_ipam::types::OperatorFields {
             reclaim: node.operator.reclaim.clone(),
             ..Default::default()
         },
@@ -198,7 +198,7 @@ pub fn answer_blocks(
 /// released, not promised away; the lowest one. The maps are sorted like the pool, so one walk along each answers (a
 /// full node tries ~100 addresses before a free one).
 pub fn free_address(node: &IpamNode, side: &NodeSideFields, family: Family) -> Option<IpAddr> {
-    use crate::plan::has;
+    use tidepool_ipam::plan::has;
     let mut used = side.used.keys().peekable();
     let mut cooldown = side.cooldown.keys().peekable();
     let mut release = node.operator.release.keys().peekable();
@@ -266,8 +266,8 @@ pub fn next_cooldown_end(side: &NodeSideFields) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::ReclaimReason;
-    use crate::types::Tombstone;
+    use tidepool_ipam::types::ReclaimReason;
+    use tidepool_ipam::types::Tombstone;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

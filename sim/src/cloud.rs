@@ -81,10 +81,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use crate::budget::{TokioGovernorClock, TokioInstant};
-use crate::error::{ErrorClass, IpamError};
-use crate::source::{IpSource, Quota, SourceHook};
-use crate::types::{Family, NodeName, PerFamily};
+use tidepool_ipam::budget::{TokioGovernorClock, TokioInstant};
+use tidepool_ipam::error::{ErrorClass, IpamError};
+use tidepool_ipam::source::{IpSource, Quota, SourceHook};
+use tidepool_ipam::types::{Family, NodeName, PerFamily};
 
 /// The `source` metric label of the simulated cloud.
 pub const SOURCE_NAME: &str = "sim-cloud";
@@ -1045,7 +1045,7 @@ impl IpSource for SimCloud {
     }
 }
 
-impl crate::sim::world::SimSource for SimCloud {
+impl crate::world::SimSource for SimCloud {
     fn granted(&self) -> Vec<(IpAddr, NodeName)> {
         SimCloud::granted(self)
     }
@@ -1727,13 +1727,13 @@ mod tests {
 
     // ---- the real engine on the simulated cloud ----
 
-    use crate::budget::{Api, Budget};
-    use crate::clock::TokioClock;
-    use crate::manager::{EngineConfig, NodeManager};
-    use crate::plan::Blocked;
-    use crate::pods::MemoryPodView;
-    use crate::store::MemoryNodeStore;
-    use crate::types::{NodeInfo, PodUid};
+    use tidepool_ipam::budget::{Api, Budget};
+    use tidepool_ipam::clock::TokioClock;
+    use tidepool_ipam::manager::{EngineConfig, NodeManager};
+    use tidepool_ipam::plan::Blocked;
+    use tidepool_ipam::pods::MemoryPodView;
+    use tidepool_ipam::store::MemoryNodeStore;
+    use tidepool_ipam::types::{NodeInfo, PodUid};
 
     type Engine = NodeManager<SimCloud, MemoryNodeStore, MemoryPodView>;
 

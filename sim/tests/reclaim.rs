@@ -4,7 +4,6 @@
 //! nothing; a deleted Node keeps its addresses while pods are bound to it and until the
 //! node grace has passed. Times are exact under paused time: defaults are grace 30 s,
 //! min-age 2 m, reuse cooldown 30 s, node grace 5 m, pod cache lag 100 ms.
-#![cfg(feature = "sim")]
 
 mod common;
 
@@ -12,9 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use tidepool_ipam::pods::PodPhase;
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::store::NodeStore;
 use tidepool_ipam::types::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
+use tidepool_sim::{World, WorldConfig};
 
 const LAG: Duration = Duration::from_millis(100);
 
@@ -416,8 +415,8 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
 #[test]
 fn node_side_answers_a_changed_owner_stale() {
     use std::time::SystemTime;
-    use tidepool_ipam::sim::node_side;
     use tidepool_ipam::types::{IpamNode, NodeSideFields, UsedEntry};
+    use tidepool_sim::node_side;
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
     let mut node = IpamNode::new("n".into(), 1);
     std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);

@@ -1,7 +1,6 @@
 //! Engine scenarios on the simulated world: claims sized by waiting pods, leadership,
 //! failure isolation and repair, and bad input. Pool sizes are read from the IPAMNode in
 //! the store; every scenario ends with the observer's checks.
-#![cfg(feature = "sim")]
 
 mod common;
 
@@ -20,10 +19,10 @@ use tidepool_ipam::error::ErrorClass;
 use tidepool_ipam::manager::{EngineConfig, NodeManager};
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pods::MemoryPodView;
-use tidepool_ipam::sim::World;
 use tidepool_ipam::source::{Faults, IpSource, MemorySource, Quota};
 use tidepool_ipam::store::{MemoryNodeStore, NodeStore};
 use tidepool_ipam::types::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_sim::World;
 use tokio::sync::watch;
 
 // ---------------------------------------------------------------------------------------

@@ -1,13 +1,12 @@
-#![cfg(feature = "sim")]
 //! `simulate` on the ENI-like simulated cloud: the scale-up target of issue 4 (in virtual
 //! time, so the figures are exact and repeatable), and a churny run's invariants.
 
 use std::time::Duration;
 
 use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::sim::cloud::InstanceType;
-use tidepool_ipam::sim::{CloudChoice, SimConfig, SourceChoice, WorldConfig, simulate};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::cloud::InstanceType;
+use tidepool_sim::{CloudChoice, SimConfig, SourceChoice, WorldConfig, simulate};
 
 fn cloud(itype: &str, rate_limit: Option<(f64, u32)>) -> SourceChoice {
     SourceChoice::SimCloud(CloudChoice {
@@ -117,15 +116,15 @@ fn too_many_pods_for_the_instance_type_is_refused() {
 /// there the grace applies.
 #[tokio::test(start_paused = true)]
 async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
-    use tidepool_ipam::sim::World;
     use tidepool_ipam::store::NodeStore;
+    use tidepool_sim::World;
 
     let cfg = WorldConfig {
         max_pods: 232,
         ..WorldConfig::default()
     };
     let cloud = World::start_with(cfg.clone(), |w, observer, _store| {
-        Ok(tidepool_ipam::sim::cloud::SimCloud::for_nodes(10, 16, w.seed)?.with_hook(observer))
+        Ok(tidepool_sim::cloud::SimCloud::for_nodes(10, 16, w.seed)?.with_hook(observer))
     })
     .unwrap();
     let memory = World::start(cfg).unwrap();

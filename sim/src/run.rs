@@ -11,16 +11,16 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::error::IpamError;
-use crate::pool::{ClusterPoolSource, PoolConfig};
-use crate::sim::cloud::{CloudFaults, InstanceType, SimCloud};
-use crate::sim::observer::Invariants;
-use crate::sim::scenario::{Action, DEFAULT_GROUP, Scenario};
-use crate::sim::world::{SimSource, World, WorldConfig};
-use crate::source::{Faults, MemorySource};
-use crate::store::MemoryNodeStore;
-use crate::types::{Family, NodeName, PodUid, WatermarkOverrides};
-use crate::watermarks::Watermarks;
+use crate::cloud::{CloudFaults, InstanceType, SimCloud};
+use crate::observer::Invariants;
+use crate::scenario::{Action, DEFAULT_GROUP, Scenario};
+use crate::world::{SimSource, World, WorldConfig};
+use tidepool_ipam::error::IpamError;
+use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
+use tidepool_ipam::source::{Faults, MemorySource};
+use tidepool_ipam::store::MemoryNodeStore;
+use tidepool_ipam::types::{Family, NodeName, PodUid, WatermarkOverrides};
+use tidepool_ipam::watermarks::Watermarks;
 
 /// The most pods one simulation may hold at once (its pod tables' limit, with room for the
 /// recently deleted ones the pod informer still shows).
@@ -48,14 +48,14 @@ pub enum SourceChoice {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolChoice {
     pub cidrs: Vec<String>,
-    pub block_size: crate::types::PerFamily<u8>,
+    pub block_size: tidepool_ipam::types::PerFamily<u8>,
 }
 
 impl PoolChoice {
     /// The pool's spec, checked; errors name the flag and the value.
-    pub fn spec(&self, families: &[Family]) -> Result<crate::pool::PoolSpec, IpamError> {
-        let spec = crate::pool::PoolSpec::parse(
-            crate::pool::DEFAULT_POOL,
+    pub fn spec(&self, families: &[Family]) -> Result<tidepool_ipam::pool::PoolSpec, IpamError> {
+        let spec = tidepool_ipam::pool::PoolSpec::parse(
+            tidepool_ipam::pool::DEFAULT_POOL,
             &self.cidrs,
             self.block_size,
             &[] as &[String],
@@ -63,17 +63,17 @@ impl PoolChoice {
         .map_err(|e| {
             let v6 = matches!(
                 e,
-                crate::pool::PoolError::InvalidBlockSize {
+                tidepool_ipam::pool::PoolError::InvalidBlockSize {
                     family: Family::V6,
                     ..
-                } | crate::pool::PoolError::BlockSizeDoesNotFit {
+                } | tidepool_ipam::pool::PoolError::BlockSizeDoesNotFit {
                     cidr: ipnet::IpNet::V6(_),
                     ..
                 }
             );
             let (name, value) = match e {
-                crate::pool::PoolError::InvalidBlockSize { .. }
-                | crate::pool::PoolError::BlockSizeDoesNotFit { .. } => {
+                tidepool_ipam::pool::PoolError::InvalidBlockSize { .. }
+                | tidepool_ipam::pool::PoolError::BlockSizeDoesNotFit { .. } => {
                     if v6 {
                         ("block-size-v6", self.block_size.v6.to_string())
                     } else {
@@ -903,7 +903,7 @@ fn lose_node<S: SimSource>(
 /// A scenario action phase acts whole, or (`step`) one unit of its ramp.
 fn act<S: SimSource>(
     world: &World<S>,
-    phases: &[crate::sim::scenario::Phase],
+    phases: &[crate::scenario::Phase],
     wl: &mut Workload,
     p: usize,
     t: Instant,
@@ -977,7 +977,7 @@ fn pick_deletions<S: SimSource>(
 /// The overrides in force for a group: every watermark phase in force that concerns it,
 /// the later-starting winning field by field.
 fn watermarks_for(
-    phases: &[crate::sim::scenario::Phase],
+    phases: &[crate::scenario::Phase],
     wl: &Workload,
     g: usize,
 ) -> WatermarkOverrides {
@@ -997,7 +997,7 @@ fn watermarks_for(
 }
 
 /// A node that just joined gets its group's overrides once its IPAMNode exists.
-fn joined(phases: &[crate::sim::scenario::Phase], wl: &mut Workload, n: NodeName, g: usize) {
+fn joined(phases: &[crate::scenario::Phase], wl: &mut Workload, n: NodeName, g: usize) {
     if phases
         .iter()
         .any(|p| matches!(p.action, Action::WatermarkChange(_)))
@@ -1012,7 +1012,7 @@ fn joined(phases: &[crate::sim::scenario::Phase], wl: &mut Workload, n: NodeName
 fn setting_changed<S: SimSource>(
     world: &World<S>,
     cfg: &SimConfig,
-    phases: &[crate::sim::scenario::Phase],
+    phases: &[crate::scenario::Phase],
     wl: &mut Workload,
     p: usize,
     t: Instant,
@@ -1158,8 +1158,10 @@ fn minimum_calls<S: SimSource>(
         chain = chain.max(c);
     }
     let (mut qps, mut burst) = match world.source.api() {
-        crate::budget::Api::Source => (cfg.world.source_qps, u64::from(cfg.world.source_burst)),
-        crate::budget::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
+        tidepool_ipam::budget::Api::Source => {
+            (cfg.world.source_qps, u64::from(cfg.world.source_burst))
+        }
+        tidepool_ipam::budget::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
     };
     if let Some((q, b)) = world.source.rate_limit() {
         qps = qps.min(q);
@@ -1222,7 +1224,8 @@ fn build_report<S: SimSource>(
         nodes.in_deficit += u64::from(s.needed() > 0 || s.waiting() > 0);
         nodes.at_capacity += u64::from(matches!(
             s.blocked,
-            Some(crate::plan::Blocked::AtCap) | Some(crate::plan::Blocked::Exhausted)
+            Some(tidepool_ipam::plan::Blocked::AtCap)
+                | Some(tidepool_ipam::plan::Blocked::Exhausted)
         ));
         nodes.blocked += u64::from(s.blocked.is_some());
     }

@@ -6,12 +6,12 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidepool_ipam::sim::{Invariants, World, WorldConfig};
 use tidepool_ipam::store::NodeStore;
 use tidepool_ipam::types::{
     IpamNode, NodeName, PodUid, ReclaimAck, ReleaseAck, ReleaseState, Tombstone, WatermarkOverrides,
 };
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::{Invariants, World, WorldConfig};
 use tokio::time::Instant;
 
 /// Watermarks (pre, min, max, max_above).

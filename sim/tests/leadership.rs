@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Two operators on one simulated cloud: leadership moves from A to B in the middle of a
 //! release handshake. For cloud sources the unassign is unconditional, so safety rests on
 //! the lease: the deposed A must not release what the node side has agreed to give back
@@ -10,12 +9,12 @@ use std::time::Duration;
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::Clock;
 use tidepool_ipam::manager::NodeManager;
-use tidepool_ipam::sim::cloud::{InstanceType, SimCloud};
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::source::IpSource;
 use tidepool_ipam::store::NodeStore;
 use tidepool_ipam::types::{NodeInfo, ReleaseAck, ReleaseState};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::cloud::{InstanceType, SimCloud};
+use tidepool_sim::{World, WorldConfig};
 
 #[tokio::test(start_paused = true)]
 async fn a_deposed_leader_does_not_release_on_the_cloud() {

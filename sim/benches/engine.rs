@@ -6,7 +6,7 @@
 //! Trigger latency during resyncs: `benches/trigger_latency.rs`; memory per node and
 //! address: `benches/memory.rs`.
 //!
-//! `cargo bench -p tidepool-ipam --features sim --bench engine`
+//! `cargo bench -p tidepool-sim --bench engine`
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -21,9 +21,9 @@ use tidepool_ipam::handshake::ReleaseConfig;
 use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
 use tidepool_ipam::pods::{PodInfo, PodIps, PodPhase};
 use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::sim::World;
 use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::World;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

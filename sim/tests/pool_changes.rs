@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! The cluster pool changing under a running engine: a CIDR removed drains through the
 //! block handshake regardless of excess and is never granted again; a CIDR added wakes the
 //! nodes parked on an exhausted pool; an orphan block goes after three repair passes.
@@ -11,9 +10,9 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::types::IpamBlock;
+use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pool_spec, pool_world};
 

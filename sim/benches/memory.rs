@@ -1,7 +1,7 @@
 //! Heap bytes per idle node (engine task and state, store object, source bookkeeping; no
 //! pods) and per address, measured with a counting allocator.
 //!
-//! `cargo bench -p tidepool-ipam --features sim --bench memory`
+//! `cargo bench -p tidepool-sim --bench memory`
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::sim::{World, WorldConfig};
+use tidepool_sim::{World, WorldConfig};
 
 mod common;
 use tidepool_ipam::types::IpamNode;

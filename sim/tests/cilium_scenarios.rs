@@ -4,15 +4,14 @@
 //! pre-allocate -1 ("none") is our pre-allocate 0. "Use N" means N pods scheduled on the
 //! node, one address each; going down means deleting pods cleanly (a DEL reaches the node
 //! side, whose freed addresses then cool down for `reuse_cooldown` before they are free).
-#![cfg(feature = "sim")]
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
-use tidepool_ipam::sim::World;
 use tidepool_ipam::types::{ReleaseAck, WatermarkOverrides};
+use tidepool_sim::World;
 
 /// Reaching `want` addresses on `node`, then holding them for a while.
 async fn expect_pool(world: &World, node: &str, want: usize, what: &str) {

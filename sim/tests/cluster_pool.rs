@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! The cluster-pool source in the simulated world: block claims through the store, the
 //! block-level release handshake, exhaustion and wake-up; and the source on its own over the
 //! in-memory store: AlreadyExists adoption, blocks taken by others, the resourceVersion
@@ -19,11 +18,11 @@ use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
-use tidepool_ipam::sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 use tidepool_ipam::source::IpSource;
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};
 

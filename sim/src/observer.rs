@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::source::SourceHook;
-use crate::store::{StoreHook, Writer};
-use crate::types::{IpamBlock, IpamNode, NodeName, PodUid};
+use tidepool_ipam::source::SourceHook;
+use tidepool_ipam::store::{StoreHook, Writer};
+use tidepool_ipam::types::{IpamBlock, IpamNode, NodeName, PodUid};
 
 /// Counts of invariant violations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -100,9 +100,9 @@ impl Observer {
 
     /// A pod started with these addresses on `node`.
     /// The observer's heap as a deterministic size estimate (see
-    /// [`crate::sim::World::world_heap_estimate`]).
+    /// [`crate::World::world_heap_estimate`]).
     pub fn heap_estimate(&self) -> usize {
-        use crate::sim::world::btree_bytes;
+        use crate::world::btree_bytes;
         use std::mem::size_of;
         let s = self.s.lock();
         let ip = size_of::<IpAddr>();
@@ -114,7 +114,8 @@ impl Observer {
             )
             + s.live.values().map(|v| v.len() * ip).sum::<usize>()
             + s.names.capacity() * size_of::<NodeName>()
-            + crate::pods::hash_slots(s.ids.capacity()) * (size_of::<(NodeName, u32)>() + 1)
+            + tidepool_ipam::uid_table::hash_slots(s.ids.capacity())
+                * (size_of::<(NodeName, u32)>() + 1)
             + btree_bytes(
                 s.deleted_at.len(),
                 size_of::<PodUid>() + size_of::<Instant>(),
@@ -362,11 +363,11 @@ impl StoreHook for Observer {
     fn block_written(&self, _writer: Writer, old: Option<&IpamBlock>, new: Option<&IpamBlock>) {
         match (old, new) {
             (None, Some(b)) => {
-                let addrs: Vec<IpAddr> = crate::pool::addresses_of(&b.cidr).collect();
+                let addrs: Vec<IpAddr> = tidepool_ipam::pool::addresses_of(&b.cidr).collect();
                 self.granted(&b.node, &addrs);
             }
             (Some(b), None) => {
-                let addrs: Vec<IpAddr> = crate::pool::addresses_of(&b.cidr).collect();
+                let addrs: Vec<IpAddr> = tidepool_ipam::pool::addresses_of(&b.cidr).collect();
                 self.released(&b.node, &addrs);
             }
             _ => {}

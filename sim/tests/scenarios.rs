@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! `simulate --scenario`: the shipped scenario files parse and fit their runs, every phase
 //! kind does what it says on either source, t0 is the start of the last phase that changed
 //! demand, and chaos.yaml keeps every invariant over 20 seeds (BENCHMARKS.md gives the
@@ -9,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidepool_ipam::budget::SchedulingMode;
-use tidepool_ipam::sim::cloud::InstanceType;
-use tidepool_ipam::sim::run::{simulate_many, simulate_paused};
-use tidepool_ipam::sim::scenario::Scenario;
-use tidepool_ipam::sim::{CloudChoice, Report, SimConfig, SourceChoice, WorldConfig};
+use tidepool_sim::cloud::InstanceType;
+use tidepool_sim::run::{simulate_many, simulate_paused};
+use tidepool_sim::scenario::Scenario;
+use tidepool_sim::{CloudChoice, Report, SimConfig, SourceChoice, WorldConfig};
 
 fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -357,7 +356,7 @@ fn phases_count_from_the_end_of_the_warm_up() {
     let r = run(inline(
         "phases:\n- kind: scale-up\n  at: 1m\n  nodes: 5\n  pods_per_node: 7\n",
         SimConfig {
-            warm_up: tidepool_ipam::sim::WarmUp::Steady,
+            warm_up: tidepool_sim::WarmUp::Steady,
             ..quiet(6, 4, 4)
         },
     ));

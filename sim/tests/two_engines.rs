@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Two engines on one store, both leading (split brain), on the cluster pool: the issue's
 //! key safety claim — "two engines sharing one store must never grant one address twice,
 //! even when one aborts a release that the other is about to complete". The claim is the
@@ -21,10 +20,10 @@ use tidepool_ipam::clock::Clock;
 use tidepool_ipam::manager::{EngineConfig, NodeManager};
 use tidepool_ipam::pods::MemoryPodView;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, block_name};
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::types::{NodeInfo, NodeName, PodUid, ReleaseAck};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world};
 

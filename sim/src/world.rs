@@ -12,20 +12,21 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::budget::{Api, Budget, SchedulingMode};
-use crate::clock::{Clock, TokioClock};
-use crate::error::IpamError;
-use crate::manager::{EngineConfig, NodeManager};
-use crate::pods::{Keyed, MemoryPodView, PodPhase, UidTable};
-use crate::sim::node_side;
-use crate::sim::observer::Observer;
-use crate::source::{Faults, IpSource, MemorySource};
-use crate::store::BlockStore;
-use crate::store::{MemoryNodeStore, NodeStore, StoreEvent};
-use crate::types::{
+use crate::node_side;
+use crate::observer::Observer;
+use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
+use tidepool_ipam::clock::{Clock, TokioClock};
+use tidepool_ipam::error::IpamError;
+use tidepool_ipam::manager::{EngineConfig, NodeManager};
+use tidepool_ipam::pods::{MemoryPodView, PodPhase};
+use tidepool_ipam::source::{Faults, IpSource, MemorySource};
+use tidepool_ipam::store::BlockStore;
+use tidepool_ipam::store::{MemoryNodeStore, NodeStore, StoreEvent};
+use tidepool_ipam::types::{
     Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
     WatermarkOverrides,
 };
+use tidepool_ipam::uid_table::{Keyed, UidTable};
 
 /// The engine as the simulator runs it.
 pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPodView>;
@@ -94,18 +95,18 @@ impl SimSource for MemorySource {
     }
 }
 
-impl SimSource for crate::pool::ClusterPoolSource<MemoryNodeStore> {
+impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     /// Every address of every block (the observer tracks whole blocks).
     fn granted(&self) -> Vec<(IpAddr, NodeName)> {
         self.granted_addresses()
     }
 
     fn granted_iter(&self) -> Box<dyn Iterator<Item = (IpAddr, NodeName)> + '_> {
-        Box::new(crate::pool::ClusterPoolSource::granted_iter(self))
+        Box::new(tidepool_ipam::pool::ClusterPoolSource::granted_iter(self))
     }
 
     fn calls(&self) -> (u64, u64) {
-        (crate::pool::ClusterPoolSource::calls(self), 0)
+        (tidepool_ipam::pool::ClusterPoolSource::calls(self), 0)
     }
 
     fn snapshot(&self, node: &NodeName) -> Vec<u64> {
@@ -128,11 +129,11 @@ impl SimSource for crate::pool::ClusterPoolSource<MemoryNodeStore> {
     }
 
     fn block_addresses(&self, block: &IpamBlock) -> Vec<IpAddr> {
-        crate::pool::ClusterPoolSource::block_addresses(self, block)
+        tidepool_ipam::pool::ClusterPoolSource::block_addresses(self, block)
     }
 
     fn pools_generation(&self) -> u64 {
-        crate::pool::ClusterPoolSource::pools_generation(self)
+        tidepool_ipam::pool::ClusterPoolSource::pools_generation(self)
     }
 }
 
@@ -448,7 +449,7 @@ impl<S: SimSource> World<S> {
                 ev = events.recv() => {
                     let Some(ev) = ev else { return };
                     self.manager.on_store_event(&ev);
-                    if ev.writer == crate::store::Writer::Operator {
+                    if ev.writer == tidepool_ipam::store::Writer::Operator {
                         self.reconcile(&ev.name);
                     }
                 }
@@ -953,7 +954,7 @@ impl<S: SimSource> World<S> {
             name: b.name.clone(),
             addrs: self.source.block_addresses(b),
             all: if answering && (b.release || b.ack.is_some()) {
-                crate::pool::addresses_of(&b.cidr).collect()
+                tidepool_ipam::pool::addresses_of(&b.cidr).collect()
             } else {
                 Vec::new()
             },
@@ -1059,14 +1060,14 @@ impl<S: SimSource> World<S> {
         bytes += self.observer.heap_estimate();
         {
             let p = self.projections.lock();
-            bytes +=
-                crate::pods::hash_slots(p.capacity()) * (size_of::<(NodeName, Projection)>() + 1);
+            bytes += tidepool_ipam::uid_table::hash_slots(p.capacity())
+                * (size_of::<(NodeName, Projection)>() + 1);
             bytes += p.values().map(Projection::heap_bytes).sum::<usize>();
         }
         let g = self.inner.lock();
         bytes += g.pods.heap_bytes();
-        bytes +=
-            crate::pods::hash_slots(g.agents.capacity()) * (size_of::<(NodeName, Agent)>() + 1);
+        bytes += tidepool_ipam::uid_table::hash_slots(g.agents.capacity())
+            * (size_of::<(NodeName, Agent)>() + 1);
         bytes += g
             .agents
             .values()
@@ -1090,11 +1091,11 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
         node_uid: node.node_uid,
         resource_version: node.resource_version,
         watermarks: node.watermarks,
-        operator: crate::types::OperatorFields {
+        operator: tidepool_ipam::types::OperatorFields {
             reclaim: node.operator.reclaim.clone(),
             ..Default::default()
         },
-        node: crate::types::NodeSideFields::default(),
+        node: tidepool_ipam::types::NodeSideFields::default(),
         finalizer: node.finalizer,
     };
     node_side::project(&slim, blocks)

@@ -3,7 +3,7 @@
 //! every resync triggers them), 20 resyncs on one thread; prints the p50/p99/max of
 //! `tidepool_ipam_trigger_latency_seconds{trigger="pool-maintainer"}` recorded meanwhile.
 //!
-//! `cargo bench -p tidepool-ipam --features sim --bench trigger_latency`
+//! `cargo bench -p tidepool-sim --bench trigger_latency`
 
 use std::time::Duration;
 

@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Priority admission through the whole engine: with the source budget at 1 call/s, a node
 //! with pods waiting is served before an idle node that is far below its min-allocate; in
 //! FIFO mode arrival order wins.
@@ -7,8 +6,8 @@ use std::time::Duration;
 
 use tidepool_ipam::budget::SchedulingMode;
 use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::watermarks::Watermarks;
+use tidepool_sim::{World, WorldConfig};
 
 fn world(mode: SchedulingMode) -> World {
     World::start(WorldConfig {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tidepool_ipam::sim::{World, WorldConfig};
+use tidepool_sim::{World, WorldConfig};
 
 /// Budgets so large they never hold anything back.
 pub fn unlimited() -> WorldConfig {

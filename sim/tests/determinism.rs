@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! `simulate` is deterministic (DESIGN.md "simulate": with the same seed two reports are
 //! equal except for the wall, CPU, memory and rate fields), and a no-churn scale-up
 //! converges with no invariant broken. Each run gets its own current-thread runtime with
@@ -7,7 +6,7 @@
 
 use std::time::Duration;
 
-use tidepool_ipam::sim::{Report, SimConfig, WorldConfig, simulate};
+use tidepool_sim::{Report, SimConfig, WorldConfig, simulate};
 
 fn run(cfg: SimConfig) -> Report {
     let rt = tokio::runtime::Builder::new_current_thread()

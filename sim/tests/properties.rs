@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Property tests (issue 2, "Tests that must exist and pass"): random sequences of node
 //! joins and leaves, pod starts, stops and crashes, watermark changes and source failures,
 //! interleaved with virtual-time advances, run on the simulated world with the real
@@ -21,9 +20,9 @@ use tidepool_ipam::handshake::ReleaseConfig;
 use tidepool_ipam::manager::EngineConfig;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::sim::{World, WorldConfig};
 use tidepool_ipam::source::{Faults, IpSource};
 use tidepool_ipam::types::{Family, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_sim::{World, WorldConfig};
 
 /// At most this many nodes ever join in one case (initial ones included).
 const MAX_NODES: usize = 8;

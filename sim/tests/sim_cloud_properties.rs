@@ -1,4 +1,3 @@
-#![cfg(feature = "sim")]
 //! Property test of the simulated cloud as an IP source: over random sequences of instance
 //! launches, assigns, unassigns and terminations, no address is held twice, primaries are
 //! never granted, every instance stays within its type's limits, `describe` is the cloud's
@@ -8,9 +7,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use tidepool_ipam::sim::cloud::{InstanceType, SimCloud};
 use tidepool_ipam::source::IpSource;
 use tidepool_ipam::types::{Family, NodeName};
+use tidepool_sim::cloud::{InstanceType, SimCloud};
 
 #[derive(Debug, Clone)]
 enum Op {
