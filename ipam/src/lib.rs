@@ -12,6 +12,7 @@ pub mod error;
 pub mod handshake;
 pub mod maintainer;
 pub mod manager;
+pub mod node;
 pub mod plan;
 pub mod pods;
 pub mod pool;

@@ -372,18 +372,24 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
     for g in &plan.reclaim.ready {
         let live = shared.pods.pod_live(g.pod_uid).await?;
-        let confirmed = g.addrs.iter().all(|a| {
-            node.node.used.get(a).is_some_and(|e| {
-                e.pod_uid == g.pod_uid
-                    && candidate_reason(a, e, &node.node.used, live.as_ref()).is_some()
+        // each confirmed entry's allocation: the tombstone names exactly what was seen
+        let confirmed: Option<Vec<_>> = g
+            .addrs
+            .iter()
+            .map(|a| {
+                let e = node.node.used.get(a)?;
+                let candidate = e.pod_uid == g.pod_uid
+                    && candidate_reason(a, e, &node.node.used, live.as_ref()).is_some();
+                candidate.then_some((*a, e.allocation))
             })
-        });
-        if confirmed {
-            for a in &g.addrs {
+            .collect();
+        if let Some(entries) = confirmed {
+            for (a, allocation) in entries {
                 fields.to_mut().reclaim.insert(
-                    *a,
+                    a,
                     Tombstone {
                         pod_uid: g.pod_uid,
+                        allocation,
                         reason: g.reason,
                     },
                 );

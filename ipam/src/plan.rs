@@ -408,7 +408,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
 
     // 1. Reclaim: drop answered tombstones, then observe candidates.
     let acks = &node.node.reclaim_ack;
-    let answered = |addr: &IpAddr, t: &Tombstone| acks.get(addr).filter(|a| a.pod_uid == t.pod_uid);
+    let answered = |addr: &IpAddr, t: &Tombstone| acks.get(addr).filter(|a| a.answers(t));
     if s.operator
         .reclaim
         .iter()
@@ -594,7 +594,7 @@ mod tests {
             pod_uid: PodUid(i as u128),
             namespace: "ns".into(),
             pod: "p".into(),
-            container_id: 1,
+            allocation: crate::types::AllocationId(1),
             since: SystemTime::UNIX_EPOCH,
         }
     }
@@ -665,7 +665,7 @@ mod tests {
                 if f[2] { node.node.cooldown.insert(a, SystemTime::UNIX_EPOCH); }
                 if f[3] { fields.release.insert(a, ReleaseState::MarkedForRelease); }
                 if f[4] {
-                    fields.reclaim.insert(a, Tombstone { pod_uid: PodUid(1), reason: ReclaimReason::PodDeleted });
+                    fields.reclaim.insert(a, Tombstone { pod_uid: PodUid(1), allocation: crate::types::AllocationId(1), reason: ReclaimReason::PodDeleted });
                 }
             }
             for family in Family::ALL {

@@ -30,13 +30,15 @@ pub fn candidate_reason(
         return None;
     }
     // A replaced sandbox: the running pod lists, in the same family, another address whose
-    // entry has the same UID and a later `since`.
+    // entry is another allocation of the same UID, made later.
     let family = Family::of(addr);
     let replaced = pod.ips.iter().any(|other| {
         Family::of(&other) == family
-            && used
-                .get(&other)
-                .is_some_and(|e| e.pod_uid == entry.pod_uid && e.since > entry.since)
+            && used.get(&other).is_some_and(|e| {
+                e.pod_uid == entry.pod_uid
+                    && e.allocation != entry.allocation
+                    && e.since > entry.since
+            })
     });
     replaced.then_some(ReclaimReason::SandboxReplaced)
 }
@@ -385,12 +387,13 @@ mod tests {
     use crate::pods::{FnPods, PodChanges, PodIps};
     use std::time::SystemTime;
 
+    /// An entry of pod `uid` made at `since` by the sandbox started then.
     fn entry(uid: u128, since: u64) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(uid),
             namespace: "ns".into(),
             pod: "p".into(),
-            container_id: 1,
+            allocation: crate::types::AllocationId(since),
             since: SystemTime::UNIX_EPOCH + Duration::from_secs(since),
         }
     }
@@ -438,6 +441,16 @@ mod tests {
             candidate_reason(&ip("10.0.0.1"), e, &used, Some(&p)),
             Some(ReclaimReason::SandboxReplaced)
         );
+        // ... nor when the newer entry is the same allocation (not another sandbox)
+        let mut same = used.clone();
+        same.insert(
+            ip("10.0.0.2"),
+            UsedEntry {
+                since: e.since + Duration::from_secs(1),
+                ..e.clone()
+            },
+        );
+        assert_eq!(candidate_reason(&ip("10.0.0.1"), e, &same, Some(&p)), None);
         // ... but never the address it lists, nor when the other entry is older
         assert_eq!(
             candidate_reason(&ip("10.0.0.2"), &used[&ip("10.0.0.2")], &used, Some(&p)),
@@ -500,6 +513,7 @@ mod tests {
             ip("10.0.0.1"),
             Tombstone {
                 pod_uid: PodUid(1),
+                allocation: crate::types::AllocationId(1),
                 reason: ReclaimReason::PodDeleted,
             },
         );
@@ -643,6 +657,7 @@ mod tests {
             ip(a),
             Tombstone {
                 pod_uid: PodUid(uid),
+                allocation: crate::types::AllocationId(1),
                 reason: ReclaimReason::PodDeleted,
             },
         )])
@@ -842,6 +857,7 @@ mod tests {
                                     addr(a),
                                     Tombstone {
                                         pod_uid: PodUid(0),
+                                        allocation: crate::types::AllocationId(1),
                                         reason: ReclaimReason::PodDeleted,
                                     },
                                 );

@@ -81,14 +81,35 @@ impl fmt::Display for PodUid {
 /// Node names are shared, immutable strings.
 pub type NodeName = Arc<str>;
 
+/// One CNI allocation: a 64-bit hash of its key (containerID, ifname). `status.used`
+/// carries the full strings; the engine keeps only this, so its memory per address does not
+/// grow with the runtime's 64-character container IDs. Tombstones and reclaim answers name
+/// the allocation, so a later sandbox of the same pod that got the same address back is
+/// never freed by a tombstone meant for an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AllocationId(pub u64);
+
+impl AllocationId {
+    /// FNV-1a over `container_id`, a NUL and `ifname`. Written out rather than taken from
+    /// std's hasher, whose output may change between Rust releases: the operator and the
+    /// agent (different builds, different machines) must agree on it.
+    pub fn new(container_id: &str, ifname: &str) -> Self {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let bytes = container_id.bytes().chain([0]).chain(ifname.bytes());
+        AllocationId(bytes.fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME)))
+    }
+}
+
 /// `status.used[address]`: which pod holds the address (written by the node side).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsedEntry {
     pub pod_uid: PodUid,
     pub namespace: Arc<str>,
     pub pod: Arc<str>,
-    /// Only for the node side's stale-DEL filter; identity is the pod UID.
-    pub container_id: u64,
+    /// The allocation (containerID, ifname): the node side's key for ADD and DEL, and what
+    /// tombstones name; the pod's identity is its UID.
+    pub allocation: AllocationId,
     pub since: SystemTime,
 }
 
@@ -127,18 +148,20 @@ impl ReclaimReason {
     }
 }
 
-/// `spec.reclaim[address]` (operator): take the address back from this pod.
+/// `spec.reclaim[address]` (operator): take the address back from this allocation of this
+/// pod (the exact `used` entry the operator saw).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tombstone {
     pub pod_uid: PodUid,
+    pub allocation: AllocationId,
     pub reason: ReclaimReason,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReclaimOutcome {
-    /// The entry still had the tombstone's pod UID: removed, cooldown started.
+    /// The entry was still the tombstone's allocation: removed, cooldown started.
     Reclaimed,
-    /// The entry had changed owner (or was gone): nothing was removed.
+    /// The entry was another allocation (or gone): nothing was removed.
     Stale,
 }
 
@@ -146,7 +169,15 @@ pub enum ReclaimOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReclaimAck {
     pub pod_uid: PodUid,
+    pub allocation: AllocationId,
     pub outcome: ReclaimOutcome,
+}
+
+impl ReclaimAck {
+    /// Whether this answers `t` (the same allocation of the same pod).
+    pub fn answers(&self, t: &Tombstone) -> bool {
+        self.pod_uid == t.pod_uid && self.allocation == t.allocation
+    }
 }
 
 /// Per-node watermark overrides from `spec.watermarks` (users). Unset fields fall back to

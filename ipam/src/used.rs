@@ -140,7 +140,7 @@ mod tests {
             pod_uid: PodUid(uid),
             namespace: "default".into(),
             pod: "p".into(),
-            container_id: 0,
+            allocation: crate::types::AllocationId(0),
             since: SystemTime::UNIX_EPOCH,
         }
     }

@@ -65,7 +65,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
                     pod_uid: uid,
                     namespace: "default".into(),
                     pod: "p".into(),
-                    container_id: 1,
+                    allocation: tidepool_ipam::types::AllocationId(1),
                     since,
                 },
             );

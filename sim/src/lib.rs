@@ -2,7 +2,6 @@
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
 
 pub mod cloud;
-pub mod node_side;
 pub mod observer;
 pub mod run;
 pub mod scenario;

@@ -12,18 +12,18 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::node_side;
 use crate::observer::Observer;
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::{Clock, TokioClock};
 use tidepool_ipam::error::IpamError;
 use tidepool_ipam::manager::{EngineConfig, NodeManager};
+use tidepool_ipam::node as node_side;
 use tidepool_ipam::pods::{MemoryPodView, PodPhase};
 use tidepool_ipam::source::{Faults, IpSource, MemorySource};
 use tidepool_ipam::store::BlockStore;
 use tidepool_ipam::store::{MemoryNodeStore, NodeStore, StoreEvent};
 use tidepool_ipam::types::{
-    Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
+    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
     WatermarkOverrides,
 };
 use tidepool_ipam::uid_table::{Keyed, UidTable};
@@ -606,8 +606,15 @@ impl<S: SimSource> World<S> {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
                 self.store.update_node(&p.node, |_, side| {
-                    !node_side::del(side, &self.cfg.families, uid, p.container_id, utc, cd)
-                        .is_empty()
+                    !node_side::del(
+                        side,
+                        &self.cfg.families,
+                        uid,
+                        allocation(p.container_id),
+                        utc,
+                        cd,
+                    )
+                    .is_empty()
                 });
                 self.inner.lock().wake_at(&p.node, now + cd);
                 self.wake.notify_one();
@@ -1110,7 +1117,13 @@ fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
         pod_uid: uid,
         namespace: NAMESPACE.clone(),
         pod: POD.clone(),
-        container_id,
+        allocation: allocation(container_id),
         since,
     }
+}
+
+/// A simulated sandbox's allocation: its container ID as the runtime would spell it (64 hex
+/// digits) on interface eth0.
+fn allocation(container_id: u64) -> AllocationId {
+    AllocationId::new(&format!("{container_id:064x}"), "eth0")
 }

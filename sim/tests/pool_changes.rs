@@ -217,7 +217,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
                 pod_uid: PodUid(7),
                 namespace: "ns".into(),
                 pod: "p".into(),
-                container_id: 1,
+                allocation: tidepool_ipam::types::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH,
             },
         );
@@ -260,7 +260,7 @@ async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
                 pod_uid: PodUid(u128::MAX),
                 namespace: "ns".into(),
                 pod: "stray".into(),
-                container_id: 1,
+                allocation: tidepool_ipam::types::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH,
             },
         );

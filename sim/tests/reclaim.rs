@@ -38,6 +38,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
     assert_eq!(node.operator.addresses.len(), 2);
     let (&x, e) = node.node.used.iter().next().unwrap();
     assert_eq!(e.pod_uid, a);
+    let allocation = e.allocation;
 
     world.delete_pod(a, true); // no DEL: the entry stays
     let t_del = rec.elapsed();
@@ -57,6 +58,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
             x,
             Tombstone {
                 pod_uid: a,
+                allocation,
                 reason: ReclaimReason::PodDeleted
             }
         )]
@@ -68,6 +70,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
             x,
             ReclaimAck {
                 pod_uid: a,
+                allocation,
                 outcome: ReclaimOutcome::Reclaimed
             }
         )]
@@ -189,13 +192,8 @@ async fn a_succeeded_pods_addresses_are_reclaimed() {
     let b = world.schedule_pod(&n);
     advance(secs(150)).await;
     let node = ipam_node(&world, "node1");
-    let xa = *node
-        .node
-        .used
-        .iter()
-        .find(|(_, e)| e.pod_uid == a)
-        .unwrap()
-        .0;
+    let (&xa, ea) = node.node.used.iter().find(|(_, e)| e.pod_uid == a).unwrap();
+    let allocation = ea.allocation;
     world.finish_pod(a, PodPhase::Succeeded);
     let t_fin = rec.elapsed();
     advance(secs(31)).await;
@@ -206,6 +204,7 @@ async fn a_succeeded_pods_addresses_are_reclaimed() {
             xa,
             Tombstone {
                 pod_uid: a,
+                allocation,
                 reason: ReclaimReason::PodTerminal
             }
         )]
@@ -240,7 +239,11 @@ async fn a_replaced_sandboxs_old_address_is_reclaimed() {
     let n = world.add_node("node1");
     let a = world.schedule_pod(&n);
     advance(secs(150)).await;
-    let old = *ipam_node(&world, "node1").node.used.keys().next().unwrap();
+    let (old, allocation) = {
+        let node = ipam_node(&world, "node1");
+        let (&old, e) = node.node.used.iter().next().unwrap();
+        (old, e.allocation)
+    };
     let new = world
         .replace_sandbox(a)
         .expect("a free address for the new sandbox");
@@ -255,6 +258,7 @@ async fn a_replaced_sandboxs_old_address_is_reclaimed() {
             old,
             Tombstone {
                 pod_uid: a,
+                allocation,
                 reason: ReclaimReason::SandboxReplaced
             }
         )]
@@ -350,7 +354,8 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
     advance(secs(1)).await;
     let node = ipam_node(&world, "node1");
     assert_eq!(node.operator.addresses.len(), 1);
-    let x = *node.node.used.keys().next().unwrap();
+    let (&x, ea) = node.node.used.iter().next().unwrap();
+    let allocation = ea.allocation;
     // A leaves cleanly; after the cooldown B gets the very same address (release delay
     // 180 s keeps it in the pool meanwhile)
     world.delete_pod(a, false);
@@ -367,6 +372,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
         x,
         Tombstone {
             pod_uid: a,
+            allocation,
             reason: ReclaimReason::PodDeleted,
         },
     );
@@ -385,6 +391,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
             x,
             ReclaimAck {
                 pod_uid: a,
+                allocation,
                 outcome: ReclaimOutcome::Stale
             }
         )]
@@ -415,8 +422,8 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
 #[test]
 fn node_side_answers_a_changed_owner_stale() {
     use std::time::SystemTime;
-    use tidepool_ipam::types::{IpamNode, NodeSideFields, UsedEntry};
-    use tidepool_sim::node_side;
+    use tidepool_ipam::node as node_side;
+    use tidepool_ipam::types::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
     let mut node = IpamNode::new("n".into(), 1);
     std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);
@@ -424,6 +431,7 @@ fn node_side_answers_a_changed_owner_stale() {
         x,
         Tombstone {
             pod_uid: PodUid(1),
+            allocation: AllocationId::new("c1", "eth0"),
             reason: ReclaimReason::PodDeleted,
         },
     );
@@ -432,7 +440,7 @@ fn node_side_answers_a_changed_owner_stale() {
         pod_uid: PodUid(2),
         namespace: "ns".into(),
         pod: "b".into(),
-        container_id: 9,
+        allocation: AllocationId::new("c9", "eth0"),
         since: SystemTime::UNIX_EPOCH,
     };
     side.used.insert(x, entry.clone());
@@ -444,6 +452,7 @@ fn node_side_answers_a_changed_owner_stale() {
         side.reclaim_ack.get(&x),
         Some(&ReclaimAck {
             pod_uid: PodUid(1),
+            allocation: AllocationId::new("c1", "eth0"),
             outcome: ReclaimOutcome::Stale
         })
     );
@@ -559,12 +568,13 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     let a = world.schedule_pod(&n);
     advance(secs(5)).await;
     let node = ipam_node(&world, "node1");
-    let x = *node.node.used.keys().next().unwrap();
+    let (&x, e) = node.node.used.iter().next().unwrap();
     let mut fields = node.operator.clone();
     fields.reclaim.insert(
         x,
         Tombstone {
             pod_uid: a,
+            allocation: e.allocation,
             reason: ReclaimReason::PodDeleted,
         },
     );

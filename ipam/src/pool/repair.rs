@@ -916,7 +916,7 @@ mod tests {
                     pod_uid: PodUid(pod),
                     namespace: Arc::from("default"),
                     pod: Arc::from(format!("pod-{pod}")),
-                    container_id: 1,
+                    allocation: crate::types::AllocationId(1),
                     since: SystemTime::UNIX_EPOCH,
                 },
             );
@@ -1486,7 +1486,7 @@ mod tests {
                         pod_uid: PodUid(pod),
                         namespace: Arc::from("ns"),
                         pod: Arc::from("p"),
-                        container_id: 0,
+                        allocation: crate::types::AllocationId(0),
                         since: SystemTime::UNIX_EPOCH,
                     },
                 );
@@ -1669,7 +1669,7 @@ mod tests {
                         pod_uid: PodUid(pod),
                         namespace: Arc::from(""),
                         pod: Arc::from(""),
-                        container_id: 0,
+                        allocation: crate::types::AllocationId(0),
                         since: SystemTime::UNIX_EPOCH,
                     });
             }

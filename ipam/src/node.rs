@@ -1,14 +1,25 @@
-//! The node side (simulated now, an agent later): allocates addresses to pods from its
-//! pool and answers the operator's release marks and tombstones, keeping every promise
-//! DESIGN.md lists. Pure functions over the node's resource; the world applies them.
+//! The node side's rules (DESIGN.md "Resources", the node side's promises), run both by the
+//! simulated world and by the node agent: allocate to pods from the node's pool and answer
+//! the operator's release marks and tombstones. Pure functions over the node's resource;
+//! the caller writes what they change.
+//!
+//! - [`add`] allocates from the pool (the node's blocks, see [`project`], or `spec.addresses`
+//!   for cloud sources), never an address used, cooling down, marked or released; an ADD
+//!   is keyed by its [`AllocationId`] (containerID, ifname), so a repeated ADD returns the
+//!   addresses it got the first time;
+//! - [`del`] frees only the exact allocation: idempotent, and a stale DEL (another
+//!   container ID) frees nothing (kuryr's rule; Calico #1406, Cilium #10065);
+//! - [`reconcile`] answers tombstones (`reclaimed` only for the exact allocation), address
+//!   marks, and ends cooldowns; [`answer_blocks`] answers block marks (cluster-pool).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tidepool_ipam::types::{
-    Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, ReleaseState,
-    UsedEntry,
+use crate::plan::has;
+use crate::types::{
+    AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
+    ReleaseState, UsedEntry,
 };
 
 /// What a reconcile changed that the observer must know.
@@ -37,8 +48,8 @@ pub fn reconcile(
     out
 }
 
-/// Tombstones: reclaimed if the entry still has that pod UID, else stale; an ack goes once
-/// its tombstone is gone.
+/// Tombstones: `reclaimed` if the entry is still that exact allocation (pod UID,
+/// containerID, ifname), else `stale`; an ack goes once its tombstone is gone.
 pub fn answer_tombstones(
     node: &IpamNode,
     side: &mut NodeSideFields,
@@ -48,14 +59,11 @@ pub fn answer_tombstones(
     let op = &node.operator;
     let mut out = Answers::default();
     for (addr, t) in &op.reclaim {
-        if side
-            .reclaim_ack
-            .get(addr)
-            .is_some_and(|a| a.pod_uid == t.pod_uid)
-        {
+        if side.reclaim_ack.get(addr).is_some_and(|a| a.answers(t)) {
             continue;
         }
-        let outcome = if side.used.get(addr).is_some_and(|e| e.pod_uid == t.pod_uid) {
+        let exact = |e: &UsedEntry| e.pod_uid == t.pod_uid && e.allocation == t.allocation;
+        let outcome = if side.used.get(addr).is_some_and(exact) {
             side.used.remove(addr);
             side.cooldown.insert(*addr, now + reuse_cooldown);
             out.reclaimed.push((t.pod_uid, *addr));
@@ -68,6 +76,7 @@ pub fn answer_tombstones(
             *addr,
             ReclaimAck {
                 pod_uid: t.pod_uid,
+                allocation: t.allocation,
                 outcome,
             },
         );
@@ -75,7 +84,7 @@ pub fn answer_tombstones(
     }
     let before = side.reclaim_ack.len();
     side.reclaim_ack
-        .retain(|a, ack| op.reclaim.get(a).is_some_and(|t| t.pod_uid == ack.pod_uid));
+        .retain(|a, ack| op.reclaim.get(a).is_some_and(|t| ack.answers(t)));
     out.changed |= side.reclaim_ack.len() != before;
     out
 }
@@ -139,7 +148,7 @@ pub struct BlockView {
 /// a marked block's addresses count as marked — the form [`add`] and [`free_address`] read.
 pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
     let mut view = IpamNode {
-        operator: tidepool_ipam::types::OperatorFields {
+        operator: crate::types::OperatorFields {
             reclaim: node.operator.reclaim.clone(),
             ..Default::default()
         },
@@ -198,7 +207,6 @@ pub fn answer_blocks(
 /// released, not promised away; the lowest one. The maps are sorted like the pool, so one walk along each answers (a
 /// full node tries ~100 addresses before a free one).
 pub fn free_address(node: &IpamNode, side: &NodeSideFields, family: Family) -> Option<IpAddr> {
-    use tidepool_ipam::plan::has;
     let mut used = side.used.keys().peekable();
     let mut cooldown = side.cooldown.keys().peekable();
     let mut release = node.operator.release.keys().peekable();
@@ -216,13 +224,19 @@ pub fn free_address(node: &IpamNode, side: &NodeSideFields, family: Family) -> O
         .copied()
 }
 
-/// CNI ADD: one address per family, all or none. Returns the addresses taken.
+/// CNI ADD: one address per family, all or none. Returns the addresses taken; a repeated
+/// ADD of the same allocation (same pod UID, containerID and ifname: a runtime retrying
+/// after a lost reply) returns the addresses it holds already and takes nothing new.
 pub fn add(
     node: &IpamNode,
     side: &mut NodeSideFields,
     families: &[Family],
     entry: UsedEntry,
 ) -> Option<Vec<IpAddr>> {
+    let held = allocated(side, families, entry.pod_uid, entry.allocation);
+    if !held.is_empty() {
+        return Some(held);
+    }
     let mut addrs = Vec::with_capacity(families.len());
     for &f in families {
         addrs.push(free_address(node, side, f)?);
@@ -233,24 +247,34 @@ pub fn add(
     Some(addrs)
 }
 
-/// CNI DEL: idempotent; ignored when the container ID differs from the recorded ADD
-/// (kuryr's rule). Freed addresses cool down before reuse. Returns the freed addresses.
+/// The addresses `allocation` of `pod` holds (at most one per family).
+pub fn allocated(
+    side: &NodeSideFields,
+    families: &[Family],
+    pod: PodUid,
+    allocation: AllocationId,
+) -> Vec<IpAddr> {
+    // an ADD records one address per family: the search ends when it found them all
+    side.used
+        .iter()
+        .filter(|(_, e)| e.pod_uid == pod && e.allocation == allocation)
+        .map(|(a, _)| *a)
+        .take(families.len())
+        .collect()
+}
+
+/// CNI DEL: frees only the exact allocation — idempotent, and a DEL whose containerID (or
+/// ifname) differs from the recorded ADD frees nothing (kuryr's rule). Freed addresses cool
+/// down before reuse. Returns the freed addresses.
 pub fn del(
     side: &mut NodeSideFields,
     families: &[Family],
     pod: PodUid,
-    container_id: u64,
+    allocation: AllocationId,
     now: SystemTime,
     reuse_cooldown: Duration,
 ) -> Vec<IpAddr> {
-    // an ADD records one address per family: the search ends when it found them all
-    let freed: Vec<IpAddr> = side
-        .used
-        .iter()
-        .filter(|(_, e)| e.pod_uid == pod && e.container_id == container_id)
-        .map(|(a, _)| *a)
-        .take(families.len())
-        .collect();
+    let freed = allocated(side, families, pod, allocation);
     for a in &freed {
         side.used.remove(a);
         side.cooldown.insert(*a, now + reuse_cooldown);
@@ -266,8 +290,12 @@ pub fn next_cooldown_end(side: &NodeSideFields) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidepool_ipam::types::ReclaimReason;
-    use tidepool_ipam::types::Tombstone;
+    use crate::types::ReclaimReason;
+    use crate::types::Tombstone;
+
+    fn alloc(cid: u64) -> AllocationId {
+        AllocationId::new(&format!("{cid:064x}"), "eth0")
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -278,7 +306,7 @@ mod tests {
             pod_uid: PodUid(uid),
             namespace: "ns".into(),
             pod: "p".into(),
-            container_id: cid,
+            allocation: alloc(cid),
             since: SystemTime::UNIX_EPOCH,
         }
     }
@@ -301,12 +329,12 @@ mod tests {
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
         let both = [Family::V4, Family::V6];
         assert!(
-            del(&mut side, &both, PodUid(1), 8, t, CD).is_empty(),
+            del(&mut side, &both, PodUid(1), alloc(8), t, CD).is_empty(),
             "stale DEL ignored"
         );
-        assert_eq!(del(&mut side, &both, PodUid(1), 7, t, CD).len(), 2);
+        assert_eq!(del(&mut side, &both, PodUid(1), alloc(7), t, CD).len(), 2);
         assert!(
-            del(&mut side, &both, PodUid(1), 7, t, CD).is_empty(),
+            del(&mut side, &both, PodUid(1), alloc(7), t, CD).is_empty(),
             "DEL is idempotent"
         );
         // cooling down: not reusable yet
@@ -415,6 +443,7 @@ mod tests {
         // a tombstone: reclaimed, then acked again (nothing), then its ack goes
         let tomb = |uid| Tombstone {
             pod_uid: PodUid(uid),
+            allocation: alloc(1),
             reason: ReclaimReason::PodDeleted,
         };
         n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1));
@@ -451,6 +480,7 @@ mod tests {
         add(&n, &mut side, &[Family::V4], entry(2, 1)).unwrap();
         let tomb = |uid| Tombstone {
             pod_uid: PodUid(uid),
+            allocation: alloc(1),
             reason: ReclaimReason::PodDeleted,
         };
         n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1));
@@ -476,6 +506,181 @@ mod tests {
         n.operator.reclaim.clear();
         reconcile(&n, &mut side, t, CD);
         assert!(side.reclaim_ack.is_empty());
+    }
+
+    /// Issue 10's crash loop: a pod's first sandbox is tombstoned (it was replaced), its
+    /// late DEL frees the address, and a later sandbox of the same pod gets the same address
+    /// back; the tombstone, still meant for the first sandbox, must then be answered
+    /// `stale` and free nothing. With tombstones that named only the pod UID, the live
+    /// sandbox's address was freed.
+    #[test]
+    fn a_late_tombstone_never_frees_a_later_sandbox_of_the_same_pod() {
+        let mut n = node_with(&["10.0.0.1"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        let v4 = [Family::V4];
+        assert_eq!(
+            add(&n, &mut side, &v4, entry(1, 1)).unwrap(),
+            vec![ip("10.0.0.1")]
+        );
+        // the operator tombstones sandbox 1's entry ...
+        let tomb = Tombstone {
+            pod_uid: PodUid(1),
+            allocation: alloc(1),
+            reason: ReclaimReason::SandboxReplaced,
+        };
+        // ... but sandbox 1's DEL arrives first, and after the cooldown sandbox 3 gets the
+        // same address back
+        assert_eq!(del(&mut side, &v4, PodUid(1), alloc(1), t, CD).len(), 1);
+        reconcile(&n, &mut side, t + CD, CD);
+        assert_eq!(
+            add(&n, &mut side, &v4, entry(1, 3)).unwrap(),
+            vec![ip("10.0.0.1")]
+        );
+        n.operator.reclaim.insert(ip("10.0.0.1"), tomb);
+        let a = reconcile(&n, &mut side, t + CD, CD);
+        assert!(a.reclaimed.is_empty(), "{a:?}");
+        assert_eq!(
+            side.reclaim_ack[&ip("10.0.0.1")].outcome,
+            ReclaimOutcome::Stale
+        );
+        assert_eq!(
+            side.used[&ip("10.0.0.1")].allocation,
+            alloc(3),
+            "the live sandbox keeps it"
+        );
+    }
+
+    /// A repeated ADD of one allocation returns what it holds; another ifname of the same
+    /// container is another allocation; a DEL frees only its own.
+    #[test]
+    fn allocations_are_keyed_by_container_and_ifname() {
+        let n = node_with(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        let v4 = [Family::V4];
+        let eth0 = AllocationId::new("c1", "eth0");
+        let net1 = AllocationId::new("c1", "net1");
+        assert_ne!(eth0, net1);
+        assert_ne!(
+            AllocationId::new("c1e", "th0"),
+            eth0,
+            "the separator keeps fields apart"
+        );
+        let e = |allocation| UsedEntry {
+            allocation,
+            ..entry(1, 0)
+        };
+        let first = add(&n, &mut side, &v4, e(eth0)).unwrap();
+        assert_eq!(
+            add(&n, &mut side, &v4, e(eth0)).unwrap(),
+            first,
+            "repeated ADD"
+        );
+        assert_eq!(side.used.len(), 1);
+        let second = add(&n, &mut side, &v4, e(net1)).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(del(&mut side, &v4, PodUid(1), net1, t, CD), second);
+        assert_eq!(side.used[&first[0]].allocation, eth0);
+        // the same allocation of another pod UID is not this pod's
+        assert!(del(&mut side, &v4, PodUid(2), eth0, t, CD).is_empty());
+    }
+
+    #[test]
+    fn allocation_ids_are_stable() {
+        // FNV-1a 64 of "\0" and "a\0" (computed apart, in Python): the operator and the
+        // agent, built apart, must compute the same value
+        assert_eq!(AllocationId::new("", "").0, 0xaf63_bd4c_8601_b7df);
+        assert_eq!(AllocationId::new("a", "").0, 0x089b_e207_b544_f1e4);
+    }
+
+    /// One step of a CNI runtime against the node side.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add { pod: u8, cid: u8 },
+        Del { pod: u8, cid: u8 },
+        Mark { addr: u8 },
+        Tick,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0..4u8, 0..3u8).prop_map(|(pod, cid)| Op::Add { pod, cid }),
+            2 => (0..4u8, 0..3u8).prop_map(|(pod, cid)| Op::Del { pod, cid }),
+            1 => (0..6u8).prop_map(|addr| Op::Mark { addr }),
+            1 => Just(Op::Tick),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Random ADDs, DELs (stale ones included), marks and time: an allocation holds one
+        /// address per family and a repeated ADD returns it; a DEL frees exactly its own
+        /// allocation's addresses (and nothing when stale or repeated); nothing is handed
+        /// out that is outside the pool, used, cooling down or marked.
+        #[test]
+        fn the_node_side_keeps_its_promises(ops in proptest::collection::vec(op(), 1..60)) {
+            use proptest::prop_assert;
+            use proptest::prop_assert_eq;
+            let pool = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1", "fd00::2", "fd00::3"];
+            let mut n = node_with(&pool);
+            let mut side = NodeSideFields::default();
+            let both = [Family::V4, Family::V6];
+            let mut now = SystemTime::UNIX_EPOCH;
+            for op in ops {
+                match op {
+                    Op::Add { pod, cid } => {
+                        let e = UsedEntry { since: now, ..entry(u128::from(pod), u64::from(cid)) };
+                        let held = allocated(&side, &both, e.pod_uid, e.allocation);
+                        let before = side.clone();
+                        match add(&n, &mut side, &both, e.clone()) {
+                            Some(got) if !held.is_empty() => {
+                                prop_assert_eq!(got, held, "a repeated ADD returns what it holds");
+                                prop_assert_eq!(&side, &before);
+                            }
+                            Some(got) => {
+                                prop_assert_eq!(got.len(), 2);
+                                for a in &got {
+                                    prop_assert!(n.operator.addresses.contains(a));
+                                    prop_assert!(!before.used.contains_key(a));
+                                    prop_assert!(!busy(&before, a, now));
+                                    prop_assert!(!n.operator.release.contains_key(a));
+                                }
+                            }
+                            None => prop_assert_eq!(&side, &before, "all or none"),
+                        }
+                    }
+                    Op::Del { pod, cid } => {
+                        let (uid, allocation) = (PodUid(u128::from(pod)), alloc(u64::from(cid)));
+                        let mine = allocated(&side, &both, uid, allocation);
+                        let others: Vec<_> = side.used.iter()
+                            .filter(|(_, e)| e.pod_uid != uid || e.allocation != allocation)
+                            .map(|(a, e)| (*a, e.clone()))
+                            .collect();
+                        let freed = del(&mut side, &both, uid, allocation, now, CD);
+                        prop_assert_eq!(freed, mine);
+                        let left: Vec<_> = side.used.iter().map(|(a, e)| (*a, e.clone())).collect();
+                        prop_assert_eq!(left, others, "only its own allocation goes");
+                        prop_assert!(del(&mut side, &both, uid, allocation, now, CD).is_empty());
+                    }
+                    Op::Mark { addr } => {
+                        let a = ip(pool[usize::from(addr)]);
+                        n.operator.release.insert(a, ReleaseState::MarkedForRelease);
+                        reconcile(&n, &mut side, now, CD);
+                    }
+                    Op::Tick => {
+                        now += CD / 2;
+                        reconcile(&n, &mut side, now, CD);
+                    }
+                }
+                // one address per family per allocation
+                let mut seen = std::collections::BTreeSet::new();
+                for (a, e) in side.used.iter() {
+                    prop_assert!(seen.insert((e.pod_uid, e.allocation, Family::of(&a))));
+                }
+            }
+        }
+
     }
 
     proptest::proptest! {
