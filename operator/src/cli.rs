@@ -277,6 +277,11 @@ pub struct SimulateFlags {
     pub duration: Option<Duration>,
     #[arg(long, value_enum, default_value = "none", env = "TIDEPOOL_SIM_WARM_UP")]
     pub warm_up: WarmUpArg,
+    /// How long the run may go on past the drain tail while work is still queued (a slow
+    /// budget, a retry, a lost node inside its grace); what is still missing then counts as
+    /// lost.
+    #[arg(long, default_value = "1h", value_parser = duration, env = "TIDEPOOL_SIM_DRAIN_LIMIT")]
+    pub drain_limit: Duration,
     #[arg(
         long,
         default_value_t = 1,

@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
-            eprintln!("error: an invariant was violated (see the report)");
+            eprintln!("error: an invariant was violated (the report lists the violations)");
             ExitCode::from(1)
         }
         Err(e) => {

@@ -135,6 +135,7 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
         },
         report_nodes: f.report_nodes,
         scenario,
+        drain_limit: f.drain_limit,
     };
     cfg.validate().context("invalid simulation")?;
     Ok(cfg)
@@ -156,6 +157,7 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
         return many_seeds(f, &seeds.0);
     }
     let cfg = config(f)?;
+    let churns = cfg.churns();
     let mut rt = tokio::runtime::Builder::new_current_thread();
     rt.enable_time();
     if f.realtime {
@@ -183,7 +185,7 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
     })?;
     match f.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        ReportFormat::Text => print!("{}", text(&report)),
+        ReportFormat::Text => print!("{}", text(&report, churns)),
     }
     Ok(report.invariants.double_allocations == 0
         && report.invariants.live_ip_reclaimed == 0
@@ -211,18 +213,18 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
-/// The readable summary.
-pub fn text(r: &Report) -> String {
+/// The readable summary; `churns`: pods kept changing to the end (see [`convergence`]).
+pub fn text(r: &Report, churns: bool) -> String {
     let inv = &r.invariants;
     let verdict = if inv.double_allocations + inv.live_ip_reclaimed + inv.lost_allocations == 0 {
         "all invariants held"
     } else {
         "INVARIANTS VIOLATED"
     };
-    format!(
+    let mut out = format!(
         "tidepool simulate: {verdict}\n\
-         convergence      {} s after t0 (converged: {})\n\
-         simulated        {:.0} s in {:.2} s wall, {} CPU s, peak RSS {} MiB, {:.0} events/s\n\
+         convergence      {}\n\
+         simulated        {:.0} s ({}) in {:.2} s wall, {} CPU s, peak RSS {} MiB, {:.0} events/s\n\
          nodes            {} total, {} in deficit, {} at capacity, {} blocked\n\
          addresses        {} allocated, {} used, {} free, {} cooling down\n\
          api              {} source calls, {} kube writes, {} conflicts, {} throttled\n\
@@ -231,9 +233,9 @@ pub fn text(r: &Report) -> String {
          reclaim          {} reclaimed, {} held by min age; latency (s) p50 {}  p99 {}  max {}\n\
          memory           {} bytes per address in the engine (measured), {:.1} in the world (estimated)\n\
          invariants       {} double allocations, {} live addresses reclaimed, {} lost\n",
-        opt(r.convergence_seconds),
-        r.converged,
+        convergence(r, churns),
         r.virtual_seconds,
+        drain(r),
         r.wall_seconds,
         opt(r.cpu_seconds),
         r.peak_rss_bytes
@@ -270,7 +272,37 @@ pub fn text(r: &Report) -> String {
         inv.double_allocations,
         inv.live_ip_reclaimed,
         inv.lost_allocations,
-    )
+    );
+    for v in &r.violations {
+        out.push_str(&format!("  violation      {v}\n"));
+    }
+    out
+}
+
+/// The convergence line: under churn every deletion starts a cooldown and a short-lived
+/// excess, so no node stays settled and convergence does not apply.
+fn convergence(r: &Report, churns: bool) -> String {
+    match r.convergence_seconds {
+        Some(s) => format!("{s:.3} s after t0 (every node settled from then on)"),
+        None if churns => "does not apply under churn (pods kept changing to the end, so \
+                           no node stays settled; a pure scale-up converges)"
+            .into(),
+        None => "not reached: some node was still short of or above its target at the end \
+                 of the active period"
+            .into(),
+    }
+}
+
+/// How much of the run was drain tail past its nominal end, waiting for queued work.
+fn drain(r: &Report) -> String {
+    if r.drain_extra_seconds > 0.0 {
+        format!(
+            "{:.0} s of it past the drain tail for queued work",
+            r.drain_extra_seconds
+        )
+    } else {
+        "queued work done within the drain tail".into()
+    }
 }
 
 fn jobs(f: &SimulateFlags) -> usize {

@@ -103,3 +103,41 @@ fn compare_scheduling_prints_both_modes_side_by_side() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// The text summary says what convergence means under churn instead of a bare "-", and
+/// how the drain went; a violation exits 1 and lists each violating address.
+#[test]
+fn the_text_summary_explains_convergence_and_lists_violations() {
+    let small = ["simulate", "--nodes", "20", "--duration", "5m"];
+    let out = bin().args(small).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("convergence      does not apply under churn"),
+        "{text}"
+    );
+    assert!(!text.contains("converged: false"), "{text}");
+    let out = bin()
+        .args(small)
+        .args(["--churn", "0", "--node-churn", "0", "--crash-rate", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("s after t0 (every node settled from then on)"),
+        "{text}"
+    );
+    // half the source calls fail and nothing may run past the tail: the retries still
+    // queued count as lost, and each is named
+    let out = bin()
+        .args(small)
+        .args(["--fault-rate", "0.5", "--drain-limit", "0s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("INVARIANTS VIOLATED"), "{text}");
+    assert!(text.contains("  violation      10."), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the report lists the violations"), "{err}");
+}

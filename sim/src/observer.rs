@@ -84,6 +84,42 @@ impl State {
             self.violations.push(msg);
         }
     }
+
+    /// Lost addresses: granted by the source but not held by their node, or recorded in
+    /// `used` for a pod that is gone. With `all` every one is described; otherwise the
+    /// walk stops at the first (a check, not a report).
+    fn lost(
+        &self,
+        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        nodes: &[std::sync::Arc<IpamNode>],
+        all: bool,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        for (a, node) in granted {
+            if !self.held_by(&a, &node, true) {
+                out.push(format!(
+                    "{a} granted to {node} by the source but not held by it"
+                ));
+                if !all {
+                    return out;
+                }
+            }
+        }
+        for n in nodes {
+            for (a, e) in &n.node.used {
+                if !self.live.contains_key(&e.pod_uid) {
+                    out.push(format!(
+                        "{a} on {} still recorded for gone pod {}",
+                        n.name, e.pod_uid
+                    ));
+                    if !all {
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The observer. Register it as the source's and the store's hook, and tell it what the
@@ -262,29 +298,22 @@ impl Observer {
         nodes: &[std::sync::Arc<IpamNode>],
     ) -> Invariants {
         let mut s = self.s.lock();
-        for (a, node) in granted {
-            let (a, node) = (&a, &node);
-            if !s.held_by(a, node, true) {
-                s.violate(
-                    |i| &mut i.lost_allocations,
-                    format!("{a} granted to {node} by the source but not held by it"),
-                );
-            }
-        }
-        for n in nodes {
-            for (a, e) in &n.node.used {
-                if !s.live.contains_key(&e.pod_uid) {
-                    s.violate(
-                        |i| &mut i.lost_allocations,
-                        format!(
-                            "{a} on {} still recorded for gone pod {}",
-                            n.name, e.pod_uid
-                        ),
-                    );
-                }
-            }
+        for lost in State::lost(&s, granted, nodes, true) {
+            s.violate(|i| &mut i.lost_allocations, lost);
         }
         s.inv
+    }
+
+    /// Whether [`Observer::finish_with`] would count an address as lost now, recording
+    /// nothing: work still queued at the end of the drain tail (a slow budget, a retry
+    /// after a failure, a lost node inside its grace) shows here until it is done.
+    pub fn any_lost(
+        &self,
+        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        nodes: &[std::sync::Arc<IpamNode>],
+    ) -> bool {
+        let s = self.s.lock();
+        !State::lost(&s, granted, nodes, false).is_empty()
     }
 
     pub fn invariants(&self) -> Invariants {

@@ -134,6 +134,9 @@ pub struct SimConfig {
     pub report_nodes: bool,
     /// Timed phases (`--scenario`); their times count from the measured period's start.
     pub scenario: Option<Arc<Scenario>>,
+    /// How long the run may go on past the drain tail while work is still queued (a slow
+    /// budget, a retry, a lost node inside its grace) before what is missing counts as lost.
+    pub drain_limit: Duration,
 }
 
 impl Default for SimConfig {
@@ -150,6 +153,7 @@ impl Default for SimConfig {
             warm_up: WarmUp::None,
             report_nodes: false,
             scenario: None,
+            drain_limit: Duration::from_secs(3600),
         }
     }
 }
@@ -254,6 +258,16 @@ impl SimConfig {
             }
         }
         n
+    }
+
+    /// Whether pods keep changing to the end of the active period (pod or node churn, at
+    /// the start or in a phase): then no node stays settled and convergence does not apply.
+    pub fn churns(&self) -> bool {
+        let phase_churns = self.scenario.iter().flat_map(|s| &s.phases).any(|p| {
+            matches!(p.action, Action::Churn { churn, node_churn, .. }
+                if churn.unwrap_or(0.0) > 0.0 || node_churn.unwrap_or(0.0) > 0.0)
+        });
+        self.churn > 0.0 || self.node_churn > 0.0 || phase_churns
     }
 
     /// The drain tail after the active period: every leak reclaimable and every excess
@@ -384,7 +398,13 @@ pub struct Report {
     pub pods: PodsReport,
     pub reclaim: ReclaimReport,
     pub memory: MemoryReport,
+    /// How long the run went on past the drain tail until queued work was done (0 when
+    /// nothing was pending at the tail's end; `drain_limit` past it, the rest counts as
+    /// lost).
+    pub drain_extra_seconds: f64,
     pub invariants: Invariants,
+    /// The first violations (at most 50), each naming the address and why it counts.
+    pub violations: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_details: Option<Vec<NodeDetail>>,
 }
@@ -626,7 +646,11 @@ pub fn simulate_many(
         .collect()
 }
 
-/// Runs the workload on a started world to the end of its drain tail and reports.
+/// How often the run looks again, past the drain tail, whether queued work is done.
+const DRAIN_STEP: Duration = Duration::from_secs(5);
+
+/// Runs the workload on a started world to the end of its drain tail (and on while work is
+/// still queued, up to `drain_limit`) and reports.
 async fn drive<S: SimSource>(
     world: World<S>,
     cfg: &SimConfig,
@@ -683,7 +707,9 @@ async fn drive<S: SimSource>(
             .and_then(|s| s.last_demand_change())
             .unwrap_or_default();
     let active_end = m0 + cfg.duration;
-    let end = active_end + cfg.drain_tail();
+    let tail_end = active_end + cfg.drain_tail();
+    // past the tail the run goes on in steps while work is still queued (see `drain_limit`)
+    let mut end = tail_end;
     let total = end - start;
     if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
         wl.push(start + d, Ev::Churn(0));
@@ -768,7 +794,14 @@ async fn drive<S: SimSource>(
             last_progress = now;
         }
         if now >= end {
-            break;
+            if now >= tail_end + cfg.drain_limit
+                || !world
+                    .observer
+                    .any_lost(world.source.granted_iter(), &world.store.list())
+            {
+                break;
+            }
+            end = now + DRAIN_STEP;
         }
         let next_ev = wl.heap.peek().map(|Reverse((t, _, _))| *t);
         let mut wake = end.min(next_sample.max(now + Duration::from_millis(1)));
@@ -876,7 +909,8 @@ async fn drive<S: SimSource>(
     progress(total, total);
     let oracle = oracle
         .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&BTreeMap::new())));
-    let report = build_report(&world, &cfg, t0, settled_since, wall, cpu0, &oracle);
+    let mut report = build_report(&world, &cfg, t0, settled_since, wall, cpu0, &oracle);
+    report.drain_extra_seconds = (Instant::now() - tail_end).as_secs_f64();
     world.shutdown();
     Ok(report)
 }
@@ -1303,7 +1337,9 @@ fn build_report<S: SimSource>(
             latency_seconds: Quantiles::of(world.observer.reclaim_latencies()),
         },
         memory,
+        drain_extra_seconds: 0.0,
         invariants,
+        violations: world.observer.violations(),
         node_details,
     }
 }
