@@ -542,6 +542,30 @@ mod tests {
         assert!(e.contains("--seeds"), "{e}");
     }
 
+    /// The cluster pool's families are the pods' families: IPv6-only, IPv4-only and
+    /// dual-stack pools; --dual-stack insists on both.
+    #[test]
+    fn cluster_pool_families_come_from_the_pool() {
+        use tidepool_ipam::types::Family::{V4, V6};
+        let families = |args: &[&str]| {
+            let mut a = vec!["--source", "cluster-pool"];
+            a.extend_from_slice(args);
+            crate::simulate::config(&simulate_flags(&a).unwrap()).map(|c| c.world.families)
+        };
+        assert_eq!(families(&["--pool-cidr", "fd00:10::/64"]).unwrap(), [V6]);
+        assert_eq!(families(&["--pool-cidr", "10.0.0.0/16"]).unwrap(), [V4]);
+        let both = ["--pool-cidr", "10.0.0.0/16,fd00::/64"];
+        assert_eq!(families(&both).unwrap(), [V4, V6]);
+        let mut dual = both.to_vec();
+        dual.push("--dual-stack");
+        assert_eq!(families(&dual).unwrap(), [V4, V6]);
+        let e = families(&["--pool-cidr", "fd00:10::/64", "--dual-stack"]).unwrap_err();
+        assert!(format!("{e:#}").contains("no ipv4 CIDR"), "{e:#}");
+        // the memory source stays IPv4 unless --dual-stack
+        let cfg = crate::simulate::config(&simulate_flags(&[]).unwrap()).unwrap();
+        assert_eq!(cfg.world.families, [V4]);
+    }
+
     #[test]
     fn flags_given_win_over_the_scenario_which_wins_over_defaults() {
         let path = temp_file(

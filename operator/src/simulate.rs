@@ -85,10 +85,18 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
         // the scenario's own errors, named by file and phase, before anything runs
         s.check(duration, nodes, max_pods, &f.run.engine().watermarks)?;
     }
-    let families = if f.dual_stack {
-        vec![Family::V4, Family::V6]
-    } else {
-        vec![Family::V4]
+    let families = match &source {
+        // the pods need the families the pool serves: an IPv6-only pool makes an IPv6-only
+        // cluster; --dual-stack then only insists on both
+        SourceChoice::ClusterPool(p) if !f.dual_stack => {
+            let spec = p.spec(&[]).context("invalid simulation")?;
+            Family::ALL
+                .into_iter()
+                .filter(|&f| spec.serves(f))
+                .collect()
+        }
+        _ if f.dual_stack => vec![Family::V4, Family::V6],
+        _ => vec![Family::V4],
     };
     let cfg = SimConfig {
         world: WorldConfig {

@@ -141,3 +141,25 @@ fn the_text_summary_explains_convergence_and_lists_violations() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the report lists the violations"), "{err}");
 }
+
+/// An IPv6-only cluster: a pool of one IPv6 CIDR gives every pod an IPv6 address.
+#[test]
+fn an_ipv6_only_pool_runs_with_ipv6_only_pods() {
+    let out = bin()
+        .args([
+            "simulate",
+            "--source",
+            "cluster-pool",
+            "--pool-cidr",
+            "fd00:10::/64",
+        ])
+        .args(["--nodes", "10", "--duration", "3m", "--report", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // 10 nodes x 30 pods, one address each: every one from the IPv6-only pool
+    assert_eq!(v["ips"]["used"], 300, "{v}");
+    assert_eq!(v["invariants"]["lost_allocations"], 0);
+}
