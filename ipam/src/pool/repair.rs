@@ -705,8 +705,11 @@ impl RepairTracker {
 
 #[cfg(test)]
 mod tests {
-    /// The first, straightforward version of [`check`] (every `used` entry gathered and
-    /// sorted), kept to show the faster one gives the same reports.
+    /// A brute force of rules 1–3 and of rule 4 for addresses, written from the module
+    /// documentation and sharing no code with [`check`] (only the pool's own block checks,
+    /// `check_pool`, rules 4 and 5 for blocks, tested with the pool set): every pair of blocks,
+    /// every block for every address, every pair of `used` entries. Quadratic, so only for
+    /// the small inputs of the tests.
     fn check_reference<N: std::borrow::Borrow<IpamNode>>(
         pools: &PoolSet,
         blocks: &[BlockClaim],
@@ -714,153 +717,113 @@ mod tests {
         nodes: &LiveNodes,
     ) -> RepairReport {
         let mut found: BTreeSet<RepairFinding> = BTreeSet::new();
-        let live = |h: Holder<'_>| nodes.is_live(h.0, h.1);
+        let live = |node: &str, uid: u128| nodes.is_live(node, uid);
         let pool_names: BTreeSet<&str> = pools.validity().map(|(n, _)| n).collect();
+        let overlap = |x: &IpNet, y: &IpNet| x.contains(&y.network()) || y.contains(&x.network());
 
-        // Blocks on their own: orphan (rule 1), pool checks (rules 4 and 5).
         for b in blocks {
-            if !live(b.holder()) {
+            // rule 1
+            if !live(&b.node, b.node_uid) {
                 found.insert(RepairFinding::OrphanBlock {
                     block: BlockRef::of(b),
                     current_uid: nodes.uid(&b.node),
                 });
             }
+            // rules 4 and 5 for blocks
             if let Some(f) = check_pool(pools, &pool_names, b) {
                 found.insert(f);
             }
-        }
-
-        // Blocks sorted by family and span, with the running maximum end per family, so the blocks
-        // holding an address are found by a short backward walk.
-        let mut spans: Vec<Span> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                let (lo, hi) = span(&b.cidr);
-                Span {
-                    family: family_of(&b.cidr),
-                    lo,
-                    hi,
-                    block: i,
-                }
-            })
-            .collect();
-        spans.sort_by(|x, y| {
-            (x.family, x.lo, x.hi)
-                .cmp(&(y.family, y.lo, y.hi))
-                .then_with(|| blocks[x.block].cmp(&blocks[y.block]))
-        });
-        let mut max_hi: Vec<u128> = Vec::with_capacity(spans.len());
-        for (i, s) in spans.iter().enumerate() {
-            let m = match i.checked_sub(1) {
-                Some(j) if spans[j].family == s.family => max_hi[j].max(s.hi),
-                _ => s.hi,
-            };
-            max_hi.push(m);
-        }
-        let holding = |addr: IpAddr| {
-            let (family, a) = addr_num(addr);
-            let end = spans.partition_point(|s| (s.family, s.lo) <= (family, a));
-            let mut out: Vec<&BlockClaim> = Vec::new();
-            for i in (0..end).rev() {
-                if spans[i].family != family || max_hi[i] < a {
-                    break;
-                }
-                if spans[i].hi >= a {
-                    out.push(&blocks[spans[i].block]);
-                }
-            }
-            out
-        };
-
-        // Overlapping blocks of two holders (rule 3): a sweep over the sorted spans.
-        let mut active: Vec<usize> = Vec::new();
-        for (i, s) in spans.iter().enumerate() {
-            active.retain(|&j| spans[j].family == s.family && spans[j].hi >= s.lo);
-            let b = &blocks[s.block];
-            for &j in &active {
-                let o = &blocks[spans[j].block];
-                if o.holder() != b.holder() && live(o.holder()) && live(b.holder()) {
-                    let (x, y) = if o <= b { (o, b) } else { (b, o) };
+            // rule 3: overlapping blocks of two live holders, every pair
+            for o in blocks {
+                let other_holder = (&*o.node, o.node_uid) != (&*b.node, b.node_uid);
+                if o < b
+                    && other_holder
+                    && overlap(&o.cidr, &b.cidr)
+                    && live(&o.node, o.node_uid)
+                    && live(&b.node, b.node_uid)
+                {
                     found.insert(RepairFinding::Duplicate(Conflict::OverlappingBlocks {
-                        first: BlockRef::of(x),
-                        second: BlockRef::of(y),
+                        first: BlockRef::of(o),
+                        second: BlockRef::of(b),
                     }));
                 }
-                // A gone holder's block is already an orphan block (rule 1).
-            }
-            active.push(i);
-        }
-
-        // `used` entries: outside the node's blocks (rule 2), out of range (rule 4).
-        let mut uses: Vec<(IpAddr, UsedRef, bool)> = Vec::new();
-        for n in ipam_nodes.iter().map(|n| n.borrow()) {
-            let holder: Holder<'_> = (&*n.name, n.node_uid);
-            let node_live = live(holder);
-            for (&address, e) in &n.node.used {
-                let used = UsedRef {
-                    node: n.name.clone(),
-                    node_uid: n.node_uid,
-                    pod_uid: e.pod_uid,
-                };
-                let held = holding(address);
-                if !held.iter().any(|b| b.holder() == holder) {
-                    let owner = held
-                        .iter()
-                        .filter(|b| node_live && live(b.holder()))
-                        .min()
-                        .copied();
-                    found.insert(match owner {
-                        Some(o) => RepairFinding::Duplicate(Conflict::ForeignAddress {
-                            address,
-                            user: used.clone(),
-                            owner: BlockRef::of(o),
-                        }),
-                        None => RepairFinding::Leaked {
-                            address,
-                            used: used.clone(),
-                            node_live,
-                        },
-                    });
-                }
-                if pools.locate(address).is_none() {
-                    found.insert(RepairFinding::OutOfRange {
-                        subject: RangeSubject::Address {
-                            address,
-                            used: used.clone(),
-                        },
-                        issue: RangeIssue::OutsideEveryPool,
-                    });
-                }
-                uses.push((address, used, node_live));
             }
         }
 
-        // The same address used by two holders (rule 3).
-        uses.sort();
-        for group in uses.chunk_by(|x, y| x.0 == y.0) {
-            for (i, x) in group.iter().enumerate() {
-                for y in &group[i + 1..] {
-                    if (&x.1.node, x.1.node_uid) == (&y.1.node, y.1.node_uid) {
-                        continue;
-                    }
-                    if x.2 && y.2 {
-                        found.insert(RepairFinding::Duplicate(Conflict::SameAddress {
-                            address: x.0,
-                            first: x.1.clone(),
-                            second: y.1.clone(),
-                        }));
-                        continue;
-                    }
-                    // The gone holder's claim is the orphan; the live one keeps its own.
-                    for z in [x, y] {
-                        if !z.2 {
-                            found.insert(RepairFinding::Leaked {
-                                address: z.0,
-                                used: z.1.clone(),
-                                node_live: false,
-                            });
-                        }
+        let entries: Vec<(IpAddr, UsedRef, bool)> = ipam_nodes
+            .iter()
+            .map(|n| n.borrow())
+            .flat_map(|n| {
+                n.node.used.iter().map(move |(a, e)| {
+                    let used = UsedRef {
+                        node: n.name.clone(),
+                        node_uid: n.node_uid,
+                        pod_uid: e.pod_uid,
+                    };
+                    (*a, used, live(&n.name, n.node_uid))
+                })
+            })
+            .collect();
+        for (address, used, node_live) in &entries {
+            let (address, node_live) = (*address, *node_live);
+            // rule 2: in no block of its own node
+            let own = blocks.iter().any(|b| {
+                b.cidr.contains(&address) && (&*b.node, b.node_uid) == (&*used.node, used.node_uid)
+            });
+            if !own {
+                let owner = blocks
+                    .iter()
+                    .filter(|b| b.cidr.contains(&address))
+                    .filter(|b| node_live && live(&b.node, b.node_uid))
+                    .min();
+                found.insert(match owner {
+                    Some(o) => RepairFinding::Duplicate(Conflict::ForeignAddress {
+                        address,
+                        user: used.clone(),
+                        owner: BlockRef::of(o),
+                    }),
+                    None => RepairFinding::Leaked {
+                        address,
+                        used: used.clone(),
+                        node_live,
+                    },
+                });
+            }
+            // rule 4 for addresses: in no valid pool's CIDRs
+            let in_a_pool = pools
+                .valid()
+                .any(|p| p.spec().cidrs.iter().any(|c| c.contains(&address)));
+            if !in_a_pool {
+                found.insert(RepairFinding::OutOfRange {
+                    subject: RangeSubject::Address {
+                        address,
+                        used: used.clone(),
+                    },
+                    issue: RangeIssue::OutsideEveryPool,
+                });
+            }
+        }
+        // rule 3: the same address in `used` of two holders, every pair
+        for (i, x) in entries.iter().enumerate() {
+            for y in &entries[i + 1..] {
+                let same_holder = (&x.1.node, x.1.node_uid) == (&y.1.node, y.1.node_uid);
+                if x.0 != y.0 || same_holder {
+                    continue;
+                }
+                if x.2 && y.2 {
+                    let (first, second) = if x.1 <= y.1 { (x, y) } else { (y, x) };
+                    found.insert(RepairFinding::Duplicate(Conflict::SameAddress {
+                        address: x.0,
+                        first: first.1.clone(),
+                        second: second.1.clone(),
+                    }));
+                } else {
+                    for z in [x, y].into_iter().filter(|z| !z.2) {
+                        found.insert(RepairFinding::Leaked {
+                            address: z.0,
+                            used: z.1.clone(),
+                            node_live: false,
+                        });
                     }
                 }
             }
