@@ -676,7 +676,7 @@ mod tests {
                 // one address per family per allocation
                 let mut seen = std::collections::BTreeSet::new();
                 for (a, e) in side.used.iter() {
-                    prop_assert!(seen.insert((e.pod_uid, e.allocation, Family::of(&a))));
+                    prop_assert!(seen.insert((e.pod_uid, e.allocation, Family::of(a))));
                 }
             }
         }
