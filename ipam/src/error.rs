@@ -1,5 +1,6 @@
 //! The crate's one error enum and the retry classes the runtime acts on.
 
+use crate::types::ResourceVersion;
 use std::time::Duration;
 
 /// How the runtime reacts to a failed call (DESIGN.md, "Backoff").
@@ -50,7 +51,10 @@ pub enum IpamError {
     },
     /// A write lost an optimistic-concurrency race (HTTP 409).
     #[error("conflict writing {name}: resourceVersion {expected} is stale")]
-    Conflict { name: String, expected: u64 },
+    Conflict {
+        name: String,
+        expected: ResourceVersion,
+    },
     /// A create found an object of that name (HTTP 409 AlreadyExists).
     #[error("{name} already exists")]
     AlreadyExists { name: String },

@@ -503,9 +503,9 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
 
     // One coalesced write.
-    // (resourceVersion 0: the IPAMNode does not exist yet, the operator creates it; another
+    // (no resourceVersion: the IPAMNode does not exist yet, the operator creates it; another
     // Node UID: the operator adopts it)
-    if (changed(&fields) || stored.resource_version == 0 || stored.node_uid != info.uid)
+    if (changed(&fields) || stored.resource_version.is_none() || stored.node_uid != info.uid)
         && let Err(e) = write(shared, h, node, to_write(&fields)).await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
@@ -754,8 +754,9 @@ async fn write<S: IpSource, N: NodeStore, P: PodView>(
         .await;
     api_call("kube", "apply", r.is_ok());
     let written = r?;
-    h.own_write
-        .store(written.resource_version, Ordering::Relaxed);
+    if let Some(rv) = &written.resource_version {
+        h.own_write.store(rv.fingerprint(), Ordering::Relaxed);
+    }
     Ok(())
 }
 

@@ -91,7 +91,8 @@ pub(crate) struct NodeHandle {
     pub trigger: Trigger,
     pub priority: PriorityCell,
     pub state: Mutex<NodeState>,
-    /// The resourceVersion of the operator's own last write (its echo is not a trigger).
+    /// The fingerprint of the resourceVersion of the operator's own last write (its echo is
+    /// not a trigger; [`crate::types::ResourceVersion::fingerprint`]).
     pub own_write: AtomicU64,
     pub removed: AtomicBool,
     /// Wakes a maintainer waiting for the source budget when its node has new work.
@@ -298,7 +299,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             // by a pass of that very node
             let own = ev.writer == Writer::Operator
                 && (ev.kind == ObjectKind::IpamBlock
-                    || h.own_write.load(Ordering::Relaxed) == ev.resource_version);
+                    || h.own_write.load(Ordering::Relaxed) == ev.resource_version.fingerprint());
             if !own {
                 h.trigger.trigger(Reason::Upsert);
                 h.work.notify_waiters();

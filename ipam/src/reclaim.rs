@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
-use crate::types::{Family, IpamNode, PodUid, ReclaimReason, Tombstone, UsedEntry, UsedMap};
+use crate::types::{
+    Family, IpamNode, PodUid, ReclaimReason, ResourceVersion, Tombstone, UsedEntry, UsedMap,
+};
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
 /// with that UID). `used` is the node's whole `used` map, for the replaced-sandbox rule.
@@ -156,7 +158,7 @@ impl Sighting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Scanned {
     pods: Since,
-    node: u64,
+    node: Option<ResourceVersion>,
     tombstones: Vec<IpAddr>,
 }
 
@@ -259,7 +261,7 @@ impl ReclaimTracker {
         };
         let same_object = last
             .as_ref()
-            .is_some_and(|l| l.node == node.resource_version && node.resource_version != 0);
+            .is_some_and(|l| node.resource_version.is_some() && l.node == node.resource_version);
         if !same_object {
             let moved = self.merge_first_seen(now, used);
             if let Some(d) = &mut dirty {
@@ -321,7 +323,7 @@ impl ReclaimTracker {
                 seq: c.seq,
                 at: now,
             },
-            node: node.resource_version,
+            node: node.resource_version.clone(),
             tombstones: tombstones.keys().copied().collect(),
         });
         let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
@@ -408,6 +410,12 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// A resourceVersion other than the node's (the tests' writes).
+    fn next_version(n: &IpamNode) -> ResourceVersion {
+        let last = n.resource_version.as_ref().map_or(0, |v| v.fingerprint());
+        ResourceVersion::counter(last + 1)
     }
 
     fn running(uid: u128, ips: &[&str]) -> PodInfo {
@@ -671,7 +679,7 @@ mod tests {
         };
         let mut t = ReclaimTracker::default();
         let mut n = IpamNode::new("n".into(), 1);
-        n.resource_version = 7;
+        n.resource_version = Some(ResourceVersion::counter(7));
         for i in 1..=3u8 {
             n.node
                 .used
@@ -700,26 +708,26 @@ mod tests {
         assert_eq!((s.candidates, lookups()), (2, 4));
         // a new object with one more entry: only its pod is looked up; pod 1's candidate
         // keeps its first observation
-        n.resource_version = 8;
+        n.resource_version = Some(ResourceVersion::counter(8));
         n.node.used.insert(ip("10.0.0.4"), entry(4, 0));
         cache.change(PodUid(4), Some(running(4, &["10.0.0.4"])));
         let s = t.observe(at(32), &cfg, &n, &none, &cache);
         assert_eq!((s.candidates, lookups()), (2, 5));
         assert_eq!(s.ready.len(), 1, "pod 1 is still due, pod 2 not yet");
         // an entry gone (pod 3's): nothing to look up
-        n.resource_version = 9;
+        n.resource_version = Some(ResourceVersion::counter(9));
         n.node.used.remove(&ip("10.0.0.3"));
         let s = t.observe(at(33), &cfg, &n, &none, &cache);
         assert_eq!((s.candidates, lookups()), (2, 5));
         // a replaced sandbox: pod 4 gets a second address and lists only the new one;
         // both of its entries are looked up and the old one is a candidate
-        n.resource_version = 10;
+        n.resource_version = Some(ResourceVersion::counter(10));
         n.node.used.insert(ip("10.0.0.5"), entry(4, 5));
         cache.change(PodUid(4), Some(running(4, &["10.0.0.5"])));
         let s = t.observe(at(34), &cfg, &n, &none, &cache);
         assert_eq!((s.candidates, lookups()), (3, 7));
         // a tombstone written: every entry is looked at again, the tombstoned one skipped
-        n.resource_version = 11;
+        n.resource_version = Some(ResourceVersion::counter(11));
         let s = t.observe(at(35), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
         assert_eq!((s.candidates, lookups()), (2, 10));
         // the cache cannot tell what changed: every entry again
@@ -728,7 +736,7 @@ mod tests {
         assert_eq!(lookups(), 13);
         // an object not stored (resourceVersion 0) is compared entry by entry
         cache.tells.set(true);
-        n.resource_version = 0;
+        n.resource_version = None;
         t.observe(at(37), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
         let before = lookups();
         let s = t.observe(at(38), &cfg, &n, &tomb("10.0.0.1", 1), &cache);
@@ -747,7 +755,7 @@ mod tests {
         let cfg = ReclaimConfig::default();
         let mut t = ReclaimTracker::default();
         let mut n = IpamNode::new("n".into(), 1);
-        n.resource_version = 7;
+        n.resource_version = Some(ResourceVersion::counter(7));
         n.node.used.insert(ip("10.0.0.1"), entry(1, 0));
         let mut elsewhere = running(1, &["10.0.0.1"]);
         elsewhere.node = "other".into();
@@ -819,20 +827,20 @@ mod tests {
                 let cfg = ReclaimConfig::default();
                 let mut t = ReclaimTracker::default();
                 let mut n = IpamNode::new("n".into(), 1);
-                n.resource_version = 1;
+                n.resource_version = Some(ResourceVersion::counter(1));
                 let cache = Logged::new([]);
                 let mut tombstones: BTreeMap<IpAddr, Tombstone> = BTreeMap::new();
                 for step in steps {
                     match step {
                         Step::Entry { addr: a, uid, since } => {
                             n.node.used.insert(addr(a), entry(u128::from(uid), u64::from(since)));
-                            n.resource_version += 1;
+                            n.resource_version = Some(next_version(&n));
                         }
                         Step::Drop { addr: a } => {
                             n.node.used.remove(&addr(a));
-                            n.resource_version += 1;
+                            n.resource_version = Some(next_version(&n));
                         }
-                        Step::Touch => n.resource_version += 1,
+                        Step::Touch => n.resource_version = Some(next_version(&n)),
                         Step::Pod { uid, state, ips } => {
                             let uid = u128::from(uid);
                             let pod = match state {

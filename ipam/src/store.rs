@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 
 use crate::error::{ErrorClass, IpamError};
 use crate::types::{
-    IpamBlock, IpamNode, NodeName, NodeSideFields, OperatorFields, WatermarkOverrides,
+    IpamBlock, IpamNode, NodeName, NodeSideFields, OperatorFields, ResourceVersion,
+    WatermarkOverrides,
 };
 
 /// Who wrote a change (the field manager).
@@ -40,7 +41,7 @@ pub struct StoreEvent {
     pub kind: ObjectKind,
     /// The IPAMNode's name, or the node of an IPAMBlock.
     pub name: NodeName,
-    pub resource_version: u64,
+    pub resource_version: ResourceVersion,
     pub writer: Writer,
     pub deleted: bool,
 }
@@ -98,6 +99,14 @@ struct Inner {
     /// Operator writes to fail (transient) before taking effect, for tests.
     fail_operator_writes: u32,
     operator_writes: u64,
+}
+
+impl Inner {
+    /// The next resourceVersion: the store's write counter, one for IPAMNodes and blocks.
+    fn next_version(&mut self) -> ResourceVersion {
+        self.resource_version += 1;
+        ResourceVersion::counter(self.resource_version)
+    }
 }
 
 /// An in-memory IPAMNode store: one monotonically increasing resourceVersion, change
@@ -164,8 +173,8 @@ impl MemoryNodeStore {
             // A no-op apply does not bump the resourceVersion (as the API server).
             return old;
         }
-        inner.resource_version += 1;
-        new.resource_version = inner.resource_version;
+        let rv = inner.next_version();
+        new.resource_version = Some(rv.clone());
         let new = Arc::new(new);
         inner.objects.insert(name.clone(), new.clone());
         if let Some(h) = &self.hook
@@ -176,7 +185,7 @@ impl MemoryNodeStore {
         let ev = StoreEvent {
             kind: ObjectKind::IpamNode,
             name: name.clone(),
-            resource_version: new.resource_version,
+            resource_version: rv,
             writer,
             deleted: false,
         };
@@ -249,7 +258,8 @@ impl MemoryNodeStore {
             return Some(slot.clone());
         }
         inner.resource_version += 1;
-        n.resource_version = inner.resource_version;
+        let rv = ResourceVersion::counter(inner.resource_version);
+        n.resource_version = Some(rv.clone());
         let new = slot.clone();
         if let Some(h) = hook {
             h.written(Writer::NodeSide, old.as_deref(), Some(&new));
@@ -258,7 +268,7 @@ impl MemoryNodeStore {
         let ev = StoreEvent {
             kind: ObjectKind::IpamNode,
             name: name.clone(),
-            resource_version: new.resource_version,
+            resource_version: rv,
             writer: Writer::NodeSide,
             deleted: false,
         };
@@ -311,14 +321,14 @@ impl NodeStore for MemoryNodeStore {
         let mut inner = self.inner.lock();
         inner.operator_writes += 1;
         if let Some(old) = inner.objects.remove(name) {
-            inner.resource_version += 1;
+            let rv = inner.next_version();
             if let Some(h) = &self.hook {
                 h.written(Writer::Operator, Some(&old), None);
             }
             let ev = StoreEvent {
                 kind: ObjectKind::IpamNode,
                 name: old.name.clone(),
-                resource_version: inner.resource_version,
+                resource_version: rv,
                 writer: Writer::Operator,
                 deleted: true,
             };
@@ -343,18 +353,25 @@ mod tests {
         let mut rx = s.subscribe();
         let name: NodeName = "n1".into();
         let a = s.create(IpamNode::new(name.clone(), 7));
-        assert_eq!(a.resource_version, 1);
+        assert_eq!(a.resource_version, Some(ResourceVersion::counter(1)));
         let b = s.apply_node(&name, |f| {
             f.cooldown
                 .insert("10.0.0.1".parse().unwrap(), std::time::UNIX_EPOCH);
         });
-        assert_eq!(b.unwrap().resource_version, 2);
+        assert_eq!(
+            b.unwrap().resource_version,
+            Some(ResourceVersion::counter(2))
+        );
         // the operator's apply keeps the node side's fields
         let c = s
             .apply_operator(&name, 7, OperatorFields::default())
             .await
             .unwrap();
-        assert_eq!(c.resource_version, 2, "no-op apply must not bump");
+        assert_eq!(
+            c.resource_version,
+            Some(ResourceVersion::counter(2)),
+            "no-op apply must not bump"
+        );
         assert_eq!(c.node.cooldown.len(), 1);
         let ev: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(ev.len(), 2);
@@ -386,7 +403,7 @@ mod tests {
                 true
             })
             .unwrap();
-        assert_eq!(b.resource_version, 2);
+        assert_eq!(b.resource_version, Some(ResourceVersion::counter(2)));
         assert_eq!(b.node.cooldown.len(), 1);
         assert!(
             held.node.cooldown.is_empty(),
@@ -397,13 +414,13 @@ mod tests {
             .update_node(&name, |_, side| side.used.contains_key(&a))
             .unwrap();
         assert!(Arc::ptr_eq(&b, &c));
-        assert_eq!(c.resource_version, 2);
+        assert_eq!(c.resource_version, Some(ResourceVersion::counter(2)));
         assert!(s.update_node(&"gone".into(), |_, _| true).is_none());
         let ev: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(ev.len(), 2);
         assert_eq!(
-            (ev[1].writer, ev[1].resource_version),
-            (Writer::NodeSide, 2)
+            (ev[1].writer, ev[1].resource_version.clone()),
+            (Writer::NodeSide, ResourceVersion::counter(2))
         );
         // nobody else holds it: changed in place
         drop((b, c, held));
@@ -412,17 +429,18 @@ mod tests {
             .update_node(&name, |_, side| side.cooldown.remove(&a).is_some())
             .unwrap();
         assert_eq!(Arc::as_ptr(&d), before);
-        assert_eq!(d.resource_version, 3);
+        assert_eq!(d.resource_version, Some(ResourceVersion::counter(3)));
     }
 
     /// A hook that wants node-side writes sees the object before and after each one.
     #[test]
     fn update_node_shows_the_hook_old_and_new() {
+        type Rv = Option<ResourceVersion>;
         #[derive(Default)]
-        struct Seen(Mutex<Vec<(Writer, u64, u64)>>);
+        struct Seen(Mutex<Vec<(Writer, Rv, Rv)>>);
         impl StoreHook for Seen {
             fn written(&self, writer: Writer, old: Option<&IpamNode>, new: Option<&IpamNode>) {
-                let rv = |n: Option<&IpamNode>| n.map_or(0, |n| n.resource_version);
+                let rv = |n: Option<&IpamNode>| n.and_then(|n| n.resource_version.clone());
                 self.0.lock().push((writer, rv(old), rv(new)));
             }
         }
@@ -438,7 +456,14 @@ mod tests {
         s.update_node(&name, |_, _| false);
         assert_eq!(
             *seen.0.lock(),
-            vec![(Writer::Operator, 0, 1), (Writer::NodeSide, 1, 2)]
+            vec![
+                (Writer::Operator, None, Some(ResourceVersion::counter(1))),
+                (
+                    Writer::NodeSide,
+                    Some(ResourceVersion::counter(1)),
+                    Some(ResourceVersion::counter(2))
+                )
+            ]
         );
     }
 }

@@ -78,6 +78,53 @@ impl fmt::Display for PodUid {
     }
 }
 
+/// An object's resourceVersion. The API calls it opaque: it is compared for equality only,
+/// never ordered or counted with. An in-memory store makes one from its write counter, a
+/// Kubernetes store keeps the string the server gave (no copy of a counter as a string per
+/// write in the simulator's hot path). `None` where one is optional: never written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourceVersion(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Counter(u64),
+    Server(Arc<str>),
+}
+
+impl ResourceVersion {
+    /// A version an in-memory store makes from its own write counter.
+    pub fn counter(n: u64) -> Self {
+        ResourceVersion(Repr::Counter(n))
+    }
+
+    /// A version as the API server gave it.
+    pub fn server(s: &str) -> Self {
+        ResourceVersion(Repr::Server(s.into()))
+    }
+
+    /// 64 bits that tell versions apart (the counter itself, or FNV-1a of the server's
+    /// string), for a lock-free hint such as "this event is my own write": a collision
+    /// between two server strings (chance 2^-64) would only cost one skipped wake-up, which
+    /// the next resync repairs.
+    pub fn fingerprint(&self) -> u64 {
+        match &self.0 {
+            Repr::Counter(n) => *n,
+            Repr::Server(s) => s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ResourceVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Counter(n) => write!(f, "{n}"),
+            Repr::Server(s) => f.write_str(s),
+        }
+    }
+}
+
 /// Node names are shared, immutable strings.
 pub type NodeName = Arc<str>;
 
@@ -227,7 +274,8 @@ pub struct NodeSideFields {
 pub struct IpamNode {
     pub name: NodeName,
     pub node_uid: u128,
-    pub resource_version: u64,
+    /// None until the store has written it.
+    pub resource_version: Option<ResourceVersion>,
     /// `spec.watermarks` (users).
     pub watermarks: WatermarkOverrides,
     pub operator: OperatorFields,
@@ -241,7 +289,7 @@ impl IpamNode {
         Self {
             name,
             node_uid,
-            resource_version: 0,
+            resource_version: None,
             watermarks: WatermarkOverrides::default(),
             operator: OperatorFields::default(),
             node: NodeSideFields::default(),
@@ -267,7 +315,20 @@ pub struct IpamBlock {
     pub release: bool,
     /// `status.releaseAck` (node side).
     pub ack: Option<ReleaseAck>,
-    pub resource_version: u64,
+    /// None until the store has written it.
+    pub resource_version: Option<ResourceVersion>,
+}
+
+impl IpamBlock {
+    /// The resourceVersion the store gave the block (a delete's precondition); `NotFound`
+    /// for a block that was never stored.
+    pub fn stored_version(&self) -> Result<&ResourceVersion, crate::error::IpamError> {
+        self.resource_version
+            .as_ref()
+            .ok_or_else(|| crate::error::IpamError::NotFound {
+                name: self.name.to_string(),
+            })
+    }
 }
 
 /// What the engine knows of a Node object (from the Node informer).
@@ -279,4 +340,24 @@ pub struct NodeInfo {
     pub allocatable_pods: u32,
     pub cordoned: bool,
     pub terminating: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// resourceVersions are compared for equality only: a store's counter and a server's
+    /// string are different versions even when they spell the same.
+    #[test]
+    fn resource_versions_are_opaque() {
+        let c = ResourceVersion::counter(42);
+        assert_eq!(c, ResourceVersion::counter(42));
+        assert_ne!(c, ResourceVersion::counter(43));
+        let s = ResourceVersion::server("42");
+        assert_eq!(s, ResourceVersion::server("42"));
+        assert_ne!(s, c);
+        assert_eq!((c.to_string(), s.to_string()), ("42".into(), "42".into()));
+        assert_ne!(s.fingerprint(), ResourceVersion::server("43").fingerprint());
+        assert_eq!(c.fingerprint(), 42);
+    }
 }

@@ -309,7 +309,7 @@ pub struct World<S = MemorySource> {
 /// reconcile rebuilds it only when the node's blocks or the pools changed. Its identity and
 /// tombstones are refreshed from the IPAMNode before each use.
 struct Projection {
-    /// The store's version of the node's blocks ([`BlockStore::blocks_version`]) and the
+    /// The store's version of the node's blocks ([`BlockStore::node_blocks_changes`]) and the
     /// source's pool generation it was built at: a block's usable addresses and marks
     /// change only with its object or its pool's spec.
     blocks_at: u64,
@@ -340,7 +340,7 @@ impl Projection {
         let v = &mut self.view;
         v.name.clone_from(&node.name);
         v.node_uid = node.node_uid;
-        v.resource_version = node.resource_version;
+        v.resource_version = node.resource_version.clone();
         v.watermarks = node.watermarks;
         v.finalizer = node.finalizer;
         if v.operator.reclaim != node.operator.reclaim {
@@ -831,7 +831,7 @@ impl<S: SimSource> World<S> {
                 return;
             };
             // blocks as the kept projection saw them, none marked: nothing to answer
-            let at = self.store.blocks_version(name);
+            let at = self.store.node_blocks_changes(name);
             let quiet = self
                 .projections
                 .lock()
@@ -975,7 +975,7 @@ impl<S: SimSource> World<S> {
     /// caller puts it back into `projections` when done.
     fn projection(&self, node: &IpamNode) -> Projection {
         // the version first: a block written after it makes the next call build again
-        let at = self.store.blocks_version(&node.name);
+        let at = self.store.node_blocks_changes(&node.name);
         let pools = self.source.pools_generation();
         let kept = self.projections.lock().remove(&node.name);
         match kept {
@@ -1096,7 +1096,7 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
     let slim = IpamNode {
         name: node.name.clone(),
         node_uid: node.node_uid,
-        resource_version: node.resource_version,
+        resource_version: node.resource_version.clone(),
         watermarks: node.watermarks,
         operator: tidepool_ipam::types::OperatorFields {
             reclaim: node.operator.reclaim.clone(),

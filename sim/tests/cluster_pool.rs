@@ -274,7 +274,7 @@ fn block(cidr: &str, node: &str, uid: u128) -> IpamBlock {
         node_uid: uid,
         release: false,
         ack: None,
-        resource_version: 0,
+        resource_version: None,
     }
 }
 

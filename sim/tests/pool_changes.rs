@@ -129,7 +129,7 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         node_uid: 9,
         release: false,
         ack: None,
-        resource_version: 0,
+        resource_version: None,
     };
     store.create_block(orphan.clone()).await.unwrap();
     let src = ClusterPoolSource::new(

@@ -44,7 +44,9 @@ use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::source::{Holdings, IpSource, Quota};
 use crate::store::{BlockStore, EventType, NodeStore};
-use crate::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
+use crate::types::{
+    Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
+};
 
 use tidepool_metrics as m;
 
@@ -79,18 +81,18 @@ struct NodeMeta {
 
 #[derive(Default)]
 struct Seen {
-    blocks: Vec<(Arc<str>, u64)>,
+    blocks: Vec<(Arc<str>, Option<ResourceVersion>)>,
     /// The store's version of the node's blocks when `blocks` was taken.
     at: u64,
     holdings: Option<Holdings>,
 }
 
 impl Seen {
-    fn version(&self, block: &str) -> Option<u64> {
+    fn version(&self, block: &str) -> Option<ResourceVersion> {
         self.blocks
             .iter()
             .find(|(n, _)| &**n == block)
-            .map(|(_, rv)| *rv)
+            .and_then(|(_, rv)| rv.clone())
     }
 }
 
@@ -118,7 +120,7 @@ struct State {
 /// replaced), so while neither the store's block set, nor the pools, nor the index changed
 /// since, rebuilding again would give the same index and the same claims.
 struct Indexed {
-    /// [`BlockStore::block_set_version`] before the blocks were listed.
+    /// [`BlockStore::block_set_changes`] before the blocks were listed.
     blocks_at: u64,
     pools_generation: u64,
     /// [`PoolSet::changes`] right after the rebuild.
@@ -210,7 +212,7 @@ impl State {
         if !same {
             seen.blocks = blocks
                 .iter()
-                .map(|b| (b.name.clone(), b.resource_version))
+                .map(|b| (b.name.clone(), b.resource_version.clone()))
                 .collect();
             seen.holdings = None;
         }
@@ -324,7 +326,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     /// rebuild's result ([`Indexed`]). Returns the blocks' claims.
     fn rebuild(&self) -> Arc<[BlockClaim]> {
         // read before listing: a block created in between makes the next call rebuild again
-        let at = self.store.block_set_version();
+        let at = self.store.block_set_changes();
         {
             let s = self.state.lock();
             if let Some(i) = s.indexed.as_ref().filter(|i| {
@@ -431,7 +433,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 self.store.mark_block(&b.name, true).await.map(|_| ())
             } else if b.ack == Some(ReleaseAck::ReadyForRelease) {
                 self.call().await;
-                self.store.delete_block(&b.name, b.resource_version).await
+                match b.stored_version() {
+                    Ok(rv) => self.store.delete_block(&b.name, rv).await,
+                    Err(e) => Err(e),
+                }
             } else {
                 Ok(()) // the node side answers when the block is free
             };
@@ -508,12 +513,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     continue;
                 }
                 self.call().await;
-                if self
-                    .store
-                    .delete_block(&b.name, cur.resource_version)
-                    .await
-                    .is_ok()
-                {
+                let Ok(rv) = cur.stored_version() else {
+                    continue;
+                };
+                if self.store.delete_block(&b.name, rv).await.is_ok() {
                     tracing::info!(block = %b.name, node = %b.node, "released orphan block");
                     let mut s = self.state.lock();
                     if let Ok(p) = s.pools.get_mut(&b.pool) {
@@ -600,7 +603,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 node_uid: uid,
                 release: false,
                 ack: None,
-                resource_version: 0,
+                resource_version: None,
             };
             let name = block.name.clone();
             self.call().await;
@@ -662,7 +665,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
 
     async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
-        let seen: Vec<Option<u64>> = {
+        let seen: Vec<Option<ResourceVersion>> = {
             let s = self.state.lock();
             let seen = s.seen.get(node);
             blocks
@@ -675,9 +678,18 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
             if !addrs.iter().any(|a| b.cidr.contains(a)) {
                 continue;
             }
-            let expected = seen.unwrap_or(b.resource_version);
+            let expected = match seen {
+                Some(rv) => rv,
+                None => match b.stored_version() {
+                    Ok(rv) => rv.clone(),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        continue;
+                    }
+                },
+            };
             self.call().await;
-            match self.store.delete_block(&b.name, expected).await {
+            match self.store.delete_block(&b.name, &expected).await {
                 Ok(()) | Err(IpamError::NotFound { .. }) => {
                     if let Ok(p) = self.state.lock().pools.get_mut(&b.pool) {
                         let _ = p.release(&b.cidr);
@@ -695,7 +707,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
-        let at = self.store.blocks_version(node);
+        let at = self.store.node_blocks_changes(node);
         let blocks = self.store.blocks_of(node);
         let mut s = self.state.lock();
         s.remember(node, &blocks, at);
@@ -748,7 +760,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     fn holdings(&self, node: &NodeName) -> Option<Holdings> {
         // the blocks as last shown, unchanged since (the version read first: a write after
         // it makes the next call look again)
-        let at = self.store.blocks_version(node);
+        let at = self.store.node_blocks_changes(node);
         {
             let s = self.state.lock();
             if let Some(seen) = s.seen.get(node)
@@ -975,7 +987,11 @@ mod tests {
         store
             .delete_block(
                 &b.name,
-                store.cached_block(&b.name).unwrap().resource_version,
+                store
+                    .cached_block(&b.name)
+                    .unwrap()
+                    .stored_version()
+                    .unwrap(),
             )
             .await
             .unwrap();
@@ -995,7 +1011,7 @@ mod tests {
                 node_uid: 9,
                 release: false,
                 ack: None,
-                resource_version: 0,
+                resource_version: None,
             })
             .await
             .unwrap();

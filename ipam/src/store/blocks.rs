@@ -9,20 +9,21 @@ use std::sync::Arc;
 
 use super::{MemoryNodeStore, ObjectKind, StoreEvent, Writer};
 use crate::error::IpamError;
-use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck};
+use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck, ResourceVersion};
 
 /// The IPAMBlock half of the store, as the cluster-pool source uses it.
 pub trait BlockStore: Send + Sync + 'static {
     /// The node's blocks as the local cache knows them, in name order.
     fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>>;
-    /// Changes whenever one of the node's blocks is created, changed or deleted (the
-    /// resourceVersion of the last such write; 0 if there was none): what a caller made of
-    /// `blocks_of` stays right while this is the same.
-    fn blocks_version(&self, node: &str) -> u64;
-    /// Changes whenever a block is created or deleted, or its spec (pool, CIDR, node, node
-    /// UID) changes; not with release marks and answers: what a caller made of the specs
-    /// `list_blocks` gave stays right while this is the same.
-    fn block_set_version(&self) -> u64;
+    /// A local change counter, not a resourceVersion: it changes whenever one of the
+    /// node's blocks is created, changed or deleted (0 if none ever was), so what a caller
+    /// made of `blocks_of` stays right while it is the same.
+    fn node_blocks_changes(&self, node: &str) -> u64;
+    /// A local change counter, not a resourceVersion: it changes whenever a block is
+    /// created or deleted, or its spec (pool, CIDR, node, node UID) changes; not with
+    /// release marks and answers. What a caller made of the specs `list_blocks` gave stays
+    /// right while it is the same.
+    fn block_set_changes(&self) -> u64;
     /// Every block in the local cache, in name order.
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
     /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
@@ -48,7 +49,7 @@ pub trait BlockStore: Send + Sync + 'static {
     fn delete_block(
         &self,
         name: &str,
-        expected: u64,
+        expected: &ResourceVersion,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
 }
 
@@ -65,10 +66,10 @@ pub(super) struct Blocks {
     by_name: BTreeMap<Arc<str>, Arc<IpamBlock>>,
     /// Each node's blocks by name (the objects themselves: `blocks_of` runs every pass).
     by_node: HashMap<NodeName, BTreeMap<Arc<str>, Arc<IpamBlock>>>,
-    /// Per node, the resourceVersion of the last write to one of its blocks.
-    versions: HashMap<NodeName, u64>,
-    /// The resourceVersion of the last create, delete or spec change of any block.
-    set_version: u64,
+    /// Per node, the store's write counter at the last write to one of its blocks.
+    changes: HashMap<NodeName, u64>,
+    /// The write counter at the last create, delete or spec change of any block.
+    set_changes: u64,
 }
 
 impl MemoryNodeStore {
@@ -92,10 +93,10 @@ impl MemoryNodeStore {
             Change::Delete if old.is_none() => return Ok(None),
             Change::Delete => None,
         };
-        inner.resource_version += 1;
-        let rv = inner.resource_version;
+        let rv = inner.next_version();
+        let counter = inner.resource_version;
         let new = new.map(|mut b| {
-            b.resource_version = rv;
+            b.resource_version = Some(rv.clone());
             Arc::new(b)
         });
         let node = match (&new, &old) {
@@ -103,12 +104,12 @@ impl MemoryNodeStore {
             (None, None) => unreachable!("checked above"),
         };
         let blocks = &mut inner.blocks;
-        blocks.versions.insert(node.clone(), rv);
+        blocks.changes.insert(node.clone(), counter);
         let same_spec = |a: &IpamBlock, b: &IpamBlock| {
             (&a.pool, a.cidr, &a.node, a.node_uid) == (&b.pool, b.cidr, &b.node, b.node_uid)
         };
         if !matches!((&old, &new), (Some(o), Some(n)) if same_spec(o, n)) {
-            blocks.set_version = rv;
+            blocks.set_changes = counter;
         }
         match &new {
             Some(b) => {
@@ -177,13 +178,13 @@ impl BlockStore for MemoryNodeStore {
             .map_or_else(Vec::new, |blocks| blocks.values().cloned().collect())
     }
 
-    fn blocks_version(&self, node: &str) -> u64 {
+    fn node_blocks_changes(&self, node: &str) -> u64 {
         let inner = self.inner.lock();
-        inner.blocks.versions.get(node).copied().unwrap_or(0)
+        inner.blocks.changes.get(node).copied().unwrap_or(0)
     }
 
-    fn block_set_version(&self) -> u64 {
-        self.inner.lock().blocks.set_version
+    fn block_set_changes(&self) -> u64 {
+        self.inner.lock().blocks.set_changes
     }
 
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
@@ -221,12 +222,12 @@ impl BlockStore for MemoryNodeStore {
         Ok(new.expect("checked present"))
     }
 
-    async fn delete_block(&self, name: &str, expected: u64) -> Result<(), IpamError> {
+    async fn delete_block(&self, name: &str, expected: &ResourceVersion) -> Result<(), IpamError> {
         self.write_block(name, Writer::Operator, |old| match old {
             None => Err(not_found(name)),
-            Some(b) if b.resource_version != expected => Err(IpamError::Conflict {
+            Some(b) if b.resource_version.as_ref() != Some(expected) => Err(IpamError::Conflict {
                 name: name.to_string(),
-                expected,
+                expected: expected.clone(),
             }),
             Some(_) => Ok(Change::Delete),
         })?;
@@ -248,7 +249,7 @@ mod tests {
             node_uid: 7,
             release: false,
             ack: None,
-            resource_version: 0,
+            resource_version: None,
         }
     }
 
@@ -257,7 +258,7 @@ mod tests {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
         let a = s.create_block(block("10.0.0.16/28", "n1")).await.unwrap();
-        assert_eq!(a.resource_version, 1);
+        assert_eq!(a.resource_version, Some(ResourceVersion::counter(1)));
         // a second create of the name is refused, whoever asks
         assert!(matches!(
             s.create_block(block("10.0.0.16/28", "n2")).await,
@@ -266,38 +267,43 @@ mod tests {
         assert_eq!(s.blocks_of("n1").len(), 1);
         assert!(s.blocks_of("n2").is_empty());
         // each node's blocks have a version: the last write to one of them
-        assert_eq!((s.blocks_version("n1"), s.blocks_version("n2")), (1, 0));
-        assert_eq!(s.block_set_version(), 1, "a create changes the set");
+        assert_eq!(
+            (s.node_blocks_changes("n1"), s.node_blocks_changes("n2")),
+            (1, 0)
+        );
+        assert_eq!(s.block_set_changes(), 1, "a create changes the set");
         // marking bumps the resourceVersion; re-marking does not
         let m = s.mark_block(&a.name, true).await.unwrap();
-        assert_eq!(m.resource_version, 2);
+        assert_eq!(m.resource_version, Some(ResourceVersion::counter(2)));
         assert_eq!(
             s.mark_block(&a.name, true).await.unwrap().resource_version,
-            2
+            Some(ResourceVersion::counter(2))
         );
-        assert_eq!(s.blocks_version("n1"), 2);
+        assert_eq!(s.node_blocks_changes("n1"), 2);
         let acked = s
             .ack_block(&a.name, Some(ReleaseAck::ReadyForRelease))
             .unwrap();
-        assert_eq!(acked.resource_version, 3);
+        assert_eq!(acked.resource_version, Some(ResourceVersion::counter(3)));
         assert_eq!(
-            s.blocks_version("n1"),
+            s.node_blocks_changes("n1"),
             3,
             "the node side's answers count too"
         );
-        assert_eq!(s.block_set_version(), 1, "marks and answers leave the set");
+        assert_eq!(s.block_set_changes(), 1, "marks and answers leave the set");
         // a delete with a stale precondition fails and changes nothing
         assert!(matches!(
-            s.delete_block(&a.name, 2).await,
-            Err(IpamError::Conflict { expected: 2, .. })
+            s.delete_block(&a.name, &ResourceVersion::counter(2)).await,
+            Err(IpamError::Conflict { expected, .. }) if expected == ResourceVersion::counter(2)
         ));
         assert!(s.cached_block(&a.name).is_some());
-        s.delete_block(&a.name, 3).await.unwrap();
+        s.delete_block(&a.name, &ResourceVersion::counter(3))
+            .await
+            .unwrap();
         assert!(s.blocks_of("n1").is_empty());
-        assert_eq!(s.blocks_version("n1"), 4, "and deletes");
-        assert_eq!(s.block_set_version(), 4, "a delete changes the set");
+        assert_eq!(s.node_blocks_changes("n1"), 4, "and deletes");
+        assert_eq!(s.block_set_changes(), 4, "a delete changes the set");
         assert!(matches!(
-            s.delete_block(&a.name, 3).await,
+            s.delete_block(&a.name, &ResourceVersion::counter(3)).await,
             Err(IpamError::NotFound { .. })
         ));
         assert!(matches!(
