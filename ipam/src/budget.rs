@@ -75,8 +75,9 @@ use tokio::time::{Instant, Sleep};
 
 use crate::IpamError;
 
-/// Name of the histogram recorded once per admitted [`Budget::acquire`].
-pub const API_WAIT_SECONDS: &str = "tidepool_ipam_api_wait_seconds";
+/// The histogram recorded once per admitted [`Budget::acquire`].
+use tidepool_metrics::API_WAIT_SECONDS;
+use tidepool_metrics::api as api_label;
 
 /// Boost of any node with at least one pod waiting for an address.
 pub const POD_CLASS_BOOST: Duration = Duration::from_secs(30);
@@ -114,8 +115,8 @@ impl Api {
     /// The `api` label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Api::Source => "source",
-            Api::Kube => "kube",
+            Api::Source => api_label::SOURCE,
+            Api::Kube => api_label::KUBE,
         }
     }
 
@@ -396,7 +397,8 @@ impl Budget {
             }
         };
         if ok {
-            metrics::histogram!(API_WAIT_SECONDS, "api" => self.0.api.as_str()).record(0.0);
+            metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str())
+                .record(0.0);
         }
         ok
     }
@@ -420,7 +422,7 @@ impl Budget {
             };
             std::future::poll_fn(|cx| wait.poll(cx)).await;
         }
-        metrics::histogram!(API_WAIT_SECONDS, "api" => self.0.api.as_str()).record(
+        metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str()).record(
             Instant::now()
                 .saturating_duration_since(start)
                 .as_secs_f64(),
