@@ -184,6 +184,21 @@ pub struct NodeManager<S, N, P> {
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
+/// What a [`NodeManager`] runs on: the I/O behind the engine's traits, its clock, a budget
+/// per API, and the leadership signal.
+pub struct EngineDeps<S, N, P> {
+    pub source: S,
+    pub store: N,
+    pub pods: P,
+    pub clock: Arc<dyn Clock>,
+    /// Calls to the IP source (`--api-qps/--api-burst`).
+    pub source_budget: Budget,
+    /// API server writes (`--kube-api-qps/--kube-api-burst`).
+    pub kube_budget: Budget,
+    /// Whether this replica leads.
+    pub leader: watch::Receiver<bool>,
+}
+
 impl<S, N, P> Clone for NodeManager<S, N, P> {
     fn clone(&self) -> Self {
         Self {
@@ -194,19 +209,18 @@ impl<S, N, P> Clone for NodeManager<S, N, P> {
 }
 
 impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
-    /// A manager over the given source, store and pod view. `leader` says whether this
-    /// replica leads; while it does not, no mutating call is made.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        source: S,
-        store: N,
-        pods: P,
-        clock: Arc<dyn Clock>,
-        cfg: EngineConfig,
-        source_budget: Budget,
-        kube_budget: Budget,
-        leader: watch::Receiver<bool>,
-    ) -> Result<Self, IpamError> {
+    /// A manager over the given source, store and pod view ([`EngineDeps`]). While
+    /// `deps.leader` says this replica does not lead, no mutating call is made.
+    pub fn new(deps: EngineDeps<S, N, P>, cfg: EngineConfig) -> Result<Self, IpamError> {
+        let EngineDeps {
+            source,
+            store,
+            pods,
+            clock,
+            source_budget,
+            kube_budget,
+            leader,
+        } = deps;
         cfg.validate()?;
         let leading = u64::from(*leader.borrow());
         let shared = Arc::new(Shared {

@@ -1729,7 +1729,7 @@ mod tests {
 
     use tidepool_ipam::budget::{Api, Budget};
     use tidepool_ipam::clock::TokioClock;
-    use tidepool_ipam::manager::{EngineConfig, NodeManager};
+    use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
     use tidepool_ipam::plan::Blocked;
     use tidepool_ipam::pods::MemoryPodView;
     use tidepool_ipam::store::MemoryNodeStore;
@@ -1748,14 +1748,16 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(true);
         std::mem::forget(tx); // leads for the whole test
         let mgr = NodeManager::new(
-            cloud.clone(),
-            store.clone(),
-            view,
-            Arc::new(TokioClock::anchored(std::time::SystemTime::UNIX_EPOCH)),
+            EngineDeps {
+                source: cloud.clone(),
+                store: store.clone(),
+                pods: view,
+                clock: Arc::new(TokioClock::anchored(std::time::SystemTime::UNIX_EPOCH)),
+                source_budget: Budget::unlimited(Api::Source),
+                kube_budget: Budget::unlimited(Api::Kube),
+                leader: rx,
+            },
             EngineConfig::default(),
-            Budget::unlimited(Api::Source),
-            Budget::unlimited(Api::Kube),
-            rx,
         )
         .unwrap();
         mgr.upsert_node(NodeInfo {

@@ -16,7 +16,7 @@ use crate::observer::Observer;
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::{Clock, TokioClock};
 use tidepool_ipam::error::IpamError;
-use tidepool_ipam::manager::{EngineConfig, NodeManager};
+use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::node as node_side;
 use tidepool_ipam::pods::{MemoryPodView, PodPhase};
 use tidepool_ipam::source::{Faults, IpSource, MemorySource};
@@ -394,14 +394,16 @@ impl<S: SimSource> World<S> {
         )?;
         let kube_budget = Budget::new(Api::Kube, cfg.kube_qps, cfg.kube_burst, cfg.scheduling)?;
         let manager = NodeManager::new(
-            source.clone(),
-            store.clone(),
-            pods.clone(),
-            clock.clone() as Arc<dyn Clock>,
+            EngineDeps {
+                source: source.clone(),
+                store: store.clone(),
+                pods: pods.clone(),
+                clock: clock.clone() as Arc<dyn Clock>,
+                source_budget,
+                kube_budget,
+                leader: leader_rx,
+            },
             cfg.engine.clone(),
-            source_budget,
-            kube_budget,
-            leader_rx,
         )?;
         let events = store.subscribe();
         let world = World {

@@ -16,7 +16,7 @@ use tidepool_ipam::backoff::BackoffConfig;
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::{Clock, TokioClock};
 use tidepool_ipam::error::ErrorClass;
-use tidepool_ipam::manager::{EngineConfig, NodeManager};
+use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pods::MemoryPodView;
 use tidepool_ipam::source::{Faults, IpSource, MemorySource, Quota};
@@ -287,14 +287,16 @@ fn failing_manager(
     };
     let (leader, leader_rx) = watch::channel(true);
     let mgr = NodeManager::new(
-        source.clone(),
-        store.clone(),
-        MemoryPodView::new(Duration::ZERO),
-        Arc::new(TokioClock::new()) as Arc<dyn Clock>,
+        EngineDeps {
+            source: source.clone(),
+            store: store.clone(),
+            pods: MemoryPodView::new(Duration::ZERO),
+            clock: Arc::new(TokioClock::new()) as Arc<dyn Clock>,
+            source_budget: Budget::new(Api::Source, 4.0, 20, SchedulingMode::Priority).unwrap(),
+            kube_budget: Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
+            leader: leader_rx,
+        },
         cfg,
-        Budget::new(Api::Source, 4.0, 20, SchedulingMode::Priority).unwrap(),
-        Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
-        leader_rx,
     )
     .unwrap();
     mgr.spawn_resync_loop();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::Clock;
-use tidepool_ipam::manager::NodeManager;
+use tidepool_ipam::manager::{EngineDeps, NodeManager};
 use tidepool_ipam::source::IpSource;
 use tidepool_ipam::store::NodeStore;
 use tidepool_ipam::types::{NodeInfo, ReleaseAck, ReleaseState};
@@ -41,14 +41,16 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
     // B: a second engine on the same cloud, store and pods, not leading yet.
     let (b_lead, b_rx) = tokio::sync::watch::channel(false);
     let b = NodeManager::new(
-        world.source.clone(),
-        world.store.clone(),
-        world.pods.clone(),
-        world.clock.clone() as Arc<dyn Clock>,
+        EngineDeps {
+            source: world.source.clone(),
+            store: world.store.clone(),
+            pods: world.pods.clone(),
+            clock: world.clock.clone() as Arc<dyn Clock>,
+            source_budget: Budget::unlimited(Api::Source),
+            kube_budget: Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
+            leader: b_rx,
+        },
         cfg.engine.clone(),
-        Budget::unlimited(Api::Source),
-        Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
-        b_rx,
     )
     .unwrap();
     let mut events = world.store.subscribe();

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::Clock;
-use tidepool_ipam::manager::{EngineConfig, NodeManager};
+use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::pods::MemoryPodView;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, block_name};
 use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
@@ -48,14 +48,16 @@ fn second(w: &World<Pool>, cidrs: &[&str], cfg: EngineConfig, latency: Duration)
     .with_latency(latency);
     let (leader, rx) = watch::channel(true);
     let engine = NodeManager::new(
-        source.clone(),
-        w.store.clone(),
-        w.pods.clone(),
-        w.clock.clone() as Arc<dyn Clock>,
+        EngineDeps {
+            source: source.clone(),
+            store: w.store.clone(),
+            pods: w.pods.clone(),
+            clock: w.clock.clone() as Arc<dyn Clock>,
+            source_budget: Budget::unlimited(Api::Source),
+            kube_budget: Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
+            leader: rx,
+        },
         cfg,
-        Budget::unlimited(Api::Source),
-        Budget::new(Api::Kube, 50.0, 100, SchedulingMode::Priority).unwrap(),
-        rx,
     )
     .unwrap();
     let mut events = w.store.subscribe();
