@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod budget;
 pub mod clock;
+pub mod config;
 pub mod error;
 pub mod handshake;
 pub mod maintainer;
@@ -17,6 +18,7 @@ pub mod plan;
 pub mod pods;
 pub mod pool;
 pub mod reclaim;
+mod shared;
 pub mod source;
 pub mod stats;
 pub mod store;

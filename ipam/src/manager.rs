@@ -3,180 +3,28 @@
 //! of exhausted nodes until the pool frees. No lock is held across an await or for a
 //! whole resync.
 
-use std::collections::{BTreeMap, BTreeSet};
+pub use crate::config::EngineConfig;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backoff::BackoffConfig;
-use crate::budget::{Api, Budget, Priority, PriorityCell};
+use crate::budget::{Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::error::IpamError;
-use crate::handshake::ReleaseConfig;
 use crate::maintainer;
 use crate::plan::{Blocked, NodeSummary};
 use crate::pods::PodView;
-use crate::reclaim::ReclaimConfig;
+use crate::shared::{NodeHandle, NodeState, Shared};
 use crate::source::IpSource;
 use crate::stats::Stats;
 use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
-use crate::trigger::{self, Reason, Trigger};
+use crate::trigger::{self, Reason};
 use crate::types::{NodeInfo, NodeName};
-use crate::watermarks::Watermarks;
-
-/// Engine settings (the `run` flags).
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub watermarks: Watermarks,
-    pub release: ReleaseConfig,
-    pub reclaim: ReclaimConfig,
-    /// Whole-node reclaim waits this long after the Node's deletion.
-    pub node_reclaim_grace: Duration,
-    pub backoff: BackoffConfig,
-    pub resync_interval: Duration,
-    /// Workers recalculating nodes during a resync.
-    pub parallel_workers: usize,
-    /// Start-to-start spacing of one node's passes.
-    pub min_pass_interval: Duration,
-    /// Re-plans after a 409 before backing off.
-    pub conflict_retries: u32,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            watermarks: Watermarks::default(),
-            release: ReleaseConfig::default(),
-            reclaim: ReclaimConfig::default(),
-            node_reclaim_grace: Duration::from_secs(300),
-            backoff: BackoffConfig::default(),
-            resync_interval: Duration::from_secs(60),
-            parallel_workers: 50,
-            min_pass_interval: Duration::from_millis(10),
-            conflict_retries: 3,
-        }
-    }
-}
-
-impl EngineConfig {
-    /// Rejects settings that cannot work, naming the setting.
-    pub fn validate(&self) -> Result<(), IpamError> {
-        self.watermarks.validate()?;
-        self.backoff.validate()?;
-        let bad = |name: &'static str, value: String, reason: &str| {
-            Err(IpamError::InvalidSetting {
-                name,
-                value,
-                reason: reason.into(),
-            })
-        };
-        if self.resync_interval.is_zero() {
-            return bad("resync-interval", "0s".into(), "must be positive");
-        }
-        if self.parallel_workers == 0 {
-            return bad("parallel-alloc-workers", "0".into(), "must be at least 1");
-        }
-        Ok(())
-    }
-}
-
-/// A node's place in the manager: its trigger, priority, Node state and last summary.
-pub(crate) struct NodeHandle {
-    pub name: NodeName,
-    pub trigger: Trigger,
-    pub priority: PriorityCell,
-    pub state: Mutex<NodeState>,
-    /// The fingerprint of the resourceVersion of the operator's own last write (its echo is
-    /// not a trigger; [`crate::types::ResourceVersion::fingerprint`]).
-    pub own_write: AtomicU64,
-    pub removed: AtomicBool,
-    /// Wakes a maintainer waiting for the source budget when its node has new work.
-    pub work: tokio::sync::Notify,
-}
-
-pub(crate) struct NodeState {
-    pub info: NodeInfo,
-    /// When the Node object was deleted.
-    pub deleted_at: Option<Instant>,
-    pub summary: NodeSummary,
-}
-
-pub(crate) struct Shared<S, N, P> {
-    pub source: S,
-    pub store: N,
-    pub pods: P,
-    pub clock: Arc<dyn Clock>,
-    pub cfg: EngineConfig,
-    pub source_budget: Budget,
-    pub kube_budget: Budget,
-    pub leader: watch::Receiver<bool>,
-    /// Bumped each time the lead is gained: maintainers re-seed once per epoch.
-    pub leader_epoch: AtomicU64,
-    nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
-    stats: Mutex<Stats>,
-    parked: Mutex<BTreeSet<NodeName>>,
-}
-
-impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
-    pub fn node_count(&self) -> usize {
-        self.nodes.lock().len()
-    }
-
-    pub fn is_leader(&self) -> bool {
-        *self.leader.borrow()
-    }
-
-    /// The budget the source's mutating calls draw on.
-    pub fn call_budget(&self) -> &Budget {
-        match self.source.api() {
-            Api::Source => &self.source_budget,
-            Api::Kube => &self.kube_budget,
-        }
-    }
-
-    /// Publishes a node's new summary into the aggregate stats.
-    pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
-        let old = std::mem::replace(&mut h.state.lock().summary, summary);
-        if old != summary {
-            self.stats.lock().replace(Some(&old), Some(&summary));
-        }
-        h.priority.set(Priority {
-            waiting_pods: summary.waiting().min(u32::MAX as u64) as u32,
-            needed: summary.needed().min(u32::MAX as u64) as u32,
-        });
-    }
-
-    /// The node waits for the pool to free (no polling).
-    pub fn park(&self, name: &NodeName) {
-        self.parked.lock().insert(name.clone());
-    }
-
-    /// Addresses went back to the source: wake every parked node.
-    pub fn pool_freed(&self) {
-        let parked = std::mem::take(&mut *self.parked.lock());
-        let nodes = self.nodes.lock();
-        for name in parked {
-            if let Some(h) = nodes.get(&name) {
-                h.trigger.trigger(Reason::PoolFreed);
-            }
-        }
-    }
-
-    /// A maintainer whose node is gone removes itself.
-    pub fn remove(&self, h: &NodeHandle) {
-        h.removed.store(true, Ordering::Relaxed);
-        self.source.node_gone(&h.name);
-        self.nodes.lock().remove(&h.name);
-        self.parked.lock().remove(&h.name);
-        let summary = h.state.lock().summary;
-        self.stats.lock().replace(Some(&summary), None);
-    }
-}
 
 /// The NodeManager. Cheap to clone.
 pub struct NodeManager<S, N, P> {

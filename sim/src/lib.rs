@@ -2,6 +2,7 @@
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
 
 pub mod cloud;
+mod heap;
 pub mod observer;
 pub mod run;
 pub mod scenario;

@@ -138,7 +138,7 @@ impl Observer {
     /// The observer's heap as a deterministic size estimate (see
     /// [`crate::World::world_heap_estimate`]).
     pub fn heap_estimate(&self) -> usize {
-        use crate::world::btree_bytes;
+        use crate::heap::btree_bytes;
         use std::mem::size_of;
         let s = self.s.lock();
         let ip = size_of::<IpAddr>();

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::heap::{arc_str_bytes, btree_bytes};
 use crate::observer::Observer;
 use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
 use tidepool_ipam::clock::{Clock, TokioClock};
@@ -1025,21 +1026,6 @@ impl<S: SimSource> World<S> {
     pub fn node(&self, name: &str) -> Option<Arc<IpamNode>> {
         self.store.cached(name)
     }
-}
-
-/// Estimated heap bytes of a B-tree map of `len` entries of `entry` bytes each: leaves of
-/// 11 slots about 2/3 full, plus the node header and parent edges (a deterministic
-/// estimate, not a measurement).
-pub(crate) fn btree_bytes(len: usize, entry: usize) -> usize {
-    if len == 0 {
-        return 0;
-    }
-    len.div_ceil(7) * (11 * entry + 112)
-}
-
-/// Estimated heap bytes of an `Arc<str>` of `len` bytes (counts + text, 8-byte rounded).
-pub(crate) fn arc_str_bytes(len: usize) -> usize {
-    16 + len.div_ceil(8) * 8
 }
 
 impl<S: SimSource> World<S> {

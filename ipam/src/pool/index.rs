@@ -23,8 +23,8 @@ use ipnet::IpNet;
 use super::bitmap::Bitmap;
 use super::runs::Runs;
 use super::sparse::SparseBitmap;
-use super::spec::PoolSpec;
-use super::{PoolError, family_of, make_addr, make_net, max_prefix, span};
+use super::spec::{PoolSpec, excluded_ranges};
+use super::{PoolError, family_of, make_addr, make_net, max_prefix, shl, shr, span};
 use crate::types::{Family, PerFamily};
 
 /// CIDRs with at most this many blocks get a dense bitmap under [`Layout::Auto`].
@@ -77,56 +77,6 @@ struct Slot {
     reserved: [Option<u128>; 2],
     store: Store,
     taken: u128,
-}
-
-#[inline]
-fn shr(x: u128, s: u32) -> u128 {
-    x.checked_shr(s).unwrap_or(0)
-}
-
-#[inline]
-fn shl(x: u128, s: u32) -> u128 {
-    x.checked_shl(s).unwrap_or(0)
-}
-
-/// Excluded block ranges (inclusive, sorted, merged) of `cidr` carved in `/block_prefix`
-/// blocks: every block overlapping an exclusion, plus, for an IPv4 CIDR of prefix ≤ 30 in /32
-/// blocks, the blocks of its network and broadcast address (they have no usable address).
-pub(crate) fn excluded_ranges(
-    cidr: &IpNet,
-    block_prefix: u8,
-    exclude: &[IpNet],
-) -> Vec<(u64, u64)> {
-    let family = family_of(cidr);
-    let shift = (max_prefix(family) - block_prefix) as u32;
-    let (c0, c1) = span(cidr);
-    let count = 1u128 << (block_prefix - cidr.prefix_len());
-    let mut out: Vec<(u64, u64)> = exclude
-        .iter()
-        .filter(|e| family_of(e) == family)
-        .filter_map(|e| {
-            let (e0, e1) = span(e);
-            if e1 < c0 || e0 > c1 {
-                return None;
-            }
-            let lo = shr(e0.max(c0) - c0, shift);
-            let hi = shr(e1.min(c1) - c0, shift);
-            Some((lo as u64, hi as u64))
-        })
-        .collect();
-    if family == Family::V4 && cidr.prefix_len() <= 30 && block_prefix == 32 {
-        out.push((0, 0));
-        out.push(((count - 1) as u64, (count - 1) as u64));
-    }
-    out.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
-    for (lo, hi) in out {
-        match merged.last_mut() {
-            Some((_, last)) if (*last as u128) + 1 >= lo as u128 => *last = (*last).max(hi),
-            _ => merged.push((lo, hi)),
-        }
-    }
-    merged
 }
 
 impl Slot {

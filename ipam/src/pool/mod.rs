@@ -265,3 +265,13 @@ pub(crate) fn make_addr(family: Family, addr: u128) -> std::net::IpAddr {
         Family::V6 => std::net::IpAddr::V6(std::net::Ipv6Addr::from(addr)),
     }
 }
+
+#[inline]
+pub(crate) fn shr(x: u128, s: u32) -> u128 {
+    x.checked_shr(s).unwrap_or(0)
+}
+
+#[inline]
+pub(crate) fn shl(x: u128, s: u32) -> u128 {
+    x.checked_shl(s).unwrap_or(0)
+}

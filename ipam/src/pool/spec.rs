@@ -14,8 +14,7 @@
 
 use ipnet::IpNet;
 
-use super::index::excluded_ranges;
-use super::{DEFAULT_BLOCK_SIZE, Field, PoolError, family_of, max_prefix, span};
+use super::{DEFAULT_BLOCK_SIZE, Field, PoolError, family_of, max_prefix, shr, span};
 use crate::types::{Family, PerFamily};
 
 /// IPPool `spec` (the parts the index needs; `nodeSelector` is the operator's business).
@@ -231,4 +230,44 @@ pub fn check_pools(pools: &[PoolSpec]) -> Vec<Result<(), PoolError>> {
         out.push(r);
     }
     out
+}
+
+/// Excluded block ranges (inclusive, sorted, merged) of `cidr` carved in `/block_prefix`
+/// blocks: every block overlapping an exclusion, plus, for an IPv4 CIDR of prefix ≤ 30 in /32
+/// blocks, the blocks of its network and broadcast address (they have no usable address).
+pub(crate) fn excluded_ranges(
+    cidr: &IpNet,
+    block_prefix: u8,
+    exclude: &[IpNet],
+) -> Vec<(u64, u64)> {
+    let family = family_of(cidr);
+    let shift = (max_prefix(family) - block_prefix) as u32;
+    let (c0, c1) = span(cidr);
+    let count = 1u128 << (block_prefix - cidr.prefix_len());
+    let mut out: Vec<(u64, u64)> = exclude
+        .iter()
+        .filter(|e| family_of(e) == family)
+        .filter_map(|e| {
+            let (e0, e1) = span(e);
+            if e1 < c0 || e0 > c1 {
+                return None;
+            }
+            let lo = shr(e0.max(c0) - c0, shift);
+            let hi = shr(e1.min(c1) - c0, shift);
+            Some((lo as u64, hi as u64))
+        })
+        .collect();
+    if family == Family::V4 && cidr.prefix_len() <= 30 && block_prefix == 32 {
+        out.push((0, 0));
+        out.push(((count - 1) as u64, (count - 1) as u64));
+    }
+    out.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for (lo, hi) in out {
+        match merged.last_mut() {
+            Some((_, last)) if (*last as u128) + 1 >= lo as u128 => *last = (*last).max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
 }

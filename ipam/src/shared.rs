@@ -1,0 +1,114 @@
+//! What the manager and its maintainers share: the I/O, the budgets, the leadership signal
+//! and each node's handle. Apart from both so neither module depends on the other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::budget::{Api, Budget, Priority, PriorityCell};
+use crate::clock::Clock;
+use crate::config::EngineConfig;
+use crate::plan::NodeSummary;
+use crate::pods::PodView;
+use crate::source::IpSource;
+use crate::stats::Stats;
+use crate::store::NodeStore;
+use crate::trigger::{Reason, Trigger};
+use crate::types::{NodeInfo, NodeName};
+
+/// A node's place in the manager: its trigger, priority, Node state and last summary.
+pub(crate) struct NodeHandle {
+    pub name: NodeName,
+    pub trigger: Trigger,
+    pub priority: PriorityCell,
+    pub state: Mutex<NodeState>,
+    /// The fingerprint of the resourceVersion of the operator's own last write (its echo is
+    /// not a trigger; [`crate::types::ResourceVersion::fingerprint`]).
+    pub own_write: AtomicU64,
+    pub removed: AtomicBool,
+    /// Wakes a maintainer waiting for the source budget when its node has new work.
+    pub work: tokio::sync::Notify,
+}
+
+pub(crate) struct NodeState {
+    pub info: NodeInfo,
+    /// When the Node object was deleted.
+    pub deleted_at: Option<Instant>,
+    pub summary: NodeSummary,
+}
+
+pub(crate) struct Shared<S, N, P> {
+    pub source: S,
+    pub store: N,
+    pub pods: P,
+    pub clock: Arc<dyn Clock>,
+    pub cfg: EngineConfig,
+    pub source_budget: Budget,
+    pub kube_budget: Budget,
+    pub leader: watch::Receiver<bool>,
+    /// Bumped each time the lead is gained: maintainers re-seed once per epoch.
+    pub leader_epoch: AtomicU64,
+    pub nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
+    pub stats: Mutex<Stats>,
+    pub parked: Mutex<BTreeSet<NodeName>>,
+}
+
+impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
+    pub fn node_count(&self) -> usize {
+        self.nodes.lock().len()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// The budget the source's mutating calls draw on.
+    pub fn call_budget(&self) -> &Budget {
+        match self.source.api() {
+            Api::Source => &self.source_budget,
+            Api::Kube => &self.kube_budget,
+        }
+    }
+
+    /// Publishes a node's new summary into the aggregate stats.
+    pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
+        let old = std::mem::replace(&mut h.state.lock().summary, summary);
+        if old != summary {
+            self.stats.lock().replace(Some(&old), Some(&summary));
+        }
+        h.priority.set(Priority {
+            waiting_pods: summary.waiting().min(u32::MAX as u64) as u32,
+            needed: summary.needed().min(u32::MAX as u64) as u32,
+        });
+    }
+
+    /// The node waits for the pool to free (no polling).
+    pub fn park(&self, name: &NodeName) {
+        self.parked.lock().insert(name.clone());
+    }
+
+    /// Addresses went back to the source: wake every parked node.
+    pub fn pool_freed(&self) {
+        let parked = std::mem::take(&mut *self.parked.lock());
+        let nodes = self.nodes.lock();
+        for name in parked {
+            if let Some(h) = nodes.get(&name) {
+                h.trigger.trigger(Reason::PoolFreed);
+            }
+        }
+    }
+
+    /// A maintainer whose node is gone removes itself.
+    pub fn remove(&self, h: &NodeHandle) {
+        h.removed.store(true, Ordering::Relaxed);
+        self.source.node_gone(&h.name);
+        self.nodes.lock().remove(&h.name);
+        self.parked.lock().remove(&h.name);
+        let summary = h.state.lock().summary;
+        self.stats.lock().replace(Some(&summary), None);
+    }
+}
