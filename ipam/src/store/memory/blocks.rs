@@ -4,54 +4,12 @@
 //! every change reaches the subscribers and the hook.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::Arc;
 
-use super::{MemoryNodeStore, ObjectKind, StoreEvent, Writer};
+use super::MemoryNodeStore;
 use crate::error::IpamError;
+use crate::store::{BlockStore, ObjectKind, StoreEvent, Writer};
 use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck, ResourceVersion};
-
-/// The IPAMBlock half of the store, as the cluster-pool source uses it.
-pub trait BlockStore: Send + Sync + 'static {
-    /// The node's blocks as the local cache knows them, in name order.
-    fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>>;
-    /// A local change counter, not a resourceVersion: it changes whenever one of the
-    /// node's blocks is created, changed or deleted (0 if none ever was), so what a caller
-    /// made of `blocks_of` stays right while it is the same.
-    fn node_blocks_changes(&self, node: &str) -> u64;
-    /// A local change counter, not a resourceVersion: it changes whenever a block is
-    /// created or deleted, or its spec (pool, CIDR, node, node UID) changes; not with
-    /// release marks and answers. What a caller made of the specs `list_blocks` gave stays
-    /// right while it is the same.
-    fn block_set_changes(&self) -> u64;
-    /// Every block in the local cache, in name order.
-    fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
-    /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
-    fn list_nodes(&self) -> Vec<Arc<IpamNode>>;
-    /// Creates the block: the claim. `AlreadyExists` when the name is taken.
-    fn create_block(
-        &self,
-        block: IpamBlock,
-    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
-    /// A live read (GET).
-    fn get_block(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Arc<IpamBlock>>, IpamError>> + Send;
-    /// Sets or withdraws the release mark (the operator's apply). `NotFound` when gone.
-    fn mark_block(
-        &self,
-        name: &str,
-        release: bool,
-    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
-    /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`):
-    /// the release. `NotFound` when gone.
-    fn delete_block(
-        &self,
-        name: &str,
-        expected: &ResourceVersion,
-    ) -> impl Future<Output = Result<(), IpamError>> + Send;
-}
 
 /// What a block write does.
 enum Change {
