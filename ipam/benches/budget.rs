@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tidepool_ipam::budget::{Api, Budget, Priority, PriorityCell, SchedulingMode};
+use tidepool_ipam::{Api, Budget, Priority, PriorityCell, SchedulingMode};
 
 fn drain(n: usize, mode: SchedulingMode) -> Duration {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -21,7 +21,7 @@ use ipnet::IpNet;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tidepool_ipam::pool::{BlockRecord, Layout, PoolIndex, PoolSet, PoolSpec, block_name};
-use tidepool_ipam::types::{Family, NodeName};
+use tidepool_ipam::{Family, NodeName};
 
 /// Counts live heap bytes.
 struct Counting;

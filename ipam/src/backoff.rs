@@ -157,16 +157,19 @@ impl Backoff {
         Retry::After(retry_after.max(self.delay(cfg, self.attempt, nodes, sample)))
     }
 
+    #[cfg(test)]
     /// Consecutive timed failures counted so far (0 after [`Backoff::reset`]).
     pub fn attempts(&self) -> u32 {
         self.attempt
     }
 
+    #[cfg(test)]
     /// When the last timed failure happened.
     pub fn last_failure(&self) -> Option<Instant> {
         self.last_failure
     }
 
+    #[cfg(test)]
     /// Starts the count over (e.g. the spec changed or this replica just became leader).
     pub fn reset(&mut self) {
         self.attempt = 0;

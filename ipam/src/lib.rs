@@ -1,31 +1,59 @@
 //! tidepool's IPAM engine.
 //!
-//! Pure planning ([`watermarks`], [`plan`], [`reclaim`], [`handshake`]) is kept apart from
-//! the runtime that executes plans ([`maintainer`], [`manager`]) through the traits in
-//! [`source`], [`store`], [`pods`] and [`clock`]. No Kubernetes types and no HTTP here.
+//! Pure planning ([`plan`], and inside the crate the watermarks, reclaim and handshake rules)
+//! is kept apart from the runtime that executes plans (the [`NodeManager`] and its per-node
+//! maintainers) through the traits [`IpSource`], [`NodeStore`], [`BlockStore`], [`PodView`]
+//! and [`Clock`]. The node side's rules are in [`node`], the cluster-pool source in [`pool`].
+//! No Kubernetes types and no HTTP here.
+//!
+//! The public surface is what the crate re-exports here plus the modules `node`, `plan`,
+//! `pool` and `uid_table`; everything else is private.
 #![forbid(unsafe_code)]
 
-pub mod backoff;
-pub mod budget;
-pub mod clock;
-pub mod config;
-pub mod error;
-pub mod handshake;
-pub mod maintainer;
-pub mod manager;
+mod backoff;
+mod budget;
+mod clock;
+mod config;
+mod error;
+mod handshake;
+mod maintainer;
+mod manager;
 pub mod node;
 pub mod plan;
-pub mod pods;
+mod pods;
 pub mod pool;
-pub mod reclaim;
+mod reclaim;
 mod shared;
-pub mod source;
-pub mod stats;
-pub mod store;
-pub mod trigger;
-pub mod types;
+mod source;
+mod stats;
+mod store;
+mod trigger;
+mod types;
 pub mod uid_table;
-pub mod used;
-pub mod watermarks;
+mod used;
+mod watermarks;
 
+pub use backoff::BackoffConfig;
+pub use budget::{
+    Api, Budget, Priority, PriorityCell, SchedulingMode, TokioGovernorClock, TokioInstant,
+};
+pub use clock::{Clock, TokioClock};
+pub use config::EngineConfig;
 pub use error::{ErrorClass, IpamError};
+pub use handshake::ReleaseConfig;
+pub use manager::{EngineDeps, NodeManager};
+pub use pods::{
+    FnPods, MemoryPodView, PodCache, PodChanges, PodInfo, PodIps, PodPhase, PodView, Since,
+};
+pub use reclaim::ReclaimConfig;
+pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
+pub use stats::{FamilyTotals, Stats};
+pub use store::{
+    BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer,
+};
+pub use types::{
+    AllocationId, Condition, Family, IpamBlock, IpamNode, NodeInfo, NodeName, NodeSideFields,
+    OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
+    ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
+};
+pub use watermarks::Watermarks;

@@ -120,11 +120,13 @@ impl Reasons {
         Reasons(self.0 | other.0)
     }
 
+    #[cfg(test)]
     /// Whether the set is empty.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
 
+    #[cfg(test)]
     /// Number of reasons in the set.
     pub fn len(self) -> usize {
         self.0.count_ones() as usize
@@ -295,11 +297,6 @@ impl Trigger {
     pub fn trigger_at(&self, deadline: Instant, r: Reason) {
         self.shared.trigger_at(deadline, r);
     }
-
-    /// The trigger's name.
-    pub fn name(&self) -> &'static str {
-        self.shared.name
-    }
 }
 
 impl Clone for Trigger {
@@ -392,25 +389,17 @@ impl TriggerRx {
             .record(run.latency);
     }
 
+    #[cfg(test)]
     /// Schedules a run at `deadline` from the runner itself (e.g. a retry after backoff)
     /// without holding a [`Trigger`], which would keep `next()` from ever returning `None`.
     pub fn trigger_at(&self, deadline: Instant, r: Reason) {
         self.shared.trigger_at(deadline, r);
     }
 
+    #[cfg(test)]
     /// The earliest pending deadline, if any.
     pub fn deadline(&self) -> Option<Instant> {
         self.shared.state.lock().deadline
-    }
-
-    /// The trigger's name.
-    pub fn name(&self) -> &'static str {
-        self.shared.name
-    }
-
-    /// The minimum interval between run starts.
-    pub fn min_interval(&self) -> Duration {
-        self.min_interval
     }
 }
 

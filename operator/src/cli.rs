@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
-use tidepool_ipam::backoff::BackoffConfig;
-use tidepool_ipam::budget::SchedulingMode;
-use tidepool_ipam::handshake::ReleaseConfig;
-use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::BackoffConfig;
+use tidepool_ipam::EngineConfig;
+use tidepool_ipam::ReclaimConfig;
+use tidepool_ipam::ReleaseConfig;
+use tidepool_ipam::SchedulingMode;
+use tidepool_ipam::Watermarks;
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 30s, 2m, 1h)"))
@@ -546,7 +546,7 @@ mod tests {
     /// dual-stack pools; --dual-stack insists on both.
     #[test]
     fn cluster_pool_families_come_from_the_pool() {
-        use tidepool_ipam::types::Family::{V4, V6};
+        use tidepool_ipam::Family::{V4, V6};
         let families = |args: &[&str]| {
             let mut a = vec!["--source", "cluster-pool"];
             a.extend_from_slice(args);

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
-use tidepool_ipam::budget::SchedulingMode;
-use tidepool_ipam::source::Faults;
-use tidepool_ipam::types::{Family, PerFamily};
+use tidepool_ipam::Faults;
+use tidepool_ipam::SchedulingMode;
+use tidepool_ipam::{Family, PerFamily};
 use tidepool_sim::cloud::InstanceType;
 use tidepool_sim::run::{Quantiles, simulate_many};
 use tidepool_sim::scenario::Scenario;

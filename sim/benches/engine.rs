@@ -17,12 +17,12 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 mod common;
 
-use tidepool_ipam::handshake::ReleaseConfig;
+use tidepool_ipam::ReclaimConfig;
+use tidepool_ipam::ReleaseConfig;
+use tidepool_ipam::Watermarks;
 use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
-use tidepool_ipam::pods::{PodInfo, PodIps, PodPhase};
-use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
+use tidepool_ipam::{PodInfo, PodIps, PodPhase};
 use tidepool_sim::World;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -65,7 +65,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
                     pod_uid: uid,
                     namespace: "default".into(),
                     pod: "p".into(),
-                    allocation: tidepool_ipam::types::AllocationId(1),
+                    allocation: tidepool_ipam::AllocationId(1),
                     since,
                 },
             );

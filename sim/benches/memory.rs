@@ -8,12 +8,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use tidepool_ipam::manager::EngineConfig;
+use tidepool_ipam::EngineConfig;
 use tidepool_sim::{World, WorldConfig};
 
 mod common;
-use tidepool_ipam::types::IpamNode;
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::IpamNode;
+use tidepool_ipam::Watermarks;
 
 /// Counts live heap bytes.
 struct Counting;

@@ -81,10 +81,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use tidepool_ipam::budget::{TokioGovernorClock, TokioInstant};
-use tidepool_ipam::error::{ErrorClass, IpamError};
-use tidepool_ipam::source::{IpSource, Quota, SourceHook};
-use tidepool_ipam::types::{Family, NodeName, PerFamily};
+use tidepool_ipam::{ErrorClass, IpamError};
+use tidepool_ipam::{Family, NodeName, PerFamily};
+use tidepool_ipam::{IpSource, Quota, SourceHook};
+use tidepool_ipam::{TokioGovernorClock, TokioInstant};
 
 /// The `source` metric label of the simulated cloud.
 pub const SOURCE_NAME: &str = "sim-cloud";
@@ -1727,13 +1727,13 @@ mod tests {
 
     // ---- the real engine on the simulated cloud ----
 
-    use tidepool_ipam::budget::{Api, Budget};
-    use tidepool_ipam::clock::TokioClock;
-    use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
+    use tidepool_ipam::MemoryNodeStore;
+    use tidepool_ipam::MemoryPodView;
+    use tidepool_ipam::TokioClock;
     use tidepool_ipam::plan::Blocked;
-    use tidepool_ipam::pods::MemoryPodView;
-    use tidepool_ipam::store::MemoryNodeStore;
-    use tidepool_ipam::types::{NodeInfo, PodUid};
+    use tidepool_ipam::{Api, Budget};
+    use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
+    use tidepool_ipam::{NodeInfo, PodUid};
 
     type Engine = NodeManager<SimCloud, MemoryNodeStore, MemoryPodView>;
 

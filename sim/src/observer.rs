@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use tidepool_ipam::source::SourceHook;
-use tidepool_ipam::store::{StoreHook, Writer};
-use tidepool_ipam::types::{IpamBlock, IpamNode, NodeName, PodUid};
+use tidepool_ipam::SourceHook;
+use tidepool_ipam::{IpamBlock, IpamNode, NodeName, PodUid};
+use tidepool_ipam::{StoreHook, Writer};
 
 /// Counts of invariant violations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]

@@ -15,12 +15,12 @@ use crate::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::observer::Invariants;
 use crate::scenario::{Action, DEFAULT_GROUP, Scenario};
 use crate::world::{SimSource, World, WorldConfig};
-use tidepool_ipam::error::IpamError;
+use tidepool_ipam::IpamError;
+use tidepool_ipam::MemoryNodeStore;
+use tidepool_ipam::Watermarks;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::source::{Faults, MemorySource};
-use tidepool_ipam::store::MemoryNodeStore;
-use tidepool_ipam::types::{Family, NodeName, PodUid, WatermarkOverrides};
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::{Family, NodeName, PodUid, WatermarkOverrides};
+use tidepool_ipam::{Faults, MemorySource};
 
 /// The most pods one simulation may hold at once (its pod tables' limit, with room for the
 /// recently deleted ones the pod informer still shows).
@@ -48,7 +48,7 @@ pub enum SourceChoice {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolChoice {
     pub cidrs: Vec<String>,
-    pub block_size: tidepool_ipam::types::PerFamily<u8>,
+    pub block_size: tidepool_ipam::PerFamily<u8>,
 }
 
 impl PoolChoice {
@@ -1192,10 +1192,8 @@ fn minimum_calls<S: SimSource>(
         chain = chain.max(c);
     }
     let (mut qps, mut burst) = match world.source.api() {
-        tidepool_ipam::budget::Api::Source => {
-            (cfg.world.source_qps, u64::from(cfg.world.source_burst))
-        }
-        tidepool_ipam::budget::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
+        tidepool_ipam::Api::Source => (cfg.world.source_qps, u64::from(cfg.world.source_burst)),
+        tidepool_ipam::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
     };
     if let Some((q, b)) = world.source.rate_limit() {
         qps = qps.min(q);

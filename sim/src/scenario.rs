@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use tidepool_ipam::types::WatermarkOverrides;
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::WatermarkOverrides;
+use tidepool_ipam::Watermarks;
 
 /// The most times one phase may repeat (`every` within `duration`).
 pub const MAX_REPEATS: u64 = 100_000;

@@ -14,20 +14,20 @@ use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
 use crate::observer::Observer;
-use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
-use tidepool_ipam::clock::{Clock, TokioClock};
-use tidepool_ipam::error::IpamError;
-use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
+use tidepool_ipam::BlockStore;
+use tidepool_ipam::IpamError;
 use tidepool_ipam::node as node_side;
-use tidepool_ipam::pods::{MemoryPodView, PodPhase};
-use tidepool_ipam::source::{Faults, IpSource, MemorySource};
-use tidepool_ipam::store::BlockStore;
-use tidepool_ipam::store::{MemoryNodeStore, NodeStore, StoreEvent};
-use tidepool_ipam::types::{
+use tidepool_ipam::uid_table::{Keyed, UidTable};
+use tidepool_ipam::{
     AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
     WatermarkOverrides,
 };
-use tidepool_ipam::uid_table::{Keyed, UidTable};
+use tidepool_ipam::{Api, Budget, SchedulingMode};
+use tidepool_ipam::{Clock, TokioClock};
+use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
+use tidepool_ipam::{Faults, IpSource, MemorySource};
+use tidepool_ipam::{MemoryNodeStore, NodeStore, StoreEvent};
+use tidepool_ipam::{MemoryPodView, PodPhase};
 
 /// The engine as the simulator runs it.
 pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPodView>;
@@ -452,7 +452,7 @@ impl<S: SimSource> World<S> {
                 ev = events.recv() => {
                     let Some(ev) = ev else { return };
                     self.manager.on_store_event(&ev);
-                    if ev.writer == tidepool_ipam::store::Writer::Operator {
+                    if ev.writer == tidepool_ipam::Writer::Operator {
                         self.reconcile(&ev.name);
                     }
                 }
@@ -1086,11 +1086,11 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
         node_uid: node.node_uid,
         resource_version: node.resource_version.clone(),
         watermarks: node.watermarks,
-        operator: tidepool_ipam::types::OperatorFields {
+        operator: tidepool_ipam::OperatorFields {
             reclaim: node.operator.reclaim.clone(),
             ..Default::default()
         },
-        node: tidepool_ipam::types::NodeSideFields::default(),
+        node: tidepool_ipam::NodeSideFields::default(),
         finalizer: node.finalizer,
     };
     node_side::project(&slim, blocks)

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tidepool_ipam::types::{ReleaseAck, WatermarkOverrides};
+use tidepool_ipam::{ReleaseAck, WatermarkOverrides};
 use tidepool_sim::World;
 
 /// Reaching `want` addresses on `node`, then holding them for a while.

@@ -15,13 +15,13 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use tidepool_ipam::ErrorClass;
+use tidepool_ipam::IpSource;
 use tidepool_ipam::IpamError;
+use tidepool_ipam::Watermarks;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
-use tidepool_ipam::source::IpSource;
-use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::{BlockStore, MemoryNodeStore};
+use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
 use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tidepool_ipam::source::Faults;
+use tidepool_ipam::Faults;
 use tidepool_sim::{Report, SimConfig, WorldConfig, simulate};
 
 fn run(cfg: SimConfig) -> Report {

@@ -11,17 +11,17 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
+use tidepool_ipam::BackoffConfig;
+use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
-use tidepool_ipam::backoff::BackoffConfig;
-use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
-use tidepool_ipam::clock::{Clock, TokioClock};
-use tidepool_ipam::error::ErrorClass;
-use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
+use tidepool_ipam::MemoryPodView;
 use tidepool_ipam::plan::Blocked;
-use tidepool_ipam::pods::MemoryPodView;
-use tidepool_ipam::source::{Faults, IpSource, MemorySource, Quota};
-use tidepool_ipam::store::{MemoryNodeStore, NodeStore};
-use tidepool_ipam::types::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_ipam::{Api, Budget, SchedulingMode};
+use tidepool_ipam::{Clock, TokioClock};
+use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
+use tidepool_ipam::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_ipam::{Faults, IpSource, MemorySource, Quota};
+use tidepool_ipam::{MemoryNodeStore, NodeStore};
 use tidepool_sim::World;
 use tokio::sync::watch;
 

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
-use tidepool_ipam::clock::Clock;
-use tidepool_ipam::manager::{EngineDeps, NodeManager};
-use tidepool_ipam::source::IpSource;
-use tidepool_ipam::store::NodeStore;
-use tidepool_ipam::types::{NodeInfo, ReleaseAck, ReleaseState};
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::Clock;
+use tidepool_ipam::IpSource;
+use tidepool_ipam::NodeStore;
+use tidepool_ipam::Watermarks;
+use tidepool_ipam::{Api, Budget, SchedulingMode};
+use tidepool_ipam::{EngineDeps, NodeManager};
+use tidepool_ipam::{NodeInfo, ReleaseAck, ReleaseState};
 use tidepool_sim::cloud::{InstanceType, SimCloud};
 use tidepool_sim::{World, WorldConfig};
 

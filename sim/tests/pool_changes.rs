@@ -8,10 +8,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use tidepool_ipam::IpamBlock;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::IpamBlock;
+use tidepool_ipam::{BlockStore, MemoryNodeStore};
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pool_spec, pool_world};
@@ -134,11 +134,11 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
     store.create_block(orphan.clone()).await.unwrap();
     let src = ClusterPoolSource::new(
         store.clone(),
-        &[tidepool_ipam::types::Family::V4],
+        &[tidepool_ipam::Family::V4],
         pools(&["10.0.0.0/24"]),
         1,
     );
-    use tidepool_ipam::source::IpSource;
+    use tidepool_ipam::IpSource;
     let rec = metrics_util::debugging::DebuggingRecorder::new();
     let snap = rec.snapshotter();
     let _guard = metrics::set_default_local_recorder(&rec);
@@ -192,8 +192,8 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
 #[tokio::test(start_paused = true)]
 async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     use std::time::SystemTime;
-    use tidepool_ipam::source::IpSource;
-    use tidepool_ipam::types::{Family, IpamNode, NodeInfo, PodUid, UsedEntry};
+    use tidepool_ipam::IpSource;
+    use tidepool_ipam::{Family, IpamNode, NodeInfo, PodUid, UsedEntry};
     let store = MemoryNodeStore::new();
     let src = ClusterPoolSource::new(store.clone(), &[Family::V4], pools(&["10.0.0.0/24"]), 1);
     for (name, uid) in [("a", 1u128), ("b", 2)] {
@@ -217,7 +217,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
                 pod_uid: PodUid(7),
                 namespace: "ns".into(),
                 pod: "p".into(),
-                allocation: tidepool_ipam::types::AllocationId::new("c1", "eth0"),
+                allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH,
             },
         );
@@ -246,7 +246,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
 #[tokio::test(start_paused = true)]
 async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
     use std::time::SystemTime;
-    use tidepool_ipam::types::{PodUid, UsedEntry};
+    use tidepool_ipam::{PodUid, UsedEntry};
     let w = world(&["10.0.0.0/24"]);
     let (n1, n2) = (w.add_node("n1"), w.add_node("n2"));
     w.schedule_pod(&n1);
@@ -260,7 +260,7 @@ async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
                 pod_uid: PodUid(u128::MAX),
                 namespace: "ns".into(),
                 pod: "stray".into(),
-                allocation: tidepool_ipam::types::AllocationId::new("c1", "eth0"),
+                allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH,
             },
         );

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use tidepool_ipam::budget::SchedulingMode;
-use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::EngineConfig;
+use tidepool_ipam::SchedulingMode;
+use tidepool_ipam::Watermarks;
 use tidepool_sim::{World, WorldConfig};
 
 fn world(mode: SchedulingMode) -> World {
@@ -46,7 +46,7 @@ async fn first_served(w: &World) -> &'static str {
     );
     w.set_watermarks(
         &idle,
-        tidepool_ipam::types::WatermarkOverrides {
+        tidepool_ipam::WatermarkOverrides {
             min_allocate: Some(50),
             ..Default::default()
         },

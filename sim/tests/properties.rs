@@ -15,13 +15,13 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use tidepool_ipam::backoff::BackoffConfig;
-use tidepool_ipam::handshake::ReleaseConfig;
-use tidepool_ipam::manager::EngineConfig;
+use tidepool_ipam::BackoffConfig;
+use tidepool_ipam::EngineConfig;
+use tidepool_ipam::ReclaimConfig;
+use tidepool_ipam::ReleaseConfig;
 use tidepool_ipam::plan::Blocked;
-use tidepool_ipam::reclaim::ReclaimConfig;
-use tidepool_ipam::source::{Faults, IpSource};
-use tidepool_ipam::types::{Family, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_ipam::{Family, NodeName, PerFamily, WatermarkOverrides};
+use tidepool_ipam::{Faults, IpSource};
 use tidepool_sim::{World, WorldConfig};
 
 /// At most this many nodes ever join in one case (initial ones included).

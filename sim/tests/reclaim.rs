@@ -10,9 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tidepool_ipam::pods::PodPhase;
-use tidepool_ipam::store::NodeStore;
-use tidepool_ipam::types::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
+use tidepool_ipam::NodeStore;
+use tidepool_ipam::PodPhase;
+use tidepool_ipam::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
 use tidepool_sim::{World, WorldConfig};
 
 const LAG: Duration = Duration::from_millis(100);
@@ -423,7 +423,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
 fn node_side_answers_a_changed_owner_stale() {
     use std::time::SystemTime;
     use tidepool_ipam::node as node_side;
-    use tidepool_ipam::types::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
+    use tidepool_ipam::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
     let mut node = IpamNode::new("n".into(), 1);
     std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);

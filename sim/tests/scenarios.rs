@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidepool_ipam::budget::SchedulingMode;
+use tidepool_ipam::SchedulingMode;
 use tidepool_sim::cloud::InstanceType;
 use tidepool_sim::run::{simulate_many, simulate_paused};
 use tidepool_sim::scenario::Scenario;

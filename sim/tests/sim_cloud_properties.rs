@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use tidepool_ipam::source::IpSource;
-use tidepool_ipam::types::{Family, NodeName};
+use tidepool_ipam::IpSource;
+use tidepool_ipam::{Family, NodeName};
 use tidepool_sim::cloud::{InstanceType, SimCloud};
 
 #[derive(Debug, Clone)]

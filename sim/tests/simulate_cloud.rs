@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use tidepool_ipam::manager::EngineConfig;
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::EngineConfig;
+use tidepool_ipam::Watermarks;
 use tidepool_sim::cloud::InstanceType;
 use tidepool_sim::{CloudChoice, SimConfig, SourceChoice, WorldConfig, simulate};
 
@@ -116,7 +116,7 @@ fn too_many_pods_for_the_instance_type_is_refused() {
 /// there the grace applies.
 #[tokio::test(start_paused = true)]
 async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
-    use tidepool_ipam::store::NodeStore;
+    use tidepool_ipam::NodeStore;
     use tidepool_sim::World;
 
     let cfg = WorldConfig {

@@ -15,14 +15,14 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use tidepool_ipam::budget::{Api, Budget, SchedulingMode};
-use tidepool_ipam::clock::Clock;
-use tidepool_ipam::manager::{EngineConfig, EngineDeps, NodeManager};
-use tidepool_ipam::pods::MemoryPodView;
+use tidepool_ipam::Clock;
+use tidepool_ipam::MemoryPodView;
+use tidepool_ipam::Watermarks;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, block_name};
-use tidepool_ipam::store::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::types::{NodeInfo, NodeName, PodUid, ReleaseAck};
-use tidepool_ipam::watermarks::Watermarks;
+use tidepool_ipam::{Api, Budget, SchedulingMode};
+use tidepool_ipam::{BlockStore, MemoryNodeStore};
+use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
+use tidepool_ipam::{NodeInfo, NodeName, PodUid, ReleaseAck};
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world};

@@ -6,11 +6,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidepool_ipam::store::NodeStore;
-use tidepool_ipam::types::{
+use tidepool_ipam::NodeStore;
+use tidepool_ipam::Watermarks;
+use tidepool_ipam::{
     IpamNode, NodeName, PodUid, ReclaimAck, ReleaseAck, ReleaseState, Tombstone, WatermarkOverrides,
 };
-use tidepool_ipam::watermarks::Watermarks;
 use tidepool_sim::{Invariants, World, WorldConfig};
 use tokio::time::Instant;
 
@@ -334,7 +334,7 @@ impl Ord for SeenKey {
 }
 
 /// The cluster-pool source as the simulated world runs it.
-pub type Pool = tidepool_ipam::pool::ClusterPoolSource<tidepool_ipam::store::MemoryNodeStore>;
+pub type Pool = tidepool_ipam::pool::ClusterPoolSource<tidepool_ipam::MemoryNodeStore>;
 
 /// The pool `default` over `cidrs`, with the default block sizes and no exclusions.
 pub fn pool_spec(cidrs: &[&str]) -> tidepool_ipam::pool::PoolSpec {
