@@ -14,25 +14,79 @@ use tidepool_ipam::ReleaseConfig;
 use tidepool_ipam::SchedulingMode;
 use tidepool_ipam::Watermarks;
 
+// Every size and rate has an upper bound and every interval a floor (named in --help): an
+// unbounded value aborted on a huge allocation, rounded event gaps to 0 ns or never ended.
+
+/// The longest duration any flag takes (30 days).
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Calls per second a budget or the simulated cloud may allow.
+const MIN_RATE: f64 = 0.001;
+const MAX_RATE: f64 = 1_000_000.0;
+/// Tokens a budget's bucket may hold.
+const MAX_BURST: u32 = 1_000_000;
+
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 30s, 2m, 1h)"))
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (write durations like 30s, 2m, 1h)"))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "at most {}",
+            humantime::format_duration(MAX_DURATION)
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration of at least `floor` (a period the run repeats).
+fn interval(s: &str, floor: Duration) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < floor {
+        return Err(format!("at least {}", humantime::format_duration(floor)));
+    }
+    Ok(d)
+}
+
+fn resync_interval(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_secs(1))
+}
+
+fn backoff_min(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_millis(10))
+}
+
+/// A finite number within `lo..=hi`; the error repeats the input as written.
+fn within(s: &str, lo: f64, hi: f64, what: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (lo..=hi).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("{what} must be between {lo} and {hi}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn positive_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(v) => Err(format!("{v} is not a positive rate")),
+    within(s, MIN_RATE, MAX_RATE, "a rate (calls per second)")
+}
+
+/// Pod replacements per node per minute: at most one a second.
+fn churn_rate(s: &str) -> Result<f64, String> {
+    within(s, 0.0, 60.0, "pod churn (per node per minute)")
+}
+
+/// Node losses per hour: at most one a second.
+fn node_churn_rate(s: &str) -> Result<f64, String> {
+    within(s, 0.0, 3600.0, "node churn (per hour)")
+}
+
+fn burst(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v) if (1..=MAX_BURST).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("a burst must be between 1 and {MAX_BURST}")),
         Err(e) => Err(e.to_string()),
     }
 }
 
-fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(v) => Err(format!("{v} must be a finite number ≥ 0")),
-        Err(e) => Err(e.to_string()),
-    }
-}
+/// Seeds one `--seeds` may name.
+const MAX_SEEDS: usize = 100_000;
 
 /// A list of seeds (`--seeds`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,12 +107,16 @@ pub fn seeds(s: &str) -> Result<Seeds, String> {
             if a > b {
                 return Err(format!("{part}: empty range"));
             }
-            if b - a >= 100_000 {
-                return Err(format!("{part}: at most 100000 seeds"));
+            if b - a >= MAX_SEEDS as u64 {
+                return Err(format!("{part}: at most {MAX_SEEDS} seeds"));
             }
             out.extend(a..=b);
         } else {
             out.push(num(part)?);
+        }
+        // the limit holds for the whole list, not per range
+        if out.len() > MAX_SEEDS {
+            return Err(format!("at most {MAX_SEEDS} seeds in all"));
         }
     }
     Ok(Seeds(out))
@@ -137,20 +195,23 @@ pub struct RunFlags {
     /// How long excess must persist before it is marked for release.
     #[arg(long, default_value = "180s", value_parser = duration, env = "TIDEPOOL_EXCESS_IP_RELEASE_DELAY")]
     pub excess_ip_release_delay: Duration,
-    /// Workers recalculating nodes during a resync.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_PARALLEL_ALLOC_WORKERS")]
+    /// Workers recalculating nodes during a resync (1 to 10000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000), env = "TIDEPOOL_PARALLEL_ALLOC_WORKERS")]
     pub parallel_alloc_workers: u32,
-    #[arg(long, default_value = "1m", value_parser = duration, env = "TIDEPOOL_RESYNC_INTERVAL")]
+    /// Time between resyncs of every node (1s to 30 days).
+    #[arg(long, default_value = "1m", value_parser = resync_interval, env = "TIDEPOOL_RESYNC_INTERVAL")]
     pub resync_interval: Duration,
-    /// IP source calls per second.
+    /// IP source calls per second (0.001 to 1000000).
     #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_API_QPS")]
     pub api_qps: f64,
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_API_BURST")]
+    /// IP source burst (1 to 1000000).
+    #[arg(long, default_value_t = 20, value_parser = burst, env = "TIDEPOOL_API_BURST")]
     pub api_burst: u32,
-    /// API server writes per second.
+    /// API server writes per second (0.001 to 1000000).
     #[arg(long, default_value_t = 50.0, value_parser = positive_rate, env = "TIDEPOOL_KUBE_API_QPS")]
     pub kube_api_qps: f64,
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_KUBE_API_BURST")]
+    /// API server write burst (1 to 1000000).
+    #[arg(long, default_value_t = 100, value_parser = burst, env = "TIDEPOOL_KUBE_API_BURST")]
     pub kube_api_burst: u32,
     /// Admission order of waiting calls: priority (pods waiting, then need) or fifo.
     #[arg(
@@ -160,7 +221,8 @@ pub struct RunFlags {
         env = "TIDEPOOL_SCHEDULING"
     )]
     pub scheduling: Scheduling,
-    #[arg(long, default_value = "1s", value_parser = duration, env = "TIDEPOOL_BACKOFF_MIN")]
+    /// First retry delay after a failure (10ms to 30 days).
+    #[arg(long, default_value = "1s", value_parser = backoff_min, env = "TIDEPOOL_BACKOFF_MIN")]
     pub backoff_min: Duration,
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_BACKOFF_MAX")]
     pub backoff_max: Duration,
@@ -262,15 +324,15 @@ pub struct SimulateFlags {
     /// Pods scheduled to each node at the start [default: 30, or the scenario's].
     #[arg(long, env = "TIDEPOOL_SIM_PODS_PER_NODE")]
     pub pods_per_node: Option<u32>,
-    /// Pod replacements per node per minute [default: 2, or the scenario's].
-    #[arg(long, value_parser = non_negative, env = "TIDEPOOL_SIM_CHURN")]
+    /// Pod replacements per node per minute, 0 to 60 [default: 2, or the scenario's].
+    #[arg(long, value_parser = churn_rate, env = "TIDEPOOL_SIM_CHURN")]
     pub churn: Option<f64>,
     /// Share of pod deletions that never release their address [default: 0.05, or the
     /// scenario's].
     #[arg(long, value_parser = share, env = "TIDEPOOL_SIM_CRASH_RATE")]
     pub crash_rate: Option<f64>,
-    /// Node losses per hour [default: 1, or the scenario's].
-    #[arg(long, value_parser = non_negative, env = "TIDEPOOL_SIM_NODE_CHURN")]
+    /// Node losses per hour, 0 to 3600 [default: 1, or the scenario's].
+    #[arg(long, value_parser = node_churn_rate, env = "TIDEPOOL_SIM_NODE_CHURN")]
     pub node_churn: Option<f64>,
     /// The active period, a drain tail follows [default: 10m, or the scenario's].
     #[arg(long, value_parser = duration, env = "TIDEPOOL_SIM_DURATION")]
@@ -300,8 +362,8 @@ pub struct SimulateFlags {
     /// default 1..20) and compare pod waits.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_COMPARE_SCHEDULING")]
     pub compare_scheduling: bool,
-    /// Runs at once with --seeds or --compare-scheduling [default: the CPU count].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_JOBS")]
+    /// Runs at once with --seeds or --compare-scheduling, 1 to 256 [default: the CPU count].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), env = "TIDEPOOL_SIM_JOBS")]
     pub jobs: Option<u32>,
     #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_SIM_REPORT")]
     pub report: ReportFormat,
@@ -355,11 +417,12 @@ pub struct SimulateFlags {
     /// Latency of each mutating source call (cluster-pool: of each block write).
     #[arg(long, default_value = "0s", value_parser = duration, env = "TIDEPOOL_SIM_CLOUD_LATENCY")]
     pub cloud_latency: Duration,
-    /// sim-cloud: the cloud's own rate limit (calls per second); unlimited if not given.
+    /// sim-cloud: the cloud's own rate limit (calls per second, 0.001 to 1000000); unlimited
+    /// if not given.
     #[arg(long, value_parser = positive_rate, env = "TIDEPOOL_SIM_CLOUD_QPS")]
     pub cloud_qps: Option<f64>,
-    /// sim-cloud: the cloud's burst (defaults to --cloud-qps).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_CLOUD_BURST")]
+    /// sim-cloud: the cloud's burst, 1 to 1000000 (defaults to --cloud-qps).
+    #[arg(long, value_parser = burst, env = "TIDEPOOL_SIM_CLOUD_BURST")]
     pub cloud_burst: Option<u32>,
     /// Share of source calls that fail (transient).
     #[arg(long, default_value_t = 0.0, value_parser = share, env = "TIDEPOOL_SIM_FAULT_RATE")]
@@ -564,6 +627,44 @@ mod tests {
         // the memory source stays IPv4 unless --dual-stack
         let cfg = crate::simulate::config(&simulate_flags(&[]).unwrap()).unwrap();
         assert_eq!(cfg.world.families, [V4]);
+    }
+
+    /// Sizes and rates have an upper bound, intervals a floor; each refusal names the flag
+    /// and the bound, and repeats the value as written (issue 11).
+    #[test]
+    fn sizes_rates_and_intervals_are_bounded() {
+        let refused = |args: &[&str], says: &str| {
+            let e = simulate_flags(args).unwrap_err();
+            assert!(e.contains(args[0]) && e.contains(says), "{args:?}: {e}");
+        };
+        refused(&["--parallel-alloc-workers", "4294967295"], "10000");
+        refused(&["--churn", "1e12"], "between 0 and 60");
+        refused(&["--node-churn", "3601"], "between 0 and 3600");
+        refused(&["--resync-interval", "1ns"], "at least 1s");
+        refused(&["--backoff-min", "1ms"], "at least 10ms");
+        refused(&["--duration", "277778h"], "at most 30days");
+        refused(&["--api-burst", "1000001"], "1000000");
+        refused(&["--jobs", "257"], "256");
+        let e = simulate_flags(&["--api-qps", "1e-300"]).unwrap_err();
+        assert!(
+            e.contains("'1e-300'") && e.contains("between 0.001 and 1000000"),
+            "{e}"
+        );
+        assert!(!e.contains("0.0000000000"), "no 300-digit echo: {e}");
+        // the limits hold
+        assert!(simulate_flags(&["--churn", "60", "--resync-interval", "1s"]).is_ok());
+    }
+
+    /// The seed limit counts the whole list, not each range.
+    #[test]
+    fn the_seed_limit_holds_for_the_whole_list() {
+        assert_eq!(seeds("1..100000").unwrap().0.len(), 100_000);
+        let twice = "0..99999,".repeat(2) + "1";
+        assert!(
+            seeds(&twice)
+                .unwrap_err()
+                .contains("at most 100000 seeds in all")
+        );
     }
 
     #[test]

@@ -195,7 +195,9 @@ impl SimConfig {
             );
         }
         // the simulated pod tables hold at most 2^26 records (live and recently deleted)
-        let pods = self.max_nodes() * u64::from(self.pods_per_node.max(self.world.max_pods));
+        let pods = self
+            .max_nodes()
+            .saturating_mul(u64::from(self.pods_per_node.max(self.world.max_pods)));
         if pods > MAX_SIMULATED_PODS {
             return bad(
                 "nodes",
@@ -253,7 +255,9 @@ impl SimConfig {
         if let Some(s) = &self.scenario {
             for p in &s.phases {
                 if let Action::ScaleUp { nodes, .. } = p.action {
-                    n += u64::from(nodes) * p.instants().len() as u64;
+                    // saturating: an absurd scenario must fail the limit check, not wrap
+                    let added = u64::from(nodes).saturating_mul(p.instants().len() as u64);
+                    n = n.saturating_add(added);
                 }
             }
         }
