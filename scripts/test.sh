@@ -13,6 +13,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 command -v kubectl >/dev/null 2>&1 || echo "warning: kubectl not found; the kubectl tests will fail saying so" >&2
+# kubernetes-validate (PyPI) checks the generated CRDs; Debian's own Python refuses plain
+# pip installs (PEP 668), so fall back to --break-system-packages there.
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  echo "installing kubernetes-validate (PyPI) ..."
+  python3 -m pip install -q kubernetes-validate 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages kubernetes-validate
+  # under pyenv, `python3 -m pip` installs no shim for the new command until a rehash
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+  command -v kubernetes-validate >/dev/null 2>&1 \
+    || { echo "kubernetes-validate installed but not on PATH" >&2; exit 1; }
+fi
 
 # A one-off build gains nothing from incremental state (1.4 GB of target/ otherwise).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

@@ -170,7 +170,8 @@ pub enum Command {
     Simulate(Box<SimulateFlags>),
     /// Read-only report of reclaim candidates, leaks and duplicates (not available yet).
     Check,
-    /// Print the CustomResourceDefinitions (not available yet).
+    /// Print the CustomResourceDefinitions (IPPool, IPAMBlock, IPAMNode) as YAML, as
+    /// `deploy/crds/` holds them.
     Crds,
 }
 

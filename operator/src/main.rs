@@ -84,7 +84,11 @@ fn main() -> ExitCode {
     }
     let result = match &cli.command {
         Command::Simulate(f) => simulate::run(f),
-        Command::Run(_) | Command::Check | Command::Crds => Err(anyhow::anyhow!(
+        Command::Crds => {
+            print!("{}", tidepool_api::crds_yaml());
+            Ok(true)
+        }
+        Command::Run(_) | Command::Check => Err(anyhow::anyhow!(
             "this subcommand is not available yet; `simulate` is (see README.md)"
         )),
     };

@@ -1,5 +1,6 @@
 //! The `simulate` binary end to end: scenario errors exit 2 before anything runs,
-//! `--seeds` and `--compare-scheduling` print the JSON their sections describe.
+//! `--seeds` and `--compare-scheduling` print the JSON their sections describe, `crds` prints
+//! what `deploy/crds/` holds.
 
 use std::process::Command;
 
@@ -162,4 +163,21 @@ fn an_ipv6_only_pool_runs_with_ipv6_only_pods() {
     // 10 nodes x 30 pods, one address each: every one from the IPv6-only pool
     assert_eq!(v["ips"]["used"], 300, "{v}");
     assert_eq!(v["invariants"]["lost_allocations"], 0);
+}
+
+/// `crds` prints the three CRDs, exactly as `deploy/crds/` holds them.
+#[test]
+fn crds_prints_what_deploy_crds_holds() {
+    let out = bin().arg("crds").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    let files: String = ["ippools.yaml", "ipamblocks.yaml", "ipamnodes.yaml"]
+        .iter()
+        .map(|f| format!("---\n{}", std::fs::read_to_string(dir.join(f)).unwrap()))
+        .collect();
+    assert_eq!(printed, files);
+    for name in ["ippools", "ipamblocks", "ipamnodes"] {
+        assert!(printed.contains(&format!("name: {name}.ipam.tidepool.dev")));
+    }
 }

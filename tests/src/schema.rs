@@ -185,6 +185,29 @@ fn prune_walk(
     }
 }
 
+/// Whether `s` has string format `f`, for the formats the real server checks that our CRDs
+/// use (kube-openapi's strfmt, Go's parsers): `cidr` (`net.ParseCIDR`: host bits may be
+/// set), `ipv4`, `ipv6`. Other formats are not checked here (the real server checks more,
+/// e.g. `date-time`, `uuid`; it ignores the ones it does not know).
+fn format_ok(f: &str, s: &str) -> bool {
+    use std::net::IpAddr;
+    match f {
+        "cidr" => s.split_once('/').is_some_and(|(a, p)| {
+            let max = match a.parse::<IpAddr>() {
+                Ok(IpAddr::V4(_)) => 32,
+                Ok(IpAddr::V6(_)) => 128,
+                Err(_) => return false,
+            };
+            // Go accepts decimal digits only, no sign, no leading zeros beyond "0"
+            let digits = !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit());
+            digits && (p == "0" || !p.starts_with('0')) && p.parse::<u32>().is_ok_and(|n| n <= max)
+        }),
+        "ipv4" => s.parse::<std::net::Ipv4Addr>().is_ok(),
+        "ipv6" => s.parse::<std::net::Ipv6Addr>().is_ok(),
+        _ => true,
+    }
+}
+
 /// Validates `v` against `schema`, appending `(field, message)` causes.
 pub(crate) fn validate(
     schema: &Value,
@@ -273,6 +296,14 @@ pub(crate) fn validate(
             }
         }
         Value::String(s) => {
+            if let Some(f) = schema.get("format").and_then(Value::as_str)
+                && !format_ok(f, s)
+            {
+                out.push((
+                    path.into(),
+                    format!("Invalid value: {v}: {path} in body must be of type {f}: {v}"),
+                ));
+            }
             if let Some(p) = schema.get("pattern").and_then(Value::as_str)
                 && let Some(re) = pats.get(p)
                 && !re.is_match(s)
@@ -524,6 +555,56 @@ mod tests {
         let mut out = Vec::new();
         validate(schema, v, "", &Patterns::default(), &mut out);
         out.into_iter().map(|(f, m)| format!("{f}: {m}")).collect()
+    }
+
+    /// String formats as the real server checks them (Go's `net.ParseCIDR` and IP parsers),
+    /// with its wording: "must be of type cidr".
+    #[test]
+    fn string_formats() {
+        let s = json!({"type": "object", "properties": {
+            "c": {"type": "string", "format": "cidr"},
+            "v4": {"type": "string", "format": "ipv4"},
+            "v6": {"type": "string", "format": "ipv6"},
+            "other": {"type": "string", "format": "int32"}}});
+        for ok in [
+            "10.0.0.0/8",
+            "10.0.0.1/8",
+            "0.0.0.0/0",
+            "fd00::/64",
+            "::/0",
+            "1.2.3.4/32",
+        ] {
+            assert!(causes(&s, &json!({"c": ok})).is_empty(), "{ok}");
+        }
+        for bad in [
+            "10.0.0/8",
+            "10.0.0.0/33",
+            "10.0.0.0",
+            "fd00::/129",
+            "10.0.0.0/08",
+            "x/1",
+            "10.0.0.0/+8",
+        ] {
+            let c = causes(&s, &json!({"c": bad}));
+            assert_eq!(
+                c,
+                vec![format!(
+                    "c: Invalid value: \"{bad}\": c in body must be of type cidr: \"{bad}\""
+                )],
+                "{bad}"
+            );
+        }
+        assert!(
+            causes(
+                &s,
+                &json!({"v4": "10.1.2.3", "v6": "fd00::1", "other": "x"})
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            causes(&s, &json!({"v4": "fd00::1", "v6": "10.1.2.3"})).len(),
+            2
+        );
     }
 
     #[test]

@@ -722,3 +722,130 @@ async fn kubectl_get_watch_prints_table_rows() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+
+/// tidepool's own CRDs and examples through kubectl (issue 10): `apply -f deploy/crds/`
+/// then `apply -f deploy/examples/` works, the printer columns show, a field selector on
+/// `spec.node` (the CRD's selectableFields) picks one node's blocks, and each malformed
+/// resource is refused by the schema with the field named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_tidepool_crds_and_examples() {
+    let (server, _) = start().await;
+    let k = Kubectl::new(&server);
+    let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
+    for crd in ["ippools", "ipamblocks", "ipamnodes"] {
+        assert!(
+            out.contains(&format!(
+                "customresourcedefinition.apiextensions.k8s.io/{crd}.ipam.tidepool.dev created"
+            )),
+            "{out}"
+        );
+    }
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/ippools.ipam.tidepool.dev",
+        "crd/ipamblocks.ipam.tidepool.dev",
+        "crd/ipamnodes.ipam.tidepool.dev",
+        "--timeout=20s",
+    ])
+    .await;
+    let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/examples/")]).await;
+    for made in [
+        "ippool.ipam.tidepool.dev/default created",
+        "ippool.ipam.tidepool.dev/gpu created",
+        "ipamnode.ipam.tidepool.dev/worker-1 created",
+    ] {
+        assert!(out.contains(made), "{out}");
+    }
+    // the schema's default filled the gpu pool's IPv6 block size
+    let gpu = k
+        .ok(&["get", "ippool", "gpu", "-o", "jsonpath={.spec.blockSize}"])
+        .await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&gpu).unwrap(),
+        serde_json::json!({"ipv4": 27, "ipv6": 124})
+    );
+    let table = k.ok(&["get", "ippools"]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "V4-CAPACITY",
+            "V4-ALLOCATED",
+            "V4-FREE",
+            "V6-CAPACITY",
+            "V6-ALLOCATED",
+            "V6-FREE"
+        ]
+    );
+
+    // blocks of two nodes; a field selector on spec.node finds one node's
+    for (name, cidr, node) in [
+        ("v4-10-64-1-0-28", "10.64.1.0/28", "worker-1"),
+        ("v4-10-64-1-16-28", "10.64.1.16/28", "worker-2"),
+    ] {
+        let path = k.dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPAMBlock\nmetadata:\n  name: {name}\nspec:\n  pool: default\n  cidr: {cidr}\n  node: {node}\n  nodeUID: uid-{node}\n"
+            ),
+        )
+        .unwrap();
+        k.ok(&["apply", "-f", &path.display().to_string()]).await;
+    }
+    let picked = k
+        .ok(&[
+            "get",
+            "ipamblocks",
+            "--field-selector",
+            "spec.node=worker-2",
+            "-o",
+            "name",
+        ])
+        .await;
+    assert_eq!(
+        picked.trim(),
+        "ipamblock.ipam.tidepool.dev/v4-10-64-1-16-28"
+    );
+
+    // malformed resources: refused, the field named
+    for (file, field, says) in [
+        (
+            "ippool-bad-cidr.yaml",
+            "spec.cidrs[1]",
+            "must be of type cidr",
+        ),
+        (
+            "ippool-bad-block-size.yaml",
+            "spec.blockSize.ipv4",
+            "less than or equal to 32",
+        ),
+        (
+            "ipamnode-negative-watermark.yaml",
+            "spec.watermarks.preAllocate",
+            "greater than or equal to 0",
+        ),
+        (
+            "ipamblock-bad-mark.yaml",
+            "spec.release",
+            "Unsupported value: \"please\"",
+        ),
+    ] {
+        let err = k
+            .fails(&["apply", "-f", &fixture(&format!("bad-crs/{file}"))])
+            .await;
+        assert!(err.contains(field) && err.contains(says), "{file}: {err}");
+    }
+    let names = k
+        .ok(&["get", "ippools,ipamnodes,ipamblocks", "-o", "name"])
+        .await;
+    assert_eq!(
+        names.lines().count(),
+        5,
+        "nothing malformed was stored: {names}"
+    );
+}

@@ -1,0 +1,41 @@
+//! Names both binaries and the deploy bundle must agree on.
+
+/// The API group of every tidepool resource.
+pub const GROUP: &str = "ipam.tidepool.dev";
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Field manager of every operator replica's server-side applies (one for all replicas, so
+/// a new leader can remove an old leader's entries).
+pub const OPERATOR_MANAGER: &str = "tidepool-operator";
+/// Field manager of the node agent's writes.
+pub const AGENT_MANAGER: &str = "tidepool-agent";
+
+/// The operator's finalizer on every IPAMBlock and IPAMNode: the object goes only once the
+/// node side has let go of its addresses.
+pub const FINALIZER: &str = "ipam.tidepool.dev/in-use";
+
+/// Condition types.
+pub mod condition {
+    /// IPAMNode (operator): the pool meets its watermarks.
+    pub const POOL_READY: &str = "PoolReady";
+    /// IPAMNode (operator): no new addresses for a reason (exhausted, at its cap, duplicate,
+    /// invalid watermarks, cordoned, terminating).
+    pub const BLOCKED: &str = "Blocked";
+    /// IPAMNode (operator): the per-node watermark overrides are valid (`False` stops claims
+    /// and marks until `spec.watermarks` changes).
+    pub const WATERMARKS_VALID: &str = "WatermarksValid";
+    /// IPAMNode (node side): the agent serves its node.
+    pub const AGENT_READY: &str = "AgentReady";
+    /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes
+    /// fit).
+    pub const VALID: &str = "Valid";
+}
+
+/// Event reasons.
+pub mod reason {
+    pub const GARBAGE_COLLECTED: &str = "IPAddressGarbageCollected";
+    pub const GARBAGE_COLLECTION_FAILED: &str = "IPAddressGarbageCollectionFailed";
+    pub const DUPLICATE: &str = "IPAddressDuplicate";
+    pub const INVALID_WATERMARKS: &str = "InvalidWatermarks";
+}

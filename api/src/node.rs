@@ -1,0 +1,214 @@
+//! IPAMNode: one per Node (same name), carrying the Node's UID; the operator's intents in
+//! `spec`, the node side's records and answers in `status` (DESIGN.md "Who writes what").
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema::{conditions, granular_map};
+
+/// A node's address pool: what it may use, what it uses, and the release and reclaim
+/// handshakes between the operator and the node side.
+// clippy reads the derive's repeated `printcolumn(type_ = ...)` keys as duplicated attributes
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.tidepool.dev",
+    version = "v1alpha1",
+    kind = "IPAMNode",
+    plural = "ipamnodes",
+    shortname = "ipamnode",
+    status = "IPAMNodeStatus",
+    derive = "PartialEq",
+    doc = "A node's pod address pool (tidepool).",
+    printcolumn(name = "Allocated", type_ = "integer", json_path = ".status.allocated"),
+    printcolumn(name = "Used", type_ = "integer", json_path = ".status.inUse"),
+    printcolumn(
+        name = "Blocked",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Blocked\")].reason"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMNodeSpec {
+    /// The UID of the Node this object belongs to (operator).
+    #[serde(rename = "nodeUID")]
+    #[schemars(length(min = 1, max = 36))]
+    pub node_uid: String,
+    /// The pool per family (users); overrides node selectors and `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pools: Option<NodePools>,
+    /// Per-node overrides of the operator's watermark flags (users).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<Watermarks>,
+    /// Cloud sources: the node's addresses as the source reports them (operator).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 65536))]
+    pub addresses: Vec<String>,
+    /// Cloud sources: release marks per address (operator).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<AddressRelease>")]
+    pub release: BTreeMap<String, AddressRelease>,
+    /// Tombstones per address (operator): take back exactly this allocation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<TombstoneSpec>")]
+    pub reclaim: BTreeMap<String, TombstoneSpec>,
+}
+
+/// The pool per family.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePools {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<String>,
+}
+
+/// Watermark overrides, per family; unset fields fall back to the operator's flags.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Watermarks {
+    /// Free addresses to keep (0 = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub pre_allocate: Option<i64>,
+    /// Minimum pool size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub min_allocate: Option<i64>,
+    /// Hard cap (0 = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub max_allocate: Option<i64>,
+    /// Extra addresses claimed on top of the need in one pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub max_above_watermark: Option<i64>,
+}
+
+/// The operator's release mark on an address (cloud sources).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum AddressRelease {
+    #[serde(rename = "marked-for-release")]
+    MarkedForRelease,
+    /// The source has taken the address back; the entry goes once the node side dropped
+    /// its answer.
+    #[serde(rename = "released")]
+    Released,
+}
+
+/// A tombstone: the exact allocation to take back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TombstoneSpec {
+    #[serde(rename = "podUID")]
+    #[schemars(length(min = 1, max = 36))]
+    pub pod_uid: String,
+    #[serde(rename = "containerID")]
+    #[schemars(length(min = 1, max = 256))]
+    pub container_id: String,
+    #[schemars(length(min = 1, max = 15))]
+    pub ifname: String,
+    pub reason: ReclaimReason,
+}
+
+/// Why an address is reclaimed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReclaimReason {
+    PodDeleted,
+    PodTerminal,
+    SandboxReplaced,
+    NodeDeleted,
+}
+
+/// The node side's records and answers.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAMNodeStatus {
+    /// Addresses in use, by address (node side).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<UsedEntry>")]
+    pub used: BTreeMap<String, UsedEntry>,
+    /// Addresses cooling down before reuse, by address: until when (node side).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<Time>")]
+    pub cooldown: BTreeMap<String, Time>,
+    /// Answers to address release marks (node side).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<ReleaseAnswer>")]
+    pub release_ack: BTreeMap<String, ReleaseAnswer>,
+    /// Answers to tombstones (node side).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "granular_map::<ReclaimAnswer>")]
+    pub reclaim_ack: BTreeMap<String, ReclaimAnswer>,
+    /// Addresses the node holds (operator; for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub allocated: Option<i64>,
+    /// Addresses in use (node side; for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub in_use: Option<i64>,
+    /// `PoolReady`, `Blocked`, `WatermarksValid` (operator), `AgentReady` (node side).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Which allocation holds an address.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsedEntry {
+    #[serde(rename = "podUID")]
+    #[schemars(length(min = 1, max = 36))]
+    pub pod_uid: String,
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub pod: String,
+    /// The full container ID the runtime gave (the engine keeps a hash of it and `ifname`).
+    #[serde(rename = "containerID")]
+    #[schemars(length(min = 1, max = 256))]
+    pub container_id: String,
+    #[schemars(length(min = 1, max = 15))]
+    pub ifname: String,
+    pub since: Time,
+}
+
+/// The node side's answer to a release mark.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ReleaseAnswer {
+    #[serde(rename = "ready-for-release")]
+    ReadyForRelease,
+    #[serde(rename = "do-not-release")]
+    DoNotRelease,
+}
+
+/// The node side's answer to a tombstone, naming the allocation it answers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReclaimAnswer {
+    #[serde(rename = "podUID")]
+    #[schemars(length(min = 1, max = 36))]
+    pub pod_uid: String,
+    #[serde(rename = "containerID")]
+    #[schemars(length(min = 1, max = 256))]
+    pub container_id: String,
+    #[schemars(length(min = 1, max = 15))]
+    pub ifname: String,
+    pub outcome: ReclaimOutcome,
+}
+
+/// `reclaimed`: the entry was that exact allocation and is gone (cooldown started);
+/// `stale`: it was not, nothing was removed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReclaimOutcome {
+    Reclaimed,
+    Stale,
+}

@@ -1,0 +1,123 @@
+//! IPPool: CIDRs carved into blocks that nodes are granted (cluster-pool).
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema::{Cidr, conditions};
+
+/// A pool of CIDRs (IPv4 and/or IPv6) granted to nodes in blocks of `blockSize`.
+// clippy reads the derive's repeated `printcolumn(type_ = ...)` keys as duplicated attributes
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.tidepool.dev",
+    version = "v1alpha1",
+    kind = "IPPool",
+    plural = "ippools",
+    shortname = "ippool",
+    status = "IPPoolStatus",
+    derive = "PartialEq",
+    doc = "A pool of CIDRs granted to nodes in blocks (tidepool cluster-pool).",
+    printcolumn(
+        name = "V4-Capacity",
+        type_ = "string",
+        json_path = ".status.ipv4.capacity"
+    ),
+    printcolumn(
+        name = "V4-Allocated",
+        type_ = "string",
+        json_path = ".status.ipv4.allocated"
+    ),
+    printcolumn(name = "V4-Free", type_ = "string", json_path = ".status.ipv4.free"),
+    printcolumn(
+        name = "V6-Capacity",
+        type_ = "string",
+        json_path = ".status.ipv6.capacity"
+    ),
+    printcolumn(
+        name = "V6-Allocated",
+        type_ = "string",
+        json_path = ".status.ipv6.allocated"
+    ),
+    printcolumn(name = "V6-Free", type_ = "string", json_path = ".status.ipv6.free")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPPoolSpec {
+    /// The pool's CIDRs, IPv4 and/or IPv6. Adding one grows the pool at runtime; removing
+    /// one drains its blocks (marked, released once free, never granted again).
+    #[schemars(length(min = 1, max = 64))]
+    pub cidrs: Vec<Cidr>,
+    /// Prefix length of the block granted to a node, per family. Immutable in effect: a pool
+    /// whose existing blocks do not match it is Invalid.
+    #[serde(default)]
+    pub block_size: BlockSize,
+    /// CIDRs never granted (whole blocks overlapping them are left out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub exclude: Vec<Cidr>,
+    /// Nodes whose labels all match are served from this pool (the oldest valid matching
+    /// pool wins; an IPAMNode's `spec.pools` overrides). Without one, the pool named
+    /// `default` serves nodes no other pool selects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+}
+
+/// Prefix length of the unit granted to a node, per family (default /28 and /124: 16
+/// addresses; /32 and /128 grant single addresses).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockSize {
+    #[serde(default = "default_v4")]
+    #[schemars(range(min = 0, max = 32))]
+    pub ipv4: u8,
+    #[serde(default = "default_v6")]
+    #[schemars(range(min = 0, max = 128))]
+    pub ipv6: u8,
+}
+
+fn default_v4() -> u8 {
+    28
+}
+
+fn default_v6() -> u8 {
+    124
+}
+
+impl Default for BlockSize {
+    fn default() -> Self {
+        Self {
+            ipv4: default_v4(),
+            ipv6: default_v6(),
+        }
+    }
+}
+
+/// What the operator last saw of the pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPPoolStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<PoolUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<PoolUsage>,
+    /// `Valid` (operator).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+/// Address counts of one family, as decimal strings: an IPv6 pool's capacity does not fit
+/// a 64-bit integer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolUsage {
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub capacity: String,
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub allocated: String,
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub free: String,
+}

@@ -1,0 +1,137 @@
+//! tidepool's CRDs (crate tidepool-api) against the in-process API server through the kube
+//! client: the generated CRDs are accepted and established, the typed resources round-trip,
+//! the status subresource and a field selector on the blocks' selectable fields work.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use tidepool_api::{
+    BlockAck, BlockRelease, IPAMBlock, IPAMBlockSpec, IPAMBlockStatus, IPAMNode, IPAMNodeSpec,
+    IPPool, IPPoolSpec, Watermarks,
+};
+
+async fn install(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in tidepool_api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD accepted");
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .expect("established in time")
+        .expect("await condition");
+    }
+}
+
+fn block(name: &str, cidr: &str, node: &str) -> IPAMBlock {
+    IPAMBlock::new(
+        name,
+        IPAMBlockSpec {
+            pool: "default".into(),
+            cidr: serde_json::from_value(serde_json::json!(cidr)).unwrap(),
+            node: node.into(),
+            node_uid: format!("uid-{node}"),
+            release: None,
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_resources_round_trip_through_the_server() {
+    let (_server, client) = start().await;
+    install(&client).await;
+    let pp = PostParams::default();
+
+    let pools: Api<IPPool> = Api::all(client.clone());
+    let spec: IPPoolSpec = serde_json::from_value(serde_json::json!({
+        "cidrs": ["10.0.0.0/16", "fd00::/64"], "nodeSelector": {"pool": "a"}
+    }))
+    .unwrap();
+    pools
+        .create(&pp, &IPPool::new("a", spec.clone()))
+        .await
+        .unwrap();
+    let got = pools.get("a").await.unwrap();
+    assert_eq!(got.spec.block_size.ipv4, 28, "the schema default");
+    assert_eq!(got.spec, spec, "defaults are what the type's defaults are");
+
+    let nodes: Api<IPAMNode> = Api::all(client.clone());
+    let n = IPAMNode::new(
+        "n1",
+        IPAMNodeSpec {
+            node_uid: "uid-n1".into(),
+            watermarks: Some(Watermarks {
+                pre_allocate: Some(16),
+                ..Watermarks::default()
+            }),
+            ..IPAMNodeSpec::default()
+        },
+    );
+    nodes.create(&pp, &n).await.unwrap();
+    assert_eq!(nodes.get("n1").await.unwrap().spec, n.spec);
+
+    let blocks: Api<IPAMBlock> = Api::all(client.clone());
+    blocks
+        .create(&pp, &block("v4-10-0-0-0-28", "10.0.0.0/28", "n1"))
+        .await
+        .unwrap();
+    blocks
+        .create(&pp, &block("v4-10-0-0-16-28", "10.0.0.16/28", "n2"))
+        .await
+        .unwrap();
+    // a second create of a name is refused: the claim
+    let again = blocks
+        .create(&pp, &block("v4-10-0-0-0-28", "10.0.0.0/28", "n2"))
+        .await;
+    assert_eq!(code(&again.unwrap_err()), 409);
+    // the mark on the spec, the answer on the status subresource
+    let mut marked = blocks.get("v4-10-0-0-0-28").await.unwrap();
+    marked.spec.release = Some(BlockRelease::MarkedForRelease);
+    marked.metadata.managed_fields = None;
+    blocks
+        .replace("v4-10-0-0-0-28", &pp, &marked)
+        .await
+        .unwrap();
+    let status = serde_json::json!({"status": IPAMBlockStatus {
+        release_ack: Some(BlockAck::ReadyForRelease),
+    }});
+    blocks
+        .patch_status(
+            "v4-10-0-0-0-28",
+            &PatchParams::default(),
+            &Patch::Merge(status),
+        )
+        .await
+        .unwrap();
+    let b = blocks.get("v4-10-0-0-0-28").await.unwrap();
+    assert_eq!(b.spec.release, Some(BlockRelease::MarkedForRelease));
+    assert_eq!(
+        b.status.unwrap().release_ack,
+        Some(BlockAck::ReadyForRelease)
+    );
+    // the agent's watch: its node's blocks only, by the CRD's selectable field
+    for (selector, want) in [
+        ("spec.node=n2", "v4-10-0-0-16-28"),
+        ("spec.nodeUID=uid-n1", "v4-10-0-0-0-28"),
+    ] {
+        let l = blocks
+            .list(&ListParams::default().fields(selector))
+            .await
+            .unwrap();
+        let names: Vec<_> = l
+            .items
+            .iter()
+            .map(|b| b.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, [want], "{selector}");
+    }
+}
