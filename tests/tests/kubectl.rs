@@ -553,6 +553,39 @@ async fn kubectl_against_the_standalone_binary() {
     let out = run(kc.clone(), vec!["get", "namespaces", "-o", "name"])
         .await
         .unwrap();
+    // tidepool's CRDs, then its examples (issue 10's acceptance names the standalone server)
+    let crds = run(
+        kc.clone(),
+        vec![
+            "apply",
+            "-f",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds/"),
+        ],
+    )
+    .await
+    .unwrap();
+    let wait = run(
+        kc.clone(),
+        vec![
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=20s",
+        ],
+    )
+    .await
+    .unwrap();
+    let examples = run(
+        kc.clone(),
+        vec![
+            "apply",
+            "-f",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/"),
+        ],
+    )
+    .await
+    .unwrap();
     let _ = child.kill();
     let _ = child.wait();
     let names = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -575,6 +608,18 @@ async fn kubectl_against_the_standalone_binary() {
         ]
     );
     assert!(second_exists, "a kubeconfig per extra identity");
+    for (what, out) in [("crds", &crds), ("wait", &wait), ("examples", &examples)] {
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let applied = String::from_utf8_lossy(&examples.stdout);
+    assert!(
+        applied.contains("ippool.ipam.tidepool.dev/default created"),
+        "{applied}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
