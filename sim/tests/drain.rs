@@ -6,16 +6,11 @@
 use std::time::Duration;
 
 use tidepool_ipam::Faults;
-use tidepool_sim::{Report, SimConfig, WorldConfig, simulate};
+use tidepool_sim::run::simulate_paused;
+use tidepool_sim::{Report, SimConfig, WorldConfig};
 
 fn run(cfg: SimConfig) -> Report {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(simulate(cfg, |_, _| {}))
-        .expect("simulate runs")
+    simulate_paused(cfg).expect("simulate runs")
 }
 
 /// 20 nodes × 30 pods for 5 minutes, half of all source calls failing.
