@@ -181,3 +181,47 @@ fn crds_prints_what_deploy_crds_holds() {
         assert!(printed.contains(&format!("name: {name}.ipam.tidepool.dev")));
     }
 }
+
+/// Runs sharing the process (`--seeds --jobs 2`) report their own CPU time and leave the
+/// process-wide figures (peak RSS, the engine's heap per address) null.
+#[test]
+fn seeds_report_per_run_figures_only() {
+    let out = bin()
+        .args([
+            "simulate",
+            "--nodes",
+            "10",
+            "--duration",
+            "2m",
+            "--seeds",
+            "1..2",
+            "--jobs",
+            "2",
+        ])
+        .args(["--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for run in v["runs"].as_array().unwrap() {
+        let r = &run["report"];
+        assert!(r["peak_rss_bytes"].is_null(), "{r}");
+        assert!(r["memory"]["engine_bytes_per_address"].is_null(), "{r}");
+        assert!(r["cpu_seconds"].as_f64().is_some_and(|c| c >= 0.0), "{r}");
+    }
+    // alone, a run reports them
+    let out = bin()
+        .args([
+            "simulate",
+            "--nodes",
+            "10",
+            "--duration",
+            "2m",
+            "--report",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{r}");
+}

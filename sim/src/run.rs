@@ -615,6 +615,16 @@ pub fn simulate_paused(cfg: SimConfig) -> Result<Report, IpamError> {
     rt.block_on(simulate(cfg, |_, _| {}))
 }
 
+/// A report of one of `runs` runs in one process: the peak RSS and the engine's heap are
+/// the process's, not the run's, so they are left out (null) when there are several.
+fn shared_process(mut r: Report, runs: usize) -> Report {
+    if runs > 1 {
+        r.peak_rss_bytes = None;
+        r.memory.engine_bytes_per_address = None;
+    }
+    r
+}
+
 /// Runs several simulations in virtual time, `jobs` at once (each on its own thread and
 /// runtime, so each is as deterministic as alone). Results come in the order of `cfgs`;
 /// `done` is called with the number finished and the total after each.
@@ -635,7 +645,7 @@ pub fn simulate_many(
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(cfg) = cfgs.get(i) else { break };
-                    let r = simulate_paused(cfg.clone());
+                    let r = simulate_paused(cfg.clone()).map(|r| shared_process(r, total));
                     results.lock()[i] = Some(r);
                     let n = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                     done(n, total);
@@ -1346,9 +1356,11 @@ fn build_report<S: SimSource>(
     }
 }
 
-/// User + system CPU time of this process (Linux /proc), in seconds.
+/// User + system CPU time of this thread (Linux /proc), in seconds: a run lives on one
+/// thread (a current-thread runtime), so this is the run's own even while other runs share
+/// the process (`--seeds --jobs`).
 fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
     // fields after the ")" of the command name: utime is the 12th, stime the 13th
     let rest = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
