@@ -598,13 +598,14 @@ pub fn register_zero() {
 pub enum MetricsError {
     /// The Prometheus exporter could not be built (bad buckets, address in use, ...).
     #[cfg(feature = "exporter")]
-    #[error("building the Prometheus exporter failed: {0}")]
+    /// (The cause is the error's source, not repeated in its text: `{:#}` prints the chain.)
+    #[error("building the Prometheus exporter failed")]
     Build(#[from] metrics_exporter_prometheus::BuildError),
     /// A global metrics recorder was installed before.
     #[error("a global metrics recorder is already installed")]
     AlreadyInstalled,
     /// The exporter's own runtime (used when called outside a Tokio runtime) failed to start.
-    #[error("starting the metrics exporter's runtime failed: {0}")]
+    #[error("starting the metrics exporter's runtime failed")]
     Runtime(#[source] std::io::Error),
 }
 

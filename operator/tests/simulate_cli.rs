@@ -225,3 +225,26 @@ fn seeds_report_per_run_figures_only() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0), "{r}");
 }
+
+/// A metrics port in use: exit 2, the flag and the cause named once (issue 11: the cause
+/// was printed twice).
+#[test]
+fn a_metrics_port_in_use_is_named_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = bin()
+        .args([
+            "simulate",
+            "--realtime",
+            "--metrics-addr",
+            &addr,
+            "--duration",
+            "1m",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("--metrics-addr {addr}")), "{err}");
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+}

@@ -203,6 +203,9 @@ impl fmt::Display for ScenarioError {
 
 impl std::error::Error for ScenarioError {}
 
+/// The longest duration a scenario may give anything (the flags' limit too).
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// A duration in a scenario: `30s`, `5m`, `1h30m`, `250ms`, `1.5s`, or `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -237,8 +240,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         rest = &rest[u..];
         total += v * secs;
     }
-    if !total.is_finite() || total > 1e9 {
-        return Err(bad());
+    if !total.is_finite() || total > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "duration {s:?} is too long (at most {} in a scenario)",
+            humantime::format_duration(MAX_DURATION)
+        ));
     }
     Ok(Duration::from_secs_f64(total))
 }
@@ -462,6 +468,39 @@ fn phase_lines(text: &str) -> Vec<(u64, Option<String>)> {
         .collect()
 }
 
+/// A YAML error in words for whoever wrote the file: the file's name (not the parser's
+/// `<input>`), and the parser's user-facing message, in plain terms for what the parser's
+/// own text words for a programmer (a duplicate key, a second document, a file over its
+/// limits).
+fn yaml_error(file: &str, e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error as E;
+    let at = e
+        .location()
+        .map(|l| format!("line {} column {}: ", l.line(), l.column()))
+        .unwrap_or_default();
+    match e.without_snippet() {
+        E::DuplicateMappingKey { key, .. } => format!(
+            "{at}the key {} appears twice (write each key once)",
+            key.as_deref().map_or("here".into(), |k| format!("`{k}`"))
+        ),
+        E::MultipleDocuments { .. } => format!(
+            "{at}a second YAML document (a scenario is one document: remove the `---` line)"
+        ),
+        E::Budget { .. } => format!(
+            "{at}too large for a scenario: more than {} YAML values (a scenario has a few \
+             phases; use `every` and `duration` to repeat one)",
+            serde_saphyr::Budget::default().max_nodes
+        ),
+        _ => e
+            .render_with_options(serde_saphyr::render_options! {
+                formatter: &serde_saphyr::UserMessageFormatter,
+                source_name: Some(file),
+            })
+            .trim_end()
+            .to_string(),
+    }
+}
+
 fn share_ok(v: f64) -> bool {
     (0.0..=1.0).contains(&v)
 }
@@ -500,8 +539,7 @@ impl Scenario {
                 } else {
                     None
                 };
-                let msg = e.to_string();
-                return Err(err(phase, msg.trim_end().to_string()));
+                return Err(err(phase, yaml_error(file, &e)));
             }
         };
         let start = match raw.start {
@@ -944,6 +982,47 @@ mod tests {
         for bad in ["", "5", "5x", "m", "-1s", "1..2s", "s5"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    /// YAML errors in the writer's terms (issue 11): the file is named (not `<input>`),
+    /// and a duplicate key, a second document, a file over the parser's limits and a
+    /// duration over the limit each say what was wrong and where.
+    #[test]
+    fn yaml_errors_name_the_file_and_the_problem() {
+        let e = |text: &str| Scenario::parse("mine.yaml", text).unwrap_err().to_string();
+        let dup = e("duration: 1m\nduration: 2m\nphases: []\n");
+        assert!(
+            dup.contains("mine.yaml")
+                && dup.contains("line 2 column 1: the key `duration` appears twice"),
+            "{dup}"
+        );
+        assert!(!dup.contains("DuplicateKeyPolicy"), "{dup}");
+        let two = e("duration: 1m\n---\nduration: 2m\n");
+        assert!(
+            two.contains("line 3 column 1: a second YAML document"),
+            "{two}"
+        );
+        assert!(!two.contains("from_str_multiple"), "{two}");
+        let big: String = std::iter::once("phases:\n".to_string())
+            .chain((0..50_001).map(|_| "- {kind: churn, at: 1m}\n".to_string()))
+            .collect();
+        let big = e(&big);
+        assert!(
+            big.contains("too large for a scenario: more than 250000 YAML values"),
+            "{big}"
+        );
+        assert!(!big.contains("Nodes {"), "{big}");
+        let long = e("duration: 277778h\nphases: []\n");
+        assert!(
+            long.contains("\"277778h\" is too long (at most 30days"),
+            "{long}"
+        );
+        let syntax = e("duration: [1\n");
+        assert!(
+            syntax.contains("mine.yaml:1:") && !syntax.contains("<input>"),
+            "{syntax}"
+        );
+        assert_eq!(parse_duration("720h"), Ok(MAX_DURATION));
     }
 
     #[test]
