@@ -485,6 +485,8 @@ struct Workload {
     next_node: u32,
     rates: Rates,
     churn_gen: u32,
+    /// Pod churn found no live node and stopped; it resumes when one joins.
+    churn_stalled: bool,
     loss_gen: u32,
     /// Group names (index 0: `default`), each group's pods per new node, each node's group.
     groups: Vec<String>,
@@ -689,6 +691,7 @@ async fn drive<S: SimSource>(
             node_churn: cfg.node_churn,
         },
         churn_gen: 0,
+        churn_stalled: false,
         loss_gen: 0,
         groups: scenario
             .as_ref()
@@ -864,8 +867,10 @@ async fn drive<S: SimSource>(
             match ev {
                 Ev::Churn(g) if active && g == wl.churn_gen => {
                     churn(&world, &mut wl);
-                    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
-                        wl.push(t + d, Ev::Churn(g));
+                    match next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
+                        Some(d) => wl.push(t + d, Ev::Churn(g)),
+                        // every node lost: churn resumes when one joins (below)
+                        None => wl.churn_stalled = wl.rates.churn > 0.0,
                     }
                 }
                 Ev::NodeLoss(g) if active && g == wl.loss_gen => {
@@ -917,6 +922,12 @@ async fn drive<S: SimSource>(
                 | Ev::RampStep(_)
                 | Ev::RampDeletions(_)
                 | Ev::DeletePod(..) => {}
+            }
+            if wl.churn_stalled && active && world.live_count() > 0 {
+                wl.churn_stalled = false;
+                if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
+                    wl.push(t + d, Ev::Churn(wl.churn_gen));
+                }
             }
         }
     }
@@ -1091,8 +1102,9 @@ fn setting_changed<S: SimSource>(
             if r.churn != old.churn {
                 // a Poisson process can be restarted at any instant with its new rate
                 wl.churn_gen += 1;
-                if let Some(d) = next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
-                    wl.push(t + d, Ev::Churn(wl.churn_gen));
+                match next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
+                    Some(d) => wl.push(t + d, Ev::Churn(wl.churn_gen)),
+                    None => wl.churn_stalled = wl.rates.churn > 0.0,
                 }
             }
             if r.node_churn != old.node_churn {

@@ -180,6 +180,29 @@ impl Phase {
     pub fn is_ramp(&self) -> bool {
         !self.action.is_setting() && self.duration.is_some() && self.every.is_none()
     }
+
+    /// When the phase adds (scale-up) or removes (node-loss) nodes, and how many each time,
+    /// as the run applies them: a ramp one node at a time spread over its duration, else
+    /// `nodes` at each of [`Phase::instants`].
+    fn node_steps(&self) -> Vec<(Duration, u64)> {
+        let nodes = match self.action {
+            Action::ScaleUp { nodes, .. } | Action::NodeLoss { nodes, .. } => nodes,
+            _ => 0,
+        };
+        if nodes == 0 {
+            return Vec::new();
+        }
+        match self.duration {
+            Some(d) if self.is_ramp() => (0..nodes)
+                .map(|k| (self.at + d.mul_f64(f64::from(k) / f64::from(nodes)), 1))
+                .collect(),
+            _ => self
+                .instants()
+                .into_iter()
+                .map(|t| (t, u64::from(nodes)))
+                .collect(),
+        }
+    }
 }
 
 /// What went wrong with a scenario, naming the file and the phase.
@@ -900,40 +923,62 @@ impl Scenario {
                         ));
                     }
                 }
-                Action::NodeLoss { nodes, .. } => {
-                    // the most nodes the group can have by then (losses and churn aside)
-                    let g = p.group.as_deref();
-                    let mut most: u64 = if g.is_none_or(|g| g == DEFAULT_GROUP) {
-                        u64::from(start_nodes)
-                    } else {
-                        0
-                    };
-                    for q in &self.phases {
-                        if let Action::ScaleUp { nodes: n, .. } = q.action
-                            && q.at <= p.at
-                            && g.is_none_or(|g| q.group.as_deref().unwrap_or(DEFAULT_GROUP) == g)
-                        {
-                            let times = q.instants().len() as u64;
-                            most += u64::from(n) * times;
-                        }
-                    }
-                    let wanted = u64::from(*nodes) * p.instants().len() as u64;
-                    if wanted > most {
-                        return Err(self.phase_err(
-                            i,
-                            format!(
-                                "loses {wanted} nodes of {}, which has at most {most} by then",
-                                g.map_or("the cluster".to_string(), |g| format!("group {g:?}"))
-                            ),
-                        ));
-                    }
-                }
+                Action::NodeLoss { .. } => self.check_losses(i, start_nodes)?,
                 Action::WatermarkChange(w) => {
                     if let Err(e) = defaults.with_overrides(w) {
                         return Err(self.phase_err(i, format!("{e}")));
                     }
                 }
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Every loss of node-loss phase `i` must find a node of its group that has joined by
+    /// its time (the start's nodes, and the scale-ups' nodes as they arrive: a ramp adds
+    /// them one by one), counting the group's earlier losses; churn's losses and
+    /// replacements aside. A loss planned before its nodes arrive is refused.
+    fn check_losses(&self, i: usize, start_nodes: u32) -> Result<(), ScenarioError> {
+        let p = &self.phases[i];
+        let group = p.group.as_deref().unwrap_or(DEFAULT_GROUP);
+        let in_group = |q: &Phase| q.group.as_deref().unwrap_or(DEFAULT_GROUP) == group;
+        let start = if group == DEFAULT_GROUP {
+            u64::from(start_nodes)
+        } else {
+            0
+        };
+        let joins: Vec<(Duration, u64)> = self
+            .phases
+            .iter()
+            .filter(|q| matches!(q.action, Action::ScaleUp { .. }) && in_group(q))
+            .flat_map(Phase::node_steps)
+            .collect();
+        let mut losses: Vec<(Duration, u64, bool)> = self
+            .phases
+            .iter()
+            .enumerate()
+            .filter(|(j, q)| *j <= i && matches!(q.action, Action::NodeLoss { .. }) && in_group(q))
+            .flat_map(|(j, q)| q.node_steps().into_iter().map(move |(t, n)| (t, n, j == i)))
+            .collect();
+        losses.sort_by_key(|l| l.0);
+        let mut lost = 0u64;
+        for (t, n, ours) in losses {
+            lost += n;
+            let joined = start + joins.iter().filter(|j| j.0 <= t).map(|j| j.1).sum::<u64>();
+            if ours && lost > joined {
+                let whom = if group == DEFAULT_GROUP && p.group.is_none() {
+                    "the cluster".to_string()
+                } else {
+                    format!("group {group:?}")
+                };
+                return Err(self.phase_err(
+                    i,
+                    format!(
+                        "by {t:?} it has lost {lost} nodes of {whom}, which has {joined} by then \
+                         (nodes of a ramp join over its duration: lose them after they arrive)"
+                    ),
+                ));
             }
         }
         Ok(())
@@ -1108,7 +1153,7 @@ mod tests {
                 &["phase #1", "churn = -1"],
             ),
             (
-                "phases:\n- kind: scale-up\n  at: 1m\n  pods: 1\n  every: 1ms\n  duration: 1000h\n",
+                "phases:\n- kind: scale-up\n  at: 1m\n  pods: 1\n  every: 1ms\n  duration: 700h\n",
                 &["phase #1", "at most 100000"],
             ),
             (
@@ -1141,7 +1186,36 @@ mod tests {
             check("phases:\n- kind: churn\n  at: 9m\n  duration: 2m\n  churn: 1\n").unwrap_err();
         assert!(e.contains("after the active period"), "{e}");
         let e = check("phases:\n- kind: node-loss\n  at: 1m\n  nodes: 11\n").unwrap_err();
-        assert!(e.contains("at most 10"), "{e}");
+        assert!(
+            e.contains("lost 11 nodes of the cluster, which has 10 by then"),
+            "{e}"
+        );
+        // a loss is checked at its time: 100 nodes lost at 1m while the group ramps in over
+        // 1m-6m (issue 11: it was checked against the ramp's end and 99 losses were dropped)
+        let ramp =
+            "phases:\n- kind: scale-up\n  at: 1m\n  duration: 5m\n  nodes: 100\n  group: r\n";
+        let e = check(&format!(
+            "{ramp}- kind: node-loss\n  at: 1m\n  nodes: 100\n  group: r\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("phase #2") && e.contains("which has 1 by then"),
+            "{e}"
+        );
+        check(&format!(
+            "{ramp}- kind: node-loss\n  at: 6m\n  nodes: 100\n  group: r\n"
+        ))
+        .unwrap();
+        // losses add up across phases of the group
+        let e = check(&format!(
+            "{ramp}- kind: node-loss\n  at: 6m\n  nodes: 60\n  group: r\n\
+             - kind: node-loss\n  at: 7m\n  nodes: 60\n  group: r\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("phase #3") && e.contains("lost 120 nodes"),
+            "{e}"
+        );
         let e =
             check("phases:\n- kind: node-loss\n  at: 1m\n  nodes: 1\n  group: x\n").unwrap_err();
         assert!(e.contains("group \"x\" has no nodes"), "{e}");

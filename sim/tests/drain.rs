@@ -134,3 +134,27 @@ fn chaos_without_a_release_delay_keeps_every_invariant() {
         "no seed had work pending at the tail's end: the test shows nothing"
     );
 }
+
+/// Losing every node does not end pod churn (issue 11): with `replace: true` new nodes join
+/// a minute later and churn goes on on them.
+#[test]
+fn churn_goes_on_after_every_node_was_lost_and_replaced() {
+    let scenario = tidepool_sim::scenario::Scenario::parse(
+        "all-lost.yaml",
+        "duration: 10m\nphases:\n- kind: node-loss\n  at: 1m\n  nodes: 3\n  replace: true\n",
+    )
+    .unwrap();
+    let r = run(SimConfig {
+        nodes: 3,
+        pods_per_node: 10,
+        churn: 6.0,
+        node_churn: 0.0,
+        duration: Duration::from_secs(600),
+        scenario: Some(std::sync::Arc::new(scenario)),
+        ..SimConfig::default()
+    });
+    assert!(r.invariants.ok(), "{:?}", r.violations);
+    // 30 at the start, 30 on the replacements, and ~18 replacements a minute by churn
+    // over the 8 minutes after the new nodes joined (it stopped at 1m before)
+    assert!(r.pods.started > 30 + 30 + 100, "{:?}", r.pods);
+}
