@@ -29,7 +29,26 @@ use crate::types::{NodeInfo, NodeName};
 /// The NodeManager. Cheap to clone.
 pub struct NodeManager<S, N, P> {
     shared: Arc<Shared<S, N, P>>,
-    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    tasks: Arc<Mutex<Tasks>>,
+}
+
+/// The manager's spawned tasks (aborted on shutdown). Finished tasks' handles are dropped
+/// when the list has doubled since the last sweep: a sweep per added node made adding n
+/// nodes O(n²) (issue 11); this keeps it O(n) with at most twice the live handles.
+#[derive(Default)]
+struct Tasks {
+    handles: Vec<JoinHandle<()>>,
+    swept_len: usize,
+}
+
+impl Tasks {
+    fn push(&mut self, task: JoinHandle<()>) {
+        if self.handles.len() >= 2 * self.swept_len.max(64) {
+            self.handles.retain(|t| !t.is_finished());
+            self.swept_len = self.handles.len();
+        }
+        self.handles.push(task);
+    }
 }
 
 /// What a [`NodeManager`] runs on: the I/O behind the engine's traits, its clock, a budget
@@ -139,9 +158,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         drop(nodes);
         h.trigger.trigger(Reason::Upsert);
         let task = tokio::spawn(maintainer::run(self.shared.clone(), h, rx));
-        let mut tasks = self.tasks.lock();
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(task);
+        self.tasks.lock().push(task);
     }
 
     /// The Node object was deleted: whole-node reclaim follows once no pod is bound to it
@@ -284,7 +301,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
 
     /// Stops every task of this manager.
     pub fn shutdown(&self) {
-        for t in self.tasks.lock().drain(..) {
+        for t in self.tasks.lock().handles.drain(..) {
             t.abort();
         }
     }
@@ -319,4 +336,36 @@ fn recalc<S: IpSource, N: NodeStore, P: PodView>(
     };
     h.priority.set(prio);
     work.then_some(prio)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finished tasks' handles are swept as the list doubles: it never holds more than
+    /// twice max(the live handles, 64), and live ones stay.
+    #[tokio::test(start_paused = true)]
+    async fn finished_task_handles_do_not_pile_up() {
+        let mut tasks = Tasks::default();
+        let (tx, rx) = tokio::sync::watch::channel(());
+        for i in 0..10_000u32 {
+            if i % 100 == 0 {
+                let mut rx = rx.clone();
+                tasks.push(tokio::spawn(async move {
+                    let _ = rx.changed().await;
+                }));
+            } else {
+                tasks.push(tokio::spawn(async {}));
+            }
+            tokio::task::yield_now().await;
+            let live = tasks.handles.iter().filter(|t| !t.is_finished()).count();
+            let len = tasks.handles.len();
+            assert!(len <= 2 * live.max(64) + 1, "{len} handles, {live} live");
+        }
+        assert_eq!(
+            tasks.handles.iter().filter(|t| !t.is_finished()).count(),
+            100
+        );
+        drop(tx);
+    }
 }
