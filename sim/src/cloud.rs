@@ -1074,10 +1074,11 @@ impl crate::world::SimSource for SimCloud {
             .unwrap_or_default()
     }
 
-    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
+    /// IPv4 only (sim-cloud serves no IPv6).
+    fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64 {
         let fresh = [0];
         let from = if from.is_empty() { &fresh[..] } else { from };
-        minimum_calls(&self.default_type, from, target)
+        minimum_calls(&self.default_type, from, target.v4)
     }
 
     fn call_latency(&self) -> Duration {

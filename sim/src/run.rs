@@ -19,7 +19,7 @@ use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryNodeStore;
 use tidepool_ipam::Watermarks;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::{Family, NodeName, PodUid, WatermarkOverrides};
+use tidepool_ipam::{Family, NodeName, PerFamily, PodUid, WatermarkOverrides};
 use tidepool_ipam::{Faults, MemorySource};
 
 /// The most pods one simulation may hold at once (its pod tables' limit, with room for the
@@ -1203,17 +1203,22 @@ fn minimum_calls<S: SimSource>(
     let mut chain = 0;
     for node in world.live_nodes() {
         let stored = world.node(&node);
-        let used = stored.as_ref().map_or(0, |n| n.node.used.len() as u64);
         // the node's own overrides (scenario watermark changes) count
         let w = &stored
             .as_ref()
             .and_then(|n| w.with_overrides(&n.watermarks).ok())
             .unwrap_or(*w);
-        let demand = used + world.waiting_on(&node) as u64;
+        // per family: each pod holds (or waits for) one address of each family in use
+        let waiting = world.waiting_on(&node) as u64;
+        let mut target = PerFamily::<u64>::default();
+        for &f in &cfg.world.families {
+            let used = stored.as_ref().map_or(0, |n| {
+                n.node.used.keys().filter(|a| Family::of(a) == f).count() as u64
+            });
+            *target.get_mut(f) = target_pool(w, used + waiting, cap);
+        }
         let from = at_t0.get(&node).map(Vec::as_slice).unwrap_or(&[]);
-        let c = world
-            .source
-            .minimum_calls(from, target_pool(w, demand, cap));
+        let c = world.source.minimum_calls(from, target);
         calls += c;
         chain = chain.max(c);
     }

@@ -50,8 +50,8 @@ pub trait SimSource: IpSource + Clone {
     /// interface); empty for a fresh machine.
     fn snapshot(&self, node: &NodeName) -> Vec<u64>;
     /// The fewest mutating calls that take a node from `from` (a [`SimSource::snapshot`])
-    /// to `target` pod addresses.
-    fn minimum_calls(&self, from: &[u64], target: u64) -> u64;
+    /// to `target` pod addresses per family (0 for a family the pods do not use).
+    fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64;
     /// Each mutating call's latency.
     fn call_latency(&self) -> Duration;
     /// The source's own rate limit (qps, burst), if any.
@@ -82,13 +82,18 @@ impl SimSource for MemorySource {
         MemorySource::calls(self)
     }
 
+    /// Addresses held per family (IPv4, IPv6).
     fn snapshot(&self, node: &NodeName) -> Vec<u64> {
-        vec![self.held_by(node)]
+        let h = self.held_by_family(node);
+        vec![h.v4, h.v6]
     }
 
-    /// Any number of addresses in one call, up or down.
-    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
-        u64::from(from.iter().sum::<u64>() != target)
+    /// Any number of addresses of one family in one call, up or down.
+    fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64 {
+        per_family(from)
+            .zip(Family::ALL.map(|f| *target.get(f)))
+            .map(|(have, want)| u64::from(have != want))
+            .sum()
     }
 
     fn call_latency(&self) -> Duration {
@@ -110,15 +115,19 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
         (tidepool_ipam::pool::ClusterPoolSource::calls(self), 0)
     }
 
+    /// Blocks held per family (IPv4, IPv6).
     fn snapshot(&self, node: &NodeName) -> Vec<u64> {
-        vec![self.blocks_held(node)]
+        let h = self.blocks_held_by_family(node);
+        vec![h.v4, h.v6]
     }
 
-    /// One create per block gained, one delete per block given back.
-    fn minimum_calls(&self, from: &[u64], target: u64) -> u64 {
-        let have = from.iter().sum::<u64>();
-        let want = target.div_ceil(self.grant_size(Family::V4).max(1));
-        have.abs_diff(want)
+    /// One create per block gained, one delete per block given back, in each family with
+    /// that family's block size.
+    fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64 {
+        per_family(from)
+            .zip(Family::ALL)
+            .map(|(have, f)| have.abs_diff(target.get(f).div_ceil(self.grant_size(f).max(1))))
+            .sum()
     }
 
     fn call_latency(&self) -> Duration {
@@ -136,6 +145,11 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     fn pools_generation(&self) -> u64 {
         tidepool_ipam::pool::ClusterPoolSource::pools_generation(self)
     }
+}
+
+/// A per-family snapshot (IPv4, IPv6) as two counts (a node never seen: none).
+fn per_family(from: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    (0..2).map(|i| from.get(i).copied().unwrap_or(0))
 }
 
 /// Settings of a simulated world (not of its workload).

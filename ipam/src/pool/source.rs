@@ -385,6 +385,15 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.store.blocks_of(node).len() as u64
     }
 
+    /// Blocks `node` holds, per family.
+    pub fn blocks_held_by_family(&self, node: &str) -> PerFamily<u64> {
+        let mut out = PerFamily::default();
+        for b in self.store.blocks_of(node) {
+            *out.get_mut(family_of(&b.cidr)) += 1;
+        }
+        out
+    }
+
     /// Addresses per block of the pool serving `family` first.
     fn block_size(&self, family: Family) -> u64 {
         let s = self.state.lock();

@@ -100,6 +100,17 @@ impl MemorySource {
     }
 
     /// How many addresses the source grants `node`.
+    /// Addresses `node` holds, per family.
+    pub fn held_by_family(&self, node: &NodeName) -> PerFamily<u64> {
+        let mut out = PerFamily::default();
+        if let Some(s) = self.state.lock().by_node.get(node) {
+            for a in s.iter() {
+                *out.get_mut(Family::of(a)) += 1;
+            }
+        }
+        out
+    }
+
     pub fn held_by(&self, node: &NodeName) -> u64 {
         self.state
             .lock()
