@@ -718,7 +718,7 @@ mod tests {
             (
                 "many.yaml",
                 "phases:\n- kind: node-loss\n  at: 1m\n  nodes: 500\n",
-                "at most 200",
+                "lost 500 nodes of the cluster, which has 200 by then",
             ),
         ];
         for (name, text, want) in cases {

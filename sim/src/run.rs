@@ -342,6 +342,9 @@ pub struct ApiReport {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct PodsReport {
     pub started: u64,
+    /// Scale-up pods no node had room for (`--max-pods`): never created, as a scheduler
+    /// leaves them pending with no node and no address.
+    pub unschedulable: u64,
     pub deleted: u64,
     pub leaked_by_crash: u64,
     pub waited_for_ip: u64,
@@ -487,6 +490,8 @@ struct Workload {
     churn_gen: u32,
     /// Pod churn found no live node and stopped; it resumes when one joins.
     churn_stalled: bool,
+    /// Scale-up pods no node had room for (allocatable pods).
+    unschedulable: u64,
     loss_gen: u32,
     /// Group names (index 0: `default`), each group's pods per new node, each node's group.
     groups: Vec<String>,
@@ -692,6 +697,7 @@ async fn drive<S: SimSource>(
         },
         churn_gen: 0,
         churn_stalled: false,
+        unschedulable: 0,
         loss_gen: 0,
         groups: scenario
             .as_ref()
@@ -936,6 +942,7 @@ async fn drive<S: SimSource>(
         .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&BTreeMap::new())));
     let mut report = build_report(&world, &cfg, t0, settled_since, wall, cpu0, &oracle);
     report.drain_extra_seconds = (Instant::now() - tail_end).as_secs_f64();
+    report.pods.unschedulable = wl.unschedulable;
     world.shutdown();
     Ok(report)
 }
@@ -980,10 +987,16 @@ fn act<S: SimSource>(
             if pods > 0 && !(step && nodes > 0) {
                 let targets = wl.live_in(world, g);
                 let k = (share * targets.len() as f64).ceil() as usize;
+                let max_pods = world.cfg.max_pods as usize;
                 for n in wl.choose(targets, k) {
-                    for _ in 0..if step { 1 } else { pods } {
+                    // the scheduler places a pod only where it fits (allocatable pods); the
+                    // rest stay unscheduled, need no address, and are counted
+                    let want = if step { 1 } else { pods as usize };
+                    let fits = max_pods.saturating_sub(world.pods_on(&n).len()).min(want);
+                    for _ in 0..fits {
                         world.schedule_pod(&n);
                     }
+                    wl.unschedulable += (want - fits) as u64;
                 }
             }
             if nodes > 0 {
@@ -1354,6 +1367,7 @@ fn build_report<S: SimSource>(
             throttled,
         },
         pods: PodsReport {
+            unschedulable: 0,
             started: stats.started,
             deleted: stats.deleted,
             leaked_by_crash: stats.leaked_by_crash,

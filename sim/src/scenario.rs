@@ -948,12 +948,13 @@ impl Scenario {
         } else {
             0
         };
-        let joins: Vec<(Duration, u64)> = self
-            .phases
-            .iter()
-            .filter(|q| matches!(q.action, Action::ScaleUp { .. }) && in_group(q))
-            .flat_map(Phase::node_steps)
-            .collect();
+        let scale_ups = || {
+            self.phases
+                .iter()
+                .filter(|q| matches!(q.action, Action::ScaleUp { .. }) && in_group(q))
+        };
+        let joins: Vec<(Duration, u64)> = scale_ups().flat_map(Phase::node_steps).collect();
+        let ramps = scale_ups().any(Phase::is_ramp);
         let mut losses: Vec<(Duration, u64, bool)> = self
             .phases
             .iter()
@@ -972,12 +973,15 @@ impl Scenario {
                 } else {
                     format!("group {group:?}")
                 };
+                let hint = if ramps {
+                    " (a ramp's nodes join one by one over its duration: lose them after they \
+                     arrive)"
+                } else {
+                    ""
+                };
                 return Err(self.phase_err(
                     i,
-                    format!(
-                        "by {t:?} it has lost {lost} nodes of {whom}, which has {joined} by then \
-                         (nodes of a ramp join over its duration: lose them after they arrive)"
-                    ),
+                    format!("by {t:?} it has lost {lost} nodes of {whom}, which has {joined} by then{hint}"),
                 ));
             }
         }

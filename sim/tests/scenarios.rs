@@ -364,3 +364,30 @@ fn phases_count_from_the_end_of_the_warm_up() {
     assert_eq!(r.pods.started, 5 * 7);
     assert!(r.converged);
 }
+
+/// Scale-up pods go only where they fit (issue 11: 1,000 nodes with `pods: 250` every second
+/// exhausted memory): the rest are unscheduled and counted, and no node ever holds more
+/// than its allocatable pods.
+#[test]
+fn scale_up_pods_fit_the_nodes_allocatable_pods() {
+    let cfg = SimConfig {
+        nodes: 2,
+        pods_per_node: 10,
+        churn: 0.0,
+        node_churn: 0.0,
+        crash_rate: 0.0,
+        duration: Duration::from_secs(120),
+        world: WorldConfig {
+            max_pods: 20,
+            ..WorldConfig::default()
+        },
+        ..SimConfig::default()
+    };
+    let r = run(inline(
+        "phases:\n- kind: scale-up\n  at: 10s\n  pods: 5\n  every: 1s\n  duration: 1m\n",
+        cfg,
+    ));
+    assert_eq!(r.pods.started, 2 * 20, "{:?}", r.pods);
+    assert_eq!(r.pods.unschedulable, 2 * 5 * 60 - 2 * 10, "{:?}", r.pods);
+    assert_eq!(r.ips.used, 2 * 20);
+}
