@@ -606,6 +606,39 @@ mod tests {
         assert!(e.contains("--seeds"), "{e}");
     }
 
+    /// Blocks too large to list address by address are refused naming the flag, instead of
+    /// panicking and hanging (issue 11: `--block-size-v6 64`); /112 and smaller run.
+    #[test]
+    fn blocks_larger_than_65536_addresses_are_refused() {
+        let cfg = |v6: &str, v4: &str| {
+            let f = simulate_flags(&[
+                "--source",
+                "cluster-pool",
+                "--pool-cidr",
+                "10.0.0.0/8,fd00::/64",
+                "--dual-stack",
+                "--block-size-v6",
+                v6,
+                "--block-size",
+                v4,
+            ])
+            .unwrap();
+            crate::simulate::config(&f)
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
+        };
+        for v6 in ["64", "96", "111"] {
+            let e = cfg(v6, "28").unwrap_err();
+            assert!(
+                e.contains(&format!("block-size-v6 = {v6}")) && e.contains("2^16"),
+                "{e}"
+            );
+        }
+        let e = cfg("124", "15").unwrap_err();
+        assert!(e.contains("block-size = 15"), "{e}");
+        assert!(cfg("112", "16").is_ok());
+    }
+
     /// The cluster pool's families are the pods' families: IPv6-only, IPv4-only and
     /// dual-stack pools; --dual-stack insists on both.
     #[test]

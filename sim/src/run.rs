@@ -22,6 +22,9 @@ use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
 use tidepool_ipam::{Family, NodeName, PerFamily, PodUid, WatermarkOverrides};
 use tidepool_ipam::{Faults, MemorySource};
 
+/// Address bits of the largest block a simulated cluster pool may grant (65,536 addresses).
+const MAX_BLOCK_BITS: u8 = 16;
+
 /// The most pods one simulation may hold at once (its pod tables' limit, with room for the
 /// recently deleted ones the pod informer still shows).
 pub const MAX_SIMULATED_PODS: u64 = 1 << 25;
@@ -173,6 +176,28 @@ impl SimConfig {
         }
         if let SourceChoice::ClusterPool(p) = &self.source {
             p.spec(&self.world.families)?;
+            // The engine and the simulated node sides still list a node's addresses one by
+            // one, so a block's addresses must fit in memory per node: a /64 per node (2^64
+            // addresses) panicked and hung (issue 11). Refused, naming the flag, until pools
+            // keep address ranges.
+            for (name, family, prefix) in [
+                ("block-size", Family::V4, p.block_size.v4),
+                ("block-size-v6", Family::V6, p.block_size.v6),
+            ] {
+                let bits = if family == Family::V4 { 32 } else { 128 };
+                if self.world.families.contains(&family) && bits - prefix.min(bits) > MAX_BLOCK_BITS
+                {
+                    return bad(
+                        name,
+                        prefix.to_string(),
+                        &format!(
+                            "blocks of at most 2^{MAX_BLOCK_BITS} addresses (/{} here) are simulated \
+                             today: a node's addresses are still listed one by one",
+                            bits - MAX_BLOCK_BITS
+                        ),
+                    );
+                }
+            }
         }
         if let SourceChoice::SimCloud(c) = &self.source {
             // the subnet layout and the cloud's rate limit are checked as the run builds them
