@@ -1127,5 +1127,11 @@ fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
 /// A simulated sandbox's allocation: its container ID as the runtime would spell it (64 hex
 /// digits) on interface eth0.
 fn allocation(container_id: u64) -> AllocationId {
-    AllocationId::new(&format!("{container_id:064x}"), "eth0")
+    // written into a stack buffer: a String per ADD and DEL showed in the 10k-node profile
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [b'0'; 64];
+    for (i, b) in id[48..].iter_mut().enumerate() {
+        *b = HEX[((container_id >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    AllocationId::new(std::str::from_utf8(&id).expect("hex digits"), "eth0")
 }
