@@ -809,7 +809,7 @@ async fn drive<S: SimSource>(
     }
     let mut measuring = warm.is_zero();
     // each node's state at t0, and the call oracle at the end of the active period
-    let mut at_t0: Option<BTreeMap<NodeName, Vec<u64>>> = None;
+    let mut at_t0: Option<AtT0> = None;
     let mut oracle: Option<Oracle> = None;
     let mut settled_since: Option<Instant> = Some(t0);
     let mut next_sample = t0;
@@ -827,7 +827,7 @@ async fn drive<S: SimSource>(
             oracle = Some(minimum_calls(
                 &world,
                 &cfg,
-                at_t0.as_ref().unwrap_or(&BTreeMap::new()),
+                at_t0.as_ref().unwrap_or(&AtT0::default()),
             ));
         }
         if now >= next_sample && now <= active_end {
@@ -964,7 +964,7 @@ async fn drive<S: SimSource>(
     }
     progress(total, total);
     let oracle = oracle
-        .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&BTreeMap::new())));
+        .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&AtT0::default())));
     let mut report = build_report(
         &world,
         lost_at_end,
@@ -1219,15 +1219,26 @@ struct Oracle {
     lower_bound_seconds: f64,
 }
 
-fn snapshot<S: SimSource>(world: &World<S>) -> BTreeMap<NodeName, Vec<u64>> {
-    world
-        .live_nodes()
-        .into_iter()
-        .map(|n| {
-            let s = world.source.snapshot(&n);
-            (n, s)
-        })
-        .collect()
+/// What the call oracle starts from at t0: each node's holdings, and the units the source
+/// has free (for a block source).
+#[derive(Default)]
+struct AtT0 {
+    nodes: BTreeMap<NodeName, Vec<u64>>,
+    free: Option<PerFamily<u64>>,
+}
+
+fn snapshot<S: SimSource>(world: &World<S>) -> AtT0 {
+    AtT0 {
+        nodes: world
+            .live_nodes()
+            .into_iter()
+            .map(|n| {
+                let s = world.source.snapshot(&n);
+                (n, s)
+            })
+            .collect(),
+        free: world.source.free_units(),
+    }
 }
 
 /// The pool a node's demand calls for: the smallest with nothing needed, within its cap.
@@ -1239,15 +1250,13 @@ fn target_pool(w: &Watermarks, demand: u64, cap: u64) -> u64 {
     t.min(cap)
 }
 
-fn minimum_calls<S: SimSource>(
-    world: &World<S>,
-    cfg: &SimConfig,
-    at_t0: &BTreeMap<NodeName, Vec<u64>>,
-) -> Oracle {
+fn minimum_calls<S: SimSource>(world: &World<S>, cfg: &SimConfig, at_t0: &AtT0) -> Oracle {
     let w = &cfg.world.engine.watermarks;
     let cap = u64::from(cfg.world.max_pods);
     let mut calls = 0;
     let mut chain = 0;
+    // a block source's gains and give-backs per family, summed over the nodes
+    let mut units = PerFamily::<(u64, u64)>::default();
     for node in world.live_nodes() {
         let stored = world.node(&node);
         // the node's own overrides (scenario watermark changes) count
@@ -1264,10 +1273,25 @@ fn minimum_calls<S: SimSource>(
             });
             *target.get_mut(f) = target_pool(w, used + waiting, cap);
         }
-        let from = at_t0.get(&node).map(Vec::as_slice).unwrap_or(&[]);
+        let from = at_t0.nodes.get(&node).map(Vec::as_slice).unwrap_or(&[]);
         let c = world.source.minimum_calls(from, target);
         calls += c;
         chain = chain.max(c);
+        let u = world.source.unit_changes(from, target);
+        for f in Family::ALL {
+            let (gain, give) = units.get_mut(f);
+            (*gain, *give) = (*gain + u.get(f).0, *give + u.get(f).1);
+        }
+    }
+    // an exhausted pool gives no more than it had free at t0 and got back since
+    if let Some(free) = at_t0.free {
+        calls = Family::ALL
+            .into_iter()
+            .map(|f| {
+                let (gain, give) = *units.get(f);
+                gain.min(free.get(f).saturating_add(give)) + give
+            })
+            .sum();
     }
     let (mut qps, mut burst) = match world.source.api() {
         tidepool_ipam::Api::Source => (cfg.world.source_qps, u64::from(cfg.world.source_burst)),

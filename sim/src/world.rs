@@ -52,6 +52,17 @@ pub trait SimSource: IpSource + Clone {
     /// The fewest mutating calls that take a node from `from` (a [`SimSource::snapshot`])
     /// to `target` pod addresses per family (0 for a family the pods do not use).
     fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64;
+    /// For a source whose every call gains or gives back one unit (a block): the units
+    /// free now, per family. The call oracle then counts only the gains the source could
+    /// give (an exhausted pool gives no more). None: not such a source.
+    fn free_units(&self) -> Option<PerFamily<u64>> {
+        None
+    }
+    /// With [`SimSource::free_units`]: the units a node gains and gives back per family to
+    /// go from `from` to `target` addresses.
+    fn unit_changes(&self, _from: &[u64], _target: PerFamily<u64>) -> PerFamily<(u64, u64)> {
+        PerFamily::default()
+    }
     /// Each mutating call's latency.
     fn call_latency(&self) -> Duration;
     /// The source's own rate limit (qps, burst), if any.
@@ -124,10 +135,21 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     /// One create per block gained, one delete per block given back, in each family with
     /// that family's block size.
     fn minimum_calls(&self, from: &[u64], target: PerFamily<u64>) -> u64 {
-        per_family(from)
-            .zip(Family::ALL)
-            .map(|(have, f)| have.abs_diff(target.get(f).div_ceil(self.grant_size(f).max(1))))
-            .sum()
+        let c = self.unit_changes(from, target);
+        c.v4.0 + c.v4.1 + c.v6.0 + c.v6.1
+    }
+
+    fn free_units(&self) -> Option<PerFamily<u64>> {
+        Some(self.free_blocks())
+    }
+
+    fn unit_changes(&self, from: &[u64], target: PerFamily<u64>) -> PerFamily<(u64, u64)> {
+        let mut out = PerFamily::default();
+        for (have, f) in per_family(from).zip(Family::ALL) {
+            let want = target.get(f).div_ceil(self.grant_size(f).max(1));
+            *out.get_mut(f) = (want.saturating_sub(have), have.saturating_sub(want));
+        }
+        out
     }
 
     fn call_latency(&self) -> Duration {

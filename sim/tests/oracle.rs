@@ -129,3 +129,29 @@ fn dual_stack_minimums_count_both_families() {
         );
     }
 }
+
+/// An exhausted pool (issue 11): the minimum counts only the blocks the pool had. A /24 of
+/// /28 blocks holds 16; eight nodes wanting three each get 16 in 16 calls.
+#[test]
+fn an_exhausted_pool_counts_only_what_it_could_give() {
+    let mut cfg = config(
+        &Src::Pool {
+            v4: Some(28),
+            v6: None,
+        },
+        8,
+        30,
+        8,
+    );
+    if let SourceChoice::ClusterPool(p) = &mut cfg.source {
+        p.cidrs = vec!["10.0.0.0/24".into()];
+    }
+    let r = simulate_paused(cfg).unwrap();
+    assert!(r.invariants.ok(), "{:?}", r.violations);
+    assert_eq!(
+        (r.api.source_calls, r.api.source_calls_minimum),
+        (16, Some(16)),
+        "{:?}",
+        r.api
+    );
+}

@@ -385,6 +385,21 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.store.blocks_of(node).len() as u64
     }
 
+    /// Blocks free in the valid pools, per family.
+    pub fn free_blocks(&self) -> PerFamily<u64> {
+        let s = self.state.lock();
+        let mut out = PerFamily::<u64>::default();
+        for p in s.pools.valid() {
+            for f in Family::ALL {
+                if let Some(fi) = p.family(f) {
+                    let free = fi.free().min(u128::from(u64::MAX)) as u64;
+                    *out.get_mut(f) = out.get(f).saturating_add(free);
+                }
+            }
+        }
+        out
+    }
+
     /// Blocks `node` holds, per family.
     pub fn blocks_held_by_family(&self, node: &str) -> PerFamily<u64> {
         let mut out = PerFamily::default();
