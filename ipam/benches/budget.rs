@@ -1,13 +1,13 @@
 //! Admission cost of a budget with many waiting nodes.
 //!
-//! Queues `n` waiters (each its own task and `PriorityCell`, priorities spread so the scan has
+//! Queues `n` waiters (each its own task and `PriorityCell`, priorities spread so the ranking has
 //! real work), then times draining the whole queue under paused tokio time: qps 1000, burst 1,
 //! so every admission is one dispatcher wake-up, one admission decision and one targeted wake.
 //! Reported time is per drained queue; divide by `n` for the cost per admission at an average
-//! queue length of `n / 2`. FIFO (O(log n) pick) against Priority (O(n) scan) isolates the scan.
+//! queue length of `n / 2`. FIFO (first arrival) against Priority (rank index) isolates the
+//! cost of ranking.
 //!
-//! Run: `cargo bench -p tidepool-ipam --bench budget` (needs a `[[bench]] name = "budget"
-//! harness = false` entry in ipam/Cargo.toml).
+//! Run: `cargo bench -p tidepool-ipam --bench budget`.
 
 use std::time::{Duration, Instant};
 

@@ -41,21 +41,18 @@
 //! [`SchedulingMode::Fifo`] admits in arrival order and ignores priorities (Cilium's
 //! behaviour: its API limiter is a FIFO bucket), kept for comparison.
 //!
-//! Cost: a priority admission scans the waiters in arrival order (one atomic load and a few
-//! integer operations each), O(n) at worst; the scan stops at the first waiter that arrived too
-//! late to beat the best so far (its key is at most `MAX_BOOST − arrival`), so it only covers
-//! waiters that arrived within about [`MAX_BOOST`] of the winner. FIFO admission is O(log n).
-//! Measured (`benches/budget.rs`, release, 2-vCPU Xeon, paused time, qps 1000, burst 1): draining
-//! 10,000 waiters that all queued at the same instant (no early stop possible) takes 161 ms in
-//! Priority mode against 10.3 ms in FIFO mode on a quiet machine (277 ms against 13.9 ms with
-//! other builds running), i.e. about 15 µs of scanning per admission at an average of 5,000
-//! waiting (~3 ns per waiter; ~30 µs per admission with 10,000 waiting).
+//! Cost: priority waiters sit in an ordered index by rank key, so an admission is O(log n)
+//! in either mode. A [`PriorityCell`] knows the priority-mode queues it waits in and tells them
+//! of each change; the next admission re-ranks just those waiters. (Before, each admission
+//! scanned the waiters, O(n): draining 10,000 waiters that queued at one instant took 161 ms
+//! against FIFO's 10.3 ms, and simulate spent 70% of its time there at 80,000 nodes.)
+//! Measured: `benches/budget.rs` (BENCHMARKS.md, "Budget admission").
 //!
 //! Cancel safety: dropping an `acquire` future removes it from the queue. A dropped dispatcher
 //! appoints a successor; a waiter dropped after it was handed a token passes that token on to
 //! the best remaining waiter (if nobody is left waiting the token is simply not used).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::ops::Add;
@@ -184,28 +181,69 @@ impl Priority {
         let pods = u64::from(self.waiting_pods.min(MAX_COUNTED_PODS));
         let needed = u64::from(self.needed.min(MAX_COUNTED_NEEDED));
         let class = if self.waiting_pods > 0 { CLASS } else { 0 };
-        class + pods * POD + needed * NEED
+        let boost = class + pods * POD + needed * NEED;
+        // The starvation bound of the module docs rests on this cap.
+        debug_assert!(boost <= MAX_BOOST.as_nanos() as u64);
+        boost
     }
 }
 
 /// A node's live priority; the maintainer updates it, the budget reads it at each admission.
+///
+/// A priority-mode budget ranks its waiters in an ordered index, so it must hear of every
+/// change while the cell waits in it: the cell keeps the budgets' re-rank lists it is queued
+/// in and, on a change, appends its place to each.
 #[derive(Clone, Default)]
-pub struct PriorityCell(Arc<AtomicU64>);
+pub struct PriorityCell(Arc<CellInner>);
+
+#[derive(Default)]
+struct CellInner {
+    packed: AtomicU64,
+    /// (re-rank list, place) of every priority-mode queue the cell waits in. Lock order:
+    /// a budget's queue, then this, then a re-rank list.
+    waiting_in: Mutex<Vec<(Rerank, u64)>>,
+}
+
+/// Places whose priority changed since the queue last ranked them.
+type Rerank = Arc<Mutex<Vec<u64>>>;
 
 impl PriorityCell {
     /// A cell holding `prio`.
     pub fn new(prio: Priority) -> Self {
-        PriorityCell(Arc::new(AtomicU64::new(prio.pack())))
+        let cell = PriorityCell::default();
+        cell.0.packed.store(prio.pack(), Ordering::Relaxed);
+        cell
     }
 
     /// Publishes the node's current priority.
     pub fn set(&self, prio: Priority) {
-        self.0.store(prio.pack(), Ordering::Relaxed);
+        // Under the lock, so a queue that registers the cell reads either the old value and
+        // is told of the change, or the new one.
+        let waiting_in = self.0.waiting_in.lock();
+        if self.0.packed.swap(prio.pack(), Ordering::Relaxed) != prio.pack() {
+            for (rerank, seq) in waiting_in.iter() {
+                rerank.lock().push(*seq);
+            }
+        }
     }
 
     /// The last published priority.
     pub fn get(&self) -> Priority {
-        Priority::unpack(self.0.load(Ordering::Relaxed))
+        Priority::unpack(self.0.packed.load(Ordering::Relaxed))
+    }
+
+    /// Registers place `seq` of a queue; returns the priority to rank it by now.
+    fn join(&self, rerank: &Rerank, seq: u64) -> Priority {
+        let mut waiting_in = self.0.waiting_in.lock();
+        waiting_in.push((rerank.clone(), seq));
+        self.get()
+    }
+
+    fn leave(&self, rerank: &Rerank, seq: u64) {
+        self.0
+            .waiting_in
+            .lock()
+            .retain(|(r, s)| !(*s == seq && Arc::ptr_eq(r, rerank)));
     }
 }
 
@@ -272,44 +310,94 @@ struct Waiter {
     /// Nanoseconds from `Inner::epoch` to the arrival.
     enqueued: u64,
     waker: Waker,
+    /// Priority mode: the rank key the waiter is indexed under.
+    key: i64,
 }
 
-#[derive(Default)]
+/// Rank key = boost − arrival (ns) = score − now; the largest wins, and it does not change
+/// while the priority stays the same.
+fn rank_key(prio: Priority, enqueued: u64) -> i64 {
+    prio.boost_nanos() as i64 - enqueued as i64
+}
+
 struct Queue {
+    mode: SchedulingMode,
     next_seq: u64,
     /// Waiters not yet admitted, by arrival sequence. Admission removes the entry.
     waiters: BTreeMap<u64, Waiter>,
+    /// Priority mode: the waiters best first, as (−key, seq): ties go to the earlier arrival.
+    ranks: BTreeSet<(i64, u64)>,
+    /// Priority mode: places whose cells changed since they were ranked (see [`PriorityCell`]).
+    rerank: Rerank,
     /// The waiter that sleeps on the next token; `Some` iff `waiters` is non-empty.
     dispatcher: Option<u64>,
 }
 
 impl Queue {
-    /// The waiter to admit now.
-    fn best(&self, mode: SchedulingMode) -> Option<u64> {
-        match mode {
+    fn new(mode: SchedulingMode) -> Queue {
+        Queue {
+            mode,
+            next_seq: 0,
+            waiters: BTreeMap::new(),
+            ranks: BTreeSet::new(),
+            rerank: Rerank::default(),
+            dispatcher: None,
+        }
+    }
+
+    /// Queues a new waiter and returns its place.
+    fn enqueue(&mut self, prio: &PriorityCell, enqueued: u64, waker: Waker) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut key = 0;
+        if self.mode == SchedulingMode::Priority {
+            key = rank_key(prio.join(&self.rerank, seq), enqueued);
+            self.ranks.insert((-key, seq));
+        }
+        let waiter = Waiter {
+            prio: prio.clone(),
+            enqueued,
+            waker,
+            key,
+        };
+        self.waiters.insert(seq, waiter);
+        self.dispatcher.get_or_insert(seq);
+        seq
+    }
+
+    /// Takes `seq` out of the queue (not the dispatcher role: see [`Queue::after_removal`]).
+    fn remove(&mut self, seq: u64) -> Option<Waiter> {
+        let w = self.waiters.remove(&seq)?;
+        if self.mode == SchedulingMode::Priority {
+            self.ranks.remove(&(-w.key, seq));
+            w.prio.leave(&self.rerank, seq);
+        }
+        Some(w)
+    }
+
+    /// The waiter to admit now: O(log n) plus the priority changes since the last pick.
+    fn best(&mut self) -> Option<u64> {
+        match self.mode {
             SchedulingMode::Fifo => self.waiters.keys().next().copied(),
             SchedulingMode::Priority => {
-                const MAX: u64 = MAX_BOOST.as_nanos() as u64;
-                // Rank key = boost − arrival (ns) = score − now; the largest wins.
-                let mut best = None;
-                let mut best_key = i64::MIN;
-                // Arrivals grow with `seq` and a key never exceeds MAX_BOOST − arrival, so no
-                // waiter arriving at or after `stop` can beat `best_key`: the scan ends there.
-                let mut stop = u64::MAX;
-                for (&seq, w) in &self.waiters {
-                    if w.enqueued >= stop {
-                        break;
-                    }
-                    let boost = w.prio.get().boost_nanos();
-                    let key = boost as i64 - w.enqueued as i64;
-                    // Strict `>`: in a tie the earlier arrival (scanned first) keeps its place.
-                    if key > best_key {
-                        best = Some(seq);
-                        best_key = key;
-                        stop = w.enqueued + (MAX - boost);
-                    }
-                }
-                best
+                self.apply_reranks();
+                self.ranks.first().map(|&(_, seq)| seq)
+            }
+        }
+    }
+
+    fn apply_reranks(&mut self) {
+        let changed = std::mem::take(&mut *self.rerank.lock());
+        for seq in changed {
+            // A place admitted or dropped since its change is gone.
+            let Some(w) = self.waiters.get_mut(&seq) else {
+                continue;
+            };
+            let key = rank_key(w.prio.get(), w.enqueued);
+            if key != w.key {
+                self.ranks.remove(&(-w.key, seq));
+                self.ranks.insert((-key, seq));
+                w.key = key;
             }
         }
     }
@@ -317,7 +405,7 @@ impl Queue {
     /// Admits `seq` (removes it from the queue) and pushes the wakers to call once the lock is
     /// released: the admitted waiter's and, if it was the dispatcher, its successor's.
     fn admit(&mut self, seq: u64, wake: &mut Vec<Waker>) {
-        if let Some(w) = self.waiters.remove(&seq) {
+        if let Some(w) = self.remove(seq) {
             wake.push(w.waker);
         }
         self.after_removal(seq, wake);
@@ -380,7 +468,7 @@ impl Budget {
             mode,
             limiter,
             epoch: Instant::now(),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue::new(mode)),
         }))
     }
 
@@ -481,22 +569,11 @@ impl Wait<'_> {
                             self.done = true;
                             return Poll::Ready(());
                         }
-                        let seq = q.next_seq;
-                        q.next_seq += 1;
-                        // Read under the lock, so arrival times never decrease with `seq`
-                        // (the priority scan's early stop relies on it).
+                        // Read under the lock, so arrival times never decrease with `seq`.
                         let enqueued = Instant::now()
                             .saturating_duration_since(self.inner.epoch)
                             .as_nanos() as u64;
-                        q.waiters.insert(
-                            seq,
-                            Waiter {
-                                prio: self.prio.clone(),
-                                enqueued,
-                                waker: cx.waker().clone(),
-                            },
-                        );
-                        q.dispatcher.get_or_insert(seq);
+                        let seq = q.enqueue(self.prio, enqueued, cx.waker().clone());
                         self.seq = Some(seq);
                         seq
                     }
@@ -519,10 +596,10 @@ impl Wait<'_> {
                 loop {
                     match limiter.check() {
                         Ok(()) => {
-                            let best = q.best(self.inner.mode).expect("dispatcher is queued");
+                            let best = q.best().expect("dispatcher is queued");
                             if best == seq {
                                 // Admit ourselves: no wake-up for us, one for our successor.
-                                q.waiters.remove(&seq);
+                                q.remove(seq);
                                 q.after_removal(seq, &mut wake);
                                 self.done = true;
                                 drop(q);
@@ -558,10 +635,10 @@ impl Drop for Wait<'_> {
         let mut wake = Vec::new();
         {
             let mut q = self.inner.queue.lock();
-            if q.waiters.remove(&seq).is_some() {
+            if q.remove(seq).is_some() {
                 // Still waiting: leave, and pass the dispatcher role on if we held it.
                 q.after_removal(seq, &mut wake);
-            } else if let Some(next) = q.best(self.inner.mode) {
+            } else if let Some(next) = q.best() {
                 // We were handed a token but never used it: it goes to the best waiter left.
                 q.admit(next, &mut wake);
             }
@@ -1045,49 +1122,101 @@ mod tests {
         assert_eq!(cell.get(), p);
     }
 
-    /// The scan's early exit never changes the pick: compare with a full scan on random
-    /// queues whose arrivals are spread over several aging windows.
+    /// The rank index picks what a full scan of the live priorities picks, while waiters
+    /// arrive over several aging windows, change priority while queued (some to the same
+    /// value), share cells, and are admitted or dropped.
     #[test]
     fn best_matches_exhaustive_reference() {
         use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-        for _ in 0..300 {
-            let mut q = Queue::default();
-            let mut t = 0u64;
-            for seq in 0..rng.random_range(1..200u64) {
-                t += rng.random_range(0..5_000_000_000u64);
-                let p = Priority {
-                    waiting_pods: if rng.random_bool(0.3) {
-                        rng.random_range(1..200)
-                    } else {
-                        0
-                    },
-                    needed: rng.random_range(0..400),
-                };
-                q.waiters.insert(
-                    seq,
-                    Waiter {
-                        prio: PriorityCell::new(p),
-                        enqueued: t,
-                        waker: Waker::noop().clone(),
-                    },
-                );
+        fn random_prio(rng: &mut rand::rngs::SmallRng) -> Priority {
+            Priority {
+                waiting_pods: if rng.random_bool(0.3) {
+                    rng.random_range(1..200)
+                } else {
+                    0
+                },
+                needed: rng.random_range(0..400),
             }
-            let reference = q
-                .waiters
+        }
+        fn reference(q: &Queue) -> Option<u64> {
+            q.waiters
                 .iter()
                 .map(|(&seq, w)| {
                     let score = i128::from(w.prio.get().boost_nanos()) - i128::from(w.enqueued);
                     (score, std::cmp::Reverse(seq))
                 })
                 .max()
-                .map(|(_, std::cmp::Reverse(seq))| seq);
-            assert_eq!(q.best(SchedulingMode::Priority), reference);
-            assert_eq!(
-                q.best(SchedulingMode::Fifo),
-                q.waiters.keys().next().copied()
-            );
+                .map(|(_, std::cmp::Reverse(seq))| seq)
         }
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut picks = 0;
+        for _ in 0..300 {
+            let mut q = Queue::new(SchedulingMode::Priority);
+            let mut cells: Vec<PriorityCell> = Vec::new();
+            let mut t = 0u64;
+            for _ in 0..rng.random_range(1..400) {
+                match rng.random_range(0..10) {
+                    0..4 => {
+                        t += rng.random_range(0..5_000_000_000u64);
+                        let cell = if !cells.is_empty() && rng.random_bool(0.1) {
+                            cells[rng.random_range(0..cells.len())].clone()
+                        } else {
+                            PriorityCell::new(random_prio(&mut rng))
+                        };
+                        q.enqueue(&cell, t, Waker::noop().clone());
+                        cells.push(cell);
+                    }
+                    4..7 if !cells.is_empty() => {
+                        let cell = &cells[rng.random_range(0..cells.len())];
+                        let p = if rng.random_bool(0.2) {
+                            cell.get()
+                        } else {
+                            random_prio(&mut rng)
+                        };
+                        cell.set(p);
+                    }
+                    7 if !q.waiters.is_empty() => {
+                        let seq = *q
+                            .waiters
+                            .keys()
+                            .nth(rng.random_range(0..q.waiters.len()))
+                            .unwrap();
+                        q.remove(seq);
+                    }
+                    _ => {
+                        let expected = reference(&q);
+                        assert_eq!(q.best(), expected);
+                        if let Some(seq) = expected {
+                            q.admit(seq, &mut Vec::new());
+                            picks += 1;
+                        }
+                    }
+                }
+            }
+            while let Some(seq) = reference(&q) {
+                assert_eq!(q.best(), Some(seq));
+                q.admit(seq, &mut Vec::new());
+            }
+            assert_eq!(q.best(), None);
+            assert!(q.ranks.is_empty());
+            assert!(cells.iter().all(|c| c.0.waiting_in.lock().is_empty()));
+        }
+        assert!(picks > 1000, "only {picks} picks compared");
+    }
+
+    #[test]
+    fn fifo_picks_the_earliest_arrival_whatever_the_priorities() {
+        let mut q = Queue::new(SchedulingMode::Fifo);
+        let low = prio(0, 0);
+        let high = prio(100, 100);
+        q.enqueue(&low, 5, Waker::noop().clone());
+        q.enqueue(&high, 6, Waker::noop().clone());
+        high.set(Priority {
+            waiting_pods: 120,
+            needed: 249,
+        });
+        assert_eq!(q.best(), Some(0));
+        assert!(high.0.waiting_in.lock().is_empty(), "FIFO ranks nothing");
     }
 
     fn assert_send_sync<T: Send + Sync>(_: &T) {}
