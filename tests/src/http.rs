@@ -344,6 +344,12 @@ async fn serve(
     if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
         return Err(Error::not_found_path());
     }
+    if verb == "deletecollection" && !rt.verbs().contains(&verb) {
+        return Err(Error::method_not_allowed());
+    }
+    if verb == "delete" {
+        crate::admission::check_delete(rt, t.name.as_deref().unwrap_or(""))?;
+    }
     let sel = || -> Result<Selector, Error> {
         let s = Selector::parse(
             q.get("labelSelector").map(String::as_str),

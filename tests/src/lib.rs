@@ -6,10 +6,12 @@
 //! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
 
+mod admission;
 mod discovery;
 mod error;
 mod fieldset;
 mod http;
+mod names;
 mod patch;
 mod registry;
 mod schema;

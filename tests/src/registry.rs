@@ -101,11 +101,30 @@ impl ResType {
         list.contains(&label)
     }
 
+    /// Verbs of the main resource; namespaces have no deletecollection.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.group.is_empty() && self.kind == "Namespace" {
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
+        } else {
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+        }
+    }
+
     pub fn discovery(&self) -> Vec<Value> {
         let mut r = json!({
             "name": self.plural, "singularName": self.singular, "namespaced": self.namespaced,
-            "kind": self.kind,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "kind": self.kind, "verbs": self.verbs(),
         });
         if !self.short_names.is_empty() {
             r["shortNames"] = json!(self.short_names);

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 
 use crate::error::Error;
 use crate::fieldset::Writer;
+use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
 use crate::schema::{Patterns, prune_and_default, validate};
 use crate::selector::Selector;
@@ -145,15 +146,6 @@ pub(crate) fn now() -> String {
         .to_string()
 }
 
-fn dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// A label value or the name part of a label key.
 fn label_part(s: &str) -> bool {
     s.len() <= 63
@@ -166,13 +158,11 @@ fn label_part(s: &str) -> bool {
 /// A label key: optional DNS-subdomain prefix and `/`, then a name part.
 fn qualified_name(k: &str) -> bool {
     match k.split_once('/') {
-        Some((prefix, name)) => !prefix.is_empty() && dns_subdomain(prefix) && label_part(name),
+        Some((prefix, name)) => {
+            !prefix.is_empty() && names::dns1123_subdomain(prefix).is_empty() && label_part(name)
+        }
         None => label_part(k),
     }
-}
-
-fn dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(dns_label)
 }
 
 fn spec_part(o: &Value, with_status: bool) -> Value {
@@ -678,7 +668,8 @@ impl Store {
         Ok(())
     }
 
-    fn check_namespace(i: &Inner, rt: &ResType, ns: &str) -> Result<(), Error> {
+    /// NamespaceLifecycle: the namespace must exist and not be terminating.
+    fn check_namespace(i: &Inner, rt: &ResType, ns: &str, name: &str) -> Result<(), Error> {
         if !rt.namespaced {
             return Ok(());
         }
@@ -688,15 +679,9 @@ impl Store {
             .and_then(|m| m.get(&(String::new(), ns.to_string())))
         {
             None => Err(Error::not_found("", "namespaces", ns)),
-            Some(n) if meta(n, "deletionTimestamp").is_some() => Err(Error::api(
-                403,
-                "Forbidden",
-                format!(
-                    "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                    crate::error::qualified(&rt.group, &rt.plural),
-                    meta_str(n, "name")
-                ),
-            )),
+            Some(n) if meta(n, "deletionTimestamp").is_some() => {
+                Err(crate::admission::terminating(rt, name, ns))
+            }
             Some(_) => Ok(()),
         }
     }
@@ -757,6 +742,7 @@ impl Store {
             ));
         }
         let mut name = meta_str(&obj, "name").to_string();
+        Self::check_namespace(i, rt, ns, &name)?;
         let generate = meta_str(&obj, "generateName").to_string();
         if name.is_empty() && !generate.is_empty() {
             const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -805,25 +791,23 @@ impl Store {
                 )],
             ));
         }
-        let valid_name = if rt.kind == "Namespace" {
-            dns_label(&name)
-        } else {
-            dns_subdomain(&name)
-        };
-        if !valid_name {
+        let name_errors = names::object_name(&rt.kind, &name);
+        if !name_errors.is_empty() {
             return Err(Error::invalid(
                 &rt.group,
                 &rt.kind,
                 &name,
-                vec![(
-                    "metadata.name".into(),
-                    format!(
-                        "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-                    ),
-                )],
+                name_errors
+                    .into_iter()
+                    .map(|m| {
+                        (
+                            "metadata.name".into(),
+                            format!("Invalid value: \"{name}\": {m}"),
+                        )
+                    })
+                    .collect(),
             ));
         }
-        Self::check_namespace(i, rt, ns)?;
         let gr = rt.gr();
         if i.objects.get(&gr).is_some_and(|m| {
             m.contains_key(&(

@@ -894,3 +894,17 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         "nothing malformed was stored: {names}"
     );
 }
+
+/// Refusals as kubectl prints them: immortal namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_prints_the_real_servers_refusals() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let err = k.fails(&["delete", "namespace", "kube-system"]).await;
+    assert!(
+        err.contains(
+            "Error from server (Forbidden): namespaces \"kube-system\" is forbidden: this namespace may not be deleted"
+        ),
+        "{err}"
+    );
+}

@@ -1,0 +1,214 @@
+//! Answers that must match the real kube-apiserver's (issue 12, fidelity gaps): media types,
+//! object names, namespace deletion, CRD validation, list parameters and error wording.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use tidepool_tests::{ApiServer, Config};
+
+/// A raw request with a JSON body sent as `ctype`; returns the code and the parsed body.
+async fn send(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    ctype: &str,
+) -> (u16, Value) {
+    let token = Some(server.token("tester"));
+    let text = body.map(|b| b.to_string());
+    let (code, _, out) = raw_typed(server, method, path, token, text.as_deref(), ctype).await;
+    let v = serde_json::from_str(&out).unwrap_or(Value::String(out));
+    (code, v)
+}
+
+fn assert_status(v: &Value, code: u16, reason: &str, message: &str) {
+    assert_eq!(v["kind"], "Status", "{v}");
+    assert_eq!(v["code"], code, "{v}");
+    assert_eq!(v["reason"], reason, "{v}");
+    assert_eq!(v["message"], message, "{v}");
+}
+
+const CM_PATH: &str = "/api/v1/namespaces/default/configmaps";
+
+fn invalid_causes(v: &Value) -> Vec<String> {
+    v.pointer("/details/causes")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|c| format!("{}: {}", c["field"].as_str().unwrap_or(""), c["message"]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_dns_subdomains_and_namespace_names_dns_labels() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let long_label = "a".repeat(100);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    cms.create(&PostParams::default(), &cm(&long_label))
+        .await
+        .expect("a 100-character single-label name is a valid DNS subdomain");
+    let dotted = format!("{}.{}", "b".repeat(120), "c".repeat(120));
+    cms.create(&PostParams::default(), &cm(&dotted))
+        .await
+        .expect("a 241-character dotted name is a valid DNS subdomain");
+    let too_long = "d".repeat(254);
+    let err = cms
+        .create(&PostParams::default(), &cm(&too_long))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert!(
+        status(&err).message.contains(&format!(
+            "metadata.name: Invalid value: \"{too_long}\": must be no more than 253 characters"
+        )),
+        "{}",
+        status(&err).message
+    );
+    // Namespace names are DNS labels: the label wording, never the subdomain one.
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns = |name: &str| -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let label64 = "e".repeat(64);
+    let err = nss
+        .create(&PostParams::default(), &ns(&label64))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert_eq!(
+        status(&err).message,
+        format!(
+            "Namespace \"{label64}\" is invalid: metadata.name: Invalid value: \"{label64}\": must be no more than 63 characters"
+        )
+    );
+    let err = nss
+        .create(&PostParams::default(), &ns("Bad_Name"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert_eq!(
+        status(&err).message,
+        "Namespace \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    );
+    nss.create(&PostParams::default(), &ns(&"f".repeat(63)))
+        .await
+        .expect("63 characters is a valid namespace name");
+    // The subdomain wording for other kinds, as before.
+    let (code_, v) = send(
+        &server,
+        "POST",
+        CM_PATH,
+        Some(json!({"metadata": {"name": "Upper"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 422);
+    assert_eq!(
+        invalid_causes(&v),
+        vec!["metadata.name: \"Invalid value: \\\"Upper\\\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')\"".to_string()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_have_no_deletecollection_and_system_namespaces_stay() {
+    let (server, client) = start().await;
+    let (code_, v) = send(
+        &server,
+        "DELETE",
+        "/api/v1/namespaces",
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 405, "{v}");
+    assert_status(
+        &v,
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    );
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for ns in ["default", "kube-system", "kube-public"] {
+        let n = nss.get(ns).await.unwrap();
+        assert!(n.metadata.deletion_timestamp.is_none(), "{ns} untouched");
+        let err = nss.delete(ns, &DeleteParams::default()).await.unwrap_err();
+        assert_eq!(code(&err), 403, "{ns}");
+        let s = status(&err);
+        assert_eq!(s.reason, "Forbidden");
+        assert_eq!(
+            s.message,
+            format!("namespaces \"{ns}\" is forbidden: this namespace may not be deleted")
+        );
+        let n = nss.get(ns).await.unwrap();
+        assert!(n.metadata.deletion_timestamp.is_none(), "{ns} still active");
+    }
+    // Other namespaces can still be deleted.
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "mortal"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    nss.delete("mortal", &DeleteParams::default())
+        .await
+        .expect("an ordinary namespace is deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_in_a_terminating_namespace_name_the_object() {
+    // The namespace stays terminating for the whole test.
+    let server = ApiServer::start_with(Config {
+        namespace_finalize_delay: Duration::from_secs(600),
+        ..fast_config()
+    })
+    .await
+    .unwrap();
+    let client = server.client("tester").await.unwrap();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    nss.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let late: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
+    let err = cms.create(&PostParams::default(), &late).await.unwrap_err();
+    assert_eq!(code(&err), 403);
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/api/v1/namespaces/doomed/configmaps",
+        Some(json!({"metadata": {"name": "late"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 403);
+    assert_status(
+        &v,
+        403,
+        "Forbidden",
+        "configmaps \"late\" is forbidden: unable to create new content in namespace doomed because it is being terminated",
+    );
+    assert_eq!(
+        v["details"],
+        json!({"name": "late", "kind": "configmaps", "causes": [{
+            "reason": "NamespaceTerminating",
+            "message": "namespace doomed is being terminated",
+            "field": "metadata.namespace"
+        }]})
+    );
+}
