@@ -350,6 +350,18 @@ async fn serve(
     if verb == "delete" {
         crate::admission::check_delete(rt, t.name.as_deref().unwrap_or(""))?;
     }
+    if matches!(verb, "list" | "watch" | "deletecollection") {
+        crate::params::decode(q)?;
+    }
+    if verb == "list" {
+        crate::params::validate_list(q)?;
+    }
+    if verb == "deletecollection" && !rt.verbs().contains(&verb) {
+        return Err(Error::method_not_allowed());
+    }
+    if verb == "delete" {
+        crate::admission::check_delete(rt, t.name.as_deref().unwrap_or(""))?;
+    }
     let sel = || -> Result<Selector, Error> {
         let s = Selector::parse(
             q.get("labelSelector").map(String::as_str),

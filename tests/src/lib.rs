@@ -7,11 +7,13 @@
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
 
 mod admission;
+mod crd_validation;
 mod discovery;
 mod error;
 mod fieldset;
 mod http;
 mod names;
+mod params;
 mod patch;
 mod registry;
 mod schema;
@@ -19,6 +21,7 @@ mod selector;
 mod server;
 mod store;
 mod typed;
+mod typemeta;
 
 pub use error::{Error, Result};
 pub use server::{ApiServer, Config, Faults};

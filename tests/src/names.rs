@@ -1,8 +1,9 @@
-//! Name rules of apimachinery's `validation` package (DNS-1123 labels and subdomains), each
-//! returning the real server's messages.
+//! Name rules of apimachinery's `validation` package (DNS-1123 labels and subdomains, DNS-1035
+//! labels), each returning the real server's messages.
 
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
 
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
 fn label_shape(s: &str) -> bool {
@@ -50,6 +51,18 @@ pub(crate) fn dns1123_subdomain(s: &str) -> Vec<String> {
     errs
 }
 
+/// `IsDNS1035Label`: a DNS-1123 label that starts with a letter.
+pub(crate) fn dns1035_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 63 {
+        errs.push(max_len(63));
+    }
+    if !label_shape(s) || !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        errs.push(DNS1035_MSG.to_string());
+    }
+    errs
+}
+
 /// The messages for an object name of `kind` (`metadata.name` causes, without the value).
 pub(crate) fn object_name(kind: &str, name: &str) -> Vec<String> {
     match kind {
@@ -72,5 +85,7 @@ mod tests {
         assert_eq!(dns1123_label("a.b"), vec!["must not contain dots"]);
         assert_eq!(dns1123_label("A"), vec![LABEL_MSG]);
         assert!(dns1123_label("0a").is_empty());
+        assert_eq!(dns1035_label("0a"), vec![DNS1035_MSG]);
+        assert!(dns1035_label("v1beta1").is_empty());
     }
 }

@@ -17,6 +17,7 @@ use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
 use crate::schema::{Patterns, prune_and_default, validate};
 use crate::selector::Selector;
+use crate::typemeta;
 
 /// etcd's default request size limit, which bounds a stored object.
 const MAX_OBJECT_BYTES: usize = 1_572_864;
@@ -686,21 +687,13 @@ impl Store {
         }
     }
 
-    fn check_type_meta(rt: &ResType, obj: &Value) -> Result<(), Error> {
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(&rt.kind);
-        let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        let group_ok = if rt.group.is_empty() {
-            av.is_empty() || av == rt.version
-        } else {
-            av.is_empty() || av.starts_with(&format!("{}/", rt.group))
-        };
-        if kind != rt.kind || !group_ok {
-            return Err(Error::bad_request(format!(
-                "the API version in the data ({av}) does not match the expected API version ({})",
-                rt.api_version()
-            )));
-        }
-        Ok(())
+    /// The type meta of a create or update body (see [`typemeta::check`]).
+    fn check_type_meta_in(i: &Inner, rt: &ResType, obj: &Value) -> Result<(), Error> {
+        typemeta::check(rt, obj, |g, v, k| {
+            i.types
+                .values()
+                .any(|t| !t.crd && t.group == g && t.version == v && t.kind == k)
+        })
     }
 
     pub(crate) fn create(
@@ -728,7 +721,7 @@ impl Store {
                 "the body of the request was in an unknown format",
             ));
         }
-        Self::check_type_meta(rt, &obj)?;
+        Self::check_type_meta_in(i, rt, &obj)?;
         obj["apiVersion"] = json!(if rt.group.is_empty() {
             rt.storage_version.clone()
         } else {
@@ -988,7 +981,7 @@ impl Store {
         owners: Owners,
     ) -> Result<Written, Error> {
         let name = meta_str(old, "name").to_string();
-        Self::check_type_meta(rt, &new)?;
+        Self::check_type_meta_in(i, rt, &new)?;
         if !expect_rv.is_empty() && expect_rv != meta_str(old, "resourceVersion") {
             return Err(Error::stale(&rt.group, &rt.plural, &name));
         }
@@ -1196,7 +1189,7 @@ impl Store {
                 "apiVersion and kind must be set in an apply configuration",
             ));
         }
-        Self::check_type_meta(rt, config)?;
+        typemeta::check_version(rt, config)?;
         let cname = meta_str(config, "name");
         if !cname.is_empty() && cname != name {
             return Err(Error::bad_request(format!(

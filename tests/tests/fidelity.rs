@@ -164,6 +164,223 @@ async fn namespaces_have_no_deletecollection_and_system_namespaces_stay() {
         .expect("an ordinary namespace is deleted");
 }
 
+/// A valid CRD for `widgets.example.com`, changed by `edit`.
+fn crd(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut c = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "replicas": {"type": "integer"},
+                        "tags": {"type": "array", "items": {"type": "string"}}
+                    }}
+                }}}
+            }]
+        }
+    });
+    edit(&mut c);
+    c
+}
+
+const SPEC_PATH: &str = "spec.versions[0].schema.openAPIV3Schema.properties[spec]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_crds_are_refused_with_field_paths() {
+    let (server, _client) = start().await;
+    let dns1035 = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+    let cases: Vec<(&str, Value, String)> = vec![
+        (
+            "duplicate version names",
+            crd(|c| {
+                let mut v = c["spec"]["versions"][0].clone();
+                v["storage"] = json!(false);
+                c["spec"]["versions"].as_array_mut().unwrap().push(v);
+            }),
+            "spec.versions: Invalid value: []apiextensions.CustomResourceDefinitionVersion{...}: must contain unique version names".into(),
+        ),
+        (
+            "an upper-case version name",
+            crd(|c| c["spec"]["versions"][0]["name"] = json!("V1")),
+            format!("spec.versions[0].name: Invalid value: \"V1\": {dns1035}"),
+        ),
+        (
+            "a group without a dot",
+            crd(|c| {
+                c["spec"]["group"] = json!("foo");
+                c["metadata"]["name"] = json!("widgets.foo");
+            }),
+            "spec.group: Invalid value: \"foo\": should be a domain with at least one dot".into(),
+        ),
+        (
+            "an array without items",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["tags"] = json!({"type": "array"})
+            }),
+            format!("{SPEC_PATH}.properties[tags].items: Required value: must be specified"),
+        ),
+        (
+            "a default of the wrong type",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["replicas"]["default"] = json!("three")
+            }),
+            format!(
+                "{SPEC_PATH}.properties[replicas].default: Invalid value: \"string\": {SPEC_PATH}.properties[replicas].default in body must be of type integer: \"string\""
+            ),
+        ),
+        (
+            "a root schema that is not an object",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = json!({"type": "string"})
+            }),
+            "spec.versions[0].schema.openAPIV3Schema.type: Invalid value: \"string\": must be object at the root".into(),
+        ),
+        (
+            "list-map keys without list-type map",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["ports"] = json!({
+                        "type": "array",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "required": ["name"],
+                            "properties": {"name": {"type": "string"}}}
+                    })
+            }),
+            format!(
+                "{SPEC_PATH}.properties[ports].x-kubernetes-list-type: Required value: must be map if x-kubernetes-list-map-keys is non-empty"
+            ),
+        ),
+    ];
+    let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    for (what, body, want) in cases {
+        let (code_, v) = send(&server, "POST", path, Some(body), "application/json").await;
+        assert_eq!(code_, 422, "{what}: {v}");
+        assert_eq!(v["reason"], "Invalid", "{what}: {v}");
+        let msg = v["message"].as_str().unwrap_or("");
+        assert!(msg.contains(&want), "{what}: want {want:?} in {msg:?}");
+        let (f, m) = want.split_once(": ").unwrap();
+        assert!(
+            v.pointer("/details/causes")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| cs.iter().any(|c| c["field"] == f && c["message"] == m)),
+            "{what}: cause {f} / {m} in {v}"
+        );
+    }
+    let (code_, v) = send(&server, "POST", path, Some(crd(|_| {})), "application/json").await;
+    assert_eq!(code_, 201, "the valid CRD is accepted: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_list_parameters_are_refused() {
+    let (server, _client) = start().await;
+    let bad_request = [
+        (
+            "limit=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "timeoutSeconds=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "watch=true&timeoutSeconds=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "labelSelector=!!!",
+            "unable to parse requirement: found '!', expected: identifier",
+        ),
+    ];
+    for (q, msg) in bad_request {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 400, "{q}: {v}");
+        assert_status(&v, 400, "BadRequest", msg);
+    }
+    // ListOptions validation: the real server answers these with 422 Invalid (ListResource
+    // wraps ValidateListOptions' errors in NewInvalid for ListOptions.meta.k8s.io).
+    let invalid = [
+        (
+            "resourceVersion=1&resourceVersionMatch=Sometimes",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Unsupported value: \"Sometimes\": supported values: \"Exact\", \"NotOlderThan\", \"\"",
+        ),
+        (
+            "resourceVersionMatch=NotOlderThan",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ),
+    ];
+    for (q, msg) in invalid {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 422, "{q}: {v}");
+        assert_status(&v, 422, "Invalid", msg);
+    }
+    // Well-formed parameters still list.
+    for q in [
+        "limit=5",
+        "labelSelector=!app",
+        "resourceVersion=0&resourceVersionMatch=NotOlderThan",
+    ] {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 200, "{q}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_kind_bodies_name_the_kinds() {
+    let (server, client) = start().await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+    let (code_, v) = send(&server, "POST", CM_PATH, Some(pod), "application/json").await;
+    assert_eq!(code_, 400, "{v}");
+    assert_status(
+        &v,
+        400,
+        "BadRequest",
+        "Pod in version \"v1\" cannot be handled as a ConfigMap: converting (v1.Pod) to (core.ConfigMap): unknown conversion",
+    );
+    let lease = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}});
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        Some(lease),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 400, "{v}");
+    assert_status(
+        &v,
+        400,
+        "BadRequest",
+        "Deployment in version \"v1\" cannot be handled as a Lease: converting (v1.Deployment) to (coordination.Lease): unknown conversion",
+    );
+    // A custom resource of the right group but another kind fails its type-meta validation.
+    install_crd(&client).await;
+    let other = json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": "n2"}, "spec": {}});
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/apis/ipam.tidepool.dev/v1alpha1/ipamnodes",
+        Some(other),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 422, "{v}");
+    assert_status(
+        &v,
+        422,
+        "Invalid",
+        "IPAMNode.ipam.tidepool.dev \"n2\" is invalid: kind: Invalid value: \"IPAMPool\": must be IPAMNode",
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_in_a_terminating_namespace_name_the_object() {
     // The namespace stays terminating for the whole test.

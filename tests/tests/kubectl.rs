@@ -895,7 +895,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
     );
 }
 
-/// Refusals as kubectl prints them: immortal namespaces.
+/// Refusals as kubectl prints them: immortal namespaces, selectors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_prints_the_real_servers_refusals() {
     let server = ApiServer::start().await.unwrap();
@@ -905,6 +905,11 @@ async fn kubectl_prints_the_real_servers_refusals() {
         err.contains(
             "Error from server (Forbidden): namespaces \"kube-system\" is forbidden: this namespace may not be deleted"
         ),
+        "{err}"
+    );
+    let err = k.fails(&["get", "configmaps", "-l", "!!!"]).await;
+    assert!(
+        err.contains("unable to parse requirement: found '!', expected: identifier"),
         "{err}"
     );
 }
