@@ -162,6 +162,18 @@ impl Error {
         }
     }
 
+    /// 415 listing the media types the endpoint accepts.
+    pub(crate) fn unsupported_media_type(accepted: &[&str]) -> Self {
+        Error::api(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
+            ),
+        )
+    }
+
     /// Appends a `details.causes` entry (`reason` is the cause type).
     pub(crate) fn with_cause(mut self, reason: &str, message: &str, field: &str) -> Self {
         if let Error::Api {

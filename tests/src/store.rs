@@ -1150,11 +1150,7 @@ impl Store {
             "json" => crate::patch::json_patch(&mut new, body)?,
             _ => {
                 if rt.crd {
-                    return Err(Error::api(
-                        415,
-                        "UnsupportedMediaType",
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-                    ));
+                    return Err(Error::unsupported_media_type(&crate::media::CR_PATCH_TYPES));
                 }
                 crate::patch::strategic_merge(&mut new, body)
             }

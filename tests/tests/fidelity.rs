@@ -35,6 +35,83 @@ fn assert_status(v: &Value, code: u16, reason: &str, message: &str) {
 
 const CM_PATH: &str = "/api/v1/namespaces/default/configmaps";
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_body_media_types_are_415() {
+    let (server, client) = start().await;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain"}});
+    let builtin = "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf";
+    for ctype in ["text/plain", "application/xml"] {
+        let (code, v) = send(&server, "POST", CM_PATH, Some(cm.clone()), ctype).await;
+        assert_eq!(code, 415, "{ctype}: {v}");
+        assert_status(&v, 415, "UnsupportedMediaType", builtin);
+    }
+    let (code, v) = send(
+        &server,
+        "POST",
+        CM_PATH,
+        Some(cm.clone()),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &format!("{CM_PATH}/plain"),
+        Some(cm.clone()),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(&v, 415, "UnsupportedMediaType", builtin);
+    // Custom resources are served as JSON and YAML only.
+    install_crd(&client).await;
+    let node = json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "n1"}, "spec": {}});
+    let (code, v) = send(
+        &server,
+        "POST",
+        "/apis/ipam.tidepool.dev/v1alpha1/ipamnodes",
+        Some(node),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(
+        &v,
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_415_lists_strategic_merge_for_builtin_kinds() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let (code, v) = send(
+        &server,
+        "PATCH",
+        &format!("{CM_PATH}/p"),
+        Some(json!({"data": {"a": "b"}})),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(
+        &v,
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml",
+    );
+}
+
 fn invalid_causes(v: &Value) -> Vec<String> {
     v.pointer("/details/causes")
         .and_then(Value::as_array)
