@@ -154,11 +154,17 @@ impl Error {
         } else {
             format!("{q} \"{name}\" is forbidden: {why}")
         };
+        let mut d = details(group, plural, name);
+        if name.is_empty()
+            && let Some(m) = d.as_object_mut()
+        {
+            m.remove("name");
+        }
         Error::Api {
             code: 403,
             reason: "Forbidden",
             message,
-            details: Some(details(group, plural, name)),
+            details: Some(d),
         }
     }
 

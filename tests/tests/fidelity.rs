@@ -506,4 +506,19 @@ async fn creates_in_a_terminating_namespace_name_the_object() {
             "field": "metadata.namespace"
         }]})
     );
+    // Without a name (generateName), the message and details have none either.
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/api/v1/namespaces/doomed/configmaps",
+        Some(json!({"metadata": {"generateName": "late-"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 403);
+    assert_eq!(
+        v["message"],
+        "configmaps is forbidden: unable to create new content in namespace doomed because it is being terminated"
+    );
+    assert!(v["details"].get("name").is_none(), "{v}");
 }
