@@ -145,6 +145,56 @@ impl Error {
         }
     }
 
+    /// 403 as `NewForbidden` words it: `{resource} "{name}" is forbidden: {why}` (no name part
+    /// when `name` is empty).
+    pub(crate) fn forbidden(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        let q = qualified(group, plural);
+        let message = if name.is_empty() {
+            format!("{q} is forbidden: {why}")
+        } else {
+            format!("{q} \"{name}\" is forbidden: {why}")
+        };
+        let mut d = details(group, plural, name);
+        if name.is_empty()
+            && let Some(m) = d.as_object_mut()
+        {
+            m.remove("name");
+        }
+        Error::Api {
+            code: 403,
+            reason: "Forbidden",
+            message,
+            details: Some(d),
+        }
+    }
+
+    /// 415 listing the media types the endpoint accepts.
+    pub(crate) fn unsupported_media_type(accepted: &[&str]) -> Self {
+        Error::api(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
+            ),
+        )
+    }
+
+    /// Appends a `details.causes` entry (`reason` is the cause type).
+    pub(crate) fn with_cause(mut self, reason: &str, message: &str, field: &str) -> Self {
+        if let Error::Api {
+            details: Some(d), ..
+        } = &mut self
+        {
+            let cause = json!({"reason": reason, "message": message, "field": field});
+            match d.get_mut("causes").and_then(Value::as_array_mut) {
+                Some(a) => a.push(cause),
+                None => d["causes"] = json!([cause]),
+            }
+        }
+        self
+    }
+
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Error::api(400, "BadRequest", message)
     }

@@ -16,6 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::discovery;
 use crate::error::Error;
+use crate::media;
 use crate::registry::ResType;
 use crate::selector::Selector;
 use crate::server::State;
@@ -138,22 +139,6 @@ fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>, ctype: &str
         ("DELETE", true) => "delete",
         ("DELETE", false) => "deletecollection",
         _ => "unsupported",
-    }
-}
-
-fn parse_body(bytes: &[u8], ctype: &str) -> Result<Value, Error> {
-    if bytes.is_empty() {
-        return Ok(Value::Null);
-    }
-    match serde_json::from_slice(bytes) {
-        Ok(v) => Ok(v),
-        Err(e) if ctype.contains("yaml") => std::str::from_utf8(bytes)
-            .ok()
-            .and_then(|s| serde_saphyr::from_str::<Value>(s).ok())
-            .ok_or_else(|| Error::bad_request(format!("error decoding YAML: {e}"))),
-        Err(e) => Err(Error::bad_request(format!(
-            "couldn't get version/kind; json parse error: {e}"
-        ))),
     }
 }
 
@@ -344,6 +329,18 @@ async fn serve(
     if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
         return Err(Error::not_found_path());
     }
+    if verb == "deletecollection" && !rt.verbs().contains(&verb) {
+        return Err(Error::method_not_allowed());
+    }
+    if verb == "delete" {
+        crate::admission::check_delete(rt, t.name.as_deref().unwrap_or(""))?;
+    }
+    if matches!(verb, "list" | "watch" | "deletecollection") {
+        crate::params::decode(q)?;
+    }
+    if verb == "list" {
+        crate::params::validate_list(q)?;
+    }
     let sel = || -> Result<Selector, Error> {
         let s = Selector::parse(
             q.get("labelSelector").map(String::as_str),
@@ -430,36 +427,28 @@ async fn serve(
         }
         "watch" => watch(st, t, q, sel()?, who, as_table),
         "create" => {
-            let w = store.create(rt, &ns, parse_body(body, ctype)?, &opts)?;
+            let w = store.create(rt, &ns, media::object_body(rt, body, ctype)?, &opts)?;
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "update" => {
-            let w = store.update(rt, &ns, &name, parse_body(body, ctype)?, &opts)?;
+            let obj = media::object_body(rt, body, ctype)?;
+            let w = store.update(rt, &ns, &name, obj, &opts)?;
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "patch" | "apply" => {
-            let ptype = if verb == "apply" {
-                "apply"
-            } else if ctype.starts_with("application/merge-patch+json") {
-                "merge"
-            } else if ctype.starts_with("application/json-patch+json") {
-                "json"
-            } else if ctype.starts_with("application/strategic-merge-patch+json") {
-                "strategic"
-            } else {
-                return Err(Error::api(
-                    415,
-                    "UnsupportedMediaType",
-                    format!(
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {ctype}"
-                    ),
-                ));
-            };
-            let w = store.patch(rt, &ns, &name, ptype, &parse_body(body, ctype)?, &opts)?;
+            let ptype = media::patch_type(rt, ctype)?;
+            let w = store.patch(
+                rt,
+                &ns,
+                &name,
+                ptype,
+                &media::parse_body(body, ctype)?,
+                &opts,
+            )?;
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "delete" | "deletecollection" => {
-            let b = parse_body(body, ctype)?;
+            let b = media::parse_body(body, ctype)?;
             let dry = q.get("dryRun").is_some_and(|d| d == "All")
                 || b.get("dryRun")
                     .and_then(Value::as_array)

@@ -6,17 +6,24 @@
 //! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
 
+mod admission;
+mod crd_validation;
 mod discovery;
 mod error;
 mod fieldset;
 mod http;
+mod media;
+mod names;
+mod params;
 mod patch;
+mod protobuf;
 mod registry;
 mod schema;
 mod selector;
 mod server;
 mod store;
 mod typed;
+mod typemeta;
 
 pub use error::{Error, Result};
 pub use server::{ApiServer, Config, Faults};

@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 
+use crate::crd_validation;
 use crate::error::Error;
 
 /// One additional printer column of a CRD version.
@@ -101,11 +102,30 @@ impl ResType {
         list.contains(&label)
     }
 
+    /// Verbs of the main resource; namespaces have no deletecollection.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.group.is_empty() && self.kind == "Namespace" {
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
+        } else {
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
+        }
+    }
+
     pub fn discovery(&self) -> Vec<Value> {
         let mut r = json!({
             "name": self.plural, "singularName": self.singular, "namespaced": self.namespaced,
-            "kind": self.kind,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "kind": self.kind, "verbs": self.verbs(),
         });
         if !self.short_names.is_empty() {
             r["shortNames"] = json!(self.short_names);
@@ -317,6 +337,8 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
     let mut causes = Vec::new();
     if group.is_empty() {
         causes.push(("spec.group".to_string(), "Required value".to_string()));
+    } else {
+        crd_validation::group(&group, &mut causes);
     }
     if plural.is_empty() {
         causes.push(("spec.names.plural".into(), "Required value".into()));
@@ -349,6 +371,7 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
             "Invalid value: null: must have exactly one version marked as storage version".into(),
         ));
     }
+    crd_validation::version_names(&versions, &mut causes);
     let storage: Vec<&Value> = versions
         .iter()
         .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
@@ -376,7 +399,10 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
         let schema = v.pointer("/schema/openAPIV3Schema").cloned();
         match &schema {
             None => causes.push((path, "Required value: schemas are required".into())),
-            Some(sch) => crate::schema::check_structural(sch, &path, &mut causes),
+            Some(sch) => {
+                crate::schema::check_structural(sch, &path, &mut causes);
+                crd_validation::schema(sch, &path, &mut causes);
+            }
         }
         if v.get("served") != Some(&Value::Bool(true)) {
             continue;

@@ -55,6 +55,32 @@ fn set_values(s: &str) -> Vec<String> {
         .collect()
 }
 
+/// The first token the real selector lexer reads from `s` (for error messages).
+fn first_token(s: &str) -> &str {
+    if s.starts_with("!=") || s.starts_with("==") {
+        return &s[..2];
+    }
+    match s.chars().next() {
+        None => "",
+        Some(c) if "!=(),<>".contains(c) => &s[..1],
+        Some(_) => s
+            .split(|c: char| c.is_whitespace() || "!=(),<>".contains(c))
+            .next()
+            .unwrap_or(""),
+    }
+}
+
+/// A key after `!`: the lexer must find an identifier there.
+fn identifier(k: &str) -> Result<&str, Error> {
+    let tok = first_token(k);
+    if tok.is_empty() || tok.starts_with(|c: char| "!=(),<>".contains(c)) {
+        return Err(Error::bad_request(format!(
+            "unable to parse requirement: found '{tok}', expected: identifier"
+        )));
+    }
+    Ok(k)
+}
+
 fn parse_labels(s: &str) -> Result<Vec<Req>, Error> {
     let mut out = Vec::new();
     for part in split_top(s) {
@@ -67,7 +93,7 @@ fn parse_labels(s: &str) -> Result<Vec<Req>, Error> {
         } else if let Some((k, v)) = part.split_once(" in ").filter(|(_, v)| is_set(v)) {
             Req::In(k.trim().into(), set_values(v))
         } else if let Some(k) = part.strip_prefix('!') {
-            Req::NotExists(k.trim().into())
+            Req::NotExists(identifier(k.trim())?.into())
         } else if part
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
@@ -165,5 +191,10 @@ mod tests {
         assert!(m(None, Some("metadata.name=a")));
         assert!(!m(None, Some("metadata.name!=a")));
         assert!(Selector::parse(Some("a in b c"), None).is_err());
+        let err = Selector::parse(Some("!!!"), None).unwrap_err();
+        assert_eq!(
+            err.status()["message"],
+            "unable to parse requirement: found '!', expected: identifier"
+        );
     }
 }

@@ -13,9 +13,11 @@ use tokio::sync::broadcast;
 
 use crate::error::Error;
 use crate::fieldset::Writer;
+use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
 use crate::schema::{Patterns, prune_and_default, validate};
 use crate::selector::Selector;
+use crate::typemeta;
 
 /// etcd's default request size limit, which bounds a stored object.
 const MAX_OBJECT_BYTES: usize = 1_572_864;
@@ -145,15 +147,6 @@ pub(crate) fn now() -> String {
         .to_string()
 }
 
-fn dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// A label value or the name part of a label key.
 fn label_part(s: &str) -> bool {
     s.len() <= 63
@@ -166,13 +159,11 @@ fn label_part(s: &str) -> bool {
 /// A label key: optional DNS-subdomain prefix and `/`, then a name part.
 fn qualified_name(k: &str) -> bool {
     match k.split_once('/') {
-        Some((prefix, name)) => !prefix.is_empty() && dns_subdomain(prefix) && label_part(name),
+        Some((prefix, name)) => {
+            !prefix.is_empty() && names::dns1123_subdomain(prefix).is_empty() && label_part(name)
+        }
         None => label_part(k),
     }
-}
-
-fn dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(dns_label)
 }
 
 fn spec_part(o: &Value, with_status: bool) -> Value {
@@ -678,7 +669,8 @@ impl Store {
         Ok(())
     }
 
-    fn check_namespace(i: &Inner, rt: &ResType, ns: &str) -> Result<(), Error> {
+    /// NamespaceLifecycle: the namespace must exist and not be terminating.
+    fn check_namespace(i: &Inner, rt: &ResType, ns: &str, name: &str) -> Result<(), Error> {
         if !rt.namespaced {
             return Ok(());
         }
@@ -688,34 +680,20 @@ impl Store {
             .and_then(|m| m.get(&(String::new(), ns.to_string())))
         {
             None => Err(Error::not_found("", "namespaces", ns)),
-            Some(n) if meta(n, "deletionTimestamp").is_some() => Err(Error::api(
-                403,
-                "Forbidden",
-                format!(
-                    "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                    crate::error::qualified(&rt.group, &rt.plural),
-                    meta_str(n, "name")
-                ),
-            )),
+            Some(n) if meta(n, "deletionTimestamp").is_some() => {
+                Err(crate::admission::terminating(rt, name, ns))
+            }
             Some(_) => Ok(()),
         }
     }
 
-    fn check_type_meta(rt: &ResType, obj: &Value) -> Result<(), Error> {
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(&rt.kind);
-        let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        let group_ok = if rt.group.is_empty() {
-            av.is_empty() || av == rt.version
-        } else {
-            av.is_empty() || av.starts_with(&format!("{}/", rt.group))
-        };
-        if kind != rt.kind || !group_ok {
-            return Err(Error::bad_request(format!(
-                "the API version in the data ({av}) does not match the expected API version ({})",
-                rt.api_version()
-            )));
-        }
-        Ok(())
+    /// The type meta of a create or update body (see [`typemeta::check`]).
+    fn check_type_meta_in(i: &Inner, rt: &ResType, obj: &Value) -> Result<(), Error> {
+        typemeta::check(rt, obj, |g, v, k| {
+            i.types
+                .values()
+                .any(|t| !t.crd && t.group == g && t.version == v && t.kind == k)
+        })
     }
 
     pub(crate) fn create(
@@ -743,7 +721,7 @@ impl Store {
                 "the body of the request was in an unknown format",
             ));
         }
-        Self::check_type_meta(rt, &obj)?;
+        Self::check_type_meta_in(i, rt, &obj)?;
         obj["apiVersion"] = json!(if rt.group.is_empty() {
             rt.storage_version.clone()
         } else {
@@ -757,6 +735,7 @@ impl Store {
             ));
         }
         let mut name = meta_str(&obj, "name").to_string();
+        Self::check_namespace(i, rt, ns, &name)?;
         let generate = meta_str(&obj, "generateName").to_string();
         if name.is_empty() && !generate.is_empty() {
             const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -805,25 +784,23 @@ impl Store {
                 )],
             ));
         }
-        let valid_name = if rt.kind == "Namespace" {
-            dns_label(&name)
-        } else {
-            dns_subdomain(&name)
-        };
-        if !valid_name {
+        let name_errors = names::object_name(&rt.kind, &name);
+        if !name_errors.is_empty() {
             return Err(Error::invalid(
                 &rt.group,
                 &rt.kind,
                 &name,
-                vec![(
-                    "metadata.name".into(),
-                    format!(
-                        "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-                    ),
-                )],
+                name_errors
+                    .into_iter()
+                    .map(|m| {
+                        (
+                            "metadata.name".into(),
+                            format!("Invalid value: \"{name}\": {m}"),
+                        )
+                    })
+                    .collect(),
             ));
         }
-        Self::check_namespace(i, rt, ns)?;
         let gr = rt.gr();
         if i.objects.get(&gr).is_some_and(|m| {
             m.contains_key(&(
@@ -1004,7 +981,7 @@ impl Store {
         owners: Owners,
     ) -> Result<Written, Error> {
         let name = meta_str(old, "name").to_string();
-        Self::check_type_meta(rt, &new)?;
+        Self::check_type_meta_in(i, rt, &new)?;
         if !expect_rv.is_empty() && expect_rv != meta_str(old, "resourceVersion") {
             return Err(Error::stale(&rt.group, &rt.plural, &name));
         }
@@ -1173,11 +1150,7 @@ impl Store {
             "json" => crate::patch::json_patch(&mut new, body)?,
             _ => {
                 if rt.crd {
-                    return Err(Error::api(
-                        415,
-                        "UnsupportedMediaType",
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-                    ));
+                    return Err(Error::unsupported_media_type(&crate::media::CR_PATCH_TYPES));
                 }
                 crate::patch::strategic_merge(&mut new, body)
             }
@@ -1212,7 +1185,7 @@ impl Store {
                 "apiVersion and kind must be set in an apply configuration",
             ));
         }
-        Self::check_type_meta(rt, config)?;
+        typemeta::check_version(rt, config)?;
         let cname = meta_str(config, "name");
         if !cname.is_empty() && cname != name {
             return Err(Error::bad_request(format!(

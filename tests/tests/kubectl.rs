@@ -894,3 +894,101 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         "nothing malformed was stored: {names}"
     );
 }
+
+/// kubectl's imperative `create` commands send built-in kinds as protobuf (issue 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_namespace_and_configmap_imperatively() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let out = k.ok(&["create", "namespace", "imperative"]).await;
+    assert!(out.contains("namespace/imperative created"), "{out}");
+    let out = k
+        .ok(&[
+            "create",
+            "configmap",
+            "x",
+            "--from-literal=a=b",
+            "-n",
+            "imperative",
+        ])
+        .await;
+    assert!(out.contains("configmap/x created"), "{out}");
+    let out = k
+        .ok(&[
+            "get",
+            "configmap",
+            "x",
+            "-n",
+            "imperative",
+            "-o",
+            "jsonpath={.data.a}",
+        ])
+        .await;
+    assert_eq!(out, "b");
+    let client = server.client("checker").await.unwrap();
+    let cm = Api::<ConfigMap>::namespaced(client, "imperative")
+        .get("x")
+        .await
+        .unwrap();
+    assert_eq!(cm.data.unwrap()["a"], "b");
+    let out = k
+        .ok(&[
+            "create",
+            "secret",
+            "generic",
+            "s",
+            "--from-literal=k=v",
+            "-n",
+            "imperative",
+        ])
+        .await;
+    assert!(out.contains("secret/s created"), "{out}");
+    let out = k
+        .ok(&[
+            "get",
+            "secret",
+            "s",
+            "-n",
+            "imperative",
+            "-o",
+            "jsonpath={.data.k}",
+        ])
+        .await;
+    assert_eq!(out, "dg==", "base64 of v");
+    let out = k
+        .ok(&["create", "serviceaccount", "robot", "-n", "imperative"])
+        .await;
+    assert!(out.contains("serviceaccount/robot created"), "{out}");
+    let err = k.fails(&["create", "namespace", "imperative"]).await;
+    assert!(
+        err.contains("namespaces \"imperative\" already exists"),
+        "{err}"
+    );
+}
+
+/// Refusals as kubectl prints them: namespace names, immortal namespaces, selectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_prints_the_real_servers_refusals() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let long = "n".repeat(64);
+    let err = k.fails(&["create", "namespace", &long]).await;
+    assert!(
+        err.contains(&format!(
+            "Namespace \"{long}\" is invalid: metadata.name: Invalid value: \"{long}\": must be no more than 63 characters"
+        )),
+        "{err}"
+    );
+    let err = k.fails(&["delete", "namespace", "kube-system"]).await;
+    assert!(
+        err.contains(
+            "Error from server (Forbidden): namespaces \"kube-system\" is forbidden: this namespace may not be deleted"
+        ),
+        "{err}"
+    );
+    let err = k.fails(&["get", "configmaps", "-l", "!!!"]).await;
+    assert!(
+        err.contains("unable to parse requirement: found '!', expected: identifier"),
+        "{err}"
+    );
+}

@@ -104,10 +104,23 @@ pub async fn raw(
     token: Option<String>,
     body: Option<&str>,
 ) -> (u16, Vec<(String, String)>, String) {
+    raw_typed(server, method, path, token, body, "application/json").await
+}
+
+/// [`raw`] with the body sent as `content_type`.
+pub async fn raw_typed(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    token: Option<String>,
+    body: Option<&str>,
+    content_type: &str,
+) -> (u16, Vec<(String, String)>, String) {
     let addr = server.addr();
     let method = method.to_string();
     let path = path.to_string();
     let body = body.map(String::from);
+    let content_type = content_type.to_string();
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -118,7 +131,7 @@ pub async fn raw(
         }
         if let Some(b) = &body {
             req.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
                 b.len()
             ));
         }

@@ -1,0 +1,91 @@
+//! Name rules of apimachinery's `validation` package (DNS-1123 labels and subdomains, DNS-1035
+//! labels), each returning the real server's messages.
+
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn label_shape(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !s.is_empty()
+        && s.bytes().all(|b| alnum(b) || b == b'-')
+        && s.bytes().next().is_some_and(alnum)
+        && s.bytes().last().is_some_and(alnum)
+}
+
+/// `label_shape` parts joined by dots, of any length.
+fn subdomain_shape(s: &str) -> bool {
+    s.split('.').all(label_shape)
+}
+
+fn max_len(n: usize) -> String {
+    format!("must be no more than {n} characters")
+}
+
+/// `IsDNS1123Label`: at most 63 characters of the label shape.
+pub(crate) fn dns1123_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 63 {
+        errs.push(max_len(63));
+    }
+    if !label_shape(s) {
+        errs.push(if subdomain_shape(s) {
+            "must not contain dots".to_string()
+        } else {
+            LABEL_MSG.to_string()
+        });
+    }
+    errs
+}
+
+/// `IsDNS1123Subdomain`: at most 253 characters of dot-separated labels (each of any length).
+pub(crate) fn dns1123_subdomain(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 253 {
+        errs.push(max_len(253));
+    }
+    if !subdomain_shape(s) {
+        errs.push(SUBDOMAIN_MSG.to_string());
+    }
+    errs
+}
+
+/// `IsDNS1035Label`: a DNS-1123 label that starts with a letter.
+pub(crate) fn dns1035_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > 63 {
+        errs.push(max_len(63));
+    }
+    if !label_shape(s) || !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        errs.push(DNS1035_MSG.to_string());
+    }
+    errs
+}
+
+/// The messages for an object name of `kind` (`metadata.name` causes, without the value).
+pub(crate) fn object_name(kind: &str, name: &str) -> Vec<String> {
+    match kind {
+        "Namespace" => dns1123_label(name),
+        _ => dns1123_subdomain(name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subdomains_labels_and_lengths() {
+        assert!(dns1123_subdomain(&"a".repeat(100)).is_empty());
+        assert!(dns1123_subdomain(&format!("{}.b", "a".repeat(200))).is_empty());
+        assert_eq!(dns1123_subdomain(&"a".repeat(254)), vec![max_len(253)]);
+        assert_eq!(dns1123_subdomain("a..b"), vec![SUBDOMAIN_MSG]);
+        assert_eq!(dns1123_label(&"a".repeat(64)), vec![max_len(63)]);
+        assert_eq!(dns1123_label("a.b"), vec!["must not contain dots"]);
+        assert_eq!(dns1123_label("A"), vec![LABEL_MSG]);
+        assert!(dns1123_label("0a").is_empty());
+        assert_eq!(dns1035_label("0a"), vec![DNS1035_MSG]);
+        assert!(dns1035_label("v1beta1").is_empty());
+    }
+}

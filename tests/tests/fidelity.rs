@@ -1,0 +1,524 @@
+//! Answers that must match the real kube-apiserver's (issue 12, fidelity gaps): media types,
+//! object names, namespace deletion, CRD validation, list parameters and error wording.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use tidepool_tests::{ApiServer, Config};
+
+/// A raw request with a JSON body sent as `ctype`; returns the code and the parsed body.
+async fn send(
+    server: &ApiServer,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    ctype: &str,
+) -> (u16, Value) {
+    let token = Some(server.token("tester"));
+    let text = body.map(|b| b.to_string());
+    let (code, _, out) = raw_typed(server, method, path, token, text.as_deref(), ctype).await;
+    let v = serde_json::from_str(&out).unwrap_or(Value::String(out));
+    (code, v)
+}
+
+fn assert_status(v: &Value, code: u16, reason: &str, message: &str) {
+    assert_eq!(v["kind"], "Status", "{v}");
+    assert_eq!(v["code"], code, "{v}");
+    assert_eq!(v["reason"], reason, "{v}");
+    assert_eq!(v["message"], message, "{v}");
+}
+
+const CM_PATH: &str = "/api/v1/namespaces/default/configmaps";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_body_media_types_are_415() {
+    let (server, client) = start().await;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain"}});
+    let builtin = "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf";
+    for ctype in ["text/plain", "application/xml"] {
+        let (code, v) = send(&server, "POST", CM_PATH, Some(cm.clone()), ctype).await;
+        assert_eq!(code, 415, "{ctype}: {v}");
+        assert_status(&v, 415, "UnsupportedMediaType", builtin);
+    }
+    let (code, v) = send(
+        &server,
+        "POST",
+        CM_PATH,
+        Some(cm.clone()),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &format!("{CM_PATH}/plain"),
+        Some(cm.clone()),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(&v, 415, "UnsupportedMediaType", builtin);
+    // Custom resources are served as JSON and YAML only.
+    install_crd(&client).await;
+    let node = json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "n1"}, "spec": {}});
+    let (code, v) = send(
+        &server,
+        "POST",
+        "/apis/ipam.tidepool.dev/v1alpha1/ipamnodes",
+        Some(node),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(
+        &v,
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_415_lists_strategic_merge_for_builtin_kinds() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let (code, v) = send(
+        &server,
+        "PATCH",
+        &format!("{CM_PATH}/p"),
+        Some(json!({"data": {"a": "b"}})),
+        "text/plain",
+    )
+    .await;
+    assert_eq!(code, 415, "{v}");
+    assert_status(
+        &v,
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml",
+    );
+}
+
+fn invalid_causes(v: &Value) -> Vec<String> {
+    v.pointer("/details/causes")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|c| format!("{}: {}", c["field"].as_str().unwrap_or(""), c["message"]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_dns_subdomains_and_namespace_names_dns_labels() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let long_label = "a".repeat(100);
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    cms.create(&PostParams::default(), &cm(&long_label))
+        .await
+        .expect("a 100-character single-label name is a valid DNS subdomain");
+    let dotted = format!("{}.{}", "b".repeat(120), "c".repeat(120));
+    cms.create(&PostParams::default(), &cm(&dotted))
+        .await
+        .expect("a 241-character dotted name is a valid DNS subdomain");
+    let too_long = "d".repeat(254);
+    let err = cms
+        .create(&PostParams::default(), &cm(&too_long))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert!(
+        status(&err).message.contains(&format!(
+            "metadata.name: Invalid value: \"{too_long}\": must be no more than 253 characters"
+        )),
+        "{}",
+        status(&err).message
+    );
+    // Namespace names are DNS labels: the label wording, never the subdomain one.
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let ns = |name: &str| -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let label64 = "e".repeat(64);
+    let err = nss
+        .create(&PostParams::default(), &ns(&label64))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert_eq!(
+        status(&err).message,
+        format!(
+            "Namespace \"{label64}\" is invalid: metadata.name: Invalid value: \"{label64}\": must be no more than 63 characters"
+        )
+    );
+    let err = nss
+        .create(&PostParams::default(), &ns("Bad_Name"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422);
+    assert_eq!(
+        status(&err).message,
+        "Namespace \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    );
+    nss.create(&PostParams::default(), &ns(&"f".repeat(63)))
+        .await
+        .expect("63 characters is a valid namespace name");
+    // The subdomain wording for other kinds, as before.
+    let (code_, v) = send(
+        &server,
+        "POST",
+        CM_PATH,
+        Some(json!({"metadata": {"name": "Upper"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 422);
+    assert_eq!(
+        invalid_causes(&v),
+        vec!["metadata.name: \"Invalid value: \\\"Upper\\\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')\"".to_string()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_have_no_deletecollection_and_system_namespaces_stay() {
+    let (server, client) = start().await;
+    let (code_, v) = send(
+        &server,
+        "DELETE",
+        "/api/v1/namespaces",
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 405, "{v}");
+    assert_status(
+        &v,
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    );
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for ns in ["default", "kube-system", "kube-public"] {
+        let n = nss.get(ns).await.unwrap();
+        assert!(n.metadata.deletion_timestamp.is_none(), "{ns} untouched");
+        let err = nss.delete(ns, &DeleteParams::default()).await.unwrap_err();
+        assert_eq!(code(&err), 403, "{ns}");
+        let s = status(&err);
+        assert_eq!(s.reason, "Forbidden");
+        assert_eq!(
+            s.message,
+            format!("namespaces \"{ns}\" is forbidden: this namespace may not be deleted")
+        );
+        let n = nss.get(ns).await.unwrap();
+        assert!(n.metadata.deletion_timestamp.is_none(), "{ns} still active");
+    }
+    // Other namespaces can still be deleted.
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "mortal"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    nss.delete("mortal", &DeleteParams::default())
+        .await
+        .expect("an ordinary namespace is deleted");
+}
+
+/// A valid CRD for `widgets.example.com`, changed by `edit`.
+fn crd(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut c = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "replicas": {"type": "integer"},
+                        "tags": {"type": "array", "items": {"type": "string"}}
+                    }}
+                }}}
+            }]
+        }
+    });
+    edit(&mut c);
+    c
+}
+
+const SPEC_PATH: &str = "spec.versions[0].schema.openAPIV3Schema.properties[spec]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_crds_are_refused_with_field_paths() {
+    let (server, _client) = start().await;
+    let dns1035 = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+    let cases: Vec<(&str, Value, String)> = vec![
+        (
+            "duplicate version names",
+            crd(|c| {
+                let mut v = c["spec"]["versions"][0].clone();
+                v["storage"] = json!(false);
+                c["spec"]["versions"].as_array_mut().unwrap().push(v);
+            }),
+            "spec.versions: Invalid value: []apiextensions.CustomResourceDefinitionVersion{...}: must contain unique version names".into(),
+        ),
+        (
+            "an upper-case version name",
+            crd(|c| c["spec"]["versions"][0]["name"] = json!("V1")),
+            format!("spec.versions[0].name: Invalid value: \"V1\": {dns1035}"),
+        ),
+        (
+            "a group without a dot",
+            crd(|c| {
+                c["spec"]["group"] = json!("foo");
+                c["metadata"]["name"] = json!("widgets.foo");
+            }),
+            "spec.group: Invalid value: \"foo\": should be a domain with at least one dot".into(),
+        ),
+        (
+            "an array without items",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["tags"] = json!({"type": "array"})
+            }),
+            format!("{SPEC_PATH}.properties[tags].items: Required value: must be specified"),
+        ),
+        (
+            "a default of the wrong type",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["replicas"]["default"] = json!("three")
+            }),
+            format!(
+                "{SPEC_PATH}.properties[replicas].default: Invalid value: \"string\": {SPEC_PATH}.properties[replicas].default in body must be of type integer: \"string\""
+            ),
+        ),
+        (
+            "a root schema that is not an object",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = json!({"type": "string"})
+            }),
+            "spec.versions[0].schema.openAPIV3Schema.type: Invalid value: \"string\": must be object at the root".into(),
+        ),
+        (
+            "list-map keys without list-type map",
+            crd(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                    ["properties"]["ports"] = json!({
+                        "type": "array",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "required": ["name"],
+                            "properties": {"name": {"type": "string"}}}
+                    })
+            }),
+            format!(
+                "{SPEC_PATH}.properties[ports].x-kubernetes-list-type: Required value: must be map if x-kubernetes-list-map-keys is non-empty"
+            ),
+        ),
+    ];
+    let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    // Every case is checked before failing, so one run shows all that are accepted.
+    let mut wrong = Vec::new();
+    for (what, body, want) in cases {
+        let (code_, v) = send(&server, "POST", path, Some(body), "application/json").await;
+        let (f, m) = want.split_once(": ").unwrap();
+        let has_cause = v
+            .pointer("/details/causes")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c["field"] == f && c["message"] == m));
+        let msg = v["message"].as_str().unwrap_or("");
+        if code_ != 422 || v["reason"] != "Invalid" || !msg.contains(&want) || !has_cause {
+            wrong.push(format!("{what}: {code_}, want cause {want:?} in {v}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let (code_, v) = send(&server, "POST", path, Some(crd(|_| {})), "application/json").await;
+    assert_eq!(code_, 201, "the valid CRD is accepted: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_list_parameters_are_refused() {
+    let (server, _client) = start().await;
+    let bad_request = [
+        (
+            "limit=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "timeoutSeconds=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "watch=true&timeoutSeconds=abc",
+            "strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "labelSelector=!!!",
+            "unable to parse requirement: found '!', expected: identifier",
+        ),
+    ];
+    for (q, msg) in bad_request {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 400, "{q}: {v}");
+        assert_status(&v, 400, "BadRequest", msg);
+    }
+    // ListOptions validation: the real server answers these with 422 Invalid (ListResource
+    // wraps ValidateListOptions' errors in NewInvalid for ListOptions.meta.k8s.io).
+    let invalid = [
+        (
+            "resourceVersion=1&resourceVersionMatch=Sometimes",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Unsupported value: \"Sometimes\": supported values: \"Exact\", \"NotOlderThan\", \"\"",
+        ),
+        (
+            "resourceVersionMatch=NotOlderThan",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ),
+    ];
+    for (q, msg) in invalid {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 422, "{q}: {v}");
+        assert_status(&v, 422, "Invalid", msg);
+    }
+    // Well-formed parameters still list.
+    for q in [
+        "limit=5",
+        "labelSelector=!app",
+        "resourceVersion=0&resourceVersionMatch=NotOlderThan",
+    ] {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 200, "{q}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_kind_bodies_name_the_kinds() {
+    let (server, client) = start().await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+    let (code_, v) = send(&server, "POST", CM_PATH, Some(pod), "application/json").await;
+    assert_eq!(code_, 400, "{v}");
+    assert_status(
+        &v,
+        400,
+        "BadRequest",
+        "Pod in version \"v1\" cannot be handled as a ConfigMap: converting (v1.Pod) to (core.ConfigMap): unknown conversion",
+    );
+    let lease = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}});
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        Some(lease),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 400, "{v}");
+    assert_status(
+        &v,
+        400,
+        "BadRequest",
+        "Deployment in version \"v1\" cannot be handled as a Lease: converting (v1.Deployment) to (coordination.Lease): unknown conversion",
+    );
+    // A custom resource of the right group but another kind fails its type-meta validation.
+    install_crd(&client).await;
+    let other = json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMPool",
+        "metadata": {"name": "n2"}, "spec": {}});
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/apis/ipam.tidepool.dev/v1alpha1/ipamnodes",
+        Some(other),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 422, "{v}");
+    assert_status(
+        &v,
+        422,
+        "Invalid",
+        "IPAMNode.ipam.tidepool.dev \"n2\" is invalid: kind: Invalid value: \"IPAMPool\": must be IPAMNode",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_in_a_terminating_namespace_name_the_object() {
+    // The namespace stays terminating for the whole test.
+    let server = ApiServer::start_with(Config {
+        namespace_finalize_delay: Duration::from_secs(600),
+        ..fast_config()
+    })
+    .await
+    .unwrap();
+    let client = server.client("tester").await.unwrap();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    nss.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let late: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
+    let err = cms.create(&PostParams::default(), &late).await.unwrap_err();
+    assert_eq!(code(&err), 403);
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/api/v1/namespaces/doomed/configmaps",
+        Some(json!({"metadata": {"name": "late"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 403);
+    assert_status(
+        &v,
+        403,
+        "Forbidden",
+        "configmaps \"late\" is forbidden: unable to create new content in namespace doomed because it is being terminated",
+    );
+    assert_eq!(
+        v["details"],
+        json!({"name": "late", "kind": "configmaps", "causes": [{
+            "reason": "NamespaceTerminating",
+            "message": "namespace doomed is being terminated",
+            "field": "metadata.namespace"
+        }]})
+    );
+    // Without a name (generateName), the message and details have none either.
+    let (code_, v) = send(
+        &server,
+        "POST",
+        "/api/v1/namespaces/doomed/configmaps",
+        Some(json!({"metadata": {"generateName": "late-"}})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code_, 403);
+    assert_eq!(
+        v["message"],
+        "configmaps is forbidden: unable to create new content in namespace doomed because it is being terminated"
+    );
+    assert!(v["details"].get("name").is_none(), "{v}");
+}
