@@ -24,6 +24,9 @@ pub enum Error {
     /// JSON (de)serialisation error outside of request handling.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// Making the server's TLS certificate or configuration failed.
+    #[error("tls: {0}")]
+    Tls(String),
     /// Building a kube client configuration failed.
     #[error("kube config: {0}")]
     KubeConfig(String),

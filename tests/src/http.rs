@@ -14,9 +14,12 @@ use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::access_review;
 use crate::discovery;
 use crate::error::Error;
+use crate::identity::UserInfo;
 use crate::media;
+use crate::rbac::Attributes;
 use crate::registry::ResType;
 use crate::selector::Selector;
 use crate::server::State;
@@ -142,13 +145,14 @@ fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>, ctype: &str
     }
 }
 
-fn identity(st: &State, req: &Request<Incoming>) -> Result<String, Error> {
+/// The identity string and user of the request's bearer token (anonymous without one).
+fn identity(st: &State, req: &Request<Incoming>) -> Result<(String, Arc<UserInfo>), Error> {
     match req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok())
     {
-        None => Ok("anonymous".into()),
+        None => Ok(("anonymous".into(), Arc::new(UserInfo::anonymous()))),
         Some(h) => {
             let tok = h.strip_prefix("Bearer ").unwrap_or("");
             st.tokens
@@ -165,7 +169,7 @@ pub(crate) async fn handle(
     st: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Error> {
-    let who = match identity(&st, &req) {
+    let (who, user) = match identity(&st, &req) {
         Ok(w) => w,
         Err(e) => return Ok(error_response(&e)),
     };
@@ -208,10 +212,22 @@ pub(crate) async fn handle(
         ["api", "v1"] => nonresource(discovery::resource_list(&types().0, "", "v1")),
         ["apis", g] => nonresource(discovery::group(&types().0, g)),
         ["apis", g, v] => nonresource(discovery::resource_list(&types().0, g, v)),
-        ["api", "v1", rest @ ..] => resource(&st, req, "", "v1", rest, &who).await,
+        ["apis", access_review::GROUP, "v1", kind] if access_review::serves(kind) => {
+            let kind = kind.to_string();
+            st.count("create", &format!("{kind}.{}", access_review::GROUP));
+            let ctype = content_type(&req);
+            match read_body(req).await {
+                Ok(body) => match access_review::review(&st, &user, &kind, &body, &ctype) {
+                    Ok(v) => json_response(201, &v, &[]),
+                    Err(e) => error_response(&e),
+                },
+                Err(e) => error_response(&e),
+            }
+        }
+        ["api", "v1", rest @ ..] => resource(&st, req, "", "v1", rest, &who, &user).await,
         ["apis", g, v, rest @ ..] => {
             let (g, v) = (g.to_string(), v.to_string());
-            resource(&st, req, &g, &v, rest, &who).await
+            resource(&st, req, &g, &v, rest, &who, &user).await
         }
         _ => nonresource(None),
     };
@@ -225,18 +241,14 @@ async fn resource(
     version: &str,
     rest: &[&str],
     who: &str,
+    user: &UserInfo,
 ) -> Response<Body> {
     let Some(t) = parse_target(&st.store, group, version, rest) else {
         st.count("unknown", req.uri().path());
         return error_response(&Error::not_found_path());
     };
     let q = query(req.uri().query());
-    let ctype = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
+    let ctype = content_type(&req);
     let verb = verb_of(req.method(), &t, &q, &ctype);
     let res_name = if t.sub.is_empty() {
         t.rt.gr()
@@ -244,6 +256,12 @@ async fn resource(
         format!("{}/{}", t.rt.gr(), t.sub)
     };
     st.count(verb, &res_name);
+    if st.config.rbac
+        && let Err(e) = authorize(st, user, &t, verb, &q)
+    {
+        tracing::debug!(verb, resource = %res_name, identity = who, error = %e, "forbidden");
+        return error_response(&e);
+    }
     let injected = {
         let f = st.faults.read();
         if f.error_rate > 0.0
@@ -284,19 +302,9 @@ async fn resource(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return error_response(&Error::api(
-                413,
-                "RequestEntityTooLarge",
-                format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
-            ));
-        }
-        Err(e) => return error_response(&Error::bad_request(e.to_string())),
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
     };
     let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who).await;
     match result {
@@ -309,6 +317,83 @@ async fn resource(
             error_response(&e)
         }
     }
+}
+
+fn content_type(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string()
+}
+
+/// The request body, up to the real server's limit (413 past it).
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Error> {
+    match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::api(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
+        )),
+        Err(e) => Err(Error::bad_request(e.to_string())),
+    }
+}
+
+/// RBAC for a resource request, with the attributes the real server's RequestInfo gives it:
+/// `apply` is a patch (and also a create when the object does not exist yet), a namespace's
+/// own name is its namespace, and a list or watch selecting `metadata.name` carries that name.
+fn authorize(
+    st: &State,
+    user: &UserInfo,
+    t: &Target,
+    verb: &str,
+    q: &HashMap<String, String>,
+) -> Result<(), Error> {
+    if user.is_master() {
+        return Ok(());
+    }
+    let name = t.name.clone().or_else(|| {
+        let sel = q.get("fieldSelector")?;
+        sel.split(',').find_map(|term| {
+            let v = term.strip_prefix("metadata.name")?;
+            let v = v.strip_prefix("==").or_else(|| v.strip_prefix('='))?;
+            Some(v.to_string())
+        })
+    });
+    let name = name.as_deref().unwrap_or_default();
+    let namespace = match t.ns.as_deref() {
+        Some(ns) => ns,
+        None if t.rt.group.is_empty() && t.rt.plural == "namespaces" => name,
+        None => "",
+    };
+    let mut attrs = Attributes {
+        verb: if verb == "apply" { "patch" } else { verb },
+        group: &t.rt.group,
+        resource: &t.rt.plural,
+        subresource: &t.sub,
+        namespace,
+        name,
+    };
+    let policy = st.policy.current(&st.store);
+    policy
+        .authorize(user, &attrs)
+        .map_err(|reason| attrs.forbidden(user, &reason))?;
+    let creates = verb == "apply"
+        && st
+            .store
+            .get(&t.rt, t.ns.as_deref().unwrap_or_default(), name)
+            .is_err();
+    if creates {
+        attrs.verb = "create";
+        policy
+            .authorize(user, &attrs)
+            .map_err(|reason| attrs.forbidden(user, &reason))?;
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -6,24 +6,29 @@
 //! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
 
+mod access_review;
 mod admission;
 mod crd_validation;
 mod discovery;
 mod error;
 mod fieldset;
 mod http;
+mod identity;
 mod media;
 mod names;
 mod params;
 mod patch;
 mod protobuf;
+mod rbac;
 mod registry;
 mod schema;
 mod selector;
 mod server;
 mod store;
+mod tls;
 mod typed;
 mod typemeta;
 
 pub use error::{Error, Result};
+pub use identity::{ADMIN, NODE_NAME_EXTRA, NODE_UID_EXTRA, UserInfo};
 pub use server::{ApiServer, Config, Faults};

@@ -55,6 +55,15 @@ pub(crate) fn parse_body(bytes: &[u8], ctype: &str) -> Result<Value, Error> {
 /// The object of a create or update body, refused with 415 unless `rt` accepts its type.
 pub(crate) fn object_body(rt: &ResType, bytes: &[u8], ctype: &str) -> Result<Value, Error> {
     let accepted: &[&str] = if rt.crd { &CR_TYPES } else { &BUILTIN_TYPES };
+    decode_as(accepted, bytes, ctype)
+}
+
+/// The object of a body sent to a built-in endpoint that stores nothing (access reviews).
+pub(crate) fn builtin_body(bytes: &[u8], ctype: &str) -> Result<Value, Error> {
+    decode_as(&BUILTIN_TYPES, bytes, ctype)
+}
+
+fn decode_as(accepted: &[&str], bytes: &[u8], ctype: &str) -> Result<Value, Error> {
     let mt = essence(ctype);
     if !accepted.contains(&mt.as_str()) {
         return Err(Error::unsupported_media_type(accepted));

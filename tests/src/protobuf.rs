@@ -2,7 +2,8 @@
 //! kinds kubectl's imperative `create` commands send: the `k8s\0` envelope around a
 //! `runtime.Unknown`, whose `raw` message becomes the object's JSON form through a table of
 //! field numbers (from k8s.io/api and k8s.io/apimachinery `generated.proto`). Only ConfigMap,
-//! Secret, ServiceAccount and Namespace are decoded; other kinds are answered 415.
+//! Secret, ServiceAccount, Namespace and the self access reviews (`kubectl auth can-i`) are
+//! decoded; other kinds are answered 415.
 
 use serde_json::{Map, Value, json};
 
@@ -117,14 +118,56 @@ const NAMESPACE: &[Field] = &[
         false,
     ),
 ];
+const RESOURCE_ATTRIBUTES: &[Field] = &[
+    Field(1, "namespace", Ty::Str, false),
+    Field(2, "verb", Ty::Str, false),
+    Field(3, "group", Ty::Str, false),
+    Field(4, "version", Ty::Str, false),
+    Field(5, "resource", Ty::Str, false),
+    Field(6, "subresource", Ty::Str, false),
+    Field(7, "name", Ty::Str, false),
+];
+const NON_RESOURCE_ATTRIBUTES: &[Field] = &[
+    Field(1, "path", Ty::Str, false),
+    Field(2, "verb", Ty::Str, false),
+];
+/// authorization/v1 SelfSubjectAccessReview (its status is the server's to fill).
+const SELF_SUBJECT_ACCESS_REVIEW: &[Field] = &[
+    Field(1, "metadata", Ty::Msg(OBJECT_META), false),
+    Field(
+        2,
+        "spec",
+        Ty::Msg(&[
+            Field(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRIBUTES), false),
+            Field(
+                2,
+                "nonResourceAttributes",
+                Ty::Msg(NON_RESOURCE_ATTRIBUTES),
+                false,
+            ),
+        ]),
+        false,
+    ),
+];
+const SELF_SUBJECT_RULES_REVIEW: &[Field] = &[
+    Field(1, "metadata", Ty::Msg(OBJECT_META), false),
+    Field(
+        2,
+        "spec",
+        Ty::Msg(&[Field(1, "namespace", Ty::Str, false)]),
+        false,
+    ),
+];
 const TYPE_META: &[Field] = &[
     Field(1, "apiVersion", Ty::Str, false),
     Field(2, "kind", Ty::Str, false),
 ];
 
-/// The message table of a core/v1 kind we decode.
+/// The message table of a kind we decode.
 fn kind_fields(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     match (api_version, kind) {
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => Some(SELF_SUBJECT_ACCESS_REVIEW),
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => Some(SELF_SUBJECT_RULES_REVIEW),
         ("v1", "ConfigMap") => Some(CONFIG_MAP),
         ("v1", "Secret") => Some(SECRET),
         ("v1", "ServiceAccount") => Some(SERVICE_ACCOUNT),
@@ -319,7 +362,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Value, Error> {
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - this test server decodes {} only for v1 ConfigMap, Secret, ServiceAccount and Namespace, not {av} {kind}: send application/json",
+                "the body of the request was in an unknown format - this test server decodes {} only for v1 ConfigMap, Secret, ServiceAccount, Namespace and authorization.k8s.io/v1 self access reviews, not {av} {kind}: send application/json",
                 crate::media::PROTOBUF
             ),
         ));

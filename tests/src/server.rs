@@ -15,7 +15,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
+use crate::identity::UserInfo;
+use crate::rbac::PolicyCache;
 use crate::store::Store;
+use crate::tls::Tls;
 
 /// Server configuration.
 #[derive(Debug, Clone)]
@@ -36,6 +39,12 @@ pub struct Config {
     /// simulated kubelet then deletes them with grace 0 after this delay. `None`: no kubelet,
     /// they stay terminating until someone deletes them with `gracePeriodSeconds=0`.
     pub kubelet_delay: Option<Duration>,
+    /// Authorize every request with RBAC (Role, ClusterRole, RoleBinding, ClusterRoleBinding
+    /// objects; see `rbac.rs`). Off: every identity may do everything.
+    pub rbac: bool,
+    /// Serve HTTPS with a self-signed certificate that the kubeconfigs trust (see `tls.rs`;
+    /// kubectl sends its token only over TLS).
+    pub tls: bool,
 }
 
 impl Default for Config {
@@ -46,6 +55,8 @@ impl Default for Config {
             min_request_timeout: Duration::from_secs(1800),
             namespace_finalize_delay: Duration::from_secs(1),
             kubelet_delay: Some(Duration::from_millis(100)),
+            rbac: false,
+            tls: false,
         }
     }
 }
@@ -80,9 +91,12 @@ pub(crate) struct State {
     pub changes: watch::Sender<u64>,
     pub close_epoch: Mutex<u64>,
     pub paused: watch::Sender<bool>,
-    pub tokens: RwLock<HashMap<String, String>>,
+    /// Bearer token → (identity string, the user it authenticates as).
+    pub tokens: RwLock<HashMap<String, (String, Arc<UserInfo>)>>,
     pub counters: Mutex<BTreeMap<(String, String), u64>>,
     pub addr: SocketAddr,
+    pub tls: Option<Tls>,
+    pub policy: PolicyCache,
 }
 
 impl State {
@@ -116,6 +130,11 @@ impl ApiServer {
     pub async fn bind(config: Config, addr: SocketAddr) -> Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        let tls = if config.tls {
+            Some(Tls::self_signed()?)
+        } else {
+            None
+        };
         let state = Arc::new(State {
             store: Store::new(config.watch_window),
             config,
@@ -126,6 +145,8 @@ impl ApiServer {
             tokens: RwLock::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             addr,
+            tls,
+            policy: PolicyCache::default(),
         });
         tracing::info!(%addr, "in-process Kubernetes API server listening");
         let (shutdown, mut stop) = watch::channel(false);
@@ -141,10 +162,23 @@ impl ApiServer {
                 let st = st.clone();
                 let mut stop = stop.clone();
                 tokio::spawn(async move {
+                    let acceptor = st.tls.as_ref().map(|t| t.acceptor.clone());
                     let svc = service_fn(move |req| crate::http::handle(st.clone(), req));
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                    let http = http1::Builder::new();
+                    let served = async {
+                        match acceptor {
+                            None => {
+                                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                            Some(acceptor) => {
+                                if let Ok(tls) = acceptor.accept(stream).await {
+                                    let _ = http.serve_connection(TokioIo::new(tls), svc).await;
+                                }
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = conn => {}
+                        _ = served => {}
                         _ = stop.changed() => {}
                     }
                 });
@@ -153,9 +187,14 @@ impl ApiServer {
         Ok(ApiServer { state, shutdown })
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://` with [`Config::tls`].
     pub fn url(&self) -> String {
-        format!("http://{}", self.state.addr)
+        let scheme = if self.state.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.state.addr)
     }
 
     /// The socket address served.
@@ -163,26 +202,52 @@ impl ApiServer {
         self.state.addr
     }
 
-    /// The bearer token of an identity (created on first use).
+    /// The bearer token of an identity (created on first use; see [`UserInfo`] for what an
+    /// identity string names: `admin`, `system:serviceaccount:NS:NAME`, a suffix `@NODE`).
     pub fn token(&self, identity: &str) -> String {
         let mut t = self.state.tokens.write();
-        if let Some((tok, _)) = t.iter().find(|(_, id)| *id == identity) {
+        if let Some((tok, _)) = t.iter().find(|(_, (id, _))| id == identity) {
             return tok.clone();
         }
+        let user = UserInfo::from_identity(identity, |node| self.node_uid(node));
         let tok = format!("{identity}-{:016x}", self.state.store.random());
-        t.insert(tok.clone(), identity.to_string());
+        t.insert(tok.clone(), (identity.to_string(), Arc::new(user)));
         tok
+    }
+
+    /// The user an identity authenticates as.
+    pub fn user(&self, identity: &str) -> UserInfo {
+        let tok = self.token(identity);
+        (*self.state.tokens.read()[&tok].1).clone()
+    }
+
+    fn node_uid(&self, node: &str) -> Option<String> {
+        let nodes = self.state.store.resolve("", "v1", "nodes")?;
+        let obj = self.state.store.get(&nodes, "", node).ok()?;
+        obj["metadata"]["uid"].as_str().map(String::from)
     }
 
     /// A kubeconfig (JSON, which is also YAML) for `identity`, default namespace `default`.
     pub fn kubeconfig(&self, identity: &str) -> String {
         let v = serde_json::json!({
             "apiVersion": "v1", "kind": "Config", "current-context": "tidepool",
-            "clusters": [{"name": "tidepool", "cluster": {"server": self.url()}}],
+            "clusters": [{"name": "tidepool", "cluster": self.cluster()}],
             "users": [{"name": identity, "user": {"token": self.token(identity)}}],
             "contexts": [{"name": "tidepool", "context": {"cluster": "tidepool", "user": identity, "namespace": "default"}}],
         });
         serde_json::to_string_pretty(&v).expect("serialise")
+    }
+
+    /// A kubeconfig's cluster entry: the URL and, with TLS, the certificate as its CA.
+    fn cluster(&self) -> serde_json::Value {
+        use base64::Engine as _;
+        let mut c = serde_json::json!({"server": self.url()});
+        if let Some(tls) = &self.state.tls {
+            c["certificate-authority-data"] = base64::engine::general_purpose::STANDARD
+                .encode(&tls.cert_pem)
+                .into();
+        }
+        c
     }
 
     /// Writes [`kubeconfig`](Self::kubeconfig) to `path`.

@@ -302,6 +302,24 @@ impl Store {
         }
     }
 
+    /// The resourceVersion of the last write to a resource (`plural.group`), 0 before any.
+    pub(crate) fn last_write(&self, gr: &str) -> u64 {
+        let i = self.inner.lock();
+        i.logs
+            .get(gr)
+            .map(|l| l.events.back().map_or(l.compacted, |e| e.rv))
+            .unwrap_or(0)
+    }
+
+    /// Every stored object of a resource (`plural.group`), in all namespaces.
+    pub(crate) fn objects_of(&self, gr: &str) -> Vec<Arc<Value>> {
+        let i = self.inner.lock();
+        i.objects
+            .get(gr)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn get(&self, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
         let i = self.inner.lock();
         i.objects

@@ -9,6 +9,7 @@ use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
     WatchParams,
@@ -1393,6 +1394,52 @@ async fn lease_manager_leader_election_and_partition() {
 #[ignore]
 async fn patch_throughput_with_four_watchers() {
     let (server, client) = start().await;
+    patch_throughput(&server, &client).await;
+}
+
+/// The same with RBAC deciding every request: the patching identity is a service account
+/// granted by one of 20 RoleBindings (the others bind other subjects).
+/// `cargo test -p tidepool-tests --test kube_client -- --ignored --nocapture patch_throughput`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn patch_throughput_with_four_watchers_and_rbac() {
+    let server = ApiServer::start_with(tidepool_tests::Config {
+        rbac: true,
+        ..fast_config()
+    })
+    .await
+    .unwrap();
+    let admin = server.client(tidepool_tests::ADMIN).await.unwrap();
+    let roles: Api<Role> = Api::namespaced(admin.clone(), "default");
+    let bindings: Api<RoleBinding> = Api::namespaced(admin, "default");
+    for i in 0..20 {
+        let role = serde_json::from_value(json!({"metadata": {"name": format!("r{i}")},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "verbs": ["get", "list", "watch", "create", "patch"]}]}))
+        .unwrap();
+        roles.create(&PostParams::default(), &role).await.unwrap();
+        let subject = if i == 19 {
+            "writer".to_string()
+        } else {
+            format!("other-{i}")
+        };
+        let binding = serde_json::from_value(json!({"metadata": {"name": format!("b{i}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("r{i}")},
+            "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": "default"}]}))
+        .unwrap();
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let client = server
+        .client("system:serviceaccount:default:writer")
+        .await
+        .unwrap();
+    patch_throughput(&server, &client).await;
+}
+
+async fn patch_throughput(server: &ApiServer, client: &kube::Client) {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     const OBJECTS: usize = 16;
     const PATCHES: usize = 5000;

@@ -62,6 +62,11 @@ impl Kubectl {
     }
 
     fn with_binary(server: &ApiServer, bin: PathBuf) -> Self {
+        Self::with_identity(server, bin, "kubectl")
+    }
+
+    /// kubectl whose kubeconfig authenticates as `identity` (tidepool_tests::UserInfo).
+    fn with_identity(server: &ApiServer, bin: PathBuf, identity: &str) -> Self {
         assert!(
             bin.is_file(),
             "kubectl binary {} not found: the kubectl tests need it; they do not skip",
@@ -74,7 +79,7 @@ impl Kubectl {
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         server
-            .write_kubeconfig("kubectl", &dir.join("kubeconfig"))
+            .write_kubeconfig(identity, &dir.join("kubeconfig"))
             .expect("kubeconfig");
         Kubectl { bin, dir }
     }
@@ -990,5 +995,99 @@ async fn kubectl_prints_the_real_servers_refusals() {
     assert!(
         err.contains("unable to parse requirement: found '!', expected: identifier"),
         "{err}"
+    );
+}
+
+/// RBAC as kubectl sees it (over TLS: kubectl sends no token to a plain-HTTP server):
+/// `auth can-i` for single checks and `--list`, and refusals printed in the real words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_and_rbac_refusals() {
+    let server = ApiServer::start_with(tidepool_tests::Config {
+        rbac: true,
+        tls: true,
+        ..fast_config()
+    })
+    .await
+    .unwrap();
+    assert!(server.url().starts_with("https://"), "{}", server.url());
+    let admin = Kubectl::with_identity(&server, kubectl_binary(), tidepool_tests::ADMIN);
+    admin
+        .ok(&["apply", "-f", &fixture("rbac-agent.yaml")])
+        .await;
+    let sa = "system:serviceaccount:tidepool:agent@node-a";
+    let agent = Kubectl::with_identity(&server, kubectl_binary(), sa);
+    let can = |args: &'static [&'static str]| {
+        let agent = &agent;
+        async move {
+            let (_, out, err) = agent.run(&[&["auth", "can-i"], args].concat()).await;
+            assert!(
+                err.is_empty() || err.contains("not namespace scoped"),
+                "{err}"
+            );
+            out.trim().to_string()
+        }
+    };
+    assert_eq!(can(&["list", "nodes"]).await, "yes");
+    assert_eq!(can(&["delete", "nodes"]).await, "no", "a verb not granted");
+    assert_eq!(
+        can(&["patch", "pods", "--subresource=status", "-n", "tidepool"]).await,
+        "yes"
+    );
+    assert_eq!(
+        can(&["patch", "pods", "-n", "tidepool"]).await,
+        "no",
+        "only the subresource"
+    );
+    assert_eq!(
+        can(&["get", "configmaps/agent-config", "-n", "tidepool"]).await,
+        "yes"
+    );
+    assert_eq!(
+        can(&["get", "configmaps/other", "-n", "tidepool"]).await,
+        "no",
+        "resourceNames"
+    );
+    assert_eq!(
+        can(&["get", "configmaps/agent-config", "-n", "default"]).await,
+        "no",
+        "another namespace"
+    );
+
+    let list = agent
+        .ok(&["auth", "can-i", "--list", "-n", "tidepool"])
+        .await;
+    let rows: Vec<Vec<&str>> = list
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        rows.contains(&vec!["nodes", "[]", "[]", "[get", "list", "watch]"]),
+        "{list}"
+    );
+    assert!(
+        rows.contains(&vec!["configmaps", "[]", "[agent-config]", "[get]"]),
+        "{list}"
+    );
+    assert!(
+        rows.contains(&vec!["pods/status", "[]", "[]", "[patch]"]),
+        "{list}"
+    );
+    let elsewhere = agent
+        .ok(&["auth", "can-i", "--list", "-n", "default"])
+        .await;
+    assert!(!elsewhere.contains("agent-config"), "{elsewhere}");
+
+    let err = agent.fails(&["get", "pods", "-n", "kube-system"]).await;
+    assert!(
+        err.contains(
+            "Error from server (Forbidden): pods is forbidden: User \
+             \"system:serviceaccount:tidepool:agent\" cannot list resource \"pods\" in API group \
+             \"\" in the namespace \"kube-system\""
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        admin.ok(&["auth", "can-i", "delete", "nodes"]).await.trim(),
+        "yes"
     );
 }

@@ -35,6 +35,7 @@ pub fn fast_config() -> Config {
         min_request_timeout: Duration::from_secs(30),
         namespace_finalize_delay: Duration::from_millis(100),
         kubelet_delay: Some(Duration::from_millis(100)),
+        ..Config::default()
     }
 }
 
