@@ -58,7 +58,11 @@ impl ResType {
         self.crd
             || matches!(
                 self.kind.as_str(),
-                "Deployment" | "PodDisruptionBudget" | "CustomResourceDefinition" | "Pod"
+                "Deployment"
+                    | "PodDisruptionBudget"
+                    | "CustomResourceDefinition"
+                    | "Pod"
+                    | "ValidatingAdmissionPolicy"
             )
     }
 
@@ -282,6 +286,26 @@ pub(crate) fn builtins() -> Vec<ResType> {
             false,
             &[],
             &[],
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            false,
+            true,
+            &[],
+            &["api-extensions"],
+        ),
+        builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            false,
+            false,
+            &[],
+            &["api-extensions"],
         ),
         builtin(
             "policy",

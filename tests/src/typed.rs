@@ -2,7 +2,7 @@
 //! into Go structs: wrong JSON types are refused (400) and, with `fieldValidation=Strict`,
 //! unknown fields too; otherwise unknown fields are dropped with a warning.
 
-use k8s_openapi::api::{apps, coordination, core, events, policy, rbac};
+use k8s_openapi::api::{admissionregistration, apps, coordination, core, events, policy, rbac};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -36,6 +36,12 @@ pub(crate) fn decode(
         ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(v),
         ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             roundtrip::<rbac::v1::ClusterRoleBinding>(v)
+        }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicy>(v)
+        }
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(v)
         }
         ("policy", "PodDisruptionBudget") => roundtrip::<policy::v1::PodDisruptionBudget>(v),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
