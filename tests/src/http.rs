@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::access_review;
+use crate::admission_policy::Admission;
 use crate::discovery;
 use crate::error::Error;
 use crate::identity::UserInfo;
@@ -241,7 +242,7 @@ async fn resource(
     version: &str,
     rest: &[&str],
     who: &str,
-    user: &UserInfo,
+    user: &Arc<UserInfo>,
 ) -> Response<Body> {
     let Some(t) = parse_target(&st.store, group, version, rest) else {
         st.count("unknown", req.uri().path());
@@ -306,7 +307,7 @@ async fn resource(
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
-    let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who).await;
+    let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who, user).await;
     match result {
         Ok(r) => {
             tracing::debug!(verb, resource = %res_name, identity = who, code = r.status().as_u16(), "served");
@@ -407,8 +408,13 @@ async fn serve(
     as_table: bool,
     ua: &str,
     who: &str,
+    user: &Arc<UserInfo>,
 ) -> Result<Response<Body>, Error> {
     let rt = &t.rt;
+    let admission = Some(Admission {
+        policies: st.admission_policies.current(&st.store),
+        user: user.clone(),
+    });
     let store = &st.store;
     let ns = t.ns.clone().unwrap_or_default();
     if rt.namespaced && t.ns.is_none() && !matches!(verb, "list" | "watch") {
@@ -456,6 +462,7 @@ async fn serve(
         dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
         strict: q.get("fieldValidation").is_some_and(|v| v == "Strict"),
         force: q.get("force").is_some_and(|f| f == "true"),
+        admission: admission.clone(),
     };
     let name = t.name.clone().unwrap_or_default();
     match verb {
@@ -539,6 +546,7 @@ async fn serve(
                     .and_then(Value::as_array)
                     .is_some_and(|a| a.iter().any(|x| x == "All"));
             let d = DeleteOpts {
+                admission,
                 uid: b
                     .pointer("/preconditions/uid")
                     .and_then(Value::as_str)

@@ -8,6 +8,7 @@
 
 mod access_review;
 mod admission;
+mod admission_policy;
 mod crd_validation;
 mod discovery;
 mod error;

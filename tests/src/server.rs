@@ -14,6 +14,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admission_policy::PoliciesCache;
 use crate::error::{Error, Result};
 use crate::identity::UserInfo;
 use crate::rbac::PolicyCache;
@@ -97,6 +98,7 @@ pub(crate) struct State {
     pub addr: SocketAddr,
     pub tls: Option<Tls>,
     pub policy: PolicyCache,
+    pub admission_policies: PoliciesCache,
 }
 
 impl State {
@@ -147,6 +149,7 @@ impl ApiServer {
             addr,
             tls,
             policy: PolicyCache::default(),
+            admission_policies: PoliciesCache::default(),
         });
         tracing::info!(%addr, "in-process Kubernetes API server listening");
         let (shutdown, mut stop) = watch::channel(false);

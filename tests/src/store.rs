@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use crate::admission_policy::Admission;
 use crate::error::Error;
 use crate::fieldset::Writer;
 use crate::names;
@@ -90,6 +91,8 @@ pub(crate) struct WriteOpts {
     pub dry_run: bool,
     pub strict: bool,
     pub force: bool,
+    /// Admission policies to check the write against (`None`: the server's own writes).
+    pub admission: Option<Admission>,
 }
 
 /// Result of a write: the object and any warnings (pruned unknown fields).
@@ -108,6 +111,8 @@ pub(crate) struct DeleteOpts {
     pub dry_run: bool,
     /// `gracePeriodSeconds` (pods only).
     pub grace: Option<i64>,
+    /// Admission policies to check the delete against (`None`: the server's own deletes).
+    pub admission: Option<Admission>,
 }
 
 /// A list result.
@@ -244,6 +249,7 @@ impl Store {
                 dry_run: false,
                 strict: false,
                 force: false,
+                admission: None,
             };
             store
                 .create(&ns_type, "", obj, &opts)
@@ -565,7 +571,7 @@ impl Store {
                 Err(_) => {}
             }
         }
-        let mut causes: Vec<(String, String)> = Vec::new();
+        let mut causes = crate::admission_policy::check_object(rt, obj);
         if rt.group == "events.k8s.io" {
             let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
             for (p, f) in [
@@ -847,6 +853,10 @@ impl Store {
         }
         let mut warnings = Vec::new();
         self.admit(rt, &mut obj, o.strict, &mut warnings)?;
+        if let Some(a) = &o.admission {
+            let name = meta_str(&obj, "name").to_string();
+            warnings.extend(a.check("CREATE", rt, "", ns, &name, Some(&obj), None, o.dry_run)?);
+        }
         let t = now();
         let av = rt.api_version();
         let w = Writer {
@@ -1095,6 +1105,11 @@ impl Store {
         }
         let mut warnings = Vec::new();
         self.admit(rt, &mut new, o.strict, &mut warnings)?;
+        if let Some(a) = &o.admission {
+            let ns = meta_str(old, "namespace");
+            let (sub, dry) = (o.subresource.as_str(), o.dry_run);
+            warnings.extend(a.check("UPDATE", rt, sub, ns, &name, Some(&new), Some(old), dry)?);
+        }
         let t = now();
         let av = rt.api_version();
         let w = Writer {
@@ -1332,10 +1347,15 @@ impl Store {
                 ),
             ));
         }
+        let mut warnings: Vec<String> = Vec::new();
+        if let Some(a) = &d.admission {
+            let ns = meta_str(old, "namespace");
+            warnings = a.check("DELETE", rt, "", ns, &name, None, Some(old), d.dry_run)?;
+        }
         if d.dry_run {
             return Ok(Written {
                 obj: Self::present(rt, old),
-                warnings: vec![],
+                warnings,
                 code: 200,
             });
         }
@@ -1360,7 +1380,7 @@ impl Store {
                 if meta(old, "deletionTimestamp").is_some() {
                     return Ok(Written {
                         obj: Self::present(rt, old),
-                        warnings: vec![],
+                        warnings: warnings.clone(),
                         code: 200,
                     });
                 }
@@ -1377,7 +1397,7 @@ impl Store {
                 let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
                 return Ok(Written {
                     obj: Self::present(rt, &stored),
-                    warnings: vec![],
+                    warnings: warnings.clone(),
                     code: 200,
                 });
             }
@@ -1393,7 +1413,7 @@ impl Store {
             if meta(old, "deletionTimestamp").is_some() {
                 return Ok(Written {
                     obj: Self::present(rt, old),
-                    warnings: vec![],
+                    warnings: warnings.clone(),
                     code: 202,
                 });
             }
@@ -1404,7 +1424,7 @@ impl Store {
             let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
             return Ok(Written {
                 obj: Self::present(rt, &stored),
-                warnings: vec![],
+                warnings: warnings.clone(),
                 code: 202,
             });
         }
@@ -1414,7 +1434,7 @@ impl Store {
             if meta(old, "deletionTimestamp").is_some() {
                 return Ok(Written {
                     obj: Self::present(rt, old),
-                    warnings: vec![],
+                    warnings: warnings.clone(),
                     code: 200,
                 });
             }
@@ -1424,7 +1444,7 @@ impl Store {
             let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
             return Ok(Written {
                 obj: Self::present(rt, &stored),
-                warnings: vec![],
+                warnings: warnings.clone(),
                 code: 200,
             });
         }
@@ -1456,7 +1476,7 @@ impl Store {
         self.after_delete(i, &gone);
         Ok(Written {
             obj: Self::present(rt, &gone),
-            warnings: vec![],
+            warnings: warnings.clone(),
             code: 200,
         })
     }
@@ -1469,6 +1489,7 @@ impl Store {
             && meta(&cur, "deletionTimestamp").is_some()
         {
             let d = DeleteOpts {
+                admission: None,
                 uid: Some(uid.to_string()),
                 grace: Some(0),
                 ..DeleteOpts::default()

@@ -1397,12 +1397,13 @@ async fn patch_throughput_with_four_watchers() {
     patch_throughput(&server, &client).await;
 }
 
-/// The same with RBAC deciding every request: the patching identity is a service account
-/// granted by one of 20 RoleBindings (the others bind other subjects).
+/// The same with RBAC deciding every request (the patching identity is a service account
+/// granted by one of 20 RoleBindings; the others bind other subjects) and one
+/// ValidatingAdmissionPolicy checking every ConfigMap update in CEL.
 /// `cargo test -p tidepool-tests --test kube_client -- --ignored --nocapture patch_throughput`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
-async fn patch_throughput_with_four_watchers_and_rbac() {
+async fn patch_throughput_with_four_watchers_rbac_and_a_policy() {
     let server = ApiServer::start_with(tidepool_tests::Config {
         rbac: true,
         ..fast_config()
@@ -1411,7 +1412,7 @@ async fn patch_throughput_with_four_watchers_and_rbac() {
     .unwrap();
     let admin = server.client(tidepool_tests::ADMIN).await.unwrap();
     let roles: Api<Role> = Api::namespaced(admin.clone(), "default");
-    let bindings: Api<RoleBinding> = Api::namespaced(admin, "default");
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "default");
     for i in 0..20 {
         let role = serde_json::from_value(json!({"metadata": {"name": format!("r{i}")},
             "rules": [{"apiGroups": [""], "resources": ["configmaps"],
@@ -1429,6 +1430,32 @@ async fn patch_throughput_with_four_watchers_and_rbac() {
         .unwrap();
         bindings
             .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "small-data"},
+        "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""],
+            "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["configmaps"]}]},
+            "validations": [{"expression": "!has(object.data) || size(object.data) < 10"}]}});
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": "small-data"},
+        "spec": {"policyName": "small-data", "validationActions": ["Deny"]}});
+    for (plural, obj) in [
+        ("validatingadmissionpolicies", policy),
+        ("validatingadmissionpolicybindings", binding),
+    ] {
+        let ar = kube::api::ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: obj["kind"].as_str().unwrap().into(),
+            plural: plural.into(),
+        };
+        Api::<kube::api::DynamicObject>::all_with(admin.clone(), &ar)
+            .create(&PostParams::default(), &dynamic(obj))
             .await
             .unwrap();
     }

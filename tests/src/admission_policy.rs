@@ -1,0 +1,707 @@
+//! ValidatingAdmissionPolicy (`admissionregistration.k8s.io/v1`): every write that a policy's
+//! `matchConstraints` and a binding's `matchResources` select is checked by the policy's CEL
+//! validations over `object`, `oldObject`, `request` and `variables`, as the real server's
+//! validating admission plugin does, and refused in its words: `{resource} "{name}" is
+//! forbidden: ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request:
+//! {message}` (422 Invalid unless the validation names another reason).
+//!
+//! CEL is evaluated by the `cel` crate (cel-rust). What it cannot evaluate is refused when the
+//! policy is written, never passed silently: functions beyond [`FUNCTIONS`], variables beyond
+//! [`VARIABLES`], `paramKind`/`paramRef`, and namespace or object selectors.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use cel::{Context, Program};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::error::Error;
+use crate::identity::UserInfo;
+use crate::registry::ResType;
+use crate::store::Store;
+
+const GROUP: &str = "admissionregistration.k8s.io";
+const POLICY: &str = "ValidatingAdmissionPolicy";
+const BINDING: &str = "ValidatingAdmissionPolicyBinding";
+
+/// The variables a policy's expressions may read.
+pub(crate) const VARIABLES: [&str; 4] = ["object", "oldObject", "request", "variables"];
+
+/// The functions and operators of the CEL standard library that `cel` evaluates and policies
+/// may call (test `every_supported_function_evaluates`); `has`, `all`, `exists`,
+/// `exists_one`, `map` and `filter` are macros and always allowed.
+pub(crate) const FUNCTIONS: [&str; 12] = [
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "bytes",
+    "type",
+];
+
+/// One compiled expression and its source (quoted in messages).
+struct Expr {
+    source: String,
+    program: Program,
+}
+
+struct Validation {
+    expr: Expr,
+    message: Option<String>,
+    message_expr: Option<Expr>,
+    /// Status reason of a refusal: Invalid (default, 422), Forbidden (403), Unauthorized
+    /// (401), RequestEntityTooLarge (413).
+    reason: String,
+}
+
+/// `resourceRules` or `excludeResourceRules`.
+#[derive(Default)]
+struct Rule {
+    groups: Vec<String>,
+    versions: Vec<String>,
+    operations: Vec<String>,
+    resources: Vec<String>,
+    names: Vec<String>,
+    scope: String,
+}
+
+#[derive(Default)]
+struct Matcher {
+    rules: Vec<Rule>,
+    exclude: Vec<Rule>,
+}
+
+/// A policy as one of its bindings applies it.
+struct Bound {
+    policy: String,
+    binding: String,
+    constraints: Matcher,
+    /// The binding's `matchResources`, when it has one.
+    narrowed: Option<Matcher>,
+    conditions: Vec<(String, Expr)>,
+    variables: Vec<(String, Expr)>,
+    validations: Vec<Validation>,
+    fail_open: bool,
+    deny: bool,
+    warn: bool,
+}
+
+/// Every binding of every policy, compiled, and the CEL environment to run them in (built
+/// once: making the standard library's environment per request cost a third of the patch
+/// rate).
+pub(crate) struct Policies {
+    bound: Vec<Bound>,
+    env: Arc<cel::Env>,
+}
+
+/// The admission attributes of one write.
+pub(crate) struct Request<'a> {
+    pub operation: &'a str,
+    pub rt: &'a ResType,
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub user: &'a UserInfo,
+    pub dry_run: bool,
+}
+
+impl Request<'_> {
+    fn to_json(&self) -> Value {
+        let rt = self.rt;
+        let kind = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
+        let resource = json!({"group": rt.group, "version": rt.version, "resource": rt.plural});
+        // An unset map reads as empty in CEL, as the real server's typed request does.
+        let mut user = self.user.to_json();
+        user["extra"] = user.get("extra").cloned().unwrap_or_else(|| json!({}));
+        json!({
+            "kind": kind, "resource": resource, "subResource": self.subresource,
+            "requestKind": kind, "requestResource": resource,
+            "requestSubResource": self.subresource,
+            "name": self.name, "namespace": self.namespace, "operation": self.operation,
+            "userInfo": user, "dryRun": self.dry_run, "options": {},
+        })
+    }
+}
+
+/// What decides the writes of one request: the policies and the user making it.
+#[derive(Clone)]
+pub(crate) struct Admission {
+    pub policies: Arc<Policies>,
+    pub user: Arc<UserInfo>,
+}
+
+impl Admission {
+    /// Checks one write (`object` absent on DELETE, `old` absent on CREATE); returns the
+    /// warnings of `Warn` bindings, or the refusal of the first `Deny` binding that fails.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check(
+        &self,
+        operation: &str,
+        rt: &ResType,
+        subresource: &str,
+        namespace: &str,
+        name: &str,
+        object: Option<&Value>,
+        old: Option<&Value>,
+        dry_run: bool,
+    ) -> Result<Vec<String>, Error> {
+        if self.policies.bound.is_empty() {
+            return Ok(Vec::new());
+        }
+        let req = Request {
+            operation,
+            rt,
+            subresource,
+            namespace,
+            name,
+            user: &self.user,
+            dry_run,
+        };
+        self.policies.admit(&req, object, old)
+    }
+}
+
+impl Policies {
+    fn admit(
+        &self,
+        req: &Request,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Vec<String>, Error> {
+        let mut selected = self.bound.iter().filter(|b| b.selects(req)).peekable();
+        if selected.peek().is_none() {
+            return Ok(Vec::new());
+        }
+        let mut warnings = Vec::new();
+        let mut ctx = Context::with_env(self.env.clone());
+        ctx.add_variable_from_value("object", object.map_or(cel::Value::Null, to_cel));
+        ctx.add_variable_from_value("oldObject", old.map_or(cel::Value::Null, to_cel));
+        ctx.add_variable_from_value("request", to_cel(&req.to_json()));
+        for b in selected {
+            let Some((message, reason)) = b.failure(&ctx)? else {
+                continue;
+            };
+            let (p, b_name) = (&b.policy, &b.binding);
+            if b.warn {
+                warnings.push(format!(
+                    "Validation failed for ValidatingAdmissionPolicy '{p}' with binding \
+                     '{b_name}': {message}"
+                ));
+            }
+            if b.deny {
+                let message = format!(
+                    "ValidatingAdmissionPolicy '{p}' with binding '{b_name}' denied request: \
+                     {message}"
+                );
+                return Err(refusal(req, &reason, &message));
+            }
+        }
+        Ok(warnings)
+    }
+}
+
+/// JSON as CEL reads a Kubernetes object: integers are `int` (serde's conversion would make
+/// the non-negative ones `uint`, and CEL has no arithmetic mixing the two).
+fn to_cel(v: &Value) -> cel::Value {
+    match v {
+        Value::Null => cel::Value::Null,
+        Value::Bool(b) => cel::Value::Bool(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => cel::Value::Int(i),
+            (None, Some(u)) => cel::Value::UInt(u),
+            _ => cel::Value::Float(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => cel::Value::String(Arc::new(s.clone())),
+        Value::Array(a) => cel::Value::List(Arc::new(a.iter().map(to_cel).collect())),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), to_cel(v)))
+            .collect::<HashMap<String, cel::Value>>()
+            .into(),
+    }
+}
+
+/// `admission.NewForbidden` with the validation's reason and code, and the message as a cause.
+fn refusal(req: &Request, reason: &str, message: &str) -> Error {
+    let e = Error::forbidden(&req.rt.group, &req.rt.plural, req.name, message);
+    let Error::Api {
+        message: full,
+        details,
+        ..
+    } = e
+    else {
+        unreachable!("forbidden is an API error")
+    };
+    let (code, reason) = match reason {
+        "Forbidden" => (403, "Forbidden"),
+        "Unauthorized" => (401, "Unauthorized"),
+        "RequestEntityTooLarge" => (413, "RequestEntityTooLarge"),
+        _ => (422, "Invalid"),
+    };
+    let mut details = details.unwrap_or_else(|| json!({}));
+    details["causes"] = json!([{"message": message}]);
+    Error::Api {
+        code,
+        reason,
+        message: full,
+        details: Some(details),
+    }
+}
+
+impl Bound {
+    fn selects(&self, req: &Request) -> bool {
+        self.constraints.matches(req) && self.narrowed.as_ref().is_none_or(|m| m.matches(req))
+    }
+
+    /// The first failing validation's message and reason; `None` when all pass or the policy
+    /// does not apply (a match condition is false). Evaluation errors follow failurePolicy.
+    fn failure(&self, ctx: &Context) -> Result<Option<(String, String)>, Error> {
+        let mut scope = ctx.new_inner_scope();
+        let errored = |e: &Expr, err: &dyn std::fmt::Display| {
+            format!("expression '{}' resulted in error: {err}", e.source)
+        };
+        for (_, e) in &self.conditions {
+            match e.program.execute(&scope) {
+                Ok(cel::Value::Bool(true)) => {}
+                Ok(cel::Value::Bool(false)) => return Ok(None),
+                Ok(other) => {
+                    return Ok(self.on_error(errored(e, &format!("{other:?} is not a bool"))));
+                }
+                Err(err) => return Ok(self.on_error(errored(e, &err))),
+            }
+        }
+        let mut vars = HashMap::new();
+        for (name, e) in &self.variables {
+            match e.program.execute(&scope) {
+                Ok(v) => vars.insert(name.clone(), v),
+                Err(err) => return Ok(self.on_error(errored(e, &err))),
+            };
+        }
+        scope.add_variable_from_value("variables", vars);
+        for v in &self.validations {
+            match v.expr.program.execute(&scope) {
+                Ok(cel::Value::Bool(true)) => {}
+                Ok(cel::Value::Bool(false)) => {
+                    return Ok(Some((v.message(&scope), v.reason.clone())));
+                }
+                Ok(other) => {
+                    return Ok(self.on_error(errored(&v.expr, &format!("{other:?} is not a bool"))));
+                }
+                Err(err) => return Ok(self.on_error(errored(&v.expr, &err))),
+            }
+        }
+        Ok(None)
+    }
+
+    fn on_error(&self, message: String) -> Option<(String, String)> {
+        (!self.fail_open).then(|| (message, "Invalid".to_string()))
+    }
+}
+
+impl Validation {
+    fn message(&self, ctx: &Context) -> String {
+        if let Some(e) = &self.message_expr
+            && let Ok(cel::Value::String(s)) = e.program.execute(ctx)
+            && !s.trim().is_empty()
+        {
+            return s.to_string();
+        }
+        match &self.message {
+            Some(m) if !m.is_empty() => m.clone(),
+            _ => format!("failed expression: {}", self.expr.source),
+        }
+    }
+}
+
+impl Matcher {
+    fn matches(&self, req: &Request) -> bool {
+        self.rules.iter().any(|r| r.matches(req)) && !self.exclude.iter().any(|r| r.matches(req))
+    }
+}
+
+impl Rule {
+    fn matches(&self, req: &Request) -> bool {
+        let any = |list: &[String], v: &str| list.iter().any(|x| x == "*" || x == v);
+        let scope_ok = match self.scope.as_str() {
+            "Cluster" => !req.rt.namespaced,
+            "Namespaced" => req.rt.namespaced,
+            _ => true,
+        };
+        any(&self.groups, &req.rt.group)
+            && any(&self.versions, &req.rt.version)
+            && any(&self.operations, req.operation)
+            && self.resources.iter().any(|r| resource_matches(r, req))
+            && (self.names.is_empty() || self.names.iter().any(|n| n == req.name))
+            && scope_ok
+    }
+}
+
+/// `pods` (main resource only), `pods/status`, `pods/*`, `*` (every main resource), `*/status`,
+/// `*/*`.
+fn resource_matches(rule: &str, req: &Request) -> bool {
+    let (res, sub) = rule.split_once('/').unwrap_or((rule, ""));
+    (res == "*" || res == req.rt.plural)
+        && match sub {
+            "" => req.subresource.is_empty(),
+            "*" => true,
+            s => s == req.subresource,
+        }
+}
+
+/// Compiled policies, rebuilt when a policy or binding was written since the last build.
+#[derive(Default)]
+pub(crate) struct PoliciesCache(Mutex<Option<([u64; 2], Arc<Policies>)>>);
+
+impl PoliciesCache {
+    pub fn current(&self, store: &Store) -> Arc<Policies> {
+        let versions = [
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+        ]
+        .map(|k| store.last_write(&format!("{k}.{GROUP}")));
+        let mut cached = self.0.lock();
+        match &*cached {
+            Some((v, p)) if *v == versions => p.clone(),
+            _ => {
+                let p = Arc::new(load(store));
+                *cached = Some((versions, p.clone()));
+                p
+            }
+        }
+    }
+}
+
+fn load(store: &Store) -> Policies {
+    let objects = |plural: &str| store.objects_of(&format!("{plural}.{GROUP}"));
+    let policies: BTreeMap<String, Arc<Value>> = objects("validatingadmissionpolicies")
+        .into_iter()
+        .map(|p| (meta_name(&p).to_string(), p))
+        .collect();
+    let mut bound = Vec::new();
+    for b in objects("validatingadmissionpolicybindings") {
+        let spec = &b["spec"];
+        let Some(policy) = spec["policyName"].as_str().and_then(|n| policies.get(n)) else {
+            continue; // a binding of a policy that does not exist does nothing
+        };
+        // Written policies passed `check_object`, so they compile.
+        if let Ok(p) = compile_bound(policy, &b) {
+            bound.push(p);
+        }
+    }
+    Policies {
+        bound,
+        env: Arc::new(cel::Env::stdlib()),
+    }
+}
+
+fn meta_name(v: &Value) -> &str {
+    v["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The items of a list field with their compiled `key` expression; failures go to `causes`.
+fn exprs<'a>(
+    list: &'a Value,
+    field: &str,
+    key: &str,
+    causes: &mut Vec<(String, String)>,
+) -> Vec<(&'a Value, Expr)> {
+    let mut out = Vec::new();
+    for (i, item) in list.as_array().into_iter().flatten().enumerate() {
+        let path = format!("spec.{field}[{i}].{key}");
+        match compile(item[key].as_str().unwrap_or_default(), &path) {
+            Ok(e) => out.push((item, e)),
+            Err(c) => causes.push(c),
+        }
+    }
+    out
+}
+
+fn compile_bound(policy: &Value, binding: &Value) -> Result<Bound, Vec<(String, String)>> {
+    let spec = &policy["spec"];
+    let mut causes = Vec::new();
+    let conditions = exprs(
+        &spec["matchConditions"],
+        "matchConditions",
+        "expression",
+        &mut causes,
+    )
+    .into_iter()
+    .map(|(item, e)| (item["name"].as_str().unwrap_or_default().to_string(), e))
+    .collect();
+    let variables = exprs(&spec["variables"], "variables", "expression", &mut causes)
+        .into_iter()
+        .map(|(item, e)| (item["name"].as_str().unwrap_or_default().to_string(), e))
+        .collect();
+    let mut validations = Vec::new();
+    for (i, (item, expr)) in exprs(
+        &spec["validations"],
+        "validations",
+        "expression",
+        &mut causes,
+    )
+    .into_iter()
+    .enumerate()
+    {
+        let message_expr = match item["messageExpression"].as_str() {
+            Some(src) => match compile(src, &format!("spec.validations[{i}].messageExpression")) {
+                Ok(e) => Some(e),
+                Err(c) => {
+                    causes.push(c);
+                    None
+                }
+            },
+            None => None,
+        };
+        validations.push(Validation {
+            expr,
+            message: item["message"].as_str().map(String::from),
+            message_expr,
+            reason: item["reason"].as_str().unwrap_or("Invalid").to_string(),
+        });
+    }
+    if !causes.is_empty() {
+        return Err(causes);
+    }
+    let actions = strings(&binding["spec"]["validationActions"]);
+    Ok(Bound {
+        policy: meta_name(policy).to_string(),
+        binding: meta_name(binding).to_string(),
+        constraints: matcher(&spec["matchConstraints"]),
+        narrowed: binding["spec"]
+            .get("matchResources")
+            .filter(|m| m.is_object())
+            .map(matcher),
+        conditions,
+        variables,
+        validations,
+        fail_open: spec["failurePolicy"].as_str() == Some("Ignore"),
+        deny: actions.iter().any(|a| a == "Deny"),
+        warn: actions.iter().any(|a| a == "Warn"),
+    })
+}
+
+fn matcher(m: &Value) -> Matcher {
+    let rules = |v: &Value| -> Vec<Rule> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| Rule {
+                groups: strings(&r["apiGroups"]),
+                versions: strings(&r["apiVersions"]),
+                operations: strings(&r["operations"]),
+                resources: strings(&r["resources"]),
+                names: strings(&r["resourceNames"]),
+                scope: r["scope"].as_str().unwrap_or("*").to_string(),
+            })
+            .collect()
+    };
+    Matcher {
+        rules: rules(&m["resourceRules"]),
+        exclude: rules(&m["excludeResourceRules"]),
+    }
+}
+
+/// Compiles one expression, refusing what the `cel` crate cannot evaluate (module docs), with
+/// the cause the real server gives a policy whose expression does not compile.
+fn compile(source: &str, path: &str) -> Result<Expr, (String, String)> {
+    let invalid = |why: String| {
+        (
+            path.to_string(),
+            format!("Invalid value: {source:?}: compilation failed: ERROR: <input>:{why}"),
+        )
+    };
+    let program = Program::compile(source).map_err(|e| {
+        let text = e.to_string();
+        invalid(
+            text.strip_prefix("ERROR: <input>:")
+                .unwrap_or(&text)
+                .trim()
+                .to_string(),
+        )
+    })?;
+    let refs = program.references();
+    let bound = comprehension_variables(source);
+    for f in refs.functions() {
+        let operator = f.starts_with('_') || f.starts_with('@') || f.starts_with('!');
+        if !operator && !FUNCTIONS.contains(&f) {
+            return Err(invalid(format!(
+                " undeclared reference to '{f}' (in container ''): this test server's CEL \
+                 evaluates only {FUNCTIONS:?}, the operators and the macros"
+            )));
+        }
+    }
+    for v in refs.variables() {
+        if !VARIABLES.contains(&v) && !bound.iter().any(|b| b == v) {
+            return Err(invalid(format!(
+                " undeclared reference to '{v}' (in container '')"
+            )));
+        }
+    }
+    Ok(Expr {
+        source: source.to_string(),
+        program,
+    })
+}
+
+/// The names bound by comprehension macros (`list.all(x, …)`), which are variables inside them.
+fn comprehension_variables(source: &str) -> Vec<String> {
+    let re = regex::Regex::new(
+        r"\.(?:all|exists|exists_one|map|filter)\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,",
+    )
+    .expect("valid regex");
+    re.captures_iter(source).map(|c| c[1].to_string()).collect()
+}
+
+/// The causes refusing a ValidatingAdmissionPolicy or Binding the server could not enforce.
+pub(crate) fn check_object(rt: &ResType, obj: &Value) -> Vec<(String, String)> {
+    if rt.group != GROUP {
+        return Vec::new();
+    }
+    let spec = &obj["spec"];
+    let mut causes = Vec::new();
+    let unsupported = |field: &str| {
+        (
+            field.to_string(),
+            "Forbidden: not supported by this test server (no params, no namespace or object \
+             selectors)"
+                .to_string(),
+        )
+    };
+    match rt.kind.as_str() {
+        POLICY => {
+            if spec.get("paramKind").is_some_and(|p| !p.is_null()) {
+                causes.push(unsupported("spec.paramKind"));
+            }
+            causes.extend(selectors(
+                &spec["matchConstraints"],
+                "spec.matchConstraints",
+            ));
+            if let Err(c) = compile_bound(obj, &json!({})) {
+                causes.extend(c);
+            }
+        }
+        BINDING => {
+            if spec.get("paramRef").is_some_and(|p| !p.is_null()) {
+                causes.push(unsupported("spec.paramRef"));
+            }
+            causes.extend(selectors(&spec["matchResources"], "spec.matchResources"));
+            let actions = strings(&spec["validationActions"]);
+            if actions.is_empty() {
+                causes.push(("spec.validationActions".into(), "Required value".into()));
+            }
+            if actions.iter().any(|a| a == "Deny") && actions.iter().any(|a| a == "Warn") {
+                causes.push((
+                    "spec.validationActions".into(),
+                    format!("Invalid value: {actions:?}: must not contain both Deny and Warn (repeating the same validation failure information in the API response and headers serves no purpose)"),
+                ));
+            }
+        }
+        _ => {}
+    }
+    causes
+}
+
+fn selectors(m: &Value, path: &str) -> Vec<(String, String)> {
+    ["namespaceSelector", "objectSelector"]
+        .into_iter()
+        .filter(|s| {
+            let sel = &m[*s];
+            sel["matchLabels"]
+                .as_object()
+                .is_some_and(|l| !l.is_empty())
+                || sel["matchExpressions"]
+                    .as_array()
+                    .is_some_and(|l| !l.is_empty())
+        })
+        .map(|s| {
+            (
+                format!("{path}.{s}"),
+                "Forbidden: not supported by this test server".to_string(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(src: &str) -> cel::Value {
+        let e = compile(src, "x").expect("compiles");
+        let mut ctx = Context::default();
+        let object = json!({"s": "abc", "l": [1, 2], "m": {"k": "v"}});
+        ctx.add_variable_from_value("object", to_cel(&object));
+        e.program.execute(&ctx).expect("evaluates")
+    }
+
+    #[test]
+    fn every_supported_function_evaluates() {
+        for (src, want) in [
+            ("size(object.s) == 3", true),
+            ("object.s.size() == 3 && size(object.l) == 2", true),
+            ("object.s.contains('b')", true),
+            ("object.s.startsWith('ab')", true),
+            ("object.s.endsWith('bc')", true),
+            ("object.s.matches('^a.c$')", true),
+            ("int('7') == 7 && uint(7) == 7u && double(1) == 1.0", true),
+            ("string(7) == '7' && bool('true')", true),
+            ("bytes('a') == b'a' && type(1) == type(2)", true),
+            (
+                "has(object.m.k) && !has(object.m.z) && 'k' in object.m",
+                true,
+            ),
+            ("object.l.all(x, x > 0) && object.l.exists(x, x == 2)", true),
+            (
+                "object.l.exists_one(x, x == 1) && object.l.map(x, x * 2) == [2, 4]",
+                true,
+            ),
+            ("object.l.filter(x, x > 1) == [2]", true),
+        ] {
+            assert_eq!(eval(src), cel::Value::Bool(want), "{src}");
+        }
+        // every name in FUNCTIONS is exercised above
+        let sources =
+            "size contains startsWith endsWith matches int uint double string bool bytes type";
+        assert_eq!(sources.split(' ').collect::<Vec<_>>(), FUNCTIONS);
+    }
+
+    #[test]
+    fn what_cannot_be_evaluated_is_refused_naming_it() {
+        let (path, msg) = compile(
+            "object.s.lowerAscii() == 'abc'",
+            "spec.validations[0].expression",
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(path, "spec.validations[0].expression");
+        assert!(
+            msg.contains("undeclared reference to 'lowerAscii'"),
+            "{msg}"
+        );
+        let (_, msg) = compile("params.x == 1", "p").err().expect("refused");
+        assert!(msg.contains("undeclared reference to 'params'"), "{msg}");
+        let (_, msg) = compile("object.foo(", "p").err().expect("refused");
+        assert!(msg.starts_with("Invalid value: \"object.foo(\": compilation failed: ERROR: <input>:1:12: Syntax error"), "{msg}");
+        assert!(
+            compile("object.l.all(item, item > 0)", "p").is_ok(),
+            "a comprehension's variable"
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! ValidatingAdmissionPolicy through the kube client: the agent's own-node policy (DESIGN.md
+//! "Scope") allows and refuses by the node its token is bound to, and the refusals, failure
+//! policies, actions and creation-time checks read as the real server's.
+
+mod common;
+
+use common::*;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tidepool_tests::{ADMIN, ApiServer};
+
+const POLICY: &str = "tidepool-agent-own-node";
+
+/// The policy of DESIGN.md "Scope": the agent writes only its own node's IPAMNode and blocks.
+fn own_node_policy() -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["ipam.tidepool.dev"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": ["ipamnodes", "ipamnodes/status"]}]},
+            "matchConditions": [{"name": "is-agent",
+                "expression": "request.userInfo.username == 'system:serviceaccount:tidepool:agent'"}],
+            "variables": [{"name": "node",
+                "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''"}],
+            "validations": [
+                {"expression": "variables.node != ''",
+                 "message": "the agent's token must be bound to a node"},
+                {"expression": "request.name == variables.node",
+                 "messageExpression": "'agent on node ' + variables.node + ' may not write ' + request.resource.resource + ' ' + request.name"},
+            ],
+        },
+    })
+}
+
+fn binding(name: &str, policy: &str, actions: &[&str]) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": policy, "validationActions": actions},
+    })
+}
+
+async fn create(client: &kube::Client, v: Value) -> Result<DynamicObject, kube::Error> {
+    let obj = dynamic(v);
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    Api::<DynamicObject>::all_with(client.clone(), &ar)
+        .create(&PostParams::default(), &obj)
+        .await
+}
+
+/// A server with the IPAMNode CRD, IPAMNodes node-a and node-b, and `policies` created.
+async fn setup(policies: Vec<Value>) -> (ApiServer, Api<DynamicObject>) {
+    let server = ApiServer::start_with(fast_config()).await.unwrap();
+    let admin = server.client(ADMIN).await.unwrap();
+    let nodes = install_crd(&admin).await;
+    for n in ["node-a", "node-b"] {
+        nodes
+            .create(
+                &PostParams::default(),
+                &dynamic(json!({
+                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+                "metadata": {"name": n}, "spec": {}})),
+            )
+            .await
+            .unwrap();
+    }
+    for p in policies {
+        create(&admin, p).await.expect("policy accepted");
+    }
+    (server, nodes)
+}
+
+async fn nodes_as(server: &ApiServer, identity: &str) -> Api<DynamicObject> {
+    Api::all_with(server.client(identity).await.unwrap(), &ipamnode_resource())
+}
+
+fn status_patch() -> Patch<Value> {
+    Patch::Merge(json!({"status": {"used": {}}}))
+}
+
+fn refused(r: Result<DynamicObject, kube::Error>, code: u16) -> kube::core::Status {
+    let e = r.expect_err("should be refused");
+    let s = status(&e).clone();
+    assert_eq!(s.code, code, "{s:?}");
+    s
+}
+
+#[tokio::test]
+async fn the_agent_writes_only_its_own_nodes_objects() {
+    let (server, admin_nodes) =
+        setup(vec![own_node_policy(), binding(POLICY, POLICY, &["Deny"])]).await;
+    let agent = nodes_as(&server, "system:serviceaccount:tidepool:agent@node-a").await;
+    let pp = PatchParams::default();
+    agent
+        .patch_status("node-a", &pp, &status_patch())
+        .await
+        .expect("its own node");
+    let s = refused(
+        agent.patch_status("node-b", &pp, &status_patch()).await,
+        422,
+    );
+    let why = format!(
+        "ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request: agent on \
+         node node-a may not write ipamnodes node-b"
+    );
+    assert_eq!(s.reason, "Invalid");
+    assert_eq!(
+        s.message,
+        format!("ipamnodes.ipam.tidepool.dev \"node-b\" is forbidden: {why}")
+    );
+    let details = s.details.expect("details");
+    assert_eq!(
+        (details.name.as_str(), details.kind.as_str()),
+        ("node-b", "ipamnodes")
+    );
+    assert_eq!(details.causes[0].message, why);
+
+    let unbound = nodes_as(&server, "system:serviceaccount:tidepool:agent").await;
+    let s = refused(
+        unbound.patch_status("node-a", &pp, &status_patch()).await,
+        422,
+    );
+    assert!(
+        s.message
+            .ends_with("denied request: the agent's token must be bound to a node"),
+        "{}",
+        s.message
+    );
+
+    // the policy's match condition leaves everybody else alone
+    admin_nodes
+        .patch_status("node-b", &pp, &status_patch())
+        .await
+        .expect("the admin");
+    let other = nodes_as(&server, "system:serviceaccount:tidepool:operator@node-a").await;
+    other
+        .patch_status("node-b", &pp, &status_patch())
+        .await
+        .expect("another account");
+    // deletes are checked on the old object's name
+    let s = refused(
+        agent
+            .delete("node-b", &Default::default())
+            .await
+            .map(|_| dynamic(json!({}))),
+        422,
+    );
+    assert!(
+        s.message.contains("may not write ipamnodes node-b"),
+        "{}",
+        s.message
+    );
+}
+
+#[tokio::test]
+async fn failure_policies_reasons_and_warnings() {
+    let policy = |name: &str, failure: &str, expression: &str, reason: Option<&str>| {
+        let mut v = json!({"expression": expression});
+        if let Some(r) = reason {
+            v["reason"] = json!(r);
+        }
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {"failurePolicy": failure,
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["ipam.tidepool.dev"],
+                    "apiVersions": ["v1alpha1"], "operations": ["UPDATE"], "resources": ["ipamnodes"],
+                    "resourceNames": [name.trim_start_matches("p-")]}]},
+                "validations": [v]}})
+    };
+    let (server, _) = setup(vec![
+        // node-a: an expression that errors (no such key), failing closed
+        policy("p-node-a", "Fail", "object.spec.missing == 'x'", None),
+        binding("b-node-a", "p-node-a", &["Deny"]),
+        // node-b: the same failing open, plus a false validation that only warns
+        policy("p-node-b", "Ignore", "object.spec.missing == 'x'", None),
+        binding("b-node-b", "p-node-b", &["Deny"]),
+    ])
+    .await;
+    let admin = server.client(ADMIN).await.unwrap();
+    let tester = nodes_as(&server, "tester").await;
+    let spec = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
+    let s = refused(
+        tester.patch("node-a", &PatchParams::default(), &spec).await,
+        422,
+    );
+    assert!(
+        s.message.contains(
+            "denied request: expression 'object.spec.missing == 'x'' resulted in error: "
+        ),
+        "{}",
+        s.message
+    );
+    tester
+        .patch("node-b", &PatchParams::default(), &spec)
+        .await
+        .expect("failurePolicy Ignore");
+    tester
+        .patch_status("node-a", &PatchParams::default(), &status_patch())
+        .await
+        .expect("a rule for `ipamnodes` leaves `ipamnodes/status` alone");
+
+    // reason Forbidden answers 403; Warn lets the write through with a Warning header
+    let mut p = policy("p-forbidden", "Fail", "false", Some("Forbidden"));
+    p["spec"]["matchConstraints"]["resourceRules"][0]["resourceNames"] = json!(["node-b"]);
+    create(&admin, p).await.unwrap();
+    let mut p = policy("p-warn", "Fail", "object.metadata.name != 'node-b'", None);
+    p["spec"]["matchConstraints"]["resourceRules"][0]["resourceNames"] = json!(["node-b"]);
+    create(&admin, p).await.unwrap();
+    create(&admin, binding("b-warn", "p-warn", &["Warn"]))
+        .await
+        .unwrap();
+    let (code, headers, body) = raw_typed(
+        &server,
+        "PATCH",
+        "/apis/ipam.tidepool.dev/v1alpha1/ipamnodes/node-b",
+        Some(server.token("tester")),
+        Some(r#"{"metadata": {"labels": {"w": "1"}}}"#),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let warning = headers
+        .iter()
+        .find(|(k, _)| k == "warning")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    assert!(
+        warning.contains("Validation failed for ValidatingAdmissionPolicy 'p-warn' with binding 'b-warn': failed expression: object.metadata.name != 'node-b'"),
+        "{warning}"
+    );
+    create(&admin, binding("b-forbidden", "p-forbidden", &["Deny"]))
+        .await
+        .unwrap();
+    let s = refused(
+        tester.patch("node-b", &PatchParams::default(), &spec).await,
+        403,
+    );
+    assert_eq!(s.reason, "Forbidden");
+    assert!(
+        s.message
+            .ends_with("denied request: failed expression: false"),
+        "{}",
+        s.message
+    );
+}
+
+#[tokio::test]
+async fn what_cannot_be_enforced_is_refused_when_written() {
+    let (server, _) = setup(vec![]).await;
+    let admin = server.client(ADMIN).await.unwrap();
+    let mut p = own_node_policy();
+    p["spec"]["validations"][1]["expression"] =
+        json!("request.name.lowerAscii() == variables.node");
+    let e = create(&admin, p).await.expect_err("refused");
+    let s = status(&e);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert!(
+        s.message.starts_with(&format!(
+            "ValidatingAdmissionPolicy.admissionregistration.k8s.io \"{POLICY}\" is invalid: \
+             spec.validations[1].expression: Invalid value: \"request.name.lowerAscii() == \
+             variables.node\": compilation failed: ERROR: <input>: undeclared reference to \
+             'lowerAscii'"
+        )),
+        "{}",
+        s.message
+    );
+    let mut p = own_node_policy();
+    p["spec"]["validations"][0]["expression"] = json!("variables.node != '");
+    let s = status(&create(&admin, p).await.expect_err("refused")).clone();
+    assert!(s.message.contains("spec.validations[0].expression: Invalid value: \"variables.node != '\": compilation failed: ERROR: <input>:1:"), "{}", s.message);
+    let mut p = own_node_policy();
+    p["spec"]["paramKind"] = json!({"apiVersion": "v1", "kind": "ConfigMap"});
+    let s = status(&create(&admin, p).await.expect_err("refused")).clone();
+    assert!(
+        s.message
+            .contains("spec.paramKind: Forbidden: not supported by this test server"),
+        "{}",
+        s.message
+    );
+    let s = status(
+        &create(&admin, binding("b", POLICY, &["Deny", "Warn"]))
+            .await
+            .expect_err("refused"),
+    )
+    .clone();
+    assert!(
+        s.message.contains("spec.validationActions: Invalid value"),
+        "{}",
+        s.message
+    );
+    let s = status(
+        &create(&admin, binding("b", POLICY, &[]))
+            .await
+            .expect_err("refused"),
+    )
+    .clone();
+    assert!(
+        s.message.contains("spec.validationActions: Required value"),
+        "{}",
+        s.message
+    );
+    create(&admin, own_node_policy())
+        .await
+        .expect("the policy as written in DESIGN.md compiles");
+}
