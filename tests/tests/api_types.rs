@@ -135,3 +135,60 @@ async fn typed_resources_round_trip_through_the_server() {
         assert_eq!(names, [want], "{selector}");
     }
 }
+
+/// A watch on the blocks' selectable field sees its node's blocks only (the agent's watch), and
+/// a field the CRD does not declare is refused as the real server refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_selectable_field_sees_its_node_only() {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let (_server, client) = start().await;
+    install(&client).await;
+    let blocks: Api<IPAMBlock> = Api::all(client.clone());
+    let mut events = blocks
+        .watch(
+            &WatchParams::default().fields("spec.node=n1").timeout(10),
+            "0",
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let pp = PostParams::default();
+    blocks
+        .create(&pp, &block("v4-10-0-0-16-28", "10.0.0.16/28", "n2"))
+        .await
+        .unwrap();
+    blocks
+        .create(&pp, &block("v4-10-0-0-0-28", "10.0.0.0/28", "n1"))
+        .await
+        .unwrap();
+    blocks
+        .delete("v4-10-0-0-0-28", &Default::default())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+            Ok(Some(Ok(WatchEvent::Added(b)))) => seen.push(("ADDED", b.metadata.name.unwrap())),
+            Ok(Some(Ok(WatchEvent::Deleted(b)))) => {
+                seen.push(("DELETED", b.metadata.name.unwrap()))
+            }
+            Ok(Some(Ok(_))) => {}
+            other => panic!("watch ended early: {other:?}"),
+        }
+    }
+    let n1 = "v4-10-0-0-0-28".to_string();
+    assert_eq!(seen, [("ADDED", n1.clone()), ("DELETED", n1)]);
+
+    let e = blocks
+        .list(&ListParams::default().fields("spec.cidr=10.0.0.0/28"))
+        .await
+        .expect_err("spec.cidr is not a selectable field");
+    let s = status(&e);
+    assert_eq!(s.code, 400, "{s:?}");
+    assert!(
+        s.message.contains("field label not supported: spec.cidr"),
+        "{}",
+        s.message
+    );
+}
