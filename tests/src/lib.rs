@@ -14,6 +14,7 @@ mod error;
 mod fieldset;
 mod http;
 mod identity;
+mod kinds;
 mod media;
 mod names;
 mod params;

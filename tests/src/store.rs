@@ -249,6 +249,25 @@ impl Store {
                 .create(&ns_type, "", obj, &opts)
                 .expect("seed namespace");
         }
+        // The PriorityClasses the real server creates at start (`SystemPriorityClasses()`).
+        let pc_type = store
+            .resolve("scheduling.k8s.io", "v1", "priorityclasses")
+            .expect("priorityclasses");
+        for (name, value, description) in crate::kinds::SYSTEM_PRIORITY_CLASSES {
+            let obj = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value, "description": description,
+                "preemptionPolicy": "PreemptLowerPriority"});
+            let opts = WriteOpts {
+                manager: "kube-apiserver".into(),
+                subresource: String::new(),
+                dry_run: false,
+                strict: false,
+                force: false,
+            };
+            store
+                .create(&pc_type, "", obj, &opts)
+                .expect("seed priority class");
+        }
         store
     }
 
@@ -566,6 +585,10 @@ impl Store {
             }
         }
         let mut causes: Vec<(String, String)> = Vec::new();
+        if !rt.crd {
+            crate::kinds::default(&rt.group, &rt.kind, obj);
+            crate::kinds::validate(&rt.group, &rt.kind, obj, &mut causes);
+        }
         if rt.group == "events.k8s.io" {
             let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
             for (p, f) in [
@@ -1095,6 +1118,13 @@ impl Store {
         }
         let mut warnings = Vec::new();
         self.admit(rt, &mut new, o.strict, &mut warnings)?;
+        if !rt.crd {
+            let mut causes = Vec::new();
+            crate::kinds::validate_update(&rt.group, &rt.kind, old, &new, &mut causes);
+            if !causes.is_empty() {
+                return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
+            }
+        }
         let t = now();
         let av = rt.api_version();
         let w = Writer {
