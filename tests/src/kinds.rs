@@ -121,7 +121,8 @@ pub(crate) fn validate(group: &str, kind: &str, obj: &Value, causes: &mut Causes
     }
 }
 
-/// Rules that compare an update with the stored object (`Validate…Update`).
+/// Rules that compare an update (before defaulting) with the stored object
+/// (`Validate…Update`).
 pub(crate) fn validate_update(
     group: &str,
     kind: &str,
@@ -130,6 +131,8 @@ pub(crate) fn validate_update(
     causes: &mut Causes,
 ) {
     if (group, kind) == ("scheduling.k8s.io", "PriorityClass") {
+        let mut new = new.clone();
+        default(group, kind, &mut new);
         if old.get("value") != new.get("value") {
             causes.push((
                 "value".into(),

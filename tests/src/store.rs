@@ -585,10 +585,6 @@ impl Store {
             }
         }
         let mut causes: Vec<(String, String)> = Vec::new();
-        if !rt.crd {
-            crate::kinds::default(&rt.group, &rt.kind, obj);
-            crate::kinds::validate(&rt.group, &rt.kind, obj, &mut causes);
-        }
         if rt.group == "events.k8s.io" {
             let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
             for (p, f) in [
@@ -624,6 +620,11 @@ impl Store {
                     ),
                 ));
             }
+        }
+        // DaemonSet, NetworkPolicy, PriorityClass: defaults, then their validations
+        if !rt.crd {
+            crate::kinds::default(&rt.group, &rt.kind, obj);
+            crate::kinds::validate(&rt.group, &rt.kind, obj, &mut causes);
         }
         match rt.kind.as_str() {
             "Pod"
@@ -1116,8 +1117,6 @@ impl Store {
                 ));
             }
         }
-        let mut warnings = Vec::new();
-        self.admit(rt, &mut new, o.strict, &mut warnings)?;
         if !rt.crd {
             let mut causes = Vec::new();
             crate::kinds::validate_update(&rt.group, &rt.kind, old, &new, &mut causes);
@@ -1125,6 +1124,8 @@ impl Store {
                 return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
             }
         }
+        let mut warnings = Vec::new();
+        self.admit(rt, &mut new, o.strict, &mut warnings)?;
         let t = now();
         let av = rt.api_version();
         let w = Writer {

@@ -516,6 +516,15 @@ async fn priority_classes_seeded_defaulted_immutable_and_refused() {
         .unwrap();
     assert_eq!(d.description.as_deref(), Some("node agents"));
     assert_eq!(d.value, 1000);
+    // a PUT that leaves preemptionPolicy out gets the default again, so it is no change
+    let mut put = d.clone();
+    put.preemption_policy = None;
+    put.description = Some("agents again".into());
+    let r = typed
+        .replace("tidepool-high", &PostParams::default(), &put)
+        .await
+        .unwrap();
+    assert_eq!(r.preemption_policy.as_deref(), Some("PreemptLowerPriority"));
 }
 
 fn node_clone(pc: &PriorityClass) -> PriorityClass {
