@@ -84,6 +84,7 @@ enum Owners {
 }
 
 /// Per-request write options.
+#[derive(Default)]
 pub(crate) struct WriteOpts {
     pub manager: String,
     pub subresource: String,
@@ -259,10 +260,7 @@ impl Store {
                 "preemptionPolicy": "PreemptLowerPriority"});
             let opts = WriteOpts {
                 manager: "kube-apiserver".into(),
-                subresource: String::new(),
-                dry_run: false,
-                strict: false,
-                force: false,
+                ..WriteOpts::default()
             };
             store
                 .create(&pc_type, "", obj, &opts)
