@@ -286,11 +286,16 @@ pub(crate) fn table(t: &ResType, items: &[Arc<Value>], rv: u64, include: &str) -
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
     ];
     let mut paths: Vec<(String, String)> = Vec::new();
-    for c in &t.columns {
+    // Built-in kinds with a printer of their own (`pkg/printers/internalversion`).
+    let printed = crate::kinds::columns(&t.group, &t.kind);
+    if let Some(c) = &printed {
+        cols.extend(c.iter().cloned());
+    }
+    for c in t.columns.iter().filter(|_| printed.is_none()) {
         cols.push(json!({"name": c.name, "type": c.ty, "format": "", "description": c.description, "priority": c.priority}));
         paths.push((c.ty.clone(), c.json_path.clone()));
     }
-    if t.columns.is_empty() {
+    if t.columns.is_empty() && printed.is_none() {
         cols.push(json!({"name": "Age", "type": "date", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}));
         paths.push(("date".into(), ".metadata.creationTimestamp".into()));
     }
@@ -298,6 +303,9 @@ pub(crate) fn table(t: &ResType, items: &[Arc<Value>], rv: u64, include: &str) -
         .iter()
         .map(|o| {
             let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
+            if printed.is_some() {
+                cells.extend(crate::kinds::cells(&t.group, &t.kind, o, age));
+            }
             for (ty, p) in &paths {
                 cells.push(cell(ty, jsonpath(o, p)));
             }

@@ -15,6 +15,7 @@ mod error;
 mod fieldset;
 mod http;
 mod identity;
+mod kinds;
 mod media;
 mod names;
 mod params;

@@ -59,6 +59,8 @@ impl ResType {
             || matches!(
                 self.kind.as_str(),
                 "Deployment"
+                    | "DaemonSet"
+                    | "NetworkPolicy"
                     | "PodDisruptionBudget"
                     | "CustomResourceDefinition"
                     | "Pod"
@@ -255,6 +257,37 @@ pub(crate) fn builtins() -> Vec<ResType> {
             true,
             &["deploy"],
             &["all"],
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "DaemonSet",
+            "daemonsets",
+            true,
+            true,
+            &["ds"],
+            &["all"],
+        ),
+        // No status subresource: NetworkPolicyStatus was removed in 1.28.
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+            "networkpolicies",
+            true,
+            false,
+            &["netpol"],
+            &[],
+        ),
+        builtin(
+            "scheduling.k8s.io",
+            "v1",
+            "PriorityClass",
+            "priorityclasses",
+            false,
+            false,
+            &["pc"],
+            &[],
         ),
         builtin(rbac, "v1", "Role", "roles", true, false, &[], &[]),
         builtin(

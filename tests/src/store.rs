@@ -85,6 +85,7 @@ enum Owners {
 }
 
 /// Per-request write options.
+#[derive(Default)]
 pub(crate) struct WriteOpts {
     pub manager: String,
     pub subresource: String,
@@ -254,6 +255,22 @@ impl Store {
             store
                 .create(&ns_type, "", obj, &opts)
                 .expect("seed namespace");
+        }
+        // The PriorityClasses the real server creates at start (`SystemPriorityClasses()`).
+        let pc_type = store
+            .resolve("scheduling.k8s.io", "v1", "priorityclasses")
+            .expect("priorityclasses");
+        for (name, value, description) in crate::kinds::SYSTEM_PRIORITY_CLASSES {
+            let obj = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value, "description": description,
+                "preemptionPolicy": "PreemptLowerPriority"});
+            let opts = WriteOpts {
+                manager: "kube-apiserver".into(),
+                ..WriteOpts::default()
+            };
+            store
+                .create(&pc_type, "", obj, &opts)
+                .expect("seed priority class");
         }
         store
     }
@@ -607,6 +624,11 @@ impl Store {
                     ),
                 ));
             }
+        }
+        // DaemonSet, NetworkPolicy, PriorityClass: defaults, then their validations
+        if !rt.crd {
+            crate::kinds::default(&rt.group, &rt.kind, obj);
+            crate::kinds::validate(&rt.group, &rt.kind, obj, &mut causes);
         }
         match rt.kind.as_str() {
             "Pod"
@@ -1101,6 +1123,13 @@ impl Store {
                         ),
                     )],
                 ));
+            }
+        }
+        if !rt.crd {
+            let mut causes = Vec::new();
+            crate::kinds::validate_update(&rt.group, &rt.kind, old, &new, &mut causes);
+            if !causes.is_empty() {
+                return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
             }
         }
         let mut warnings = Vec::new();

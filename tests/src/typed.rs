@@ -2,7 +2,9 @@
 //! into Go structs: wrong JSON types are refused (400) and, with `fieldValidation=Strict`,
 //! unknown fields too; otherwise unknown fields are dropped with a warning.
 
-use k8s_openapi::api::{admissionregistration, apps, coordination, core, events, policy, rbac};
+use k8s_openapi::api::{
+    admissionregistration, apps, coordination, core, events, networking, policy, rbac, scheduling,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -31,6 +33,9 @@ pub(crate) fn decode(
         ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(v),
         ("coordination.k8s.io", "Lease") => roundtrip::<coordination::v1::Lease>(v),
         ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(v),
+        ("apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>(v),
+        ("networking.k8s.io", "NetworkPolicy") => roundtrip::<networking::v1::NetworkPolicy>(v),
+        ("scheduling.k8s.io", "PriorityClass") => roundtrip::<scheduling::v1::PriorityClass>(v),
         ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(v),
         ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<rbac::v1::RoleBinding>(v),
         ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(v),

@@ -1091,3 +1091,270 @@ async fn kubectl_auth_can_i_and_rbac_refusals() {
         "yes"
     );
 }
+
+/// The standalone binary as a child process: killed and its directory removed on drop, so a
+/// failing assertion does not leave it running.
+struct Standalone {
+    child: std::process::Child,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    url: String,
+}
+
+impl Standalone {
+    /// Starts `tidepool-apiserver --port 0` with `flags` and one kubeconfig per identity (the
+    /// first at `kubeconfig`, the others at `kubeconfig.<identity>`).
+    fn start(name: &str, flags: &[&str], identities: &[&str]) -> Self {
+        use std::io::BufRead;
+        let dir = std::env::temp_dir().join(format!("tidepool-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidepool-apiserver"));
+        cmd.args(["--port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(flags);
+        for id in identities {
+            cmd.args(["--identity", id]);
+        }
+        let child = cmd
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start tidepool-apiserver");
+        let mut s = Standalone {
+            child,
+            dir,
+            kubeconfig,
+            url: String::new(),
+        };
+        let mut line = String::new();
+        std::io::BufReader::new(s.child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        s.url = line
+            .strip_prefix("serving ")
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+            .to_string();
+        s
+    }
+
+    fn kubeconfig_of(&self, identity: &str) -> PathBuf {
+        let mut p = self.kubeconfig.clone().into_os_string();
+        p.push(format!(".{identity}"));
+        PathBuf::from(p)
+    }
+
+    async fn run(&self, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = Command::new(kubectl_binary());
+        cmd.args(args)
+            .arg("--cache-dir")
+            .arg(self.dir.join(format!(
+                "cache-{}",
+                kubeconfig.file_name().unwrap().to_string_lossy()
+            )))
+            // not $KUBECONFIG: a path list, and service-account identities contain ':'
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("KUBECONFIG")
+            .env("HOME", &self.dir)
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .expect("join")
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, kubeconfig: &Path, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(kubeconfig, args).await;
+        assert!(ok, "kubectl {args:?} failed:\nstdout: {out}\nstderr: {err}");
+        out
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Rows of a kubectl table as whitespace-separated cells.
+fn rows(table: &str) -> Vec<Vec<&str>> {
+    table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+/// Issue 12's deploy bundle (`fixtures/bundle`: Namespace, ServiceAccount, ClusterRole and
+/// binding, a DaemonSet at `system-node-critical`, a NetworkPolicy, a PriorityClass, a
+/// ValidatingAdmissionPolicy and its binding) applied with `kubectl apply -k` to the standalone
+/// binary with `--rbac` (so over TLS), then read back with `kubectl get ds,netpol,pc -A` and
+/// `kubectl auth can-i --list` as the admin and as the bundle's service account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_a_bundle_to_the_rbac_standalone_binary() {
+    const AGENT: &str = "system:serviceaccount:tidepool-bundle:agent";
+    let server = Standalone::start("bundle", &["--rbac"], &[tidepool_tests::ADMIN, AGENT]);
+    assert!(
+        server.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+    let admin = server.kubeconfig.clone();
+    let agent = server.kubeconfig_of(AGENT);
+
+    let applied = server
+        .ok(&admin, &["apply", "-k", &fixture("bundle")])
+        .await;
+    for created in [
+        "namespace/tidepool-bundle created",
+        "serviceaccount/agent created",
+        "clusterrole.rbac.authorization.k8s.io/tidepool-bundle-agent created",
+        "clusterrolebinding.rbac.authorization.k8s.io/tidepool-bundle-agent created",
+        "priorityclass.scheduling.k8s.io/tidepool-agent-high created",
+        "daemonset.apps/tidepool-agent created",
+        "networkpolicy.networking.k8s.io/agent-metrics created",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/tidepool-config-names created",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/tidepool-config-names created",
+    ] {
+        assert!(applied.contains(created), "{created}:\n{applied}");
+    }
+
+    // The real printers' columns; no controller runs, so the DaemonSet's counts stay 0.
+    let table = server.ok(&admin, &["get", "ds,netpol,pc", "-A"]).await;
+    let r = rows(&table);
+    let has = |row: &[&str]| r.iter().any(|l| l.starts_with(row));
+    for row in [
+        &[
+            "NAMESPACE",
+            "NAME",
+            "DESIRED",
+            "CURRENT",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "NODE",
+            "SELECTOR",
+            "AGE",
+        ][..],
+        &[
+            "tidepool-bundle",
+            "daemonset.apps/tidepool-agent",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+            "kubernetes.io/os=linux",
+        ],
+        &["NAMESPACE", "NAME", "POD-SELECTOR", "AGE"],
+        &[
+            "tidepool-bundle",
+            "networkpolicy.networking.k8s.io/agent-metrics",
+            "app=tidepool-agent",
+        ],
+        &[
+            "NAMESPACE",
+            "NAME",
+            "VALUE",
+            "GLOBAL-DEFAULT",
+            "AGE",
+            "PREEMPTIONPOLICY",
+        ],
+        // cluster-scoped: the NAMESPACE cell is blank
+        &[
+            "priorityclass.scheduling.k8s.io/system-cluster-critical",
+            "2000000000",
+            "false",
+        ],
+        &[
+            "priorityclass.scheduling.k8s.io/system-node-critical",
+            "2000001000",
+            "false",
+        ],
+        &[
+            "priorityclass.scheduling.k8s.io/tidepool-agent-high",
+            "1000000",
+            "false",
+        ],
+    ] {
+        assert!(has(row), "{row:?} in\n{table}");
+    }
+    let policy = |name: &str| {
+        r.iter()
+            .find(|l| l.first() == Some(&name))
+            .and_then(|l| l.last().copied())
+            .map(String::from)
+    };
+    assert_eq!(
+        policy("priorityclass.scheduling.k8s.io/tidepool-agent-high").as_deref(),
+        Some("Never"),
+        "{table}"
+    );
+    assert_eq!(
+        policy("priorityclass.scheduling.k8s.io/system-node-critical").as_deref(),
+        Some("PreemptLowerPriority"),
+        "{table}"
+    );
+
+    // the admin (system:masters) may do everything
+    let list = server.ok(&admin, &["auth", "can-i", "--list"]).await;
+    assert!(
+        rows(&list).contains(&vec!["*.*", "[]", "[]", "[*]"]),
+        "{list}"
+    );
+    // the service account has what the bundle's ClusterRoleBinding grants
+    let list = server
+        .ok(
+            &agent,
+            &["auth", "can-i", "--list", "-n", "tidepool-bundle"],
+        )
+        .await;
+    let r = rows(&list);
+    for row in [
+        vec!["nodes", "[]", "[]", "[get", "list", "watch]"],
+        vec!["daemonsets.apps", "[]", "[]", "[get", "list", "watch]"],
+        vec![
+            "priorityclasses.scheduling.k8s.io",
+            "[]",
+            "[tidepool-agent-high]",
+            "[get]",
+        ],
+    ] {
+        assert!(r.contains(&row), "{row:?} in\n{list}");
+    }
+    assert!(!r.iter().any(|l| l.first() == Some(&"*.*")), "{list}");
+
+    // ... and RBAC holds it to that: its DaemonSet list (wide: the printers' priority-1
+    // columns), its PriorityClass, and no other
+    let wide = server.ok(&agent, &["get", "ds", "-A", "-o", "wide"]).await;
+    assert!(
+        rows(&wide).iter().any(|l| l.ends_with(&[
+            "agent",
+            "ghcr.io/tidepool/agent:0.1.0",
+            "app=tidepool-agent"
+        ])),
+        "{wide}"
+    );
+    server
+        .ok(&agent, &["get", "pc", "tidepool-agent-high"])
+        .await;
+    let (ok, _, err) = server
+        .run(&agent, &["get", "pc", "system-node-critical"])
+        .await;
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "Error from server (Forbidden): priorityclasses.scheduling.k8s.io \
+             \"system-node-critical\" is forbidden: User \"system:serviceaccount:tidepool-bundle:agent\" \
+             cannot get resource \"priorityclasses\" in API group \"scheduling.k8s.io\" at the cluster scope"
+        ),
+        "{err}"
+    );
+}
