@@ -1357,4 +1357,28 @@ async fn kubectl_applies_a_bundle_to_the_rbac_standalone_binary() {
         ),
         "{err}"
     );
+
+    // the bundle's admission policy holds, even for the admin
+    let (ok, _, err) = server
+        .run(
+            &admin,
+            &["create", "configmap", "x", "-n", "tidepool-bundle"],
+        )
+        .await;
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "error: failed to create configmap: configmaps \"x\" is forbidden: \
+             ValidatingAdmissionPolicy 'tidepool-config-names' with binding \
+             'tidepool-config-names' denied request: config map names in the bundle's namespace \
+             start with tidepool-"
+        ),
+        "{err}"
+    );
+    server
+        .ok(
+            &admin,
+            &["create", "configmap", "tidepool-x", "-n", "tidepool-bundle"],
+        )
+        .await;
 }
