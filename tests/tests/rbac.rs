@@ -149,6 +149,33 @@ async fn verbs_and_subresources_are_granted_one_by_one() {
         "ipamnodes.ipam.tidepool.dev is forbidden: User \"writer\" cannot list resource \
          \"ipamnodes\" in API group \"ipam.tidepool.dev\" at the cluster scope"
     );
+    // watch and deletecollection are verbs of their own
+    agent
+        .watch(&kube::api::WatchParams::default().timeout(1), "0")
+        .await
+        .expect("the agent may watch");
+    let e = writer
+        .watch(&kube::api::WatchParams::default().timeout(1), "0")
+        .await
+        .err()
+        .expect("the writer may not watch");
+    assert!(
+        common::status(&e)
+            .message
+            .contains("User \"writer\" cannot watch resource \"ipamnodes\""),
+        "{e:?}"
+    );
+    let msg = forbidden(
+        agent
+            .delete_collection(&Default::default(), &ListParams::default())
+            .await,
+    );
+    assert!(
+        msg.contains(&format!(
+            "User \"{AGENT_USER}\" cannot deletecollection resource \"ipamnodes\""
+        )),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
