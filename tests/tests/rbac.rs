@@ -150,10 +150,11 @@ async fn verbs_and_subresources_are_granted_one_by_one() {
          \"ipamnodes\" in API group \"ipam.tidepool.dev\" at the cluster scope"
     );
     // watch and deletecollection are verbs of their own
-    agent
+    let granted = agent
         .watch(&kube::api::WatchParams::default().timeout(1), "0")
         .await
         .expect("the agent may watch");
+    drop(granted);
     let e = writer
         .watch(&kube::api::WatchParams::default().timeout(1), "0")
         .await
