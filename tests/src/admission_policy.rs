@@ -185,7 +185,7 @@ impl Policies {
         ctx.add_variable_from_value("oldObject", old.map_or(cel::Value::Null, to_cel));
         ctx.add_variable_from_value("request", to_cel(&req.to_json()));
         for b in selected {
-            let Some((message, reason)) = b.failure(&ctx)? else {
+            let Some((message, reason)) = b.failure(&ctx) else {
                 continue;
             };
             let (p, b_name) = (&b.policy, &b.binding);
@@ -262,46 +262,51 @@ impl Bound {
 
     /// The first failing validation's message and reason; `None` when all pass or the policy
     /// does not apply (a match condition is false). Evaluation errors follow failurePolicy.
-    fn failure(&self, ctx: &Context) -> Result<Option<(String, String)>, Error> {
+    fn failure(&self, ctx: &Context) -> Option<(String, String)> {
         let mut scope = ctx.new_inner_scope();
-        let errored = |e: &Expr, err: &dyn std::fmt::Display| {
-            format!("expression '{}' resulted in error: {err}", e.source)
-        };
         for (_, e) in &self.conditions {
-            match e.program.execute(&scope) {
-                Ok(cel::Value::Bool(true)) => {}
-                Ok(cel::Value::Bool(false)) => return Ok(None),
-                Ok(other) => {
-                    return Ok(self.on_error(errored(e, &format!("{other:?} is not a bool"))));
-                }
-                Err(err) => return Ok(self.on_error(errored(e, &err))),
+            match e.truth(&scope) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(err) => return self.on_error(err),
             }
         }
         let mut vars = HashMap::new();
         for (name, e) in &self.variables {
             match e.program.execute(&scope) {
                 Ok(v) => vars.insert(name.clone(), v),
-                Err(err) => return Ok(self.on_error(errored(e, &err))),
+                Err(err) => return self.on_error(e.error(&err)),
             };
         }
         scope.add_variable_from_value("variables", vars);
         for v in &self.validations {
-            match v.expr.program.execute(&scope) {
-                Ok(cel::Value::Bool(true)) => {}
-                Ok(cel::Value::Bool(false)) => {
-                    return Ok(Some((v.message(&scope), v.reason.clone())));
-                }
-                Ok(other) => {
-                    return Ok(self.on_error(errored(&v.expr, &format!("{other:?} is not a bool"))));
-                }
-                Err(err) => return Ok(self.on_error(errored(&v.expr, &err))),
+            match v.expr.truth(&scope) {
+                Ok(true) => {}
+                Ok(false) => return Some((v.message(&scope), v.reason.clone())),
+                Err(err) => return self.on_error(err),
             }
         }
-        Ok(None)
+        None
     }
 
     fn on_error(&self, message: String) -> Option<(String, String)> {
         (!self.fail_open).then(|| (message, "Invalid".to_string()))
+    }
+}
+
+impl Expr {
+    /// The expression's boolean value, or the error message of an evaluation that failed or
+    /// gave something else.
+    fn truth(&self, ctx: &Context) -> Result<bool, String> {
+        match self.program.execute(ctx) {
+            Ok(cel::Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(self.error(&format!("{other:?} is not a bool"))),
+            Err(err) => Err(self.error(&err)),
+        }
+    }
+
+    fn error(&self, err: &dyn std::fmt::Display) -> String {
+        format!("expression '{}' resulted in error: {err}", self.source)
     }
 }
 
