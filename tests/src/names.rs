@@ -63,10 +63,24 @@ pub(crate) fn dns1035_label(s: &str) -> Vec<String> {
     errs
 }
 
+/// `IsValidPathSegmentName`: anything but `.` and `..`, without `/` or `%`.
+pub(crate) fn path_segment(s: &str) -> Vec<String> {
+    if let Some(bad) = [".", ".."].into_iter().find(|b| *b == s) {
+        return vec![format!("may not be '{bad}'")];
+    }
+    ["/", "%"]
+        .into_iter()
+        .filter(|c| s.contains(c))
+        .map(|c| format!("may not contain '{c}'"))
+        .collect()
+}
+
 /// The messages for an object name of `kind` (`metadata.name` causes, without the value).
 pub(crate) fn object_name(kind: &str, name: &str) -> Vec<String> {
     match kind {
         "Namespace" => dns1123_label(name),
+        // `ValidateRBACName`: `system:…` names are common
+        "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => path_segment(name),
         _ => dns1123_subdomain(name),
     }
 }
@@ -74,6 +88,17 @@ pub(crate) fn object_name(kind: &str, name: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rbac_names_are_path_segments() {
+        assert!(object_name("ClusterRole", "system:tidepool:agent").is_empty());
+        assert_eq!(object_name("RoleBinding", ".."), ["may not be '..'"]);
+        assert_eq!(
+            object_name("Role", "a/b%c"),
+            ["may not contain '/'", "may not contain '%'"]
+        );
+        assert!(!object_name("ConfigMap", "system:x").is_empty());
+    }
 
     #[test]
     fn subdomains_labels_and_lengths() {

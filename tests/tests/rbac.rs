@@ -238,10 +238,11 @@ async fn role_bindings_hold_in_their_namespace_only() {
 async fn names_groups_missing_roles_and_apply_that_creates() {
     let (server, admin) = rbac_server().await;
     grant(&admin, json!([
-        cluster_role("one-cm", json!([
+        // RBAC names are path segments: `system:`-style names are fine
+        cluster_role("tidepool:one-cm", json!([
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "watch", "list", "patch"],
              "resourceNames": ["mine"]}])),
-        cluster_binding("one-cm", "one-cm", json!({"kind": "Group", "name": "system:serviceaccounts:tidepool"})),
+        cluster_binding("tidepool:one-cm", "tidepool:one-cm", json!({"kind": "Group", "name": "system:serviceaccounts:tidepool"})),
         cluster_binding("ghost", "ghost", agent_subject()),
     ])).await;
     let agent: Api<ConfigMap> = Api::namespaced(server.client(AGENT).await.unwrap(), "default");
