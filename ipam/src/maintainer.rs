@@ -184,6 +184,9 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
         (st.info.clone(), st.deleted_at)
     };
     if let Some(at) = deleted_at {
+        // Its calls wait in the queue afresh: a kept place nobody polls could hold the
+        // budget's dispatcher role while they wait behind it.
+        local.ticket = None;
         return node_deleted(shared, h, at).await;
     }
     let mut attempt = 0;

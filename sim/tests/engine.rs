@@ -768,3 +768,39 @@ async fn an_exhausted_node_waits_for_a_release() {
     assert_pools_match_source(&world);
     assert_finish_clean(&world);
 }
+
+/// A node deleted while its pass keeps a place in the source budget's queue (its wait was
+/// cut short by the deletion) drops that place before its whole-node release waits for a
+/// token: the place, polled by nobody, could hold the queue's dispatcher role, the release
+/// waited behind it, and every other node's calls stalled with them.
+#[tokio::test(start_paused = true)]
+async fn a_node_deleted_while_it_keeps_a_queue_place_stalls_nobody() {
+    let mut cfg = config(wm(2, 0, 0, 0));
+    cfg.source_qps = 0.2;
+    cfg.source_burst = 1;
+    cfg.engine.node_reclaim_grace = Duration::ZERO;
+    let world = World::start(cfg).unwrap();
+    // n1 gets its first addresses (the one free token), then needs more while n2 and n3
+    // queue behind it: its place is the oldest, the dispatcher
+    let n1 = world.add_node("n1");
+    schedule(&world, &n1, 1);
+    wait_until("n1 served", secs(30), millis(100), || {
+        used(&world, "n1") == 1
+    })
+    .await;
+    schedule(&world, &n1, 10);
+    advance(millis(500)).await;
+    let others: Vec<_> = ["n2", "n3"].iter().map(|n| world.add_node(n)).collect();
+    for n in &others {
+        schedule(&world, n, 2);
+    }
+    advance(millis(500)).await;
+    // the machine goes, then its Node object (a node loss)
+    world.vanish_machine(&n1);
+    world.delete_node_object(&n1);
+    wait_until("n2 and n3 served", secs(300), millis(100), || {
+        used(&world, "n2") == 2 && used(&world, "n3") == 2
+    })
+    .await;
+    assert_finish_clean(&world);
+}
