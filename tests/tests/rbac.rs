@@ -313,3 +313,29 @@ async fn names_groups_missing_roles_and_apply_that_creates() {
         "{body}"
     );
 }
+
+/// A node-bound identity carries the node's name, and its UID when the Node exists at mint
+/// time, as a bound service-account token does.
+#[tokio::test]
+async fn node_bound_identities_carry_the_nodes_name_and_uid() {
+    use tidepool_tests::{NODE_NAME_EXTRA, NODE_UID_EXTRA};
+    let (server, admin) = rbac_server().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin);
+    let node = nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node-a"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let user = server.user(AGENT);
+    assert_eq!(user.name, AGENT_USER);
+    assert_eq!(user.extra[NODE_NAME_EXTRA], ["node-a"]);
+    assert_eq!(user.extra[NODE_UID_EXTRA], [node.metadata.uid.unwrap()]);
+    let early = server.user("system:serviceaccount:tidepool:agent@node-b");
+    assert_eq!(early.extra[NODE_NAME_EXTRA], ["node-b"]);
+    assert!(
+        !early.extra.contains_key(NODE_UID_EXTRA),
+        "no Node node-b yet"
+    );
+}
