@@ -281,6 +281,14 @@ pub fn text(r: &Report, churns: bool) -> String {
         inv.live_ip_reclaimed,
         inv.lost_allocations,
     );
+    if r.pods.waiting_at_start > 0 {
+        out.push_str(&format!(
+            "  warning        {} pods still waited for an address when the measured period \
+             began (not in ip wait): the warm-up did not reach a steady state, so the \
+             figures include the end of the bring-up\n",
+            r.pods.waiting_at_start
+        ));
+    }
     for v in &r.violations {
         out.push_str(&format!("  violation      {v}\n"));
     }

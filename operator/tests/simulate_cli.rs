@@ -141,6 +141,28 @@ fn the_text_summary_explains_convergence_and_lists_violations() {
     assert!(text.contains("  violation      10."), "{text}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the report lists the violations"), "{err}");
+    // a warm-up that ends inside the bring-up is named, with the pods it leaves waiting
+    let out = bin()
+        .args(small)
+        .args([
+            "--warm-up",
+            "steady",
+            "--api-qps",
+            "0.02",
+            "--api-burst",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("pods still waited for an address when the measured period began"),
+        "{text}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&bin().args(small).output().unwrap().stdout)
+            .contains("measured period began")
+    );
 }
 
 /// An IPv6-only cluster: a pool of one IPv6 CIDR gives every pod an IPv6 address.

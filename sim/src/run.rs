@@ -374,6 +374,10 @@ pub struct PodsReport {
     pub leaked_by_crash: u64,
     pub waited_for_ip: u64,
     pub ip_wait_seconds: Quantiles,
+    /// Pods still waiting for an address when the measured period began: scheduled during
+    /// the warm-up, their waits are not in `ip_wait_seconds`. Not zero: the warm-up did not
+    /// reach a steady state, and the measured period starts inside the bring-up.
+    pub waiting_at_start: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -808,6 +812,7 @@ async fn drive<S: SimSource>(
         }
     }
     let mut measuring = warm.is_zero();
+    let mut waiting_at_start = 0;
     // each node's state at t0, and the call oracle at the end of the active period
     let mut at_t0: Option<AtT0> = None;
     let mut oracle: Option<Oracle> = None;
@@ -818,6 +823,7 @@ async fn drive<S: SimSource>(
         let now = Instant::now();
         if !measuring && now >= m0 {
             world.start_measuring();
+            waiting_at_start = world.waiting() as u64;
             measuring = true;
         }
         if at_t0.is_none() && now >= t0 {
@@ -977,6 +983,7 @@ async fn drive<S: SimSource>(
     );
     report.drain_extra_seconds = (Instant::now() - tail_end).as_secs_f64();
     report.pods.unschedulable = wl.unschedulable;
+    report.pods.waiting_at_start = waiting_at_start;
     world.shutdown();
     Ok(report)
 }
@@ -1439,6 +1446,7 @@ fn build_report<S: SimSource>(
             leaked_by_crash: stats.leaked_by_crash,
             waited_for_ip: stats.waited_for_ip,
             ip_wait_seconds: Quantiles::of(stats.wait_seconds),
+            waiting_at_start: 0,
         },
         reclaim: ReclaimReport {
             reclaimed: world.observer.reclaimed(),

@@ -365,6 +365,26 @@ fn phases_count_from_the_end_of_the_warm_up() {
     assert!(r.converged);
 }
 
+/// A warm-up too short for the bring-up says so: with the source budget at one call per 10 s
+/// for 60 nodes, pods still wait when the measured period begins, and the report counts
+/// them (their waits are not in `ip_wait_seconds`); a warm-up that settles counts none.
+#[test]
+fn a_warm_up_that_ends_inside_the_bring_up_is_reported() {
+    let mut slow = SimConfig {
+        warm_up: tidepool_sim::WarmUp::Steady,
+        ..quiet(60, 10, 1)
+    };
+    slow.world.source_qps = 0.1;
+    slow.world.source_burst = 1;
+    let r = run(slow);
+    assert!(r.pods.waiting_at_start > 0, "{:?}", r.pods);
+    let settled = run(SimConfig {
+        warm_up: tidepool_sim::WarmUp::Steady,
+        ..quiet(6, 10, 1)
+    });
+    assert_eq!(settled.pods.waiting_at_start, 0, "{:?}", settled.pods);
+}
+
 /// Scale-up pods go only where they fit (issue 11: 1,000 nodes with `pods: 250` every second
 /// exhausted memory): the rest are unscheduled and counted, and no node ever holds more
 /// than its allocatable pods.
