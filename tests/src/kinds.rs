@@ -188,40 +188,54 @@ fn unsupported(value: &str, supported: &[&str]) -> String {
     )
 }
 
+/// One requirement of a LabelSelector, as `LabelSelectorAsSelector` converts it: a
+/// `matchLabels` entry is `=` with its one value, an expression keeps its operator.
+struct Requirement<'a> {
+    key: &'a str,
+    op: &'a str,
+    values: Vec<&'a str>,
+}
+
+fn requirements(sel: &Value) -> Vec<Requirement<'_>> {
+    let labels = sel
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| Requirement {
+            key: k,
+            op: "=",
+            values: vec![v.as_str().unwrap_or("")],
+        });
+    let expressions = sel
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| Requirement {
+            key: e.get("key").and_then(Value::as_str).unwrap_or(""),
+            op: e.get("operator").and_then(Value::as_str).unwrap_or(""),
+            values: e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default(),
+        });
+    labels.chain(expressions).collect()
+}
+
 /// Whether `labels` satisfy `selector` (`LabelSelectorAsSelector(selector).Matches`); `None`
 /// when the selector cannot be converted (an unknown operator), as then no match check is made.
 fn selector_matches(selector: Option<&Value>, labels: Option<&Value>) -> Option<bool> {
     let Some(sel) = selector.filter(|s| !s.is_null()) else {
         return Some(false); // labels.Nothing()
     };
-    let get = |k: &str| {
-        labels
-            .and_then(|l| l.get(k))
-            .and_then(Value::as_str)
-            .map(String::from)
-    };
     let mut ok = true;
-    if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
-        for (k, v) in m {
-            ok &= get(k).as_deref() == v.as_str();
-        }
-    }
-    for e in sel
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let key = e.get("key").and_then(Value::as_str).unwrap_or("");
-        let values: Vec<&str> = e
-            .get("values")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let have = get(key);
-        ok &= match e.get("operator").and_then(Value::as_str).unwrap_or("") {
-            "In" => have.is_some_and(|h| values.contains(&h.as_str())),
-            "NotIn" => have.is_none_or(|h| !values.contains(&h.as_str())),
+    for r in requirements(sel) {
+        let have = labels.and_then(|l| l.get(r.key)).and_then(Value::as_str);
+        ok &= match r.op {
+            "=" | "In" => have.is_some_and(|h| r.values.contains(&h)),
+            "NotIn" => have.is_none_or(|h| !r.values.contains(&h)),
             "Exists" => have.is_some(),
             "DoesNotExist" => have.is_none(),
             _ => return None,
@@ -232,38 +246,22 @@ fn selector_matches(selector: Option<&Value>, labels: Option<&Value>) -> Option<
 
 /// `metav1.FormatLabelSelector`: requirements sorted by key, `<none>` when there are none.
 fn format_selector(selector: Option<&Value>) -> String {
-    let mut reqs: Vec<(String, String)> = Vec::new();
-    if let Some(sel) = selector {
-        if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
-            for (k, v) in m {
-                reqs.push((k.clone(), format!("{k}={}", v.as_str().unwrap_or(""))));
-            }
-        }
-        for e in sel
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let key = e.get("key").and_then(Value::as_str).unwrap_or("");
-            let mut values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            values.sort_unstable();
-            values.dedup();
-            let s = match e.get("operator").and_then(Value::as_str).unwrap_or("") {
-                "In" => format!("{key} in ({})", values.join(",")),
-                "NotIn" => format!("{key} notin ({})", values.join(",")),
-                "Exists" => key.to_string(),
-                "DoesNotExist" => format!("!{key}"),
-                _ => return "<error>".into(),
-            };
-            reqs.push((key.to_string(), s));
-        }
+    let mut reqs: Vec<(&str, String)> = Vec::new();
+    for mut r in selector.map(requirements).unwrap_or_default() {
+        r.values.sort_unstable();
+        r.values.dedup();
+        let (key, values) = (r.key, r.values.join(","));
+        let s = match r.op {
+            "=" => format!("{key}={values}"),
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.to_string(),
+            "DoesNotExist" => format!("!{key}"),
+            _ => return "<error>".into(),
+        };
+        reqs.push((key, s));
     }
-    reqs.sort_by(|a, b| a.0.cmp(&b.0));
+    reqs.sort_by(|a, b| a.0.cmp(b.0));
     if reqs.is_empty() {
         "<none>".into()
     } else {
