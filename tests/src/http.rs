@@ -358,12 +358,9 @@ fn authorize(
         return Ok(());
     }
     let name = t.name.clone().or_else(|| {
-        let sel = q.get("fieldSelector")?;
-        sel.split(',').find_map(|term| {
-            let v = term.strip_prefix("metadata.name")?;
-            let v = v.strip_prefix("==").or_else(|| v.strip_prefix('='))?;
-            Some(v.to_string())
-        })
+        // a malformed selector is refused later, when the list or watch parses it
+        let sel = Selector::parse(None, q.get("fieldSelector").map(String::as_str)).ok()?;
+        sel.required_field("metadata.name").map(String::from)
     });
     let name = name.as_deref().unwrap_or_default();
     let namespace = match t.ns.as_deref() {

@@ -153,6 +153,14 @@ impl Selector {
             .collect()
     }
 
+    /// The value the field selector requires `key` to equal (`RequiresExactMatch`).
+    pub(crate) fn required_field(&self, key: &str) -> Option<&str> {
+        self.fields.iter().find_map(|r| match r {
+            Req::Eq(k, v) if k == key => Some(v.as_str()),
+            _ => None,
+        })
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
     }
