@@ -2,12 +2,11 @@
 //! sources whose marks live in IPAMNode spec: mark → the node side answers → release or
 //! withdraw. Pure functions over the operator's fields and the node side's answers.
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::addrs::{AddrMap, AddrSet, Run, run_len, saturate};
 use crate::types::{Family, OperatorFields, ReleaseAck, ReleaseState};
 
 /// Release settings.
@@ -30,58 +29,72 @@ impl Default for ReleaseConfig {
 
 /// Settles answered marks: a `released` entry goes once the node side dropped its answer;
 /// `do-not-release` withdraws the mark. Returns the marked addresses answered
-/// `ready-for-release`, in address order.
-pub fn settle(fields: &mut OperatorFields, acks: &BTreeMap<IpAddr, ReleaseAck>) -> Vec<IpAddr> {
-    let mut ready = Vec::new();
-    fields
-        .release
-        .retain(|addr, state| match (*state, acks.get(addr)) {
-            (ReleaseState::Released, ack) => ack.is_some(),
-            (ReleaseState::MarkedForRelease, Some(ReleaseAck::DoNotRelease)) => false,
-            (ReleaseState::MarkedForRelease, Some(ReleaseAck::ReadyForRelease)) => {
-                ready.push(*addr);
-                true
+/// `ready-for-release`.
+pub fn settle(fields: &mut OperatorFields, acks: &AddrMap<ReleaseAck>) -> AddrSet {
+    let mut ready = AddrSet::new();
+    let mut gone = AddrSet::new();
+    for (f, run, state) in fields.release.runs() {
+        for (piece, ack) in acks.pieces(f, run) {
+            match (*state, ack) {
+                (ReleaseState::Released, None)
+                | (ReleaseState::MarkedForRelease, Some(ReleaseAck::DoNotRelease)) => {
+                    gone.insert_run(f, piece)
+                }
+                (ReleaseState::MarkedForRelease, Some(ReleaseAck::ReadyForRelease)) => {
+                    ready.insert_run(f, piece)
+                }
+                (ReleaseState::Released, Some(_)) | (ReleaseState::MarkedForRelease, None) => {}
             }
-            (ReleaseState::MarkedForRelease, None) => true,
-        });
+        }
+    }
+    fields.release.remove_set(&gone);
     ready
-}
-
-/// Marked (not yet released) addresses of a family.
-pub fn marked(fields: &OperatorFields, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
-    fields
-        .release
-        .iter()
-        .filter(move |(a, s)| **s == ReleaseState::MarkedForRelease && Family::of(a) == family)
-        .map(|(a, _)| *a)
 }
 
 /// Withdraws marks of `family` until at most `keep` remain: unanswered marks first, then
 /// the highest addresses. Returns how many were withdrawn.
 pub fn withdraw_surplus(
     fields: &mut OperatorFields,
-    acks: &BTreeMap<IpAddr, ReleaseAck>,
+    acks: &AddrMap<ReleaseAck>,
     family: Family,
     keep: u64,
 ) -> u64 {
-    let mut all: Vec<IpAddr> = marked(fields, family).collect();
-    let surplus = (all.len() as u64).saturating_sub(keep);
-    // unanswered first (key false < true), then highest address first
-    all.sort_by_key(|a| (acks.contains_key(a), std::cmp::Reverse(*a)));
-    for a in all.iter().take(surplus as usize) {
-        fields.release.remove(a);
+    // the marks cut into pieces each wholly answered or wholly unanswered
+    let mut pieces: Vec<(bool, Run)> = Vec::new();
+    for (run, state) in fields.release.runs_of(family) {
+        if *state == ReleaseState::MarkedForRelease {
+            pieces.extend(
+                acks.pieces(family, run)
+                    .into_iter()
+                    .map(|(r, ack)| (ack.is_some(), r)),
+            );
+        }
     }
-    surplus
+    let total = pieces
+        .iter()
+        .fold(0u128, |n, (_, r)| n.saturating_add(run_len(r)));
+    let surplus = total.saturating_sub(keep.into());
+    // unanswered first (false < true), then highest address first
+    pieces.sort_by_key(|(answered, r)| (*answered, std::cmp::Reverse(*r.start())));
+    let mut left = surplus;
+    for (_, r) in pieces {
+        if left == 0 {
+            break;
+        }
+        let take = run_len(&r).min(left);
+        fields
+            .release
+            .remove_run(family, r.end() - (take - 1)..=*r.end());
+        left -= take;
+    }
+    saturate(surplus)
 }
 
-/// Completes a release at the source: the entry becomes `released` and the address leaves
-/// the node's pool, in the same write.
-pub fn released(fields: &mut OperatorFields, addrs: &[IpAddr]) {
-    let addresses = std::sync::Arc::make_mut(&mut fields.addresses);
-    for a in addrs {
-        addresses.remove(a);
-        fields.release.insert(*a, ReleaseState::Released);
-    }
+/// Completes a release at the source: the entries become `released` and the addresses
+/// leave the node's pool, in the same write.
+pub fn released(fields: &mut OperatorFields, addrs: &AddrSet) {
+    std::sync::Arc::make_mut(&mut fields.addresses).subtract(addrs);
+    fields.release.insert_set(addrs, ReleaseState::Released);
 }
 
 /// Whether excess has persisted long enough to mark: `since` is the first time excess was
@@ -108,6 +121,15 @@ pub fn excess_persisted(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
+
+    /// Marked (not yet released) addresses of a family.
+    fn marked(fields: &OperatorFields, family: Family) -> AddrSet {
+        fields
+            .release
+            .keys_where(|s| *s == ReleaseState::MarkedForRelease)
+            .of_family(family)
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -132,12 +154,12 @@ mod tests {
             ("10.0.0.4", Released),
             ("10.0.0.5", Released),
         ]);
-        let mut acks = BTreeMap::new();
+        let mut acks = AddrMap::new();
         acks.insert(ip("10.0.0.1"), ReleaseAck::ReadyForRelease);
         acks.insert(ip("10.0.0.2"), ReleaseAck::DoNotRelease);
         acks.insert(ip("10.0.0.4"), ReleaseAck::ReadyForRelease);
         let ready = settle(&mut f, &acks);
-        assert_eq!(ready, vec![ip("10.0.0.1")]);
+        assert_eq!(ready, AddrSet::from_iter([ip("10.0.0.1")]));
         assert!(
             !f.release.contains_key(&ip("10.0.0.2")),
             "do-not-release withdraws"
@@ -149,7 +171,7 @@ mod tests {
         );
         assert!(!f.release.contains_key(&ip("10.0.0.5")));
         released(&mut f, &ready);
-        assert_eq!(f.release[&ip("10.0.0.1")], Released);
+        assert_eq!(f.release.get(&ip("10.0.0.1")), Some(&Released));
         assert!(!f.addresses.contains(&ip("10.0.0.1")));
     }
 
@@ -162,14 +184,15 @@ mod tests {
             ("10.0.0.3", MarkedForRelease),
             ("fd00::1", MarkedForRelease),
         ]);
-        let mut acks = BTreeMap::new();
+        let mut acks = AddrMap::new();
         acks.insert(ip("10.0.0.3"), ReleaseAck::ReadyForRelease);
         assert_eq!(withdraw_surplus(&mut f, &acks, Family::V4, 1), 2);
+        assert_eq!(marked(&f, Family::V4), AddrSet::from_iter([ip("10.0.0.3")]));
         assert_eq!(
-            marked(&f, Family::V4).collect::<Vec<_>>(),
-            vec![ip("10.0.0.3")]
+            marked(&f, Family::V6).len(Family::V6),
+            1,
+            "other family untouched"
         );
-        assert_eq!(marked(&f, Family::V6).count(), 1, "other family untouched");
         assert_eq!(withdraw_surplus(&mut f, &acks, Family::V4, 5), 0);
     }
 

@@ -6,10 +6,11 @@
 //! and [`Clock`]. The node side's rules are in [`node`], the cluster-pool source in [`pool`].
 //! No Kubernetes types and no HTTP here.
 //!
-//! The public surface is what the crate re-exports here plus the modules `node`, `plan`,
-//! `pool` and `uid_table`; everything else is private.
+//! The public surface is what the crate re-exports here plus the modules `addrs`, `node`,
+//! `plan`, `pool` and `uid_table`; everything else is private.
 #![forbid(unsafe_code)]
 
+pub mod addrs;
 mod backoff;
 mod budget;
 mod clock;
@@ -33,6 +34,7 @@ pub mod uid_table;
 mod used;
 mod watermarks;
 
+pub use addrs::{AddrMap, AddrSet};
 pub use backoff::BackoffConfig;
 pub use budget::{
     Api, Budget, Priority, PriorityCell, SchedulingMode, TokioGovernorClock, TokioInstant,

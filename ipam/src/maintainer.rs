@@ -3,13 +3,12 @@
 //! coalesced write), and schedules its own next deadline or backs off on failure.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
+use crate::addrs::{AddrMap, AddrSet};
 use crate::backoff::{Backoff, Retry};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
@@ -461,7 +460,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                 if n < c.count {
                     h.trigger.trigger(Reason::Retry);
                 }
-                Arc::make_mut(&mut fields.to_mut().addresses).extend(addrs)
+                Arc::make_mut(&mut fields.to_mut().addresses).union_with(&addrs)
             }
             Err(e) => {
                 local.needs_describe = true;
@@ -474,11 +473,12 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
     for mk in &plan.marks {
-        for a in shared.source.prepare_release(&h.name, &mk.free, mk.count) {
+        let chosen = shared.source.prepare_release(&h.name, &mk.free, mk.count);
+        if !chosen.is_empty() {
             fields
                 .to_mut()
                 .release
-                .insert(a, ReleaseState::MarkedForRelease);
+                .insert_set(&chosen, ReleaseState::MarkedForRelease);
         }
     }
 
@@ -489,7 +489,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         // pass that did not fail.
         let (mut mark, withdraw) = mark_changes(&operator.release, &fields.release);
         if failure.is_some() {
-            mark.clear();
+            mark = AddrSet::new();
         }
         if !mark.is_empty() || !withdraw.is_empty() {
             shared.kube_budget.acquire(&h.priority).await;
@@ -554,22 +554,15 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 /// Marks to place (marked now, not before) and to withdraw (marked before, gone now
 /// without having been released).
 fn mark_changes(
-    before: &BTreeMap<IpAddr, ReleaseState>,
-    after: &BTreeMap<IpAddr, ReleaseState>,
-) -> (Vec<IpAddr>, Vec<IpAddr>) {
-    let marked = |m: &BTreeMap<IpAddr, ReleaseState>, a: &IpAddr| {
-        m.get(a) == Some(&ReleaseState::MarkedForRelease)
-    };
-    let mark = after
-        .keys()
-        .filter(|a| marked(after, a) && !marked(before, a))
-        .copied()
-        .collect();
-    let withdraw = before
-        .keys()
-        .filter(|a| marked(before, a) && !after.contains_key(a))
-        .copied()
-        .collect();
+    before: &AddrMap<ReleaseState>,
+    after: &AddrMap<ReleaseState>,
+) -> (AddrSet, AddrSet) {
+    let marked = |m: &AddrMap<ReleaseState>| m.keys_where(|s| *s == ReleaseState::MarkedForRelease);
+    let (was, is) = (marked(before), marked(after));
+    let mut mark = is.clone();
+    mark.subtract(&was);
+    let mut withdraw = was;
+    withdraw.subtract(&after.keys());
     (mark, withdraw)
 }
 
@@ -616,18 +609,14 @@ async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
     name: &NodeName,
     fields: &mut OperatorFields,
 ) -> Result<bool, IpamError> {
-    let truth: BTreeSet<IpAddr> = shared.source.describe(name).await?;
-    let gone: Vec<IpAddr> = fields.addresses.difference(&truth).copied().collect();
-    let any_gone = !gone.is_empty();
-    let addresses = Arc::make_mut(&mut fields.addresses);
-    for a in gone {
-        addresses.remove(&a);
-        if fields.release.contains_key(&a) {
-            fields.release.insert(a, ReleaseState::Released);
-        }
-    }
-    addresses.extend(truth);
-    Ok(any_gone)
+    let truth = shared.source.describe(name).await?;
+    let mut gone = (*fields.addresses).clone();
+    gone.subtract(&truth);
+    // a marked address gone completes its handshake
+    let released = gone.intersection(&fields.release.keys());
+    fields.release.insert_set(&released, ReleaseState::Released);
+    fields.addresses = Arc::new(truth);
+    Ok(!gone.is_empty())
 }
 
 /// A source budget token for one call of this pass (see the comment in `pass_once`).
@@ -694,7 +683,7 @@ async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     h: &NodeHandle,
     family: Family,
     count: u64,
-) -> Result<Vec<IpAddr>, IpamError> {
+) -> Result<AddrSet, IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -708,7 +697,7 @@ async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
         .record(started.elapsed().as_secs_f64());
     if let Ok(addrs) = &r {
         metrics::counter!(m::IPS_ALLOCATED_TOTAL, "family" => family.as_str())
-            .increment(addrs.len() as u64);
+            .increment(addrs.count(family));
     }
     r
 }
@@ -716,7 +705,7 @@ async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
 async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
-    addrs: &[IpAddr],
+    addrs: &AddrSet,
 ) -> Result<(), IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
@@ -731,7 +720,7 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
         .record(started.elapsed().as_secs_f64());
     if r.is_ok() {
         for f in Family::ALL {
-            let n = addrs.iter().filter(|a| Family::of(a) == f).count() as u64;
+            let n = addrs.count(f);
             if n > 0 {
                 metrics::counter!(m::IPS_RELEASED_TOTAL, "family" => f.as_str()).increment(n);
             }
@@ -780,7 +769,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     if now < due && !shared.source.machine_gone(&h.name) {
         return Ok(Outcome::Idle(Some(due)));
     }
-    let truth: Vec<IpAddr> = shared.source.describe(&h.name).await?.into_iter().collect();
+    let truth = shared.source.describe(&h.name).await?;
     if !truth.is_empty() {
         shared.call_budget().acquire(&h.priority).await;
         let r = source_release(shared, h, &truth).await;

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::plan::has;
+use crate::addrs::{AddrSet, address};
 use crate::types::{
     AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
     ReleaseState, UsedEntry,
@@ -26,9 +26,9 @@ use crate::types::{
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Answers {
     /// Addresses answered ready-for-release: the node will not use them again.
-    pub ready: Vec<IpAddr>,
+    pub ready: AddrSet,
     /// Addresses whose ready-for-release was withdrawn by the operator: usable again.
-    pub resumed: Vec<IpAddr>,
+    pub resumed: AddrSet,
     /// Entries removed by a tombstone (pod UID, address).
     pub reclaimed: Vec<(PodUid, IpAddr)>,
     /// Whether the node-side fields changed (a write is due).
@@ -93,28 +93,34 @@ pub fn answer_tombstones(
 /// the mark is withdrawn or the address released.
 fn answer_marks(node: &IpamNode, side: &mut NodeSideFields, now: SystemTime, out: &mut Answers) {
     let op = &node.operator;
-    for (addr, state) in &op.release {
-        if *state != ReleaseState::MarkedForRelease || side.release_ack.contains_key(addr) {
-            continue;
-        }
-        let ack = if busy(side, addr, now) {
-            ReleaseAck::DoNotRelease
-        } else {
-            out.ready.push(*addr);
-            ReleaseAck::ReadyForRelease
-        };
-        side.release_ack.insert(*addr, ack);
+    let marked = op
+        .release
+        .keys_where(|s| *s == ReleaseState::MarkedForRelease);
+    let mut new = marked.clone();
+    new.subtract(&side.release_ack.keys());
+    if !new.is_empty() {
+        let busy = busy_set(side, now).intersection(&new);
+        let mut ready = new;
+        ready.subtract(&busy);
+        side.release_ack.insert_set(&busy, ReleaseAck::DoNotRelease);
+        side.release_ack
+            .insert_set(&ready, ReleaseAck::ReadyForRelease);
+        out.ready.union_with(&ready);
         out.changed = true;
     }
-    let before = side.release_ack.len();
-    side.release_ack.retain(|a, ack| {
-        let keep = op.release.get(a) == Some(&ReleaseState::MarkedForRelease);
-        if !keep && *ack == ReleaseAck::ReadyForRelease && op.addresses.contains(a) {
-            out.resumed.push(*a); // withdrawn: ours again
-        }
-        keep
-    });
-    out.changed |= side.release_ack.len() != before;
+    // answers whose mark is gone go; a withdrawn ready-for-release is ours again
+    let mut stale = side.release_ack.keys();
+    stale.subtract(&marked);
+    if !stale.is_empty() {
+        let resumed = side
+            .release_ack
+            .keys_where(|a| *a == ReleaseAck::ReadyForRelease)
+            .intersection(&stale)
+            .intersection(&op.addresses);
+        out.resumed.union_with(&resumed);
+        side.release_ack.remove_set(&stale);
+        out.changed = true;
+    }
 }
 
 /// Cooldowns end with their time or when the address leaves the pool. Returns whether any
@@ -126,10 +132,24 @@ pub fn expire_cooldowns(node: &IpamNode, side: &mut NodeSideFields, now: SystemT
     side.cooldown.len() != before
 }
 
-/// Used, or cooling down at `now` (a cooldown that ended counts for nothing, whether or not
-/// [`expire_cooldowns`] has dropped it yet).
-fn busy(side: &NodeSideFields, addr: &IpAddr, now: SystemTime) -> bool {
-    side.used.contains_key(addr) || side.cooldown.get(addr).is_some_and(|until| *until > now)
+/// Every address used, or cooling down at `now` (a cooldown that ended counts for
+/// nothing, whether or not [`expire_cooldowns`] has dropped it yet).
+fn busy_set(side: &NodeSideFields, now: SystemTime) -> AddrSet {
+    let cooling = side.cooldown.iter().filter(|(_, until)| **until > now);
+    side.used
+        .keys()
+        .copied()
+        .chain(cooling.map(|(a, _)| *a))
+        .collect()
+}
+
+/// Whether any address of `addrs` is used or cooling down at `now`.
+fn any_busy(side: &NodeSideFields, addrs: &AddrSet, now: SystemTime) -> bool {
+    let cooling = side.cooldown.iter().filter(|(_, until)| **until > now);
+    side.used
+        .keys()
+        .chain(cooling.map(|(a, _)| a))
+        .any(|a| addrs.contains(a))
 }
 
 /// One of the node's blocks as the node side reads it (cluster-pool).
@@ -137,9 +157,9 @@ fn busy(side: &NodeSideFields, addr: &IpAddr, now: SystemTime) -> bool {
 pub struct BlockView {
     pub name: std::sync::Arc<str>,
     /// The block's usable addresses.
-    pub addrs: Vec<IpAddr>,
+    pub addrs: AddrSet,
     /// Every address of the block (what the observer tracks).
-    pub all: Vec<IpAddr>,
+    pub all: AddrSet,
     pub release: bool,
     pub ack: Option<ReleaseAck>,
 }
@@ -156,13 +176,11 @@ pub fn project(node: &IpamNode, blocks: &[BlockView]) -> IpamNode {
         ..node.clone()
     };
     for b in blocks {
-        Arc::make_mut(&mut view.operator.addresses).extend(b.addrs.iter().copied());
+        Arc::make_mut(&mut view.operator.addresses).union_with(&b.addrs);
         if b.release || b.ack.is_some() {
-            for a in &b.addrs {
-                view.operator
-                    .release
-                    .insert(*a, ReleaseState::MarkedForRelease);
-            }
+            view.operator
+                .release
+                .insert_set(&b.addrs, ReleaseState::MarkedForRelease);
         }
     }
     view
@@ -185,15 +203,15 @@ pub fn answer_blocks(
         match (b.release, b.ack) {
             // unanswered, or answered do-not-release and free since
             (true, None) | (true, Some(ReleaseAck::DoNotRelease))
-                if !b.addrs.iter().any(|a| busy(side, a, now)) =>
+                if !any_busy(side, &b.addrs, now) =>
             {
-                out.ready.extend(b.all.iter().copied());
+                out.ready.union_with(&b.all);
                 writes.push((b.name.clone(), Some(ReleaseAck::ReadyForRelease)));
             }
             (true, None) => writes.push((b.name.clone(), Some(ReleaseAck::DoNotRelease))),
             (false, Some(ack)) => {
                 if ack == ReleaseAck::ReadyForRelease {
-                    out.resumed.extend(b.all.iter().copied());
+                    out.resumed.union_with(&b.all);
                 }
                 writes.push((b.name.clone(), None));
             }
@@ -204,24 +222,27 @@ pub fn answer_blocks(
 }
 
 /// A free address of one family: in the pool, not used, not cooling down, not marked or
-/// released, not promised away; the lowest one. The maps are sorted like the pool, so one walk along each answers (a
-/// full node tries ~100 addresses before a free one).
+/// released, not promised away; the lowest one. Marks and answers are skipped a run at a
+/// time, used and cooling addresses one at a time (a full node tries ~100 addresses
+/// before a free one).
 pub fn free_address(node: &IpamNode, side: &NodeSideFields, family: Family) -> Option<IpAddr> {
-    let mut used = side.used.keys().peekable();
-    let mut cooldown = side.cooldown.keys().peekable();
-    let mut release = node.operator.release.keys().peekable();
-    let mut acked = side.release_ack.keys().peekable();
-    node.operator
-        .addresses
-        .iter()
-        .filter(|a| Family::of(a) == family)
-        .find(|a| {
-            !has(&mut used, a)
-                && !has(&mut cooldown, a)
-                && !has(&mut release, a)
-                && !has(&mut acked, a)
-        })
-        .copied()
+    let mut skip = node.operator.release.keys().of_family(family);
+    skip.union_with(&side.release_ack.keys());
+    for run in node.operator.addresses.runs_of(family) {
+        let mut n = *run.start();
+        while n <= *run.end() {
+            if let Some(r) = skip.run_at(family, n) {
+                n = r.end().checked_add(1)?;
+                continue;
+            }
+            let a = address(family, n);
+            if !side.used.contains_key(&a) && !side.cooldown.contains_key(&a) {
+                return Some(a);
+            }
+            n = n.checked_add(1)?;
+        }
+    }
+    None
 }
 
 /// CNI ADD: one address per family, all or none. Returns the addresses taken; a repeated
@@ -301,6 +322,10 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn set(addrs: &[&str]) -> AddrSet {
+        addrs.iter().map(|a| ip(a)).collect()
+    }
+
     fn entry(uid: u128, cid: u64) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(uid),
@@ -356,8 +381,11 @@ mod tests {
             .release
             .insert(ip("10.0.0.2"), ReleaseState::MarkedForRelease);
         let a = reconcile(&n, &mut side, t, CD);
-        assert_eq!(a.ready, vec![ip("10.0.0.2")]);
-        assert_eq!(side.release_ack[&ip("10.0.0.1")], ReleaseAck::DoNotRelease);
+        assert_eq!(a.ready, set(&["10.0.0.2"]));
+        assert_eq!(
+            side.release_ack.get(&ip("10.0.0.1")),
+            Some(&ReleaseAck::DoNotRelease)
+        );
         // never used again while marked
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
         // a mark on an address whose cooldown ends now: ready (the cooldown counts for
@@ -369,7 +397,7 @@ mod tests {
         side.cooldown.insert(ip("10.0.0.3"), t);
         let mut out = Answers::default();
         answer_marks(&n, &mut side, t, &mut out);
-        assert_eq!(out.ready, vec![ip("10.0.0.3")]);
+        assert_eq!(out.ready, set(&["10.0.0.3"]));
         n.operator.release.remove(&ip("10.0.0.3"));
         Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.3"));
         reconcile(&n, &mut side, t, CD);
@@ -377,7 +405,7 @@ mod tests {
         // withdrawn: usable again, and the answer goes
         n.operator.release.remove(&ip("10.0.0.2"));
         let a = reconcile(&n, &mut side, t, CD);
-        assert_eq!(a.resumed, vec![ip("10.0.0.2")]);
+        assert_eq!(a.resumed, set(&["10.0.0.2"]));
         assert!(!side.release_ack.contains_key(&ip("10.0.0.2")));
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
         // released: the answer goes, the address is no longer in the pool
@@ -396,13 +424,8 @@ mod tests {
     fn a_block_is_ready_once_its_cooldowns_end() {
         let block = |ack| BlockView {
             name: "b".into(),
-            addrs: vec![ip("10.0.0.1"), ip("10.0.0.2")],
-            all: vec![
-                ip("10.0.0.0"),
-                ip("10.0.0.1"),
-                ip("10.0.0.2"),
-                ip("10.0.0.3"),
-            ],
+            addrs: set(&["10.0.0.1", "10.0.0.2"]),
+            all: AddrSet::of_net(&"10.0.0.0/30".parse().unwrap()),
             release: true,
             ack,
         };
@@ -460,7 +483,7 @@ mod tests {
             .insert(ip("10.0.0.3"), ReleaseState::MarkedForRelease);
         check(&n, &mut side, t);
         check(&n, &mut side, t);
-        n.operator.release.clear();
+        n.operator.release = Default::default();
         check(&n, &mut side, t);
         // cooldowns: still running, then over
         check(&n, &mut side, t + CD / 2);
@@ -643,7 +666,7 @@ mod tests {
                                 for a in &got {
                                     prop_assert!(n.operator.addresses.contains(a));
                                     prop_assert!(!before.used.contains_key(a));
-                                    prop_assert!(!busy(&before, a, now));
+                                    prop_assert!(!any_busy(&before, &AddrSet::from_iter([*a]), now));
                                     prop_assert!(!n.operator.release.contains_key(a));
                                 }
                             }
@@ -692,7 +715,7 @@ mod tests {
         ) {
             let mut n = IpamNode::new("n".into(), 1);
             let mut side = NodeSideFields::default();
-            let mut pool = std::collections::BTreeSet::new();
+            let mut pool = AddrSet::new();
             for (i, f) in flags.iter().enumerate() {
                 let a = if i < 48 {
                     IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, i as u8))
@@ -714,7 +737,7 @@ mod tests {
                         && !n.operator.release.contains_key(a)
                         && !side.release_ack.contains_key(a)
                 });
-                proptest::prop_assert_eq!(free_address(&n, &side, family), looked_up.copied());
+                proptest::prop_assert_eq!(free_address(&n, &side, family), looked_up);
             }
         }
     }

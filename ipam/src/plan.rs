@@ -8,9 +8,11 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
+use crate::addrs::{AddrMap, AddrSet, Run, saturate};
 use crate::handshake::{self, ReleaseConfig};
 use crate::pods::PodCache;
 use crate::reclaim::{ReclaimConfig, ReclaimStep, ReclaimTracker};
@@ -61,9 +63,9 @@ pub struct NodeMemory {
 
 #[derive(Debug)]
 struct Groups {
-    of: std::sync::Weak<BTreeSet<IpAddr>>,
-    grant: PerFamily<u64>,
-    smallest: PerFamily<u64>,
+    of: Weak<AddrSet>,
+    grant: PerFamily<u128>,
+    smallest: PerFamily<u128>,
 }
 
 impl NodeMemory {
@@ -76,16 +78,16 @@ impl NodeMemory {
     /// [`smallest_groups`] of `addresses`, computed once per address set.
     fn smallest_groups(
         &mut self,
-        addresses: &std::sync::Arc<BTreeSet<IpAddr>>,
-        grant: PerFamily<u64>,
-    ) -> PerFamily<u64> {
+        addresses: &Arc<AddrSet>,
+        grant: PerFamily<u128>,
+    ) -> PerFamily<u128> {
         // the weak reference keeps the set's allocation: no other set can reuse its address
         match &self.groups {
             Some(g) if g.grant == grant && std::ptr::eq(g.of.as_ptr(), &**addresses) => g.smallest,
             _ => {
                 let smallest = smallest_groups(addresses, grant);
                 self.groups = Some(Groups {
-                    of: std::sync::Arc::downgrade(addresses),
+                    of: Arc::downgrade(addresses),
                     grant,
                     smallest,
                 });
@@ -104,13 +106,13 @@ pub struct Snapshot<'a> {
     pub operator: &'a OperatorFields,
     /// The node side's answers to release marks (the node's `status.releaseAck`, or the
     /// source's).
-    pub release_ack: &'a BTreeMap<IpAddr, ReleaseAck>,
+    pub release_ack: &'a AddrMap<ReleaseAck>,
     pub info: &'a NodeInfo,
     /// Resolved watermarks (flags + the node's overrides), already validated.
     pub watermarks: Watermarks,
     pub families: &'a [Family],
     /// Addresses per grant unit, per family.
-    pub grant_size: PerFamily<u64>,
+    pub grant_size: PerFamily<u128>,
     /// Pods bound to the node, not terminal, without pod IPs.
     pub pending: &'a [PodUid],
     pub release: ReleaseConfig,
@@ -131,8 +133,8 @@ pub struct Claim {
 pub struct Marks {
     pub family: Family,
     pub count: u64,
-    /// Free addresses, in preference order (highest first).
-    pub free: Vec<IpAddr>,
+    /// The family's free addresses.
+    pub free: AddrSet,
 }
 
 /// One node's state summarized for stats, resync and the settled check.
@@ -187,7 +189,7 @@ pub struct Plan<'a> {
     /// Tombstones the node side answered (now dropped from `fields`).
     pub answered_tombstones: Vec<(IpAddr, ReclaimAck)>,
     /// Marked addresses answered ready-for-release: release them at the source.
-    pub release_now: Vec<IpAddr>,
+    pub release_now: AddrSet,
     pub claims: Vec<Claim>,
     pub marks: Vec<Marks>,
     pub summary: NodeSummary,
@@ -208,9 +210,7 @@ pub fn count(
     pending: &[PodUid],
 ) -> PerFamily<FamilyCounts> {
     let mut c: PerFamily<FamilyCounts> = PerFamily::default();
-    let allocated = per_family(fields.addresses.iter());
     let used = per_family(node.node.used.keys());
-    (c.v4.allocated, c.v6.allocated) = (allocated.v4, allocated.v6);
     (c.v4.used, c.v6.used) = (used.v4, used.v6);
     let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
     if !pending.is_empty() {
@@ -223,10 +223,12 @@ pub fn count(
             c.get_mut(Family::of(a)).cooldown += 1;
         }
     }
-    for (a, s) in &fields.release {
-        if *s == ReleaseState::MarkedForRelease {
-            c.get_mut(Family::of(a)).marked += 1;
-        }
+    for f in Family::ALL {
+        let fc = c.get_mut(f);
+        fc.allocated = fields.addresses.count(f);
+        fc.marked = fields
+            .release
+            .count_where(f, |s| *s == ReleaseState::MarkedForRelease);
     }
     for f in Family::ALL {
         c.get_mut(f).waiting = pending
@@ -237,7 +239,7 @@ pub fn count(
     c
 }
 
-/// How many of the ascending addresses are IPv4 and how many IPv6. IPv4 sorts first, so
+/// How many of the ascending addresses (`used` keys) are IPv4 and how many IPv6. IPv4 sorts first, so
 /// when the first and the last are of one family, all are: no walk (the common
 /// single-stack node); otherwise one walk.
 fn per_family<'a>(
@@ -258,91 +260,107 @@ fn per_family<'a>(
     counts
 }
 
-/// Free addresses of a family (not used, not cooling down, not marked, not tombstoned),
-/// highest first.
-fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> Vec<IpAddr> {
-    let mut free: Vec<IpAddr> = held_with_free(node, fields, family)
-        .filter(|(_, free)| *free)
-        .map(|(a, _)| *a)
-        .collect();
-    free.reverse();
+/// The node's addresses of a family that are not free: used, cooling down, marked or
+/// released, or tombstoned.
+fn taken(node: &IpamNode, fields: &OperatorFields, family: Family) -> AddrSet {
+    let mut taken = fields.release.keys().of_family(family);
+    let singles = node.node.used.keys();
+    let singles = singles.chain(node.node.cooldown.keys());
+    taken.extend(
+        singles
+            .chain(fields.reclaim.keys())
+            .filter(|a| Family::of(a) == family)
+            .copied(),
+    );
+    taken.intersection(&fields.addresses)
+}
+
+/// Free addresses of a family (not used, not cooling down, not marked, not tombstoned).
+fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> AddrSet {
+    let mut free = fields.addresses.of_family(family);
+    free.subtract(&taken(node, fields, family));
     free
 }
 
-/// The node's addresses of a family in ascending order, each with whether it is free (not
-/// used, not cooling down, not marked, not tombstoned). The maps are sorted like the
-/// addresses, so one walk along each answers every address: no lookup per address.
-fn held_with_free<'a>(
-    node: &'a IpamNode,
-    fields: &'a OperatorFields,
-    family: Family,
-) -> impl Iterator<Item = (&'a IpAddr, bool)> {
-    let mut used = node.node.used.keys().peekable();
-    let mut cooldown = node.node.cooldown.keys().peekable();
-    let mut release = fields.release.keys().peekable();
-    let mut reclaim = fields.reclaim.keys().peekable();
-    fields
-        .addresses
-        .iter()
-        .filter(move |a| Family::of(a) == family)
-        .map(move |a| {
-            let taken = has(&mut used, a)
-                || has(&mut cooldown, a)
-                || has(&mut release, a)
-                || has(&mut reclaim, a);
-            (a, !taken)
-        })
+/// Consecutive aligned groups of `grant` addresses (first..=last, by group number) of which
+/// the node holds `held` addresses each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    first: u128,
+    last: u128,
+    held: u128,
 }
 
-/// Whether the ascending `keys` hold `a`, skipping the keys below it (`a` never decreases
-/// from one call to the next).
-pub fn has<'a>(
-    keys: &mut std::iter::Peekable<impl Iterator<Item = &'a IpAddr>>,
-    a: &IpAddr,
-) -> bool {
-    while keys.next_if(|k| *k < a).is_some() {}
-    keys.peek() == Some(&a)
+/// The groups the runs touch, as segments in order: a run's edge groups alone (two runs
+/// may share one), the whole groups between them as one segment — so a /64 granted in /124
+/// groups is three segments, not 2^60.
+fn segments<'a>(runs: impl Iterator<Item = &'a Run>, grant: u128) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    let edge = |out: &mut Vec<Segment>, g: u128, held: u128| match out.last_mut() {
+        Some(l) if l.first == g && l.last == g => l.held += held,
+        _ => out.push(Segment {
+            first: g,
+            last: g,
+            held,
+        }),
+    };
+    for r in runs {
+        let (s, e) = (*r.start(), *r.end());
+        let (g0, g1) = (s / grant, e / grant);
+        if g0 == g1 {
+            edge(&mut out, g0, e - s + 1);
+            continue;
+        }
+        edge(&mut out, g0, grant - s % grant);
+        if g1 > g0 + 1 {
+            out.push(Segment {
+                first: g0 + 1,
+                last: g1 - 1,
+                held: grant,
+            });
+        }
+        edge(&mut out, g1, e % grant + 1);
+    }
+    out
 }
 
 /// Per family, the fewest addresses the node holds of one group (aligned `grant`
-/// addresses of its family; `u64::MAX` when it holds none, or when grants are single
+/// addresses of its family; `u128::MAX` when it holds none, or when grants are single
 /// addresses, which form no groups).
-fn smallest_groups(addresses: &BTreeSet<IpAddr>, grant: PerFamily<u64>) -> PerFamily<u64> {
-    let mut smallest = PerFamily {
-        v4: u64::MAX,
-        v6: u64::MAX,
-    };
-    let mut run: Option<(Family, u128, u64)> = None;
-    for a in addresses.iter() {
-        let f = Family::of(a);
+fn smallest_groups(addresses: &AddrSet, grant: PerFamily<u128>) -> PerFamily<u128> {
+    let smallest = |f: Family| {
         let size = *grant.get(f);
         if size <= 1 {
-            continue;
+            return u128::MAX;
         }
-        let g = group_of(a, size);
-        match &mut run {
-            Some((rf, rg, held)) if *rf == f && *rg == g => *held += 1,
-            _ => {
-                if let Some((rf, _, held)) = run.replace((f, g, 1)) {
-                    let s = smallest.get_mut(rf);
-                    *s = (*s).min(held);
-                }
-            }
-        }
+        segments(addresses.runs_of(f), size)
+            .iter()
+            .map(|s| s.held)
+            .min()
+            .unwrap_or(u128::MAX)
+    };
+    PerFamily {
+        v4: smallest(Family::V4),
+        v6: smallest(Family::V6),
     }
-    if let Some((rf, _, held)) = run {
-        let s = smallest.get_mut(rf);
-        *s = (*s).min(held);
-    }
-    smallest
 }
 
-/// The aligned group of `grant` addresses holding `a`.
-fn group_of(a: &IpAddr, grant: u64) -> u128 {
-    match a {
-        IpAddr::V4(v) => u128::from(u32::from(*v)) / u128::from(grant),
-        IpAddr::V6(v) => u128::from(*v) / u128::from(grant),
+/// How many groups of the segment hold an address of `taken`.
+fn touched_groups(taken: &AddrSet, family: Family, seg: &Segment, grant: u128) -> u128 {
+    let span = seg.first * grant..=(seg.last * grant).saturating_add(grant - 1);
+    let mut count = 0;
+    let mut last: Option<u128> = None;
+    for r in taken.runs_within(family, &span) {
+        let (mut g0, g1) = (r.start() / grant, r.end() / grant);
+        if last == Some(g0) {
+            g0 += 1;
+        }
+        if g0 <= g1 {
+            count += g1 - g0 + 1;
+        }
+        last = Some(g1);
     }
+    count
 }
 
 /// How many free addresses could go back as whole blocks (aligned groups of `grant`
@@ -352,50 +370,31 @@ fn whole_free_blocks(
     node: &IpamNode,
     fields: &OperatorFields,
     family: Family,
-    grant: u64,
+    grant: u128,
     max: u64,
-    smallest: u64,
+    smallest: u128,
 ) -> u64 {
-    let group = |a: &IpAddr| group_of(a, grant);
     // A group larger than `max` never counts: when every group is, nothing needs a look
-    // (the usual case, a node holding a little more than its target; the walk below reads
-    // the node's other maps too).
+    // (the usual case, a node holding a little more than its target).
+    let max = u128::from(max);
     if smallest > max {
         return 0;
     }
-    // per group: (addresses held, of which free). The addresses are sorted and a group is
-    // an aligned range, so each group's addresses are contiguous: one run per group.
-    let mut sizes: Vec<u64> = Vec::new();
-    let mut run: Option<(u128, u64, u64)> = None;
-    for (a, free) in held_with_free(node, fields, family) {
-        let (g, free) = (group(a), u64::from(free));
-        match &mut run {
-            Some((rg, held, f)) if *rg == g => {
-                *held += 1;
-                *f += free;
-            }
-            _ => {
-                if let Some((_, held, f)) = run.replace((g, 1, free))
-                    && held == f
-                {
-                    sizes.push(held);
-                }
-            }
+    let taken = taken(node, fields, family);
+    // group size → how many such groups are wholly free
+    let mut sizes: BTreeMap<u128, u128> = BTreeMap::new();
+    for seg in segments(fields.addresses.runs_of(family), grant) {
+        let free = (seg.last - seg.first + 1) - touched_groups(&taken, family, &seg, grant);
+        if free > 0 && seg.held <= max {
+            *sizes.entry(seg.held).or_default() += free;
         }
     }
-    if let Some((_, held, f)) = run
-        && held == f
-    {
-        sizes.push(held);
+    // largest first, each while it fits (groups of one size fit until the first does not)
+    let mut total = 0u128;
+    for (n, k) in sizes.into_iter().rev() {
+        total += n * k.min((max - total) / n);
     }
-    sizes.sort_unstable_by(|a, b| b.cmp(a));
-    let mut total = 0;
-    for n in sizes {
-        if total + n <= max {
-            total += n;
-        }
-    }
-    total
+    saturate(total)
 }
 
 /// Plans one pass; `pods` answers pod lookups from the cache.
@@ -431,7 +430,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     p.next_deadline = p.reclaim.next_deadline;
 
     // 2. Release handshakes: settle answers.
-    let mut ready = Vec::new();
+    let mut ready = AddrSet::new();
     if !p.fields.release.is_empty() {
         let fields = p.fields.to_mut();
         ready = handshake::settle(fields, s.release_ack);
@@ -496,10 +495,11 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         }
     }
     // the marked addresses answered ready that survived the withdrawals
-    p.release_now = ready
-        .into_iter()
-        .filter(|a| p.fields.release.get(a) == Some(&ReleaseState::MarkedForRelease))
-        .collect();
+    p.release_now = ready.intersection(
+        &p.fields
+            .release
+            .keys_where(|s| *s == ReleaseState::MarkedForRelease),
+    );
     p
 }
 
@@ -528,7 +528,7 @@ fn summarize_with(
     s: &Snapshot<'_>,
     fields: &OperatorFields,
     reclaim_candidates: u64,
-    smallest: PerFamily<u64>,
+    smallest: PerFamily<u128>,
 ) -> NodeSummary {
     let counts = count(s.node, fields, s.pending);
     let mut summary = NodeSummary {
@@ -567,6 +567,7 @@ fn summarize_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addrs::span;
     use crate::types::{PodUid, ReclaimReason, UsedEntry};
     use proptest::prelude::*;
     use std::time::SystemTime;
@@ -616,20 +617,20 @@ mod tests {
         fn whole_free_blocks_matches_a_count_by_group(
             // per IPv4 address 0..64: held, used
             flags in proptest::collection::vec(any::<[bool; 2]>(), 64),
-            grant in prop_oneof![Just(4u64), Just(8), Just(16)],
+            grant in prop_oneof![Just(4u128), Just(8), Just(16)],
             max in 0u64..40,
         ) {
             let mut node = IpamNode::new("n".into(), 1);
             let mut fields = OperatorFields::default();
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(false, i as u8);
-                if f[0] { std::sync::Arc::make_mut(&mut fields.addresses).insert(a); }
+                if f[0] { Arc::make_mut(&mut fields.addresses).insert(a); }
                 if f[1] { node.node.used.insert(a, used_by(i)); }
             }
-            let mut groups: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+            let mut groups: BTreeMap<u128, (u64, bool)> = BTreeMap::new();
             for (i, f) in flags.iter().enumerate() {
                 if f[0] {
-                    let g = groups.entry(i as u64 / grant).or_insert((0, true));
+                    let g = groups.entry(i as u128 / grant).or_insert((0, true));
                     g.0 += 1;
                     g.1 &= !f[1];
                 }
@@ -644,15 +645,17 @@ mod tests {
                 }
             }
             let smallest = smallest_groups(&fields.addresses, PerFamily { v4: grant, v6: 1 });
+            let held_min = groups.values().map(|(n, _)| u128::from(*n)).min();
+            prop_assert_eq!(smallest.v4, held_min.unwrap_or(u128::MAX));
             prop_assert_eq!(
                 whole_free_blocks(&node, &fields, Family::V4, grant, max, smallest.v4),
                 want
             );
         }
 
-        /// The one-walk free test answers as a lookup per address would.
+        /// The free set is what a lookup per address finds.
         #[test]
-        fn held_with_free_matches_lookups(
+        fn free_addresses_match_lookups(
             // per address (both families, 0..64): held, used, cooling down, marked, tombstoned
             flags in proptest::collection::vec(any::<[bool; 5]>(), 128),
         ) {
@@ -660,7 +663,7 @@ mod tests {
             let mut fields = OperatorFields::default();
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(i >= 64, (i % 64) as u8);
-                if f[0] { std::sync::Arc::make_mut(&mut fields.addresses).insert(a); }
+                if f[0] { Arc::make_mut(&mut fields.addresses).insert(a); }
                 if f[1] { node.node.used.insert(a, used_by(i)); }
                 if f[2] { node.node.cooldown.insert(a, SystemTime::UNIX_EPOCH); }
                 if f[3] { fields.release.insert(a, ReleaseState::MarkedForRelease); }
@@ -669,22 +672,69 @@ mod tests {
                 }
             }
             for family in Family::ALL {
-                let walked: Vec<(IpAddr, bool)> =
-                    held_with_free(&node, &fields, family).map(|(a, f)| (*a, f)).collect();
-                let looked_up: Vec<(IpAddr, bool)> = fields
+                let looked_up: Vec<IpAddr> = fields
                     .addresses
                     .iter()
-                    .filter(|a| Family::of(a) == family)
-                    .map(|a| {
-                        let free = !node.node.used.contains_key(a)
+                    .filter(|a| {
+                        Family::of(a) == family
+                            && !node.node.used.contains_key(a)
                             && !node.node.cooldown.contains_key(a)
                             && !fields.release.contains_key(a)
-                            && !fields.reclaim.contains_key(a);
-                        (*a, free)
+                            && !fields.reclaim.contains_key(a)
                     })
                     .collect();
-                prop_assert_eq!(walked, looked_up);
+                let free: Vec<IpAddr> = free_addresses(&node, &fields, family).iter().collect();
+                prop_assert_eq!(free, looked_up);
             }
         }
+    }
+
+    /// A node holding one /64 granted in /64 blocks: its counts saturate, its free set is a
+    /// handful of runs, the group walk sees one group, and nothing of it is releasable
+    /// while a pod uses it — with memory for the runs only.
+    #[test]
+    fn a_64_block_is_planned_from_its_runs() {
+        let net: ipnet::IpNet = "fd00:0:0:7::/64".parse().unwrap();
+        let mut node = IpamNode::new("n".into(), 1);
+        let mut fields = OperatorFields {
+            addresses: Arc::new(AddrSet::of_net(&net)),
+            ..Default::default()
+        };
+        let used: IpAddr = "fd00:0:0:7::2".parse().unwrap();
+        node.node.used.insert(used, used_by(1));
+        let c = count(&node, &fields, &[]);
+        assert_eq!((c.v6.allocated, c.v6.used), (u64::MAX, 1));
+        let free = free_addresses(&node, &fields, Family::V6);
+        assert_eq!(free.run_count(), 2);
+        assert!(!free.contains(&used));
+        let grant = PerFamily {
+            v4: 1,
+            v6: 1u128 << 64,
+        };
+        let smallest = smallest_groups(&fields.addresses, grant);
+        assert_eq!(smallest.v6, 1u128 << 64);
+        assert_eq!(
+            whole_free_blocks(&node, &fields, Family::V6, 1 << 64, u64::MAX, smallest.v6),
+            0
+        );
+        // in /124 groups: 2^60 groups, all whole and free but the used one's
+        let grant = 16u128;
+        let smallest = smallest_groups(&fields.addresses, PerFamily { v4: 1, v6: grant });
+        assert_eq!(smallest.v6, 16);
+        assert_eq!(
+            whole_free_blocks(&node, &fields, Family::V6, grant, 64, smallest.v6),
+            64
+        );
+        assert_eq!(
+            whole_free_blocks(&node, &fields, Family::V6, grant, u64::MAX, smallest.v6),
+            u64::MAX - 15,
+            "(2^60 - 1) groups of 16, saturated"
+        );
+        // a mark on part of it is a run too
+        fields
+            .release
+            .insert_run(Family::V6, span(&net).1, ReleaseState::MarkedForRelease);
+        assert_eq!(count(&node, &fields, &[]).v6.marked, u64::MAX);
+        assert!(free_addresses(&node, &fields, Family::V6).is_empty());
     }
 }

@@ -5,11 +5,10 @@ mod memory;
 
 pub use memory::{Faults, MemorySource};
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::IpamError;
 use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
@@ -28,8 +27,9 @@ pub trait IpSource: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Families this source serves.
     fn families(&self) -> &[Family];
-    /// Addresses per grant unit (1 for per-address sources, 16 for a /28 block).
-    fn grant_size(&self, family: Family) -> u64;
+    /// Addresses per grant unit (1 for per-address sources, 16 for a /28 block, 2^64 for
+    /// a /64).
+    fn grant_size(&self, family: Family) -> u128;
     /// How many addresses a claim of `want` would really give now: rounded up to whole
     /// grant units, limited by what is free, never above `limit` (a set max_allocate
     /// headroom). 0 means the source is exhausted for this node.
@@ -40,22 +40,19 @@ pub trait IpSource: Send + Sync + 'static {
         node: &NodeName,
         family: Family,
         count: u64,
-    ) -> impl Future<Output = Result<Vec<IpAddr>, IpamError>> + Send;
-    /// Which of `free` (the node's unused addresses of one family, in preference order)
-    /// can really be given back, at most `max`.
-    fn prepare_release(&self, node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr>;
+    ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
+    /// Which of `free` (the node's unused addresses of one family) can really be given
+    /// back, at most `max`; the highest addresses are preferred.
+    fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet;
     /// Takes the addresses back from the node.
     fn release(
         &self,
         node: &NodeName,
-        addrs: &[IpAddr],
+        addrs: &AddrSet,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
     /// What the source believes the node holds: the truth used to repair after a call
     /// that failed after taking effect.
-    fn describe(
-        &self,
-        node: &NodeName,
-    ) -> impl Future<Output = Result<BTreeSet<IpAddr>, IpamError>> + Send;
+    fn describe(&self, node: &NodeName) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
     /// Capacity and free addresses per family.
     fn quota(&self) -> PerFamily<Quota>;
     /// Whether the source knows the node's machine is gone (a cloud: no such instance).
@@ -91,8 +88,8 @@ pub trait IpSource: Send + Sync + 'static {
     fn set_marks(
         &self,
         _node: &NodeName,
-        _mark: &[IpAddr],
-        _withdraw: &[IpAddr],
+        _mark: &AddrSet,
+        _withdraw: &AddrSet,
     ) -> impl Future<Output = Result<(), IpamError>> + Send {
         async { Ok(()) }
     }
@@ -107,15 +104,15 @@ pub trait IpSource: Send + Sync + 'static {
 /// ([`IpSource::holdings`]), in the address-level form the planner reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Holdings {
-    pub addresses: Arc<BTreeSet<IpAddr>>,
+    pub addresses: Arc<AddrSet>,
     /// Marked addresses (`MarkedForRelease` only).
-    pub release: BTreeMap<IpAddr, ReleaseState>,
+    pub release: AddrMap<ReleaseState>,
     /// The node side's answers, per address.
-    pub acks: BTreeMap<IpAddr, ReleaseAck>,
+    pub acks: AddrMap<ReleaseAck>,
 }
 
 /// Observes every change the source makes, in order (the simulator's observer).
 pub trait SourceHook: Send + Sync + 'static {
-    fn granted(&self, node: &NodeName, addrs: &[IpAddr]);
-    fn released(&self, node: &NodeName, addrs: &[IpAddr]);
+    fn granted(&self, node: &NodeName, addrs: &AddrSet);
+    fn released(&self, node: &NodeName, addrs: &AddrSet);
 }

@@ -1,11 +1,13 @@
 //! The engine's data model: address families, pod identity, and the per-node resource
 //! (IPAMNode in DESIGN.md) split by writer — the operator's fields and the node side's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
+
+use crate::addrs::{AddrMap, AddrSet};
 
 pub use crate::used::UsedMap;
 
@@ -255,8 +257,9 @@ pub struct OperatorFields {
     /// The node's addresses as the source reports them (`spec.addresses`). Shared: a
     /// source's kept holdings and each pass's fields read one copy (change it through
     /// `Arc::make_mut`).
-    pub addresses: Arc<BTreeSet<IpAddr>>,
-    pub release: BTreeMap<IpAddr, ReleaseState>,
+    pub addresses: Arc<AddrSet>,
+    /// Release marks (`spec.release`), per address or per run of them.
+    pub release: AddrMap<ReleaseState>,
     pub reclaim: BTreeMap<IpAddr, Tombstone>,
     pub conditions: Vec<Condition>,
 }
@@ -267,7 +270,7 @@ pub struct NodeSideFields {
     pub used: UsedMap,
     /// Address → end of its reuse cooldown.
     pub cooldown: BTreeMap<IpAddr, SystemTime>,
-    pub release_ack: BTreeMap<IpAddr, ReleaseAck>,
+    pub release_ack: AddrMap<ReleaseAck>,
     pub reclaim_ack: BTreeMap<IpAddr, ReclaimAck>,
 }
 

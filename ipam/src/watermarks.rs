@@ -125,8 +125,10 @@ pub struct Sizing {
 
 /// The hard cap on a node's pool: `max_allocate` if set, and the node's allocatable pods
 /// rounded up to a whole block (`block` addresses), whichever is smaller. `None` = no cap.
-pub fn pool_cap(w: &Watermarks, allocatable_pods: Option<u32>, block: u64) -> Option<u64> {
-    let pods_cap = allocatable_pods.map(|p| (p as u64).div_ceil(block.max(1)) * block.max(1));
+pub fn pool_cap(w: &Watermarks, allocatable_pods: Option<u32>, block: u128) -> Option<u64> {
+    let block = block.max(1);
+    let pods_cap = allocatable_pods
+        .map(|p| crate::addrs::saturate(u128::from(p).div_ceil(block).saturating_mul(block)));
     match (w.max_allocate, pods_cap) {
         (0, c) => c,
         (m, None) => Some(m as u64),

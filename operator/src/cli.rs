@@ -606,10 +606,11 @@ mod tests {
         assert!(e.contains("--seeds"), "{e}");
     }
 
-    /// Blocks too large to list address by address are refused naming the flag, instead of
-    /// panicking and hanging (issue 11: `--block-size-v6 64`); /112 and smaller run.
+    /// Any block size the pool allows is accepted — a /64 per node, Kubernetes' usual IPv6
+    /// mask, panicked and hung before (issue 11) — and a block larger than its pool is
+    /// refused naming the flag.
     #[test]
-    fn blocks_larger_than_65536_addresses_are_refused() {
+    fn every_block_size_the_pool_allows_is_accepted() {
         let cfg = |v6: &str, v4: &str| {
             let f = simulate_flags(&[
                 "--source",
@@ -627,16 +628,14 @@ mod tests {
                 .map(|_| ())
                 .map_err(|e| format!("{e:#}"))
         };
-        for v6 in ["64", "96", "111"] {
-            let e = cfg(v6, "28").unwrap_err();
-            assert!(
-                e.contains(&format!("block-size-v6 = {v6}")) && e.contains("2^16"),
-                "{e}"
-            );
+        for v6 in ["64", "96", "111", "128"] {
+            assert!(cfg(v6, "28").is_ok(), "{v6}: {:?}", cfg(v6, "28"));
         }
-        let e = cfg("124", "15").unwrap_err();
-        assert!(e.contains("block-size = 15"), "{e}");
-        assert!(cfg("112", "16").is_ok());
+        assert!(cfg("124", "8").is_ok());
+        let e = cfg("63", "28").unwrap_err();
+        assert!(e.contains("63"), "{e}");
+        let e = cfg("124", "7").unwrap_err();
+        assert!(e.contains("7"), "{e}");
     }
 
     /// The cluster pool's families are the pods' families: IPv6-only, IPv4-only and

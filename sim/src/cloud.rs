@@ -81,9 +81,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use tidepool_ipam::{AddrSet, IpSource, Quota, SourceHook};
 use tidepool_ipam::{ErrorClass, IpamError};
 use tidepool_ipam::{Family, NodeName, PerFamily};
-use tidepool_ipam::{IpSource, Quota, SourceHook};
 use tidepool_ipam::{TokioGovernorClock, TokioInstant};
 
 /// The `source` metric label of the simulated cloud.
@@ -642,17 +642,17 @@ impl SimCloud {
     /// subnet (the hook hears the secondaries released) and `describe` answers empty.
     /// Returns whether the instance existed. Not a counted call.
     pub fn terminate_instance(&self, node: &NodeName) -> bool {
-        let released: Vec<IpAddr> = {
+        let released: AddrSet = {
             let mut s = self.state.lock();
             let Some(inst) = s.instances.remove(node) else {
                 return false;
             };
-            let mut out = Vec::new();
+            let mut out = AddrSet::new();
             for ifc in &inst.interfaces {
                 for a in &ifc.secondaries {
                     s.owner.remove(a);
                     s.subnets[inst.subnet].give_back(*a);
-                    out.push(IpAddr::V4(*a));
+                    out.insert(IpAddr::V4(*a));
                 }
                 s.subnets[inst.subnet].give_back(ifc.primary);
             }
@@ -888,7 +888,7 @@ impl IpSource for SimCloud {
         &[Family::V4]
     }
 
-    fn grant_size(&self, _family: Family) -> u64 {
+    fn grant_size(&self, _family: Family) -> u128 {
         1
     }
 
@@ -904,9 +904,9 @@ impl IpSource for SimCloud {
         node: &NodeName,
         family: Family,
         count: u64,
-    ) -> Result<Vec<IpAddr>, IpamError> {
+    ) -> Result<AddrSet, IpamError> {
         if count == 0 {
-            return Ok(Vec::new());
+            return Ok(AddrSet::new());
         }
         tokio::time::sleep(self.latency).await;
         let (addrs, lost) = {
@@ -924,7 +924,8 @@ impl IpSource for SimCloud {
                     "sim-cloud serves IPv4 only".into(),
                 ));
             }
-            (Self::assign(&mut s, node, count)?, lost)
+            let addrs: AddrSet = Self::assign(&mut s, node, count)?.into_iter().collect();
+            (addrs, lost)
         };
         if let Some(h) = &self.hook {
             h.granted(node, &addrs);
@@ -933,7 +934,10 @@ impl IpSource for SimCloud {
         Ok(addrs)
     }
 
-    fn prepare_release(&self, node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr> {
+    fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
+        // the highest first (a node's free addresses: a few hundred at most)
+        let mut free: Vec<IpAddr> = free.iter().collect();
+        free.reverse();
         let s = self.state.lock();
         let on = |a: &IpAddr| match a {
             IpAddr::V4(v4) => s
@@ -944,7 +948,7 @@ impl IpSource for SimCloud {
             IpAddr::V6(_) => None,
         };
         let mut per_iface: BTreeMap<usize, u64> = BTreeMap::new();
-        for a in free {
+        for a in &free {
             if let Some(pos) = on(a) {
                 *per_iface.entry(pos).or_default() += 1;
             }
@@ -957,17 +961,16 @@ impl IpSource for SimCloud {
             }
         }
         let Some((pos, _)) = best else {
-            return Vec::new();
+            return AddrSet::new();
         };
-        let mut seen = BTreeSet::new();
         free.iter()
-            .filter(|a| on(a) == Some(pos) && seen.insert(**a))
+            .filter(|a| on(a) == Some(pos))
             .take(max.min(usize::MAX as u64) as usize)
             .copied()
             .collect()
     }
 
-    async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
+    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
         if addrs.is_empty() {
             return Ok(());
         }
@@ -978,19 +981,19 @@ impl IpSource for SimCloud {
                 Admit::Refused(e) => return Err(e),
                 Admit::Proceed { lost_reply } => lost_reply,
             };
-            let mut done = Vec::with_capacity(addrs.len());
-            for a in addrs {
+            let mut done = AddrSet::new();
+            for a in addrs.iter() {
                 let IpAddr::V4(v4) = a else { continue };
-                let pos = match s.owner.get(v4) {
+                let pos = match s.owner.get(&v4) {
                     Some((n, pos)) if n == node => *pos,
                     _ => continue, // primaries, other nodes' and gone addresses
                 };
-                s.owner.remove(v4);
+                s.owner.remove(&v4);
                 let inst = s.instances.get_mut(node).expect("owner implies instance");
-                inst.interfaces[pos].secondaries.remove(v4);
+                inst.interfaces[pos].secondaries.remove(&v4);
                 let subnet = inst.subnet;
-                s.subnets[subnet].give_back(*v4);
-                done.push(*a);
+                s.subnets[subnet].give_back(v4);
+                done.insert(a);
             }
             (done, lost)
         };
@@ -1002,7 +1005,7 @@ impl IpSource for SimCloud {
         self.reply("release", node, lost).await
     }
 
-    async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+    async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         let mut s = self.state.lock();
         s.counters.describes += 1;
         let now = Instant::now();
@@ -1046,8 +1049,8 @@ impl IpSource for SimCloud {
 }
 
 impl crate::world::SimSource for SimCloud {
-    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
-        SimCloud::granted(self)
+    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
+        crate::world::by_node(SimCloud::granted(self))
     }
 
     fn calls(&self) -> (u64, u64) {
@@ -1114,7 +1117,7 @@ mod tests {
     async fn fill(c: &SimCloud, n: &NodeName, target: u64) -> u64 {
         let mut calls = 0;
         loop {
-            let have = c.describe(n).await.unwrap().len() as u64;
+            let have = c.describe(n).await.unwrap().total() as u64;
             if have >= target {
                 return calls;
             }
@@ -1123,7 +1126,7 @@ mod tests {
                 return calls;
             }
             let got = c.allocate(n, Family::V4, k).await.unwrap();
-            assert_eq!(got.len() as u64, k);
+            assert_eq!(got.total(), u128::from(k));
             calls += 1;
         }
     }
@@ -1132,12 +1135,21 @@ mod tests {
     struct Recorder(Mutex<Vec<(bool, NodeName, Vec<IpAddr>)>>);
 
     impl SourceHook for Recorder {
-        fn granted(&self, node: &NodeName, addrs: &[IpAddr]) {
-            self.0.lock().push((true, node.clone(), addrs.to_vec()));
+        fn granted(&self, node: &NodeName, addrs: &AddrSet) {
+            self.0.lock().push((true, node.clone(), v(addrs)));
         }
-        fn released(&self, node: &NodeName, addrs: &[IpAddr]) {
-            self.0.lock().push((false, node.clone(), addrs.to_vec()));
+        fn released(&self, node: &NodeName, addrs: &AddrSet) {
+            self.0.lock().push((false, node.clone(), v(addrs)));
         }
+    }
+
+    /// A set's addresses in order.
+    fn v(s: &AddrSet) -> Vec<IpAddr> {
+        s.iter().collect()
+    }
+
+    fn set(addrs: &[IpAddr]) -> AddrSet {
+        addrs.iter().copied().collect()
     }
 
     #[test]
@@ -1243,7 +1255,7 @@ mod tests {
             let n = node("a");
             let c = cloud_with("a", it.name);
             let calls = fill(&c, &n, u64::MAX).await;
-            let have = c.describe(&n).await.unwrap().len() as u64;
+            let have = c.describe(&n).await.unwrap().total() as u64;
             assert_eq!(have, it.max_pod_addresses(), "{it}");
             // one call per interface: eth0 filled, then each new interface with its addresses
             assert_eq!(calls, u64::from(it.max_interfaces), "{it}");
@@ -1263,7 +1275,7 @@ mod tests {
             assert_eq!(c.prepare_allocation(&n, Family::V4, 1, u64::MAX), 0, "{it}");
             let e = c.allocate(&n, Family::V4, 1).await.unwrap_err();
             assert_eq!(e.class(), ErrorClass::Exhausted, "{it}");
-            assert_eq!(c.describe(&n).await.unwrap().len() as u64, have);
+            assert_eq!(c.describe(&n).await.unwrap().total() as u64, have);
         }
     }
 
@@ -1312,7 +1324,7 @@ mod tests {
             .take(2)
             .map(|a| IpAddr::V4(*a))
             .collect();
-        c.release(&n, &eth0).await.unwrap();
+        c.release(&n, &set(&eth0)).await.unwrap();
         assert_eq!(c.prepare_allocation(&n, Family::V4, 20, u64::MAX), 2);
         let again = c.allocate(&n, Family::V4, 2).await.unwrap();
         let inst = c.instance(&n).unwrap();
@@ -1320,7 +1332,7 @@ mod tests {
         assert!(
             again
                 .iter()
-                .all(|a| matches!(a, IpAddr::V4(v) if inst.interfaces[0].secondaries.contains(v)))
+                .all(|a| matches!(a, IpAddr::V4(v) if inst.interfaces[0].secondaries.contains(&v)))
         );
         assert_eq!(c.counters().interfaces_created, 1);
     }
@@ -1333,7 +1345,7 @@ mod tests {
             let mut all = Vec::new();
             for _ in 0..3 {
                 let k = c.prepare_allocation(&n, Family::V4, 100, u64::MAX);
-                all.extend(c.allocate(&n, Family::V4, k).await.unwrap());
+                all.extend(v(&c.allocate(&n, Family::V4, k).await.unwrap()));
             }
             all
         };
@@ -1345,20 +1357,19 @@ mod tests {
             .collect();
         assert_eq!(primaries.len(), 3);
         let truth = c.describe(&n).await.unwrap();
-        assert_eq!(truth.len(), 27);
+        assert_eq!(truth.total(), 27);
         for p in &primaries {
             assert!(!granted.contains(p) && !truth.contains(p), "{p} granted");
             assert_eq!(c.owner(p), None);
         }
         // prepare_release never proposes a primary, even when offered only primaries
-        assert!(c.prepare_release(&n, &primaries, 10).is_empty());
+        assert!(c.prepare_release(&n, &set(&primaries), 10).is_empty());
         let free_before = c.quota().v4.free;
-        c.release(&n, &primaries).await.unwrap();
+        c.release(&n, &set(&primaries)).await.unwrap();
         assert_eq!(c.instance(&n).unwrap(), inst);
         assert_eq!(c.quota().v4.free, free_before);
         // releasing everything leaves the primaries
-        let all: Vec<IpAddr> = truth.iter().copied().collect();
-        c.release(&n, &all).await.unwrap();
+        c.release(&n, &truth).await.unwrap();
         let after = c.instance(&n).unwrap();
         assert_eq!(after.secondary_counts(), vec![0, 0, 0]);
         assert_eq!(
@@ -1381,27 +1392,25 @@ mod tests {
         let other = node("b");
         let c = cloud_with("a", "m5.large");
         c.add_instance(&other, t("m5.large")).unwrap();
-        let eth0 = c.allocate(&n, Family::V4, 9).await.unwrap();
-        let eth1 = c.allocate(&n, Family::V4, 6).await.unwrap();
+        let eth0 = v(&c.allocate(&n, Family::V4, 9).await.unwrap());
+        let eth1 = v(&c.allocate(&n, Family::V4, 6).await.unwrap());
         let theirs = c.allocate(&other, Family::V4, 3).await.unwrap();
-        // free: 3 of eth0, 5 of eth1, an address of another node, a duplicate
-        let mut free = vec![eth0[0], eth1[0], theirs[0], eth0[1], eth1[1], eth0[2]];
-        free.extend(&eth1[2..5]);
-        free.push(eth1[0]);
-        assert_eq!(
-            c.prepare_release(&n, &free, 10),
-            vec![eth1[0], eth1[1], eth1[2], eth1[3], eth1[4]]
-        );
-        assert_eq!(c.prepare_release(&n, &free, 2), vec![eth1[0], eth1[1]]);
+        // free: 3 of eth0, 5 of eth1, an address of another node
+        let mut free = set(&[eth0[0], eth1[0], eth0[1], eth1[1], eth0[2]]);
+        free.extend(eth1[2..5].iter().copied());
+        free.union_with(&theirs);
+        assert_eq!(v(&c.prepare_release(&n, &free, 10)), eth1[..5].to_vec());
+        // at most `max`, the highest first
+        assert_eq!(v(&c.prepare_release(&n, &free, 2)), eth1[3..5].to_vec());
         // ties: the lower interface
         assert_eq!(
-            c.prepare_release(&n, &[eth1[0], eth0[0]], 10),
+            v(&c.prepare_release(&n, &set(&[eth1[0], eth0[0]]), 10)),
             vec![eth0[0]]
         );
         assert!(c.prepare_release(&n, &theirs, 10).is_empty());
         // release ignores another node's addresses
         c.release(&n, &theirs).await.unwrap();
-        assert_eq!(c.describe(&other).await.unwrap().len(), 3);
+        assert_eq!(c.describe(&other).await.unwrap().total(), 3);
         c.release(&n, &c.prepare_release(&n, &free, 10))
             .await
             .unwrap();
@@ -1435,7 +1444,7 @@ mod tests {
             c.add_instance(&node("b"), t("m5.large")).unwrap_err(),
             CloudError::SubnetExhausted { .. }
         ));
-        c.release(&a, &got[..3]).await.unwrap();
+        c.release(&a, &set(&v(&got)[..3])).await.unwrap();
         assert_eq!(c.quota().v4.free, 3);
         assert_eq!(c.prepare_allocation(&a, Family::V4, 29, u64::MAX), 3);
 
@@ -1467,7 +1476,7 @@ mod tests {
         assert_eq!(e.class(), ErrorClass::Transient);
         let e = c.release(&n, &held).await.unwrap_err();
         assert_eq!(e.class(), ErrorClass::Transient);
-        assert_eq!(c.describe(&n).await.unwrap().len(), 4);
+        assert_eq!(c.describe(&n).await.unwrap().total(), 4);
         assert_eq!(c.quota().v4.free, free);
         assert_eq!(rec.0.lock().len(), 1); // only the first grant
         assert_eq!(c.counters().failed, 2);
@@ -1495,7 +1504,7 @@ mod tests {
                 }
             );
         }
-        assert_eq!(c.describe(&n).await.unwrap().len(), 4);
+        assert_eq!(c.describe(&n).await.unwrap().total(), 4);
         assert_eq!(c.calls(), (3, 2));
         assert_eq!(c.calls_for(&n), 3);
     }
@@ -1528,7 +1537,7 @@ mod tests {
         // a call sent just before the end arrives (after its latency) when it is over
         tokio::time::sleep_until(start + Duration::from_millis(19_900)).await;
         c.allocate(&n, Family::V4, 2).await.unwrap();
-        assert_eq!(c.describe(&n).await.unwrap().len(), 4);
+        assert_eq!(c.describe(&n).await.unwrap().total(), 4);
         assert_eq!(c.counters().failed, 2);
     }
 
@@ -1550,19 +1559,16 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_millis(5_050));
         // the engine's repair: what the cloud says the node holds
         let truth = c.describe(&n).await.unwrap();
-        assert_eq!(truth.len(), 3);
-        assert_eq!(
-            rec.0.lock()[0],
-            (true, n.clone(), truth.iter().copied().collect())
-        );
-        let addrs: Vec<IpAddr> = truth.iter().copied().collect();
-        assert!(c.release(&n, &addrs[..1]).await.is_err());
-        assert_eq!(c.describe(&n).await.unwrap().len(), 2);
+        assert_eq!(truth.total(), 3);
+        assert_eq!(rec.0.lock()[0], (true, n.clone(), v(&truth)));
+        let addrs = v(&truth);
+        assert!(c.release(&n, &set(&addrs[..1])).await.is_err());
+        assert_eq!(c.describe(&n).await.unwrap().total(), 2);
         assert_eq!(rec.0.lock()[1], (false, n.clone(), addrs[..1].to_vec()));
         // retrying the lost release is harmless
         c.set_faults(CloudFaults::default());
-        c.release(&n, &addrs[..1]).await.unwrap();
-        assert_eq!(c.describe(&n).await.unwrap().len(), 2);
+        c.release(&n, &set(&addrs[..1])).await.unwrap();
+        assert_eq!(c.describe(&n).await.unwrap().total(), 2);
         assert_eq!(rec.0.lock().len(), 2);
     }
 
@@ -1615,8 +1621,8 @@ mod tests {
             panic!("not throttled: {e}");
         };
         assert_eq!(ra, Duration::from_millis(500));
-        assert!(c.release(&n, &[]).await.is_ok()); // empty: no call
-        assert_eq!(c.describe(&n).await.unwrap().len(), 3); // reads are not limited
+        assert!(c.release(&n, &AddrSet::new()).await.is_ok()); // empty: no call
+        assert_eq!(c.describe(&n).await.unwrap().total(), 3); // reads are not limited
         assert_eq!(c.calls(), (4, 1));
         tokio::time::sleep(ra).await;
         c.allocate(&n, Family::V4, 1).await.unwrap();
@@ -1706,8 +1712,8 @@ mod tests {
                 if k > 0 {
                     c.allocate(&n, Family::V4, k).await.unwrap();
                 }
-                let held: Vec<IpAddr> = c.describe(&n).await.unwrap().into_iter().collect();
-                let drop: Vec<IpAddr> = held.into_iter().filter(|_| rng.random_bool(0.2)).collect();
+                let held = c.describe(&n).await.unwrap();
+                let drop: AddrSet = held.iter().filter(|_| rng.random_bool(0.2)).collect();
                 c.release(&n, &drop).await.unwrap();
             }
             let fresh = c.instance(&n).unwrap().pod_addresses() == 0
@@ -1771,7 +1777,7 @@ mod tests {
         (mgr, store)
     }
 
-    fn pool_of(store: &MemoryNodeStore) -> BTreeSet<IpAddr> {
+    fn pool_of(store: &MemoryNodeStore) -> AddrSet {
         store
             .list()
             .iter()
@@ -1788,7 +1794,7 @@ mod tests {
         let (mgr, store) = engine(&c, 30, 232);
         tokio::time::sleep(Duration::from_secs(5)).await;
         let truth = c.describe(&n).await.unwrap();
-        assert_eq!(truth.len(), 38);
+        assert_eq!(truth.total(), 38);
         assert_eq!(pool_of(&store), truth);
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![29, 9]);
         assert_eq!(c.calls_for(&n), 2);
@@ -1804,7 +1810,7 @@ mod tests {
         // 40 waiting + 8 on a type that holds 27; the Node claims more allocatable pods
         let (mgr, store) = engine(&c, 40, 110);
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert_eq!(pool_of(&store).len(), 27);
+        assert_eq!(pool_of(&store).total(), 27);
         assert_eq!(c.calls_for(&n), 3); // eth0, eth1, eth2; no call once prepare says 0
         assert_eq!(mgr.summary("a").unwrap().blocked, Some(Blocked::Exhausted));
         mgr.shutdown();
@@ -1822,13 +1828,13 @@ mod tests {
         let (mgr, store) = engine(&c, 30, 232);
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         // the first call took effect, its reply was lost: the engine does not show it yet
-        assert_eq!(c.describe(&n).await.unwrap().len(), 29);
+        assert_eq!(c.describe(&n).await.unwrap().total(), 29);
         assert!(pool_of(&store).is_empty());
         c.set_faults(CloudFaults::default());
         tokio::time::sleep(Duration::from_secs(60)).await;
         let truth = c.describe(&n).await.unwrap();
         assert_eq!(
-            truth.len(),
+            truth.total(),
             38,
             "repaired, then topped up, not granted twice"
         );

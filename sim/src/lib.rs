@@ -10,4 +10,4 @@ pub mod world;
 
 pub use observer::{Invariants, Observer};
 pub use run::{CloudChoice, PoolChoice, Report, SimConfig, SourceChoice, WarmUp, simulate};
-pub use world::{World, WorldConfig};
+pub use world::{SimSource, World, WorldConfig};

@@ -9,8 +9,9 @@ use std::net::IpAddr;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use tidepool_ipam::SourceHook;
-use tidepool_ipam::{IpamBlock, IpamNode, NodeName, PodUid};
+use tidepool_ipam::addrs::{Run, show_run};
+use tidepool_ipam::{AddrMap, AddrSet, SourceHook};
+use tidepool_ipam::{Family, IpamBlock, IpamNode, NodeName, PodUid};
 use tidepool_ipam::{StoreHook, Writer};
 
 /// Counts of invariant violations.
@@ -27,7 +28,7 @@ impl Invariants {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Hold {
     /// The holding node's id ([`State::names`]).
     node: u32,
@@ -37,7 +38,8 @@ struct Hold {
 
 #[derive(Default)]
 struct State {
-    holds: BTreeMap<IpAddr, Hold>,
+    /// Who holds which address, as runs (a /64 block is one entry).
+    holds: AddrMap<Hold>,
     /// Node names by id: a hold names its node by id (4 bytes per address, not a string's 16).
     names: Vec<NodeName>,
     /// Ids by name (a hash map: asked on every pod start, iterated never).
@@ -51,7 +53,7 @@ struct State {
     /// Holds of machines that vanished, while the source still grants them to the name:
     /// a new machine joining under that name (or the same kubelet re-registering) holds
     /// them again.
-    dormant: BTreeMap<IpAddr, NodeName>,
+    dormant: AddrMap<NodeName>,
     reclaim_latency: Vec<f64>,
     reclaimed: u64,
     inv: Invariants,
@@ -78,6 +80,19 @@ impl State {
             .is_some_and(|h| (h.active || !active) && Some(&h.node) == id)
     }
 
+    /// Marks `node`'s holds within `run` active or not (the node side's promise).
+    fn set_active(&mut self, f: Family, run: &Run, node: u32, active: bool) {
+        let mine: Vec<Run> = self
+            .holds
+            .within(f, run)
+            .filter(|(_, h)| h.node == node)
+            .map(|(r, _)| r)
+            .collect();
+        for r in mine {
+            self.holds.insert_run(f, r, Hold { node, active });
+        }
+    }
+
     fn violate(&mut self, kind: fn(&mut Invariants) -> &mut u64, msg: String) {
         *kind(&mut self.inv) += 1;
         if self.violations.len() < 50 {
@@ -90,18 +105,25 @@ impl State {
     /// walk stops at the first (a check, not a report).
     fn lost(
         &self,
-        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        granted: impl IntoIterator<Item = (AddrSet, NodeName)>,
         nodes: &[std::sync::Arc<IpamNode>],
         all: bool,
     ) -> Vec<String> {
         let mut out = Vec::new();
-        for (a, node) in granted {
-            if !self.held_by(&a, &node, true) {
-                out.push(format!(
-                    "{a} granted to {node} by the source but not held by it"
-                ));
-                if !all {
-                    return out;
+        for (set, node) in granted {
+            let id = self.ids.get(&node);
+            for (f, run) in set.runs() {
+                for (piece, hold) in self.holds.pieces(f, run) {
+                    if hold.is_some_and(|h| h.active && Some(&h.node) == id) {
+                        continue;
+                    }
+                    out.push(format!(
+                        "{} granted to {node} by the source but not held by it",
+                        show_run(f, &piece)
+                    ));
+                    if !all {
+                        return out;
+                    }
                 }
             }
         }
@@ -142,7 +164,8 @@ impl Observer {
         use std::mem::size_of;
         let s = self.s.lock();
         let ip = size_of::<IpAddr>();
-        btree_bytes(s.holds.len(), ip + size_of::<Hold>())
+        let run = size_of::<Run>();
+        btree_bytes(s.holds.run_count(), run + size_of::<Hold>())
             + btree_bytes(s.addr_pod.len(), ip + size_of::<PodUid>())
             + btree_bytes(
                 s.live.len(),
@@ -157,7 +180,7 @@ impl Observer {
                 size_of::<PodUid>() + size_of::<Instant>(),
             )
             + btree_bytes(s.vanished.len(), size_of::<NodeName>())
-            + btree_bytes(s.dormant.len(), ip + size_of::<NodeName>())
+            + btree_bytes(s.dormant.run_count(), run + size_of::<NodeName>())
             + s.reclaim_latency.capacity() * 8
     }
 
@@ -203,38 +226,49 @@ impl Observer {
     pub fn node_answers(
         &self,
         node: &NodeName,
-        ready: &[IpAddr],
-        resumed: &[IpAddr],
+        ready: &AddrSet,
+        resumed: &AddrSet,
         reclaimed: usize,
     ) {
         let mut guard = self.s.lock();
         let s = &mut *guard;
         s.reclaimed += reclaimed as u64;
-        let id = s.ids.get(node).copied();
-        for a in ready {
-            if let Some(h) = s.holds.get_mut(a)
-                && Some(h.node) == id
-            {
-                h.active = false;
+        let Some(id) = s.ids.get(node).copied() else {
+            // a node never granted anything holds nothing to resume
+            for (f, run) in resumed.runs() {
+                s.violate(
+                    |i| &mut i.double_allocations,
+                    format!(
+                        "{} resumed by {node}, which was never granted it",
+                        show_run(f, run)
+                    ),
+                );
             }
+            return;
+        };
+        for (f, run) in ready.runs() {
+            s.set_active(f, run, id, false);
         }
-        for a in resumed {
-            match s.holds.get_mut(a) {
-                Some(h) if Some(h.node) == id => h.active = true,
-                Some(h) if h.active => {
-                    let other = s.names[h.node as usize].clone();
-                    s.violate(
-                        |i| &mut i.double_allocations,
-                        format!("{a} resumed by {node} while {other} holds it"),
-                    );
-                }
-                _ => {
-                    s.violate(
-                        |i| &mut i.double_allocations,
-                        format!("{a} resumed by {node} after the source took it back"),
-                    );
-                }
+        for (f, run) in resumed.runs() {
+            let mut bad = Vec::new();
+            for (piece, hold) in s.holds.pieces(f, run) {
+                bad.push(match hold {
+                    Some(h) if h.node == id => continue,
+                    Some(h) if h.active => format!(
+                        "{} resumed by {node} while {} holds it",
+                        show_run(f, &piece),
+                        s.names[h.node as usize]
+                    ),
+                    _ => format!(
+                        "{} resumed by {node} after the source took it back",
+                        show_run(f, &piece)
+                    ),
+                });
             }
+            for msg in bad {
+                s.violate(|i| &mut i.double_allocations, msg);
+            }
+            s.set_active(f, run, id, true);
         }
     }
 
@@ -243,39 +277,26 @@ impl Observer {
     pub fn machine_joined(&self, node: &NodeName) {
         let mut s = self.s.lock();
         s.vanished.remove(node);
-        let back: Vec<IpAddr> = s
-            .dormant
-            .iter()
-            .filter(|(_, n)| *n == node)
-            .map(|(a, _)| *a)
-            .collect();
+        let back = s.dormant.keys_where(|n| n == node);
         let id = s.id(node);
-        for a in back {
-            s.dormant.remove(&a);
-            s.holds.insert(
-                a,
-                Hold {
-                    node: id,
-                    active: true,
-                },
-            );
-        }
+        s.dormant.remove_set(&back);
+        s.holds.insert_set(
+            &back,
+            Hold {
+                node: id,
+                active: true,
+            },
+        );
     }
 
     /// A machine vanished with its pods: its holds end.
     pub fn machine_vanished(&self, node: &NodeName) {
         let mut s = self.s.lock();
-        let id = s.ids.get(node).copied();
-        let gone: Vec<IpAddr> = s
-            .holds
-            .iter()
-            .filter(|(_, h)| Some(h.node) == id)
-            .map(|(a, _)| *a)
-            .collect();
-        for a in gone {
-            if s.holds.remove(&a).is_some_and(|h| h.active) {
-                s.dormant.insert(a, node.clone());
-            }
+        if let Some(id) = s.ids.get(node).copied() {
+            let active = s.holds.keys_where(|h| h.node == id && h.active);
+            let all = s.holds.keys_where(|h| h.node == id);
+            s.holds.remove_set(&all);
+            s.dormant.insert_set(&active, node.clone());
         }
         s.vanished.insert(node.clone());
     }
@@ -284,7 +305,7 @@ impl Observer {
     /// be held by that node, and every `used` entry must belong to a live pod.
     pub fn finish(
         &self,
-        granted: &[(IpAddr, NodeName)],
+        granted: &[(AddrSet, NodeName)],
         nodes: &[std::sync::Arc<IpamNode>],
     ) -> Invariants {
         self.finish_with(granted.iter().cloned(), nodes)
@@ -294,7 +315,7 @@ impl Observer {
     /// not list them all at once).
     pub fn finish_with(
         &self,
-        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        granted: impl IntoIterator<Item = (AddrSet, NodeName)>,
         nodes: &[std::sync::Arc<IpamNode>],
     ) -> Invariants {
         let mut s = self.s.lock();
@@ -309,7 +330,7 @@ impl Observer {
     /// after a failure, a lost node inside its grace) shows here until it is done.
     pub fn any_lost(
         &self,
-        granted: impl IntoIterator<Item = (IpAddr, NodeName)>,
+        granted: impl IntoIterator<Item = (AddrSet, NodeName)>,
         nodes: &[std::sync::Arc<IpamNode>],
     ) -> bool {
         let s = self.s.lock();
@@ -345,44 +366,51 @@ impl Observer {
 }
 
 impl SourceHook for Observer {
-    fn granted(&self, node: &NodeName, addrs: &[IpAddr]) {
+    fn granted(&self, node: &NodeName, addrs: &AddrSet) {
         let mut s = self.s.lock();
         if s.vanished.contains(node) {
             return; // a machine that is gone holds nothing
         }
         let id = s.id(node);
-        for a in addrs {
-            s.dormant.remove(a);
-            if let Some(h) = s.holds.get(a)
-                && h.active
-                && h.node != id
-            {
-                let other = s.names[h.node as usize].clone();
-                s.violate(
-                    |i| &mut i.double_allocations,
-                    format!("{a} granted to {node} while {other} holds it"),
-                );
+        s.dormant.remove_set(addrs);
+        let mut bad = Vec::new();
+        for (f, run) in addrs.runs() {
+            for (piece, hold) in s.holds.pieces(f, run) {
+                if let Some(h) = hold
+                    && h.active
+                    && h.node != id
+                {
+                    bad.push(format!(
+                        "{} granted to {node} while {} holds it",
+                        show_run(f, &piece),
+                        s.names[h.node as usize]
+                    ));
+                }
             }
-            s.holds.insert(
-                *a,
-                Hold {
-                    node: id,
-                    active: true,
-                },
-            );
         }
+        for msg in bad {
+            s.violate(|i| &mut i.double_allocations, msg);
+        }
+        s.holds.insert_set(
+            addrs,
+            Hold {
+                node: id,
+                active: true,
+            },
+        );
     }
 
-    fn released(&self, node: &NodeName, addrs: &[IpAddr]) {
+    fn released(&self, node: &NodeName, addrs: &AddrSet) {
         let mut s = self.s.lock();
-        for a in addrs {
-            if s.dormant.get(a) == Some(node) {
-                s.dormant.remove(a);
-            }
-            // An active hold stays: granting the address elsewhere would then be a double grant.
-            if s.held_by(a, node, false) && s.holds.get(a).is_some_and(|h| !h.active) {
-                s.holds.remove(a);
-            }
+        let dormant_here = s.dormant.keys_where(|n| n == node).intersection(addrs);
+        s.dormant.remove_set(&dormant_here);
+        // An active hold stays: granting the address elsewhere would then be a double grant.
+        if let Some(id) = s.ids.get(node).copied() {
+            let promised = s
+                .holds
+                .keys_where(|h| h.node == id && !h.active)
+                .intersection(addrs);
+            s.holds.remove_set(&promised);
         }
     }
 }
@@ -391,14 +419,8 @@ impl StoreHook for Observer {
     /// cluster-pool: creating a block grants every address of it, deleting it takes them back.
     fn block_written(&self, _writer: Writer, old: Option<&IpamBlock>, new: Option<&IpamBlock>) {
         match (old, new) {
-            (None, Some(b)) => {
-                let addrs: Vec<IpAddr> = tidepool_ipam::pool::addresses_of(&b.cidr).collect();
-                self.granted(&b.node, &addrs);
-            }
-            (Some(b), None) => {
-                let addrs: Vec<IpAddr> = tidepool_ipam::pool::addresses_of(&b.cidr).collect();
-                self.released(&b.node, &addrs);
-            }
+            (None, Some(b)) => self.granted(&b.node, &AddrSet::of_net(&b.cidr)),
+            (Some(b), None) => self.released(&b.node, &AddrSet::of_net(&b.cidr)),
             _ => {}
         }
     }

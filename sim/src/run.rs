@@ -22,9 +22,6 @@ use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
 use tidepool_ipam::{Family, NodeName, PerFamily, PodUid, WatermarkOverrides};
 use tidepool_ipam::{Faults, MemorySource};
 
-/// Address bits of the largest block a simulated cluster pool may grant (65,536 addresses).
-const MAX_BLOCK_BITS: u8 = 16;
-
 /// The most pods one simulation may hold at once (its pod tables' limit, with room for the
 /// recently deleted ones the pod informer still shows).
 pub const MAX_SIMULATED_PODS: u64 = 1 << 25;
@@ -176,28 +173,6 @@ impl SimConfig {
         }
         if let SourceChoice::ClusterPool(p) = &self.source {
             p.spec(&self.world.families)?;
-            // The engine and the simulated node sides still list a node's addresses one by
-            // one, so a block's addresses must fit in memory per node: a /64 per node (2^64
-            // addresses) panicked and hung (issue 11). Refused, naming the flag, until pools
-            // keep address ranges.
-            for (name, family, prefix) in [
-                ("block-size", Family::V4, p.block_size.v4),
-                ("block-size-v6", Family::V6, p.block_size.v6),
-            ] {
-                let bits = if family == Family::V4 { 32 } else { 128 };
-                if self.world.families.contains(&family) && bits - prefix.min(bits) > MAX_BLOCK_BITS
-                {
-                    return bad(
-                        name,
-                        prefix.to_string(),
-                        &format!(
-                            "blocks of at most 2^{MAX_BLOCK_BITS} addresses (/{} here) are simulated \
-                             today: a node's addresses are still listed one by one",
-                            bits - MAX_BLOCK_BITS
-                        ),
-                    );
-                }
-            }
         }
         if let SourceChoice::SimCloud(c) = &self.source {
             // the subnet layout and the cloud's rate limit are checked as the run builds them
@@ -349,9 +324,11 @@ pub struct NodesReport {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct IpsReport {
-    pub allocated: u64,
+    /// Addresses in the nodes' pools: a /64 block per node is 2^64 of them each, so these
+    /// two count past u64.
+    pub allocated: u128,
     pub used: u64,
-    pub free: u64,
+    pub free: u128,
     pub cooldown: u64,
 }
 
@@ -851,7 +828,7 @@ async fn drive<S: SimSource>(
         if now >= end {
             lost_at_end = world
                 .observer
-                .any_lost(world.source.granted_iter(), &world.store.list());
+                .any_lost(world.source.granted_sets(), &world.store.list());
             if !lost_at_end || now >= tail_end + cfg.drain_limit {
                 break;
             }
@@ -1361,7 +1338,7 @@ fn build_report<S: SimSource>(
     let invariants = if lost_at_end {
         world
             .observer
-            .finish_with(world.source.granted_iter(), &world.store.list())
+            .finish_with(world.source.granted_sets(), &world.store.list())
     } else {
         world.observer.invariants()
     };
@@ -1382,13 +1359,14 @@ fn build_report<S: SimSource>(
     let mut ips = IpsReport::default();
     for n in world.store.list() {
         let pool = world.pool_addresses(&n);
-        let allocated = pool.len() as u64;
+        let allocated = pool.len(Family::V4) + pool.len(Family::V6);
         let used = n.node.used.len() as u64;
         let cooldown = n.node.cooldown.keys().filter(|a| pool.contains(a)).count() as u64;
-        ips.allocated += allocated;
+        ips.allocated = ips.allocated.saturating_add(allocated);
         ips.used += used;
         ips.cooldown += cooldown;
-        ips.free += allocated.saturating_sub(used + cooldown);
+        let free = allocated.saturating_sub(u128::from(used + cooldown));
+        ips.free = ips.free.saturating_add(free);
     }
     let (source_calls, throttled) = world.source.calls();
     let memory = {

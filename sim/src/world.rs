@@ -14,8 +14,10 @@ use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
 use crate::observer::Observer;
+use tidepool_ipam::AddrSet;
 use tidepool_ipam::BlockStore;
 use tidepool_ipam::IpamError;
+use tidepool_ipam::addrs::Run;
 use tidepool_ipam::node as node_side;
 use tidepool_ipam::uid_table::{Keyed, UidTable};
 use tidepool_ipam::{
@@ -34,12 +36,9 @@ pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPo
 
 /// What the simulator needs of an IP source beyond [`IpSource`].
 pub trait SimSource: IpSource + Clone {
-    /// Every (address, node) the source has granted: the truth at the end of a run.
-    fn granted(&self) -> Vec<(IpAddr, NodeName)>;
-    /// The same as an iterator (a large source need not list them all at once).
-    fn granted_iter(&self) -> Box<dyn Iterator<Item = (IpAddr, NodeName)> + '_> {
-        Box::new(self.granted().into_iter())
-    }
+    /// What the source has granted, as sets of addresses with their node: the truth at
+    /// the end of a run.
+    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)>;
     /// Mutating calls received, and how many were answered "throttled".
     fn calls(&self) -> (u64, u64);
     /// A machine joined (a cloud registers its instance).
@@ -75,8 +74,8 @@ pub trait SimSource: IpSource + Clone {
         false
     }
     /// The usable addresses of a block (the node side reads them from the block's IPPool).
-    fn block_addresses(&self, _block: &IpamBlock) -> Vec<IpAddr> {
-        Vec::new()
+    fn block_addresses(&self, _block: &IpamBlock) -> AddrSet {
+        AddrSet::new()
     }
     /// Counts changes of the pools' specs (a block's usable addresses change with them).
     fn pools_generation(&self) -> u64 {
@@ -84,9 +83,18 @@ pub trait SimSource: IpSource + Clone {
     }
 }
 
+/// Per-address grants gathered into one set per node.
+pub(crate) fn by_node(granted: Vec<(IpAddr, NodeName)>) -> Vec<(AddrSet, NodeName)> {
+    let mut per: std::collections::BTreeMap<NodeName, AddrSet> = Default::default();
+    for (a, n) in granted {
+        per.entry(n).or_default().insert(a);
+    }
+    per.into_iter().map(|(n, s)| (s, n)).collect()
+}
+
 impl SimSource for MemorySource {
-    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
-        MemorySource::granted(self)
+    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
+        by_node(MemorySource::granted(self))
     }
 
     fn calls(&self) -> (u64, u64) {
@@ -114,12 +122,8 @@ impl SimSource for MemorySource {
 
 impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     /// Every address of every block (the observer tracks whole blocks).
-    fn granted(&self) -> Vec<(IpAddr, NodeName)> {
-        self.granted_addresses()
-    }
-
-    fn granted_iter(&self) -> Box<dyn Iterator<Item = (IpAddr, NodeName)> + '_> {
-        Box::new(tidepool_ipam::pool::ClusterPoolSource::granted_iter(self))
+    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
+        tidepool_ipam::pool::ClusterPoolSource::granted(self)
     }
 
     fn calls(&self) -> (u64, u64) {
@@ -146,7 +150,8 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     fn unit_changes(&self, from: &[u64], target: PerFamily<u64>) -> PerFamily<(u64, u64)> {
         let mut out = PerFamily::default();
         for (have, f) in per_family(from).zip(Family::ALL) {
-            let want = target.get(f).div_ceil(self.grant_size(f).max(1));
+            let want = u128::from(*target.get(f)).div_ceil(self.grant_size(f).max(1));
+            let want = tidepool_ipam::addrs::saturate(want);
             *out.get_mut(f) = (want.saturating_sub(have), have.saturating_sub(want));
         }
         out
@@ -160,7 +165,7 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
         true
     }
 
-    fn block_addresses(&self, block: &IpamBlock) -> Vec<IpAddr> {
+    fn block_addresses(&self, block: &IpamBlock) -> AddrSet {
         tidepool_ipam::pool::ClusterPoolSource::block_addresses(self, block)
     }
 
@@ -388,9 +393,9 @@ impl Projection {
     /// Estimated heap bytes (see [`World::world_heap_estimate`]).
     fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let ip = size_of::<IpAddr>();
-        btree_bytes(self.view.operator.addresses.len(), ip)
-            + btree_bytes(self.view.operator.release.len(), ip + 1)
+        let (ip, run) = (size_of::<IpAddr>(), size_of::<Run>());
+        btree_bytes(self.view.operator.addresses.run_count(), run)
+            + btree_bytes(self.view.operator.release.run_count(), run + 1)
             + btree_bytes(self.view.operator.reclaim.len(), ip + 32)
     }
 }
@@ -907,8 +912,8 @@ impl<S: SimSource> World<S> {
             };
             let mut changed = a.changed;
             answers.reclaimed = a.reclaimed;
-            answers.ready.extend(a.ready);
-            answers.resumed.extend(a.resumed);
+            answers.ready.union_with(&a.ready);
+            answers.resumed.union_with(&a.resumed);
             for (uid, cid) in &queue {
                 match node_side::add(node, side, families, entry(*uid, *cid, utc)) {
                     Some(addrs) => {
@@ -980,13 +985,13 @@ impl<S: SimSource> World<S> {
 
     /// A node's pool as its node side sees it: its blocks' addresses (cluster-pool), or
     /// IPAMNode `spec.addresses`.
-    pub fn pool_addresses(&self, node: &IpamNode) -> std::collections::BTreeSet<IpAddr> {
+    pub fn pool_addresses(&self, node: &IpamNode) -> AddrSet {
         if self.source.grants_blocks() {
-            self.store
-                .blocks_of(&node.name)
-                .iter()
-                .flat_map(|b| self.source.block_addresses(b))
-                .collect()
+            let mut pool = AddrSet::new();
+            for b in self.store.blocks_of(&node.name).iter() {
+                pool.union_with(&self.source.block_addresses(b));
+            }
+            pool
         } else {
             (*node.operator.addresses).clone()
         }
@@ -1000,9 +1005,9 @@ impl<S: SimSource> World<S> {
             name: b.name.clone(),
             addrs: self.source.block_addresses(b),
             all: if answering && (b.release || b.ack.is_some()) {
-                tidepool_ipam::pool::addresses_of(&b.cidr).collect()
+                AddrSet::of_net(&b.cidr)
             } else {
-                Vec::new()
+                AddrSet::new()
             },
             release: b.release,
             ack: b.ack,
@@ -1071,18 +1076,18 @@ impl<S: SimSource> World<S> {
     /// records, and the observer. Everything else the process holds belongs to the engine.
     pub fn world_heap_estimate(&self) -> usize {
         use std::mem::size_of;
-        let ip = size_of::<IpAddr>();
+        let (ip, run) = (size_of::<IpAddr>(), size_of::<Run>());
         let mut bytes = 0;
         for n in self.store.list() {
             bytes += size_of::<IpamNode>() + 16 + arc_str_bytes(n.name.len());
             let side = &n.node;
             bytes += side.used.heap_bytes();
             bytes += btree_bytes(side.cooldown.len(), ip + size_of::<SystemTime>());
-            bytes += btree_bytes(side.release_ack.len(), ip + 1);
+            bytes += btree_bytes(side.release_ack.run_count(), run + 1);
             bytes += btree_bytes(side.reclaim_ack.len(), ip + 32);
             let op = &n.operator;
-            bytes += btree_bytes(op.addresses.len(), ip);
-            bytes += btree_bytes(op.release.len(), ip + 1);
+            bytes += btree_bytes(op.addresses.run_count(), run);
+            bytes += btree_bytes(op.release.run_count(), run + 1);
             bytes += btree_bytes(op.reclaim.len(), ip + 32);
             bytes += self.store.blocks_of(&n.name).len()
                 * (btree_bytes(1, 48 + size_of::<IpamBlock>()) / 7 + 2 * arc_str_bytes(24));

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -14,12 +14,12 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpSource;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::Watermarks;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
+use tidepool_ipam::{AddrSet, ErrorClass};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
 use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
@@ -50,9 +50,7 @@ fn assert_clean(w: &World<Pool>) {
         "{:?}",
         w.observer.violations()
     );
-    let inv = w
-        .observer
-        .finish(&w.source.granted_addresses(), &w.store.list());
+    let inv = w.observer.finish(&w.source.granted(), &w.store.list());
     assert!(inv.ok(), "{inv:?}: {:?}", w.observer.violations());
 }
 
@@ -300,7 +298,7 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
         .await
         .unwrap();
     let got = src.allocate(&"n1".into(), Family::V4, 1).await.unwrap();
-    let want: Vec<IpAddr> = (1..=14).map(|i| IpAddr::from([10, 0, 0, i])).collect();
+    let want: AddrSet = (1..=14).map(|i| IpAddr::from([10, 0, 0, i])).collect();
     assert_eq!(got, want);
     assert_eq!(src.calls(), 1, "one create, refused");
     let blocks = store.list_blocks();
@@ -311,10 +309,7 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
     );
     assert_eq!(src.quota().v4.free, 0);
     assert_eq!(src.quota().v4.capacity, 14);
-    assert_eq!(
-        *src.holdings(&"n1".into()).unwrap().addresses,
-        want.iter().copied().collect::<BTreeSet<_>>()
-    );
+    assert_eq!(*src.holdings(&"n1".into()).unwrap().addresses, want);
 
     // a node of the same name with another UID: the block is not ours
     let store = MemoryNodeStore::new();
@@ -363,7 +358,10 @@ async fn blocks_taken_by_others_are_never_granted() {
         let got = src.allocate(&"n1".into(), Family::V4, 16).await.unwrap();
         let free = net(free);
         assert!(!got.is_empty());
-        assert!(got.iter().all(|a| free.contains(a)), "seed {seed}: {got:?}");
+        assert!(
+            got.iter().all(|a| free.contains(&a)),
+            "seed {seed}: {got:?}"
+        );
         assert_eq!(store.blocks_of("n1").len(), 1);
         assert_eq!(store.blocks_of("n1")[0].cidr, free);
         for t in &theirs {
@@ -393,10 +391,10 @@ async fn a_release_with_a_stale_resource_version_is_refused() {
     src.node_seen(&info("n1", 7));
     let addrs = src.allocate(&n1, Family::V4, 16).await.unwrap();
     let b = store.blocks_of("n1")[0].clone();
-    src.set_marks(&n1, &addrs, &[]).await.unwrap();
+    src.set_marks(&n1, &addrs, &AddrSet::new()).await.unwrap();
     store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
     let h = src.holdings(&n1).unwrap();
-    assert_eq!(h.acks.len(), addrs.len());
+    assert_eq!(h.acks.keys(), addrs);
     let free_before = src.quota().v4.free;
     // the answer changes after the engine read it (withdrawn by another engine, re-answered)
     store.mark_block(&b.name, false).await.unwrap();
@@ -410,7 +408,7 @@ async fn a_release_with_a_stale_resource_version_is_refused() {
     src.holdings(&n1).unwrap();
     src.release(&n1, &addrs).await.unwrap();
     assert!(store.cached_block(&b.name).is_none());
-    assert_eq!(src.quota().v4.free, free_before + addrs.len() as u64);
+    assert_eq!(src.quota().v4.free, free_before + addrs.count(Family::V4));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -534,7 +532,7 @@ impl Model {
         let mut held: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for (i, n) in NODES.iter().enumerate() {
             for b in store.blocks_of(n) {
-                for a in src.block_addresses(&b) {
+                for a in src.block_addresses(&b).iter() {
                     prop_assert!(held.insert(a, i).is_none(), "{} held twice", a);
                 }
             }
@@ -581,7 +579,7 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
                 match src.allocate(&node, family, count).await {
                     Ok(got) => {
                         prop_assert!(!got.is_empty());
-                        for a in got {
+                        for a in got.iter() {
                             prop_assert_eq!(Family::of(&a), family);
                             prop_assert!(
                                 model.owner.insert(a, n).is_none(),
@@ -604,14 +602,15 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
                 }
                 let b = blocks[i % blocks.len()].clone();
                 let addrs = src.block_addresses(&b);
-                src.set_marks(&node, &addrs[..1], &[]).await.unwrap();
+                let one = AddrSet::from_iter(addrs.first(family));
+                src.set_marks(&node, &one, &AddrSet::new()).await.unwrap();
                 prop_assert!(store.cached_block(&b.name).unwrap().release);
                 store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
                 let h = src.holdings(&node).unwrap();
                 prop_assert!(
                     addrs
                         .iter()
-                        .all(|a| h.acks.get(a) == Some(&ReleaseAck::ReadyForRelease))
+                        .all(|a| h.acks.get(&a) == Some(&ReleaseAck::ReadyForRelease))
                 );
                 if matches!(op, Op::StaleRelease(..)) {
                     // another engine withdraws the mark; the node side drops its answer
@@ -623,8 +622,8 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
                 } else {
                     src.release(&node, &addrs).await.unwrap();
                     prop_assert!(store.cached_block(&b.name).is_none());
-                    for a in &addrs {
-                        prop_assert_eq!(model.owner.remove(a), Some(n));
+                    for a in addrs.iter() {
+                        prop_assert_eq!(model.owner.remove(&a), Some(n));
                     }
                 }
             }

@@ -5,17 +5,16 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tidepool_ipam::BackoffConfig;
 use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryPodView;
 use tidepool_ipam::plan::Blocked;
+use tidepool_ipam::{AddrSet, BackoffConfig};
 use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
@@ -218,7 +217,7 @@ impl IpSource for FailFor {
     fn families(&self) -> &[Family] {
         self.inner.families()
     }
-    fn grant_size(&self, family: Family) -> u64 {
+    fn grant_size(&self, family: Family) -> u128 {
         self.inner.grant_size(family)
     }
     fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
@@ -229,22 +228,22 @@ impl IpSource for FailFor {
         node: &NodeName,
         family: Family,
         count: u64,
-    ) -> Result<Vec<IpAddr>, IpamError> {
+    ) -> Result<AddrSet, IpamError> {
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
         self.inner.allocate(node, family, count).await
     }
-    fn prepare_release(&self, node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr> {
+    fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
         self.inner.prepare_release(node, free, max)
     }
-    async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
+    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
         self.inner.release(node, addrs).await
     }
-    async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+    async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         self.inner.describe(node).await
     }
     fn quota(&self) -> PerFamily<Quota> {
@@ -314,7 +313,7 @@ async fn a_failing_node_backs_off_alone() {
     for (i, g) in good.iter().enumerate() {
         mgr.upsert_node(node_info(g, 10 + i as u128));
     }
-    let pool_of = |n: &str| store.cached(n).map_or(0, |x| x.operator.addresses.len());
+    let pool_of = |n: &str| store.cached(n).map_or(0, |x| x.operator.addresses.total());
     advance(millis(500)).await;
     for g in &good {
         assert_eq!(pool_of(g), 8, "{g} served while bad fails");
@@ -533,7 +532,7 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     let node = ipam_node(&world, "bad");
     assert_eq!(node.node_uid, 3, "the test's UID guess");
     assert_eq!(
-        node.operator.addresses.len(),
+        node.operator.addresses.total(),
         0,
         "no address for a bad spec"
     );
@@ -578,7 +577,11 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     wait_until("bad served", secs(30), millis(100), || world.waiting() == 0).await;
     settle(&world, secs(60)).await;
     let node = ipam_node(&world, "bad");
-    assert_eq!(node.operator.addresses.len(), 10, "2 used + pre 8, cap 10");
+    assert_eq!(
+        node.operator.addresses.total(),
+        10,
+        "2 used + pre 8, cap 10"
+    );
     assert!(
         node.operator
             .conditions

@@ -73,7 +73,7 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
     let pods: Vec<_> = (0..10).map(|_| world.schedule_pod(&n)).collect();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let node = world.node("node-a").unwrap();
-    assert_eq!(node.operator.addresses.len(), 12);
+    assert_eq!(node.operator.addresses.total(), 12);
     assert_eq!(node.node.used.len(), 10);
 
     // Eight pods go: after their cooldown and the release delay, A marks the excess and the
@@ -93,7 +93,7 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
                 **s == ReleaseState::MarkedForRelease
                     && node.node.release_ack.get(a) == Some(&ReleaseAck::ReadyForRelease)
             })
-            .map(|(a, _)| *a)
+            .map(|(a, _)| a)
             .collect();
         if !marked.is_empty() {
             break;
@@ -130,8 +130,8 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
     assert!(
         node.operator
             .release
-            .values()
-            .all(|s| *s != ReleaseState::MarkedForRelease)
+            .runs()
+            .all(|(_, _, s)| *s != ReleaseState::MarkedForRelease)
     );
     assert!(
         world.observer.invariants().ok(),

@@ -209,7 +209,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     let a_blocks = src.allocate(&"a".into(), Family::V4, 1).await.unwrap();
     src.allocate(&"b".into(), Family::V4, 1).await.unwrap();
     // b's node side records a pod on one of a's addresses
-    let foreign = a_blocks[3];
+    let foreign = a_blocks.iter().nth(3).unwrap();
     store.apply_node(&"b".into(), |side| {
         side.used.insert(
             foreign,

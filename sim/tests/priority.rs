@@ -27,7 +27,8 @@ fn world(mode: SchedulingMode) -> World {
 }
 
 fn pool(w: &World, node: &str) -> usize {
-    w.node(node).map_or(0, |n| n.operator.addresses.len())
+    w.node(node)
+        .map_or(0, |n| n.operator.addresses.total() as usize)
 }
 
 /// Joins "blocker" (takes the one token), then the idle node (min-allocate 50, first in the

@@ -22,7 +22,7 @@ use tidepool_ipam::ReleaseConfig;
 use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::{Family, NodeName, PerFamily, WatermarkOverrides};
 use tidepool_ipam::{Faults, IpSource};
-use tidepool_sim::{World, WorldConfig};
+use tidepool_sim::{SimSource, World, WorldConfig};
 
 /// At most this many nodes ever join in one case (initial ones included).
 const MAX_NODES: usize = 8;
@@ -340,7 +340,7 @@ async fn run_case_inner(c: &Case) -> Result<(), TestCaseError> {
     let during = world.observer.invariants();
     let fin = world
         .observer
-        .finish(&world.source.granted(), &world.store.list());
+        .finish(&world.source.granted_sets(), &world.store.list());
     prop_assert!(
         during.ok() && fin.ok(),
         "invariants after the drain tail: {fin:?}\n{}",
@@ -637,7 +637,7 @@ fn regression_rejoin_under_the_same_name_before_node_reclaim() {
         tokio::time::sleep(tail).await;
         let fin = world
             .observer
-            .finish(&world.source.granted(), &world.store.list());
+            .finish(&world.source.granted_sets(), &world.store.list());
         assert!(fin.ok(), "{fin:?}\n{}", diagnose(&world, &[]));
     });
 }

@@ -35,7 +35,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
     let a = world.schedule_pod(&n);
     advance(secs(150)).await;
     let node = ipam_node(&world, "node1");
-    assert_eq!(node.operator.addresses.len(), 2);
+    assert_eq!(node.operator.addresses.total(), 2);
     let (&x, e) = node.node.used.iter().next().unwrap();
     assert_eq!(e.pod_uid, a);
     let allocation = e.allocation;
@@ -88,7 +88,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
     assert!(node.node.cooldown.contains_key(&x), "cooling down");
     assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
     assert_eq!(
-        node.operator.addresses.len(),
+        node.operator.addresses.total(),
         2,
         "the address stays in the pool"
     );
@@ -299,7 +299,7 @@ async fn both_families_of_a_pod_go_together() {
     advance(secs(150)).await;
     let node = ipam_node(&world, "node1");
     assert_eq!(
-        node.operator.addresses.len(),
+        node.operator.addresses.total(),
         6,
         "(2 used + pre 1) per family"
     );
@@ -353,7 +353,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
     let a = world.schedule_pod(&n);
     advance(secs(1)).await;
     let node = ipam_node(&world, "node1");
-    assert_eq!(node.operator.addresses.len(), 1);
+    assert_eq!(node.operator.addresses.total(), 1);
     let (&x, ea) = node.node.used.iter().next().unwrap();
     let allocation = ea.allocation;
     // A leaves cleanly; after the cooldown B gets the very same address (release delay

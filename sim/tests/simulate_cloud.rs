@@ -6,7 +6,7 @@ use std::time::Duration;
 use tidepool_ipam::EngineConfig;
 use tidepool_ipam::Watermarks;
 use tidepool_sim::cloud::InstanceType;
-use tidepool_sim::{CloudChoice, SimConfig, SourceChoice, WorldConfig, simulate};
+use tidepool_sim::{CloudChoice, SimConfig, SimSource, SourceChoice, WorldConfig, simulate};
 
 fn cloud(itype: &str, rate_limit: Option<(f64, u32)>) -> SourceChoice {
     SourceChoice::SimCloud(CloudChoice {
@@ -157,10 +157,10 @@ async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
     // nothing granted is lost (the cloud took the vanished instance's addresses back)
     let inv = cloud
         .observer
-        .finish(&cloud.source.granted(), &cloud.store.list());
+        .finish(&cloud.source.granted_sets(), &cloud.store.list());
     assert!(inv.ok(), "{inv:?}");
     let inv = memory
         .observer
-        .finish(&memory.source.granted(), &memory.store.list());
+        .finish(&memory.source.granted_sets(), &memory.store.list());
     assert!(inv.ok(), "{inv:?}");
 }

@@ -134,9 +134,7 @@ fn assert_clean(w: &World<Pool>) {
         "{:?}",
         w.observer.violations()
     );
-    let inv = w
-        .observer
-        .finish(&w.source.granted_addresses(), &w.store.list());
+    let inv = w.observer.finish(&w.source.granted(), &w.store.list());
     assert!(inv.ok(), "{inv:?}: {:?}", w.observer.violations());
     assert_used_within_own_blocks(w);
 }

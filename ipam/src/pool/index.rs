@@ -24,7 +24,8 @@ use super::bitmap::Bitmap;
 use super::runs::Runs;
 use super::sparse::SparseBitmap;
 use super::spec::{PoolSpec, excluded_ranges};
-use super::{PoolError, family_of, make_addr, make_net, max_prefix, shl, shr, span};
+use super::{PoolError, family_of, make_net, max_prefix, shl, shr, span};
+use crate::addrs::AddrSet;
 use crate::types::{Family, PerFamily};
 
 /// CIDRs with at most this many blocks get a dense bitmap under [`Layout::Auto`].
@@ -529,17 +530,13 @@ impl FamilyIndex {
     /// The addresses of `block` a node may use: all of them, except the IPv4 network and
     /// broadcast addresses of the CIDR holding it. Errors as [`Self::claim_block`] does for a
     /// block that is not a grantable block of the pool.
-    pub fn usable_addresses(
-        &self,
-        block: &IpNet,
-    ) -> Result<impl Iterator<Item = IpAddr> + use<>, PoolError> {
+    pub fn usable_addresses(&self, block: &IpNet) -> Result<AddrSet, PoolError> {
         let (slot, _) = self.locate(block)?;
-        let reserved = self.slots[slot].reserved;
-        let family = self.family;
-        let (lo, hi) = span(block);
-        Ok((lo..=hi)
-            .filter(move |a| !reserved.contains(&Some(*a)))
-            .map(move |a| make_addr(family, a)))
+        let mut set = AddrSet::of_net(block);
+        for r in self.slots[slot].reserved.iter().flatten() {
+            set.remove_run(self.family, *r..=*r);
+        }
+        Ok(set)
     }
 
     /// How many addresses [`Self::usable_addresses`] yields (saturating).

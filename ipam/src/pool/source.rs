@@ -30,7 +30,6 @@
 //!   marked, answered and deleted by the source itself on resync, regardless of excess.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +38,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::repair::{self, BlockClaim, LiveNodes, RepairFix, RepairReport, RepairTracker};
-use super::{PoolError, PoolSet, PoolSpec, addresses_of, block_name, family_of};
+use super::{PoolError, PoolSet, PoolSpec, block_name, family_of};
+use crate::addrs::{AddrSet, saturate, span};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::source::{Holdings, IpSource, Quota};
@@ -137,6 +137,12 @@ pub struct ClusterPoolSource<B> {
     state: Arc<Mutex<State>>,
 }
 
+/// Whether any of `addrs` lies in the block.
+fn touches(addrs: &AddrSet, b: &IpamBlock) -> bool {
+    let (f, run) = span(&b.cidr);
+    addrs.overlaps(f, &run)
+}
+
 fn source_error(op: &'static str, node: &str, class: ErrorClass, message: String) -> IpamError {
     IpamError::Source {
         op,
@@ -149,18 +155,14 @@ fn source_error(op: &'static str, node: &str, class: ErrorClass, message: String
 impl State {
     /// The usable addresses of a block: as its pool says, or all of them when the pool no
     /// longer holds it.
-    fn usable(&self, b: &IpamBlock) -> Vec<IpAddr> {
+    fn usable(&self, b: &IpamBlock) -> AddrSet {
         let f = family_of(&b.cidr);
-        match self
-            .pools
+        self.pools
             .get(&b.pool)
             .ok()
             .and_then(|p| p.family(f))
             .and_then(|fi| fi.usable_addresses(&b.cidr).ok())
-        {
-            Some(it) => it.collect(),
-            None => addresses_of(&b.cidr).collect(),
-        }
+            .unwrap_or_else(|| AddrSet::of_net(&b.cidr))
     }
 
     /// Whether a block is to be drained: its pool no longer holds it as a grantable block
@@ -222,7 +224,7 @@ impl State {
 
 impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     /// The usable addresses of a block.
-    pub fn block_addresses(&self, b: &IpamBlock) -> Vec<IpAddr> {
+    pub fn block_addresses(&self, b: &IpamBlock) -> AddrSet {
         self.state.lock().usable(b)
     }
 
@@ -410,14 +412,12 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     }
 
     /// Addresses per block of the pool serving `family` first.
-    fn block_size(&self, family: Family) -> u64 {
+    fn block_size(&self, family: Family) -> u128 {
         let s = self.state.lock();
         s.pools
             .valid()
             .find_map(|p| p.family(family))
-            .map_or(16, |fi| {
-                fi.block_addresses().min(u128::from(u64::MAX)) as u64
-            })
+            .map_or(16, |fi| fi.block_addresses())
     }
 
     async fn call(&self) {
@@ -427,17 +427,14 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         }
     }
 
-    /// Every address of every block (the simulator's truth at the end of a run).
-    pub fn granted_addresses(&self) -> Vec<(IpAddr, NodeName)> {
-        self.granted_iter().collect()
-    }
-
-    /// The same, one block at a time.
-    pub fn granted_iter(&self) -> impl Iterator<Item = (IpAddr, NodeName)> + use<B> {
+    /// Every address of every block, a block at a time (the simulator's truth at the end
+    /// of a run).
+    pub fn granted(&self) -> Vec<(AddrSet, NodeName)> {
         self.store
             .list_blocks()
             .into_iter()
-            .flat_map(|b| addresses_of(&b.cidr).map(move |a| (a, b.node.clone())))
+            .map(|b| (AddrSet::of_net(&b.cidr), b.node.clone()))
+            .collect()
     }
 
     /// Drains blocks their pool no longer holds (a CIDR removed from an IPPool, an exclusion
@@ -561,7 +558,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         &self.families
     }
 
-    fn grant_size(&self, family: Family) -> u64 {
+    fn grant_size(&self, family: Family) -> u128 {
         self.block_size(family)
     }
 
@@ -574,10 +571,11 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         else {
             return 0;
         };
-        let bs = fi.block_addresses().min(u128::from(u64::MAX)) as u64;
-        let free = fi.free().min(u128::from(u64::MAX)) as u64;
+        // a block of 2^64 or more addresses counts as u64::MAX of them
+        let bs = saturate(fi.block_addresses());
+        let free = saturate(fi.free());
         let blocks = want.div_ceil(bs).min(limit / bs).min(free);
-        blocks * bs
+        blocks.saturating_mul(bs)
     }
 
     async fn allocate(
@@ -585,13 +583,13 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         node: &NodeName,
         family: Family,
         count: u64,
-    ) -> Result<Vec<IpAddr>, IpamError> {
+    ) -> Result<AddrSet, IpamError> {
         let (pool, uid, bs) = {
             let s = self.state.lock();
             let pool = s.pool_for(node, family).unwrap_or_default();
             let bs = match s.pools.get(&pool) {
                 Ok(p) => match p.family(family) {
-                    Some(fi) => fi.block_addresses().min(u128::from(u64::MAX)) as u64,
+                    Some(fi) => saturate(fi.block_addresses()),
                     None => {
                         let e = PoolError::FamilyNotServed { pool, family };
                         return Err(source_error("allocate", node, e.class(), e.to_string()));
@@ -603,7 +601,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         };
         let pool_name: Arc<str> = pool.as_str().into();
         let want = count.div_ceil(bs);
-        let mut out = Vec::new();
+        let mut out = AddrSet::new();
         let mut got = 0;
         let mut refused = 0;
         while got < want {
@@ -650,7 +648,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
             };
             match created {
                 Some(b) => {
-                    out.extend(self.state.lock().usable(&b));
+                    out.union_with(&self.state.lock().usable(&b));
                     got += 1;
                 }
                 None => {
@@ -673,21 +671,24 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         Ok(out)
     }
 
-    fn prepare_release(&self, node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr> {
-        let free: BTreeSet<&IpAddr> = free.iter().collect();
+    fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
         let blocks = self.store.blocks_of(node);
         let s = self.state.lock();
-        let mut out = Vec::new();
+        let mut out = AddrSet::new();
+        let mut taken = 0u128;
         for b in blocks.iter().rev().filter(|b| !b.release) {
             let addrs = s.usable(b);
-            if addrs.iter().all(|a| free.contains(a)) && (out.len() + addrs.len()) as u64 <= max {
-                out.extend(addrs);
+            let n = addrs.len(family_of(&b.cidr));
+            let all_free = addrs.runs().all(|(f, r)| free.covers(f, r));
+            if all_free && taken.saturating_add(n) <= u128::from(max) {
+                taken += n;
+                out.union_with(&addrs);
             }
         }
         out
     }
 
-    async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
+    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
         let seen: Vec<Option<ResourceVersion>> = {
             let s = self.state.lock();
@@ -699,7 +700,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         };
         let mut first_err = None;
         for (b, seen) in blocks.iter().zip(seen) {
-            if !addrs.iter().any(|a| b.cidr.contains(a)) {
+            if !touches(addrs, b) {
                 continue;
             }
             let expected = match seen {
@@ -730,12 +731,16 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         }
     }
 
-    async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+    async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         let at = self.store.node_blocks_changes(node);
         let blocks = self.store.blocks_of(node);
         let mut s = self.state.lock();
         s.remember(node, &blocks, at);
-        Ok(blocks.iter().flat_map(|b| s.usable(b)).collect())
+        let mut out = AddrSet::new();
+        for b in &blocks {
+            out.union_with(&s.usable(b));
+        }
+        Ok(out)
     }
 
     fn quota(&self) -> PerFamily<Quota> {
@@ -801,20 +806,18 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
             return Some(h.clone());
         }
         let mut h = Holdings::default();
-        let mut addresses = BTreeSet::new();
+        let mut addresses = AddrSet::new();
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
         // counts them nor marks them, and tops the node up from the pools that remain
         for b in blocks.iter().filter(|b| !s.drained(b)) {
             let addrs = s.usable(b);
-            for a in addrs {
-                addresses.insert(a);
-                if b.release {
-                    h.release.insert(a, ReleaseState::MarkedForRelease);
-                }
-                if let Some(ack) = b.ack {
-                    h.acks.insert(a, ack);
-                }
+            if b.release {
+                h.release.insert_set(&addrs, ReleaseState::MarkedForRelease);
             }
+            if let Some(ack) = b.ack {
+                h.acks.insert_set(&addrs, ack);
+            }
+            addresses.union_with(&addrs);
         }
         h.addresses = Arc::new(addresses);
         if let Some(seen) = s.seen.get_mut(node) {
@@ -826,16 +829,15 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     async fn set_marks(
         &self,
         node: &NodeName,
-        mark: &[IpAddr],
-        withdraw: &[IpAddr],
+        mark: &AddrSet,
+        withdraw: &AddrSet,
     ) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
-        let touches = |b: &IpamBlock, addrs: &[IpAddr]| addrs.iter().any(|a| b.cidr.contains(a));
         for b in &blocks {
             // a block is withdrawn as soon as any of its addresses is
-            let want = if touches(b, withdraw) {
+            let want = if touches(withdraw, b) {
                 false
-            } else if touches(b, mark) {
+            } else if touches(mark, b) {
                 true
             } else {
                 continue;
@@ -939,14 +941,12 @@ mod tests {
         let n: NodeName = "n".into();
         let got = src.allocate(&n, Family::V4, 20).await.unwrap();
         assert_eq!(store.blocks_of("n").len(), 2);
-        assert!(
-            got.len() >= 31 && got.len() <= 32,
-            "two /28s: {}",
-            got.len()
-        );
+        let n_got = got.len(Family::V4);
+        assert!((31..=32).contains(&n_got), "two /28s: {n_got}");
         // one address used: its block is not offered
         let mut free = got.clone();
-        let used = free.remove(0);
+        let used = got.first(Family::V4).unwrap();
+        free.remove(&used);
         let offered = src.prepare_release(&n, &free, u64::MAX);
         assert!(!offered.is_empty());
         let used_block = store
@@ -954,7 +954,7 @@ mod tests {
             .into_iter()
             .find(|b| b.cidr.contains(&used))
             .unwrap();
-        assert!(offered.iter().all(|a| !used_block.cidr.contains(a)));
+        assert!(!touches(&offered, &used_block));
         // never more than asked: less than a block asked, nothing offered
         assert!(src.prepare_release(&n, &free, 10).is_empty());
         assert_eq!(src.prepare_allocation(&n, Family::V4, 1, u64::MAX), 16);
@@ -1022,7 +1022,7 @@ mod tests {
         src.repair().await;
         assert_eq!(
             src.quota().v4.free,
-            free + src.block_addresses(&b).len() as u64,
+            free + src.block_addresses(&b).count(Family::V4),
             "the deleted block is free again"
         );
         let theirs: ipnet::IpNet = "10.0.0.64/28".parse().unwrap();
@@ -1042,7 +1042,7 @@ mod tests {
         src.repair().await;
         assert_eq!(
             src.quota().v4.free,
-            free + src.block_addresses(&b).len() as u64 - 16,
+            free + src.block_addresses(&b).count(Family::V4) - 16,
             "the created one is taken"
         );
     }

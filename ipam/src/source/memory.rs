@@ -11,6 +11,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{IpSource, Quota, SourceHook};
+use crate::addrs::AddrSet;
 use crate::error::{ErrorClass, IpamError};
 use crate::types::{Family, NodeName, PerFamily};
 
@@ -32,7 +33,7 @@ struct MemState {
     /// Returned addresses, reused lowest first.
     returned: PerFamily<BTreeSet<IpAddr>>,
     owner: BTreeMap<IpAddr, NodeName>,
-    by_node: BTreeMap<NodeName, BTreeSet<IpAddr>>,
+    by_node: BTreeMap<NodeName, AddrSet>,
     capacity: PerFamily<u64>,
     faults: Faults,
     rng: SmallRng,
@@ -99,24 +100,24 @@ impl MemorySource {
         self.latency
     }
 
-    /// How many addresses the source grants `node`.
     /// Addresses `node` holds, per family.
     pub fn held_by_family(&self, node: &NodeName) -> PerFamily<u64> {
-        let mut out = PerFamily::default();
-        if let Some(s) = self.state.lock().by_node.get(node) {
-            for a in s.iter() {
-                *out.get_mut(Family::of(a)) += 1;
-            }
+        let s = self.state.lock();
+        let held = s.by_node.get(node);
+        let count = |f| held.map_or(0, |h| h.count(f));
+        PerFamily {
+            v4: count(Family::V4),
+            v6: count(Family::V6),
         }
-        out
     }
 
+    /// How many addresses the source grants `node`.
     pub fn held_by(&self, node: &NodeName) -> u64 {
         self.state
             .lock()
             .by_node
             .get(node)
-            .map_or(0, |s| s.len() as u64)
+            .map_or(0, |s| s.count(Family::V4) + s.count(Family::V6))
     }
 
     /// Changes the injected faults (at any time).
@@ -191,7 +192,7 @@ impl IpSource for MemorySource {
         &self.families
     }
 
-    fn grant_size(&self, _family: Family) -> u64 {
+    fn grant_size(&self, _family: Family) -> u128 {
         1
     }
 
@@ -205,7 +206,7 @@ impl IpSource for MemorySource {
         node: &NodeName,
         family: Family,
         count: u64,
-    ) -> Result<Vec<IpAddr>, IpamError> {
+    ) -> Result<AddrSet, IpamError> {
         tokio::time::sleep(self.latency).await;
         let (fault, takes_effect) = self.draw_fault("allocate", node);
         if let Some(e) = &fault
@@ -223,8 +224,8 @@ impl IpSource for MemorySource {
                     message: format!("{} free, {count} asked", Self::free_count(&s, family)),
                 });
             }
-            let mut out = Vec::with_capacity(count as usize);
-            while (out.len() as u64) < count {
+            let mut out = AddrSet::new();
+            for _ in 0..count {
                 let a = match s.returned.get_mut(family).pop_first() {
                     Some(a) => a,
                     None => {
@@ -234,12 +235,9 @@ impl IpSource for MemorySource {
                     }
                 };
                 s.owner.insert(a, node.clone());
-                out.push(a);
+                out.insert(a);
             }
-            s.by_node
-                .entry(node.clone())
-                .or_default()
-                .extend(out.iter().copied());
+            s.by_node.entry(node.clone()).or_default().union_with(&out);
             out
         };
         if let Some(h) = &self.hook {
@@ -251,11 +249,13 @@ impl IpSource for MemorySource {
         }
     }
 
-    fn prepare_release(&self, _node: &NodeName, free: &[IpAddr], max: u64) -> Vec<IpAddr> {
-        free.iter().take(max as usize).copied().collect()
+    fn prepare_release(&self, _node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
+        let mut out = free.highest(Family::V4, max.into());
+        out.union_with(&free.highest(Family::V6, max.into()));
+        out
     }
 
-    async fn release(&self, node: &NodeName, addrs: &[IpAddr]) -> Result<(), IpamError> {
+    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
         tokio::time::sleep(self.latency).await;
         let (fault, takes_effect) = self.draw_fault("release", node);
         if let Some(e) = &fault
@@ -263,19 +263,20 @@ impl IpSource for MemorySource {
         {
             return Err(e.clone());
         }
-        let released: Vec<IpAddr> = {
+        let released: AddrSet = {
             let mut s = self.state.lock();
-            let mut done = Vec::with_capacity(addrs.len());
-            for a in addrs {
-                // Releasing what the node does not hold is a no-op (idempotent).
-                if s.owner.get(a) == Some(node) {
-                    s.owner.remove(a);
-                    if let Some(set) = s.by_node.get_mut(node) {
-                        set.remove(a);
-                    }
-                    s.returned.get_mut(Family::of(a)).insert(*a);
-                    done.push(*a);
-                }
+            // Releasing what the node does not hold is a no-op (idempotent).
+            let done = s
+                .by_node
+                .get(node)
+                .map(|held| held.intersection(addrs))
+                .unwrap_or_default();
+            for a in done.iter() {
+                s.owner.remove(&a);
+                s.returned.get_mut(Family::of(&a)).insert(a);
+            }
+            if let Some(set) = s.by_node.get_mut(node) {
+                set.subtract(&done);
             }
             if s.by_node.get(node).is_some_and(|set| set.is_empty()) {
                 s.by_node.remove(node);
@@ -293,7 +294,7 @@ impl IpSource for MemorySource {
         }
     }
 
-    async fn describe(&self, node: &NodeName) -> Result<BTreeSet<IpAddr>, IpamError> {
+    async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         Ok(self
             .state
             .lock()
@@ -336,7 +337,7 @@ mod tests {
         let a = s.allocate(&node("a"), Family::V4, 3).await.unwrap();
         assert_eq!(s.prepare_allocation(&node("b"), Family::V4, 3, u64::MAX), 1);
         let b = s.allocate(&node("b"), Family::V4, 1).await.unwrap();
-        assert!(!a.contains(&b[0]));
+        assert!(a.intersection(&b).is_empty());
         assert_eq!(
             s.quota().v4,
             Quota {
@@ -346,14 +347,19 @@ mod tests {
         );
         let err = s.allocate(&node("b"), Family::V4, 1).await.unwrap_err();
         assert_eq!(err.class(), ErrorClass::Exhausted);
-        s.release(&node("a"), &a[..1]).await.unwrap();
+        let a: Vec<IpAddr> = a.iter().collect();
+        s.release(&node("a"), &a[..1].iter().copied().collect())
+            .await
+            .unwrap();
         // releasing an address the node does not hold changes nothing
-        s.release(&node("b"), &a[1..2]).await.unwrap();
-        assert_eq!(s.describe(&node("a")).await.unwrap().len(), 2);
+        s.release(&node("b"), &a[1..2].iter().copied().collect())
+            .await
+            .unwrap();
+        assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
         assert_eq!(s.quota().v4.free, 1);
         assert_eq!(
             s.allocate(&node("b"), Family::V4, 1).await.unwrap(),
-            vec![a[0]]
+            AddrSet::from_iter([a[0]])
         );
     }
 
@@ -365,12 +371,12 @@ mod tests {
             ..Default::default()
         });
         assert!(s.allocate(&node("a"), Family::V4, 2).await.is_err());
-        assert_eq!(s.describe(&node("a")).await.unwrap().len(), 2);
+        assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
         s.set_faults(Faults {
             error_rate: 1.0,
             ..Default::default()
         });
         assert!(s.allocate(&node("a"), Family::V4, 2).await.is_err());
-        assert_eq!(s.describe(&node("a")).await.unwrap().len(), 2);
+        assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
     }
 }

@@ -11,7 +11,7 @@ use tidepool_ipam::Watermarks;
 use tidepool_ipam::{
     IpamNode, NodeName, PodUid, ReclaimAck, ReleaseAck, ReleaseState, Tombstone, WatermarkOverrides,
 };
-use tidepool_sim::{Invariants, World, WorldConfig};
+use tidepool_sim::{Invariants, SimSource, World, WorldConfig};
 use tokio::time::Instant;
 
 /// Watermarks (pre, min, max, max_above).
@@ -63,7 +63,9 @@ pub fn ipam_node(world: &World, name: &str) -> Arc<IpamNode> {
 
 /// The node's pool size as its IPAMNode shows it (0 if the object does not exist).
 pub fn pool(world: &World, name: &str) -> usize {
-    world.node(name).map_or(0, |n| n.operator.addresses.len())
+    world
+        .node(name)
+        .map_or(0, |n| n.operator.addresses.total() as usize)
 }
 
 /// `used` entries of the node (0 if the object does not exist).
@@ -78,7 +80,7 @@ pub fn marked(world: &World, name: &str) -> Vec<IpAddr> {
             .release
             .iter()
             .filter(|(_, s)| **s == ReleaseState::MarkedForRelease)
-            .map(|(a, _)| *a)
+            .map(|(a, _)| a)
             .collect()
     })
 }
@@ -161,7 +163,7 @@ pub fn assert_no_violations(world: &World) {
 pub fn assert_finish_clean(world: &World) {
     let inv = world
         .observer
-        .finish(&world.source.granted(), &world.store.list());
+        .finish(&world.source.granted_sets(), &world.store.list());
     assert_eq!(
         inv,
         Invariants::default(),
@@ -175,7 +177,7 @@ pub fn assert_pools_match_source(world: &World) {
     for n in world.store.list() {
         let mut want = granted_to(world, &n.name);
         want.sort();
-        let have: Vec<IpAddr> = n.operator.addresses.iter().copied().collect();
+        let have: Vec<IpAddr> = n.operator.addresses.iter().collect();
         assert_eq!(have, want, "node {} pool differs from the source", n.name);
     }
 }
@@ -224,14 +226,14 @@ impl Recorder {
                 for (a, k) in &node.node.reclaim_ack {
                     cur.insert(SeenKey(Seen::ReclaimAck(*a, *k)));
                 }
-                for (a, s) in &node.operator.release {
+                for (a, s) in node.operator.release.iter() {
                     cur.insert(SeenKey(match s {
-                        ReleaseState::MarkedForRelease => Seen::Mark(*a),
-                        ReleaseState::Released => Seen::Released(*a),
+                        ReleaseState::MarkedForRelease => Seen::Mark(a),
+                        ReleaseState::Released => Seen::Released(a),
                     }));
                 }
-                for (a, k) in &node.node.release_ack {
-                    cur.insert(SeenKey(Seen::ReleaseAck(*a, *k)));
+                for (a, k) in node.node.release_ack.iter() {
+                    cur.insert(SeenKey(Seen::ReleaseAck(a, *k)));
                 }
                 let prev = last.entry(ev.name.clone()).or_default();
                 let mut log = log.lock().unwrap();
