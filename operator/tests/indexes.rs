@@ -6,13 +6,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher::Event;
 use parking_lot::Mutex;
-use tidepool_ipam::{IpamError, NodeName, PodCache, PodChanges, PodPhase, PodUid, PodView, Since};
-use tidepool_operator::index::{PodGetter, PodIndex};
+use tidepool_ipam::{
+    IpamError, NodeInfo, NodeName, PodCache, PodChanges, PodPhase, PodUid, PodView, Since,
+};
+use tidepool_operator::index::{NodeChange, NodeIndex, NodeSelector, PodGetter, PodIndex};
 use tokio::time::Instant;
 
 // ---- pods ----
@@ -292,5 +295,207 @@ impl TapUid for Pod {
     fn tap_uid(mut self, uid: u128) -> Self {
         self.metadata.uid = Some(uid_str(uid));
         self
+    }
+}
+
+// ---- nodes ----
+
+fn node(name: &str, uid: u128, labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(uid_str(uid)),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            allocatable: Some(BTreeMap::from([("pods".into(), Quantity("58".into()))])),
+            ..Default::default()
+        }),
+    }
+}
+
+fn info(name: &str, uid: u128) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        uid,
+        allocatable_pods: 58,
+        cordoned: false,
+        terminating: false,
+    }
+}
+
+fn nodes(selector: &str) -> NodeIndex {
+    NodeIndex::new(selector.parse().expect("a valid selector"))
+}
+
+#[test]
+fn the_node_selector_filters_and_relabelling_moves_nodes_in_and_out() {
+    let idx = nodes("pool=a, !gpu");
+    let added = idx.apply(&Event::Apply(node("n1", 1, &[("pool", "a")])));
+    assert_eq!(added, vec![NodeChange::Added(info("n1", 1))]);
+    assert!(
+        idx.apply(&Event::Apply(node("n2", 2, &[("pool", "b")])))
+            .is_empty()
+    );
+    let gpu = node("n3", 3, &[("pool", "a"), ("gpu", "yes")]);
+    assert!(idx.apply(&Event::Apply(gpu)).is_empty());
+    assert!(idx.get("n2").is_none() && idx.get("n3").is_none());
+    let n2 = idx.apply(&Event::Apply(node("n2", 2, &[("pool", "a")])));
+    assert_eq!(n2, vec![NodeChange::Added(info("n2", 2))]);
+    let out = idx.apply(&Event::Apply(node("n1", 1, &[("pool", "b")])));
+    assert_eq!(out, vec![NodeChange::Removed(info("n1", 1))]);
+    assert!(idx.get("n1").is_none());
+    // a label change inside the selection is a change (pools select by labels)
+    let out = idx.apply(&Event::Apply(node(
+        "n2",
+        2,
+        &[("pool", "a"), ("zone", "z1")],
+    )));
+    assert_eq!(out, vec![NodeChange::Changed(info("n2", 2))]);
+    assert_eq!(
+        idx.labels("n2").unwrap().get("zone").map(String::as_str),
+        Some("z1")
+    );
+}
+
+#[test]
+fn a_node_re_registered_under_its_name_is_removed_then_added() {
+    let idx = nodes("");
+    idx.apply(&Event::Apply(node("n1", 1, &[])));
+    let out = idx.apply(&Event::Apply(node("n1", 2, &[])));
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Removed(info("n1", 1)),
+            NodeChange::Added(info("n1", 2))
+        ]
+    );
+    assert!(
+        idx.apply(&Event::Delete(node("n1", 1, &[]))).is_empty(),
+        "the old one's"
+    );
+    assert_eq!(idx.get("n1").map(|i| i.uid), Some(2));
+    let out = idx.apply(&Event::Delete(node("n1", 2, &[])));
+    assert_eq!(out, vec![NodeChange::Removed(info("n1", 2))]);
+}
+
+#[test]
+fn node_projection_and_changes() {
+    let idx = nodes("");
+    let mut n = node("n1", 1, &[]);
+    idx.apply(&Event::Apply(n.clone()));
+    assert!(
+        idx.apply(&Event::Apply(n.clone())).is_empty(),
+        "nothing changed"
+    );
+    n.spec.as_mut().unwrap().unschedulable = Some(true);
+    n.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let want = NodeInfo {
+        cordoned: true,
+        terminating: true,
+        ..info("n1", 1)
+    };
+    assert_eq!(
+        idx.apply(&Event::Apply(n.clone())),
+        vec![NodeChange::Changed(want)]
+    );
+    for (pods, want) in [(Some("1k"), 110), (None, 110), (Some("250"), 250)] {
+        let status = n.status.as_mut().unwrap();
+        status.allocatable = pods.map(|p| BTreeMap::from([("pods".into(), Quantity(p.into()))]));
+        idx.apply(&Event::Apply(n.clone()));
+        assert_eq!(idx.get("n1").unwrap().allocatable_pods, want, "{pods:?}");
+    }
+    let mut bad = node("n9", 9, &[]);
+    bad.metadata.uid = Some("not-a-uuid".into());
+    assert!(idx.apply(&Event::Apply(bad)).is_empty() && idx.get("n9").is_none());
+}
+
+#[test]
+fn a_node_relist_reports_what_vanished_changed_and_appeared() {
+    let idx = nodes("role!=edge");
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(node("n1", 1, &[])));
+    idx.apply(&Event::InitApply(node("n2", 2, &[("role", "worker")])));
+    idx.apply(&Event::InitApply(node("n4", 4, &[("role", "edge")])));
+    assert!(!idx.ready() && idx.get("n1").is_none());
+    let out = idx.apply(&Event::InitDone);
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Added(info("n1", 1)),
+            NodeChange::Added(info("n2", 2))
+        ]
+    );
+    assert!(idx.ready());
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(node("n3", 3, &[])));
+    idx.apply(&Event::InitApply(node("n2", 2, &[("role", "db")])));
+    idx.apply(&Event::InitApply(node("n1", 5, &[])));
+    assert!(
+        idx.get("n1").is_some(),
+        "the old view answers until InitDone"
+    );
+    let out = idx.apply(&Event::InitDone);
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Removed(info("n1", 1)),
+            NodeChange::Added(info("n1", 5)),
+            NodeChange::Changed(info("n2", 2)),
+            NodeChange::Added(info("n3", 3)),
+        ]
+    );
+}
+
+#[test]
+fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
+    let s: NodeSelector = "a=b, c==d,e!=f,g,!h,example.com/role=worker"
+        .parse()
+        .unwrap();
+    let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let base = [
+        ("a", "b"),
+        ("c", "d"),
+        ("g", ""),
+        ("example.com/role", "worker"),
+    ];
+    assert!(s.matches(&labels(&base)), "e absent satisfies e!=f");
+    assert!(s.matches(&labels(&[base.as_slice(), &[("e", "x")]].concat())));
+    assert!(!s.matches(&labels(&[base.as_slice(), &[("e", "f")]].concat())));
+    assert!(!s.matches(&labels(&[base.as_slice(), &[("h", "1")]].concat())));
+    assert!(!s.matches(&labels(&base[1..])), "a missing");
+    assert_eq!(s.to_string(), "a=b,c=d,e!=f,g,!h,example.com/role=worker");
+    assert!(
+        "".parse::<NodeSelector>()
+            .unwrap()
+            .matches(&BTreeMap::new())
+    );
+    let long = format!("a={}", "v".repeat(64));
+    for bad in [
+        "a in (b,c)",
+        "a notin (b)",
+        "a in b",
+        "=b",
+        "a,",
+        "!",
+        "a=b=c",
+        "a>1",
+        long.as_str(),
+        "Bad_Prefix/x=y",
+        "a=-b",
+    ] {
+        let err = bad.parse::<NodeSelector>().expect_err(bad).to_string();
+        assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
     }
 }

@@ -6,8 +6,10 @@
 //! buffered while the old view keeps answering; at `InitDone` the buffered set replaces
 //! the old one (objects not relisted are gone) and the index is ready.
 
+mod nodes;
 mod pods;
 mod uid;
 
+pub use nodes::{NodeChange, NodeIndex, NodeSelector};
 pub use pods::{PodGetter, PodIndex};
 pub use uid::parse_uid;
