@@ -1,0 +1,15 @@
+//! Indexes fed by watch events (`kube::runtime::watcher::Event`), kept as the small
+//! projections the engine needs: pure logic, tested by handing them typed objects.
+//!
+//! Both follow kube's reflector (`Writer::apply_watcher_event`): `Apply` and `Delete`
+//! change the live view at once; `Init` starts a relist whose `InitApply` objects are
+//! buffered while the old view keeps answering; at `InitDone` the buffered set replaces
+//! the old one (objects not relisted are gone) and the index is ready.
+
+mod nodes;
+mod pods;
+mod uid;
+
+pub use nodes::{NodeChange, NodeIndex, NodeSelector};
+pub use pods::{PodGetter, PodIndex};
+pub use uid::parse_uid;

@@ -1,0 +1,145 @@
+//! [`PodIndex`]: the engine's pod view ([`PodCache`], [`PodView`]) fed by a Pod watch.
+
+mod changes;
+mod departed;
+mod project;
+mod state;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
+use parking_lot::RwLock;
+use tidepool_ipam::{IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView, Since};
+use tokio::time::Instant;
+
+use project::{bound_node, pod_uid, project, split_key};
+use state::State;
+
+/// The direct GET behind [`PodView::pod_live`] (a `kube::Client`; tests pass a fake).
+pub trait PodGetter: Send + Sync + 'static {
+    /// The pod `namespace/name` as the server has it now; `None` when there is none.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'static, Result<Option<Pod>, kube::Error>>;
+}
+
+impl PodGetter for kube::Client {
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'static, Result<Option<Pod>, kube::Error>> {
+        let api = kube::Api::<Pod>::namespaced(self.clone(), namespace);
+        let name = name.to_owned();
+        Box::pin(async move { api.get_opt(&name).await })
+    }
+}
+
+/// Pods as the engine needs them (UID, node, phase, `status.podIPs`, and `namespace/name`
+/// for the live GET), by UID and by node, fed by [`PodIndex::apply`]. Pods not bound to
+/// a node are not kept. A pod being deleted stays until its `Delete` event; a pod in
+/// Succeeded or Failed stays, terminal. Clones share one index.
+#[derive(Clone)]
+pub struct PodIndex {
+    state: Arc<RwLock<State>>,
+    live: Arc<dyn PodGetter>,
+}
+
+impl PodIndex {
+    pub fn new(live: impl PodGetter) -> Self {
+        Self {
+            state: Arc::default(),
+            live: Arc::new(live),
+        }
+    }
+
+    /// Applies one watch event (relist semantics: see [`crate::index`]). Returns the
+    /// nodes whose pods changed, sorted, each once: the engine's `on_pod_event` for each.
+    pub fn apply(&self, event: &Event<Pod>) -> Vec<NodeName> {
+        let now = Instant::now();
+        let mut touched = Vec::new();
+        let mut st = self.state.write();
+        match event {
+            Event::Apply(pod) => {
+                if let Some(uid) = pod_uid(pod) {
+                    st.apply(pod, uid, now, &mut touched);
+                }
+            }
+            Event::Delete(pod) => {
+                if let Some(uid) = pod_uid(pod) {
+                    st.remove(uid, now, &mut touched);
+                }
+            }
+            Event::Init => st.begin_relist(),
+            Event::InitApply(pod) => {
+                if let Some(uid) = pod_uid(pod) {
+                    st.relisted(pod, uid);
+                }
+            }
+            Event::InitDone => st.finish_relist(now, &mut touched),
+        }
+        drop(st);
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+    }
+
+    /// True once the first relist is complete (the operator's readiness).
+    pub fn ready(&self) -> bool {
+        self.state.read().ready
+    }
+}
+
+impl PodCache for PodIndex {
+    fn with_pod<R>(&self, uid: PodUid, f: impl FnOnce(Option<&PodInfo>) -> R) -> R {
+        f(self.state.read().pod(uid))
+    }
+
+    /// One read lock for the whole batch.
+    fn with_pods<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        uid: impl Fn(&T) -> PodUid,
+        mut f: impl FnMut(T, Option<&PodInfo>),
+    ) {
+        let st = self.state.read();
+        for item in items {
+            let u = uid(&item);
+            f(item, st.pod(u));
+        }
+    }
+
+    fn pod_changes(&self, node: &str, since: Option<Since>) -> Option<PodChanges> {
+        self.state.read().changes(node, since)
+    }
+}
+
+impl PodView for PodIndex {
+    /// A GET of the pod by the name the index knows for its UID (also for a while after
+    /// the pod left the index); a pod of that name with another UID is not this pod.
+    /// A UID the index never held has no name to ask for: the pod was gone before the
+    /// watch began, and the answer is `None` without a request.
+    async fn pod_live(&self, uid: PodUid) -> Result<Option<PodInfo>, IpamError> {
+        let Some(key) = self.state.read().key(uid).map(str::to_owned) else {
+            return Ok(None);
+        };
+        let (namespace, name) = split_key(&key);
+        let pod = (self.live.get(namespace, name).await)
+            .map_err(|e| IpamError::PodView(format!("GET pod {key}: {e}")))?;
+        Ok(pod
+            .filter(|p| p.metadata.uid.as_deref().and_then(super::parse_uid) == Some(uid.0))
+            .map(|p| project(&p, uid, NodeName::from(bound_node(&p))).info))
+    }
+
+    fn pending_pods(&self, node: &str) -> Vec<PodUid> {
+        self.state.read().pending(node)
+    }
+
+    fn bound_pods(&self, node: &str) -> usize {
+        self.state.read().bound(node)
+    }
+}

@@ -1,0 +1,82 @@
+//! A Pod cut down to what the engine needs.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use tidepool_ipam::{NodeName, PodInfo, PodIps, PodPhase, PodUid};
+
+use crate::index::uid::parse_uid;
+
+/// What the index keeps of a pod: the engine's [`PodInfo`] and the pod's
+/// `namespace/name` (for the live GET). No full Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PodRecord {
+    pub info: PodInfo,
+    /// `namespace/name` in one allocation (a namespace holds no `/`).
+    pub key: Box<str>,
+}
+
+/// A record's `key` as (namespace, name).
+pub(super) fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+/// The pod's UID as the engine's number; `None` (logged) when it is missing or not a UUID.
+pub(super) fn pod_uid(pod: &Pod) -> Option<PodUid> {
+    let raw = pod.metadata.uid.as_deref().unwrap_or("");
+    let uid = parse_uid(raw).map(PodUid);
+    if uid.is_none() {
+        tracing::warn!(
+            pod = pod.metadata.name.as_deref().unwrap_or(""),
+            uid = raw,
+            "pod skipped: its UID is not a UUID"
+        );
+    }
+    uid
+}
+
+/// The node the pod is bound to (`spec.nodeName`); empty when it is not bound yet.
+pub(super) fn bound_node(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or("")
+}
+
+/// The projection of a pod bound to `node` (see [`bound_node`]; the caller shares one
+/// name among the node's pods).
+pub(super) fn project(pod: &Pod, uid: PodUid, node: NodeName) -> PodRecord {
+    let status = pod.status.as_ref();
+    let phase = match status.and_then(|s| s.phase.as_deref()) {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        // Pending, Unknown (the node is unreachable: not terminal) or not reported yet
+        _ => PodPhase::Pending,
+    };
+    let listed = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten();
+    let mut addrs: Vec<&str> = listed.map(|p| p.ip.as_str()).collect();
+    // older writers set only status.podIP
+    if addrs.is_empty() {
+        addrs.extend(status.and_then(|s| s.pod_ip.as_deref()));
+    }
+    let ips = PodIps::new(addrs.iter().filter_map(|a| a.parse::<IpAddr>().ok()));
+    let meta = &pod.metadata;
+    let key = format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    );
+    PodRecord {
+        info: PodInfo {
+            uid,
+            node,
+            phase,
+            ips,
+        },
+        key: key.into_boxed_str(),
+    }
+}

@@ -1,0 +1,197 @@
+//! The pod index's state: records by UID, pods by node, change logs, the relist buffer.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use tidepool_ipam::{NodeName, PodChanges, PodInfo, PodUid, Since};
+use tokio::time::Instant;
+
+use super::changes::{ChangeLog, changes_without_log};
+use super::departed::Departed;
+use super::project::{PodRecord, bound_node, project};
+
+/// One node's pods (any phase) and their recent changes. Dropped once it has no pod.
+struct NodePods {
+    pods: BTreeSet<PodUid>,
+    log: ChangeLog,
+}
+
+/// A relist in progress: the pods listed so far and their nodes' names (shared).
+#[derive(Default)]
+struct Relist {
+    pods: HashMap<PodUid, PodRecord>,
+    names: HashSet<NodeName>,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    /// Pods bound to a node (a pod not bound yet holds no address and is not kept).
+    pods: HashMap<PodUid, PodRecord>,
+    nodes: HashMap<NodeName, NodePods>,
+    relist: Option<Relist>,
+    /// The last change sequence number handed out (one counter for all nodes).
+    seq: u64,
+    /// Set by the first completed relist.
+    pub ready: bool,
+    departed: Departed,
+}
+
+/// Nodes whose pods changed, as an apply reports them.
+pub(super) type Touched = Vec<NodeName>;
+
+impl State {
+    /// `Apply`: the pod as it is now.
+    pub fn apply(&mut self, pod: &Pod, uid: PodUid, now: Instant, touched: &mut Touched) {
+        let node = bound_node(pod);
+        if node.is_empty() {
+            return self.remove(uid, now, touched);
+        }
+        let name = match self.nodes.get_key_value(node) {
+            Some((name, _)) => name.clone(),
+            None => NodeName::from(node),
+        };
+        self.upsert(project(pod, uid, name), touched);
+    }
+
+    /// `Delete`: the pod is gone (its name is kept a while for `pod_live`).
+    pub fn remove(&mut self, uid: PodUid, now: Instant, touched: &mut Touched) {
+        self.departed.prune(now);
+        if let Some(old) = self.pods.remove(&uid) {
+            self.unlink(&old.info.node, uid, touched);
+            self.departed.note(now, uid, old.key);
+        }
+    }
+
+    /// `Init`: a relist begins; the current view keeps answering until it is done.
+    pub fn begin_relist(&mut self) {
+        self.relist = Some(Relist::default());
+    }
+
+    /// `InitApply`: one pod of the relist.
+    pub fn relisted(&mut self, pod: &Pod, uid: PodUid) {
+        let node = bound_node(pod);
+        if node.is_empty() {
+            return;
+        }
+        let relist = self.relist.get_or_insert_with(Relist::default);
+        let name = match (self.nodes.get_key_value(node), relist.names.get(node)) {
+            (Some((name, _)), _) | (None, Some(name)) => name.clone(),
+            (None, None) => {
+                let name = NodeName::from(node);
+                relist.names.insert(name.clone());
+                name
+            }
+        };
+        relist.pods.insert(uid, project(pod, uid, name));
+    }
+
+    /// `InitDone`: the relisted pods replace the current ones, through the same steps as
+    /// single events, so every pod gone or changed counts as a change of its node.
+    pub fn finish_relist(&mut self, now: Instant, touched: &mut Touched) {
+        self.ready = true;
+        // an InitDone with no Init before it (kube sends none) changes nothing
+        let Some(relist) = self.relist.take() else {
+            return;
+        };
+        let gone: Vec<PodUid> = (self.pods.keys())
+            .filter(|uid| !relist.pods.contains_key(uid))
+            .copied()
+            .collect();
+        for uid in gone {
+            self.remove(uid, now, touched);
+        }
+        for (_, rec) in relist.pods {
+            self.upsert(rec, touched);
+        }
+    }
+
+    fn upsert(&mut self, mut rec: PodRecord, touched: &mut Touched) {
+        let uid = rec.info.uid;
+        match self.pods.get(&uid) {
+            Some(old) if *old == rec => return,
+            Some(old) if old.info.node == rec.info.node => {
+                rec.info.node = old.info.node.clone();
+                self.touch(&rec.info.node, uid, touched);
+            }
+            Some(old) => {
+                let old_node = old.info.node.clone();
+                self.unlink(&old_node, uid, touched);
+                rec.info.node = self.link(&rec.info.node, uid, touched);
+            }
+            None => rec.info.node = self.link(&rec.info.node, uid, touched),
+        }
+        self.pods.insert(uid, rec);
+    }
+
+    /// Adds the pod to its node's set; returns the node's shared name.
+    fn link(&mut self, node: &NodeName, uid: PodUid, touched: &mut Touched) -> NodeName {
+        let name = match self.nodes.get_key_value(&**node) {
+            Some((name, _)) => name.clone(),
+            None => {
+                let log = ChangeLog::new(self.seq);
+                let pods = BTreeSet::new();
+                self.nodes.insert(node.clone(), NodePods { pods, log });
+                node.clone()
+            }
+        };
+        if let Some(n) = self.nodes.get_mut(&name) {
+            n.pods.insert(uid);
+        }
+        self.touch(&name, uid, touched);
+        name
+    }
+
+    /// Takes the pod off its node's set; a node left with no pod is dropped.
+    fn unlink(&mut self, node: &NodeName, uid: PodUid, touched: &mut Touched) {
+        self.touch(node, uid, touched);
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.pods.remove(&uid);
+            if n.pods.is_empty() {
+                self.nodes.remove(node);
+            }
+        }
+    }
+
+    fn touch(&mut self, node: &NodeName, uid: PodUid, touched: &mut Touched) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            self.seq += 1;
+            n.log.push(self.seq, uid);
+            touched.push(node.clone());
+        }
+    }
+}
+
+/// What the engine asks.
+impl State {
+    pub fn pod(&self, uid: PodUid) -> Option<&PodInfo> {
+        self.pods.get(&uid).map(|r| &r.info)
+    }
+
+    /// `namespace/name` of a pod in the index or recently gone from it.
+    pub fn key(&self, uid: PodUid) -> Option<&str> {
+        (self.pods.get(&uid).map(|r| &*r.key)).or_else(|| self.departed.get(uid))
+    }
+
+    pub fn changes(&self, node: &str, since: Option<Since>) -> Option<PodChanges> {
+        match self.nodes.get(node) {
+            Some(n) => n.log.changes(since),
+            None => changes_without_log(since),
+        }
+    }
+
+    /// The node's pods that are not terminal.
+    fn live_on(&self, node: &str) -> impl Iterator<Item = &PodInfo> {
+        let uids = self.nodes.get(node).into_iter().flat_map(|n| &n.pods);
+        uids.filter_map(|uid| self.pod(*uid))
+            .filter(|p| !p.phase.is_terminal())
+    }
+
+    pub fn pending(&self, node: &str) -> Vec<PodUid> {
+        let waiting = self.live_on(node).filter(|p| p.ips.is_empty());
+        waiting.map(|p| p.uid).collect()
+    }
+
+    pub fn bound(&self, node: &str) -> usize {
+        self.live_on(node).count()
+    }
+}

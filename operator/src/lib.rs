@@ -1,0 +1,8 @@
+//! The library half of tidepool-operator: what `run` builds on, kept apart from the
+//! binary (`main.rs`) so it can be tested without a server. For now, the watch-fed indexes
+//! of Pods and Nodes ([`index`]).
+
+pub mod error;
+pub mod index;
+
+pub use error::Error;

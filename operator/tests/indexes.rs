@@ -1,0 +1,501 @@
+//! The watch-fed indexes, handed typed objects with no server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::watcher::Event;
+use parking_lot::Mutex;
+use tidepool_ipam::{
+    IpamError, NodeInfo, NodeName, PodCache, PodChanges, PodPhase, PodUid, PodView, Since,
+};
+use tidepool_operator::index::{NodeChange, NodeIndex, NodeSelector, PodGetter, PodIndex};
+use tokio::time::Instant;
+
+// ---- pods ----
+
+fn uid_str(uid: u128) -> String {
+    PodUid(uid).to_string()
+}
+
+/// A pod `p<uid>` in namespace `ns`, bound to `node` ("" = not bound).
+fn pod(uid: u128, node: &str, phase: &str, ips: &[&str]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("p{uid}")),
+            namespace: Some("ns".into()),
+            uid: Some(uid_str(uid)),
+            labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: (!node.is_empty()).then(|| node.into()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some(phase.into()),
+            pod_ips: Some(ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The server side of `pod_live`: pods by (namespace, name), counting GETs.
+#[derive(Clone, Default)]
+struct FakeServer {
+    pods: Arc<Mutex<HashMap<(String, String), Pod>>>,
+    gets: Arc<AtomicUsize>,
+    fail: Arc<Mutex<bool>>,
+}
+
+impl FakeServer {
+    fn put(&self, p: Pod) {
+        let key = (
+            p.metadata.namespace.clone().unwrap(),
+            p.metadata.name.clone().unwrap(),
+        );
+        self.pods.lock().insert(key, p);
+    }
+    fn gets(&self) -> usize {
+        self.gets.load(Ordering::Relaxed)
+    }
+}
+
+impl PodGetter for FakeServer {
+    fn get(&self, ns: &str, name: &str) -> BoxFuture<'static, Result<Option<Pod>, kube::Error>> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        let out = if *self.fail.lock() {
+            Err(kube::Error::LinesCodecMaxLineLengthExceeded)
+        } else {
+            Ok(self.pods.lock().get(&(ns.into(), name.into())).cloned())
+        };
+        Box::pin(async move { out })
+    }
+}
+
+fn index() -> (PodIndex, FakeServer) {
+    let server = FakeServer::default();
+    (PodIndex::new(server.clone()), server)
+}
+
+fn names(v: &[&str]) -> Vec<NodeName> {
+    v.iter().map(|n| NodeName::from(*n)).collect()
+}
+
+fn since(idx: &PodIndex, node: &str) -> Since {
+    let seq = idx.pod_changes(node, None).expect("kept").seq;
+    Since {
+        seq,
+        at: Instant::now(),
+    }
+}
+
+#[test]
+fn a_relist_is_buffered_then_replaces_the_set_and_drops_vanished_pods() {
+    let (idx, _) = index();
+    assert!(idx.apply(&Event::Init).is_empty());
+    idx.apply(&Event::InitApply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    idx.apply(&Event::InitApply(pod(2, "n1", "Pending", &[])));
+    idx.apply(&Event::InitApply(pod(3, "n2", "Pending", &[])));
+    assert!(!idx.ready() && idx.pod(PodUid(1)).is_none(), "buffered");
+    assert_eq!(idx.apply(&Event::InitDone), names(&["n1", "n2"]));
+    assert!(idx.ready());
+    assert_eq!((idx.bound_pods("n1"), idx.bound_pods("n2")), (2, 1));
+    assert_eq!(idx.pending_pods("n1"), vec![PodUid(2)]);
+
+    let before = since(&idx, "n1");
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    idx.apply(&Event::InitApply(pod(3, "n2", "Running", &["10.0.1.1"])));
+    assert!(
+        idx.pod(PodUid(2)).is_some(),
+        "the old view answers until InitDone"
+    );
+    assert_eq!(idx.apply(&Event::InitDone), names(&["n1", "n2"]));
+    assert!(idx.pod(PodUid(2)).is_none(), "not relisted: gone");
+    assert_eq!(idx.bound_pods("n1"), 1);
+    assert!(idx.pending_pods("n1").is_empty() && idx.pending_pods("n2").is_empty());
+    let c = idx.pod_changes("n1", Some(before)).expect("kept");
+    assert_eq!(
+        c.changed,
+        vec![PodUid(2)],
+        "only the vanished pod changed on n1"
+    );
+    // an identical relist changes nothing
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    idx.apply(&Event::InitApply(pod(3, "n2", "Running", &["10.0.1.1"])));
+    assert!(idx.apply(&Event::InitDone).is_empty());
+}
+
+#[test]
+fn delete_removes_and_a_pod_being_deleted_stays_until_then() {
+    let (idx, _) = index();
+    idx.apply(&Event::Apply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    let mut deleting = pod(1, "n1", "Running", &["10.0.0.1"]);
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    assert!(
+        idx.apply(&Event::Apply(deleting.clone())).is_empty(),
+        "same projection"
+    );
+    assert_eq!(idx.bound_pods("n1"), 1);
+    assert!(idx.pod(PodUid(1)).is_some());
+    assert_eq!(idx.apply(&Event::Delete(deleting.clone())), names(&["n1"]));
+    assert!(idx.pod(PodUid(1)).is_none());
+    assert_eq!(idx.bound_pods("n1"), 0);
+    assert!(
+        idx.apply(&Event::Delete(deleting)).is_empty(),
+        "already gone"
+    );
+}
+
+#[test]
+fn pod_ip_assignment_moves_a_pod_out_of_pending_and_a_terminal_pod_is_not_bound() {
+    let (idx, _) = index();
+    assert!(
+        idx.apply(&Event::Apply(pod(1, "", "Pending", &[])))
+            .is_empty()
+    );
+    assert!(idx.pod(PodUid(1)).is_none(), "not bound: not kept");
+    assert_eq!(
+        idx.apply(&Event::Apply(pod(1, "n1", "Pending", &[]))),
+        names(&["n1"])
+    );
+    assert_eq!(idx.pending_pods("n1"), vec![PodUid(1)]);
+    idx.apply(&Event::Apply(pod(
+        1,
+        "n1",
+        "Running",
+        &["10.0.0.7", "fd00::7"],
+    )));
+    assert!(idx.pending_pods("n1").is_empty());
+    assert_eq!(idx.bound_pods("n1"), 1);
+    let ips: Vec<String> = idx
+        .pod(PodUid(1))
+        .unwrap()
+        .ips
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    assert_eq!(ips, ["10.0.0.7", "fd00::7"]);
+    idx.apply(&Event::Apply(pod(2, "n1", "Pending", &[])));
+    idx.apply(&Event::Apply(pod(2, "n1", "Failed", &[])));
+    assert!(idx.pending_pods("n1").is_empty(), "terminal: not waiting");
+    assert_eq!(idx.bound_pods("n1"), 1, "terminal: not bound");
+    assert_eq!(
+        idx.pod(PodUid(2)).unwrap().phase,
+        PodPhase::Failed,
+        "still visible"
+    );
+    let (mut seen, mut found) = (Vec::new(), 0);
+    idx.with_pods(
+        [1u128, 2, 3],
+        |u| PodUid(*u),
+        |u, p| {
+            seen.push(u);
+            found += usize::from(p.is_some());
+        },
+    );
+    assert_eq!((seen, found), (vec![1, 2, 3], 2));
+}
+
+#[test]
+fn change_counters_advance_per_node() {
+    let (idx, _) = index();
+    assert_eq!(idx.pod_changes("n1", None), Some(PodChanges::default()));
+    idx.apply(&Event::Apply(pod(1, "n1", "Pending", &[])));
+    let s1 = since(&idx, "n1");
+    assert!(s1.seq > 0);
+    assert!(idx.pod_changes("n1", Some(s1)).unwrap().changed.is_empty());
+    idx.apply(&Event::Apply(pod(2, "n2", "Pending", &[])));
+    assert!(
+        idx.pod_changes("n1", Some(s1)).unwrap().changed.is_empty(),
+        "n2's pod"
+    );
+    // a change the engine does not see (a label) is not one
+    let mut relabelled = pod(1, "n1", "Pending", &[]);
+    relabelled.metadata.labels = None;
+    assert!(idx.apply(&Event::Apply(relabelled)).is_empty());
+    assert_eq!(since(&idx, "n1").seq, s1.seq);
+    idx.apply(&Event::Apply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    let c = idx.pod_changes("n1", Some(s1)).unwrap();
+    assert_eq!(c.changed, vec![PodUid(1)]);
+    assert!(c.seq > s1.seq);
+    // more changes than are kept: it can no longer tell which
+    for u in 10..26 {
+        idx.apply(&Event::Apply(pod(u, "n1", "Pending", &[])));
+    }
+    assert_eq!(idx.pod_changes("n1", Some(s1)), None);
+    assert_eq!(
+        idx.pod_changes("n1", Some(since(&idx, "n1")))
+            .unwrap()
+            .changed,
+        vec![]
+    );
+    // a node whose pods are all gone: a caller who saw them cannot be told which changed
+    let s2 = since(&idx, "n2");
+    idx.apply(&Event::Delete(pod(2, "n2", "Pending", &[])));
+    assert_eq!(idx.pod_changes("n2", Some(s2)), None);
+    assert_eq!(idx.pod_changes("n2", None), Some(PodChanges::default()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pod_live_gets_the_pod_by_name_and_checks_its_uid() {
+    let (idx, server) = index();
+    idx.apply(&Event::Apply(pod(1, "n1", "Pending", &[])));
+    server.put(pod(1, "n1", "Running", &["10.0.0.1"]));
+    let live = idx
+        .pod_live(PodUid(1))
+        .await
+        .unwrap()
+        .expect("on the server");
+    assert_eq!(
+        (live.phase, server.gets()),
+        (PodPhase::Running, 1),
+        "the server's view"
+    );
+    // recreated under the same name: another pod
+    server.put(pod(1, "n1", "Running", &["10.0.0.1"]).tap_uid(9));
+    assert_eq!(idx.pod_live(PodUid(1)).await.unwrap(), None);
+    // gone from the index: still asked by the name it had
+    server.put(pod(1, "n1", "Running", &["10.0.0.1"]));
+    idx.apply(&Event::Delete(pod(1, "n1", "Running", &[])));
+    assert!(idx.pod_live(PodUid(1)).await.unwrap().is_some());
+    assert_eq!(server.gets(), 3);
+    // never seen: no name to ask for
+    assert_eq!(idx.pod_live(PodUid(77)).await.unwrap(), None);
+    assert_eq!(server.gets(), 3);
+    // a failed GET is an error naming the pod
+    *server.fail.lock() = true;
+    let err = idx.pod_live(PodUid(1)).await.unwrap_err();
+    assert!(
+        matches!(&err, IpamError::PodView(m) if m.contains("ns/p1")),
+        "{err}"
+    );
+    // the departed name is forgotten after a while
+    *server.fail.lock() = false;
+    tokio::time::advance(Duration::from_secs(16 * 60)).await;
+    idx.apply(&Event::Apply(pod(5, "n1", "Pending", &[])));
+    idx.apply(&Event::Delete(pod(5, "n1", "Pending", &[])));
+    assert_eq!(idx.pod_live(PodUid(1)).await.unwrap(), None);
+    assert_eq!(server.gets(), 4, "no GET for a forgotten name");
+}
+
+trait TapUid {
+    fn tap_uid(self, uid: u128) -> Self;
+}
+
+impl TapUid for Pod {
+    fn tap_uid(mut self, uid: u128) -> Self {
+        self.metadata.uid = Some(uid_str(uid));
+        self
+    }
+}
+
+// ---- nodes ----
+
+fn node(name: &str, uid: u128, labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(uid_str(uid)),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            allocatable: Some(BTreeMap::from([("pods".into(), Quantity("58".into()))])),
+            ..Default::default()
+        }),
+    }
+}
+
+fn info(name: &str, uid: u128) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        uid,
+        allocatable_pods: 58,
+        cordoned: false,
+        terminating: false,
+    }
+}
+
+fn nodes(selector: &str) -> NodeIndex {
+    NodeIndex::new(selector.parse().expect("a valid selector"))
+}
+
+#[test]
+fn the_node_selector_filters_and_relabelling_moves_nodes_in_and_out() {
+    let idx = nodes("pool=a, !gpu");
+    let added = idx.apply(&Event::Apply(node("n1", 1, &[("pool", "a")])));
+    assert_eq!(added, vec![NodeChange::Added(info("n1", 1))]);
+    assert!(
+        idx.apply(&Event::Apply(node("n2", 2, &[("pool", "b")])))
+            .is_empty()
+    );
+    let gpu = node("n3", 3, &[("pool", "a"), ("gpu", "yes")]);
+    assert!(idx.apply(&Event::Apply(gpu)).is_empty());
+    assert!(idx.get("n2").is_none() && idx.get("n3").is_none());
+    let n2 = idx.apply(&Event::Apply(node("n2", 2, &[("pool", "a")])));
+    assert_eq!(n2, vec![NodeChange::Added(info("n2", 2))]);
+    let out = idx.apply(&Event::Apply(node("n1", 1, &[("pool", "b")])));
+    assert_eq!(out, vec![NodeChange::Removed(info("n1", 1))]);
+    assert!(idx.get("n1").is_none());
+    // a label change inside the selection is a change (pools select by labels)
+    let out = idx.apply(&Event::Apply(node(
+        "n2",
+        2,
+        &[("pool", "a"), ("zone", "z1")],
+    )));
+    assert_eq!(out, vec![NodeChange::Changed(info("n2", 2))]);
+    assert_eq!(
+        idx.labels("n2").unwrap().get("zone").map(String::as_str),
+        Some("z1")
+    );
+}
+
+#[test]
+fn a_node_re_registered_under_its_name_is_removed_then_added() {
+    let idx = nodes("");
+    idx.apply(&Event::Apply(node("n1", 1, &[])));
+    let out = idx.apply(&Event::Apply(node("n1", 2, &[])));
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Removed(info("n1", 1)),
+            NodeChange::Added(info("n1", 2))
+        ]
+    );
+    assert!(
+        idx.apply(&Event::Delete(node("n1", 1, &[]))).is_empty(),
+        "the old one's"
+    );
+    assert_eq!(idx.get("n1").map(|i| i.uid), Some(2));
+    let out = idx.apply(&Event::Delete(node("n1", 2, &[])));
+    assert_eq!(out, vec![NodeChange::Removed(info("n1", 2))]);
+}
+
+#[test]
+fn node_projection_and_changes() {
+    let idx = nodes("");
+    let mut n = node("n1", 1, &[]);
+    idx.apply(&Event::Apply(n.clone()));
+    assert!(
+        idx.apply(&Event::Apply(n.clone())).is_empty(),
+        "nothing changed"
+    );
+    n.spec.as_mut().unwrap().unschedulable = Some(true);
+    n.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let want = NodeInfo {
+        cordoned: true,
+        terminating: true,
+        ..info("n1", 1)
+    };
+    assert_eq!(
+        idx.apply(&Event::Apply(n.clone())),
+        vec![NodeChange::Changed(want)]
+    );
+    for (pods, want) in [(Some("1k"), 110), (None, 110), (Some("250"), 250)] {
+        let status = n.status.as_mut().unwrap();
+        status.allocatable = pods.map(|p| BTreeMap::from([("pods".into(), Quantity(p.into()))]));
+        idx.apply(&Event::Apply(n.clone()));
+        assert_eq!(idx.get("n1").unwrap().allocatable_pods, want, "{pods:?}");
+    }
+    let mut bad = node("n9", 9, &[]);
+    bad.metadata.uid = Some("not-a-uuid".into());
+    assert!(idx.apply(&Event::Apply(bad)).is_empty() && idx.get("n9").is_none());
+}
+
+#[test]
+fn a_node_relist_reports_what_vanished_changed_and_appeared() {
+    let idx = nodes("role!=edge");
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(node("n1", 1, &[])));
+    idx.apply(&Event::InitApply(node("n2", 2, &[("role", "worker")])));
+    idx.apply(&Event::InitApply(node("n4", 4, &[("role", "edge")])));
+    assert!(!idx.ready() && idx.get("n1").is_none());
+    let out = idx.apply(&Event::InitDone);
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Added(info("n1", 1)),
+            NodeChange::Added(info("n2", 2))
+        ]
+    );
+    assert!(idx.ready());
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(node("n3", 3, &[])));
+    idx.apply(&Event::InitApply(node("n2", 2, &[("role", "db")])));
+    idx.apply(&Event::InitApply(node("n1", 5, &[])));
+    assert!(
+        idx.get("n1").is_some(),
+        "the old view answers until InitDone"
+    );
+    let out = idx.apply(&Event::InitDone);
+    assert_eq!(
+        out,
+        vec![
+            NodeChange::Removed(info("n1", 1)),
+            NodeChange::Added(info("n1", 5)),
+            NodeChange::Changed(info("n2", 2)),
+            NodeChange::Added(info("n3", 3)),
+        ]
+    );
+}
+
+#[test]
+fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
+    let s: NodeSelector = "a=b, c==d,e!=f,g,!h,example.com/role=worker"
+        .parse()
+        .unwrap();
+    let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let base = [
+        ("a", "b"),
+        ("c", "d"),
+        ("g", ""),
+        ("example.com/role", "worker"),
+    ];
+    assert!(s.matches(&labels(&base)), "e absent satisfies e!=f");
+    assert!(s.matches(&labels(&[base.as_slice(), &[("e", "x")]].concat())));
+    assert!(!s.matches(&labels(&[base.as_slice(), &[("e", "f")]].concat())));
+    assert!(!s.matches(&labels(&[base.as_slice(), &[("h", "1")]].concat())));
+    assert!(!s.matches(&labels(&base[1..])), "a missing");
+    assert_eq!(s.to_string(), "a=b,c=d,e!=f,g,!h,example.com/role=worker");
+    assert!(
+        "".parse::<NodeSelector>()
+            .unwrap()
+            .matches(&BTreeMap::new())
+    );
+    let long = format!("a={}", "v".repeat(64));
+    for bad in [
+        "a in (b,c)",
+        "a notin (b)",
+        "a in b",
+        "=b",
+        "a,",
+        "!",
+        "a=b=c",
+        "a>1",
+        long.as_str(),
+        "Bad_Prefix/x=y",
+        "a=-b",
+    ] {
+        let err = bad.parse::<NodeSelector>().expect_err(bad).to_string();
+        assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+    }
+}
