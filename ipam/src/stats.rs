@@ -4,15 +4,16 @@
 use crate::plan::{Blocked, NodeSummary};
 use crate::types::{Family, PerFamily};
 
-/// Totals over one family.
+/// Totals over one family. A node's counts reach u64::MAX (a /64 block), so the sums over
+/// many nodes are kept in i128.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FamilyTotals {
-    pub allocated: i64,
-    pub used: i64,
-    pub free: i64,
-    pub cooldown: i64,
-    pub needed: i64,
-    pub excess: i64,
+    pub allocated: i128,
+    pub used: i128,
+    pub free: i128,
+    pub cooldown: i128,
+    pub needed: i128,
+    pub excess: i128,
 }
 
 /// Totals over all nodes.
@@ -35,12 +36,13 @@ impl Stats {
             let c = s.counts.get(f);
             let z = s.sizing.get(f);
             let t = self.ips.get_mut(f);
-            t.allocated += sign * c.allocated as i64;
-            t.used += sign * c.used as i64;
-            t.free += sign * c.free() as i64;
-            t.cooldown += sign * c.cooldown as i64;
-            t.needed += sign * z.needed as i64;
-            t.excess += sign * z.excess as i64;
+            let sign = i128::from(sign);
+            t.allocated += sign * i128::from(c.allocated);
+            t.used += sign * i128::from(c.used);
+            t.free += sign * i128::from(c.free());
+            t.cooldown += sign * i128::from(c.cooldown);
+            t.needed += sign * i128::from(z.needed);
+            t.excess += sign * i128::from(z.excess);
         }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
@@ -120,6 +122,29 @@ mod tests {
         assert_eq!(st.ips.v4.free, 8);
         assert_eq!((st.nodes, st.in_deficit, st.unsettled), (1, 0, 0));
         st.replace(Some(&b), None);
+        assert_eq!(st, Stats::default());
+    }
+
+    /// Nodes holding a /64 each (counts saturated at u64::MAX) add up without wrapping.
+    #[test]
+    fn nodes_of_a_64_each_add_up() {
+        let mut st = Stats::default();
+        let mut a = NodeSummary::default();
+        a.counts.v6 = FamilyCounts {
+            allocated: u64::MAX,
+            used: 110,
+            ..Default::default()
+        };
+        a.sizing.v6.excess = u64::MAX - 118;
+        for _ in 0..3 {
+            st.replace(None, Some(&a));
+        }
+        assert_eq!(st.ips.v6.allocated, 3 * i128::from(u64::MAX));
+        assert_eq!(st.ips.v6.free, 3 * i128::from(u64::MAX - 110));
+        assert!(st.ips.v6.excess > 0);
+        for _ in 0..3 {
+            st.replace(Some(&a), None);
+        }
         assert_eq!(st, Stats::default());
     }
 }

@@ -696,3 +696,45 @@ fn simulate_on_the_cluster_pool_keeps_the_invariants() {
     assert!(min > 0);
     assert!(r.api.source_calls >= min, "{} < {min}", r.api.source_calls);
 }
+
+/// A /64 per node, Kubernetes' usual IPv6 mask, dual-stack with churn, crashes and node
+/// losses (issue 11: it panicked with "capacity overflow" and hung, since every address of
+/// a block was listed). Each node's pool is one run per block, so the run completes with
+/// every invariant kept, blocks created and deleted whole, and the oracle's one IPv6 block
+/// per node as the minimum.
+#[test]
+fn simulate_with_a_64_per_node() {
+    let cfg = SimConfig {
+        world: WorldConfig {
+            seed: 11,
+            families: vec![Family::V4, Family::V6],
+            ..WorldConfig::default()
+        },
+        source: SourceChoice::ClusterPool(PoolChoice {
+            cidrs: vec!["10.0.0.0/16".into(), "fd00::/48".into()],
+            block_size: PerFamily { v4: 28, v6: 64 },
+        }),
+        nodes: 12,
+        pods_per_node: 20,
+        churn: 4.0,
+        crash_rate: 0.1,
+        node_churn: 6.0,
+        duration: Duration::from_secs(600),
+        ..SimConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let r = rt.block_on(simulate(cfg, |_, _| {})).unwrap();
+    assert!(r.invariants.ok(), "{:?}: {:?}", r.invariants, r.violations);
+    assert!(r.converged, "{r:?}");
+    // every node holds its /64 (2^64 addresses each) besides its IPv4 blocks
+    assert!(r.ips.allocated >= 12 * (1u128 << 64), "{:?}", r.ips);
+    assert!(r.ips.free > r.ips.allocated - (1u128 << 64), "{:?}", r.ips);
+    assert!(r.reclaim.reclaimed > 0);
+    let min = r.api.source_calls_minimum.expect("the oracle's minimum");
+    assert!(min >= 12, "one /64 per node at least: {min}");
+    assert!(r.api.source_calls >= min, "{} < {min}", r.api.source_calls);
+}

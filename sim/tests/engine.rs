@@ -630,8 +630,8 @@ async fn stats_match_the_store() {
     let st = world.manager.stats();
     let allocated: usize = names.iter().map(|n| pool(&world, n)).sum();
     let in_use: usize = names.iter().map(|n| used(&world, n)).sum();
-    assert_eq!(st.ips.v4.allocated, allocated as i64);
-    assert_eq!(st.ips.v4.used, in_use as i64);
+    assert_eq!(st.ips.v4.allocated, allocated as i128);
+    assert_eq!(st.ips.v4.used, in_use as i128);
     assert_eq!(in_use, 3 * (1 + 2 + 3 + 4 + 5 + 6));
     assert_eq!((st.nodes, st.in_deficit, st.releasing), (21, 0, 0));
     // the stable pool per pod count: max(used + pre, min + max-above) when no excess
