@@ -22,6 +22,7 @@ pub use node::{
     ReclaimOutcome, ReclaimReason, ReleaseAnswer, TombstoneSpec, UsedEntry, Watermarks,
 };
 pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage};
+pub use schema::Cidr;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -22,7 +22,7 @@ pub enum Writer {
 }
 
 /// Which kind of object a change is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ObjectKind {
     IpamNode,
     /// An IPAMBlock; the event's `name` is then the block's node.

@@ -2,7 +2,9 @@
 //! binary (`main.rs`) so it can be tested without a server. For now, the watch-fed indexes
 //! of Pods and Nodes ([`index`]).
 
+pub mod convert;
 pub mod error;
 pub mod index;
+pub mod store;
 
 pub use error::Error;

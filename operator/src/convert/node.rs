@@ -1,0 +1,488 @@
+//! IPAMNode: the object as the engine reads it, and the operator's two apply bodies (spec,
+//! and `status` through its subresource: one write each per pass).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tidepool_api as api;
+use tidepool_api::names::{FINALIZER, GROUP, VERSION, condition};
+use tidepool_ipam::{
+    AddrMap, AddrSet, AllocationId, Condition, IpamNode, NodeName, NodeSideFields, OperatorFields,
+    PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion,
+    Tombstone, UsedEntry, WatermarkOverrides,
+};
+
+use super::time::{from_system, to_system};
+use super::{Malformed, Report};
+use crate::index::parse_uid;
+
+/// The (containerID, ifname) behind each allocation ID the object names: the engine keeps
+/// only the IDs, a tombstone written back needs the strings.
+pub type Allocations = BTreeMap<AllocationId, (Arc<str>, Arc<str>)>;
+
+/// An IPAMNode as the store keeps it: the engine's copy and the strings of its allocations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub node: Arc<IpamNode>,
+    pub allocations: Allocations,
+    /// The object is being deleted (`deletionTimestamp` set).
+    pub terminating: bool,
+    /// `status.allocated` as last written.
+    pub allocated: Option<u64>,
+}
+
+/// The engine's view of an IPAMNode, with what could not be read.
+pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let object = format!("ipamnode/{name}");
+    let mut r = Report::new(&object);
+    let mut allocations = Allocations::new();
+    let node_uid = parse_uid(&obj.spec.node_uid).or_else(|| {
+        r.bad::<u128>(
+            "spec.nodeUID".into(),
+            format!("{:?} is not a UID", obj.spec.node_uid),
+        )
+    });
+    let node = IpamNode {
+        name: NodeName::from(name.as_str()),
+        node_uid: node_uid.unwrap_or(0),
+        resource_version: obj
+            .metadata
+            .resource_version
+            .as_deref()
+            .map(ResourceVersion::server),
+        watermarks: watermarks(obj.spec.watermarks.as_ref(), &mut r),
+        operator: operator_fields(obj, &mut r, &mut allocations),
+        node: node_side(obj, &mut r, &mut allocations),
+        finalizer: obj
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == FINALIZER)),
+    };
+    let view = NodeView {
+        node: Arc::new(node),
+        allocations,
+        terminating: obj.metadata.deletion_timestamp.is_some(),
+        allocated: obj
+            .status
+            .as_ref()
+            .and_then(|s| s.allocated)
+            .and_then(|a| u64::try_from(a).ok()),
+    };
+    (view, r.finish())
+}
+
+fn addr(r: &mut Report<'_>, field: &str, key: &str) -> Option<IpAddr> {
+    key.parse()
+        .ok()
+        .or_else(|| r.bad(format!("{field}[{key:?}]"), "not an IP address"))
+}
+
+fn pod_uid(r: &mut Report<'_>, field: &str, key: &str, uid: &str) -> Option<PodUid> {
+    parse_uid(uid).map(PodUid).or_else(|| {
+        r.bad(
+            format!("{field}[{key:?}].podUID"),
+            format!("{uid:?} is not a UID"),
+        )
+    })
+}
+
+/// The allocation ID of (containerID, ifname), remembering the strings.
+fn allocation(all: &mut Allocations, container_id: &str, ifname: &str) -> AllocationId {
+    let id = AllocationId::new(container_id, ifname);
+    all.entry(id)
+        .or_insert_with(|| (container_id.into(), ifname.into()));
+    id
+}
+
+fn watermarks(w: Option<&api::Watermarks>, r: &mut Report<'_>) -> WatermarkOverrides {
+    let Some(w) = w else {
+        return WatermarkOverrides::default();
+    };
+    let mut one = |field: &str, v: Option<i64>| {
+        v.and_then(|v| {
+            u32::try_from(v).ok().or_else(|| {
+                r.bad(
+                    format!("spec.watermarks.{field}"),
+                    format!("{v} is out of range"),
+                )
+            })
+        })
+    };
+    WatermarkOverrides {
+        pre_allocate: one("preAllocate", w.pre_allocate),
+        min_allocate: one("minAllocate", w.min_allocate),
+        max_allocate: one("maxAllocate", w.max_allocate),
+        max_above_watermark: one("maxAboveWatermark", w.max_above_watermark),
+    }
+}
+
+fn operator_fields(
+    obj: &api::IPAMNode,
+    r: &mut Report<'_>,
+    all: &mut Allocations,
+) -> OperatorFields {
+    let spec = &obj.spec;
+    let addresses: AddrSet = spec
+        .addresses
+        .iter()
+        .filter_map(|a| addr(r, "spec.addresses", a))
+        .collect();
+    let mut release = AddrMap::new();
+    for (k, v) in &spec.release {
+        if let Some(a) = addr(r, "spec.release", k) {
+            release.insert(a, release_state(*v));
+        }
+    }
+    let mut reclaim = BTreeMap::new();
+    for (k, t) in &spec.reclaim {
+        let (Some(a), Some(uid)) = (
+            addr(r, "spec.reclaim", k),
+            pod_uid(r, "spec.reclaim", k, &t.pod_uid),
+        ) else {
+            continue;
+        };
+        let tomb = Tombstone {
+            pod_uid: uid,
+            allocation: allocation(all, &t.container_id, &t.ifname),
+            reason: reclaim_reason(t.reason),
+        };
+        reclaim.insert(a, tomb);
+    }
+    let conditions = obj
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .filter_map(operator_condition)
+        .collect();
+    OperatorFields {
+        addresses: Arc::new(addresses),
+        release,
+        reclaim,
+        conditions,
+    }
+}
+
+fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> NodeSideFields {
+    let mut side = NodeSideFields::default();
+    let Some(st) = &obj.status else {
+        return side;
+    };
+    for (k, e) in &st.used {
+        let (Some(a), Some(uid)) = (
+            addr(r, "status.used", k),
+            pod_uid(r, "status.used", k, &e.pod_uid),
+        ) else {
+            continue;
+        };
+        let entry = UsedEntry {
+            pod_uid: uid,
+            namespace: e.namespace.as_str().into(),
+            pod: e.pod.as_str().into(),
+            allocation: allocation(all, &e.container_id, &e.ifname),
+            since: to_system(&e.since),
+        };
+        side.used.insert(a, entry);
+    }
+    for (k, t) in &st.cooldown {
+        if let Some(a) = addr(r, "status.cooldown", k) {
+            side.cooldown.insert(a, to_system(t));
+        }
+    }
+    for (k, v) in &st.release_ack {
+        if let Some(a) = addr(r, "status.releaseAck", k) {
+            side.release_ack.insert(a, release_ack(*v));
+        }
+    }
+    for (k, v) in &st.reclaim_ack {
+        let (Some(a), Some(uid)) = (
+            addr(r, "status.reclaimAck", k),
+            pod_uid(r, "status.reclaimAck", k, &v.pod_uid),
+        ) else {
+            continue;
+        };
+        let ack = ReclaimAck {
+            pod_uid: uid,
+            allocation: allocation(all, &v.container_id, &v.ifname),
+            outcome: match v.outcome {
+                api::ReclaimOutcome::Reclaimed => ReclaimOutcome::Reclaimed,
+                api::ReclaimOutcome::Stale => ReclaimOutcome::Stale,
+            },
+        };
+        side.reclaim_ack.insert(a, ack);
+    }
+    side
+}
+
+fn release_state(v: api::AddressRelease) -> ReleaseState {
+    match v {
+        api::AddressRelease::MarkedForRelease => ReleaseState::MarkedForRelease,
+        api::AddressRelease::Released => ReleaseState::Released,
+    }
+}
+
+fn release_ack(v: api::ReleaseAnswer) -> ReleaseAck {
+    match v {
+        api::ReleaseAnswer::ReadyForRelease => ReleaseAck::ReadyForRelease,
+        api::ReleaseAnswer::DoNotRelease => ReleaseAck::DoNotRelease,
+    }
+}
+
+fn reclaim_reason(v: api::ReclaimReason) -> ReclaimReason {
+    match v {
+        api::ReclaimReason::PodDeleted => ReclaimReason::PodDeleted,
+        api::ReclaimReason::PodTerminal => ReclaimReason::PodTerminal,
+        api::ReclaimReason::SandboxReplaced => ReclaimReason::SandboxReplaced,
+        api::ReclaimReason::NodeDeleted => ReclaimReason::NodeDeleted,
+    }
+}
+
+/// The condition types the operator writes, with the reasons it gives them (the engine
+/// keeps both as static strings); other conditions (the agent's) are not the operator's.
+const OPERATOR_CONDITIONS: [&str; 3] = [
+    condition::POOL_READY,
+    condition::BLOCKED,
+    condition::WATERMARKS_VALID,
+];
+
+fn operator_condition(
+    c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+) -> Option<Condition> {
+    let type_ = *OPERATOR_CONDITIONS.iter().find(|t| **t == c.type_)?;
+    Some(Condition {
+        type_,
+        status: c.status == "True",
+        reason: static_reason(&c.reason),
+        message: c.message.clone(),
+        last_transition: to_system(&c.last_transition_time),
+    })
+}
+
+/// The engine's reasons are static strings; an unknown one read back (written by an older
+/// operator) becomes "Unknown", and the next write replaces it.
+fn static_reason(s: &str) -> &'static str {
+    const KNOWN: [&str; 8] = [
+        "InvalidWatermarks",
+        "Exhausted",
+        "AtCapacity",
+        "Cordoned",
+        "Terminating",
+        "Duplicate",
+        "InvalidSpec",
+        "AtTarget",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| **k == s)
+        .copied()
+        .unwrap_or("Unknown")
+}
+
+fn type_meta(name: &str) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "IPAMNode",
+        "metadata": { "name": name },
+    })
+}
+
+/// The operator's server-side apply of an IPAMNode's spec (and its finalizer): every field
+/// the operator owns, so a field it stops applying goes. Tombstones whose allocation
+/// strings are unknown (the entry they name is gone from the object) are left out: the
+/// node side has nothing of them to take back.
+pub fn spec_body(name: &str, node_uid: u128, fields: &OperatorFields, all: &Allocations) -> Value {
+    let mut body = type_meta(name);
+    body["metadata"]["finalizers"] = json!([FINALIZER]);
+    let addresses: Vec<String> = fields.addresses.iter().map(|a| a.to_string()).collect();
+    let release: serde_json::Map<String, Value> = fields
+        .release
+        .iter()
+        .map(|(a, s)| {
+            let v = match s {
+                ReleaseState::MarkedForRelease => "marked-for-release",
+                ReleaseState::Released => "released",
+            };
+            (a.to_string(), json!(v))
+        })
+        .collect();
+    let reclaim: serde_json::Map<String, Value> = fields
+        .reclaim
+        .iter()
+        .filter_map(|(a, t)| {
+            let (cid, ifname) = all.get(&t.allocation)?;
+            let v = json!({
+                "podUID": t.pod_uid.to_string(),
+                "containerID": &**cid,
+                "ifname": &**ifname,
+                "reason": t.reason.as_str(),
+            });
+            Some((a.to_string(), v))
+        })
+        .collect();
+    body["spec"] = json!({ "nodeUID": tidepool_ipam::PodUid(node_uid).to_string() });
+    if !addresses.is_empty() {
+        body["spec"]["addresses"] = json!(addresses);
+    }
+    if !release.is_empty() {
+        body["spec"]["release"] = Value::Object(release);
+    }
+    if !reclaim.is_empty() {
+        body["spec"]["reclaim"] = Value::Object(reclaim);
+    }
+    body
+}
+
+/// The operator's apply of an IPAMNode's status (through `/status`): its conditions and
+/// the count of addresses the node holds (a printer column; `allocated` saturates).
+pub fn status_body(name: &str, conditions: &[Condition], allocated: u64) -> Value {
+    let mut body = type_meta(name);
+    let conditions: Vec<Value> = conditions
+        .iter()
+        .map(|c| {
+            json!({
+                "type": c.type_,
+                "status": if c.status { "True" } else { "False" },
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": from_system(c.last_transition),
+            })
+        })
+        .collect();
+    body["status"] = json!({
+        "conditions": conditions,
+        "allocated": i64::try_from(allocated).unwrap_or(i64::MAX),
+    });
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(v: Value) -> api::IPAMNode {
+        serde_json::from_value(v).expect("an IPAMNode")
+    }
+
+    const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+    const POD: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn busy_node() -> api::IPAMNode {
+        node(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": { "name": "n1", "resourceVersion": "42", "finalizers": [FINALIZER] },
+            "spec": {
+                "nodeUID": UID,
+                "addresses": ["10.0.0.1", "10.0.0.2", "not-an-ip"],
+                "release": { "10.0.0.2": "marked-for-release" },
+                "reclaim": { "10.0.0.1": { "podUID": POD, "containerID": "c1", "ifname": "eth0", "reason": "pod-deleted" } },
+            },
+            "status": {
+                "used": {
+                    "10.0.0.1": { "podUID": POD, "namespace": "ns", "pod": "p", "containerID": "c1", "ifname": "eth0", "since": "2026-11-24T10:00:00Z" },
+                    "10.0.0.9": { "podUID": "nope", "namespace": "ns", "pod": "q", "containerID": "c2", "ifname": "eth0", "since": "2026-11-24T10:00:00Z" },
+                },
+                "releaseAck": { "10.0.0.2": "ready-for-release" },
+                "conditions": [
+                    { "type": "Blocked", "status": "True", "reason": "Exhausted", "message": "m", "lastTransitionTime": "2026-11-24T10:00:00Z" },
+                    { "type": "AgentReady", "status": "True", "reason": "Serving", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z" },
+                ],
+            },
+        }))
+    }
+
+    #[test]
+    fn an_ipamnode_reads_as_the_engine_sees_it_and_bad_entries_are_reported() {
+        let (v, bad) = node_from_api(&busy_node());
+        let n = &v.node;
+        assert_eq!(n.node_uid, parse_uid(UID).unwrap());
+        assert_eq!(n.resource_version, Some(ResourceVersion::server("42")));
+        assert!(n.finalizer);
+        assert_eq!(n.operator.addresses.total(), 2);
+        let a1: IpAddr = "10.0.0.1".parse().unwrap();
+        let a2: IpAddr = "10.0.0.2".parse().unwrap();
+        assert_eq!(
+            n.operator.release.get(&a2),
+            Some(&ReleaseState::MarkedForRelease)
+        );
+        let t = n.operator.reclaim[&a1];
+        assert_eq!(t.allocation, AllocationId::new("c1", "eth0"));
+        assert_eq!(n.node.used.get(&a1).unwrap().allocation, t.allocation);
+        assert_eq!(
+            n.node.release_ack.get(&a2),
+            Some(&ReleaseAck::ReadyForRelease)
+        );
+        // only the operator's condition types
+        assert_eq!(n.operator.conditions.len(), 1);
+        assert_eq!(n.operator.conditions[0].reason, "Exhausted");
+        // the address that is none and the used entry with a bad UID: reported, skipped
+        let fields: Vec<&str> = bad.iter().map(|m| m.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.addresses[\"not-an-ip\"]",
+                "status.used[\"10.0.0.9\"].podUID"
+            ]
+        );
+        assert_eq!(n.node.used.len(), 1);
+        assert_eq!(
+            v.allocations[&t.allocation],
+            (Arc::from("c1"), Arc::from("eth0"))
+        );
+    }
+
+    #[test]
+    fn the_spec_body_carries_the_operators_fields_and_round_trips() {
+        let (v, _) = node_from_api(&busy_node());
+        let body = spec_body("n1", v.node.node_uid, &v.node.operator, &v.allocations);
+        assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+        assert_eq!(body["spec"]["nodeUID"], json!(UID));
+        assert_eq!(
+            body["spec"]["release"]["10.0.0.2"],
+            json!("marked-for-release")
+        );
+        assert_eq!(
+            body["spec"]["reclaim"]["10.0.0.1"]["containerID"],
+            json!("c1")
+        );
+        let back: api::IPAMNode = serde_json::from_value(body).unwrap();
+        let (again, bad) = node_from_api(&back);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(again.node.operator.addresses, v.node.operator.addresses);
+        assert_eq!(again.node.operator.reclaim, v.node.operator.reclaim);
+        assert_eq!(again.node.operator.release, v.node.operator.release);
+    }
+
+    #[test]
+    fn a_tombstone_whose_allocation_is_unknown_is_left_out() {
+        let (v, _) = node_from_api(&busy_node());
+        let mut fields = v.node.operator.clone();
+        let a: IpAddr = "10.0.0.7".parse().unwrap();
+        fields.reclaim.insert(
+            a,
+            Tombstone {
+                pod_uid: PodUid(1),
+                allocation: AllocationId(99),
+                reason: ReclaimReason::PodDeleted,
+            },
+        );
+        let body = spec_body("n1", 1, &fields, &v.allocations);
+        assert!(body["spec"]["reclaim"].get("10.0.0.7").is_none());
+        assert!(body["spec"]["reclaim"].get("10.0.0.1").is_some());
+    }
+
+    #[test]
+    fn the_status_body_holds_conditions_and_the_count() {
+        let (v, _) = node_from_api(&busy_node());
+        let body = status_body("n1", &v.node.operator.conditions, u64::MAX);
+        assert_eq!(body["status"]["allocated"], json!(i64::MAX));
+        assert_eq!(body["status"]["conditions"][0]["type"], json!("Blocked"));
+        assert_eq!(
+            body["status"]["conditions"][0]["lastTransitionTime"],
+            json!("2026-11-24T10:00:00Z")
+        );
+        assert!(body.get("spec").is_none());
+    }
+}

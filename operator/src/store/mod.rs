@@ -1,0 +1,318 @@
+//! The kube-backed [`NodeStore`] and [`BlockStore`]: reads from a watch-fed [`Cache`],
+//! writes to the API server.
+//!
+//! - An IPAMNode is created only by POST (with the operator's finalizer); after that the
+//!   operator's fields are one server-side apply of the spec and, when its conditions or
+//!   count changed, one apply of `status` through its subresource, both under the field
+//!   manager `tidepool-operator`: at most one write per object and subresource per pass.
+//! - A block claim is a POST; a release is a DELETE with a resourceVersion precondition,
+//!   after which the operator's finalizer comes off (the node side acked the block before
+//!   the engine asked); a mark is an apply of the block's spec.
+//! - Each written object is taken into the cache at once, so the next pass plans from it
+//!   (a claim must not be made twice because its echo is still on its way).
+
+pub mod cache;
+mod errors;
+mod events;
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client};
+use parking_lot::RwLock;
+use serde_json::json;
+use tidepool_api as api;
+use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
+use tidepool_ipam::{
+    BlockStore, EventType, IpamBlock, IpamError, IpamNode, NodeName, NodeStore, OperatorFields,
+    ResourceVersion,
+};
+
+use crate::convert::{
+    NodeView, block_for_create, block_from_api, block_mark_body, node_from_api, spec_body,
+    status_body,
+};
+pub use cache::{Applied, Cache};
+pub use errors::store_error;
+pub use events::Events;
+
+/// IPAMNodes and IPAMBlocks on an API server. Clones share one cache.
+#[derive(Clone)]
+pub struct KubeStore {
+    nodes: Api<api::IPAMNode>,
+    blocks: Api<api::IPAMBlock>,
+    cache: Arc<RwLock<Cache>>,
+    events: Events,
+}
+
+impl KubeStore {
+    pub fn new(client: Client, events: Events) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            blocks: Api::all(client),
+            cache: Arc::default(),
+            events,
+        }
+    }
+
+    /// Feeds an IPAMNode watch event; returns what the engine must hear.
+    pub fn apply_node_event(&self, ev: &kube::runtime::watcher::Event<api::IPAMNode>) -> Applied {
+        self.cache.write().apply_node_event(ev)
+    }
+
+    /// Feeds an IPAMBlock watch event.
+    pub fn apply_block_event(&self, ev: &kube::runtime::watcher::Event<api::IPAMBlock>) -> Applied {
+        self.cache.write().apply_block_event(ev)
+    }
+
+    /// Both watches have completed their first list.
+    pub fn ready(&self) -> (bool, bool) {
+        let c = self.cache.read();
+        (c.nodes_ready, c.blocks_ready)
+    }
+
+    fn apply_params() -> PatchParams {
+        PatchParams::apply(OPERATOR_MANAGER)
+    }
+
+    fn take_node(&self, obj: &api::IPAMNode) -> Arc<IpamNode> {
+        let (view, bad) = node_from_api(obj);
+        for m in bad {
+            tracing::warn!(%m, "malformed entry skipped");
+        }
+        let node = view.node.clone();
+        self.cache.write().put_node(view);
+        node
+    }
+
+    fn take_block(&self, obj: &api::IPAMBlock, name: &str) -> Result<Arc<IpamBlock>, IpamError> {
+        let b = Arc::new(block_from_api(obj).map_err(|bad| {
+            IpamError::Store {
+                op: "read",
+                name: name.into(),
+                class: tidepool_ipam::ErrorClass::Permanent,
+                message: bad
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }
+        })?);
+        self.cache.write().put_block(b.clone());
+        Ok(b)
+    }
+
+    /// Addresses the node holds, for the `Allocated` column: its spec addresses (cloud
+    /// sources) and the addresses of its blocks (cluster-pool).
+    fn allocated(&self, name: &str, fields: &OperatorFields) -> u64 {
+        let c = self.cache.read();
+        let blocks = c.blocks_of(name).iter().fold(0u128, |n, b| {
+            n.saturating_add(tidepool_ipam::AddrSet::of_net(&b.cidr).total())
+        });
+        tidepool_ipam::addrs::saturate(blocks.saturating_add(fields.addresses.total()))
+    }
+
+    async fn create_node(
+        &self,
+        name: &NodeName,
+        node_uid: u128,
+        fields: &OperatorFields,
+    ) -> Result<Arc<IpamNode>, IpamError> {
+        let body = spec_body(name, node_uid, fields, &Default::default());
+        let obj: api::IPAMNode = serde_json::from_value(body).map_err(|e| IpamError::Store {
+            op: "create",
+            name: name.to_string(),
+            class: tidepool_ipam::ErrorClass::Permanent,
+            message: e.to_string(),
+        })?;
+        let created = self
+            .nodes
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(|e| store_error("create", name, None, e))?;
+        Ok(self.take_node(&created))
+    }
+
+    /// Removes our finalizer from an object being deleted: a merge patch of the remaining
+    /// finalizers with the resourceVersion they were read at, so a concurrent change of the
+    /// list is a conflict (retried by the engine), never a loss.
+    async fn drop_finalizer<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        meta: &ObjectMeta,
+    ) -> Result<(), IpamError>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let finalizers = meta.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        let rv = meta.resource_version.clone();
+        let patch = json!({ "metadata": { "finalizers": rest, "resourceVersion": rv } });
+        let expected = rv.as_deref().map(ResourceVersion::server);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match store_error("finalize", name, expected.as_ref(), e) {
+                IpamError::NotFound { .. } => Ok(()),
+                e => Err(e),
+            },
+        }
+    }
+}
+
+impl NodeStore for KubeStore {
+    fn cached(&self, name: &str) -> Option<Arc<IpamNode>> {
+        self.cache.read().node(name).map(|v| v.node.clone())
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<Arc<IpamNode>>, IpamError> {
+        let obj = self
+            .nodes
+            .get_opt(name)
+            .await
+            .map_err(|e| store_error("get", name, None, e))?;
+        Ok(obj.map(|o| node_from_api(&o).0.node))
+    }
+
+    async fn apply_operator(
+        &self,
+        name: &NodeName,
+        node_uid: u128,
+        fields: OperatorFields,
+    ) -> Result<Arc<IpamNode>, IpamError> {
+        let cached: Option<NodeView> = self.cache.read().node(name).cloned();
+        let Some(view) = cached.filter(|v| v.node.resource_version.is_some()) else {
+            return self.create_node(name, node_uid, &fields).await;
+        };
+        let mut node = view.node.clone();
+        let old = &view.node.operator;
+        let spec_changed = node.node_uid != node_uid
+            || !node.finalizer
+            || old.addresses != fields.addresses
+            || old.release != fields.release
+            || old.reclaim != fields.reclaim;
+        if spec_changed {
+            let body = spec_body(name, node_uid, &fields, &view.allocations);
+            let obj = self
+                .nodes
+                .patch(name, &Self::apply_params(), &Patch::Apply(&body))
+                .await
+                .map_err(|e| store_error("apply", name, None, e))?;
+            node = self.take_node(&obj);
+        }
+        let allocated = self.allocated(name, &fields);
+        if old.conditions != fields.conditions || view.allocated != Some(allocated) {
+            let body = status_body(name, &fields.conditions, allocated);
+            let obj = self
+                .nodes
+                .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
+                .await
+                .map_err(|e| store_error("apply-status", name, None, e))?;
+            node = self.take_node(&obj);
+        }
+        Ok(node)
+    }
+
+    async fn remove(&self, name: &str) -> Result<(), IpamError> {
+        let deleted = self.nodes.delete(name, &DeleteParams::default()).await;
+        let obj = match deleted {
+            Ok(either) => either.left(),
+            Err(e) => match store_error("delete", name, None, e) {
+                IpamError::NotFound { .. } => return Ok(()),
+                e => return Err(e),
+            },
+        };
+        match obj {
+            Some(o) => self.drop_finalizer(&self.nodes, name, &o.metadata).await,
+            None => Ok(()),
+        }
+    }
+
+    fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String) {
+        self.events.emit("IPAMNode", object, type_, reason, message);
+    }
+}
+
+impl BlockStore for KubeStore {
+    fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>> {
+        self.cache.read().blocks_of(node)
+    }
+
+    fn node_blocks_changes(&self, node: &str) -> u64 {
+        self.cache.read().node_blocks_changes(node)
+    }
+
+    fn block_set_changes(&self) -> u64 {
+        self.cache.read().block_set_changes()
+    }
+
+    fn list_blocks(&self) -> Vec<Arc<IpamBlock>> {
+        self.cache.read().blocks().cloned().collect()
+    }
+
+    fn list_nodes(&self) -> Vec<Arc<IpamNode>> {
+        self.cache.read().nodes().map(|v| v.node.clone()).collect()
+    }
+
+    async fn create_block(&self, block: IpamBlock) -> Result<Arc<IpamBlock>, IpamError> {
+        let obj = block_for_create(&block);
+        let created = self
+            .blocks
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(|e| store_error("create", &block.name, None, e))?;
+        self.take_block(&created, &block.name)
+    }
+
+    async fn get_block(&self, name: &str) -> Result<Option<Arc<IpamBlock>>, IpamError> {
+        let obj = self
+            .blocks
+            .get_opt(name)
+            .await
+            .map_err(|e| store_error("get", name, None, e))?;
+        match obj {
+            Some(o) => Ok(block_from_api(&o).ok().map(Arc::new)),
+            None => Ok(None),
+        }
+    }
+
+    async fn mark_block(&self, name: &str, release: bool) -> Result<Arc<IpamBlock>, IpamError> {
+        let cached = self.cache.read().block(name).cloned();
+        let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
+        let body = block_mark_body(&b, release);
+        let obj = self
+            .blocks
+            .patch(name, &Self::apply_params(), &Patch::Apply(&body))
+            .await
+            .map_err(|e| store_error("mark", name, None, e))?;
+        self.take_block(&obj, name)
+    }
+
+    async fn delete_block(&self, name: &str, expected: &ResourceVersion) -> Result<(), IpamError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(expected.to_string()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let deleted = self
+            .blocks
+            .delete(name, &params)
+            .await
+            .map_err(|e| store_error("delete", name, Some(expected), e))?;
+        if let Some(obj) = deleted.left() {
+            self.drop_finalizer(&self.blocks, name, &obj.metadata)
+                .await?;
+        }
+        self.cache.write().drop_block(name);
+        Ok(())
+    }
+}
