@@ -164,8 +164,8 @@ pub enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run against a cluster (not available yet).
-    Run(RunFlags),
+    /// Run against a cluster: one replica for now (--leader-elect=false).
+    Run(Box<RunCmd>),
     /// Run the real engine on a simulated cluster and report.
     Simulate(Box<SimulateFlags>),
     /// Read-only report of reclaim candidates, leaks and duplicates (not available yet).
@@ -241,6 +241,43 @@ pub struct RunFlags {
     /// Whole-node reclaim waits this long after the Node's deletion.
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_NODE_RECLAIM_GRACE")]
     pub node_reclaim_grace: Duration,
+}
+
+/// `run`'s own flags besides the engine's.
+#[derive(Args, Debug)]
+pub struct RunCmd {
+    #[command(flatten)]
+    pub engine: RunFlags,
+    /// A kubeconfig to use; without it the in-cluster config, then $KUBECONFIG.
+    #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Where Prometheus metrics are served (/metrics).
+    #[arg(long, default_value = "0.0.0.0:9963", env = "TIDEPOOL_METRICS_ADDR")]
+    pub metrics_addr: SocketAddr,
+    /// Where /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:9964", env = "TIDEPOOL_HEALTH_ADDR")]
+    pub health_addr: SocketAddr,
+    /// Elect a leader among replicas through a Lease (not available yet: pass false and
+    /// run one replica).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Only Nodes matching this label selector get pools (`k=v`, `k!=v`, `k`, `!k`,
+    /// comma-separated; empty: every Node).
+    #[arg(long, default_value = "", value_parser = node_selector, env = "TIDEPOOL_NODE_SELECTOR")]
+    pub node_selector: tidepool_operator::index::NodeSelector,
+    /// How long the API server may take to answer and the watches to list at start
+    /// (1s to 30 days) before start-up fails naming what did not sync.
+    #[arg(long, default_value = "60s", value_parser = sync_timeout, env = "TIDEPOOL_SYNC_TIMEOUT")]
+    pub sync_timeout: Duration,
+}
+
+fn node_selector(s: &str) -> Result<tidepool_operator::index::NodeSelector, String> {
+    s.parse()
+        .map_err(|e: tidepool_operator::Error| e.to_string())
+}
+
+fn sync_timeout(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_secs(1))
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

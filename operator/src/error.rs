@@ -1,5 +1,8 @@
 //! The operator crate's one error enum.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 /// Errors of the operator's library half.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -7,4 +10,19 @@ pub enum Error {
     /// whole input and the requirement at fault.
     #[error("invalid --node-selector {input:?}: {reason}")]
     NodeSelector { input: String, reason: String },
+    /// A watch did not complete its first list in time.
+    #[error(
+        "{resources} did not sync within {after:?} (is the API server reachable, are the CRDs installed, may the operator list them?)"
+    )]
+    NotSynced { resources: String, after: Duration },
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine refused its configuration.
+    #[error(transparent)]
+    Engine(#[from] tidepool_ipam::IpamError),
 }

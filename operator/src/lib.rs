@@ -5,6 +5,7 @@
 pub mod convert;
 pub mod error;
 pub mod index;
+pub mod runtime;
 pub mod store;
 
 pub use error::Error;

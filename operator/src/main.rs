@@ -1,7 +1,8 @@
-//! tidepool-operator: `run` (against a cluster; not available yet), `simulate` (the real
-//! engine on a simulated cluster), `check` and `crds` (not available yet).
+//! tidepool-operator: `run` (against a cluster, one replica), `simulate` (the real engine on
+//! a simulated cluster), `check` (not available yet) and `crds`.
 
 mod cli;
+mod run;
 mod simulate;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -88,7 +89,8 @@ fn main() -> ExitCode {
             print!("{}", tidepool_api::crds_yaml());
             Ok(true)
         }
-        Command::Run(_) | Command::Check => Err(anyhow::anyhow!(
+        Command::Run(f) => run::run(f),
+        Command::Check => Err(anyhow::anyhow!(
             "this subcommand is not available yet; `simulate` is (see README.md)"
         )),
     };

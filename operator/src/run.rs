@@ -1,0 +1,106 @@
+//! `tidepool-operator run`: flags to settings, the client, metrics, signals.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::cli::RunCmd;
+use tidepool_operator::runtime::{self, Settings};
+
+pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
+    if f.leader_elect {
+        bail!(
+            "--leader-elect: leader election is not available yet; run one replica with --leader-elect=false"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(run_async(f))?;
+    Ok(true)
+}
+
+async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
+    let client = client(f).await?;
+    tidepool_metrics::install_exporter(f.metrics_addr)
+        .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
+    tidepool_metrics::describe_all();
+    tidepool_metrics::register_zero();
+    let settings = Settings {
+        engine: f.engine.engine(),
+        scheduling: f.engine.scheduling(),
+        kube_api_qps: f.engine.kube_api_qps,
+        kube_api_burst: f.engine.kube_api_burst,
+        node_selector: f.node_selector.clone(),
+        sync_timeout: f.sync_timeout,
+        health_addr: Some(f.health_addr),
+        seed: rand_seed(),
+    };
+    runtime::run(client, settings, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The client from --kubeconfig, else in-cluster, else $KUBECONFIG; then the API server
+/// must answer within --sync-timeout.
+async fn client(f: &RunCmd) -> anyhow::Result<Client> {
+    let config = match &f.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG")?,
+    };
+    let url = config.cluster_url.clone();
+    let client = Client::try_from(config).context("building the API client")?;
+    let deadline = tokio::time::Instant::now() + f.sync_timeout;
+    loop {
+        match client.apiserver_version().await {
+            Ok(_) => return Ok(client),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                bail!(
+                    "the API server at {url} did not answer within {:?}: {e}",
+                    f.sync_timeout
+                )
+            }
+            Err(e) => {
+                tracing::warn!(%url, error = %e, "API server not reachable yet");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+    }
+}
+
+/// The block search's random start differs per start (replicas must not collide).
+fn rand_seed() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    (t as u64) ^ u64::from(std::process::id()).rotate_left(32)
+}

@@ -1,0 +1,351 @@
+//! `run`: the engine against an API server, with one replica (leader election is the next
+//! step; this replica always leads).
+//!
+//! Watches of IPPools, IPAMNodes, IPAMBlocks, Nodes and Pods feed the indexes and the
+//! kube-backed store (list, then watch, pages of 100, kube's default backoff). Nothing is
+//! granted until every watch has listed once; the cluster-pool source then rebuilds its
+//! index from every IPAMBlock, the engine starts, and `/readyz` turns ready. Watch events
+//! reach the engine as they come: Nodes as node additions and deletions, Pods as pod
+//! events of their node, IPAMNodes and blocks as store events, IPPools as pool changes.
+
+mod health;
+mod pools;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use parking_lot::Mutex;
+use tidepool_api as api;
+use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
+use tidepool_ipam::{
+    Api as BudgetApi, Budget, EngineConfig, EngineDeps, Family, NodeManager, NodeName,
+    SchedulingMode, TokioClock,
+};
+use tokio::sync::watch;
+
+use crate::error::Error;
+use crate::index::{NodeChange, NodeIndex, NodeSelector, PodIndex};
+use crate::store::{Applied, Events, KubeStore};
+pub use health::Readiness;
+pub use pools::Pools;
+
+type Source = ClusterPoolSource<KubeStore>;
+type Manager = NodeManager<Source, KubeStore, PodIndex>;
+
+/// What `run` needs besides a client.
+pub struct Settings {
+    pub engine: EngineConfig,
+    pub scheduling: SchedulingMode,
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+    pub node_selector: NodeSelector,
+    /// How long the watches may take to list before start-up fails naming the laggard.
+    pub sync_timeout: Duration,
+    /// Where `/healthz` and `/readyz` are served (None: not at all).
+    pub health_addr: Option<SocketAddr>,
+    /// Seeds the source's random block search.
+    pub seed: u64,
+}
+
+/// Everything the watch tasks hand events to.
+#[derive(Clone)]
+struct Parts {
+    store: KubeStore,
+    pods: PodIndex,
+    nodes: NodeIndex,
+    pools: Arc<Mutex<Pools>>,
+    engine: Arc<Mutex<Option<Engine>>>,
+    /// Node changes seen before the engine started, in order.
+    backlog: Arc<Mutex<Vec<NodeChange>>>,
+}
+
+#[derive(Clone)]
+struct Engine {
+    manager: Manager,
+    source: Source,
+    families: Vec<Family>,
+    /// Re-registered Nodes wait here until their old incarnation's whole-node reclaim is
+    /// done (an addition under the name would cancel it).
+    deferred: Arc<Mutex<HashMap<NodeName, tidepool_ipam::NodeInfo>>>,
+    removed: Arc<Mutex<HashSet<NodeName>>>,
+    /// Says the engine leads (always, until leader election comes).
+    _leader: Arc<watch::Sender<bool>>,
+}
+
+/// Runs until `shutdown` completes; start-up errors name what failed.
+pub async fn run(
+    client: Client,
+    s: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let ready = Readiness::default();
+    if let Some(addr) = s.health_addr {
+        let at = health::serve(addr, ready.clone())
+            .await
+            .map_err(|e| Error::Listen { addr, source: e })?;
+        tracing::info!(%at, "serving /healthz and /readyz");
+    }
+    let events = Events::new(
+        client.clone(),
+        std::num::NonZeroU32::new(10).expect("nonzero"),
+        std::num::NonZeroU32::new(100).expect("nonzero"),
+    );
+    let parts = Parts {
+        store: KubeStore::new(client.clone(), events),
+        pods: PodIndex::new(client.clone()),
+        nodes: NodeIndex::new(s.node_selector.clone()),
+        pools: Arc::default(),
+        engine: Arc::default(),
+        backlog: Arc::default(),
+    };
+    let tasks = spawn_watches(&client, &parts);
+    let result = async {
+        wait_synced(&parts, s.sync_timeout).await?;
+        let engine = start_engine(&parts, &s)?;
+        *parts.engine.lock() = Some(engine.clone());
+        let backlog = std::mem::take(&mut *parts.backlog.lock());
+        apply_node_changes(&engine, &parts.nodes, backlog);
+        engine.manager.spawn_resync_loop();
+        ready.set(true);
+        tracing::info!(families = ?engine.families, "synced; the engine runs");
+        let deferred = tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone()));
+        shutdown.await;
+        ready.set(false);
+        deferred.abort();
+        engine.manager.shutdown();
+        Ok(())
+    }
+    .await;
+    for t in tasks {
+        t.abort();
+    }
+    result
+}
+
+/// Starts one watch per resource; each applies its events to its index and tells the
+/// engine once it runs.
+fn spawn_watches(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<()>> {
+    let p = parts.clone();
+    let ipamnodes = drive(Api::<api::IPAMNode>::all(client.clone()), move |ev| {
+        let applied = p.store.apply_node_event(ev);
+        p.tell_store(applied);
+    });
+    let p = parts.clone();
+    let ipamblocks = drive(Api::<api::IPAMBlock>::all(client.clone()), move |ev| {
+        let applied = p.store.apply_block_event(ev);
+        p.tell_store(applied);
+    });
+    let p = parts.clone();
+    let pods = drive(Api::<Pod>::all(client.clone()), move |ev| {
+        let touched = p.pods.apply(ev);
+        if let Some(e) = p.engine.lock().as_ref() {
+            for n in touched {
+                e.manager.on_pod_event(&n);
+            }
+        }
+    });
+    let p = parts.clone();
+    let nodes = drive(Api::<Node>::all(client.clone()), move |ev| {
+        let changes = p.nodes.apply(ev);
+        match p.engine.lock().as_ref() {
+            Some(e) => apply_node_changes(e, &p.nodes, changes),
+            None => p.backlog.lock().extend(changes),
+        }
+    });
+    let p = parts.clone();
+    let ippools = drive(Api::<api::IPPool>::all(client.clone()), move |ev| {
+        let changed = p.pools.lock().apply(ev);
+        if changed && let Some(e) = p.engine.lock().as_ref() {
+            let (configs, bad) = p.pools.lock().configs();
+            report_bad_pools(&bad);
+            if families_of(&configs) != e.families {
+                tracing::error!(
+                    "the IP families the IPPools serve changed; restart the operator to serve them"
+                );
+            }
+            e.source.set_pools(configs);
+            e.manager.pools_changed();
+        }
+    });
+    vec![ipamnodes, ipamblocks, pods, nodes, ippools]
+}
+
+impl Parts {
+    fn tell_store(&self, applied: Applied) {
+        for m in &applied.malformed {
+            tracing::warn!(%m, "malformed entry skipped");
+        }
+        if let Some(e) = self.engine.lock().as_ref() {
+            for ev in &applied.events {
+                e.manager.on_store_event(ev);
+            }
+        }
+    }
+}
+
+/// List, then watch, with kube's default backoff on errors; `f` sees every event.
+fn drive<K>(
+    api: Api<K>,
+    mut f: impl FnMut(&Event<K>) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    tokio::spawn(async move {
+        let cfg = watcher::Config::default().page_size(100);
+        let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+        while let Some(r) = stream.next().await {
+            match r {
+                Ok(ev) => f(&ev),
+                Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
+            }
+        }
+    })
+}
+
+/// Waits until every watch has listed once, at most `timeout`.
+async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
+    let laggards = || {
+        let (nodes_ok, blocks_ok) = parts.store.ready();
+        let mut out = Vec::new();
+        for (ok, what) in [
+            (parts.pools.lock().ready, "ippools"),
+            (nodes_ok, "ipamnodes"),
+            (blocks_ok, "ipamblocks"),
+            (parts.nodes.ready(), "nodes"),
+            (parts.pods.ready(), "pods"),
+        ] {
+            if !ok {
+                out.push(what);
+            }
+        }
+        out
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = laggards();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::NotSynced {
+                resources: left.join(", "),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn families_of(configs: &[PoolConfig]) -> Vec<Family> {
+    Family::ALL
+        .into_iter()
+        .filter(|f| configs.iter().any(|c| c.spec.serves(*f)))
+        .collect()
+}
+
+fn report_bad_pools(bad: &[(String, String)]) {
+    for (pool, why) in bad {
+        tracing::warn!(%pool, reason = %why, "IPPool left out: its spec cannot be read");
+    }
+}
+
+/// The source over the synced store and pools, and the engine over it.
+fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
+    let (configs, bad) = parts.pools.lock().configs();
+    report_bad_pools(&bad);
+    let families = families_of(&configs);
+    if families.is_empty() {
+        tracing::warn!("no valid IPPool: nothing can be granted until one exists (then restart)");
+    }
+    let source = ClusterPoolSource::new(parts.store.clone(), &families, configs, s.seed);
+    for (pool, v) in source.validity() {
+        if let Err(e) = v {
+            tracing::warn!(%pool, error = %e, "IPPool invalid; the other pools work");
+        }
+    }
+    let (leader_tx, leader) = watch::channel(true);
+    let deps = EngineDeps {
+        source: source.clone(),
+        store: parts.store.clone(),
+        pods: parts.pods.clone(),
+        clock: Arc::new(TokioClock::new()),
+        source_budget: Budget::unlimited(BudgetApi::Source),
+        kube_budget: Budget::new(
+            BudgetApi::Kube,
+            s.kube_api_qps,
+            s.kube_api_burst,
+            s.scheduling,
+        )?,
+        leader,
+    };
+    let manager = NodeManager::new(deps, s.engine.clone())?;
+    Ok(Engine {
+        manager,
+        source,
+        families,
+        deferred: Arc::default(),
+        removed: Arc::default(),
+        _leader: Arc::new(leader_tx),
+    })
+}
+
+/// Hands Node changes to the engine (see [`Engine::deferred`]).
+fn apply_node_changes(e: &Engine, nodes: &NodeIndex, changes: Vec<NodeChange>) {
+    for c in changes {
+        match c {
+            NodeChange::Added(info) | NodeChange::Changed(info) => {
+                if e.removed.lock().contains(&info.name) {
+                    e.deferred.lock().insert(info.name.clone(), info);
+                    continue;
+                }
+                add_node(e, nodes, info);
+            }
+            NodeChange::Removed(info) => {
+                e.deferred.lock().remove(&info.name);
+                e.removed.lock().insert(info.name.clone());
+                e.manager.delete_node(&info.name);
+            }
+        }
+    }
+}
+
+fn add_node(e: &Engine, nodes: &NodeIndex, info: tidepool_ipam::NodeInfo) {
+    let labels = nodes.labels(&info.name).unwrap_or_default();
+    e.source.set_node_labels(&info.name, labels);
+    e.manager.upsert_node(info);
+}
+
+/// Each second: a removed Node the engine has let go of (its whole-node reclaim done) is
+/// no longer held back; a re-registered one under its name starts afresh.
+async fn retry_deferred(e: Engine, nodes: NodeIndex) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let known: HashSet<NodeName> = e.manager.node_names().into_iter().collect();
+        e.removed.lock().retain(|n| known.contains(n));
+        let ready: Vec<tidepool_ipam::NodeInfo> = {
+            let removed = e.removed.lock();
+            let mut d = e.deferred.lock();
+            let names: Vec<NodeName> = d
+                .keys()
+                .filter(|n| !removed.contains(*n))
+                .cloned()
+                .collect();
+            names.iter().filter_map(|n| d.remove(n)).collect()
+        };
+        for info in ready {
+            tracing::info!(node = %info.name, "a re-registered Node starts afresh");
+            add_node(&e, &nodes, info);
+        }
+    }
+}

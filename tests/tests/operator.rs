@@ -1,0 +1,271 @@
+//! `tidepool-operator run`'s runtime against the in-process API server, with RBAC on and the
+//! operator's own role (`deploy/operator/rbac.yaml`): Nodes get IPAMNodes and blocks, waiting
+//! pods are served, and deleting a Node gives its blocks back. Real time, short intervals,
+//! poll-until-deadline.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
+use tidepool_api as api;
+use tidepool_ipam::{AddrSet, EngineConfig, SchedulingMode};
+use tidepool_operator::runtime::{self, Settings};
+use tidepool_tests::{ADMIN, ApiServer, Config};
+
+const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
+const RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
+
+/// A server with RBAC on, the three CRDs established and the operator's role granted.
+async fn cluster() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(Config {
+        rbac: true,
+        ..fast_config()
+    })
+    .await
+    .expect("start server");
+    let admin = server.client(ADMIN).await.expect("admin client");
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("crd");
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(10), established)
+            .await
+            .expect("crd established in time")
+            .expect("await condition");
+    }
+    for doc in RBAC.split("\n---\n") {
+        let v: Value = serde_saphyr::from_str(doc).expect("rbac yaml");
+        create(&admin, v).await;
+    }
+    (server, admin)
+}
+
+async fn create(client: &kube::Client, v: Value) -> DynamicObject {
+    let obj = dynamic(v);
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
+}
+
+fn settings() -> Settings {
+    Settings {
+        engine: EngineConfig {
+            resync_interval: Duration::from_secs(2),
+            min_pass_interval: Duration::from_millis(50),
+            ..EngineConfig::default()
+        },
+        scheduling: SchedulingMode::Priority,
+        kube_api_qps: 200.0,
+        kube_api_burst: 100,
+        node_selector: Default::default(),
+        sync_timeout: Duration::from_secs(20),
+        health_addr: None,
+        seed: 7,
+    }
+}
+
+/// Starts the operator's runtime as the operator's service account; dropping the sender
+/// stops it.
+async fn start_operator(
+    server: &ApiServer,
+    s: Settings,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let client = server.client(OPERATOR).await.expect("operator client");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        runtime::run(client, s, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("the operator runs and stops cleanly");
+    });
+    (stop, task)
+}
+
+async fn add_node(admin: &kube::Client, name: &str) -> String {
+    let n = create(
+        admin,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+    )
+    .await;
+    n.metadata.uid.expect("a uid")
+}
+
+async fn add_pod(admin: &kube::Client, name: &str, node: &str) {
+    create(
+        admin,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        }),
+    )
+    .await;
+}
+
+/// The node's blocks as the server has them, with every address they hold.
+async fn blocks_of(admin: &kube::Client, node: &str) -> (usize, AddrSet) {
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks
+        .list(&ListParams::default())
+        .await
+        .expect("list blocks");
+    let mine: Vec<&api::IPAMBlock> = list.items.iter().filter(|b| b.spec.node == node).collect();
+    let mut addrs = AddrSet::new();
+    for b in &mine {
+        addrs.insert_net(&b.spec.cidr.0.parse().expect("a CIDR"));
+    }
+    (mine.len(), addrs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.20.0.0/16"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    let mut uids = BTreeMap::new();
+    for n in ["node-a", "node-b"] {
+        uids.insert(n, add_node(&admin, n).await);
+    }
+    // node-a has 20 pods waiting for an address: 20 + 8 pre-allocated = two /28s at least
+    for i in 0..20 {
+        add_pod(&admin, &format!("p{i}"), "node-a").await;
+    }
+    let (stop, task) = start_operator(&server, settings()).await;
+
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    for (n, uid) in &uids {
+        let obj = eventually(Duration::from_secs(20), "an IPAMNode per Node", || {
+            let api = ipamnodes.clone();
+            async move { api.get_opt(n).await.ok().flatten() }
+        })
+        .await;
+        assert_eq!(
+            &obj.spec.node_uid, uid,
+            "the IPAMNode carries its Node's UID"
+        );
+        let fins = obj.metadata.finalizers.unwrap_or_default();
+        assert!(
+            fins.contains(&api::names::FINALIZER.to_string()),
+            "{fins:?}"
+        );
+    }
+    let (blocks_a, addrs_a) = eventually(Duration::from_secs(20), "node-a's blocks", || {
+        let admin = admin.clone();
+        async move {
+            let (n, a) = blocks_of(&admin, "node-a").await;
+            (a.total() >= 28).then_some((n, a))
+        }
+    })
+    .await;
+    assert!(blocks_a >= 2, "{blocks_a} blocks");
+    let (_, addrs_b) = eventually(Duration::from_secs(20), "node-b's pre-allocation", || {
+        let admin = admin.clone();
+        async move {
+            let (n, a) = blocks_of(&admin, "node-b").await;
+            (n >= 1).then_some((n, a))
+        }
+    })
+    .await;
+    assert!(
+        addrs_a.intersection(&addrs_b).is_empty(),
+        "no address granted twice"
+    );
+    // every block is the operator's: finalizer, the node's UID, the pool
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    for b in blocks.list(&ListParams::default()).await.unwrap().items {
+        assert_eq!(b.spec.node_uid, uids[b.spec.node.as_str()]);
+        assert_eq!(b.spec.pool, "default");
+        assert!(
+            b.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&api::names::FINALIZER.to_string())
+        );
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_node_gives_its_blocks_back() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["fd00:10::/64"], "blockSize": {"ipv6": 120}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let s = Settings {
+        engine: EngineConfig {
+            node_reclaim_grace: Duration::from_millis(500),
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 >= 1).then_some(()) }
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    // no pod is bound to it: after the node grace its blocks and its IPAMNode go
+    eventually(Duration::from_secs(20), "node-a's blocks gone", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 == 0).then_some(()) }
+    })
+    .await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "node-a's IPAMNode gone", || {
+        let api = ipamnodes.clone();
+        async move { api.get_opt("node-a").await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    let pods: Api<Pod> = Api::all(admin.clone());
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
