@@ -117,9 +117,11 @@ pub async fn run(
         ready.set(true);
         tracing::info!(families = ?engine.families, "synced; the engine runs");
         let deferred = tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone()));
+        let counts = tokio::spawn(refresh_counts(parts.store.clone()));
         shutdown.await;
         ready.set(false);
         deferred.abort();
+        counts.abort();
         engine.manager.shutdown();
         Ok(())
     }
@@ -346,6 +348,19 @@ async fn retry_deferred(e: Engine, nodes: NodeIndex) {
         for info in ready {
             tracing::info!(node = %info.name, "a re-registered Node starts afresh");
             add_node(&e, &nodes, info);
+        }
+    }
+}
+
+/// Each second: IPAMNodes whose `status.allocated` is stale (a block came or went since the
+/// last write) get it rewritten, so `kubectl get ipamnodes` shows what each node holds.
+async fn refresh_counts(store: KubeStore) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for name in store.stale_counts() {
+            if let Err(e) = store.refresh_allocated(&name).await {
+                tracing::warn!(node = %name, error = %e, "could not write the allocated count");
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod cache;
 mod errors;
 mod events;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -44,6 +45,9 @@ pub struct KubeStore {
     blocks: Api<api::IPAMBlock>,
     cache: Arc<RwLock<Cache>>,
     events: Events,
+    /// One status writer per IPAMNode at a time (the engine's pass and the count refresh),
+    /// so each writes the other's latest fields.
+    status_locks: Arc<parking_lot::Mutex<HashMap<NodeName, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl KubeStore {
@@ -53,7 +57,50 @@ impl KubeStore {
             blocks: Api::all(client),
             cache: Arc::default(),
             events,
+            status_locks: Arc::default(),
         }
+    }
+
+    fn status_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.status_locks.lock();
+        locks.entry(NodeName::from(name)).or_default().clone()
+    }
+
+    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
+    pub fn stale_counts(&self) -> Vec<NodeName> {
+        let c = self.cache.read();
+        c.nodes()
+            .filter(|v| v.node.resource_version.is_some())
+            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
+            .map(|v| v.node.name.clone())
+            .collect()
+    }
+
+    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
+    /// released since), keeping the operator's conditions as they are. Returns whether it
+    /// wrote.
+    pub async fn refresh_allocated(&self, name: &str) -> Result<bool, IpamError> {
+        let lock = self.status_lock(name);
+        let _held = lock.lock().await;
+        let (view, allocated) = {
+            let c = self.cache.read();
+            let Some(v) = c.node(name).filter(|v| v.node.resource_version.is_some()) else {
+                return Ok(false);
+            };
+            let n = allocated_of(&c, name, &v.node.operator);
+            (v.clone(), n)
+        };
+        if view.allocated == Some(allocated) {
+            return Ok(false);
+        }
+        let body = status_body(name, &view.node.operator.conditions, allocated);
+        let obj = self
+            .nodes
+            .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
+            .await
+            .map_err(|e| store_error("apply-status", name, None, e))?;
+        self.take_node(&obj);
+        Ok(true)
     }
 
     /// Feeds an IPAMNode watch event; returns what the engine must hear.
@@ -101,16 +148,6 @@ impl KubeStore {
         })?);
         self.cache.write().put_block(b.clone());
         Ok(b)
-    }
-
-    /// Addresses the node holds, for the `Allocated` column: its spec addresses (cloud
-    /// sources) and the addresses of its blocks (cluster-pool).
-    fn allocated(&self, name: &str, fields: &OperatorFields) -> u64 {
-        let c = self.cache.read();
-        let blocks = c.blocks_of(name).iter().fold(0u128, |n, b| {
-            n.saturating_add(tidepool_ipam::AddrSet::of_net(&b.cidr).total())
-        });
-        tidepool_ipam::addrs::saturate(blocks.saturating_add(fields.addresses.total()))
     }
 
     async fn create_node(
@@ -167,6 +204,15 @@ impl KubeStore {
     }
 }
 
+/// Addresses the node holds, for the `Allocated` column: its spec addresses (cloud
+/// sources) and the addresses of its blocks (cluster-pool), saturating.
+fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> u64 {
+    let blocks = c.blocks_of(name).iter().fold(0u128, |n, b| {
+        n.saturating_add(tidepool_ipam::AddrSet::of_net(&b.cidr).total())
+    });
+    tidepool_ipam::addrs::saturate(blocks.saturating_add(fields.addresses.total()))
+}
+
 impl NodeStore for KubeStore {
     fn cached(&self, name: &str) -> Option<Arc<IpamNode>> {
         self.cache.read().node(name).map(|v| v.node.clone())
@@ -207,7 +253,9 @@ impl NodeStore for KubeStore {
                 .map_err(|e| store_error("apply", name, None, e))?;
             node = self.take_node(&obj);
         }
-        let allocated = self.allocated(name, &fields);
+        let lock = self.status_lock(name);
+        let _held = lock.lock().await;
+        let allocated = allocated_of(&self.cache.read(), name, &fields);
         if old.conditions != fields.conditions || view.allocated != Some(allocated) {
             let body = status_body(name, &fields.conditions, allocated);
             let obj = self

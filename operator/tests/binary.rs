@@ -1,0 +1,253 @@
+//! The `tidepool-operator` binary itself: started with `--kubeconfig` as the operator's
+//! service account against the in-process API server (RBAC and TLS on, so kubectl sends its
+//! credentials), with the CRDs, the operator's RBAC (`deploy/operator/rbac.yaml`), a pool
+//! and two Nodes applied by kubectl. It gives the Nodes IPAMNodes and blocks, kubectl shows
+//! them with their printer columns, the probes and `/metrics` answer, and SIGTERM stops it
+//! with exit status 0.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tidepool_tests::{ADMIN, ApiServer, Config};
+
+const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
+
+fn repo(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn kubectl_binary() -> PathBuf {
+    let candidates = std::env::var_os("TIDEPOOL_KUBECTL")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin/kubectl")])
+        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("kubectl"))
+                .collect::<Vec<_>>()
+        }));
+    for c in candidates {
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!("kubectl not found (TIDEPOOL_KUBECTL, /usr/bin/kubectl, PATH): this test needs it");
+}
+
+/// A temporary directory with one kubeconfig per identity; removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(server: &ApiServer) -> Self {
+        let d = std::env::temp_dir().join(format!("tidepool-operator-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        server.write_kubeconfig(ADMIN, &d.join("admin")).unwrap();
+        server
+            .write_kubeconfig(OPERATOR, &d.join("operator"))
+            .unwrap();
+        Dir(d)
+    }
+
+    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(kubectl_binary())
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.0.join("admin"))
+            .arg("--cache-dir")
+            .arg(self.0.join("cache"))
+            .env_remove("KUBECONFIG")
+            .env("HOME", &self.0)
+            .output()
+            .expect("run kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, text) = self.kubectl(args);
+        assert!(ok, "kubectl {args:?} failed:\n{text}");
+        text
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The operator process; killed on drop if still running.
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// One plain HTTP GET: the status code and the body.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((code, body))
+}
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_a_cluster_driven_by_kubectl() {
+    let server = ApiServer::start_with(Config {
+        rbac: true,
+        tls: true,
+        ..Config::default()
+    })
+    .await
+    .expect("start the API server");
+    let dir = Dir::new(&server);
+    tokio::task::spawn_blocking(move || scenario(&dir))
+        .await
+        .expect("the scenario");
+}
+
+fn scenario(dir: &Dir) {
+    dir.ok(&["apply", "-f", &repo("deploy/crds")]);
+    dir.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/ippools.ipam.tidepool.dev",
+        "crd/ipamblocks.ipam.tidepool.dev",
+        "crd/ipamnodes.ipam.tidepool.dev",
+    ]);
+    dir.ok(&["apply", "-f", &repo("deploy/operator/rbac.yaml")]);
+    dir.ok(&["apply", "-f", &repo("operator/tests/fixtures/cluster.yaml")]);
+
+    let (metrics, health) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_tidepool-operator"))
+        .args(["run", "--leader-elect=false", "--kubeconfig"])
+        .arg(dir.0.join("operator"))
+        .args(["--metrics-addr", &metrics.to_string()])
+        .args(["--health-addr", &health.to_string()])
+        .args(["--sync-timeout", "20s", "--resync-interval", "2s"])
+        .env("TIDEPOOL_LOG_LEVEL", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tidepool-operator");
+    let mut op = Operator(child);
+    // read the log as it comes (a full pipe would stall the operator)
+    let mut stderr = op.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+
+    eventually("/readyz ready", || {
+        get(health, "/readyz").filter(|(c, _)| *c == 200)
+    });
+    assert_eq!(get(health, "/healthz").map(|(c, _)| c), Some(200));
+
+    // IPAMNodes with the Allocated column filled, and a block each
+    let table = eventually("two IPAMNodes with addresses", || {
+        let t = dir.ok(&["get", "ipamnodes"]);
+        let rows: Vec<&str> = t.lines().filter(|l| l.starts_with("node-")).collect();
+        let filled = rows
+            .iter()
+            .filter(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|c| c.parse::<u64>().is_ok())
+            })
+            .count();
+        (filled == 2).then_some(t)
+    });
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    // a CRD with printer columns shows NAME and its columns (no AGE unless it names one)
+    assert_eq!(header, ["NAME", "ALLOCATED", "USED", "BLOCKED"], "{table}");
+    let blocks = dir.ok(&["get", "ipamblocks"]);
+    let header: Vec<&str> = blocks.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "NODE", "CIDR", "POOL", "RELEASE", "ANSWER"],
+        "{blocks}"
+    );
+    for n in ["node-a", "node-b"] {
+        assert!(
+            blocks
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(n)),
+            "{n} has a block:\n{blocks}"
+        );
+    }
+    let pools = dir.ok(&["get", "ippools"]);
+    assert!(pools.starts_with("NAME"), "{pools}");
+    assert!(pools.contains("default"), "{pools}");
+
+    // /metrics: the engine's node gauge (published on each resync), from a real exporter
+    eventually(
+        "tidepool_ipam_nodes{category=\"total\"} 2 on /metrics",
+        || {
+            let (code, body) = get(metrics, "/metrics")?;
+            let total = "tidepool_ipam_nodes{category=\"total\"} 2";
+            (code == 200 && body.lines().any(|l| l == total)).then_some(())
+        },
+    );
+
+    // SIGTERM: stops, exit status 0
+    let pid = op.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = op.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 15 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = log.join().unwrap();
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    assert!(log.contains("SIGTERM"), "{log}");
+}
