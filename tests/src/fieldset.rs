@@ -38,6 +38,12 @@ pub(crate) fn child_shape(schema: Option<&Value>, key: &str, v: &Value) -> Shape
     }
 }
 
+/// Whether `key` of an object of this schema is a map entry rather than a declared field.
+fn is_map_entry(schema: &Value, key: &str) -> bool {
+    let declared = schema.get("properties").and_then(|p| p.get(key)).is_some();
+    !declared && schema.get("additionalProperties").is_some_and(Value::is_object)
+}
+
 fn item_key(item: &Value, keys: &[String]) -> String {
     let mut m = Map::new();
     for k in keys {
@@ -70,8 +76,15 @@ impl FieldSet {
         if let Value::Object(m) = v {
             for (k, cv) in m {
                 let cs = schema.and_then(|s| prop(s, k));
-                fs.children
-                    .insert(format!("f:{k}"), Self::of_node(cv, cs, k));
+                let mut child = Self::of_node(cv, cs, k);
+                // An entry of a map (a key the schema does not declare, under
+                // `additionalProperties`) is itself a member, as structured-merge-diff's
+                // `visitMapItems` inserts it: a manager that stops applying the entry
+                // removes it whole, not just its fields (which would leave `{}`).
+                if schema.is_some_and(|s| is_map_entry(s, k)) {
+                    child.me = true;
+                }
+                fs.children.insert(format!("f:{k}"), child);
             }
         }
         fs
@@ -559,6 +572,41 @@ mod tests {
             json!({".": {}, "f:status": {}, "f:type": {}})
         );
         assert_eq!(FieldSet::from_json(&j), fs);
+    }
+
+    /// A map of objects (`additionalProperties`, like IPAMNode `status.used`): each entry
+    /// is a member (`.`), and an entry its manager stops applying goes whole, while another
+    /// manager's entries stay.
+    #[test]
+    fn map_entries_are_members_and_go_whole() {
+        let schema = json!({"type": "object", "properties": {"status": {"type": "object",
+            "properties": {"used": {"type": "object", "additionalProperties": {
+                "type": "object", "properties": {"pod": {"type": "string"}}}}}}}});
+        let live = json!({"metadata": {"name": "x"}});
+        let entry = |pod: &str| json!({"pod": pod});
+        let a = w("agent", Some(&schema))
+            .apply(
+                &live,
+                &json!({"status": {"used": {"10.0.0.1": entry("p1"), "10.0.0.2": entry("p2")}}}),
+                false,
+            )
+            .unwrap();
+        let fs = FieldSet::of_object(&json!({"status": {"used": {"10.0.0.1": entry("p1")}}}), Some(&schema));
+        assert_eq!(
+            fs.to_json()["f:status"]["f:used"]["f:10.0.0.1"],
+            json!({".": {}, "f:pod": {}})
+        );
+        let b = w("other", Some(&schema))
+            .apply(&a, &json!({"status": {"used": {"10.0.0.3": entry("p3")}}}), false)
+            .unwrap();
+        let c = w("agent", Some(&schema))
+            .apply(&b, &json!({"status": {"used": {"10.0.0.2": entry("p2")}}}), false)
+            .unwrap();
+        assert_eq!(
+            c["status"]["used"],
+            json!({"10.0.0.2": entry("p2"), "10.0.0.3": entry("p3")}),
+            "10.0.0.1 gone whole, the other manager's entry kept"
+        );
     }
 
     #[test]

@@ -269,3 +269,156 @@ async fn a_deleted_node_gives_its_blocks_back() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// The node side's write of `status.used` (server-side apply as the agent's field manager):
+/// the whole map it owns, as the agent writes it.
+async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (String, String)>) {
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let entries: serde_json::Map<String, Value> = used
+        .iter()
+        .map(|(addr, (uid, pod))| {
+            let e = json!({
+                "podUID": uid, "namespace": "default", "pod": pod,
+                "containerID": format!("cid-{pod}"), "ifname": "eth0",
+                "since": "2026-11-24T10:00:00Z",
+            });
+            (addr.clone(), e)
+        })
+        .collect();
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": node},
+        "status": {"used": entries},
+    });
+    let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
+    ipamnodes
+        .patch_status(node, &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .expect("the node side's status apply");
+}
+
+/// Pods record their addresses through a test node side; deleted pods' addresses are
+/// reclaimed after the grace (tombstones naming the exact allocation, an event on the
+/// IPAMNode), the node side's answer ends the handshake, and the node side's concurrent
+/// writes never lose an entry to the operator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.40.0.0/16"], "blockSize": {"ipv4": 27}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let s = Settings {
+        engine: EngineConfig {
+            reclaim: tidepool_ipam::ReclaimConfig {
+                grace: Duration::from_millis(300),
+                min_age: Duration::from_millis(300),
+            },
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    let (_, pool) = eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move {
+            let (n, a) = blocks_of(&admin, "node-a").await;
+            (n >= 1).then_some((n, a))
+        }
+    })
+    .await;
+    // ten pods, each recorded on one of the node's addresses
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut used = BTreeMap::new();
+    for (i, addr) in pool.iter().skip(1).take(10).enumerate() {
+        let name = format!("p{i}");
+        add_pod(&admin, &name, "node-a").await;
+        let uid = pods.get(&name).await.unwrap().metadata.uid.unwrap();
+        used.insert(addr.to_string(), (uid, name));
+        write_used(&admin, "node-a", &used).await;
+    }
+    // four go; their addresses get tombstones naming their exact allocation
+    let gone: Vec<String> = used.keys().take(4).cloned().collect();
+    for a in &gone {
+        let pod = used[a].1.clone();
+        pods.delete(&pod, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let obj = eventually(Duration::from_secs(20), "four tombstones", || {
+        let api = ipamnodes.clone();
+        async move {
+            let o = api.get("node-a").await.ok()?;
+            (o.spec.reclaim.len() == 4).then_some(o)
+        }
+    })
+    .await;
+    for a in &gone {
+        let t = &obj.spec.reclaim[a];
+        assert_eq!(t.pod_uid, used[a].0);
+        assert_eq!(t.container_id, format!("cid-{}", used[a].1));
+        assert_eq!((t.ifname.as_str(), t.reason), ("eth0", api::ReclaimReason::PodDeleted));
+    }
+    // the node side's entries all survived the operator's writes
+    let st = obj.status.clone().unwrap();
+    assert_eq!(st.used.len(), 10, "{:?}", st.used.keys());
+    // the node side answers: entries gone, reclaimed acks; the tombstones then go
+    let mut left = used.clone();
+    for a in &gone {
+        left.remove(a);
+    }
+    write_used(&admin, "node-a", &left).await;
+    let answers: serde_json::Map<String, Value> = gone
+        .iter()
+        .map(|a| {
+            let v = json!({"podUID": used[a].0, "containerID": format!("cid-{}", used[a].1),
+                "ifname": "eth0", "outcome": "reclaimed"});
+            (a.clone(), v)
+        })
+        .collect();
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "node-a"},
+        "status": {"reclaimAck": answers},
+    });
+    let pp = kube::api::PatchParams::apply("tidepool-agent-acks");
+    ipamnodes
+        .patch_status("node-a", &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the tombstones answered and gone", || {
+        let api = ipamnodes.clone();
+        async move {
+            let o = api.get("node-a").await.ok()?;
+            o.spec.reclaim.is_empty().then_some(())
+        }
+    })
+    .await;
+    let o = ipamnodes.get("node-a").await.unwrap();
+    assert_eq!(o.status.unwrap().used.len(), 6, "the other six entries stay");
+    // the reclaim is on record as an event of the IPAMNode
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    eventually(Duration::from_secs(20), "an IPAddressGarbageCollected event", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTED)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("node-a")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

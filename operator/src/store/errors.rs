@@ -19,18 +19,19 @@ pub fn store_error(
     match (s.code, s.reason.as_str()) {
         (404, _) => IpamError::NotFound { name: name.into() },
         (409, "AlreadyExists") => IpamError::AlreadyExists { name: name.into() },
-        (409, _) => match expected {
-            Some(rv) => IpamError::Conflict {
-                name: name.into(),
-                expected: rv.clone(),
-            },
-            // server-side apply: another field manager owns a field we set
-            None => store(
-                op,
-                name,
-                ErrorClass::Transient,
-                format!("field-manager conflict: {}", s.message),
-            ),
+        // server-side apply: another field manager owns a field we set
+        (409, _) if manager_conflict(&s) => store(
+            op,
+            name,
+            ErrorClass::Transient,
+            format!("field-manager conflict: {}", s.message),
+        ),
+        // a lost race: the engine re-reads and re-plans
+        (409, _) => IpamError::Conflict {
+            name: name.into(),
+            expected: expected
+                .cloned()
+                .unwrap_or_else(|| ResourceVersion::server("")),
         },
         (429, _) => {
             let after = s.details.as_ref().map(|d| d.retry_after_seconds);
@@ -48,6 +49,12 @@ pub fn store_error(
             format!("{} {}", s.code, s.message),
         ),
     }
+}
+
+fn manager_conflict(s: &kube::core::Status) -> bool {
+    s.details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldManagerConflict"))
 }
 
 fn store(op: &'static str, name: &str, class: ErrorClass, message: String) -> IpamError {
@@ -86,8 +93,20 @@ mod tests {
                 expected: rv
             }
         );
-        let e = store_error("apply", "n", None, api(409, "Conflict"));
+        let mut s = Status::failure("Apply failed with 1 conflict", "Conflict").with_code(409);
+        s.details = Some(
+            serde_json::from_value(serde_json::json!({
+                "causes": [{"reason": "FieldManagerConflict", "message": "conflict with \"x\"", "field": ".spec.nodeUID"}]
+            }))
+            .expect("StatusDetails"),
+        );
+        let e = store_error("apply", "n", None, kube::Error::Api(s.boxed()));
         assert!(e.to_string().contains("field-manager conflict"), "{e}");
+        // a 409 without such a cause is a lost race, whatever the request
+        assert!(matches!(
+            store_error("apply", "n", None, api(409, "Conflict")),
+            IpamError::Conflict { .. }
+        ));
         assert_eq!(
             store_error("apply", "n", None, api(422, "Invalid")).class(),
             ErrorClass::Permanent

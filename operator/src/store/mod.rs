@@ -80,27 +80,49 @@ impl KubeStore {
     /// released since), keeping the operator's conditions as they are. Returns whether it
     /// wrote.
     pub async fn refresh_allocated(&self, name: &str) -> Result<bool, IpamError> {
+        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
+            return Ok(false);
+        };
+        Ok(self.write_status(name, &conditions, false).await?.is_some())
+    }
+
+    /// The operator's status apply (its conditions and the count), when either differs
+    /// from the object's or `always`; one status writer per IPAMNode at a time, each with
+    /// the latest count. Returns the written object, None when nothing was due.
+    async fn write_status(
+        &self,
+        name: &str,
+        conditions: &[tidepool_ipam::Condition],
+        always: bool,
+    ) -> Result<Option<Arc<IpamNode>>, IpamError> {
         let lock = self.status_lock(name);
         let _held = lock.lock().await;
         let (view, allocated) = {
             let c = self.cache.read();
             let Some(v) = c.node(name).filter(|v| v.node.resource_version.is_some()) else {
-                return Ok(false);
+                return Ok(None);
             };
-            let n = allocated_of(&c, name, &v.node.operator);
-            (v.clone(), n)
+            (v.clone(), allocated_of(&c, name, &v.node.operator))
         };
-        if view.allocated == Some(allocated) {
-            return Ok(false);
+        let same = view.node.operator.conditions == conditions && view.allocated == Some(allocated);
+        if same && !always {
+            return Ok(None);
         }
-        let body = status_body(name, &view.node.operator.conditions, allocated);
+        let body = status_body(name, conditions, allocated);
+        let rv = view.node.resource_version.as_ref();
         let obj = self
             .nodes
             .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
             .await
-            .map_err(|e| store_error("apply-status", name, None, e))?;
-        self.take_node(&obj);
-        Ok(true)
+            .map_err(|e| store_error("apply-status", name, rv, e))?;
+        Ok(Some(self.take_node(&obj)))
+    }
+
+    fn post_params() -> PostParams {
+        PostParams {
+            field_manager: Some(OPERATOR_MANAGER.into()),
+            ..PostParams::default()
+        }
     }
 
     /// Feeds an IPAMNode watch event; returns what the engine must hear.
@@ -165,10 +187,13 @@ impl KubeStore {
         })?;
         let created = self
             .nodes
-            .create(&PostParams::default(), &obj)
+            .create(&Self::post_params(), &obj)
             .await
             .map_err(|e| store_error("create", name, None, e))?;
-        Ok(self.take_node(&created))
+        let node = self.take_node(&created);
+        // a create drops `status`: the conditions and the count follow through /status
+        let written = self.write_status(name, &fields.conditions, true).await?;
+        Ok(written.unwrap_or(node))
     }
 
     /// Removes our finalizer from an object being deleted: a merge patch of the remaining
@@ -253,17 +278,8 @@ impl NodeStore for KubeStore {
                 .map_err(|e| store_error("apply", name, None, e))?;
             node = self.take_node(&obj);
         }
-        let lock = self.status_lock(name);
-        let _held = lock.lock().await;
-        let allocated = allocated_of(&self.cache.read(), name, &fields);
-        if old.conditions != fields.conditions || view.allocated != Some(allocated) {
-            let body = status_body(name, &fields.conditions, allocated);
-            let obj = self
-                .nodes
-                .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
-                .await
-                .map_err(|e| store_error("apply-status", name, None, e))?;
-            node = self.take_node(&obj);
+        if let Some(written) = self.write_status(name, &fields.conditions, false).await? {
+            node = written;
         }
         Ok(node)
     }
@@ -313,7 +329,7 @@ impl BlockStore for KubeStore {
         let obj = block_for_create(&block);
         let created = self
             .blocks
-            .create(&PostParams::default(), &obj)
+            .create(&Self::post_params(), &obj)
             .await
             .map_err(|e| store_error("create", &block.name, None, e))?;
         self.take_block(&created, &block.name)
