@@ -422,3 +422,71 @@ async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// Answers every release mark on the node's blocks `ready-for-release`, as a node side with
+/// none of their addresses in use does.
+async fn answer_marks(admin: &kube::Client, node: &str) {
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks.list(&ListParams::default()).await.unwrap();
+    for b in list.items.iter().filter(|b| b.spec.node == node) {
+        let answered = b.status.as_ref().and_then(|s| s.release_ack).is_some();
+        if b.spec.release.is_some() && !answered {
+            let body = json!({
+                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+                "metadata": {"name": b.metadata.name},
+                "status": {"releaseAck": "ready-for-release"},
+            });
+            let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
+            let name = b.metadata.name.clone().unwrap();
+            let _ = blocks.patch_status(&name, &pp, &kube::api::Patch::Apply(&body)).await;
+        }
+    }
+}
+
+/// A dual-stack pool gives each node a block of each family; a CIDR added at runtime serves
+/// the nodes once one removed has drained (its blocks marked, answered, deleted, and never
+/// granted again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
+    let (server, admin) = cluster().await;
+    let pool = |cidrs: &[&str]| {
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": 28, "ipv6": 124}},
+        })
+    };
+    create(&admin, pool(&["10.50.0.0/24", "fd00:50::/64"])).await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let fam = |a: &AddrSet| (a.len(tidepool_ipam::Family::V4), a.len(tidepool_ipam::Family::V6));
+    eventually(Duration::from_secs(20), "a block of each family", || {
+        let admin = admin.clone();
+        async move {
+            let (_, a) = blocks_of(&admin, "node-a").await;
+            let (v4, v6) = fam(&a);
+            (v4 > 0 && v6 > 0).then_some(())
+        }
+    })
+    .await;
+    // the IPv4 CIDR is replaced at runtime
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    let mut p = pools.get("default").await.unwrap();
+    p.spec.cidrs = vec![api::Cidr("10.51.0.0/24".into()), api::Cidr("fd00:50::/64".into())];
+    pools.replace("default", &Default::default(), &p).await.unwrap();
+    let old: ipnet::IpNet = "10.50.0.0/24".parse().unwrap();
+    let new: ipnet::IpNet = "10.51.0.0/24".parse().unwrap();
+    let addrs = eventually(Duration::from_secs(30), "the old CIDR drained, the new one serving", || {
+        let admin = admin.clone();
+        async move {
+            answer_marks(&admin, "node-a").await;
+            let (_, a) = blocks_of(&admin, "node-a").await;
+            let has = |net: &ipnet::IpNet| a.iter().any(|x| net.contains(&x));
+            (!has(&old) && has(&new)).then_some(a)
+        }
+    })
+    .await;
+    assert!(fam(&addrs).1 > 0, "the IPv6 block stays");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
