@@ -322,6 +322,9 @@ pub struct IpamBlock {
     pub ack: Option<ReleaseAck>,
     /// None until the store has written it.
     pub resource_version: Option<ResourceVersion>,
+    /// Someone deleted it (its `deletionTimestamp` is set; the operator's finalizer holds
+    /// it): it drains like a block of a removed CIDR, and goes once the node side let go.
+    pub deleting: bool,
 }
 
 impl IpamBlock {

@@ -190,6 +190,7 @@ fn block() -> IpamBlock {
         release: false,
         ack: None,
         resource_version: None,
+        deleting: false,
     }
 }
 

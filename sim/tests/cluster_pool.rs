@@ -273,6 +273,7 @@ fn block(cidr: &str, node: &str, uid: u128) -> IpamBlock {
         release: false,
         ack: None,
         resource_version: None,
+        deleting: false,
     }
 }
 

@@ -130,6 +130,7 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         release: false,
         ack: None,
         resource_version: None,
+        deleting: false,
     };
     store.create_block(orphan.clone()).await.unwrap();
     let src = ClusterPoolSource::new(

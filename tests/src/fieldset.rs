@@ -41,7 +41,10 @@ pub(crate) fn child_shape(schema: Option<&Value>, key: &str, v: &Value) -> Shape
 /// Whether `key` of an object of this schema is a map entry rather than a declared field.
 fn is_map_entry(schema: &Value, key: &str) -> bool {
     let declared = schema.get("properties").and_then(|p| p.get(key)).is_some();
-    !declared && schema.get("additionalProperties").is_some_and(Value::is_object)
+    !declared
+        && schema
+            .get("additionalProperties")
+            .is_some_and(Value::is_object)
 }
 
 fn item_key(item: &Value, keys: &[String]) -> String {
@@ -591,16 +594,27 @@ mod tests {
                 false,
             )
             .unwrap();
-        let fs = FieldSet::of_object(&json!({"status": {"used": {"10.0.0.1": entry("p1")}}}), Some(&schema));
+        let fs = FieldSet::of_object(
+            &json!({"status": {"used": {"10.0.0.1": entry("p1")}}}),
+            Some(&schema),
+        );
         assert_eq!(
             fs.to_json()["f:status"]["f:used"]["f:10.0.0.1"],
             json!({".": {}, "f:pod": {}})
         );
         let b = w("other", Some(&schema))
-            .apply(&a, &json!({"status": {"used": {"10.0.0.3": entry("p3")}}}), false)
+            .apply(
+                &a,
+                &json!({"status": {"used": {"10.0.0.3": entry("p3")}}}),
+                false,
+            )
             .unwrap();
         let c = w("agent", Some(&schema))
-            .apply(&b, &json!({"status": {"used": {"10.0.0.2": entry("p2")}}}), false)
+            .apply(
+                &b,
+                &json!({"status": {"used": {"10.0.0.2": entry("p2")}}}),
+                false,
+            )
             .unwrap();
         assert_eq!(
             c["status"]["used"],

@@ -364,7 +364,10 @@ async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
         let t = &obj.spec.reclaim[a];
         assert_eq!(t.pod_uid, used[a].0);
         assert_eq!(t.container_id, format!("cid-{}", used[a].1));
-        assert_eq!((t.ifname.as_str(), t.reason), ("eth0", api::ReclaimReason::PodDeleted));
+        assert_eq!(
+            (t.ifname.as_str(), t.reason),
+            ("eth0", api::ReclaimReason::PodDeleted)
+        );
     }
     // the node side's entries all survived the operator's writes
     let st = obj.status.clone().unwrap();
@@ -393,31 +396,45 @@ async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
         .patch_status("node-a", &pp, &kube::api::Patch::Apply(&body))
         .await
         .unwrap();
-    eventually(Duration::from_secs(20), "the tombstones answered and gone", || {
-        let api = ipamnodes.clone();
-        async move {
-            let o = api.get("node-a").await.ok()?;
-            o.spec.reclaim.is_empty().then_some(())
-        }
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the tombstones answered and gone",
+        || {
+            let api = ipamnodes.clone();
+            async move {
+                let o = api.get("node-a").await.ok()?;
+                o.spec.reclaim.is_empty().then_some(())
+            }
+        },
+    )
     .await;
     let o = ipamnodes.get("node-a").await.unwrap();
-    assert_eq!(o.status.unwrap().used.len(), 6, "the other six entries stay");
+    assert_eq!(
+        o.status.unwrap().used.len(),
+        6,
+        "the other six entries stay"
+    );
     // the reclaim is on record as an event of the IPAMNode
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
-    eventually(Duration::from_secs(20), "an IPAddressGarbageCollected event", || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTED)
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("node-a")
-                })
-                .then_some(())
-        }
-    })
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(
+        Duration::from_secs(20),
+        "an IPAddressGarbageCollected event",
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTED)
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == Some("node-a")
+                    })
+                    .then_some(())
+            }
+        },
+    )
     .await;
     stop.send(()).unwrap();
     task.await.unwrap();
@@ -438,7 +455,9 @@ async fn answer_marks(admin: &kube::Client, node: &str) {
             });
             let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
             let name = b.metadata.name.clone().unwrap();
-            let _ = blocks.patch_status(&name, &pp, &kube::api::Patch::Apply(&body)).await;
+            let _ = blocks
+                .patch_status(&name, &pp, &kube::api::Patch::Apply(&body))
+                .await;
         }
     }
 }
@@ -459,7 +478,12 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     create(&admin, pool(&["10.50.0.0/24", "fd00:50::/64"])).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
-    let fam = |a: &AddrSet| (a.len(tidepool_ipam::Family::V4), a.len(tidepool_ipam::Family::V6));
+    let fam = |a: &AddrSet| {
+        (
+            a.len(tidepool_ipam::Family::V4),
+            a.len(tidepool_ipam::Family::V6),
+        )
+    };
     eventually(Duration::from_secs(20), "a block of each family", || {
         let admin = admin.clone();
         async move {
@@ -472,21 +496,121 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     // the IPv4 CIDR is replaced at runtime
     let pools: Api<api::IPPool> = Api::all(admin.clone());
     let mut p = pools.get("default").await.unwrap();
-    p.spec.cidrs = vec![api::Cidr("10.51.0.0/24".into()), api::Cidr("fd00:50::/64".into())];
-    pools.replace("default", &Default::default(), &p).await.unwrap();
+    p.spec.cidrs = vec![
+        api::Cidr("10.51.0.0/24".into()),
+        api::Cidr("fd00:50::/64".into()),
+    ];
+    pools
+        .replace("default", &Default::default(), &p)
+        .await
+        .unwrap();
     let old: ipnet::IpNet = "10.50.0.0/24".parse().unwrap();
     let new: ipnet::IpNet = "10.51.0.0/24".parse().unwrap();
-    let addrs = eventually(Duration::from_secs(30), "the old CIDR drained, the new one serving", || {
-        let admin = admin.clone();
+    let addrs = eventually(
+        Duration::from_secs(30),
+        "the old CIDR drained, the new one serving",
+        || {
+            let admin = admin.clone();
+            async move {
+                answer_marks(&admin, "node-a").await;
+                let (_, a) = blocks_of(&admin, "node-a").await;
+                let has = |net: &ipnet::IpNet| a.iter().any(|x| net.contains(&x));
+                (!has(&old) && has(&new)).then_some(a)
+            }
+        },
+    )
+    .await;
+    assert!(fam(&addrs).1 > 0, "the IPv6 block stays");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// `kubectl delete ipamblock` of a block in use: the block stays Terminating (the operator's
+/// finalizer) and is marked for release; the node gets another block meanwhile; once the
+/// node side lets go (the pod gone, ready-for-release), the block goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_block_in_use_stays_until_it_is_free() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.60.0.0/24"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let first = eventually(Duration::from_secs(20), "node-a's block", || {
+        let blocks = blocks.clone();
         async move {
-            answer_marks(&admin, "node-a").await;
-            let (_, a) = blocks_of(&admin, "node-a").await;
-            let has = |net: &ipnet::IpNet| a.iter().any(|x| net.contains(&x));
-            (!has(&old) && has(&new)).then_some(a)
+            let list = blocks.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|b| b.spec.node == "node-a")
         }
     })
     .await;
-    assert!(fam(&addrs).1 > 0, "the IPv6 block stays");
+    let name = first.metadata.name.clone().unwrap();
+    // a pod uses an address of it
+    add_pod(&admin, "p0", "node-a").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let uid = pods.get("p0").await.unwrap().metadata.uid.unwrap();
+    let net: ipnet::IpNet = first.spec.cidr.0.parse().unwrap();
+    let addr = AddrSet::of_net(&net).iter().nth(1).unwrap().to_string();
+    let used = BTreeMap::from([(addr, (uid, "p0".to_string()))]);
+    write_used(&admin, "node-a", &used).await;
+
+    blocks
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // marked for release, still there, and the node topped up from another block
+    eventually(
+        Duration::from_secs(20),
+        "the deleted block marked, a new one granted",
+        || {
+            let (blocks, admin, name) = (blocks.clone(), admin.clone(), name.clone());
+            async move {
+                let b = blocks.get_opt(&name).await.ok()??;
+                let marked = b.spec.release.is_some() && b.metadata.deletion_timestamp.is_some();
+                (marked && blocks_of(&admin, "node-a").await.0 >= 2).then_some(())
+            }
+        },
+    )
+    .await;
+    // the node side answers do-not-release while the address is used: the block stays
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": {"name": name},
+        "status": {"releaseAck": "do-not-release"},
+    });
+    let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
+    blocks
+        .patch_status(&name, &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        blocks.get_opt(&name).await.unwrap().is_some(),
+        "in use: it stays"
+    );
+    // the pod goes, the node side lets go of the block: it goes
+    write_used(&admin, "node-a", &BTreeMap::new()).await;
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": {"name": name},
+        "status": {"releaseAck": "ready-for-release"},
+    });
+    blocks
+        .patch_status(&name, &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the free block gone", || {
+        let (blocks, name) = (blocks.clone(), name.clone());
+        async move { blocks.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }

@@ -165,14 +165,17 @@ impl State {
             .unwrap_or_else(|| AddrSet::of_net(&b.cidr))
     }
 
-    /// Whether a block is to be drained: its pool no longer holds it as a grantable block
-    /// (its CIDR was removed or excluded, or the pool is gone or Invalid).
+    /// Whether a block is to be drained: someone deleted it (its finalizer holds it), or
+    /// its pool no longer holds it as a grantable block (its CIDR was removed or excluded,
+    /// or the pool is gone or Invalid).
     fn drained(&self, b: &IpamBlock) -> bool {
-        self.pools
-            .get(&b.pool)
-            .ok()
-            .and_then(|p| p.family(family_of(&b.cidr)))
-            .is_none_or(|fi| fi.usable_count(&b.cidr).is_err())
+        b.deleting
+            || self
+                .pools
+                .get(&b.pool)
+                .ok()
+                .and_then(|p| p.family(family_of(&b.cidr)))
+                .is_none_or(|fi| fi.usable_count(&b.cidr).is_err())
     }
 
     /// The node's pool for a family (see the module documentation for the precedence).
@@ -626,6 +629,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 release: false,
                 ack: None,
                 resource_version: None,
+                deleting: false,
             };
             let name = block.name.clone();
             self.call().await;
@@ -1036,6 +1040,7 @@ mod tests {
                 release: false,
                 ack: None,
                 resource_version: None,
+                deleting: false,
             })
             .await
             .unwrap();

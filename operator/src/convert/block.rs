@@ -52,6 +52,7 @@ pub fn block_from_api(obj: &api::IPAMBlock) -> Result<IpamBlock, Vec<Malformed>>
             .resource_version
             .as_deref()
             .map(ResourceVersion::server),
+        deleting: obj.metadata.deletion_timestamp.is_some(),
     })
 }
 
@@ -107,6 +108,7 @@ mod tests {
             release: true,
             ack: None,
             resource_version: None,
+            deleting: false,
         }
     }
 

@@ -447,6 +447,7 @@ mod tests {
             release: false,
             ack: None,
             resource_version: None,
+            deleting: false,
         };
         let mut o = block_for_create(&b);
         o.metadata.resource_version = Some(rv.into());

@@ -208,6 +208,7 @@ mod tests {
             release: false,
             ack: None,
             resource_version: None,
+            deleting: false,
         }
     }
 
