@@ -47,7 +47,9 @@ pub use manager::{EngineDeps, NodeManager};
 pub use pods::{
     FnPods, MemoryPodView, PodCache, PodChanges, PodInfo, PodIps, PodPhase, PodView, Since,
 };
-pub use reclaim::ReclaimConfig;
+/// The reclaim-candidate rule (DESIGN.md "Reclaim"), for read-only reports
+/// (`tidepool-operator check`) that must judge `status.used` entries as the engine does.
+pub use reclaim::{ReclaimConfig, candidate_reason};
 pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{

@@ -168,8 +168,11 @@ pub enum Command {
     Run(Box<RunCmd>),
     /// Run the real engine on a simulated cluster and report.
     Simulate(Box<SimulateFlags>),
-    /// Read-only report of reclaim candidates, leaks and duplicates (not available yet).
-    Check,
+    /// Read-only report of the cluster's IPAM state: reclaim candidates, leaked entries,
+    /// duplicates, orphan blocks, out-of-range and unknown-pool blocks and addresses,
+    /// malformed entries, and per-pool usage. Exit status 0 when nothing needs a person, 1
+    /// when something does, 2 on errors.
+    Check(CheckCmd),
     /// Print the CustomResourceDefinitions (IPPool, IPAMBlock, IPAMNode) as YAML, as
     /// `deploy/crds/` holds them.
     Crds,
@@ -269,6 +272,34 @@ pub struct RunCmd {
     /// (1s to 30 days) before start-up fails naming what did not sync.
     #[arg(long, default_value = "60s", value_parser = sync_timeout, env = "TIDEPOOL_SYNC_TIMEOUT")]
     pub sync_timeout: Duration,
+}
+
+/// `check`'s flags.
+#[derive(Args, Debug)]
+pub struct CheckCmd {
+    /// A kubeconfig to use; without it the in-cluster config, then $KUBECONFIG.
+    #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Report format: a table for people, or JSON.
+    #[arg(
+        long,
+        short = 'o',
+        value_enum,
+        default_value = "table",
+        env = "TIDEPOOL_CHECK_OUTPUT"
+    )]
+    pub output: CheckOutput,
+    /// How long the API server may take to answer at start, and each page of a list
+    /// (1s to 30 days).
+    #[arg(long, default_value = "30s", value_parser = sync_timeout, env = "TIDEPOOL_CHECK_TIMEOUT")]
+    pub timeout: Duration,
+}
+
+/// `check --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckOutput {
+    Table,
+    Json,
 }
 
 fn node_selector(s: &str) -> Result<tidepool_operator::index::NodeSelector, String> {

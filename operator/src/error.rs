@@ -22,6 +22,21 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `check` could not list a resource.
+    #[error(
+        "cannot list {resource} (is the API server reachable, are the CRDs installed, may this identity list them?)"
+    )]
+    List {
+        resource: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    /// `check`'s list of a resource did not finish in time.
+    #[error("listing {resource} did not finish within {after:?}")]
+    ListTimedOut {
+        resource: &'static str,
+        after: Duration,
+    },
     /// The engine refused its configuration.
     #[error(transparent)]
     Engine(#[from] tidepool_ipam::IpamError),

@@ -2,6 +2,7 @@
 //! binary (`main.rs`) so it can be tested without a server. For now, the watch-fed indexes
 //! of Pods and Nodes ([`index`]).
 
+pub mod check;
 pub mod convert;
 pub mod error;
 pub mod index;

@@ -1,6 +1,7 @@
 //! tidepool-operator: `run` (against a cluster, one replica), `simulate` (the real engine on
-//! a simulated cluster), `check` (not available yet) and `crds`.
+//! a simulated cluster), `check` (a read-only report) and `crds`.
 
+mod check_cmd;
 mod cli;
 mod run;
 mod simulate;
@@ -90,9 +91,8 @@ fn main() -> ExitCode {
             Ok(true)
         }
         Command::Run(f) => run::run(f),
-        Command::Check => Err(anyhow::anyhow!(
-            "this subcommand is not available yet; `simulate` is (see README.md)"
-        )),
+        // its own exit status: 0 clean, 1 something needs a person, 2 an error
+        Command::Check(f) => return check_cmd::run(f),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

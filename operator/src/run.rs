@@ -1,5 +1,6 @@
 //! `tidepool-operator run`: flags to settings, the client, metrics, signals.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -24,7 +25,7 @@ pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
 }
 
 async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
-    let client = client(f).await?;
+    let client = client(f.kubeconfig.as_deref(), f.sync_timeout).await?;
     tidepool_metrics::install_exporter(f.metrics_addr)
         .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
     tidepool_metrics::describe_all();
@@ -45,9 +46,9 @@ async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
 }
 
 /// The client from --kubeconfig, else in-cluster, else $KUBECONFIG; then the API server
-/// must answer within --sync-timeout.
-async fn client(f: &RunCmd) -> anyhow::Result<Client> {
-    let config = match &f.kubeconfig {
+/// must answer within `timeout` (`run`'s --sync-timeout, `check`'s --timeout).
+pub(crate) async fn client(kubeconfig: Option<&Path>, timeout: Duration) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("--kubeconfig {}", path.display()))?;
@@ -61,15 +62,12 @@ async fn client(f: &RunCmd) -> anyhow::Result<Client> {
     };
     let url = config.cluster_url.clone();
     let client = Client::try_from(config).context("building the API client")?;
-    let deadline = tokio::time::Instant::now() + f.sync_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match client.apiserver_version().await {
             Ok(_) => return Ok(client),
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                bail!(
-                    "the API server at {url} did not answer within {:?}: {e}",
-                    f.sync_timeout
-                )
+                bail!("the API server at {url} did not answer within {timeout:?}: {e}")
             }
             Err(e) => {
                 tracing::warn!(%url, error = %e, "API server not reachable yet");
