@@ -614,3 +614,109 @@ async fn a_deleted_block_in_use_stays_until_it_is_free() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// Faults from the server while nodes come up: write errors (500s), throttling (429 with
+/// Retry-After), latency, and watches closed early with a short watch window (so resumes
+/// hit 410 Gone and relist). Every node still reaches its target, nothing is granted twice,
+/// and once the faults stop `check` finds nothing that needs a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_from_the_server_lose_nothing() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.70.0.0/20"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    let nodes: Vec<String> = (0..6).map(|i| format!("node-{i}")).collect();
+    for n in &nodes {
+        add_node(&admin, n).await;
+        for p in 0..10 {
+            add_pod(&admin, &format!("{n}-p{p}"), n).await;
+        }
+    }
+    let writes: std::collections::BTreeSet<String> = ["create", "patch", "apply", "delete"]
+        .map(String::from)
+        .into();
+    server.set_faults(tidepool_tests::Faults {
+        error_rate: 0.3,
+        error_code: 500,
+        error_verbs: writes.clone(),
+        latency: Duration::from_millis(5),
+        watch_max: Some(Duration::from_millis(700)),
+        ..Default::default()
+    });
+    let s = Settings {
+        engine: EngineConfig {
+            backoff: tidepool_ipam::BackoffConfig {
+                min: Duration::from_millis(50),
+                max: Duration::from_millis(500),
+                ..Default::default()
+            },
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // then throttling with Retry-After, and a forced close of every watch
+    server.set_faults(tidepool_tests::Faults {
+        error_rate: 0.3,
+        error_code: 429,
+        retry_after_secs: 1,
+        error_verbs: writes,
+        latency: Duration::from_millis(5),
+        watch_max: Some(Duration::from_millis(700)),
+        ..Default::default()
+    });
+    server.close_watches();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.set_faults(Default::default());
+    let all = eventually(Duration::from_secs(40), "every node at target", || {
+        let (admin, nodes) = (admin.clone(), nodes.clone());
+        async move {
+            let mut all = Vec::new();
+            for n in &nodes {
+                let (_, a) = blocks_of(&admin, n).await;
+                if a.total() < 18 {
+                    return None;
+                }
+                all.push(a);
+            }
+            Some(all)
+        }
+    })
+    .await;
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            assert!(a.intersection(b).is_empty(), "an address granted twice");
+        }
+    }
+    // the faults were felt: more block creates were sent than blocks exist
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let held = blocks
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len() as u64;
+    let sent = server.request_count("create", "ipamblocks.ipam.tidepool.dev");
+    assert!(
+        sent > held,
+        "{sent} creates for {held} blocks: no fault was met"
+    );
+    let client = server.client(OPERATOR).await.unwrap();
+    let report = tidepool_operator::check::io::run(&client, Duration::from_secs(10))
+        .await
+        .expect("check");
+    assert!(
+        !report.needs_attention(),
+        "{}",
+        tidepool_operator::check::table(&report)
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
