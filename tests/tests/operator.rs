@@ -720,3 +720,95 @@ async fn faults_from_the_server_lose_nothing() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// The CRDs deleted while pods hold addresses (their objects gone with them), then
+/// reinstalled: the operator never grants a block over an address a live pod holds — the
+/// same rule by which a cluster that already has addresses is adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
+    let (server, admin) = cluster().await;
+    let pool = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "default"},
+        // two /28 blocks in all
+        "spec": {"cidrs": ["10.80.0.0/27"], "blockSize": {"ipv4": 28}},
+    });
+    create(&admin, pool.clone()).await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let (_, held) = eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move {
+            let (n, a) = blocks_of(&admin, "node-a").await;
+            (n == 1).then_some((n, a))
+        }
+    })
+    .await;
+    // two running pods hold addresses of node-a's block
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let ips: Vec<String> = held.iter().skip(1).take(2).map(|a| a.to_string()).collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let name = format!("p{i}");
+        add_pod(&admin, &name, "node-a").await;
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+        pods.patch_status(
+            &name,
+            &Default::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .expect("pod status");
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+
+    // the CRDs go, and every IPPool, IPAMNode and IPAMBlock with them; then come back
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.delete(&name, &DeleteParams::default()).await.unwrap();
+        eventually(Duration::from_secs(10), "the CRD gone", || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move { crds.get_opt(&name).await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+    }
+    for crd in api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(10), established)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    create(&admin, pool).await;
+    add_node(&admin, "node-b").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    // both nodes want a block; one of the two holds the pods' addresses: only the other goes
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "one block granted", || {
+        let blocks = blocks.clone();
+        async move {
+            let n = blocks.list(&ListParams::default()).await.ok()?.items.len();
+            (n == 1).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let list = blocks.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(
+        list.len(),
+        1,
+        "the block with the pods' addresses is never granted"
+    );
+    let net: ipnet::IpNet = list[0].spec.cidr.0.parse().unwrap();
+    for ip in &ips {
+        assert!(
+            !net.contains(&ip.parse::<std::net::IpAddr>().unwrap()),
+            "{ip} granted over"
+        );
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

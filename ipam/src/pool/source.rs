@@ -113,7 +113,14 @@ struct State {
     pools_generation: u64,
     /// What the last rebuild indexed, while the index is still exactly its result.
     indexed: Option<Indexed>,
+    /// Addresses in use by the cluster (see [`ClusterPoolSource::set_in_use`]).
+    in_use: Option<InUse>,
 }
+
+/// Tells the source which addresses the cluster uses now (live pods' podIPs, IPAMNode
+/// `status.used` entries): no block holding one is ever granted unless a block object
+/// already covers it.
+pub type InUse = Arc<dyn Fn() -> AddrSet + Send + Sync>;
 
 /// A rebuild's inputs and its block claims: the rebuilt index depends on the pool set and on
 /// the blocks' specs alone (a pool a rebuild found invalid stays so until the pools are
@@ -125,6 +132,8 @@ struct Indexed {
     pools_generation: u64,
     /// [`PoolSet::changes`] right after the rebuild.
     pool_changes: u64,
+    /// The addresses in use outside every block, whose blocks the rebuild took out.
+    reserved: AddrSet,
     claims: Arc<[BlockClaim]>,
 }
 
@@ -256,6 +265,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 duplicates: BTreeSet::new(),
                 pools_generation: 0,
                 indexed: None,
+                in_use: None,
             })),
         };
         source.rebuild();
@@ -332,16 +342,23 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     fn rebuild(&self) -> Arc<[BlockClaim]> {
         // read before listing: a block created in between makes the next call rebuild again
         let at = self.store.block_set_changes();
+        let in_use = self.state.lock().in_use.clone();
+        let listed = in_use.as_ref().map(|_| self.store.list_blocks());
+        let reserved = match (&in_use, &listed) {
+            (Some(f), Some(blocks)) => Self::reserved(f, blocks),
+            _ => AddrSet::new(),
+        };
         {
             let s = self.state.lock();
             if let Some(i) = s.indexed.as_ref().filter(|i| {
                 (i.blocks_at, i.pools_generation, i.pool_changes)
                     == (at, s.pools_generation, s.pools.changes())
+                    && i.reserved == reserved
             }) {
                 return i.claims.clone();
             }
         }
-        let blocks = self.store.list_blocks();
+        let blocks = listed.unwrap_or_else(|| self.store.list_blocks());
         let claims: Arc<[BlockClaim]> = blocks
             .iter()
             .map(|b| BlockClaim {
@@ -353,20 +370,62 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             })
             .collect();
         let mut s = self.state.lock();
-        let records = blocks.iter().map(|b| super::BlockRecord {
-            key: (),
-            name: &b.name,
-            pool: &b.pool,
-            cidr: b.cidr,
-        });
+        // the blocks holding an address in use outside every block count as taken, as
+        // blocks of nobody (a cluster adopted with addresses, block objects lost)
+        // (one address per pod or `used` entry: as many as those, never a block's worth)
+        let taken: BTreeSet<(String, ipnet::IpNet)> = reserved
+            .iter()
+            .filter_map(|a| s.pools.locate(a).map(|(p, b)| (p.to_string(), b)))
+            .collect();
+        let names: Vec<String> = taken.iter().map(|(_, b)| super::block_name(b)).collect();
+        let records = blocks
+            .iter()
+            .map(|b| super::BlockRecord {
+                key: (),
+                name: &b.name,
+                pool: &b.pool,
+                cidr: b.cidr,
+            })
+            .chain(
+                taken
+                    .iter()
+                    .zip(&names)
+                    .map(|((pool, cidr), name)| super::BlockRecord {
+                        key: (),
+                        name,
+                        pool,
+                        cidr: *cidr,
+                    }),
+            );
         s.pools.rebuild(records);
         s.indexed = Some(Indexed {
             blocks_at: at,
             pools_generation: s.pools_generation,
             pool_changes: s.pools.changes(),
+            reserved,
             claims: claims.clone(),
         });
         claims
+    }
+
+    /// Says which addresses the cluster uses (see [`InUse`]): asked now, and again at each
+    /// rebuild of the index (every resync).
+    pub fn set_in_use(&self, f: InUse) {
+        self.state.lock().in_use = Some(f);
+        self.rebuild();
+    }
+
+    /// The addresses in use that no block object covers.
+    fn reserved(in_use: &InUse, blocks: &[Arc<IpamBlock>]) -> AddrSet {
+        let mut out = in_use();
+        for b in blocks {
+            if out.is_empty() {
+                break;
+            }
+            let (fam, run) = span(&b.cidr);
+            out.remove_run(fam, run);
+        }
+        out
     }
 
     /// How many times the pools were replaced ([`Self::set_pools`]): a block's usable
@@ -937,6 +996,32 @@ mod tests {
             1,
         );
         (store, src)
+    }
+
+    /// Addresses the cluster uses outside every block (a pod's podIP after the block
+    /// objects were lost, a cluster adopted with addresses): their blocks are never granted,
+    /// from the next rebuild on; one a block object covers takes nothing more.
+    #[tokio::test(start_paused = true)]
+    async fn blocks_holding_addresses_in_use_are_never_granted() {
+        let (_store, src) = source_on_a_24();
+        let n: NodeName = "n".into();
+        let own = src.allocate(&n, Family::V4, 16).await.unwrap();
+        let inside = own.first(Family::V4).unwrap();
+        let outside: std::net::IpAddr = if own.contains(&"10.0.0.200".parse().unwrap()) {
+            "10.0.0.5".parse().unwrap()
+        } else {
+            "10.0.0.200".parse().unwrap()
+        };
+        let free_before = src.quota().v4.free;
+        src.set_in_use(Arc::new(move || AddrSet::from_iter([inside, outside])));
+        assert_eq!(src.quota().v4.free, free_before - 16, "one block taken out");
+        let mut granted = AddrSet::new();
+        while let Ok(got) = src.allocate(&n, Family::V4, 16).await {
+            granted.union_with(&got);
+        }
+        assert!(!granted.is_empty());
+        assert!(!granted.contains(&outside), "{outside} granted over");
+        assert_eq!(src.quota().v4.free, 0);
     }
 
     #[tokio::test(start_paused = true)]

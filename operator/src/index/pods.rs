@@ -88,6 +88,11 @@ impl PodIndex {
         touched
     }
 
+    /// The addresses live pods hold (no block holding one may be granted to another node).
+    pub fn live_ips(&self) -> tidepool_ipam::AddrSet {
+        self.state.read().live_ips()
+    }
+
     /// True once the first relist is complete (the operator's readiness).
     pub fn ready(&self) -> bool {
         self.state.read().ready

@@ -271,6 +271,16 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
         tracing::warn!("no valid IPPool: nothing can be granted until one exists (then restart)");
     }
     let source = ClusterPoolSource::new(parts.store.clone(), &families, configs, s.seed);
+    // live pods' podIPs and every `status.used` entry: no block over them is granted
+    // (a cluster adopted with addresses, block objects lost with their CRD)
+    let (pods, store) = (parts.pods.clone(), parts.store.clone());
+    source.set_in_use(Arc::new(move || {
+        let mut in_use = pods.live_ips();
+        for n in tidepool_ipam::BlockStore::list_nodes(&store) {
+            in_use.extend(n.node.used.keys().copied());
+        }
+        in_use
+    }));
     for (pool, v) in source.validity() {
         if let Err(e) = v {
             tracing::warn!(%pool, error = %e, "IPPool invalid; the other pools work");

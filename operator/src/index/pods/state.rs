@@ -186,6 +186,12 @@ impl State {
             .filter(|p| !p.phase.is_terminal())
     }
 
+    /// The addresses of every pod that is not terminal (`status.podIPs`).
+    pub fn live_ips(&self) -> tidepool_ipam::AddrSet {
+        let live = self.pods.values().filter(|r| !r.info.phase.is_terminal());
+        live.flat_map(|r| r.info.ips.iter()).collect()
+    }
+
     pub fn pending(&self, node: &str) -> Vec<PodUid> {
         let waiting = self.live_on(node).filter(|p| p.ips.is_empty());
         waiting.map(|p| p.uid).collect()
