@@ -812,3 +812,61 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// IPPool status shows capacity, allocated and free per family; a pool overlapping an older
+/// one gets `Valid=False` with the reason and a warning event, while the other pool serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_status_and_an_overlapping_pool() {
+    let (server, admin) = cluster().await;
+    let pool = |name: &str, cidr: &str| {
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": name},
+            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
+        })
+    };
+    create(&admin, pool("default", "10.90.0.0/24")).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // a later creationTimestamp
+    create(&admin, pool("late", "10.90.0.0/25")).await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    let st = eventually(Duration::from_secs(20), "the default pool's usage", || {
+        let pools = pools.clone();
+        async move {
+            let st = pools.get("default").await.ok()?.status?;
+            let v4 = st.ipv4.clone()?;
+            (v4.allocated != "0").then_some(st)
+        }
+    })
+    .await;
+    let v4 = st.ipv4.unwrap();
+    // 16 blocks of 16, less the network and broadcast addresses; one block granted
+    assert_eq!((v4.capacity.as_str(), v4.allocated.as_str()), ("254", "16"));
+    assert_eq!(v4.free, "238");
+    assert!(st.ipv6.is_none());
+    assert_eq!(st.conditions[0].status, "True");
+    let late = eventually(Duration::from_secs(20), "the late pool invalid", || {
+        let pools = pools.clone();
+        async move { pools.get("late").await.ok()?.status }
+    })
+    .await;
+    let c = &late.conditions[0];
+    assert_eq!((c.type_.as_str(), c.status.as_str()), ("Valid", "False"));
+    assert!(c.message.contains("default"), "{}", c.message);
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(Duration::from_secs(20), "an InvalidPool event", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("InvalidPool"))
+                .then_some(())
+        }
+    })
+    .await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

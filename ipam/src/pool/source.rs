@@ -293,6 +293,30 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             .collect()
     }
 
+    /// Each pool's usable addresses per family (capacity, allocated, free; None for a
+    /// family it does not serve) with its validity: what IPPool status shows.
+    pub fn usage(
+        &self,
+    ) -> Vec<(
+        String,
+        PerFamily<Option<super::AddressCounts>>,
+        Result<(), PoolError>,
+    )> {
+        let s = self.state.lock();
+        s.pools
+            .validity()
+            .map(|(name, valid)| {
+                let index = s.pools.get(name).ok();
+                let counts = |f| index.and_then(|p| p.family(f)).map(|fi| fi.addresses());
+                let per = PerFamily {
+                    v4: counts(Family::V4),
+                    v6: counts(Family::V6),
+                };
+                (name.to_string(), per, valid.map_err(Clone::clone))
+            })
+            .collect()
+    }
+
     /// IPAMNode `spec.pools` of one node and family (None: chosen by selector or default).
     pub fn set_node_pool(&self, node: &NodeName, family: Family, pool: Option<String>) {
         let mut s = self.state.lock();

@@ -9,6 +9,7 @@
 //! events of their node, IPAMNodes and blocks as store events, IPPools as pool changes.
 
 mod health;
+mod pool_status;
 mod pools;
 
 use std::collections::{HashMap, HashSet};
@@ -99,7 +100,7 @@ pub async fn run(
         std::num::NonZeroU32::new(100).expect("nonzero"),
     );
     let parts = Parts {
-        store: KubeStore::new(client.clone(), events),
+        store: KubeStore::new(client.clone(), events.clone()),
         pods: PodIndex::new(client.clone()),
         nodes: NodeIndex::new(s.node_selector.clone()),
         pools: Arc::default(),
@@ -118,10 +119,17 @@ pub async fn run(
         tracing::info!(families = ?engine.families, "synced; the engine runs");
         let deferred = tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone()));
         let counts = tokio::spawn(refresh_counts(parts.store.clone()));
+        let pool_status = tokio::spawn(pool_status::keep_written(
+            Api::all(client.clone()),
+            engine.source.clone(),
+            events.clone(),
+            Duration::from_secs(2).min(s.engine.resync_interval),
+        ));
         shutdown.await;
         ready.set(false);
         deferred.abort();
         counts.abort();
+        pool_status.abort();
         engine.manager.shutdown();
         Ok(())
     }

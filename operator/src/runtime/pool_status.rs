@@ -1,0 +1,157 @@
+//! IPPool status: capacity, allocated and free addresses per family (strings: an IPv6 pool
+//! counts past 2^64) and the `Valid` condition, written by the operator when they change;
+//! a pool turning invalid (overlapping an older pool, a bad block size) also gets a warning
+//! event, while the other pools go on working.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+use tidepool_api as api;
+use tidepool_api::names::{GROUP, OPERATOR_MANAGER, VERSION, condition};
+use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
+use tidepool_ipam::{EventType, PerFamily};
+
+use crate::store::{Events, KubeStore};
+
+/// What one pool's status says, as written.
+#[derive(Debug, Clone, PartialEq)]
+struct Shown {
+    usage: PerFamily<Option<AddressCounts>>,
+    valid: Result<(), String>,
+    since: String,
+}
+
+/// The status apply body of one pool.
+fn body(name: &str, s: &Shown) -> Value {
+    let usage = |c: &Option<AddressCounts>| {
+        c.map(|c| {
+            json!({
+                "capacity": c.capacity.to_string(),
+                "allocated": c.allocated.to_string(),
+                "free": c.free.to_string(),
+            })
+        })
+    };
+    let (status, reason, message) = match &s.valid {
+        Ok(()) => ("True", "Valid", String::new()),
+        Err(e) => ("False", "Invalid", e.clone()),
+    };
+    let mut st = json!({
+        "conditions": [{
+            "type": condition::VALID, "status": status, "reason": reason,
+            "message": message, "lastTransitionTime": s.since,
+        }],
+    });
+    if let Some(v4) = usage(&s.usage.v4) {
+        st["ipv4"] = v4;
+    }
+    if let Some(v6) = usage(&s.usage.v6) {
+        st["ipv6"] = v6;
+    }
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"), "kind": "IPPool",
+        "metadata": { "name": name },
+        "status": st,
+    })
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Every `every`, writes each pool's status that changed since it was last written.
+pub async fn keep_written(
+    pools: Api<api::IPPool>,
+    source: ClusterPoolSource<KubeStore>,
+    events: Events,
+    every: Duration,
+) {
+    let mut shown: HashMap<String, Shown> = HashMap::new();
+    loop {
+        for (name, usage, valid) in source.usage() {
+            let valid = valid.map_err(|e: PoolError| e.to_string());
+            let last = shown.get(&name);
+            let flipped = last.is_none_or(|l| l.valid.is_ok() != valid.is_ok());
+            let since = match last {
+                Some(l) if !flipped => l.since.clone(),
+                _ => now(),
+            };
+            let next = Shown {
+                usage,
+                valid,
+                since,
+            };
+            if last == Some(&next) {
+                continue;
+            }
+            if flipped && let Err(e) = &next.valid {
+                events.emit(
+                    "IPPool",
+                    &name,
+                    EventType::Warning,
+                    "InvalidPool",
+                    e.clone(),
+                );
+            }
+            let pp = PatchParams::apply(OPERATOR_MANAGER);
+            match pools
+                .patch_status(&name, &pp, &Patch::Apply(body(&name, &next)))
+                .await
+            {
+                Ok(_) => {
+                    shown.insert(name, next);
+                }
+                Err(e) => tracing::warn!(pool = %name, error = %e, "could not write IPPool status"),
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_counts_as_strings_and_says_why_a_pool_is_invalid() {
+        let c = AddressCounts {
+            capacity: 1 << 64,
+            allocated: 16,
+            free: (1 << 64) - 16,
+        };
+        let s = Shown {
+            usage: PerFamily {
+                v4: None,
+                v6: Some(c),
+            },
+            valid: Err("overlaps pool a".into()),
+            since: "2026-11-24T10:00:00Z".into(),
+        };
+        let b = body("p", &s);
+        assert_eq!(b["status"]["ipv6"]["capacity"], "18446744073709551616");
+        assert!(b["status"].get("ipv4").is_none());
+        let cond = &b["status"]["conditions"][0];
+        assert_eq!(
+            (cond["type"].as_str(), cond["status"].as_str()),
+            (Some("Valid"), Some("False"))
+        );
+        assert_eq!(cond["message"], "overlaps pool a");
+        // the body is an IPPool as the CRD has it
+        let typed: api::IPPool = serde_json::from_value(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "p"}, "spec": {"cidrs": ["fd00::/64"]},
+            "status": b["status"],
+        }))
+        .unwrap();
+        assert_eq!(
+            typed.status.unwrap().ipv6.unwrap().free,
+            "18446744073709551600"
+        );
+    }
+}
