@@ -870,3 +870,64 @@ async fn pool_status_and_an_overlapping_pool() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// A Node re-registered under its old name with a new UID: the old IPAMNode's whole-node
+/// reclaim runs first (its blocks given back, the object gone), then the new Node gets a
+/// fresh IPAMNode with its UID and blocks of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
+    let (server, admin) = cluster().await;
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.100.0.0/24"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    let old_uid = add_node(&admin, "node-a").await;
+    let s = Settings {
+        engine: EngineConfig {
+            node_reclaim_grace: Duration::from_millis(800),
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let first = eventually(Duration::from_secs(20), "the old Node's block", || {
+        let (blocks, old) = (blocks.clone(), old_uid.clone());
+        async move {
+            let l = blocks.list(&ListParams::default()).await.ok()?.items;
+            l.into_iter().find(|b| b.spec.node_uid == old)
+        }
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes.delete("node-a", &DeleteParams::default()).await.unwrap();
+    let new_uid = add_node(&admin, "node-a").await;
+    assert_ne!(old_uid, new_uid);
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    // the old incarnation's block goes; the IPAMNode comes back with the new UID and a block
+    let fresh = eventually(Duration::from_secs(20), "a fresh IPAMNode and block", || {
+        let (blocks, ipamnodes, old, new) =
+            (blocks.clone(), ipamnodes.clone(), old_uid.clone(), new_uid.clone());
+        async move {
+            let l = blocks.list(&ListParams::default()).await.ok()?.items;
+            let old_left = l.iter().any(|b| b.spec.node_uid == old);
+            let new_block = l.iter().any(|b| b.spec.node_uid == new);
+            let obj = ipamnodes.get_opt("node-a").await.ok()??;
+            (!old_left && new_block && obj.spec.node_uid == new).then_some(obj)
+        }
+    })
+    .await;
+    // the old block is gone, or granted anew to the new incarnation
+    let name = first.metadata.name.unwrap();
+    if let Some(b) = blocks.get_opt(&name).await.unwrap() {
+        assert_eq!(b.spec.node_uid, new_uid);
+    }
+    assert_eq!(fresh.spec.node_uid, new_uid);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
