@@ -905,22 +905,33 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
     })
     .await;
     let nodes: Api<Node> = Api::all(admin.clone());
-    nodes.delete("node-a", &DeleteParams::default()).await.unwrap();
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
     let new_uid = add_node(&admin, "node-a").await;
     assert_ne!(old_uid, new_uid);
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
     // the old incarnation's block goes; the IPAMNode comes back with the new UID and a block
-    let fresh = eventually(Duration::from_secs(20), "a fresh IPAMNode and block", || {
-        let (blocks, ipamnodes, old, new) =
-            (blocks.clone(), ipamnodes.clone(), old_uid.clone(), new_uid.clone());
-        async move {
-            let l = blocks.list(&ListParams::default()).await.ok()?.items;
-            let old_left = l.iter().any(|b| b.spec.node_uid == old);
-            let new_block = l.iter().any(|b| b.spec.node_uid == new);
-            let obj = ipamnodes.get_opt("node-a").await.ok()??;
-            (!old_left && new_block && obj.spec.node_uid == new).then_some(obj)
-        }
-    })
+    let fresh = eventually(
+        Duration::from_secs(20),
+        "a fresh IPAMNode and block",
+        || {
+            let (blocks, ipamnodes, old, new) = (
+                blocks.clone(),
+                ipamnodes.clone(),
+                old_uid.clone(),
+                new_uid.clone(),
+            );
+            async move {
+                let l = blocks.list(&ListParams::default()).await.ok()?.items;
+                let old_left = l.iter().any(|b| b.spec.node_uid == old);
+                let new_block = l.iter().any(|b| b.spec.node_uid == new);
+                let obj = ipamnodes.get_opt("node-a").await.ok()??;
+                (!old_left && new_block && obj.spec.node_uid == new).then_some(obj)
+            }
+        },
+    )
     .await;
     // the old block is gone, or granted anew to the new incarnation
     let name = first.metadata.name.unwrap();
@@ -928,6 +939,51 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
         assert_eq!(b.spec.node_uid, new_uid);
     }
     assert_eq!(fresh.spec.node_uid, new_uid);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// A node's `spec.pools` (a user's choice in its IPAMNode) wins over the `default` pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_spec_pools_choose_its_pool() {
+    let (server, admin) = cluster().await;
+    let pool = |name: &str, cidr: &str| {
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": name},
+            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
+        })
+    };
+    create(&admin, pool("default", "10.110.0.0/24")).await;
+    create(&admin, pool("gpu", "10.111.0.0/24")).await;
+    add_node(&admin, "node-a").await;
+    let uid = add_node(&admin, "node-b").await;
+    // node-b's IPAMNode exists before the operator starts, naming its pool
+    create(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": {"name": "node-b"},
+            "spec": {"nodeUID": uid, "pools": {"ipv4": "gpu"}},
+        }),
+    )
+    .await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let gpu: ipnet::IpNet = "10.111.0.0/24".parse().unwrap();
+    for (node, in_gpu) in [("node-a", false), ("node-b", true)] {
+        let a = eventually(Duration::from_secs(20), "a block", || {
+            let admin = admin.clone();
+            async move {
+                let (n, a) = blocks_of(&admin, node).await;
+                (n >= 1).then_some(a)
+            }
+        })
+        .await;
+        assert!(
+            a.iter().all(|x| gpu.contains(&x) == in_gpu),
+            "{node}: {a:?}"
+        );
+    }
     stop.send(()).unwrap();
     task.await.unwrap();
 }

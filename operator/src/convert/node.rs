@@ -31,6 +31,9 @@ pub struct NodeView {
     pub terminating: bool,
     /// `status.allocated` as last written.
     pub allocated: Option<u64>,
+    /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
+    /// `default`).
+    pub pools: tidepool_ipam::PerFamily<Option<String>>,
 }
 
 /// The engine's view of an IPAMNode, with what could not be read.
@@ -71,6 +74,10 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             .as_ref()
             .and_then(|s| s.allocated)
             .and_then(|a| u64::try_from(a).ok()),
+        pools: tidepool_ipam::PerFamily {
+            v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
+            v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),
+        },
     };
     (view, r.finish())
 }

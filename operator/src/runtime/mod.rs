@@ -111,6 +111,9 @@ pub async fn run(
     let result = async {
         wait_synced(&parts, s.sync_timeout).await?;
         let engine = start_engine(&parts, &s)?;
+        for n in tidepool_ipam::BlockStore::list_nodes(&parts.store) {
+            parts.set_node_pools(&engine, &n.name);
+        }
         *parts.engine.lock() = Some(engine.clone());
         let backlog = std::mem::take(&mut *parts.backlog.lock());
         apply_node_changes(&engine, &parts.nodes, backlog);
@@ -195,8 +198,19 @@ impl Parts {
         }
         if let Some(e) = self.engine.lock().as_ref() {
             for ev in &applied.events {
+                if ev.kind == tidepool_ipam::ObjectKind::IpamNode && !ev.deleted {
+                    self.set_node_pools(e, &ev.name);
+                }
                 e.manager.on_store_event(ev);
             }
+        }
+    }
+
+    /// A user's `spec.pools` of an IPAMNode, told to the source before the node's pass.
+    fn set_node_pools(&self, e: &Engine, node: &NodeName) {
+        if let Some(p) = self.store.node_pools(node) {
+            e.source.set_node_pool(node, Family::V4, p.v4);
+            e.source.set_node_pool(node, Family::V6, p.v6);
         }
     }
 }

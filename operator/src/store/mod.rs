@@ -135,6 +135,11 @@ impl KubeStore {
         self.cache.write().apply_block_event(ev)
     }
 
+    /// The pools a user set for the node in its IPAMNode (`spec.pools`).
+    pub fn node_pools(&self, name: &str) -> Option<tidepool_ipam::PerFamily<Option<String>>> {
+        self.cache.read().node(name).map(|v| v.pools.clone())
+    }
+
     /// Both watches have completed their first list.
     pub fn ready(&self) -> (bool, bool) {
         let c = self.cache.read();
