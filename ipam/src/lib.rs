@@ -37,7 +37,8 @@ mod watermarks;
 pub use addrs::{AddrMap, AddrSet};
 pub use backoff::BackoffConfig;
 pub use budget::{
-    Api, Budget, Priority, PriorityCell, SchedulingMode, TokioGovernorClock, TokioInstant,
+    Admitted, Api, Budget, Pass, Priority, PriorityCell, SchedulingMode, TokioGovernorClock,
+    TokioInstant,
 };
 pub use clock::{Clock, TokioClock};
 pub use config::EngineConfig;
