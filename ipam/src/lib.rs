@@ -49,7 +49,7 @@ pub use pods::{
     FnPods, MemoryPodView, PodCache, PodChanges, PodInfo, PodIps, PodPhase, PodView, Since,
 };
 pub use reclaim::ReclaimConfig;
-pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
+pub use source::{Faults, Gate, Holdings, IpSource, MemorySource, Quota, SourceHook, Ungated};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{
     BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer,

@@ -17,7 +17,7 @@ use crate::plan::{self, Blocked, NodeMemory, Snapshot};
 use crate::pods::PodView;
 use crate::reclaim::candidate_reason;
 use crate::shared::{NodeHandle, Shared};
-use crate::source::IpSource;
+use crate::source::{Gate, IpSource};
 use crate::store::{EventType, NodeStore};
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{
@@ -454,7 +454,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     if !plan.release_now.is_empty()
         && source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await
     {
-        match source_release(shared, h, &plan.release_now).await {
+        match source_release(
+            shared,
+            h,
+            &plan.release_now,
+            &mut requests(shared, h, local),
+        )
+        .await
+        {
             Ok(()) => {
                 handshake::released(fields.to_mut(), &plan.release_now);
                 freed = true;
@@ -489,7 +496,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         if !source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await {
             break;
         }
-        match source_allocate(shared, h, c.family, n).await {
+        match source_allocate(shared, h, c.family, n, &mut requests(shared, h, local)).await {
             Ok(addrs) => {
                 // The source had less than the claim: look again at once, so a node still
                 // short is seen exhausted (blocked, parked) now, not at the next resync.
@@ -528,9 +535,12 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             mark = AddrSet::new();
         }
         if !mark.is_empty() || !withdraw.is_empty() {
-            kube_pass(shared, h, local).call().await;
             let r = if shared.is_leader() {
-                shared.source.set_marks(&h.name, &mark, &withdraw).await
+                let mut gate = requests(shared, h, local);
+                shared
+                    .source
+                    .set_marks_gated(&h.name, &mark, &withdraw, &mut gate)
+                    .await
             } else {
                 Err(IpamError::NotLeader)
             };
@@ -675,8 +685,7 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
 ) -> bool {
     if shared.source.api() == Api::Kube {
         // API server writes: the pass's one place in the kube budget's queue (see
-        // `pass_once`), taken already, covers them.
-        kube_pass(shared, h, local).call().await;
+        // `pass_once`), taken already, admits each of the call's requests.
         return true;
     }
     let got = match (&mut local.ticket, pending) {
@@ -720,17 +729,58 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
     got
 }
 
+/// Admits a source call's API requests in a pass: for a source whose requests are API
+/// server writes, each takes a token of the pass's kube place (a claim of k blocks is k
+/// writes); otherwise the call's one token was taken from the source budget already. Each
+/// request checks the lead after its wait.
+struct Requests<'a> {
+    kube: Option<&'a mut Pass>,
+    leader: &'a tokio::sync::watch::Receiver<bool>,
+}
+
+fn requests<'a, S: IpSource, N: NodeStore, P: PodView>(
+    shared: &'a Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &'a mut Local,
+) -> Requests<'a> {
+    let kube = match shared.source.api() {
+        Api::Kube => Some(kube_pass(shared, h, local)),
+        Api::Source => None,
+    };
+    Requests {
+        kube,
+        leader: &shared.leader,
+    }
+}
+
+impl Gate for Requests<'_> {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        if let Some(pass) = self.kube.as_deref_mut() {
+            pass.call().await;
+        }
+        if *self.leader.borrow() {
+            Ok(())
+        } else {
+            Err(IpamError::NotLeader)
+        }
+    }
+}
+
 async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     family: Family,
     count: u64,
+    gate: &mut impl Gate,
 ) -> Result<AddrSet, IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.allocate(&h.name, family, count).await;
+    let r = shared
+        .source
+        .allocate_gated(&h.name, family, count, gate)
+        .await;
     let src = shared.source.name();
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "allocate", r.is_ok());
@@ -748,12 +798,13 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     addrs: &AddrSet,
+    gate: &mut impl Gate,
 ) -> Result<(), IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.release(&h.name, addrs).await;
+    let r = shared.source.release_gated(&h.name, addrs, gate).await;
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "release", r.is_ok());
     metrics::counter!(m::RELEASE_OPS_TOTAL, "source" => shared.source.name(), "outcome" => outcome)
@@ -863,11 +914,15 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     let mut kube = shared.kube_budget.pass(h.priority.clone());
     let truth = shared.source.describe(&h.name).await?;
     if !truth.is_empty() {
-        match shared.source.api() {
-            Api::Kube => kube.call().await,
-            Api::Source => shared.source_budget.acquire(&h.priority).await,
+        let kube_writes = shared.source.api() == Api::Kube;
+        if !kube_writes {
+            shared.source_budget.acquire(&h.priority).await;
         }
-        let r = source_release(shared, h, &truth).await;
+        let mut gate = Requests {
+            kube: kube_writes.then_some(&mut kube),
+            leader: &shared.leader,
+        };
+        let r = source_release(shared, h, &truth, &mut gate).await;
         // Also after a failure: the call may have taken effect with its reply lost, and
         // the retry then finds nothing to release (a spurious wake-up costs parked nodes
         // one cheap pass; a lost one strands them).

@@ -46,15 +46,16 @@ fn record_writes(w: &World<Pool>) -> Writes {
     log
 }
 
-/// One write per second (burst 1). n1 is admitted first (the free token) and creates its
-/// block; n2 and n3, with ten pods waiting each, queue before n1 asks for its IPAMNode
-/// write. That write needs no second place: it takes the next token, ahead of the
-/// higher-priority passes queued meanwhile, and each later pass writes its block and its
-/// IPAMNode back to back, one token per write. (Before, the IPAMNode write queued again,
-/// behind n2 and n3.)
+/// One write per second (burst 1), pre-allocate 20: every node claims two /28 blocks. n1
+/// is admitted first (the free token) and creates its first block; n2 and n3, with ten
+/// pods waiting each, queue before n1 asks for its second block and its IPAMNode write.
+/// Those need no second place: they take the next tokens, ahead of the higher-priority
+/// passes queued meanwhile, and each later pass writes its two blocks and its IPAMNode back
+/// to back, one token per write. (Before, the claim of two blocks took one token, and the
+/// IPAMNode write queued again, behind n2 and n3.)
 #[tokio::test(start_paused = true)]
 async fn a_pass_writes_on_one_place_in_the_kube_queue() {
-    let w = world(1.0, 1, 0);
+    let w = world(1.0, 1, 20);
     let writes = record_writes(&w);
     let n1 = w.add_node("n1");
     schedule_on(&w, &n1, 1);
@@ -72,9 +73,10 @@ async fn a_pass_writes_on_one_place_in_the_kube_queue() {
         .collect();
     let mut want = Vec::new();
     for (i, n) in ["n1", "n2", "n3"].into_iter().enumerate() {
-        let t = 2000 * i as u64;
+        let t = 3000 * i as u64;
         want.push((t, n.to_string(), ObjectKind::IpamBlock));
-        want.push((t + 1000, n.to_string(), ObjectKind::IpamNode));
+        want.push((t + 1000, n.to_string(), ObjectKind::IpamBlock));
+        want.push((t + 2000, n.to_string(), ObjectKind::IpamNode));
     }
     assert_eq!(got, want);
     assert_eq!(w.waiting(), 0);
