@@ -15,7 +15,7 @@
 //! sleeps on the bucket's next token time. When that time comes it takes the token and hands it
 //! to the waiter that ranks first *at that moment* (possibly itself), waking only that waiter.
 //! If the dispatcher itself leaves (admitted or dropped) it appoints the oldest remaining waiter
-//! and wakes only it. So each token costs at most two wake-ups, whatever the queue length.
+//! (that someone awaits: see "Passes") and wakes only it. So each token costs at most two wake-ups, whatever the queue length.
 //! The queue lives under one `parking_lot` mutex that is never held across an await.
 //!
 //! Ranking, [`SchedulingMode::Priority`]: priorities are read from each waiter's
@@ -41,6 +41,20 @@
 //! [`SchedulingMode::Fifo`] admits in arrival order and ignores priorities (Cilium's
 //! behaviour: its API limiter is a FIFO bucket), kept for comparison.
 //!
+//! # Passes: one place for a run of calls
+//!
+//! A maintenance pass may make several calls on one budget (cluster-pool: block creates,
+//! deletes and marks, then the IPAMNode apply, all API server writes). A [`Pass`] takes one
+//! place in the queue for all of them: the place is ranked as above; once admitted, the
+//! pass's first call uses the admission's token and each further call waits in the *pass
+//! lane*, which the dispatcher serves before any caller still waiting for admission (in the
+//! order the calls ask). So a pass never requeues behind others, holds no second place it
+//! could wait behind, and still pays one token per call at the bucket's rate; passes are
+//! admitted in the queue's order, each as a whole. A pass's wait for its place can be given
+//! up and taken up again ([`Pass::admitted`] is cancel-safe): the place keeps its rank and
+//! arrival time but is *parked* while nobody awaits it — never the dispatcher, so it stalls
+//! nobody; a token it is handed meanwhile waits for its next await.
+//!
 //! Cost: priority waiters sit in an ordered index by rank key, so an admission is O(log n)
 //! in either mode. A [`PriorityCell`] knows the priority-mode queues it waits in and tells them
 //! of each change; the next admission re-ranks just those waiters. (Before, each admission
@@ -48,9 +62,10 @@
 //! against FIFO's 10.3 ms, and simulate spent 70% of its time there at 80,000 nodes.)
 //! Measured: `benches/budget.rs` (BENCHMARKS.md, "Budget admission").
 //!
-//! Cancel safety: dropping an `acquire` future removes it from the queue. A dropped dispatcher
-//! appoints a successor; a waiter dropped after it was handed a token passes that token on to
-//! the best remaining waiter (if nobody is left waiting the token is simply not used).
+//! Cancel safety: dropping an `acquire` future removes it from the queue. A dropped (or
+//! parked) dispatcher appoints a successor, the oldest waiter someone awaits; a waiter (or an
+//! admitted [`Pass`]) dropped after it was handed a token passes that token on to the best
+//! remaining waiter (if nobody is left waiting the token is simply not used).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -305,13 +320,26 @@ struct Inner {
     queue: Mutex<Queue>,
 }
 
+/// Where a queued caller waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Callers waiting for admission ([`Budget::acquire`], a [`Pass`]'s place), ranked by the
+    /// scheduling mode.
+    Admission,
+    /// Further calls of an admitted [`Pass`]: served before every caller still waiting for
+    /// admission, in the order they ask.
+    Pass,
+}
+
 struct Waiter {
     prio: PriorityCell,
     /// Nanoseconds from `Inner::epoch` to the arrival.
     enqueued: u64,
-    waker: Waker,
-    /// Priority mode: the rank key the waiter is indexed under.
+    /// `None` while the place is parked (kept, but nobody awaits it).
+    waker: Option<Waker>,
+    /// Priority mode, admission lane: the rank key the waiter is indexed under.
     key: i64,
+    lane: Lane,
 }
 
 /// Rank key = boost − arrival (ns) = score − now; the largest wins, and it does not change
@@ -325,11 +353,17 @@ struct Queue {
     next_seq: u64,
     /// Waiters not yet admitted, by arrival sequence. Admission removes the entry.
     waiters: BTreeMap<u64, Waiter>,
-    /// Priority mode: the waiters best first, as (−key, seq): ties go to the earlier arrival.
+    /// Priority mode: the admission lane's waiters best first, as (−key, seq): ties go to
+    /// the earlier arrival.
     ranks: BTreeSet<(i64, u64)>,
+    /// The pass lane's waiters, in arrival order: they go before every admission waiter.
+    passes: BTreeSet<u64>,
+    /// Waiters someone awaits (not parked): the dispatcher is the oldest of them.
+    active: BTreeSet<u64>,
     /// Priority mode: places whose cells changed since they were ranked (see [`PriorityCell`]).
     rerank: Rerank,
-    /// The waiter that sleeps on the next token; `Some` iff `waiters` is non-empty.
+    /// The waiter that sleeps on the next token; `Some` iff `active` is non-empty. A parked
+    /// place is never the dispatcher: nobody polls it, so nobody would wake at the token.
     dispatcher: Option<u64>,
 }
 
@@ -340,27 +374,43 @@ impl Queue {
             next_seq: 0,
             waiters: BTreeMap::new(),
             ranks: BTreeSet::new(),
+            passes: BTreeSet::new(),
+            active: BTreeSet::new(),
             rerank: Rerank::default(),
             dispatcher: None,
         }
     }
 
-    /// Queues a new waiter and returns its place.
+    /// Queues a new admission waiter and returns its place.
+    #[cfg(test)]
     fn enqueue(&mut self, prio: &PriorityCell, enqueued: u64, waker: Waker) -> u64 {
+        self.enqueue_in(Lane::Admission, prio, enqueued, waker)
+    }
+
+    /// Queues a new waiter in `lane` and returns its place.
+    fn enqueue_in(&mut self, lane: Lane, prio: &PriorityCell, enqueued: u64, waker: Waker) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut key = 0;
-        if self.mode == SchedulingMode::Priority {
-            key = rank_key(prio.join(&self.rerank, seq), enqueued);
-            self.ranks.insert((-key, seq));
+        match lane {
+            Lane::Admission if self.mode == SchedulingMode::Priority => {
+                key = rank_key(prio.join(&self.rerank, seq), enqueued);
+                self.ranks.insert((-key, seq));
+            }
+            Lane::Admission => {}
+            Lane::Pass => {
+                self.passes.insert(seq);
+            }
         }
         let waiter = Waiter {
             prio: prio.clone(),
             enqueued,
-            waker,
+            waker: Some(waker),
             key,
+            lane,
         };
         self.waiters.insert(seq, waiter);
+        self.active.insert(seq);
         self.dispatcher.get_or_insert(seq);
         seq
     }
@@ -368,16 +418,27 @@ impl Queue {
     /// Takes `seq` out of the queue (not the dispatcher role: see [`Queue::after_removal`]).
     fn remove(&mut self, seq: u64) -> Option<Waiter> {
         let w = self.waiters.remove(&seq)?;
-        if self.mode == SchedulingMode::Priority {
-            self.ranks.remove(&(-w.key, seq));
-            w.prio.leave(&self.rerank, seq);
+        self.active.remove(&seq);
+        match w.lane {
+            Lane::Admission if self.mode == SchedulingMode::Priority => {
+                self.ranks.remove(&(-w.key, seq));
+                w.prio.leave(&self.rerank, seq);
+            }
+            Lane::Admission => {}
+            Lane::Pass => {
+                self.passes.remove(&seq);
+            }
         }
         Some(w)
     }
 
     /// The waiter to admit now: O(log n) plus the priority changes since the last pick.
     fn best(&mut self) -> Option<u64> {
+        if let Some(&seq) = self.passes.first() {
+            return Some(seq);
+        }
         match self.mode {
+            // no pass-lane waiter: the first waiter is the earliest admission waiter
             SchedulingMode::Fifo => self.waiters.keys().next().copied(),
             SchedulingMode::Priority => {
                 self.apply_reranks();
@@ -403,22 +464,63 @@ impl Queue {
     }
 
     /// Admits `seq` (removes it from the queue) and pushes the wakers to call once the lock is
-    /// released: the admitted waiter's and, if it was the dispatcher, its successor's.
+    /// released: the admitted waiter's (unless it is parked: its owner finds the token when it
+    /// awaits the place again) and, if it was the dispatcher, its successor's.
     fn admit(&mut self, seq: u64, wake: &mut Vec<Waker>) {
-        if let Some(w) = self.remove(seq) {
-            wake.push(w.waker);
+        if let Some(w) = self.remove(seq)
+            && let Some(waker) = w.waker
+        {
+            wake.push(waker);
         }
         self.after_removal(seq, wake);
     }
 
-    /// Keeps the dispatcher invariant after `seq` left the queue.
+    /// Keeps the dispatcher invariant after `seq` left the queue or was parked.
     fn after_removal(&mut self, seq: u64, wake: &mut Vec<Waker>) {
         if self.dispatcher == Some(seq) {
-            self.dispatcher = self.waiters.keys().next().copied();
-            if let Some(next) = self.dispatcher {
-                wake.push(self.waiters[&next].waker.clone());
+            self.dispatcher = self.active.first().copied();
+            if let Some(next) = self.dispatcher
+                && let Some(waker) = &self.waiters[&next].waker
+            {
+                wake.push(waker.clone());
             }
         }
+    }
+
+    /// A token handed to a waiter that will not use it goes to the best waiter left (if
+    /// nobody is left waiting the token is simply not used).
+    fn hand_on(&mut self, wake: &mut Vec<Waker>) {
+        if let Some(next) = self.best() {
+            self.admit(next, wake);
+        }
+    }
+
+    /// Nobody awaits `seq` for now: it keeps its place and rank, and may be admitted
+    /// meanwhile, but gives up the dispatcher role.
+    fn park(&mut self, seq: u64, wake: &mut Vec<Waker>) {
+        let Some(w) = self.waiters.get_mut(&seq) else {
+            return;
+        };
+        w.waker = None;
+        self.active.remove(&seq);
+        self.after_removal(seq, wake);
+    }
+
+    /// `seq` is awaited (again) with `waker`. False when it is no longer queued: it was
+    /// admitted.
+    fn awaited(&mut self, seq: u64, waker: &Waker) -> bool {
+        let Some(w) = self.waiters.get_mut(&seq) else {
+            return false;
+        };
+        match &mut w.waker {
+            Some(old) => old.clone_from(waker),
+            None => {
+                w.waker = Some(waker.clone());
+                self.active.insert(seq);
+                self.dispatcher.get_or_insert(seq);
+            }
+        }
+        true
     }
 }
 
@@ -472,9 +574,6 @@ impl Budget {
         }))
     }
 
-    /// Waits for one call's token. `prio` is read at each admission decision while waiting.
-    ///
-    /// Cancel-safe: a dropped future leaves the queue without losing a token for others.
     /// Takes a token only if one is free now and nobody is waiting (it never queues).
     pub fn try_acquire(&self) -> bool {
         let ok = match &self.0.limiter {
@@ -485,8 +584,7 @@ impl Budget {
             }
         };
         if ok {
-            metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str())
-                .record(0.0);
+            self.record(Duration::ZERO);
         }
         ok
     }
@@ -498,26 +596,44 @@ impl Budget {
         async move { budget.acquire(&prio).await }
     }
 
+    /// Waits for one call's token. `prio` is read at each admission decision while waiting.
+    ///
+    /// Cancel-safe: a dropped future leaves the queue without losing a token for others.
     pub async fn acquire(&self, prio: &PriorityCell) {
+        self.acquire_in(Lane::Admission, prio).await;
+    }
+
+    async fn acquire_in(&self, lane: Lane, prio: &PriorityCell) {
         let start = Instant::now();
         if self.0.limiter.is_some() {
             let mut wait = Wait {
                 inner: &self.0,
                 prio,
-                seq: None,
-                done: false,
-                sleep: None,
+                lane,
+                at: Place::default(),
             };
             std::future::poll_fn(|cx| wait.poll(cx)).await;
         }
-        metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str()).record(
-            Instant::now()
-                .saturating_duration_since(start)
-                .as_secs_f64(),
-        );
+        self.record(Instant::now().saturating_duration_since(start));
     }
 
-    /// How many callers are queued and not yet admitted.
+    /// A [`Pass`] on this budget for a caller of priority `prio`: one place in the queue for
+    /// a run of calls. It joins the queue when first awaited.
+    pub fn pass(&self, prio: PriorityCell) -> Pass {
+        Pass {
+            budget: self.clone(),
+            prio,
+            state: PassState::Queued(Place::default()),
+            asked: None,
+        }
+    }
+
+    fn record(&self, wait: Duration) {
+        metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str())
+            .record(wait.as_secs_f64());
+    }
+
+    /// How many callers are queued and not yet admitted (parked places included).
     pub fn waiting(&self) -> usize {
         self.0.queue.lock().waiters.len()
     }
@@ -544,50 +660,58 @@ impl fmt::Debug for Budget {
     }
 }
 
-/// State of one `acquire` call; its `Drop` keeps the queue consistent on cancellation.
-struct Wait<'a> {
-    inner: &'a Inner,
-    prio: &'a PriorityCell,
-    /// Queue position, once enqueued.
+/// A caller's place in a queue between polls.
+#[derive(Default)]
+struct Place {
+    /// Queue position, while queued (`None` before the first poll and once admitted).
     seq: Option<u64>,
-    /// Admitted and returned.
-    done: bool,
     /// The dispatcher's timer (kept across polls).
     sleep: Option<Pin<Box<Sleep>>>,
 }
 
-impl Wait<'_> {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let limiter = self.inner.limiter.as_ref().expect("limited budget");
+impl Inner {
+    /// Polls `at`'s admission (joining the queue on the first poll). Ready once admitted,
+    /// with `at.seq` cleared.
+    fn poll_place(
+        &self,
+        at: &mut Place,
+        lane: Lane,
+        prio: &PriorityCell,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let Some(limiter) = self.limiter.as_ref() else {
+            return Poll::Ready(());
+        };
         loop {
             let mut wake = Vec::new();
             let deadline = {
-                let mut q = self.inner.queue.lock();
-                let seq = match self.seq {
+                let mut q = self.queue.lock();
+                let seq = match at.seq {
                     None => {
-                        if q.waiters.is_empty() && limiter.check().is_ok() {
-                            self.done = true;
+                        // a free token goes at once to a caller nobody ranks before
+                        let ahead = match lane {
+                            Lane::Admission => !q.waiters.is_empty(),
+                            Lane::Pass => !q.passes.is_empty(),
+                        };
+                        if !ahead && limiter.check().is_ok() {
                             return Poll::Ready(());
                         }
                         // Read under the lock, so arrival times never decrease with `seq`.
                         let enqueued = Instant::now()
-                            .saturating_duration_since(self.inner.epoch)
+                            .saturating_duration_since(self.epoch)
                             .as_nanos() as u64;
-                        let seq = q.enqueue(self.prio, enqueued, cx.waker().clone());
-                        self.seq = Some(seq);
+                        let seq = q.enqueue_in(lane, prio, enqueued, cx.waker().clone());
+                        at.seq = Some(seq);
                         seq
                     }
-                    Some(seq) => match q.waiters.get_mut(&seq) {
-                        // Gone from the queue: we were admitted.
-                        None => {
-                            self.done = true;
+                    Some(seq) => {
+                        if !q.awaited(seq, cx.waker()) {
+                            // Gone from the queue: we were admitted.
+                            at.seq = None;
                             return Poll::Ready(());
                         }
-                        Some(w) => {
-                            w.waker.clone_from(cx.waker());
-                            seq
-                        }
-                    },
+                        seq
+                    }
                 };
                 if q.dispatcher != Some(seq) {
                     return Poll::Pending;
@@ -601,7 +725,7 @@ impl Wait<'_> {
                                 // Admit ourselves: no wake-up for us, one for our successor.
                                 q.remove(seq);
                                 q.after_removal(seq, &mut wake);
-                                self.done = true;
+                                at.seq = None;
                                 drop(q);
                                 wake.into_iter().for_each(Waker::wake);
                                 return Poll::Ready(());
@@ -613,7 +737,7 @@ impl Wait<'_> {
                 }
             };
             wake.into_iter().for_each(Waker::wake);
-            let sleep = self
+            let sleep = at
                 .sleep
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
             if sleep.deadline() != deadline || sleep.is_elapsed() {
@@ -624,26 +748,182 @@ impl Wait<'_> {
             }
         }
     }
+
+    /// Gives `at` up: it leaves the queue, passing the dispatcher role on if it held it; a
+    /// token it was handed but never used goes to the best waiter left.
+    fn leave(&self, at: &mut Place) {
+        let Some(seq) = at.seq.take() else { return };
+        let mut wake = Vec::new();
+        {
+            let mut q = self.queue.lock();
+            if q.remove(seq).is_some() {
+                q.after_removal(seq, &mut wake);
+            } else {
+                q.hand_on(&mut wake);
+            }
+        }
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Nobody awaits `at` for now (see [`Queue::park`]).
+    fn park(&self, at: &Place) {
+        let Some(seq) = at.seq else { return };
+        let mut wake = Vec::new();
+        self.queue.lock().park(seq, &mut wake);
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// An admitted caller did not use its token: it goes to the best waiter.
+    fn hand_on(&self) {
+        if self.limiter.is_none() {
+            return;
+        }
+        let mut wake = Vec::new();
+        self.queue.lock().hand_on(&mut wake);
+        wake.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// State of one `acquire` call; its `Drop` keeps the queue consistent on cancellation.
+struct Wait<'a> {
+    inner: &'a Inner,
+    prio: &'a PriorityCell,
+    lane: Lane,
+    at: Place,
+}
+
+impl Wait<'_> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner
+            .poll_place(&mut self.at, self.lane, self.prio, cx)
+    }
 }
 
 impl Drop for Wait<'_> {
     fn drop(&mut self) {
-        let Some(seq) = self.seq else { return };
-        if self.done {
-            return;
+        self.inner.leave(&mut self.at);
+    }
+}
+
+/// One place in a budget's queue for a run of calls (a maintenance pass's writes), from
+/// [`Budget::pass`].
+///
+/// The place is ranked like any [`Budget::acquire`] (priority read at each admission, with
+/// aging; or arrival order in FIFO mode). When it comes up, the pass is *admitted* with one
+/// token, which its first [`Pass::call`] uses; each further call takes a token of its own in
+/// the *pass lane*, served before every caller still waiting for admission, so an admitted
+/// pass never queues behind others again, and never behind itself: it holds no other place.
+/// N calls cost N tokens, at the bucket's rate, and the queue's order is the order in which
+/// passes are admitted.
+///
+/// Waiting for the place can be given up and taken up again: dropping the
+/// [`Pass::admitted`] future keeps the place (its rank and arrival time) but *parks* it —
+/// while nobody awaits it, it is never the dispatcher, so it stalls nobody; if it ranks
+/// first meanwhile it is handed the token, which the next await finds. Dropping the `Pass`
+/// leaves the queue; a token it was handed and did not use goes to the best waiter left.
+pub struct Pass {
+    budget: Budget,
+    prio: PriorityCell,
+    state: PassState,
+    /// When the place was first awaited (the wait histogram's start).
+    asked: Option<Instant>,
+}
+
+enum PassState {
+    /// Not admitted yet (queued once first awaited, possibly parked).
+    Queued(Place),
+    /// Admitted; the admission's token is not used yet.
+    Admitted,
+    /// Admitted and the admission's token used: further calls take the pass lane.
+    Open,
+}
+
+impl Pass {
+    /// Whether the place came up.
+    pub fn is_admitted(&self) -> bool {
+        !matches!(self.state, PassState::Queued(_))
+    }
+
+    /// Waits until the place comes up. Cancel-safe: dropping the future keeps the place,
+    /// parked (see [`Pass`]).
+    pub fn admitted(&mut self) -> Admitted<'_> {
+        Admitted { pass: self }
+    }
+
+    /// One call's token: the admission's for the first call (waiting for the place first if
+    /// need be, without interruption), a pass-lane token for each further one.
+    pub async fn call(&mut self) {
+        self.admitted().await;
+        match self.state {
+            PassState::Admitted => self.state = PassState::Open,
+            PassState::Open => self.budget.acquire_in(Lane::Pass, &self.prio).await,
+            PassState::Queued(_) => unreachable!("admitted above"),
         }
-        let mut wake = Vec::new();
+    }
+}
+
+impl fmt::Debug for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            PassState::Queued(_) => "queued",
+            PassState::Admitted => "admitted",
+            PassState::Open => "open",
+        };
+        f.debug_struct("Pass")
+            .field("api", &self.budget.api())
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        match &mut self.state {
+            PassState::Queued(at) => self.budget.0.leave(at),
+            PassState::Admitted => self.budget.0.hand_on(),
+            PassState::Open => {}
+        }
+    }
+}
+
+/// The future of [`Pass::admitted`]; dropping it before the place comes up parks the place.
+pub struct Admitted<'a> {
+    pass: &'a mut Pass,
+}
+
+impl Future for Admitted<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let pass = &mut *self.get_mut().pass;
+        let Pass {
+            budget,
+            prio,
+            state,
+            asked,
+        } = pass;
+        let PassState::Queued(at) = state else {
+            return Poll::Ready(());
+        };
+        let asked = *asked.get_or_insert_with(Instant::now);
+        if budget
+            .0
+            .poll_place(at, Lane::Admission, prio, cx)
+            .is_pending()
         {
-            let mut q = self.inner.queue.lock();
-            if q.remove(seq).is_some() {
-                // Still waiting: leave, and pass the dispatcher role on if we held it.
-                q.after_removal(seq, &mut wake);
-            } else if let Some(next) = q.best() {
-                // We were handed a token but never used it: it goes to the best waiter left.
-                q.admit(next, &mut wake);
-            }
+            return Poll::Pending;
         }
-        wake.into_iter().for_each(Waker::wake);
+        *state = PassState::Admitted;
+        budget.record(Instant::now().saturating_duration_since(asked));
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let PassState::Queued(at) = &self.pass.state {
+            self.pass.budget.0.park(at);
+        }
     }
 }
 
@@ -1229,5 +1509,194 @@ mod tests {
         let fut = b.acquire(&cell);
         fn is_send<T: Send>(_: &T) {}
         is_send(&fut);
+        let mut pass = b.pass(PriorityCell::default());
+        is_send(&pass.call());
+        is_send(&pass);
+    }
+
+    /// Runs `calls` calls of one pass, logging `(id, admission time since t0)` for each.
+    fn spawn_pass(
+        budget: &Budget,
+        cell: PriorityCell,
+        id: usize,
+        calls: usize,
+        t0: Instant,
+        log: &Rc<RefCell<Vec<(usize, Duration)>>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut pass = budget.pass(cell);
+        let log = log.clone();
+        tokio::task::spawn_local(async move {
+            for _ in 0..calls {
+                pass.call().await;
+                log.borrow_mut().push((id, t0.elapsed()));
+            }
+        })
+    }
+
+    /// A pass admitted first makes all of its calls before the passes queued behind it,
+    /// even those that outrank it, one token each at the bucket's rate; the passes behind
+    /// go in priority order (or arrival order in FIFO mode), each as a whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_takes_one_place_for_all_its_calls() {
+        for (mode, behind) in [
+            (SchedulingMode::Priority, [2, 2, 2, 1, 1]),
+            (SchedulingMode::Fifo, [1, 1, 2, 2, 2]),
+        ] {
+            local(async {
+                let budget = Budget::new(Api::Kube, 1.0, 1, mode).unwrap();
+                let t0 = Instant::now();
+                let log = Rc::default();
+                // the low-priority pass gets the free token, then asks for two more calls
+                // while an urgent pass (3 calls) and a quieter one (2 calls) queue
+                let first = spawn_pass(&budget, prio(0, 1), 0, 3, t0, &log);
+                settle().await;
+                let quiet = spawn_pass(&budget, prio(0, 5), 1, 2, t0, &log);
+                settle().await;
+                let urgent = spawn_pass(&budget, prio(9, 9), 2, 3, t0, &log);
+                for t in [first, quiet, urgent] {
+                    tokio::time::timeout(Duration::from_secs(60), t)
+                        .await
+                        .expect("a pass stalled")
+                        .unwrap();
+                }
+                let mut want = vec![(0, Duration::ZERO)];
+                want.extend(
+                    [0, 0]
+                        .into_iter()
+                        .chain(behind)
+                        .enumerate()
+                        .map(|(i, id)| (id, Duration::from_secs(i as u64 + 1))),
+                );
+                assert_eq!(*log.borrow(), want, "{mode:?}");
+                assert_eq!(budget.waiting(), 0);
+            })
+            .await;
+        }
+    }
+
+    /// A place whose wait was given up (its `admitted` future dropped) keeps its rank but is
+    /// not the dispatcher: the waiter behind it is served on time, the parked place is
+    /// handed the token it ranks first for, and finds it when it awaits again. (A kept
+    /// `acquire` future that nobody polls stalls the queue instead: it stays the dispatcher.)
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_place_stalls_nobody_and_keeps_its_rank() {
+        local(async {
+            let budget = Budget::new(Api::Kube, 1.0, 1, SchedulingMode::Priority).unwrap();
+            budget.acquire(&PriorityCell::default()).await;
+            let t0 = Instant::now();
+            let log = Rc::default();
+            let mut parked = budget.pass(prio(5, 5));
+            // waits 100 ms (the oldest waiter: the dispatcher), then stops waiting
+            let r = tokio::time::timeout(Duration::from_millis(100), parked.admitted()).await;
+            assert!(r.is_err() && !parked.is_admitted());
+            assert_eq!(budget.waiting(), 1);
+            let behind = spawn_acquire(&budget, prio(0, 1), 1, t0, &log);
+            let after = spawn_acquire(&budget, prio(0, 0), 2, t0, &log);
+            settle().await;
+            // the token at 1 s is the parked place's (it ranks first), the next two the
+            // others', on time though nobody polls the parked place
+            tokio::time::sleep(Duration::from_millis(3500)).await;
+            assert_eq!(
+                *log.borrow(),
+                vec![(1, Duration::from_secs(2)), (2, Duration::from_secs(3))]
+            );
+            behind.await.unwrap();
+            after.await.unwrap();
+            // admitted while parked: no wait now, and the pass's calls go on at the rate
+            let t = Instant::now();
+            parked.call().await;
+            assert_eq!(t.elapsed(), Duration::ZERO);
+            parked.call().await;
+            assert_eq!(t0.elapsed(), Duration::from_secs(4));
+        })
+        .await;
+    }
+
+    /// A place kept across waits that a pass then uses for several calls never waits
+    /// behind itself, whichever it was (dispatcher, parked, admitted while parked), and
+    /// callers queued behind it are served after its calls.
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_place_never_waits_behind_itself() {
+        local(async {
+            let budget = Budget::new(Api::Kube, 10.0, 1, SchedulingMode::Priority).unwrap();
+            budget.acquire(&PriorityCell::default()).await;
+            let t0 = Instant::now();
+            let log = Rc::default();
+            let mut pass = budget.pass(prio(0, 3));
+            // interrupted twice before its place comes up; others queue meanwhile
+            for _ in 0..2 {
+                let r = tokio::time::timeout(Duration::from_millis(30), pass.admitted()).await;
+                assert!(r.is_err());
+            }
+            let others: Vec<_> = (0..4)
+                .map(|i| spawn_acquire(&budget, prio(0, 1), i + 1, t0, &log))
+                .collect();
+            settle().await;
+            for _ in 0..3 {
+                tokio::time::timeout(Duration::from_secs(5), pass.call())
+                    .await
+                    .expect("the pass waited behind its own place");
+                log.borrow_mut().push((0, t0.elapsed()));
+            }
+            for t in others {
+                t.await.unwrap();
+            }
+            let ms = |m| Duration::from_millis(m);
+            assert_eq!(
+                *log.borrow(),
+                vec![
+                    (0, ms(100)),
+                    (0, ms(200)),
+                    (0, ms(300)),
+                    (1, ms(400)),
+                    (2, ms(500)),
+                    (3, ms(600)),
+                    (4, ms(700)),
+                ]
+            );
+        })
+        .await;
+    }
+
+    /// An admitted pass that makes no call hands its token to the best waiter at once;
+    /// dropping a queued pass leaves the queue.
+    #[tokio::test(start_paused = true)]
+    async fn an_unused_admission_goes_to_the_next_waiter() {
+        local(async {
+            let budget = Budget::new(Api::Kube, 1.0, 1, SchedulingMode::Priority).unwrap();
+            budget.acquire(&PriorityCell::default()).await;
+            let t0 = Instant::now();
+            let log = Rc::default();
+            let mut pass = budget.pass(prio(5, 5));
+            let mut gone = budget.pass(prio(9, 9));
+            let _ = tokio::time::timeout(Duration::from_millis(10), gone.admitted()).await;
+            let waiter = spawn_acquire(&budget, prio(0, 1), 1, t0, &log);
+            settle().await;
+            assert_eq!(budget.waiting(), 2);
+            drop(gone);
+            assert_eq!(budget.waiting(), 1);
+            pass.admitted().await;
+            assert_eq!(t0.elapsed(), Duration::from_secs(1));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            drop(pass);
+            waiter.await.unwrap();
+            assert_eq!(*log.borrow(), vec![(1, Duration::from_millis(1500))]);
+            // the token it used was the 1 s one: the next is due at 2 s
+            budget.acquire(&PriorityCell::default()).await;
+            assert_eq!(t0.elapsed(), Duration::from_secs(2));
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unlimited_pass_never_waits() {
+        let budget = Budget::unlimited(Api::Kube);
+        let mut pass = budget.pass(PriorityCell::default());
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            pass.call().await;
+        }
+        assert!(pass.is_admitted());
+        assert_eq!(t0.elapsed(), Duration::ZERO);
     }
 }

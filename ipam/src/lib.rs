@@ -37,7 +37,8 @@ mod watermarks;
 pub use addrs::{AddrMap, AddrSet};
 pub use backoff::BackoffConfig;
 pub use budget::{
-    Api, Budget, Priority, PriorityCell, SchedulingMode, TokioGovernorClock, TokioInstant,
+    Admitted, Api, Budget, Pass, Priority, PriorityCell, SchedulingMode, TokioGovernorClock,
+    TokioInstant,
 };
 pub use clock::{Clock, TokioClock};
 pub use config::EngineConfig;
@@ -50,7 +51,7 @@ pub use pods::{
 /// The reclaim-candidate rule (DESIGN.md "Reclaim"), for read-only reports
 /// (`tidepool-operator check`) that must judge `status.used` entries as the engine does.
 pub use reclaim::{ReclaimConfig, candidate_reason};
-pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
+pub use source::{Faults, Gate, Holdings, IpSource, MemorySource, Quota, SourceHook, Ungated};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{
     BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer,

@@ -10,14 +10,14 @@ use tokio::time::Instant;
 
 use crate::addrs::{AddrMap, AddrSet};
 use crate::backoff::{Backoff, Retry};
-use crate::budget::Api;
+use crate::budget::{Api, Pass};
 use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
 use crate::plan::{self, Blocked, NodeMemory, Snapshot};
 use crate::pods::PodView;
 use crate::reclaim::candidate_reason;
 use crate::shared::{NodeHandle, Shared};
-use crate::source::IpSource;
+use crate::source::{Gate, IpSource};
 use crate::store::{EventType, NodeStore};
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{
@@ -45,6 +45,11 @@ struct Local {
     /// budget's dispatcher role and stall every other node.
     ticket: Option<Ticket>,
     keep_ticket: bool,
+    /// This pass's place in the kube budget's queue: one for all of the pass's API server
+    /// writes ([`Pass`]). Kept to the next pass only when its wait was interrupted before
+    /// it was admitted (a source whose every call is a kube write: see [`kube_place`]).
+    kube: Option<Pass>,
+    keep_kube: bool,
 }
 
 type Ticket = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -79,6 +84,8 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         deadline: None,
         ticket: None,
         keep_ticket: false,
+        kube: None,
+        keep_kube: false,
     };
     let mut retry_at: Option<Instant> = None;
     while let Some(run) = rx.next().await {
@@ -98,10 +105,14 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         }
         retry_at = None;
         local.keep_ticket = false;
+        local.keep_kube = false;
         let result = pass(&shared, &h, &mut local).await;
         rx.finished(&run);
         if !local.keep_ticket || result.is_err() {
             local.ticket = None;
+        }
+        if !local.keep_kube || result.is_err() {
+            local.kube = None;
         }
         match result {
             Ok(Outcome::Finished) => {
@@ -168,6 +179,7 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
         // No mutating call while we do not lead; clocks restart with the next lead.
         local.seeded_epoch = 0;
         local.ticket = None;
+        local.kube = None;
         return Ok(Outcome::Idle(None));
     }
     let epoch = shared.leader_epoch.load(Ordering::Relaxed);
@@ -186,6 +198,7 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
         // Its calls wait in the queue afresh: a kept place nobody polls could hold the
         // budget's dispatcher role while they wait behind it.
         local.ticket = None;
+        local.kube = None;
         return node_deleted(shared, h, at).await;
     }
     let mut attempt = 0;
@@ -354,6 +367,29 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     }
     shared.publish(h, plan.summary);
 
+    // A source whose calls are API server writes (cluster-pool's block creates, deletes and
+    // marks): all of this pass's writes, the IPAMNode apply included, share one place in the
+    // kube budget's queue, taken before the first of them. While the node waits for it, it
+    // still sees new work and its deadline: then this pass writes nothing (and reports
+    // nothing), keeps the place, and the next pass plans again with the new work, and
+    // writes it all when the place comes up.
+    if shared.source.api() == Api::Kube {
+        let writes = !plan.release_now.is_empty()
+            || !plan.claims.is_empty()
+            || !plan.marks.is_empty()
+            || !plan.reclaim.ready.is_empty()
+            || changed(&fields)
+            || (held && fields.release != operator.release)
+            || stored.resource_version.is_none()
+            || stored.node_uid != info.uid;
+        if !writes {
+            local.kube = None;
+        } else if !kube_place(shared, h, local, plan.next_deadline).await {
+            local.deadline = plan.next_deadline;
+            return Ok(Outcome::Idle(plan.next_deadline));
+        }
+    }
+
     // Reclaim: tombstones the node side answered; groups observed twice, confirmed live.
     for (addr, ack) in &plan.answered_tombstones {
         if ack.outcome == ReclaimOutcome::Reclaimed {
@@ -418,7 +454,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     if !plan.release_now.is_empty()
         && source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await
     {
-        match source_release(shared, h, &plan.release_now).await {
+        match source_release(
+            shared,
+            h,
+            &plan.release_now,
+            &mut requests(shared, h, local),
+        )
+        .await
+        {
             Ok(()) => {
                 handshake::released(fields.to_mut(), &plan.release_now);
                 freed = true;
@@ -453,7 +496,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         if !source_token(shared, h, local, changed(&fields), deadline, &mut deferred).await {
             break;
         }
-        match source_allocate(shared, h, c.family, n).await {
+        match source_allocate(shared, h, c.family, n, &mut requests(shared, h, local)).await {
             Ok(addrs) => {
                 // The source had less than the claim: look again at once, so a node still
                 // short is seen exhausted (blocked, parked) now, not at the next resync.
@@ -492,9 +535,12 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             mark = AddrSet::new();
         }
         if !mark.is_empty() || !withdraw.is_empty() {
-            shared.kube_budget.acquire(&h.priority).await;
             let r = if shared.is_leader() {
-                shared.source.set_marks(&h.name, &mark, &withdraw).await
+                let mut gate = requests(shared, h, local);
+                shared
+                    .source
+                    .set_marks_gated(&h.name, &mark, &withdraw, &mut gate)
+                    .await
             } else {
                 Err(IpamError::NotLeader)
             };
@@ -509,7 +555,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     // (no resourceVersion: the IPAMNode does not exist yet, the operator creates it; another
     // Node UID: the operator adopts it)
     if (changed(&fields) || stored.resource_version.is_none() || stored.node_uid != info.uid)
-        && let Err(e) = write(shared, h, node, to_write(&fields)).await
+        && let Err(e) = write(
+            shared,
+            h,
+            kube_pass(shared, h, local),
+            node,
+            to_write(&fields),
+        )
+        .await
     {
         local.needs_describe |= repaired || fields.addresses != stored.operator.addresses;
         for (addr, t) in &fields.reclaim {
@@ -631,10 +684,8 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
     deferred: &mut bool,
 ) -> bool {
     if shared.source.api() == Api::Kube {
-        // The calls share the budget with this pass's own write: a place kept in its queue
-        // while the pass goes on to write would wait behind itself. Wait here instead (the
-        // API server's budget is a fast one).
-        shared.kube_budget.acquire(&h.priority).await;
+        // API server writes: the pass's one place in the kube budget's queue (see
+        // `pass_once`), taken already, admits each of the call's requests.
         return true;
     }
     let got = match (&mut local.ticket, pending) {
@@ -678,17 +729,58 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
     got
 }
 
+/// Admits a source call's API requests in a pass: for a source whose requests are API
+/// server writes, each takes a token of the pass's kube place (a claim of k blocks is k
+/// writes); otherwise the call's one token was taken from the source budget already. Each
+/// request checks the lead after its wait.
+struct Requests<'a> {
+    kube: Option<&'a mut Pass>,
+    leader: &'a tokio::sync::watch::Receiver<bool>,
+}
+
+fn requests<'a, S: IpSource, N: NodeStore, P: PodView>(
+    shared: &'a Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &'a mut Local,
+) -> Requests<'a> {
+    let kube = match shared.source.api() {
+        Api::Kube => Some(kube_pass(shared, h, local)),
+        Api::Source => None,
+    };
+    Requests {
+        kube,
+        leader: &shared.leader,
+    }
+}
+
+impl Gate for Requests<'_> {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        if let Some(pass) = self.kube.as_deref_mut() {
+            pass.call().await;
+        }
+        if *self.leader.borrow() {
+            Ok(())
+        } else {
+            Err(IpamError::NotLeader)
+        }
+    }
+}
+
 async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     family: Family,
     count: u64,
+    gate: &mut impl Gate,
 ) -> Result<AddrSet, IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.allocate(&h.name, family, count).await;
+    let r = shared
+        .source
+        .allocate_gated(&h.name, family, count, gate)
+        .await;
     let src = shared.source.name();
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "allocate", r.is_ok());
@@ -706,12 +798,13 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     addrs: &AddrSet,
+    gate: &mut impl Gate,
 ) -> Result<(), IpamError> {
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.release(&h.name, addrs).await;
+    let r = shared.source.release_gated(&h.name, addrs, gate).await;
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "release", r.is_ok());
     metrics::counter!(m::RELEASE_OPS_TOTAL, "source" => shared.source.name(), "outcome" => outcome)
@@ -729,14 +822,61 @@ async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     r
 }
 
-/// The pass's one write of the operator's fields.
+/// This pass's place in the kube budget's queue, for its next API server write: the one
+/// `pass_once` waited for, or (a source whose calls are not kube writes: the pass's only
+/// kube write is its IPAMNode apply) a new one, then waited for in place.
+fn kube_pass<'a, S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &'a mut Local,
+) -> &'a mut Pass {
+    local
+        .kube
+        .get_or_insert_with(|| shared.kube_budget.pass(h.priority.clone()))
+}
+
+/// Waits for this pass's place in the kube budget's queue (a source whose calls are kube
+/// writes), as `source_token` waits for the source budget: the wait ends early when the
+/// node has new work or its next deadline passes. Returns false then: the place is kept
+/// (parked, so it stalls nobody) for the next pass, which is triggered.
+async fn kube_place<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+    deadline: Option<Instant>,
+) -> bool {
+    let pass = kube_pass(shared, h, local);
+    if pass.is_admitted() {
+        return true; // an earlier attempt of this pass (a conflict's retry) was admitted
+    }
+    let until = async {
+        match deadline {
+            Some(d) if d > Instant::now() => tokio::time::sleep_until(d).await,
+            _ => std::future::pending().await,
+        }
+    };
+    let admitted = tokio::select! {
+        biased;
+        _ = pass.admitted() => true,
+        _ = h.work.notified() => false,
+        _ = until => false,
+    };
+    if !admitted {
+        local.keep_kube = true;
+        h.trigger.trigger(Reason::Retry);
+    }
+    admitted
+}
+
+/// The pass's one write of the operator's fields, on the pass's kube place.
 async fn write<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
+    kube: &mut Pass,
     node: &IpamNode,
     fields: OperatorFields,
 ) -> Result<(), IpamError> {
-    shared.kube_budget.acquire(&h.priority).await;
+    kube.call().await;
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }
@@ -769,10 +909,20 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     if now < due && !shared.source.machine_gone(&h.name) {
         return Ok(Outcome::Idle(Some(due)));
     }
+    // one place in the kube budget's queue for this pass's writes (cluster-pool: the
+    // blocks' deletes too), waited for in place
+    let mut kube = shared.kube_budget.pass(h.priority.clone());
     let truth = shared.source.describe(&h.name).await?;
     if !truth.is_empty() {
-        shared.call_budget().acquire(&h.priority).await;
-        let r = source_release(shared, h, &truth).await;
+        let kube_writes = shared.source.api() == Api::Kube;
+        if !kube_writes {
+            shared.source_budget.acquire(&h.priority).await;
+        }
+        let mut gate = Requests {
+            kube: kube_writes.then_some(&mut kube),
+            leader: &shared.leader,
+        };
+        let r = source_release(shared, h, &truth, &mut gate).await;
         // Also after a failure: the call may have taken effect with its reply lost, and
         // the retry then finds nothing to release (a spurious wake-up costs parked nodes
         // one cheap pass; a lost one strands them).
@@ -792,7 +942,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
             );
         }
     }
-    shared.kube_budget.acquire(&h.priority).await;
+    kube.call().await;
     if !shared.is_leader() {
         return Err(IpamError::NotLeader);
     }

@@ -30,7 +30,8 @@ pub(crate) struct NodeHandle {
     /// not a trigger; [`crate::types::ResourceVersion::fingerprint`]).
     pub own_write: AtomicU64,
     pub removed: AtomicBool,
-    /// Wakes a maintainer waiting for the source budget when its node has new work.
+    /// Wakes a maintainer waiting for a budget (its place in the source or kube queue) when
+    /// its node has new work.
     pub work: tokio::sync::Notify,
 }
 

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::addrs::{AddrMap, AddrSet};
-use crate::budget::Api;
+use crate::budget::{Api, Pass};
 use crate::error::IpamError;
 use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
 
@@ -20,8 +20,37 @@ pub struct Quota {
     pub free: u64,
 }
 
-/// An IP source. Mutating calls (`allocate`, `release`) are budgeted by the caller;
-/// `prepare_*`, `describe` and `quota` are reads.
+/// Admission for each API request a source call makes: the engine budgets requests, not
+/// calls, where one call makes several (cluster-pool: a claim of k blocks is k creates).
+pub trait Gate: Send {
+    /// Waits until one more request may go. An error (the caller lost the lead) ends the
+    /// call: no further request is made, and what was done stays done.
+    fn request(&mut self) -> impl Future<Output = Result<(), IpamError>> + Send;
+}
+
+/// A maintenance pass's place in a budget's queue admits its requests: the first takes the
+/// place's token, each further one a token of the pass lane.
+impl Gate for Pass {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        self.call().await;
+        Ok(())
+    }
+}
+
+/// No admission: every request goes at once (a caller that budgeted the call as a whole,
+/// or a test).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Ungated;
+
+impl Gate for Ungated {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        Ok(())
+    }
+}
+
+/// An IP source. Mutating calls (`allocate`, `release`, `set_marks`) are budgeted by the
+/// caller, per call or, through their `_gated` forms, per API request; `prepare_*`,
+/// `describe` and `quota` are reads.
 pub trait IpSource: Send + Sync + 'static {
     /// The `source` metric label.
     fn name(&self) -> &'static str;
@@ -50,6 +79,32 @@ pub trait IpSource: Send + Sync + 'static {
         node: &NodeName,
         addrs: &AddrSet,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
+    /// [`IpSource::allocate`], each API request it makes admitted by `gate` first. The
+    /// default makes the call one request.
+    fn allocate_gated<G: Gate>(
+        &self,
+        node: &NodeName,
+        family: Family,
+        count: u64,
+        gate: &mut G,
+    ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send {
+        async move {
+            gate.request().await?;
+            self.allocate(node, family, count).await
+        }
+    }
+    /// [`IpSource::release`], each API request admitted by `gate` first (the default: one).
+    fn release_gated<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async move {
+            gate.request().await?;
+            self.release(node, addrs).await
+        }
+    }
     /// What the source believes the node holds: the truth used to repair after a call
     /// that failed after taking effect.
     fn describe(&self, node: &NodeName) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
@@ -87,9 +142,23 @@ pub trait IpSource: Send + Sync + 'static {
     /// [`IpSource::holdings`] only). A mutating call.
     fn set_marks(
         &self,
+        node: &NodeName,
+        mark: &AddrSet,
+        withdraw: &AddrSet,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async move {
+            self.set_marks_gated(node, mark, withdraw, &mut Ungated)
+                .await
+        }
+    }
+    /// [`IpSource::set_marks`], each API request (cluster-pool: each block's mark or
+    /// withdrawal) admitted by `gate` first.
+    fn set_marks_gated<G: Gate>(
+        &self,
         _node: &NodeName,
         _mark: &AddrSet,
         _withdraw: &AddrSet,
+        _gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send {
         async { Ok(()) }
     }

@@ -42,7 +42,7 @@ use super::{PoolError, PoolSet, PoolSpec, block_name, family_of};
 use crate::addrs::{AddrSet, saturate, span};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
-use crate::source::{Holdings, IpSource, Quota};
+use crate::source::{Gate, Holdings, IpSource, Quota, Ungated};
 use crate::store::{BlockStore, EventType, NodeStore};
 use crate::types::{
     Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
@@ -670,6 +670,18 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         family: Family,
         count: u64,
     ) -> Result<AddrSet, IpamError> {
+        self.allocate_gated(node, family, count, &mut Ungated).await
+    }
+
+    /// One block create per block (an AlreadyExists answer included), each admitted by
+    /// `gate`.
+    async fn allocate_gated<G: Gate>(
+        &self,
+        node: &NodeName,
+        family: Family,
+        count: u64,
+        gate: &mut G,
+    ) -> Result<AddrSet, IpamError> {
         let (pool, uid, bs) = {
             let s = self.state.lock();
             let pool = s.pool_for(node, family).unwrap_or_default();
@@ -691,6 +703,13 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         let mut got = 0;
         let mut refused = 0;
         while got < want {
+            // the request's token first, so no block is held in the index while it waits
+            if let Err(e) = gate.request().await {
+                if got == 0 {
+                    return Err(e);
+                }
+                break;
+            }
             let claimed = {
                 let mut s = self.state.lock();
                 let start: u128 = s.rng.random();
@@ -776,6 +795,16 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+        self.release_gated(node, addrs, &mut Ungated).await
+    }
+
+    /// One delete per block touched, each admitted by `gate`.
+    async fn release_gated<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
         let seen: Vec<Option<ResourceVersion>> = {
             let s = self.state.lock();
@@ -800,6 +829,10 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                     }
                 },
             };
+            if let Err(e) = gate.request().await {
+                first_err.get_or_insert(e);
+                break;
+            }
             self.call().await;
             match self.store.delete_block(&b.name, &expected).await {
                 Ok(()) | Err(IpamError::NotFound { .. }) => {
@@ -913,11 +946,13 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         Some(h)
     }
 
-    async fn set_marks(
+    /// One mark write per block whose mark changes, each admitted by `gate`.
+    async fn set_marks_gated<G: Gate>(
         &self,
         node: &NodeName,
         mark: &AddrSet,
         withdraw: &AddrSet,
+        gate: &mut G,
     ) -> Result<(), IpamError> {
         let blocks = self.store.blocks_of(node);
         for b in &blocks {
@@ -930,6 +965,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 continue;
             };
             if b.release != want {
+                gate.request().await?;
                 self.call().await;
                 self.store.mark_block(&b.name, want).await?;
             }
@@ -1046,6 +1082,69 @@ mod tests {
         assert!(!granted.is_empty());
         assert!(!granted.contains(&outside), "{outside} granted over");
         assert_eq!(src.quota().v4.free, 0);
+    }
+
+    /// Counts requests; refuses every one after the first `allow`.
+    struct Counting {
+        asked: u32,
+        allow: u32,
+    }
+
+    impl Gate for Counting {
+        async fn request(&mut self) -> Result<(), IpamError> {
+            self.asked += 1;
+            if self.asked > self.allow {
+                return Err(IpamError::NotLeader);
+            }
+            Ok(())
+        }
+    }
+
+    /// Every block create, mark and delete is one request admitted by the gate first; a
+    /// refused request ends the call, keeping what was done.
+    #[tokio::test(start_paused = true)]
+    async fn each_block_write_is_one_gated_request() {
+        let (store, src) = source_on_a_24();
+        let n: NodeName = "n".into();
+        src.node_seen(&NodeInfo {
+            name: n.clone(),
+            uid: 7,
+            allocatable_pods: 250,
+            cordoned: false,
+            terminating: false,
+        });
+        let open = |allow| Counting { asked: 0, allow };
+        let mut gate = open(u32::MAX);
+        let got = src
+            .allocate_gated(&n, Family::V4, 40, &mut gate)
+            .await
+            .unwrap();
+        assert_eq!((store.blocks_of("n").len(), gate.asked), (3, 3));
+        assert_eq!(src.calls(), 3);
+        // refused after one block: the call keeps that block
+        let mut gate = open(1);
+        src.allocate_gated(&n, Family::V4, 40, &mut gate)
+            .await
+            .unwrap();
+        assert_eq!((store.blocks_of("n").len(), gate.asked), (4, 2));
+        // refused at once: nothing claimed, nothing held in the index
+        let free = src.quota().v4.free;
+        let mut gate = open(0);
+        let e = src.allocate_gated(&n, Family::V4, 40, &mut gate).await;
+        assert!(matches!(e, Err(IpamError::NotLeader)));
+        assert_eq!((store.blocks_of("n").len(), src.quota().v4.free), (4, free));
+        // marks: one request per block whose mark changes
+        let mut gate = open(u32::MAX);
+        src.set_marks_gated(&n, &got, &AddrSet::new(), &mut gate)
+            .await
+            .unwrap();
+        assert_eq!(gate.asked, 3);
+        // deletes: one per block
+        src.describe(&n).await.unwrap();
+        let mut gate = open(u32::MAX);
+        src.release_gated(&n, &got, &mut gate).await.unwrap();
+        assert_eq!((store.blocks_of("n").len(), gate.asked), (1, 3));
+        assert_eq!(src.calls(), 3 + 1 + 3 + 3);
     }
 
     #[tokio::test(start_paused = true)]
