@@ -551,6 +551,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     }
 
+    // The Blocked condition: a node that cannot get the addresses it needs says why.
+    let needs = plan.summary.needed() > 0 || plan.summary.waiting() > 0;
+    let reason = held_back
+        .or(plan.summary.blocked)
+        .or(blocked)
+        .filter(|_| needs);
+    set_blocked_condition(shared, h, &mut fields, reason);
+
     // One coalesced write.
     // (no resourceVersion: the IPAMNode does not exist yet, the operator creates it; another
     // Node UID: the operator adopts it)
@@ -620,6 +628,56 @@ fn mark_changes(
 }
 
 const WATERMARKS_VALID: &str = "WatermarksValid";
+const BLOCKED: &str = "Blocked";
+
+/// The `Blocked` condition's reason for each way a node is blocked.
+fn blocked_reason(b: Blocked) -> &'static str {
+    match b {
+        Blocked::Exhausted => "Exhausted",
+        Blocked::AtCap => "AtCapacity",
+        Blocked::Cordoned => "Cordoned",
+        Blocked::Terminating => "Terminating",
+        Blocked::InvalidSpec => "InvalidSpec",
+        Blocked::Duplicate => "Duplicate",
+    }
+}
+
+/// Sets `Blocked` (status True, with the reason) while the node needs addresses it cannot
+/// get, and drops it once it can grow again or needs none; a pool exhausted for the node
+/// also gets a `PoolExhausted` warning event when the condition appears.
+fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    fields: &mut Cow<'_, OperatorFields>,
+    blocked: Option<Blocked>,
+) {
+    let current = fields.conditions.iter().find(|c| c.type_ == BLOCKED);
+    let Some(b) = blocked else {
+        if current.is_some() {
+            drop_condition(fields.to_mut(), BLOCKED);
+        }
+        return;
+    };
+    let reason = blocked_reason(b);
+    if current.is_some_and(|c| c.reason == reason) {
+        return;
+    }
+    let message = format!("the node needs addresses and gets none: {}", b.as_str());
+    let fields = fields.to_mut();
+    drop_condition(fields, BLOCKED);
+    fields.conditions.push(Condition {
+        type_: BLOCKED,
+        status: true,
+        reason,
+        message: message.clone(),
+        last_transition: shared.clock.utc(),
+    });
+    if b == Blocked::Exhausted {
+        shared
+            .store
+            .event(&h.name, EventType::Warning, "PoolExhausted", message);
+    }
+}
 
 fn drop_condition(fields: &mut OperatorFields, type_: &str) {
     fields.conditions.retain(|c| c.type_ != type_);

@@ -987,3 +987,72 @@ async fn a_nodes_spec_pools_choose_its_pool() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// A node whose pool is exhausted while its pods wait gets `Blocked` (reason `Exhausted`)
+/// and a `PoolExhausted` event; a CIDR added to the pool unblocks it and the condition goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
+    let (server, admin) = cluster().await;
+    let pool = |cidrs: &[&str]| {
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": 28}},
+        })
+    };
+    // one block in all
+    create(&admin, pool(&["10.120.0.0/28"])).await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 == 1).then_some(()) }
+    })
+    .await;
+    add_node(&admin, "node-b").await;
+    add_pod(&admin, "p0", "node-b").await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let blocked = |want: bool| {
+        let api = ipamnodes.clone();
+        move || {
+            let api = api.clone();
+            async move {
+                let o = api.get("node-b").await.ok()?;
+                let c = o.status.map(|s| s.conditions).unwrap_or_default();
+                let b = c.into_iter().find(|c| c.type_ == "Blocked");
+                match (want, b) {
+                    (true, Some(b)) if b.status == "True" => Some(Some(b)),
+                    (false, None) => Some(None),
+                    _ => None,
+                }
+            }
+        }
+    };
+    let b = eventually(Duration::from_secs(20), "node-b blocked", blocked(true)).await;
+    assert_eq!(b.unwrap().reason, "Exhausted");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(Duration::from_secs(20), "a PoolExhausted event", || {
+        let events = events.clone();
+        async move {
+            let l = events.list(&ListParams::default()).await.ok()?;
+            l.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("PoolExhausted"))
+                .then_some(())
+        }
+    })
+    .await;
+    // the pool grows: node-b gets a block and is no longer blocked
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    let mut p = pools.get("default").await.unwrap();
+    p.spec.cidrs.push(api::Cidr("10.121.0.0/28".into()));
+    pools
+        .replace("default", &Default::default(), &p)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "node-b unblocked", blocked(false)).await;
+    assert_eq!(blocks_of(&admin, "node-b").await.0, 1);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
