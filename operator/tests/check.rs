@@ -13,16 +13,12 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_operator::check::{self, ProblemKind};
-use tidepool_tests::{ADMIN, ApiServer, Config};
+use tidepool_tests::ApiServer;
 
-const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
-const RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
 const WRITES: [&str; 6] = [
     "create",
     "update",
@@ -33,44 +29,6 @@ const WRITES: [&str; 6] = [
 ];
 const GONE_NODE_UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
 const DELETED_POD_UID: &str = "11111111-2222-4333-8444-555555555555";
-
-/// A server with RBAC on, the three CRDs established and the operator's role granted.
-async fn cluster() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
-        rbac: true,
-        ..fast_config()
-    })
-    .await
-    .expect("start server");
-    let admin = server.client(ADMIN).await.expect("admin client");
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("crd");
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .expect("crd established in time")
-            .expect("await condition");
-    }
-    for doc in RBAC.split("\n---\n") {
-        let obj = dynamic(serde_saphyr::from_str::<Value>(doc).expect("rbac yaml"));
-        let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-        let (ar, caps) = kube::discovery::pinned_kind(&admin, &gvk).await.unwrap();
-        let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
-            (kube::discovery::Scope::Namespaced, Some(ns)) => {
-                Api::namespaced_with(admin.clone(), &ns, &ar)
-            }
-            _ => Api::all_with(admin.clone(), &ar),
-        };
-        api.create(&PostParams::default(), &obj)
-            .await
-            .expect("rbac object");
-    }
-    (server, admin)
-}
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("a valid object")
@@ -221,7 +179,7 @@ fn writes(server: &ApiServer) -> Vec<((String, String), u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_the_troubles_and_writes_nothing() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     troubled_cluster(&admin).await;
     let operator = server.client(OPERATOR).await.expect("operator client");
     server.reset_counters();

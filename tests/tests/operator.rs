@@ -11,59 +11,13 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_ipam::{AddrSet, EngineConfig, SchedulingMode};
 use tidepool_operator::runtime::{self, Settings};
-use tidepool_tests::{ADMIN, ApiServer, Config};
-
-const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
-const RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
-
-/// A server with RBAC on, the three CRDs established and the operator's role granted.
-async fn cluster() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
-        rbac: true,
-        ..fast_config()
-    })
-    .await
-    .expect("start server");
-    let admin = server.client(ADMIN).await.expect("admin client");
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("crd");
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .expect("crd established in time")
-            .expect("await condition");
-    }
-    for doc in RBAC.split("\n---\n") {
-        let v: Value = serde_saphyr::from_str(doc).expect("rbac yaml");
-        create(&admin, v).await;
-    }
-    (server, admin)
-}
-
-async fn create(client: &kube::Client, v: Value) -> DynamicObject {
-    let obj = dynamic(v);
-    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => {
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        }
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
-}
+use tidepool_tests::ApiServer;
 
 fn settings() -> Settings {
     Settings {
@@ -104,7 +58,7 @@ async fn start_operator(
 }
 
 async fn add_node(admin: &kube::Client, name: &str) -> String {
-    let n = create(
+    let n = create_object(
         admin,
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
     )
@@ -113,7 +67,7 @@ async fn add_node(admin: &kube::Client, name: &str) -> String {
 }
 
 async fn add_pod(admin: &kube::Client, name: &str, node: &str) {
-    create(
+    create_object(
         admin,
         json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -141,8 +95,8 @@ async fn blocks_of(admin: &kube::Client, node: &str) -> (usize, AddrSet) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -217,8 +171,8 @@ async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_gives_its_blocks_back() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -303,8 +257,8 @@ async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (S
 /// writes never lose an entry to the operator's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -467,7 +421,7 @@ async fn answer_marks(admin: &kube::Client, node: &str) {
 /// granted again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     let pool = |cidrs: &[&str]| {
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -475,7 +429,7 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
             "spec": {"cidrs": cidrs, "blockSize": {"ipv4": 28, "ipv6": 124}},
         })
     };
-    create(&admin, pool(&["10.50.0.0/24", "fd00:50::/64"])).await;
+    create_object(&admin, pool(&["10.50.0.0/24", "fd00:50::/64"])).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     let fam = |a: &AddrSet| {
@@ -530,8 +484,8 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
 /// node side lets go (the pod gone, ready-for-release), the block goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_block_in_use_stays_until_it_is_free() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -621,8 +575,8 @@ async fn a_deleted_block_in_use_stays_until_it_is_free() {
 /// and once the faults stop `check` finds nothing that needs a person.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_from_the_server_lose_nothing() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -726,14 +680,14 @@ async fn faults_from_the_server_lose_nothing() {
 /// same rule by which a cluster that already has addresses is adopted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     let pool = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
         "metadata": {"name": "default"},
         // two /28 blocks in all
         "spec": {"cidrs": ["10.80.0.0/27"], "blockSize": {"ipv4": 28}},
     });
-    create(&admin, pool.clone()).await;
+    create_object(&admin, pool.clone()).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     let (_, held) = eventually(Duration::from_secs(20), "node-a's block", || {
@@ -782,7 +736,7 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
             .unwrap()
             .unwrap();
     }
-    create(&admin, pool).await;
+    create_object(&admin, pool).await;
     add_node(&admin, "node-b").await;
     let (stop, task) = start_operator(&server, settings()).await;
     // both nodes want a block; one of the two holds the pods' addresses: only the other goes
@@ -817,7 +771,7 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
 /// one gets `Valid=False` with the reason and a warning event, while the other pool serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_status_and_an_overlapping_pool() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     let pool = |name: &str, cidr: &str| {
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -825,9 +779,9 @@ async fn pool_status_and_an_overlapping_pool() {
             "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
         })
     };
-    create(&admin, pool("default", "10.90.0.0/24")).await;
+    create_object(&admin, pool("default", "10.90.0.0/24")).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // a later creationTimestamp
-    create(&admin, pool("late", "10.90.0.0/25")).await;
+    create_object(&admin, pool("late", "10.90.0.0/25")).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     let pools: Api<api::IPPool> = Api::all(admin.clone());
@@ -876,8 +830,8 @@ async fn pool_status_and_an_overlapping_pool() {
 /// fresh IPAMNode with its UID and blocks of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
-    let (server, admin) = cluster().await;
-    create(
+    let (server, admin) = operator_cluster().await;
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -946,7 +900,7 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
 /// A node's `spec.pools` (a user's choice in its IPAMNode) wins over the `default` pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_spec_pools_choose_its_pool() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     let pool = |name: &str, cidr: &str| {
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -954,12 +908,12 @@ async fn a_nodes_spec_pools_choose_its_pool() {
             "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
         })
     };
-    create(&admin, pool("default", "10.110.0.0/24")).await;
-    create(&admin, pool("gpu", "10.111.0.0/24")).await;
+    create_object(&admin, pool("default", "10.110.0.0/24")).await;
+    create_object(&admin, pool("gpu", "10.111.0.0/24")).await;
     add_node(&admin, "node-a").await;
     let uid = add_node(&admin, "node-b").await;
     // node-b's IPAMNode exists before the operator starts, naming its pool
-    create(
+    create_object(
         &admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
@@ -992,7 +946,7 @@ async fn a_nodes_spec_pools_choose_its_pool() {
 /// and a `PoolExhausted` event; a CIDR added to the pool unblocks it and the condition goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
-    let (server, admin) = cluster().await;
+    let (server, admin) = operator_cluster().await;
     let pool = |cidrs: &[&str]| {
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
@@ -1001,7 +955,7 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
         })
     };
     // one block in all
-    create(&admin, pool(&["10.120.0.0/28"])).await;
+    create_object(&admin, pool(&["10.120.0.0/28"])).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     eventually(Duration::from_secs(20), "node-a's block", || {

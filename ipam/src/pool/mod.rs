@@ -51,7 +51,7 @@ use crate::types::{Family, PerFamily};
 pub use index::{AddressCounts, FamilyIndex, Layout, PoolIndex};
 pub use name::{BlockNameError, block_name, parse_block_name};
 pub use set::{BlockRecord, Finding, FindingKind, PoolSet, RebuildReport};
-pub use source::{ClusterPoolSource, DEFAULT_POOL, InUse, PoolConfig};
+pub use source::{ClusterPoolSource, DEFAULT_POOL, InUse, PoolConfig, PoolUsage};
 pub use spec::{PoolSpec, check_pools};
 
 /// Default block sizes (prefix lengths): /28 for IPv4 and /124 for IPv6, 16 addresses each.

@@ -137,6 +137,15 @@ struct Indexed {
     claims: Arc<[BlockClaim]>,
 }
 
+/// One pool's usage and validity ([`ClusterPoolSource::usage`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolUsage {
+    pub name: String,
+    /// Capacity, allocated and free usable addresses per family (None: not served).
+    pub addresses: PerFamily<Option<super::AddressCounts>>,
+    pub valid: Result<(), PoolError>,
+}
+
 /// The cluster-pool source over a block store. Cheap to clone.
 #[derive(Clone)]
 pub struct ClusterPoolSource<B> {
@@ -293,26 +302,22 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             .collect()
     }
 
-    /// Each pool's usable addresses per family (capacity, allocated, free; None for a
-    /// family it does not serve) with its validity: what IPPool status shows.
-    pub fn usage(
-        &self,
-    ) -> Vec<(
-        String,
-        PerFamily<Option<super::AddressCounts>>,
-        Result<(), PoolError>,
-    )> {
+    /// Each pool's usable addresses per family with its validity: what IPPool status shows.
+    pub fn usage(&self) -> Vec<PoolUsage> {
         let s = self.state.lock();
         s.pools
             .validity()
             .map(|(name, valid)| {
                 let index = s.pools.get(name).ok();
                 let counts = |f| index.and_then(|p| p.family(f)).map(|fi| fi.addresses());
-                let per = PerFamily {
-                    v4: counts(Family::V4),
-                    v6: counts(Family::V6),
-                };
-                (name.to_string(), per, valid.map_err(Clone::clone))
+                PoolUsage {
+                    name: name.to_string(),
+                    addresses: PerFamily {
+                        v4: counts(Family::V4),
+                        v6: counts(Family::V6),
+                    },
+                    valid: valid.map_err(Clone::clone),
+                }
             })
             .collect()
     }

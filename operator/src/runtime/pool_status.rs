@@ -74,8 +74,9 @@ pub async fn keep_written(
 ) {
     let mut shown: HashMap<String, Shown> = HashMap::new();
     loop {
-        for (name, usage, valid) in source.usage() {
-            let valid = valid.map_err(|e: PoolError| e.to_string());
+        for u in source.usage() {
+            let (name, usage) = (u.name, u.addresses);
+            let valid = u.valid.map_err(|e: PoolError| e.to_string());
             let last = shown.get(&name);
             let flipped = last.is_none_or(|l| l.valid.is_ok() != valid.is_ok());
             let since = match last {

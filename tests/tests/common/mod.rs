@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
-use tidepool_tests::{ApiServer, Config};
+use tidepool_tests::{ADMIN, ApiServer, Config};
 
 pub const CRD_YAML: &str = include_str!("../fixtures/crd-ipamnodes.yaml");
 
@@ -158,4 +158,53 @@ pub async fn raw_typed(
     })
     .await
     .expect("raw request")
+}
+
+/// The operator's service-account identity (`deploy/operator/rbac.yaml` binds its role).
+pub const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
+const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
+
+/// Creates any object, built-in or custom, finding its resource by discovery.
+pub async fn create_object(client: &kube::Client, v: serde_json::Value) -> DynamicObject {
+    let obj = dynamic(v);
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
+}
+
+/// A server with RBAC on, tidepool's three CRDs established and the operator's role
+/// granted; the admin's client.
+pub async fn operator_cluster() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(Config {
+        rbac: true,
+        ..fast_config()
+    })
+    .await
+    .expect("start server");
+    let admin = server.client(ADMIN).await.expect("admin client");
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in tidepool_api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("crd");
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(10), established)
+            .await
+            .expect("crd established in time")
+            .expect("await condition");
+    }
+    for doc in OPERATOR_RBAC.split("\n---\n") {
+        let v: serde_json::Value = serde_saphyr::from_str(doc).expect("rbac yaml");
+        create_object(&admin, v).await;
+    }
+    (server, admin)
 }
