@@ -16,6 +16,7 @@ mod budget;
 mod clock;
 mod config;
 mod error;
+mod gate;
 mod handshake;
 mod maintainer;
 mod manager;
@@ -43,6 +44,7 @@ pub use budget::{
 pub use clock::{Clock, TokioClock};
 pub use config::EngineConfig;
 pub use error::{ErrorClass, IpamError};
+pub use gate::{Background, Gate, Ungated};
 pub use handshake::ReleaseConfig;
 pub use manager::{EngineDeps, NodeManager};
 pub use pods::{
@@ -51,7 +53,7 @@ pub use pods::{
 /// The reclaim-candidate rule (DESIGN.md "Reclaim"), for read-only reports
 /// (`tidepool-operator check`) that must judge `status.used` entries as the engine does.
 pub use reclaim::{ReclaimConfig, candidate_reason};
-pub use source::{Faults, Gate, Holdings, IpSource, MemorySource, Quota, SourceHook, Ungated};
+pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{
     BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer,

@@ -12,12 +12,13 @@ use crate::addrs::{AddrMap, AddrSet};
 use crate::backoff::{Backoff, Retry};
 use crate::budget::{Api, Pass};
 use crate::error::{ErrorClass, IpamError};
+use crate::gate::Gate;
 use crate::handshake;
 use crate::plan::{self, Blocked, NodeMemory, Snapshot};
 use crate::pods::PodView;
 use crate::reclaim::candidate_reason;
 use crate::shared::{NodeHandle, Shared};
-use crate::source::{Gate, IpSource};
+use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{
@@ -787,10 +788,10 @@ async fn source_token<S: IpSource, N: NodeStore, P: PodView>(
     got
 }
 
-/// Admits a source call's API requests in a pass: for a source whose requests are API
-/// server writes, each takes a token of the pass's kube place (a claim of k blocks is k
-/// writes); otherwise the call's one token was taken from the source budget already. Each
-/// request checks the lead after its wait.
+/// Admits a call's API requests in a pass: each API server write takes a token of the
+/// pass's kube place (a claim of k blocks is k writes; an IPAMNode write its spec and its
+/// status apply); a source call that is not a kube write took its one token from the
+/// source budget already. Each request checks the lead after its wait.
 struct Requests<'a> {
     kube: Option<&'a mut Pass>,
     leader: &'a tokio::sync::watch::Receiver<bool>,
@@ -934,13 +935,14 @@ async fn write<S: IpSource, N: NodeStore, P: PodView>(
     node: &IpamNode,
     fields: OperatorFields,
 ) -> Result<(), IpamError> {
-    kube.call().await;
-    if !shared.is_leader() {
-        return Err(IpamError::NotLeader);
-    }
+    // each of the write's requests (a spec and a status apply) on the pass's place
+    let mut gate = Requests {
+        kube: Some(kube),
+        leader: &shared.leader,
+    };
     let r = shared
         .store
-        .apply_operator(&h.name, node.node_uid, fields)
+        .apply_operator_gated(&h.name, node.node_uid, fields, &mut gate)
         .await;
     api_call("kube", "apply", r.is_ok());
     let written = r?;
@@ -1000,11 +1002,11 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
             );
         }
     }
-    kube.call().await;
-    if !shared.is_leader() {
-        return Err(IpamError::NotLeader);
-    }
-    shared.store.remove(&h.name).await?;
+    let mut gate = Requests {
+        kube: Some(&mut kube),
+        leader: &shared.leader,
+    };
+    shared.store.remove_gated(&h.name, &mut gate).await?;
     api_call("kube", "delete", true);
     Ok(Outcome::Finished)
 }

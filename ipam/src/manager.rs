@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::budget::{Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::error::IpamError;
+use crate::gate::Background;
 use crate::maintainer;
 use crate::plan::{Blocked, NodeSummary};
 use crate::pods::PodView;
@@ -207,7 +208,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     pub async fn resync(&self) {
         let started = std::time::Instant::now();
         if self.shared.is_leader() {
-            self.shared.source.resync().await;
+            let budget = self.shared.call_budget().clone();
+            let mut gate = Background::new(budget, self.shared.leader.clone());
+            self.shared.source.resync(&mut gate).await;
         }
         let nodes: Vec<Arc<NodeHandle>> = self.shared.nodes.lock().values().cloned().collect();
         let workers = self.shared.cfg.parallel_workers.max(1);

@@ -9,8 +9,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::addrs::{AddrMap, AddrSet};
-use crate::budget::{Api, Pass};
+use crate::budget::Api;
 use crate::error::IpamError;
+use crate::gate::{Gate, Ungated};
 use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
 
 /// Capacity and free addresses of a source, per family.
@@ -18,34 +19,6 @@ use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseSta
 pub struct Quota {
     pub capacity: u64,
     pub free: u64,
-}
-
-/// Admission for each API request a source call makes: the engine budgets requests, not
-/// calls, where one call makes several (cluster-pool: a claim of k blocks is k creates).
-pub trait Gate: Send {
-    /// Waits until one more request may go. An error (the caller lost the lead) ends the
-    /// call: no further request is made, and what was done stays done.
-    fn request(&mut self) -> impl Future<Output = Result<(), IpamError>> + Send;
-}
-
-/// A maintenance pass's place in a budget's queue admits its requests: the first takes the
-/// place's token, each further one a token of the pass lane.
-impl Gate for Pass {
-    async fn request(&mut self) -> Result<(), IpamError> {
-        self.call().await;
-        Ok(())
-    }
-}
-
-/// No admission: every request goes at once (a caller that budgeted the call as a whole,
-/// or a test).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Ungated;
-
-impl Gate for Ungated {
-    async fn request(&mut self) -> Result<(), IpamError> {
-        Ok(())
-    }
 }
 
 /// An IP source. Mutating calls (`allocate`, `release`, `set_marks`) are budgeted by the
@@ -163,8 +136,9 @@ pub trait IpSource: Send + Sync + 'static {
         async { Ok(()) }
     }
     /// Called at the start of every resync while leading, before nodes are recalculated: a
-    /// source with an index of its own rebuilds and repairs it here.
-    fn resync(&self) -> impl Future<Output = ()> + Send {
+    /// source with an index of its own rebuilds and repairs it here, each API request it
+    /// makes (a repair's release, a drained block's mark or delete) admitted by `gate`.
+    fn resync<G: Gate>(&self, _gate: &mut G) -> impl Future<Output = ()> + Send {
         async {}
     }
 }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::IpamError;
+use crate::gate::{Gate, Ungated};
 use crate::types::{IpamBlock, IpamNode, NodeName, OperatorFields, ResourceVersion};
 
 /// Who wrote a change (the field manager).
@@ -56,15 +57,37 @@ pub trait NodeStore: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<Arc<IpamNode>>, IpamError>> + Send;
-    /// One server-side apply of the operator's fields; creates the object if missing.
+    /// The operator's fields written; creates the object if missing.
     fn apply_operator(
         &self,
         name: &NodeName,
         node_uid: u128,
         fields: OperatorFields,
+    ) -> impl Future<Output = Result<Arc<IpamNode>, IpamError>> + Send {
+        async move {
+            self.apply_operator_gated(name, node_uid, fields, &mut Ungated)
+                .await
+        }
+    }
+    /// [`NodeStore::apply_operator`], each API request (a create, a spec apply, a status
+    /// apply: one per object and subresource that changes) admitted by `gate` first.
+    fn apply_operator_gated<G: Gate>(
+        &self,
+        name: &NodeName,
+        node_uid: u128,
+        fields: OperatorFields,
+        gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamNode>, IpamError>> + Send;
-    /// Removes the operator's finalizer, letting the object go.
-    fn remove(&self, name: &str) -> impl Future<Output = Result<(), IpamError>> + Send;
+    /// Deletes the object and removes the operator's finalizer, letting it go.
+    fn remove(&self, name: &str) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async move { self.remove_gated(name, &mut Ungated).await }
+    }
+    /// [`NodeStore::remove`], each API request admitted by `gate` first.
+    fn remove_gated<G: Gate>(
+        &self,
+        name: &str,
+        gate: &mut G,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send;
     /// Records a Kubernetes event on the named object.
     fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String);
 }
@@ -104,6 +127,14 @@ pub trait BlockStore: Send + Sync + 'static {
     fn create_block(
         &self,
         block: IpamBlock,
+    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send {
+        async move { self.create_block_gated(block, &mut Ungated).await }
+    }
+    /// [`BlockStore::create_block`], its request admitted by `gate` first.
+    fn create_block_gated<G: Gate>(
+        &self,
+        block: IpamBlock,
+        gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
     /// A live read (GET).
     fn get_block(
@@ -115,12 +146,31 @@ pub trait BlockStore: Send + Sync + 'static {
         &self,
         name: &str,
         release: bool,
+    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send {
+        async move { self.mark_block_gated(name, release, &mut Ungated).await }
+    }
+    /// [`BlockStore::mark_block`], its request admitted by `gate` first.
+    fn mark_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        release: bool,
+        gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
-    /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`):
-    /// the release. `NotFound` when gone.
+    /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`) and
+    /// removes the operator's finalizer: the release. `NotFound` when gone.
     fn delete_block(
         &self,
         name: &str,
         expected: &ResourceVersion,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async move { self.delete_block_gated(name, expected, &mut Ungated).await }
+    }
+    /// [`BlockStore::delete_block`], each request (the delete, the finalizer's removal)
+    /// admitted by `gate` first.
+    fn delete_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        expected: &ResourceVersion,
+        gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
 }

@@ -264,6 +264,16 @@ pub struct OperatorFields {
     pub conditions: Vec<Condition>,
 }
 
+impl OperatorFields {
+    /// Whether writing `self` changes the spec part (`spec.addresses`, `.release`,
+    /// `.reclaim`), a request apart from the status part (`status.conditions`).
+    pub fn spec_differs(&self, old: &OperatorFields) -> bool {
+        self.addresses != old.addresses
+            || self.release != old.release
+            || self.reclaim != old.reclaim
+    }
+}
+
 /// The fields the node side writes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeSideFields {

@@ -9,6 +9,7 @@
 //! never hangs.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +20,7 @@ use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    AddrSet, BlockStore, Condition, ErrorClass, IpamBlock, IpamError, NodeName, NodeStore,
+    AddrSet, BlockStore, Condition, ErrorClass, Gate, IpamBlock, IpamError, NodeName, NodeStore,
     OperatorFields, ReleaseState, ResourceVersion,
 };
 use tidepool_operator::index::parse_uid;
@@ -132,6 +133,24 @@ impl ApiServer {
         if let Some((req, _)) = more {
             panic!("an unexpected request: {} {}", req.method(), req.uri());
         }
+    }
+}
+
+/// A gate that counts its admissions: the kube budget's view of a store call. The server's
+/// script reads it at each request it receives, proving the admission came first.
+#[derive(Clone, Default)]
+struct Admissions(Arc<AtomicUsize>);
+
+impl Admissions {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Gate for Admissions {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -367,8 +386,12 @@ async fn a_release_deletes_with_its_precondition_then_drops_only_our_finalizer()
     let (store, mut server) = store_with_block();
     let path = format!("{BLOCKS}/{BLOCK}");
     let seventeen = ResourceVersion::server("17");
-    let r = exchange(store.delete_block(BLOCK, &seventeen), async {
+    let mut gate = Admissions::default();
+    let admitted = gate.clone();
+    let call = store.delete_block_gated(BLOCK, &seventeen, &mut gate);
+    let r = exchange(call, async {
         let (req, reply) = server.next().await;
+        assert_eq!(admitted.count(), 1, "the DELETE was admitted first");
         req.expect(Method::DELETE, &path, &[], JSON);
         assert_eq!(
             req.body,
@@ -382,6 +405,7 @@ async fn a_release_deletes_with_its_precondition_then_drops_only_our_finalizer()
         answer(reply, 200, terminating.clone());
 
         let (req, reply) = server.next().await;
+        assert_eq!(admitted.count(), 2, "and the finalizer's removal");
         req.expect(Method::PATCH, &path, &[], MERGE);
         assert_eq!(
             req.body,
@@ -566,8 +590,12 @@ async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
         conditions: vec![blocked_condition()],
         ..OperatorFields::default()
     };
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
+    let mut gate = Admissions::default();
+    let admitted = gate.clone();
+    let call = store.apply_operator_gated(&N1, node_uid(), fields, &mut gate);
+    let r = exchange(call, async {
         let (req, reply) = server.next().await;
+        assert_eq!(admitted.count(), 1, "the POST was admitted first");
         req.expect(
             Method::POST,
             NODES,
@@ -583,6 +611,7 @@ async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
         answer(reply, 201, created.clone());
 
         let (req, reply) = server.next().await;
+        assert_eq!(admitted.count(), 2, "and the status apply");
         let path = format!("{NODES}/n1/status");
         req.expect(
             Method::PATCH,

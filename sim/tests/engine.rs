@@ -424,8 +424,8 @@ async fn failed_writes_are_repaired_without_a_second_claim() {
     );
     assert_eq!(
         world.store.operator_writes(),
-        7,
-        "4 failed writes + one good one per node"
+        2 * 7,
+        "4 failed writes + one good one per node, each a create: a POST and a status apply"
     );
     assert_pools_match_source(&world);
     let st = world.manager.stats();

@@ -42,7 +42,8 @@ use super::{PoolError, PoolSet, PoolSpec, block_name, family_of};
 use crate::addrs::{AddrSet, saturate, span};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
-use crate::source::{Gate, Holdings, IpSource, Quota, Ungated};
+use crate::gate::{Gate, Ungated};
+use crate::source::{Holdings, IpSource, Quota};
 use crate::store::{BlockStore, EventType, NodeStore};
 use crate::types::{
     Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
@@ -533,7 +534,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     /// node side answers ready-for-release (when none of its addresses is used or cooling
     /// down) it is deleted with the resourceVersion it was answered at. Its addresses are
     /// never granted again: the index holds only the pools' current blocks.
-    async fn drain(&self) {
+    async fn drain<G: Gate>(&self, gate: &mut G) {
         let blocks = self.store.list_blocks();
         let drained: Vec<Arc<IpamBlock>> = {
             let s = self.state.lock();
@@ -542,24 +543,30 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         for b in drained {
             let r = if !b.release {
                 self.call().await;
-                self.store.mark_block(&b.name, true).await.map(|_| ())
+                self.store
+                    .mark_block_gated(&b.name, true, gate)
+                    .await
+                    .map(|_| ())
             } else if b.ack == Some(ReleaseAck::ReadyForRelease) {
                 self.call().await;
                 match b.stored_version() {
-                    Ok(rv) => self.store.delete_block(&b.name, rv).await,
+                    Ok(rv) => self.store.delete_block_gated(&b.name, rv, gate).await,
                     Err(e) => Err(e),
                 }
             } else {
                 Ok(()) // the node side answers when the block is free
             };
-            if let Err(e) = r {
-                tracing::debug!(block = %b.name, error = %e, "draining a block failed");
+            match r {
+                Err(IpamError::NotLeader) => return,
+                Err(e) => tracing::debug!(block = %b.name, error = %e, "draining a block failed"),
+                Ok(()) => {}
             }
         }
     }
 
-    /// One repair pass: rebuild, check, count, and the fixes that are due.
-    async fn repair(&self) {
+    /// One repair pass: rebuild, check, count, and the fixes that are due (each release
+    /// admitted by `gate`).
+    async fn repair<G: Gate>(&self, gate: &mut G) {
         let claims = self.rebuild();
         let nodes = self.store.list_nodes();
         let fixes = {
@@ -628,7 +635,12 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 let Ok(rv) = cur.stored_version() else {
                     continue;
                 };
-                if self.store.delete_block(&b.name, rv).await.is_ok() {
+                if self
+                    .store
+                    .delete_block_gated(&b.name, rv, gate)
+                    .await
+                    .is_ok()
+                {
                     tracing::info!(block = %b.name, node = %b.node, "released orphan block");
                     let mut s = self.state.lock();
                     if let Ok(p) = s.pools.get_mut(&b.pool) {
@@ -834,12 +846,16 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                     }
                 },
             };
-            if let Err(e) = gate.request().await {
-                first_err.get_or_insert(e);
-                break;
-            }
             self.call().await;
-            match self.store.delete_block(&b.name, &expected).await {
+            match self
+                .store
+                .delete_block_gated(&b.name, &expected, gate)
+                .await
+            {
+                Err(e @ IpamError::NotLeader) => {
+                    first_err.get_or_insert(e);
+                    break;
+                }
                 Ok(()) | Err(IpamError::NotFound { .. }) => {
                     if let Ok(p) = self.state.lock().pools.get_mut(&b.pool) {
                         let _ = p.release(&b.cidr);
@@ -970,17 +986,16 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 continue;
             };
             if b.release != want {
-                gate.request().await?;
                 self.call().await;
-                self.store.mark_block(&b.name, want).await?;
+                self.store.mark_block_gated(&b.name, want, gate).await?;
             }
         }
         Ok(())
     }
 
-    async fn resync(&self) {
-        self.repair().await;
-        self.drain().await;
+    async fn resync<G: Gate>(&self, gate: &mut G) {
+        self.repair(gate).await;
+        self.drain(gate).await;
     }
 }
 
@@ -1105,7 +1120,7 @@ mod tests {
         }
     }
 
-    /// Every block create, mark and delete is one request admitted by the gate first; a
+    /// Every block create and mark is one request admitted by the gate first, a delete two; a
     /// refused request ends the call, keeping what was done.
     #[tokio::test(start_paused = true)]
     async fn each_block_write_is_one_gated_request() {
@@ -1144,11 +1159,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(gate.asked, 3);
-        // deletes: one per block
+        // deletes: two requests per block, the delete and the finalizer's removal
         src.describe(&n).await.unwrap();
         let mut gate = open(u32::MAX);
         src.release_gated(&n, &got, &mut gate).await.unwrap();
-        assert_eq!((store.blocks_of("n").len(), gate.asked), (1, 3));
+        assert_eq!((store.blocks_of("n").len(), gate.asked), (1, 6));
         assert_eq!(src.calls(), 3 + 1 + 3 + 3);
     }
 
@@ -1199,15 +1214,15 @@ mod tests {
         let changes = |src: &ClusterPoolSource<MemoryNodeStore>| src.state.lock().pools.changes();
         src.allocate(&n, Family::V4, 1).await.unwrap();
         let after_claim = changes(&src);
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         let rebuilt = changes(&src);
         assert!(rebuilt > after_claim, "the source's claim: rebuilt");
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         assert_eq!(changes(&src), rebuilt, "nothing changed: not rebuilt");
         let b = store.blocks_of("n")[0].clone();
         store.mark_block(&b.name, true).await.unwrap();
         store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         assert_eq!(changes(&src), rebuilt, "marks and answers: not rebuilt");
         let free = src.quota().v4.free;
         // a claim in the index alone (a create that never happened): the repair's rebuild
@@ -1221,7 +1236,7 @@ mod tests {
             .claim(Family::V4, 0)
             .unwrap();
         assert!(src.quota().v4.free < free, "{stray} claimed");
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         assert_eq!(src.quota().v4.free, free, "{stray} free again");
 
         // another engine deletes the block, then creates one for another node
@@ -1236,7 +1251,7 @@ mod tests {
             )
             .await
             .unwrap();
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         assert_eq!(
             src.quota().v4.free,
             free + src.block_addresses(&b).count(Family::V4),
@@ -1257,7 +1272,7 @@ mod tests {
             })
             .await
             .unwrap();
-        src.repair().await;
+        src.repair(&mut Ungated).await;
         assert_eq!(
             src.quota().v4.free,
             free + src.block_addresses(&b).count(Family::V4) - 16,

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use super::{EventType, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer};
 use crate::error::{ErrorClass, IpamError};
+use crate::gate::Gate;
 use crate::types::{
     IpamNode, NodeName, NodeSideFields, OperatorFields, ResourceVersion, WatermarkOverrides,
 };
@@ -204,6 +205,22 @@ impl MemoryNodeStore {
     }
 }
 
+impl MemoryNodeStore {
+    /// The API server requests an apply of `fields` takes (as the kube-backed store makes
+    /// them, so the budget and `operator_writes` count what `run` would): a create is a
+    /// POST and a status apply; otherwise one apply per part that changes, spec and status.
+    fn apply_requests(&self, name: &str, node_uid: u128, fields: &OperatorFields) -> u64 {
+        match self.inner.lock().objects.get(name) {
+            None => 2,
+            Some(old) => {
+                let spec = old.node_uid != node_uid || fields.spec_differs(&old.operator);
+                let status = fields.conditions != old.operator.conditions;
+                u64::from(spec) + u64::from(status)
+            }
+        }
+    }
+}
+
 impl NodeStore for MemoryNodeStore {
     fn cached(&self, name: &str) -> Option<Arc<IpamNode>> {
         self.inner.lock().objects.get(name).cloned()
@@ -213,15 +230,20 @@ impl NodeStore for MemoryNodeStore {
         Ok(self.cached(name))
     }
 
-    async fn apply_operator(
+    async fn apply_operator_gated<G: Gate>(
         &self,
         name: &NodeName,
         node_uid: u128,
         fields: OperatorFields,
+        gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
+        let requests = self.apply_requests(name, node_uid, &fields);
+        for _ in 0..requests {
+            gate.request().await?;
+        }
         {
             let mut inner = self.inner.lock();
-            inner.operator_writes += 1;
+            inner.operator_writes += requests;
             if inner.fail_operator_writes > 0 {
                 inner.fail_operator_writes -= 1;
                 return Err(IpamError::Store {
@@ -244,9 +266,13 @@ impl NodeStore for MemoryNodeStore {
             .expect("apply always writes"))
     }
 
-    async fn remove(&self, name: &str) -> Result<(), IpamError> {
+    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+        // the API server's two: the delete, then the finalizer's removal
+        for _ in 0..2 {
+            gate.request().await?;
+        }
         let mut inner = self.inner.lock();
-        inner.operator_writes += 1;
+        inner.operator_writes += 2;
         if let Some(old) = inner.objects.remove(name) {
             let rv = inner.next_version();
             if let Some(h) = &self.hook {
@@ -392,5 +418,62 @@ mod tests {
                 )
             ]
         );
+    }
+
+    /// Counts the requests it admits.
+    #[derive(Default)]
+    struct Counting(u32);
+
+    impl Gate for Counting {
+        async fn request(&mut self) -> Result<(), IpamError> {
+            self.0 += 1;
+            Ok(())
+        }
+    }
+
+    /// The budget sees the requests `run` makes: a create is a POST and a status apply;
+    /// then one apply per part (spec, status) that changes, none when nothing does; a
+    /// removal is a delete and the finalizer's removal.
+    #[tokio::test]
+    async fn writes_are_charged_per_api_request() {
+        let s = MemoryNodeStore::new();
+        let name: NodeName = "n1".into();
+        let charged = |fields: OperatorFields| {
+            let (s, name) = (&s, &name);
+            async move {
+                let mut gate = Counting::default();
+                s.apply_operator_gated(name, 7, fields, &mut gate)
+                    .await
+                    .unwrap();
+                gate.0
+            }
+        };
+        let mut f = OperatorFields::default();
+        assert_eq!(charged(f.clone()).await, 2, "create");
+        assert_eq!(charged(f.clone()).await, 0, "no change");
+        f.reclaim.insert(
+            "10.0.0.1".parse().unwrap(),
+            crate::types::Tombstone {
+                pod_uid: crate::types::PodUid(1),
+                allocation: crate::types::AllocationId(1),
+                reason: crate::types::ReclaimReason::PodDeleted,
+            },
+        );
+        assert_eq!(charged(f.clone()).await, 1, "spec only");
+        f.conditions.push(crate::types::Condition {
+            type_: "Blocked",
+            status: true,
+            reason: "Exhausted",
+            message: String::new(),
+            last_transition: std::time::UNIX_EPOCH,
+        });
+        assert_eq!(charged(f.clone()).await, 1, "status only");
+        f.reclaim.clear();
+        f.conditions.clear();
+        assert_eq!(charged(f).await, 2, "both");
+        let mut gate = Counting::default();
+        s.remove_gated("n1", &mut gate).await.unwrap();
+        assert_eq!(gate.0, 2, "remove");
+        assert_eq!(s.operator_writes(), 2 + 1 + 1 + 2 + 2);
     }
 }

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tidepool_api as api;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
 use tidepool_ipam::{
-    Api as BudgetApi, Budget, EngineConfig, EngineDeps, Family, NodeManager, NodeName,
+    Api as BudgetApi, Background, Budget, EngineConfig, EngineDeps, Family, NodeManager, NodeName,
     SchedulingMode, TokioClock,
 };
 use tokio::sync::watch;
@@ -77,8 +77,18 @@ struct Engine {
     /// done (an addition under the name would cancel it).
     deferred: Arc<Mutex<HashMap<NodeName, tidepool_ipam::NodeInfo>>>,
     removed: Arc<Mutex<HashSet<NodeName>>>,
+    /// The kube budget the engine's passes draw on; writes outside them draw on it too.
+    kube_budget: Budget,
     /// Says the engine leads (always, until leader election comes).
-    _leader: Arc<watch::Sender<bool>>,
+    leader: Arc<watch::Sender<bool>>,
+}
+
+impl Engine {
+    /// Admission for a write outside a node's pass: a kube token behind the nodes, and
+    /// only while leading.
+    fn background(&self) -> Background {
+        Background::new(self.kube_budget.clone(), self.leader.subscribe())
+    }
 }
 
 /// Runs until `shutdown` completes; start-up errors name what failed.
@@ -121,12 +131,13 @@ pub async fn run(
         ready.set(true);
         tracing::info!(families = ?engine.families, "synced; the engine runs");
         let deferred = tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone()));
-        let counts = tokio::spawn(refresh_counts(parts.store.clone()));
+        let counts = tokio::spawn(refresh_counts(parts.store.clone(), engine.background()));
         let pool_status = tokio::spawn(pool_status::keep_written(
             Api::all(client.clone()),
             engine.source.clone(),
             events.clone(),
             Duration::from_secs(2).min(s.engine.resync_interval),
+            engine.background(),
         ));
         shutdown.await;
         ready.set(false);
@@ -309,18 +320,19 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
         }
     }
     let (leader_tx, leader) = watch::channel(true);
+    let kube_budget = Budget::new(
+        BudgetApi::Kube,
+        s.kube_api_qps,
+        s.kube_api_burst,
+        s.scheduling,
+    )?;
     let deps = EngineDeps {
         source: source.clone(),
         store: parts.store.clone(),
         pods: parts.pods.clone(),
         clock: Arc::new(TokioClock::new()),
         source_budget: Budget::unlimited(BudgetApi::Source),
-        kube_budget: Budget::new(
-            BudgetApi::Kube,
-            s.kube_api_qps,
-            s.kube_api_burst,
-            s.scheduling,
-        )?,
+        kube_budget: kube_budget.clone(),
         leader,
     };
     let manager = NodeManager::new(deps, s.engine.clone())?;
@@ -330,7 +342,8 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
         families,
         deferred: Arc::default(),
         removed: Arc::default(),
-        _leader: Arc::new(leader_tx),
+        kube_budget,
+        leader: Arc::new(leader_tx),
     })
 }
 
@@ -385,12 +398,13 @@ async fn retry_deferred(e: Engine, nodes: NodeIndex) {
 }
 
 /// Each second: IPAMNodes whose `status.allocated` is stale (a block came or went since the
-/// last write) get it rewritten, so `kubectl get ipamnodes` shows what each node holds.
-async fn refresh_counts(store: KubeStore) {
+/// last write) get it rewritten, so `kubectl get ipamnodes` shows what each node holds;
+/// each write admitted by `gate`.
+async fn refresh_counts(store: KubeStore, mut gate: Background) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         for name in store.stale_counts() {
-            if let Err(e) = store.refresh_allocated(&name).await {
+            if let Err(e) = store.refresh_allocated(&name, &mut gate).await {
                 tracing::warn!(node = %name, error = %e, "could not write the allocated count");
             }
         }

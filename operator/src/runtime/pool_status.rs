@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{GROUP, OPERATOR_MANAGER, VERSION, condition};
 use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
-use tidepool_ipam::{EventType, PerFamily};
+use tidepool_ipam::{Background, EventType, Gate, PerFamily};
 
 use crate::store::{Events, KubeStore};
 
@@ -65,12 +65,14 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
-/// Every `every`, writes each pool's status that changed since it was last written.
+/// Every `every`, writes each pool's status that changed since it was last written, each
+/// write admitted by `gate` (the kube budget, behind the nodes).
 pub async fn keep_written(
     pools: Api<api::IPPool>,
     source: ClusterPoolSource<KubeStore>,
     events: Events,
     every: Duration,
+    mut gate: Background,
 ) {
     let mut shown: HashMap<String, Shown> = HashMap::new();
     loop {
@@ -99,6 +101,9 @@ pub async fn keep_written(
                     "InvalidPool",
                     e.clone(),
                 );
+            }
+            if gate.request().await.is_err() {
+                break; // the lead is gone: write nothing more this round
             }
             let pp = PatchParams::apply(OPERATOR_MANAGER);
             match pools

@@ -26,8 +26,8 @@ use serde_json::json;
 use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    BlockStore, EventType, IpamBlock, IpamError, IpamNode, NodeName, NodeStore, OperatorFields,
-    ResourceVersion,
+    BlockStore, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
+    OperatorFields, ResourceVersion,
 };
 
 use crate::convert::{
@@ -48,7 +48,13 @@ pub struct KubeStore {
     /// One status writer per IPAMNode at a time (the engine's pass and the count refresh),
     /// so each writes the other's latest fields.
     status_locks: Arc<parking_lot::Mutex<HashMap<NodeName, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Live reads in flight at once: every node's first pass reads its IPAMNode, and a
+    /// thousand at once would open a thousand connections (reads are not budgeted).
+    reads: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many live reads (GETs) the store has in flight at most.
+const MAX_READS_IN_FLIGHT: usize = 32;
 
 impl KubeStore {
     pub fn new(client: Client, events: Events) -> Self {
@@ -58,6 +64,7 @@ impl KubeStore {
             cache: Arc::default(),
             events,
             status_locks: Arc::default(),
+            reads: Arc::new(tokio::sync::Semaphore::new(MAX_READS_IN_FLIGHT)),
         }
     }
 
@@ -77,23 +84,31 @@ impl KubeStore {
     }
 
     /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
-    /// released since), keeping the operator's conditions as they are. Returns whether it
-    /// wrote.
-    pub async fn refresh_allocated(&self, name: &str) -> Result<bool, IpamError> {
+    /// released since), keeping the operator's conditions as they are, its request admitted
+    /// by `gate`. Returns whether it wrote.
+    pub async fn refresh_allocated<G: Gate>(
+        &self,
+        name: &str,
+        gate: &mut G,
+    ) -> Result<bool, IpamError> {
         let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
             return Ok(false);
         };
-        Ok(self.write_status(name, &conditions, false).await?.is_some())
+        Ok(self
+            .write_status(name, &conditions, false, gate)
+            .await?
+            .is_some())
     }
 
     /// The operator's status apply (its conditions and the count), when either differs
     /// from the object's or `always`; one status writer per IPAMNode at a time, each with
     /// the latest count. Returns the written object, None when nothing was due.
-    async fn write_status(
+    async fn write_status<G: Gate>(
         &self,
         name: &str,
         conditions: &[tidepool_ipam::Condition],
         always: bool,
+        gate: &mut G,
     ) -> Result<Option<Arc<IpamNode>>, IpamError> {
         let lock = self.status_lock(name);
         let _held = lock.lock().await;
@@ -110,6 +125,7 @@ impl KubeStore {
         }
         let body = status_body(name, conditions, allocated);
         let rv = view.node.resource_version.as_ref();
+        gate.request().await?;
         let obj = self
             .nodes
             .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
@@ -177,11 +193,12 @@ impl KubeStore {
         Ok(b)
     }
 
-    async fn create_node(
+    async fn create_node<G: Gate>(
         &self,
         name: &NodeName,
         node_uid: u128,
         fields: &OperatorFields,
+        gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
         let body = spec_body(name, node_uid, fields, &Default::default());
         let obj: api::IPAMNode = serde_json::from_value(body).map_err(|e| IpamError::Store {
@@ -190,6 +207,7 @@ impl KubeStore {
             class: tidepool_ipam::ErrorClass::Permanent,
             message: e.to_string(),
         })?;
+        gate.request().await?;
         let created = self
             .nodes
             .create(&Self::post_params(), &obj)
@@ -197,18 +215,21 @@ impl KubeStore {
             .map_err(|e| store_error("create", name, None, e))?;
         let node = self.take_node(&created);
         // a create drops `status`: the conditions and the count follow through /status
-        let written = self.write_status(name, &fields.conditions, true).await?;
+        let written = self
+            .write_status(name, &fields.conditions, true, gate)
+            .await?;
         Ok(written.unwrap_or(node))
     }
 
     /// Removes our finalizer from an object being deleted: a merge patch of the remaining
     /// finalizers with the resourceVersion they were read at, so a concurrent change of the
     /// list is a conflict (retried by the engine), never a loss.
-    async fn drop_finalizer<K>(
+    async fn drop_finalizer<K, G: Gate>(
         &self,
         api: &Api<K>,
         name: &str,
         meta: &ObjectMeta,
+        gate: &mut G,
     ) -> Result<(), IpamError>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -221,6 +242,7 @@ impl KubeStore {
         let rv = meta.resource_version.clone();
         let patch = json!({ "metadata": { "finalizers": rest, "resourceVersion": rv } });
         let expected = rv.as_deref().map(ResourceVersion::server);
+        gate.request().await?;
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -249,6 +271,7 @@ impl NodeStore for KubeStore {
     }
 
     async fn get(&self, name: &str) -> Result<Option<Arc<IpamNode>>, IpamError> {
+        let _slot = self.reads.acquire().await;
         let obj = self
             .nodes
             .get_opt(name)
@@ -257,25 +280,24 @@ impl NodeStore for KubeStore {
         Ok(obj.map(|o| node_from_api(&o).0.node))
     }
 
-    async fn apply_operator(
+    async fn apply_operator_gated<G: Gate>(
         &self,
         name: &NodeName,
         node_uid: u128,
         fields: OperatorFields,
+        gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
         let cached: Option<NodeView> = self.cache.read().node(name).cloned();
         let Some(view) = cached.filter(|v| v.node.resource_version.is_some()) else {
-            return self.create_node(name, node_uid, &fields).await;
+            return self.create_node(name, node_uid, &fields, gate).await;
         };
         let mut node = view.node.clone();
-        let old = &view.node.operator;
         let spec_changed = node.node_uid != node_uid
             || !node.finalizer
-            || old.addresses != fields.addresses
-            || old.release != fields.release
-            || old.reclaim != fields.reclaim;
+            || fields.spec_differs(&view.node.operator);
         if spec_changed {
             let body = spec_body(name, node_uid, &fields, &view.allocations);
+            gate.request().await?;
             let obj = self
                 .nodes
                 .patch(name, &Self::apply_params(), &Patch::Apply(&body))
@@ -283,13 +305,17 @@ impl NodeStore for KubeStore {
                 .map_err(|e| store_error("apply", name, None, e))?;
             node = self.take_node(&obj);
         }
-        if let Some(written) = self.write_status(name, &fields.conditions, false).await? {
+        if let Some(written) = self
+            .write_status(name, &fields.conditions, false, gate)
+            .await?
+        {
             node = written;
         }
         Ok(node)
     }
 
-    async fn remove(&self, name: &str) -> Result<(), IpamError> {
+    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+        gate.request().await?;
         let deleted = self.nodes.delete(name, &DeleteParams::default()).await;
         let obj = match deleted {
             Ok(either) => either.left(),
@@ -299,7 +325,10 @@ impl NodeStore for KubeStore {
             },
         };
         match obj {
-            Some(o) => self.drop_finalizer(&self.nodes, name, &o.metadata).await,
+            Some(o) => {
+                self.drop_finalizer(&self.nodes, name, &o.metadata, gate)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -330,8 +359,13 @@ impl BlockStore for KubeStore {
         self.cache.read().nodes().map(|v| v.node.clone()).collect()
     }
 
-    async fn create_block(&self, block: IpamBlock) -> Result<Arc<IpamBlock>, IpamError> {
+    async fn create_block_gated<G: Gate>(
+        &self,
+        block: IpamBlock,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
         let obj = block_for_create(&block);
+        gate.request().await?;
         let created = self
             .blocks
             .create(&Self::post_params(), &obj)
@@ -341,6 +375,7 @@ impl BlockStore for KubeStore {
     }
 
     async fn get_block(&self, name: &str) -> Result<Option<Arc<IpamBlock>>, IpamError> {
+        let _slot = self.reads.acquire().await;
         let obj = self
             .blocks
             .get_opt(name)
@@ -352,10 +387,16 @@ impl BlockStore for KubeStore {
         }
     }
 
-    async fn mark_block(&self, name: &str, release: bool) -> Result<Arc<IpamBlock>, IpamError> {
+    async fn mark_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        release: bool,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
         let cached = self.cache.read().block(name).cloned();
         let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
         let body = block_mark_body(&b, release);
+        gate.request().await?;
         let obj = self
             .blocks
             .patch(name, &Self::apply_params(), &Patch::Apply(&body))
@@ -364,7 +405,12 @@ impl BlockStore for KubeStore {
         self.take_block(&obj, name)
     }
 
-    async fn delete_block(&self, name: &str, expected: &ResourceVersion) -> Result<(), IpamError> {
+    async fn delete_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        expected: &ResourceVersion,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 resource_version: Some(expected.to_string()),
@@ -372,13 +418,14 @@ impl BlockStore for KubeStore {
             }),
             ..DeleteParams::default()
         };
+        gate.request().await?;
         let deleted = self
             .blocks
             .delete(name, &params)
             .await
             .map_err(|e| store_error("delete", name, Some(expected), e))?;
         if let Some(obj) = deleted.left() {
-            self.drop_finalizer(&self.blocks, name, &obj.metadata)
+            self.drop_finalizer(&self.blocks, name, &obj.metadata, gate)
                 .await?;
         }
         self.cache.write().drop_block(name);

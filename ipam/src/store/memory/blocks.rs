@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::MemoryNodeStore;
 use crate::error::IpamError;
+use crate::gate::Gate;
 use crate::store::{BlockStore, ObjectKind, StoreEvent, Writer};
 use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck, ResourceVersion};
 
@@ -153,7 +154,12 @@ impl BlockStore for MemoryNodeStore {
         self.list()
     }
 
-    async fn create_block(&self, block: IpamBlock) -> Result<Arc<IpamBlock>, IpamError> {
+    async fn create_block_gated<G: Gate>(
+        &self,
+        block: IpamBlock,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
+        gate.request().await?;
         let name = block.name.clone();
         let new = self.write_block(&name, Writer::Operator, |old| match old {
             Some(_) => Err(IpamError::AlreadyExists {
@@ -168,7 +174,13 @@ impl BlockStore for MemoryNodeStore {
         Ok(self.cached_block(name))
     }
 
-    async fn mark_block(&self, name: &str, release: bool) -> Result<Arc<IpamBlock>, IpamError> {
+    async fn mark_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        release: bool,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
+        gate.request().await?;
         let new = self.write_block(name, Writer::Operator, |old| match old {
             None => Err(not_found(name)),
             Some(b) if b.release == release => Ok(Change::Keep),
@@ -180,7 +192,13 @@ impl BlockStore for MemoryNodeStore {
         Ok(new.expect("checked present"))
     }
 
-    async fn delete_block(&self, name: &str, expected: &ResourceVersion) -> Result<(), IpamError> {
+    async fn delete_block_gated<G: Gate>(
+        &self,
+        name: &str,
+        expected: &ResourceVersion,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        gate.request().await?;
         self.write_block(name, Writer::Operator, |old| match old {
             None => Err(not_found(name)),
             Some(b) if b.resource_version.as_ref() != Some(expected) => Err(IpamError::Conflict {
@@ -189,6 +207,10 @@ impl BlockStore for MemoryNodeStore {
             }),
             Some(_) => Ok(Change::Delete),
         })?;
+        // the API server's second request: the operator's finalizer comes off (the object
+        // is gone here already; the request is counted and budgeted as `run` makes it)
+        gate.request().await?;
+        self.inner.lock().operator_writes += 1;
         Ok(())
     }
 }
@@ -277,9 +299,10 @@ mod tests {
         );
         assert_eq!(ev[2].writer, Writer::NodeSide);
         assert!(ev[3].deleted);
+        // the successful delete is two requests (the finalizer's removal follows it)
         assert_eq!(
             s.operator_writes(),
-            8,
+            9,
             "node-side acks are not operator writes"
         );
     }
