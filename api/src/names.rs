@@ -15,6 +15,11 @@ pub const AGENT_MANAGER: &str = "tidepool-agent";
 /// node side has let go of its addresses.
 pub const FINALIZER: &str = "ipam.tidepool.dev/in-use";
 
+/// The taint (effect `NoSchedule`) a Node gets with `--taint-exhausted-nodes` while its
+/// IPAMNode is `Blocked` because it cannot get more addresses: the scheduler knows nothing
+/// of IP capacity otherwise.
+pub const EXHAUSTED_TAINT: &str = "ipam.tidepool.dev/exhausted";
+
 /// Condition types.
 pub mod condition {
     /// IPAMNode (operator): the pool meets its watermarks.

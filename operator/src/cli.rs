@@ -272,6 +272,11 @@ pub struct RunCmd {
     /// (1s to 30 days) before start-up fails naming what did not sync.
     #[arg(long, default_value = "60s", value_parser = sync_timeout, env = "TIDEPOOL_SYNC_TIMEOUT")]
     pub sync_timeout: Duration,
+    /// Taint a Node `ipam.tidepool.dev/exhausted:NoSchedule` while it cannot get more
+    /// addresses (its pool exhausted or at its cap) and pods wait; removed when it can grow
+    /// again. Without it, such taints left by an earlier run are removed.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_TAINT_EXHAUSTED_NODES")]
+    pub taint_exhausted_nodes: bool,
 }
 
 /// `check`'s flags.

@@ -39,6 +39,7 @@ async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
         sync_timeout: f.sync_timeout,
         health_addr: Some(f.health_addr),
         seed: rand_seed(),
+        taint_exhausted_nodes: f.taint_exhausted_nodes,
     };
     runtime::run(client, settings, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -332,6 +332,7 @@ fn settings(o: &Opts) -> Settings {
         sync_timeout: Duration::from_secs(300),
         health_addr: None,
         seed: 7,
+        taint_exhausted_nodes: false,
     }
 }
 

@@ -33,6 +33,7 @@ fn settings() -> Settings {
         sync_timeout: Duration::from_secs(20),
         health_addr: None,
         seed: 7,
+        taint_exhausted_nodes: false,
     }
 }
 
@@ -942,8 +943,9 @@ async fn a_nodes_spec_pools_choose_its_pool() {
     task.await.unwrap();
 }
 
-/// A node whose pool is exhausted while its pods wait gets `Blocked` (reason `Exhausted`)
-/// and a `PoolExhausted` event; a CIDR added to the pool unblocks it and the condition goes.
+/// A node whose pool is exhausted while its pods wait gets `Blocked` (reason `Exhausted`),
+/// a `PoolExhausted` event and (`--taint-exhausted-nodes`) the exhaustion taint beside the
+/// taint it had; a CIDR added to the pool unblocks it, and the condition and our taint go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     let (server, admin) = operator_cluster().await;
@@ -957,14 +959,38 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     // one block in all
     create_object(&admin, pool(&["10.120.0.0/28"])).await;
     add_node(&admin, "node-a").await;
-    let (stop, task) = start_operator(&server, settings()).await;
+    let s = Settings {
+        taint_exhausted_nodes: true,
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
     eventually(Duration::from_secs(20), "node-a's block", || {
         let admin = admin.clone();
         async move { (blocks_of(&admin, "node-a").await.0 == 1).then_some(()) }
     })
     .await;
-    add_node(&admin, "node-b").await;
+    let other = json!({"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"});
+    create_object(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"},
+               "spec": {"taints": [other]}}),
+    )
+    .await;
     add_pod(&admin, "p0", "node-b").await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let taints = |name: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(name).await.expect("the node");
+            let t = n.spec.and_then(|s| s.taints).unwrap_or_default();
+            t.into_iter().map(|t| (t.key, t.effect)).collect::<Vec<_>>()
+        }
+    };
+    let gpu = ("example.com/gpu".to_string(), "NoSchedule".to_string());
+    let exhausted = (
+        "ipam.tidepool.dev/exhausted".to_string(),
+        "NoSchedule".to_string(),
+    );
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
     let blocked = |want: bool| {
         let api = ipamnodes.clone();
@@ -984,6 +1010,13 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     };
     let b = eventually(Duration::from_secs(20), "node-b blocked", blocked(true)).await;
     assert_eq!(b.unwrap().reason, "Exhausted");
+    let want = vec![gpu.clone(), exhausted.clone()];
+    eventually(Duration::from_secs(20), "node-b tainted", || {
+        let (t, want) = (taints("node-b"), want.clone());
+        async move { (t.await == want).then_some(()) }
+    })
+    .await;
+    assert_eq!(taints("node-a").await, vec![], "node-a has its block");
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(admin.clone(), "default");
     eventually(Duration::from_secs(20), "a PoolExhausted event", || {
@@ -1007,6 +1040,11 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
         .unwrap();
     eventually(Duration::from_secs(20), "node-b unblocked", blocked(false)).await;
     assert_eq!(blocks_of(&admin, "node-b").await.0, 1);
+    eventually(Duration::from_secs(20), "node-b's taint gone", || {
+        let (t, want) = (taints("node-b"), vec![gpu.clone()]);
+        async move { (t.await == want).then_some(()) }
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }

@@ -89,6 +89,15 @@ impl NodeIndex {
         self.state.lock().nodes.get(name).map(|r| r.info.clone())
     }
 
+    /// Each selected Node's name and whether it carries the exhaustion taint.
+    pub fn exhausted_taints(&self) -> Vec<(NodeName, bool)> {
+        let st = self.state.lock();
+        st.nodes
+            .iter()
+            .map(|(n, r)| (n.clone(), r.exhausted_taint))
+            .collect()
+    }
+
     /// The labels of the selected Node of that name (for IPPool node selectors).
     pub fn labels(&self, name: &str) -> Option<BTreeMap<String, String>> {
         self.state.lock().nodes.get(name).map(|r| r.labels.clone())
@@ -102,10 +111,11 @@ impl State {
         let old = self.nodes.get(&name);
         match old {
             Some(o) if selected && o.info.uid == rec.info.uid => {
-                if *o != rec {
+                // the taint is the operator's own doing: nothing the engine must hear
+                if (&o.info, &o.labels) != (&rec.info, &rec.labels) {
                     out.push(NodeChange::Changed(rec.info.clone()));
-                    self.nodes.insert(name, rec);
                 }
+                self.nodes.insert(name, rec);
                 return;
             }
             Some(_) => {

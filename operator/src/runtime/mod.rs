@@ -11,6 +11,7 @@
 mod health;
 mod pool_status;
 mod pools;
+mod taints;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -54,6 +55,8 @@ pub struct Settings {
     pub health_addr: Option<SocketAddr>,
     /// Seeds the source's random block search.
     pub seed: u64,
+    /// Taint Nodes that cannot get more addresses while pods wait (`--taint-exhausted-nodes`).
+    pub taint_exhausted_nodes: bool,
 }
 
 /// Everything the watch tasks hand events to.
@@ -139,11 +142,19 @@ pub async fn run(
             Duration::from_secs(2).min(s.engine.resync_interval),
             engine.background(),
         ));
+        let taints = tokio::spawn(taints::keep(
+            Api::all(client.clone()),
+            parts.store.clone(),
+            parts.nodes.clone(),
+            s.taint_exhausted_nodes,
+            engine.background(),
+        ));
         shutdown.await;
         ready.set(false);
         deferred.abort();
         counts.abort();
         pool_status.abort();
+        taints.abort();
         engine.manager.shutdown();
         Ok(())
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+use tidepool_api::names::EXHAUSTED_TAINT;
 use tidepool_ipam::{NodeInfo, NodeName};
 
 use crate::index::uid::parse_uid;
@@ -16,6 +17,8 @@ pub(super) const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
 pub(super) struct NodeRecord {
     pub info: NodeInfo,
     pub labels: BTreeMap<String, String>,
+    /// Whether the Node carries the exhaustion taint (of any effect).
+    pub exhausted_taint: bool,
 }
 
 /// The Node's projection; `None` (logged) when it has no name or its UID is not a UUID.
@@ -34,7 +37,16 @@ pub(super) fn project(node: &Node) -> Option<NodeRecord> {
         terminating: meta.deletion_timestamp.is_some(),
     };
     let labels = meta.labels.clone().unwrap_or_default();
-    Some(NodeRecord { info, labels })
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref());
+    let exhausted_taint = taints
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == EXHAUSTED_TAINT);
+    Some(NodeRecord {
+        info,
+        labels,
+        exhausted_taint,
+    })
 }
 
 /// `status.allocatable["pods"]` as a plain count (the form kubelets report).
