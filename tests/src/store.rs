@@ -2,7 +2,7 @@
 //! for watches, and the generic write semantics (create, update, patch, apply, delete,
 //! finalizers, garbage collection, status subresource, generation, CRD registration).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -71,6 +71,10 @@ struct Inner {
     types: BTreeMap<(String, String, String), Arc<ResType>>,
     objects: HashMap<String, BTreeMap<Key, Arc<Value>>>,
     uids: HashMap<String, (String, Key)>,
+    /// Owner UID → the objects whose `ownerReferences` name it, as (group/resource, key):
+    /// garbage collection looks dependents up here instead of scanning every object (a
+    /// scan made each delete cost ~25 ms at 30,000 pods).
+    owned: HashMap<String, BTreeSet<(String, Key)>>,
     logs: HashMap<String, Log>,
     snapshots: BTreeMap<u64, Snapshot>,
     next_snapshot: u64,
@@ -230,6 +234,7 @@ impl Store {
                 types,
                 objects: HashMap::new(),
                 uids: HashMap::new(),
+                owned: HashMap::new(),
                 logs: HashMap::new(),
                 snapshots: BTreeMap::new(),
                 next_snapshot: 1,
@@ -485,13 +490,15 @@ impl Store {
         let obj = Arc::new(obj);
         let key = (ns.clone(), name);
         let map = i.objects.entry(gr.to_string()).or_default();
-        if etype == "DELETED" {
-            map.remove(&key);
+        let stored = if etype == "DELETED" {
             i.uids.remove(&uid);
+            map.remove(&key)
         } else {
-            map.insert(key.clone(), obj.clone());
-            i.uids.insert(uid, (gr.to_string(), key));
-        }
+            i.uids.insert(uid, (gr.to_string(), key.clone()));
+            map.insert(key.clone(), obj.clone())
+        };
+        let now = (etype != "DELETED").then_some(&obj);
+        Self::index_owners(i, gr, &key, stored.as_deref(), now.map(|o| &**o));
         let ev = Arc::new(WatchEvent {
             rv,
             gr: gr.to_string(),
@@ -1561,20 +1568,48 @@ impl Store {
         }
     }
 
-    fn dependents(i: &Inner, uid: &str) -> Vec<(String, Arc<Value>)> {
-        let mut out = Vec::new();
-        for (g, m) in &i.objects {
-            for o in m.values() {
-                if let Some(refs) = meta(o, "ownerReferences").and_then(Value::as_array)
-                    && refs
-                        .iter()
-                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
-                {
-                    out.push((g.clone(), o.clone()));
+    /// Keeps [`Inner::owned`] right across one object's change from `before` to `after`.
+    fn index_owners(
+        i: &mut Inner,
+        gr: &str,
+        key: &Key,
+        before: Option<&Value>,
+        after: Option<&Value>,
+    ) {
+        let owners = |o: Option<&Value>| -> BTreeSet<String> {
+            o.and_then(|o| meta(o, "ownerReferences"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        };
+        let (was, is) = (owners(before), owners(after));
+        let entry = (gr.to_string(), key.clone());
+        for u in was.difference(&is) {
+            if let Some(set) = i.owned.get_mut(u) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    i.owned.remove(u);
                 }
             }
         }
-        out
+        for u in is.difference(&was) {
+            i.owned.entry(u.clone()).or_default().insert(entry.clone());
+        }
+    }
+
+    /// The objects whose `ownerReferences` name `uid`, in (group/resource, key) order.
+    fn dependents(i: &Inner, uid: &str) -> Vec<(String, Arc<Value>)> {
+        let Some(set) = i.owned.get(uid) else {
+            return Vec::new();
+        };
+        set.iter()
+            .filter_map(|(g, k)| {
+                let o = i.objects.get(g)?.get(k)?;
+                Some((g.clone(), o.clone()))
+            })
+            .collect()
     }
 
     fn orphan_dependents(&self, i: &mut Inner, uid: &str) {

@@ -15,7 +15,7 @@ use kube::api::{
     WatchParams,
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use serde_json::json;
+use serde_json::{Value, json};
 use tidepool_tests::{ApiServer, Config, Faults};
 
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -497,6 +497,34 @@ async fn finalizers_deletion_timestamp_and_owner_gc() {
         .unwrap();
     let o = cms.get("orphan").await.expect("orphaned dependent kept");
     assert!(o.metadata.owner_references.unwrap_or_default().is_empty());
+    // References set and dropped by later writes count, as at create.
+    let late = cms.create(&pp, &cm("late-owner", &[])).await.unwrap();
+    let dropped = cms.create(&pp, &cm("dropped-owner", &[])).await.unwrap();
+    cms.create(&pp, &cm("late-child", &[])).await.unwrap();
+    let c: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "kept", "ownerReferences": [oref(&dropped)]}}),
+    )
+    .unwrap();
+    cms.create(&pp, &c).await.unwrap();
+    let refs = |r: Value| Patch::Merge(json!({"metadata": {"ownerReferences": r}}));
+    let p = PatchParams::default();
+    cms.patch("late-child", &p, &refs(json!([oref(&late)])))
+        .await
+        .unwrap();
+    cms.patch("kept", &p, &refs(Value::Null)).await.unwrap();
+    for owner in ["late-owner", "dropped-owner"] {
+        cms.delete(owner, &DeleteParams::background())
+            .await
+            .unwrap();
+    }
+    eventually(Duration::from_secs(5), "late-child collected", || async {
+        (code(&cms.get("late-child").await.err()?) == 404).then_some(())
+    })
+    .await;
+    assert!(
+        cms.get("kept").await.is_ok(),
+        "a dependent whose reference was dropped survives"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
