@@ -1069,14 +1069,27 @@ async fn bench(o: Opts, snap: Snapshotter) {
     finish(stop, task, &admin).await;
 }
 
-/// The process's memory now (API server, operator and bench together).
+/// The process's memory now (API server, operator and bench together), and its open
+/// sockets (both ends of every client connection to the in-process server).
 fn checkpoint(when: &str) {
     println!(
-        "memory when {when}: VmRSS {} KiB, VmHWM {} KiB, live heap {} KiB",
+        "memory when {when}: VmRSS {} KiB, VmHWM {} KiB, live heap {} KiB; {} sockets open",
         proc_kib("VmRSS"),
         proc_kib("VmHWM"),
-        live_heap() / 1024
+        live_heap() / 1024,
+        sockets()
     );
+}
+
+/// Open sockets of this process (/proc/self/fd links to `socket:[…]`).
+fn sockets() -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|l| l.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 async fn finish(
