@@ -16,12 +16,15 @@ use crate::Error;
 /// A client for the Lease alone, built from the operator's kube configuration with no
 /// automatic retries (kube's default stack retries 429/503/504 with backoff; a renewal
 /// retried past its deadline is worse than one that failed) and with connect, read and write
-/// timeouts of `timeout` (the renew deadline / 2).
+/// timeouts of `timeout` (the renew deadline / 2). The read timeout counts from each request
+/// sent, not from when its pooled connection went idle (else a request on a connection idle
+/// longer than the timeout would fail at once).
 pub fn lease_client(mut config: Config, timeout: Duration) -> Result<Client, Error> {
     config.default_retry = false;
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
+    config.reset_reader_on_write = true;
     Client::try_from(config).map_err(Error::LeaseClient)
 }
 
