@@ -47,13 +47,14 @@ pub enum Error {
     #[error("cannot build the Lease client")]
     LeaseClient(#[source] kube::Error),
     /// One Lease request failed (a 409 is not this: it is an answer, "someone else wrote").
-    #[error("{op} Lease {namespace}/{name}")]
+    #[error("{op} Lease {lease}")]
     Lease {
         op: &'static str,
-        namespace: String,
-        name: String,
+        /// `namespace/name`.
+        lease: String,
+        /// Boxed: the enum stays small for every other caller.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// One acquire or renew attempt (its GET and its write) took longer than the Lease
     /// client's timeout (at most the renew deadline / 2).

@@ -87,9 +87,8 @@ impl LeaseApi {
     fn error(&self, op: &'static str, source: kube::Error) -> Error {
         Error::Lease {
             op,
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            source,
+            lease: format!("{}/{}", self.namespace, self.name),
+            source: Box::new(source),
         }
     }
 
