@@ -114,21 +114,11 @@ impl Elector {
     }
 
     async fn try_acquire_or_renew(&mut self, start: Instant) -> Result<Step, Error> {
-        let current = self.lease.get().await?;
-        let now = Instant::now();
-        self.seen = current.map(|r| Observed::update(self.seen.take(), r, now));
+        let decision = self.observe().await?;
         let me = self.config.identity.as_str();
-        let step_down_at = self.leadership.step_down_instant();
-        let decision = decide::decide(
-            me,
-            step_down_at,
-            self.seen.as_ref(),
-            now,
-            self.config.lease_duration,
-        );
         let secs = self.config.lease_duration_seconds();
-        let Some(claim) = decide::claim(me, &decision, self.seen.as_ref(), Timestamp::now(), secs)
-        else {
+        let seen = self.seen.as_ref();
+        let Some(claim) = decide::claim(me, &decision, seen, Timestamp::now(), secs) else {
             return Ok(match decision {
                 Decision::Wait { until } => Step::Next(until),
                 Decision::StepDown(why) => Step::Lost(why),
@@ -145,6 +135,21 @@ impl Elector {
         };
         self.seen = Some(Observed::update(self.seen.take(), rec, Instant::now()));
         Ok(self.won(start, &decision))
+    }
+
+    /// Reads the Lease, notes whether it changed (on the monotonic clock, when the answer
+    /// came) and decides.
+    async fn observe(&mut self) -> Result<Decision, Error> {
+        let current = self.lease.get().await?;
+        let now = Instant::now();
+        self.seen = current.map(|r| Observed::update(self.seen.take(), r, now));
+        Ok(decide::decide(
+            &self.config.identity,
+            self.leadership.step_down_instant(),
+            self.seen.as_ref(),
+            now,
+            self.config.lease_duration,
+        ))
     }
 
     /// A successful write of the Lease: leadership runs until `start` + renew deadline.
