@@ -68,6 +68,10 @@ pub const REPAIR_ISSUES_TOTAL: &str = "tidepool_ipam_repair_issues_total";
 pub const NODE_IPS: &str = "tidepool_ipam_node_ips";
 /// 1 while this replica leads, else 0 (gauge).
 pub const LEADER: &str = "tidepool_leader";
+/// Times this replica became the leader (counter).
+pub const LEADER_TRANSITIONS_TOTAL: &str = "tidepool_leader_transitions_total";
+/// Writes not sent because this replica did not lead (counter).
+pub const LEADER_WRITES_REFUSED_TOTAL: &str = "tidepool_leader_writes_refused_total";
 
 // ---------------------------------------------------------------------------------------------
 // Labels and their enumerated values.
@@ -491,6 +495,20 @@ pub const ALL: &[Def] = &[
         kind: Kind::Gauge,
         unit: None,
         help: "1 while this replica holds the leader lease and may write, else 0.",
+        labels: &[],
+    },
+    Def {
+        name: LEADER_TRANSITIONS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Times this replica acquired the leader lease (from another holder, a released lease, or none).",
+        labels: &[],
+    },
+    Def {
+        name: LEADER_WRITES_REFUSED_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Writes a write path did not send because this replica was past its step-down instant or not leading.",
         labels: &[],
     },
 ];

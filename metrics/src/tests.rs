@@ -34,6 +34,8 @@ const NAMES: &[&str] = &[
     REPAIR_ISSUES_TOTAL,
     NODE_IPS,
     LEADER,
+    LEADER_TRANSITIONS_TOTAL,
+    LEADER_WRITES_REFUSED_TOTAL,
 ];
 
 #[test]
@@ -41,14 +43,24 @@ fn names_match_design_table() {
     assert_eq!(IPS, "tidepool_ipam_ips");
     assert_eq!(TRIGGER_FOLDS, "tidepool_ipam_trigger_folds");
     assert_eq!(LEADER, "tidepool_leader");
+    assert_eq!(
+        LEADER_TRANSITIONS_TOTAL,
+        "tidepool_leader_transitions_total"
+    );
+    assert_eq!(
+        LEADER_WRITES_REFUSED_TOTAL,
+        "tidepool_leader_writes_refused_total"
+    );
     for name in NAMES {
-        if *name != LEADER {
-            let short = name.strip_prefix("tidepool_ipam_").expect(name);
-            assert!(
-                short.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-                "{name}"
-            );
-        }
+        // IPAM's metrics are `tidepool_ipam_*`, the replica's leadership `tidepool_leader*`
+        assert!(
+            name.starts_with("tidepool_ipam_") || name.starts_with("tidepool_leader"),
+            "{name}"
+        );
+        assert!(
+            name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+            "{name}"
+        );
     }
     let defined: Vec<&str> = ALL.iter().map(|d| d.name).collect();
     assert_eq!(
@@ -228,6 +240,8 @@ fn register_zero_registers_every_enumerated_series() {
         (API_WAIT_SECONDS, 2),
         (REPAIR_ISSUES_TOTAL, 5),
         (LEADER, 1),
+        (LEADER_TRANSITIONS_TOTAL, 1),
+        (LEADER_WRITES_REFUSED_TOTAL, 1),
     ];
     for (name, n) in expected {
         let got = series.get(*name).map_or(0, |s| s.len());

@@ -277,6 +277,69 @@ pub struct RunCmd {
     /// again. Without it, such taints left by an earlier run are removed.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_TAINT_EXHAUSTED_NODES")]
     pub taint_exhausted_nodes: bool,
+    #[command(flatten)]
+    pub leader: LeaderFlags,
+}
+
+/// Leader election (Kubernetes' component-base names, client-go's semantics; see
+/// [`tidepool_operator::leader`]).
+#[derive(Args, Debug, Clone)]
+pub struct LeaderFlags {
+    /// How long followers wait after they last saw the Lease change before taking it over
+    /// (1s to 30 days; more than --leader-elect-renew-deadline).
+    #[arg(long = "leader-elect-lease-duration", default_value = "15s", value_parser = lease_duration, env = "TIDEPOOL_LEADER_ELECT_LEASE_DURATION")]
+    pub lease_duration: Duration,
+    /// How long the leader goes on leading without a successful renewal; at that instant
+    /// it stops writing and exits (10ms to 30 days; more than 1.2 × the retry period).
+    #[arg(long = "leader-elect-renew-deadline", default_value = "10s", value_parser = election_interval, env = "TIDEPOOL_LEADER_ELECT_RENEW_DEADLINE")]
+    pub renew_deadline: Duration,
+    /// Time between attempts to acquire or renew the Lease (10ms to 30 days).
+    #[arg(long = "leader-elect-retry-period", default_value = "2s", value_parser = election_interval, env = "TIDEPOOL_LEADER_ELECT_RETRY_PERIOD")]
+    pub retry_period: Duration,
+    /// The Lease's name.
+    #[arg(long = "leader-elect-resource-name", default_value = tidepool_operator::leader::DEFAULT_LEASE_NAME, env = "TIDEPOOL_LEADER_ELECT_RESOURCE_NAME")]
+    pub resource_name: String,
+    /// The Lease's namespace [default: the pod's, from $POD_NAMESPACE (downward API)].
+    #[arg(
+        long = "leader-elect-resource-namespace",
+        env = "TIDEPOOL_LEADER_ELECT_RESOURCE_NAMESPACE"
+    )]
+    pub resource_namespace: Option<String>,
+}
+
+impl LeaderFlags {
+    /// The elector's settings, checked: lease duration > renew deadline > 1.2 × retry period,
+    /// and a namespace (the flag, else `env("POD_NAMESPACE")`). The identity is
+    /// `$POD_NAME` (else the host name) with a random suffix.
+    pub fn config(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<tidepool_operator::leader::LeaderConfig, tidepool_operator::Error> {
+        let namespace = self
+            .resource_namespace
+            .clone()
+            .or_else(|| env("POD_NAMESPACE"))
+            .unwrap_or_default();
+        let config = tidepool_operator::leader::LeaderConfig {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+            name: self.resource_name.clone(),
+            namespace,
+            identity: tidepool_operator::leader::default_identity(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// A Lease's duration is written in whole seconds: at least one.
+fn lease_duration(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_secs(1))
+}
+
+fn election_interval(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_millis(10))
 }
 
 /// `check`'s flags.
@@ -647,6 +710,115 @@ mod tests {
             (cfg.churn, cfg.crash_rate, cfg.node_churn),
             (2.0, 0.05, 1.0)
         );
+    }
+
+    fn leader_flags(args: &[&str]) -> Result<LeaderFlags, String> {
+        let mut all = vec!["t", "run"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Run(r) => Ok(r.leader),
+            _ => panic!("run expected"),
+        }
+    }
+
+    /// The settings `args` give, with `POD_NAMESPACE` as `pod_ns`.
+    fn leader_config(
+        args: &[&str],
+        pod_ns: Option<&str>,
+    ) -> Result<tidepool_operator::leader::LeaderConfig, String> {
+        let env = |k: &str| {
+            (k == "POD_NAMESPACE")
+                .then(|| pod_ns.map(String::from))
+                .flatten()
+        };
+        leader_flags(args)?.config(env).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn leader_election_defaults_are_client_gos() {
+        let c = leader_config(&[], Some("tidepool")).unwrap();
+        assert_eq!(c.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
+        assert_eq!(c.retry_period, Duration::from_secs(2));
+        assert_eq!(
+            (c.name.as_str(), c.namespace.as_str()),
+            ("tidepool-operator", "tidepool")
+        );
+        assert!(!c.identity.is_empty());
+        let c = leader_config(
+            &[
+                "--leader-elect-resource-namespace",
+                "ops",
+                "--leader-elect-resource-name",
+                "x",
+            ],
+            Some("tidepool"),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.namespace.as_str()),
+            ("x", "ops"),
+            "the flag wins"
+        );
+    }
+
+    /// Each rule of lease duration > renew deadline > 1.2 × retry period fails at start,
+    /// naming the flags; so does a missing namespace.
+    #[test]
+    fn leader_election_flags_that_do_not_fit_are_refused_naming_them() {
+        let refused = |args: &[&str], pod_ns: Option<&str>, says: &[&str]| {
+            let e = leader_config(args, pod_ns).unwrap_err();
+            for s in says {
+                assert!(e.contains(s), "{args:?}: {e}");
+            }
+        };
+        let ns = Some("tidepool");
+        refused(
+            &["--leader-elect-lease-duration", "10s"],
+            ns,
+            &[
+                "--leader-elect-lease-duration (10s)",
+                "--leader-elect-renew-deadline (10s)",
+            ],
+        );
+        refused(
+            &["--leader-elect-renew-deadline", "2400ms"],
+            ns,
+            &[
+                "--leader-elect-renew-deadline (2s 400ms)",
+                "1.2 × --leader-elect-retry-period (2s)",
+            ],
+        );
+        refused(
+            &[],
+            None,
+            &["--leader-elect-resource-namespace", "POD_NAMESPACE"],
+        );
+        refused(
+            &["--leader-elect-renew-deadline", "14500ms"],
+            ns,
+            &["--leader-elect-lease-duration (15s)", "by more than 1s"],
+        );
+        refused(
+            &["--leader-elect-lease-duration", "500ms"],
+            ns,
+            &["--leader-elect-lease-duration", "at least 1s"],
+        );
+        refused(
+            &["--leader-elect-retry-period", "1ms"],
+            ns,
+            &["--leader-elect-retry-period", "at least 10ms"],
+        );
+        // the short durations the tests use are fine
+        let short = [
+            "--leader-elect-lease-duration",
+            "2s",
+            "--leader-elect-renew-deadline",
+            "1s",
+            "--leader-elect-retry-period",
+            "250ms",
+        ];
+        assert!(leader_config(&short, ns).is_ok());
     }
 
     fn simulate_flags(args: &[&str]) -> Result<SimulateFlags, String> {

@@ -6,6 +6,7 @@ pub mod check;
 pub mod convert;
 pub mod error;
 pub mod index;
+pub mod leader;
 pub mod runtime;
 pub mod store;
 

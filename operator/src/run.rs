@@ -12,6 +12,8 @@ use tidepool_operator::runtime::{self, Settings};
 
 pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
     if f.leader_elect {
+        // bad leader-election flags fail first, naming them (issue 14 wires the elector)
+        f.leader.config(|k| std::env::var(k).ok())?;
         bail!(
             "--leader-elect: leader election is not available yet; run one replica with --leader-elect=false"
         );

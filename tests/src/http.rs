@@ -269,25 +269,15 @@ async fn resource(
             && (f.error_verbs.is_empty() || f.error_verbs.contains(verb))
             && (st.store.random() % 1_000_000) as f64 / 1_000_000.0 < f.error_rate
         {
-            Some(match f.error_code {
-                429 => Error::too_many_requests(f.retry_after_secs),
-                503 => Error::api(
-                    503,
-                    "ServiceUnavailable",
-                    "injected fault: service unavailable",
-                ),
-                504 => Error::api(
-                    504,
-                    "Timeout",
-                    "injected fault: the server was unable to return a response in the time allotted",
-                ),
-                _ => Error::internal("injected fault: internal error"),
-            })
+            Some(injected_error(f.error_code, f.retry_after_secs))
         } else {
             None
         }
     };
     if let Some(e) = injected {
+        return error_response(&e);
+    }
+    if let Some(e) = targeted_fault(st, who, &res_name, verb).await {
         return error_response(&e);
     }
     let accept = req
@@ -318,6 +308,71 @@ async fn resource(
             error_response(&e)
         }
     }
+}
+
+/// The error an injected fault answers: 429 (with Retry-After), 503, 504, else 500.
+fn injected_error(code: u16, retry_after_secs: u64) -> Error {
+    match code {
+        429 => Error::too_many_requests(retry_after_secs),
+        503 => Error::api(
+            503,
+            "ServiceUnavailable",
+            "injected fault: service unavailable",
+        ),
+        504 => Error::api(
+            504,
+            "Timeout",
+            "injected fault: the server was unable to return a response in the time allotted",
+        ),
+        _ => Error::internal("injected fault: internal error"),
+    }
+}
+
+/// Applies the first [`TargetedFault`](crate::TargetedFault) matching this identity,
+/// resource and verb: its latency, then its error if it has one.
+async fn targeted_fault(st: &State, who: &str, resource: &str, verb: &str) -> Option<Error> {
+    let hit = {
+        let f = st.faults.read();
+        f.targeted
+            .iter()
+            .find(|t| {
+                t.identity == who
+                    && t.resource == resource
+                    && (t.verbs.is_empty() || t.verbs.contains(verb))
+            })
+            .map(|t| (t.latency, t.error_code, f.retry_after_secs))
+    };
+    let (latency, code, retry_after) = hit?;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    tracing::debug!(identity = who, resource, verb, ?code, "targeted fault");
+    code.map(|c| injected_error(c, retry_after))
+}
+
+/// Notes a write the store accepted (dry runs are not writes).
+fn record_write(st: &State, t: &Target, verb: &str, who: &str, obj: &Value, dry_run: bool) {
+    if dry_run {
+        return;
+    }
+    let md = |k: &str| {
+        obj.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+    };
+    let resource = if t.sub.is_empty() {
+        t.rt.gr()
+    } else {
+        format!("{}/{}", t.rt.gr(), t.sub)
+    };
+    st.writes.lock().push(crate::AcceptedWrite {
+        at: std::time::Instant::now(),
+        identity: who.to_string(),
+        verb: verb.to_string(),
+        resource,
+        namespace: t.ns.clone(),
+        name: md("name").unwrap_or_default().to_string(),
+        resource_version: md("resourceVersion").unwrap_or_default().to_string(),
+    });
 }
 
 fn content_type(req: &Request<Incoming>) -> String {
@@ -519,11 +574,13 @@ async fn serve(
         "watch" => watch(st, t, q, sel()?, who, as_table),
         "create" => {
             let w = store.create(rt, &ns, media::object_body(rt, body, ctype)?, &opts)?;
+            record_write(st, t, verb, who, &w.obj, opts.dry_run);
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "update" => {
             let obj = media::object_body(rt, body, ctype)?;
             let w = store.update(rt, &ns, &name, obj, &opts)?;
+            record_write(st, t, verb, who, &w.obj, opts.dry_run);
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "patch" | "apply" => {
@@ -536,6 +593,7 @@ async fn serve(
                 &media::parse_body(body, ctype)?,
                 &opts,
             )?;
+            record_write(st, t, verb, who, &w.obj, opts.dry_run);
             Ok(json_response(w.code, &w.obj, &w.warnings))
         }
         "delete" | "deletecollection" => {
@@ -570,6 +628,7 @@ async fn serve(
                 return Ok(json_response(200, &success_status(), &[]));
             }
             let w = store.delete(rt, &ns, &name, &d)?;
+            record_write(st, t, verb, who, &w.obj, d.dry_run);
             if rt.kind == "Namespace"
                 && rt.group.is_empty()
                 && !d.dry_run

@@ -33,4 +33,4 @@ mod typemeta;
 
 pub use error::{Error, Result};
 pub use identity::{ADMIN, NODE_NAME_EXTRA, NODE_UID_EXTRA, UserInfo};
-pub use server::{ApiServer, Config, Faults};
+pub use server::{AcceptedWrite, ApiServer, Config, Faults, TargetedFault};

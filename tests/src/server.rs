@@ -82,6 +82,44 @@ pub struct Faults {
     pub refused: BTreeSet<String>,
     /// Watches are closed after this long (watches closed early).
     pub watch_max: Option<Duration>,
+    /// Faults of one identity's requests on one resource (the first match applies).
+    pub targeted: Vec<TargetedFault>,
+}
+
+/// A fault of one identity's requests on one resource, applied after authentication and
+/// authorization: how a slow or failing storage key, or API priority and fairness throttling
+/// one flow (leader election has its own priority level), looks to that client. For
+/// example only replica A's Lease updates fail while its other writes go through.
+#[derive(Debug, Clone, Default)]
+pub struct TargetedFault {
+    /// The identity string (as given to [`ApiServer::token`]).
+    pub identity: String,
+    /// `plural[.group][/subresource]`, as [`ApiServer::requests`] names it.
+    pub resource: String,
+    /// Verbs hit (as [`Faults::error_verbs`]); empty means all.
+    pub verbs: BTreeSet<String>,
+    /// Added before the request is served or refused.
+    pub latency: Duration,
+    /// Answered instead of serving (as [`Faults::error_code`]: 429, 503, 504, else 500);
+    /// None: served after the latency.
+    pub error_code: Option<u16>,
+}
+
+/// A write the server accepted: stored, not a dry run (see [`ApiServer::accepted_writes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedWrite {
+    /// When the write was stored.
+    pub at: std::time::Instant,
+    /// The identity string of the writer.
+    pub identity: String,
+    /// create, update, patch, apply or delete.
+    pub verb: String,
+    /// `plural[.group][/subresource]`.
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// The object's resourceVersion after the write.
+    pub resource_version: String,
 }
 
 pub(crate) struct State {
@@ -95,6 +133,7 @@ pub(crate) struct State {
     /// Bearer token → (identity string, the user it authenticates as).
     pub tokens: RwLock<HashMap<String, (String, Arc<UserInfo>)>>,
     pub counters: Mutex<BTreeMap<(String, String), u64>>,
+    pub writes: Mutex<Vec<AcceptedWrite>>,
     pub addr: SocketAddr,
     pub tls: Option<Tls>,
     pub policy: PolicyCache,
@@ -146,6 +185,7 @@ impl ApiServer {
             paused: watch::channel(false).0,
             tokens: RwLock::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
+            writes: Mutex::new(Vec::new()),
             addr,
             tls,
             policy: PolicyCache::default(),
@@ -317,6 +357,13 @@ impl ApiServer {
             .get(&(verb.to_string(), resource.to_string()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Every write accepted so far, in the order stored, with its time and writer: to check
+    /// who wrote what when (for example that a deposed leader wrote nothing after its
+    /// successor's first write).
+    pub fn accepted_writes(&self) -> Vec<AcceptedWrite> {
+        self.state.writes.lock().clone()
     }
 
     /// Resets the request counters.

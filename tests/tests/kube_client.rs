@@ -16,7 +16,7 @@ use kube::api::{
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
-use tidepool_tests::{ApiServer, Config, Faults};
+use tidepool_tests::{ApiServer, Config, Faults, TargetedFault};
 
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
     let mut c = ConfigMap::default();
@@ -1361,6 +1361,158 @@ async fn faults_and_request_counters() {
         1,
         "the one list answered 500 is counted"
     );
+}
+
+/// A client for `identity` without kube's retry layer, so each call is one request.
+async fn client_without_retries(server: &ApiServer, identity: &str) -> kube::Client {
+    let mut cfg = server.kube_config(identity).await.unwrap();
+    cfg.default_retry = false;
+    kube::Client::try_from(cfg).unwrap()
+}
+
+fn lease(name: &str, holder: &str) -> Lease {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+    }))
+    .unwrap()
+}
+
+/// A targeted fault hits one identity's requests on one resource and verb, nothing else:
+/// replica a's Lease updates fail (or are slow) while its Lease reads, its other writes and
+/// replica b's Lease updates go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targeted_faults_hit_one_identity_resource_and_verb() {
+    let server = ApiServer::start_with(fast_config()).await.unwrap();
+    let a = client_without_retries(&server, "a").await;
+    let b = client_without_retries(&server, "b").await;
+    let (la, lb): (Api<Lease>, Api<Lease>) = (
+        Api::namespaced(a.clone(), "default"),
+        Api::namespaced(b.clone(), "default"),
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(a.clone(), "default");
+    la.create(&PostParams::default(), &lease("l", "a"))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &cm("c", &[]))
+        .await
+        .unwrap();
+    server.set_faults(Faults {
+        targeted: vec![TargetedFault {
+            identity: "a".into(),
+            resource: "leases.coordination.k8s.io".into(),
+            verbs: ["update".to_string()].into(),
+            error_code: Some(503),
+            ..TargetedFault::default()
+        }],
+        ..Faults::default()
+    });
+    let mut l = la.get("l").await.expect("a's reads pass");
+    l.spec.as_mut().unwrap().holder_identity = Some("a2".into());
+    let e = la
+        .replace("l", &PostParams::default(), &l)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (code(&e), status(&e).reason.as_str()),
+        (503, "ServiceUnavailable")
+    );
+    cms.replace("c", &PostParams::default(), &cm("c", &[("k", "v")]))
+        .await
+        .expect("a's other writes pass");
+    l.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    lb.replace("l", &PostParams::default(), &l)
+        .await
+        .expect("b's Lease writes pass");
+
+    // latency alone: served late
+    server.set_faults(Faults {
+        targeted: vec![TargetedFault {
+            identity: "a".into(),
+            resource: "leases.coordination.k8s.io".into(),
+            latency: Duration::from_millis(400),
+            ..TargetedFault::default()
+        }],
+        ..Faults::default()
+    });
+    let t = Instant::now();
+    let got = la.get("l").await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(got.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    let t = Instant::now();
+    lb.get("l").await.unwrap();
+    cms.get("c").await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// The server's log of accepted writes: each stored write with its time, writer, verb,
+/// object and new resourceVersion, in order; refused writes and dry runs are not in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_writes_are_logged_with_time_and_writer() {
+    let server = ApiServer::start_with(fast_config()).await.unwrap();
+    let start = Instant::now();
+    let a: Api<Lease> = Api::namespaced(client_without_retries(&server, "a").await, "default");
+    let b: Api<Lease> = Api::namespaced(client_without_retries(&server, "b").await, "default");
+    let created = a
+        .create(&PostParams::default(), &lease("l", "a"))
+        .await
+        .unwrap();
+    // a stale write (409) and a dry run are not accepted writes
+    let mut stale = created.clone();
+    stale.metadata.resource_version = Some("1".into());
+    assert_eq!(
+        code(
+            &b.replace("l", &PostParams::default(), &stale)
+                .await
+                .unwrap_err()
+        ),
+        409
+    );
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    b.replace("l", &dry, &created).await.unwrap();
+    let updated = b
+        .replace("l", &PostParams::default(), &created)
+        .await
+        .unwrap();
+    b.delete("l", &DeleteParams::default()).await.unwrap();
+    let log = server.accepted_writes();
+    let seen: Vec<(&str, &str, &str)> = log
+        .iter()
+        .map(|w| (w.identity.as_str(), w.verb.as_str(), w.name.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("a", "create", "l"),
+            ("b", "update", "l"),
+            ("b", "delete", "l")
+        ]
+    );
+    assert!(
+        log.iter()
+            .all(|w| w.resource == "leases.coordination.k8s.io"
+                && w.namespace.as_deref() == Some("default"))
+    );
+    assert_eq!(
+        log[0].resource_version,
+        created.metadata.resource_version.unwrap()
+    );
+    assert_eq!(
+        log[1].resource_version,
+        updated.metadata.resource_version.unwrap()
+    );
+    assert!(log[0].at >= start && log.windows(2).all(|w| w[0].at <= w[1].at));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
