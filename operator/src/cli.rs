@@ -164,7 +164,8 @@ pub enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run against a cluster: one replica for now (--leader-elect=false).
+    /// Run against a cluster: replicas elect a leader through a Lease (or, with
+    /// --leader-elect=false, one replica leads alone).
     Run(Box<RunCmd>),
     /// Run the real engine on a simulated cluster and report.
     Simulate(Box<SimulateFlags>),
@@ -260,8 +261,8 @@ pub struct RunCmd {
     /// Where /healthz and /readyz are served.
     #[arg(long, default_value = "0.0.0.0:9964", env = "TIDEPOOL_HEALTH_ADDR")]
     pub health_addr: SocketAddr,
-    /// Elect a leader among replicas through a Lease (not available yet: pass false and
-    /// run one replica).
+    /// Elect a leader among replicas through a Lease (the --leader-elect-* flags); false:
+    /// run exactly one replica, which always leads.
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_LEADER_ELECT")]
     pub leader_elect: bool,
     /// Only Nodes matching this label selector get pools (`k=v`, `k!=v`, `k`, `!k`,

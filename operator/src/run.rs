@@ -8,26 +8,29 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::cli::RunCmd;
-use tidepool_operator::runtime::{self, Settings};
+use tidepool_operator::leader::LeaderConfig;
+use tidepool_operator::runtime::{self, Election, Settings};
 
 pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
-    if f.leader_elect {
-        // bad leader-election flags fail first, naming them (issue 14 wires the elector)
-        f.leader.config(|k| std::env::var(k).ok())?;
-        bail!(
-            "--leader-elect: leader election is not available yet; run one replica with --leader-elect=false"
-        );
-    }
+    // bad leader-election flags fail first, naming them
+    let leader = f
+        .leader_elect
+        .then(|| f.leader.config(|k| std::env::var(k).ok()))
+        .transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(run_async(f))?;
+    rt.block_on(run_async(f, leader))?;
     Ok(true)
 }
 
-async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
-    let client = client(f.kubeconfig.as_deref(), f.sync_timeout).await?;
+async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<()> {
+    let config = config(f.kubeconfig.as_deref()).await?;
+    let client = client_of(config.clone(), f.sync_timeout).await?;
+    if let Some(l) = &leader {
+        tracing::info!(identity = %l.identity, lease = %format!("{}/{}", l.namespace, l.name), "leader election on");
+    }
     tidepool_metrics::install_exporter(f.metrics_addr)
         .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
     tidepool_metrics::describe_all();
@@ -42,6 +45,10 @@ async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
         health_addr: Some(f.health_addr),
         seed: rand_seed(),
         taint_exhausted_nodes: f.taint_exhausted_nodes,
+        election: leader.map(|leader| Election {
+            config: leader,
+            kube_config: config,
+        }),
     };
     runtime::run(client, settings, shutdown_signal()).await?;
     tracing::info!("stopped");
@@ -51,7 +58,12 @@ async fn run_async(f: &RunCmd) -> anyhow::Result<()> {
 /// The client from --kubeconfig, else in-cluster, else $KUBECONFIG; then the API server
 /// must answer within `timeout` (`run`'s --sync-timeout, `check`'s --timeout).
 pub(crate) async fn client(kubeconfig: Option<&Path>, timeout: Duration) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
+    client_of(config(kubeconfig).await?, timeout).await
+}
+
+/// The client configuration from --kubeconfig, else in-cluster, else $KUBECONFIG.
+async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("--kubeconfig {}", path.display()))?;
@@ -62,7 +74,11 @@ pub(crate) async fn client(kubeconfig: Option<&Path>, timeout: Duration) -> anyh
         None => Config::infer()
             .await
             .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG")?,
-    };
+    })
+}
+
+/// A client of `config`, once the API server answers (at most `timeout`).
+async fn client_of(config: Config, timeout: Duration) -> anyhow::Result<Client> {
     let url = config.cluster_url.clone();
     let client = Client::try_from(config).context("building the API client")?;
     let deadline = tokio::time::Instant::now() + timeout;

@@ -333,6 +333,7 @@ fn settings(o: &Opts) -> Settings {
         health_addr: None,
         seed: 7,
         taint_exhausted_nodes: false,
+        election: None,
     }
 }
 

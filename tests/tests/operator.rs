@@ -34,6 +34,7 @@ fn settings() -> Settings {
         health_addr: None,
         seed: 7,
         taint_exhausted_nodes: false,
+        election: None,
     }
 }
 

@@ -178,13 +178,11 @@ impl Elector {
     /// (client-go's ReleaseOnCancel) rather than a lease duration later.
     async fn shut_down(&mut self) -> Result<(), Error> {
         let was_leading = self.leadership.is_leading();
-        let settle = self.leadership.step_down();
+        self.leadership.step_down();
         if !was_leading {
             return Ok(());
         }
-        if let Some(at) = settle {
-            sleep_until(at).await;
-        }
+        self.leadership.settled().await;
         let Some(rec) = self
             .seen
             .as_ref()

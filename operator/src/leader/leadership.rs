@@ -22,6 +22,8 @@ pub struct Leadership {
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
+    /// Woken whenever a write ends (answered, timed out or dropped).
+    write_ended: tokio::sync::Notify,
     /// Flips to true on acquisition and to false on step-down; for wake-ups. The truth is
     /// [`Leadership::is_leading`], which does not wait for anyone to send.
     tx: watch::Sender<bool>,
@@ -32,9 +34,48 @@ struct Inner {
 struct State {
     /// While leading: last successful renewal's start + renew deadline.
     step_down_at: Option<Instant>,
-    /// The latest instant a permitted write may still land; the Lease is not released
-    /// before it (client-go's ReleaseOnCancel presumes guarded work has stopped).
-    writes_settle_at: Option<Instant>,
+    /// Writes under way: their ids and the instants they must land by.
+    in_flight: std::collections::HashMap<u64, Instant>,
+    next_write: u64,
+    /// The latest deadline of a write given up without an answer (dropped, or past its
+    /// deadline): the server may still hold it until then. The Lease is not released before
+    /// it (client-go's ReleaseOnCancel presumes guarded work has stopped).
+    abandoned_until: Option<Instant>,
+}
+
+/// One write under way (see [`Leadership::start_write`]); [`WriteGuard::answered`] when
+/// its answer came, else dropping it counts the write as possibly still held by the server
+/// until its deadline.
+#[derive(Debug)]
+pub struct WriteGuard {
+    leadership: Leadership,
+    id: u64,
+    by: Instant,
+    answered: bool,
+}
+
+impl WriteGuard {
+    /// The instant the write must have landed by.
+    pub fn deadline(&self) -> Instant {
+        self.by
+    }
+
+    /// The answer came: the server holds nothing of this write any more.
+    pub fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        let mut st = self.leadership.inner.state.lock();
+        st.in_flight.remove(&self.id);
+        if !self.answered && Instant::now() < self.by {
+            st.abandoned_until = st.abandoned_until.max(Some(self.by));
+        }
+        drop(st);
+        self.leadership.inner.write_ended.notify_waiters();
+    }
 }
 
 impl Leadership {
@@ -43,6 +84,7 @@ impl Leadership {
         Leadership {
             inner: Arc::new(Inner {
                 state: Mutex::default(),
+                write_ended: tokio::sync::Notify::new(),
                 tx: watch::channel(false).0,
                 write_timeout: config.write_timeout(),
             }),
@@ -79,11 +121,51 @@ impl Leadership {
     /// [`count_refused_write`] (or use [`require_permit`](Self::require_permit)).
     pub fn permit(&self) -> Option<Instant> {
         let now = Instant::now();
-        let mut st = self.inner.state.lock();
+        let st = self.inner.state.lock();
         let d = st.step_down_at.filter(|d| now < *d)?;
-        let until = d.min(now + self.inner.write_timeout);
-        st.writes_settle_at = st.writes_settle_at.max(Some(until));
-        Some(until)
+        Some(d.min(now + self.inner.write_timeout))
+    }
+
+    /// A write about to be sent under [`permit`](Self::permit): None when not leading;
+    /// else its guard, which the Lease's release on shutdown waits for (see
+    /// [`settled`](Self::settled)).
+    pub fn start_write(&self) -> Option<WriteGuard> {
+        let by = self.permit()?;
+        let mut st = self.inner.state.lock();
+        let id = st.next_write;
+        st.next_write += 1;
+        st.in_flight.insert(id, by);
+        Some(WriteGuard {
+            leadership: self.clone(),
+            id,
+            by,
+            answered: false,
+        })
+    }
+
+    /// Resolves once no write sent while leading can still land: every one under way has
+    /// been answered or reached its deadline, and the deadlines of those given up have
+    /// passed.
+    pub async fn settled(&self) {
+        loop {
+            let ended = self.inner.write_ended.notified();
+            let last = {
+                let st = self.inner.state.lock();
+                st.in_flight
+                    .values()
+                    .copied()
+                    .chain(st.abandoned_until)
+                    .max()
+                    .filter(|t| Instant::now() < *t)
+            };
+            let Some(last) = last else {
+                return;
+            };
+            tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep_until(last) => {}
+            }
+        }
     }
 
     /// [`permit`](Self::permit), counting a refusal in `tidepool_leader_writes_refused_total`
@@ -139,17 +221,12 @@ impl Leadership {
         true
     }
 
-    /// Ends leadership now; returns when the last permitted write may still land (None if no
-    /// permitted write can still be in flight).
-    pub(crate) fn step_down(&self) -> Option<Instant> {
-        let mut st = self.inner.state.lock();
-        st.step_down_at = None;
-        let settle = st.writes_settle_at.filter(|t| Instant::now() < *t);
-        drop(st);
+    /// Ends leadership now (writes under way may still end: see [`settled`](Self::settled)).
+    pub(crate) fn step_down(&self) {
+        self.inner.state.lock().step_down_at = None;
         self.inner
             .tx
             .send_if_modified(|v| std::mem::replace(v, false));
-        settle
     }
 }
 
@@ -217,21 +294,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn step_down_reports_when_permitted_writes_settle() {
+    async fn writes_settle_when_answered_or_past_their_deadline() {
         let l = Leadership::new(&config());
         let start = Instant::now();
         l.renewed(start, RENEW);
-        let until = l.permit().unwrap();
+        let answered = l.start_write().unwrap();
+        let dropped = l.start_write().unwrap();
+        let pending = l.start_write().unwrap();
+        assert_eq!(pending.deadline(), start + Duration::from_secs(4));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(l.step_down(), Some(until));
+        l.step_down();
         assert!(!l.is_leading() && !*l.subscribe().borrow());
-        assert!(l.require_permit().is_err());
-        // once past, nothing to wait for
+        assert!(l.require_permit().is_err() && l.start_write().is_none());
+        answered.answered();
+        let settled = tokio::spawn({
+            let l = l.clone();
+            async move {
+                l.settled().await;
+                Instant::now()
+            }
+        });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        pending.answered();
+        // the dropped write may still be held by the server until its deadline
+        drop(dropped);
+        assert_eq!(settled.await.unwrap(), start + Duration::from_secs(4));
+        // answered writes leave nothing to wait for
         let l = Leadership::new(&config());
         l.renewed(Instant::now(), RENEW);
-        l.permit();
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(l.step_down(), None);
+        l.start_write().unwrap().answered();
+        l.step_down();
+        let before = Instant::now();
+        l.settled().await;
+        assert_eq!(Instant::now(), before);
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,17 +9,19 @@
 //! - [`run_elector`]: the loop; it returns "leader election lost" when the renew deadline
 //!   passes without a renewal, and releases the Lease on shutdown.
 //!
-//! Not wired into `run` yet (issue 14).
+//! - [`Fence`]: what every write of `run` passes through.
 
 mod config;
 pub mod decide;
 mod elector;
+mod fence;
 mod leadership;
 pub mod lease;
 
 pub use config::{DEFAULT_LEASE_NAME, LeaderConfig, default_identity};
 pub use elector::run_elector;
-pub use leadership::{Leadership, count_refused_write};
+pub use fence::{Fence, Fenced};
+pub use leadership::{Leadership, WriteGuard, count_refused_write};
 
 /// An error and its causes on one line, for logs.
 fn chain(e: &dyn std::error::Error) -> String {

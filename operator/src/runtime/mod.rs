@@ -1,12 +1,16 @@
-//! `run`: the engine against an API server, with one replica (leader election is the next
-//! step; this replica always leads).
+//! `run`: the engine against an API server, one replica or several under leader election.
 //!
 //! Watches of IPPools, IPAMNodes, IPAMBlocks, Nodes and Pods feed the indexes and the
 //! kube-backed store (list, then watch, pages of 100, kube's default backoff). Nothing is
-//! granted until every watch has listed once; the cluster-pool source then rebuilds its
-//! index from every IPAMBlock, the engine starts, and `/readyz` turns ready. Watch events
-//! reach the engine as they come: Nodes as node additions and deletions, Pods as pod
-//! events of their node, IPAMNodes and blocks as store events, IPPools as pool changes.
+//! granted until every watch has listed once (a synced standby is ready). Under leader
+//! election the replica then waits to lead; a new leader relists IPAMNodes and IPAMBlocks
+//! from a quorum read before its first write, so it plans from what the old leader wrote,
+//! never from a lagging cache (an apply built from missing marks or tombstones would remove
+//! them). Then the cluster-pool source rebuilds its index from every IPAMBlock, the engine
+//! starts, and `/readyz` turns ready. Every write goes through the [`Fence`]: refused after
+//! the step-down instant, given up at its permit's end. Watch events reach the engine as
+//! they come: Nodes as node additions and deletions, Pods as pod events of their node,
+//! IPAMNodes and blocks as store events, IPPools as pool changes.
 
 mod health;
 mod pool_status;
@@ -35,6 +39,7 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::index::{NodeChange, NodeIndex, NodeSelector, PodIndex};
+use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
 pub use health::Readiness;
 pub use pools::Pools;
@@ -57,6 +62,15 @@ pub struct Settings {
     pub seed: u64,
     /// Taint Nodes that cannot get more addresses while pods wait (`--taint-exhausted-nodes`).
     pub taint_exhausted_nodes: bool,
+    /// Leader election (`--leader-elect`); None: this replica always leads.
+    pub election: Option<Election>,
+}
+
+/// How this replica takes part in leader election.
+pub struct Election {
+    pub config: LeaderConfig,
+    /// The Lease gets a client of its own, built from this (see [`crate::leader::lease`]).
+    pub kube_config: kube::Config,
 }
 
 /// Everything the watch tasks hand events to.
@@ -82,19 +96,124 @@ struct Engine {
     removed: Arc<Mutex<HashSet<NodeName>>>,
     /// The kube budget the engine's passes draw on; writes outside them draw on it too.
     kube_budget: Budget,
-    /// Says the engine leads (always, until leader election comes).
-    leader: Arc<watch::Sender<bool>>,
+    /// Says whether the engine leads.
+    leader: watch::Receiver<bool>,
 }
 
 impl Engine {
     /// Admission for a write outside a node's pass: a kube token behind the nodes, and
     /// only while leading.
     fn background(&self) -> Background {
-        Background::new(self.kube_budget.clone(), self.leader.subscribe())
+        Background::new(self.kube_budget.clone(), self.leader.clone())
     }
 }
 
-/// Runs until `shutdown` completes; start-up errors name what failed.
+/// The replica's side of leader election.
+struct Lead {
+    /// None: no election, this replica always leads.
+    leadership: Option<Leadership>,
+    /// The elector's task; its end while running is leadership lost.
+    elector: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+    /// Tells the elector to step down and release the Lease.
+    stop: watch::Sender<bool>,
+    /// Stays true without an election (the engine's leader signal must not close).
+    always: watch::Sender<bool>,
+}
+
+impl Lead {
+    fn start(election: Option<&Election>) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let leadership = election.map(|e| Leadership::new(&e.config));
+        let elector = election.zip(leadership.clone()).map(|(e, l)| {
+            let mut stopped = stopped.clone();
+            let shutdown = async move {
+                let _ = stopped.wait_for(|v| *v).await;
+            };
+            tokio::spawn(run_elector(
+                e.config.clone(),
+                e.kube_config.clone(),
+                l,
+                shutdown,
+            ))
+        });
+        Lead {
+            leadership,
+            elector,
+            stop,
+            always: watch::channel(true).0,
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        self.leadership.clone().map(Fence::of).unwrap_or_default()
+    }
+
+    /// The engine's leader signal.
+    fn signal(&self) -> watch::Receiver<bool> {
+        match &self.leadership {
+            Some(l) => l.subscribe(),
+            None => self.always.subscribe(),
+        }
+    }
+
+    /// Resolves when the elector ends while it should run: leadership lost (or never
+    /// pending without an election).
+    async fn lost(&mut self) -> Error {
+        let Some(task) = self.elector.as_mut() else {
+            return std::future::pending().await;
+        };
+        let r = task.await;
+        self.elector = None;
+        match r {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => Error::LeadershipLost {
+                reason: "the elector stopped".into(),
+            },
+            Err(e) => Error::LeadershipLost {
+                reason: format!("the elector failed: {e}"),
+            },
+        }
+    }
+
+    /// Steps down and, when leading, releases the Lease once the writes under way have
+    /// settled; the second time, nothing.
+    async fn release(&mut self) -> Result<(), Error> {
+        let _ = self.stop.send(true);
+        match self.elector.take() {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A `run` that is dropped (its task aborted) takes its elector with it, which steps down:
+/// nothing it guarded writes again, and a follower takes over once the Lease expires.
+impl Drop for Lead {
+    fn drop(&mut self) {
+        if let Some(task) = &self.elector {
+            task.abort();
+        }
+    }
+}
+
+/// The running engine and its companion tasks; dropped, they stop.
+struct Running {
+    engine: Engine,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.engine.manager.shutdown();
+    }
+}
+
+/// Runs until `shutdown` completes (then exits Ok after stepping down and releasing the
+/// Lease), or until leadership is lost (Err "leader election lost": the binary exits and
+/// Kubernetes restarts it as a follower); start-up errors name what failed.
 pub async fn run(
     client: Client,
     s: Settings,
@@ -107,79 +226,215 @@ pub async fn run(
             .map_err(|e| Error::Listen { addr, source: e })?;
         tracing::info!(%at, "serving /healthz and /readyz");
     }
+    let mut lead = Lead::start(s.election.as_ref());
     let events = Events::new(
         client.clone(),
         std::num::NonZeroU32::new(10).expect("nonzero"),
         std::num::NonZeroU32::new(100).expect("nonzero"),
-    );
+    )
+    .with_fence(lead.fence());
     let parts = Parts {
-        store: KubeStore::new(client.clone(), events.clone()),
+        store: KubeStore::new(client.clone(), events.clone()).with_fence(lead.fence()),
         pods: PodIndex::new(client.clone()),
         nodes: NodeIndex::new(s.node_selector.clone()),
         pools: Arc::default(),
         engine: Arc::default(),
         backlog: Arc::default(),
     };
-    let tasks = spawn_watches(&client, &parts);
+    let mut watches = Watches::spawn(&client, &parts);
+    tokio::pin!(shutdown);
     let result = async {
         wait_synced(&parts, s.sync_timeout).await?;
-        let engine = start_engine(&parts, &s)?;
-        for n in tidepool_ipam::BlockStore::list_nodes(&parts.store) {
-            parts.set_node_pools(&engine, &n.name);
+        ready.set(true); // a synced standby is ready
+        let leadership = lead.leadership.clone();
+        let leading = async {
+            if let Some(l) = &leadership {
+                l.leading().await;
+            }
+        };
+        tokio::select! {
+            () = leading => {}
+            () = &mut shutdown => return Ok(None),
+            e = lead.lost() => return Err(e),
         }
-        *parts.engine.lock() = Some(engine.clone());
-        let backlog = std::mem::take(&mut *parts.backlog.lock());
-        apply_node_changes(&engine, &parts.nodes, backlog);
-        engine.manager.spawn_resync_loop();
+        if lead.leadership.is_some() {
+            ready.set(false);
+            tracing::info!("leading: relisting IPAMNodes and IPAMBlocks from a quorum read");
+            watches
+                .relist_intents(&client, &parts, s.sync_timeout)
+                .await?;
+        }
+        let engine = start_engine(&parts, &s, lead.signal())?;
+        let tasks = engine_tasks(&client, &parts, &engine, &events, &s, lead.fence());
+        let running = Running { engine, tasks };
         ready.set(true);
-        tracing::info!(families = ?engine.families, "synced; the engine runs");
-        let deferred = tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone()));
-        let counts = tokio::spawn(refresh_counts(parts.store.clone(), engine.background()));
-        let pool_status = tokio::spawn(pool_status::keep_written(
+        tracing::info!(families = ?running.engine.families, "synced; the engine runs");
+        let lost = tokio::select! {
+            () = &mut shutdown => None,
+            e = lead.lost() => Some(e),
+        };
+        ready.set(false);
+        match lost {
+            Some(e) => Err(e),
+            None => {
+                // SIGTERM: the fence refuses new writes at once, those under way end (or
+                // reach their deadline), the Lease goes; then the engine stops
+                let released = lead.release().await;
+                drop(running);
+                released.map(Some)
+            }
+        }
+    }
+    .await;
+    drop(watches);
+    let released = lead.release().await;
+    result?;
+    released
+}
+
+/// The engine's companions: deferred re-registrations, count refreshes, IPPool status and
+/// taints. Started once the engine runs; each writes only through the fence.
+fn engine_tasks(
+    client: &Client,
+    parts: &Parts,
+    engine: &Engine,
+    events: &Events,
+    s: &Settings,
+    fence: Fence,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    for n in tidepool_ipam::BlockStore::list_nodes(&parts.store) {
+        parts.set_node_pools(engine, &n.name);
+    }
+    *parts.engine.lock() = Some(engine.clone());
+    let backlog = std::mem::take(&mut *parts.backlog.lock());
+    apply_node_changes(engine, &parts.nodes, backlog);
+    engine.manager.spawn_resync_loop();
+    vec![
+        tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone())),
+        tokio::spawn(refresh_counts(parts.store.clone(), engine.background())),
+        tokio::spawn(pool_status::keep_written(
             Api::all(client.clone()),
             engine.source.clone(),
             events.clone(),
             Duration::from_secs(2).min(s.engine.resync_interval),
             engine.background(),
-        ));
-        let taints = tokio::spawn(taints::keep(
+            fence.clone(),
+        )),
+        tokio::spawn(taints::keep(
             Api::all(client.clone()),
             parts.store.clone(),
             parts.nodes.clone(),
             s.taint_exhausted_nodes,
             engine.background(),
-        ));
-        shutdown.await;
-        ready.set(false);
-        deferred.abort();
-        counts.abort();
-        pool_status.abort();
-        taints.abort();
-        engine.manager.shutdown();
-        Ok(())
-    }
-    .await;
-    for t in tasks {
-        t.abort();
-    }
-    result
+            fence,
+        )),
+    ]
 }
 
-/// Starts one watch per resource; each applies its events to its index and tells the
-/// engine once it runs.
-fn spawn_watches(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<()>> {
+/// The watch tasks; the IPAMNode and IPAMBlock ones are restarted by a new leader.
+struct Watches {
+    ipamnodes: tokio::task::JoinHandle<()>,
+    ipamblocks: tokio::task::JoinHandle<()>,
+    others: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Watches {
+    /// Starts one watch per resource; each applies its events to its index and tells the
+    /// engine once it runs.
+    fn spawn(client: &Client, parts: &Parts) -> Self {
+        Watches {
+            ipamnodes: watch_ipamnodes(client, parts),
+            ipamblocks: watch_ipamblocks(client, parts),
+            others: watch_others(client, parts),
+        }
+    }
+
+    /// Restarts the IPAMNode and IPAMBlock watches, whose first list is a quorum read
+    /// (not the API server's watch cache), and waits until the cache has taken both lists
+    /// in: the relist replaces what the cache held.
+    async fn relist_intents(
+        &mut self,
+        client: &Client,
+        parts: &Parts,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let before = parts.store.lists();
+        self.ipamnodes.abort();
+        self.ipamblocks.abort();
+        self.ipamnodes = watch_ipamnodes(client, parts);
+        self.ipamblocks = watch_ipamblocks(client, parts);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let now = parts.store.lists();
+            let mut left = Vec::new();
+            if now.0 == before.0 {
+                left.push("ipamnodes");
+            }
+            if now.1 == before.1 {
+                left.push("ipamblocks");
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::NotSynced {
+                    resources: left.join(", "),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        self.ipamnodes.abort();
+        self.ipamblocks.abort();
+        for t in &self.others {
+            t.abort();
+        }
+    }
+}
+
+/// The IPAMNode watch; its lists are quorum reads.
+fn watch_ipamnodes(client: &Client, parts: &Parts) -> tokio::task::JoinHandle<()> {
     let p = parts.clone();
-    let ipamnodes = drive(Api::<api::IPAMNode>::all(client.clone()), move |ev| {
-        let applied = p.store.apply_node_event(ev);
-        p.tell_store(applied);
-    });
+    drive(
+        Api::<api::IPAMNode>::all(client.clone()),
+        quorum(),
+        move |ev| {
+            let applied = p.store.apply_node_event(ev);
+            p.tell_store(applied);
+        },
+    )
+}
+
+/// The IPAMBlock watch; its lists are quorum reads.
+fn watch_ipamblocks(client: &Client, parts: &Parts) -> tokio::task::JoinHandle<()> {
     let p = parts.clone();
-    let ipamblocks = drive(Api::<api::IPAMBlock>::all(client.clone()), move |ev| {
-        let applied = p.store.apply_block_event(ev);
-        p.tell_store(applied);
-    });
+    drive(
+        Api::<api::IPAMBlock>::all(client.clone()),
+        quorum(),
+        move |ev| {
+            let applied = p.store.apply_block_event(ev);
+            p.tell_store(applied);
+        },
+    )
+}
+
+/// Lists in pages of 100, each list a quorum read (kube's default, said here because a new
+/// leader's safety rests on it).
+fn quorum() -> watcher::Config {
+    watcher::Config::default()
+        .page_size(100)
+        .list_semantic(watcher::ListSemantic::MostRecent)
+}
+
+/// The Pod, Node and IPPool watches.
+fn watch_others(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<()>> {
     let p = parts.clone();
-    let pods = drive(Api::<Pod>::all(client.clone()), move |ev| {
+    let pods = drive(Api::<Pod>::all(client.clone()), quorum(), move |ev| {
         let touched = p.pods.apply(ev);
         if let Some(e) = p.engine.lock().as_ref() {
             for n in touched {
@@ -188,7 +443,7 @@ fn spawn_watches(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<
         }
     });
     let p = parts.clone();
-    let nodes = drive(Api::<Node>::all(client.clone()), move |ev| {
+    let nodes = drive(Api::<Node>::all(client.clone()), quorum(), move |ev| {
         let changes = p.nodes.apply(ev);
         match p.engine.lock().as_ref() {
             Some(e) => apply_node_changes(e, &p.nodes, changes),
@@ -196,21 +451,25 @@ fn spawn_watches(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<
         }
     });
     let p = parts.clone();
-    let ippools = drive(Api::<api::IPPool>::all(client.clone()), move |ev| {
-        let changed = p.pools.lock().apply(ev);
-        if changed && let Some(e) = p.engine.lock().as_ref() {
-            let (configs, bad) = p.pools.lock().configs();
-            report_bad_pools(&bad);
-            if families_of(&configs) != e.families {
-                tracing::error!(
-                    "the IP families the IPPools serve changed; restart the operator to serve them"
-                );
+    let ippools = drive(
+        Api::<api::IPPool>::all(client.clone()),
+        quorum(),
+        move |ev| {
+            let changed = p.pools.lock().apply(ev);
+            if changed && let Some(e) = p.engine.lock().as_ref() {
+                let (configs, bad) = p.pools.lock().configs();
+                report_bad_pools(&bad);
+                if families_of(&configs) != e.families {
+                    tracing::error!(
+                        "the IP families the IPPools serve changed; restart the operator to serve them"
+                    );
+                }
+                e.source.set_pools(configs);
+                e.manager.pools_changed();
             }
-            e.source.set_pools(configs);
-            e.manager.pools_changed();
-        }
-    });
-    vec![ipamnodes, ipamblocks, pods, nodes, ippools]
+        },
+    );
+    vec![pods, nodes, ippools]
 }
 
 impl Parts {
@@ -240,6 +499,7 @@ impl Parts {
 /// List, then watch, with kube's default backoff on errors; `f` sees every event.
 fn drive<K>(
     api: Api<K>,
+    cfg: watcher::Config,
     mut f: impl FnMut(&Event<K>) + Send + 'static,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -248,7 +508,6 @@ where
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
     tokio::spawn(async move {
-        let cfg = watcher::Config::default().page_size(100);
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
         while let Some(r) = stream.next().await {
             match r {
@@ -307,7 +566,11 @@ fn report_bad_pools(bad: &[(String, String)]) {
 }
 
 /// The source over the synced store and pools, and the engine over it.
-fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
+fn start_engine(
+    parts: &Parts,
+    s: &Settings,
+    leader: watch::Receiver<bool>,
+) -> Result<Engine, Error> {
     let (configs, bad) = parts.pools.lock().configs();
     report_bad_pools(&bad);
     let families = families_of(&configs);
@@ -330,7 +593,6 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
             tracing::warn!(%pool, error = %e, "IPPool invalid; the other pools work");
         }
     }
-    let (leader_tx, leader) = watch::channel(true);
     let kube_budget = Budget::new(
         BudgetApi::Kube,
         s.kube_api_qps,
@@ -344,7 +606,7 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
         clock: Arc::new(TokioClock::new()),
         source_budget: Budget::unlimited(BudgetApi::Source),
         kube_budget: kube_budget.clone(),
-        leader,
+        leader: leader.clone(),
     };
     let manager = NodeManager::new(deps, s.engine.clone())?;
     Ok(Engine {
@@ -354,7 +616,7 @@ fn start_engine(parts: &Parts, s: &Settings) -> Result<Engine, Error> {
         deferred: Arc::default(),
         removed: Arc::default(),
         kube_budget,
-        leader: Arc::new(leader_tx),
+        leader,
     })
 }
 

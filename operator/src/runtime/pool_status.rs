@@ -14,6 +14,7 @@ use tidepool_api::names::{GROUP, OPERATOR_MANAGER, VERSION, condition};
 use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
 use tidepool_ipam::{Background, EventType, Gate, PerFamily};
 
+use crate::leader::Fence;
 use crate::store::{Events, KubeStore};
 
 /// What one pool's status says, as written.
@@ -73,6 +74,7 @@ pub async fn keep_written(
     events: Events,
     every: Duration,
     mut gate: Background,
+    fence: Fence,
 ) {
     let mut shown: HashMap<String, Shown> = HashMap::new();
     loop {
@@ -106,14 +108,15 @@ pub async fn keep_written(
                 break; // the lead is gone: write nothing more this round
             }
             let pp = PatchParams::apply(OPERATOR_MANAGER);
-            match pools
-                .patch_status(&name, &pp, &Patch::Apply(body(&name, &next)))
-                .await
-            {
-                Ok(_) => {
+            let patch = Patch::Apply(body(&name, &next));
+            match fence.send(pools.patch_status(&name, &pp, &patch)).await {
+                Ok(Ok(_)) => {
                     shown.insert(name, next);
                 }
-                Err(e) => tracing::warn!(pool = %name, error = %e, "could not write IPPool status"),
+                Ok(Err(e)) => {
+                    tracing::warn!(pool = %name, error = %e, "could not write IPPool status");
+                }
+                Err(e) => tracing::warn!(pool = %name, error = %e, "IPPool status not written"),
             }
         }
         tokio::time::sleep(every).await;

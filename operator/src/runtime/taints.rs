@@ -19,6 +19,7 @@ use tidepool_api::names::{EXHAUSTED_TAINT, condition};
 use tidepool_ipam::{Background, Gate, IpamNode, NodeStore};
 
 use crate::index::NodeIndex;
+use crate::leader::Fence;
 use crate::store::KubeStore;
 
 /// The `Blocked` reasons that mean "cannot get more addresses".
@@ -59,6 +60,7 @@ pub(super) async fn keep(
     index: NodeIndex,
     enabled: bool,
     mut gate: Background,
+    fence: Fence,
 ) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -70,13 +72,14 @@ pub(super) async fn keep(
             if gate.request().await.is_err() {
                 break; // the lead is gone: write nothing more this round
             }
-            match set(&nodes, &name, want).await {
-                Ok(true) if want => tracing::info!(node = %name, "tainted: out of addresses"),
-                Ok(true) => tracing::info!(node = %name, "exhaustion taint removed"),
-                Ok(false) => {}
-                Err(e) => {
+            match fence.send(set(&nodes, &name, want)).await {
+                Ok(Ok(true)) if want => tracing::info!(node = %name, "tainted: out of addresses"),
+                Ok(Ok(true)) => tracing::info!(node = %name, "exhaustion taint removed"),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
                     tracing::warn!(node = %name, error = %e, "could not change the exhaustion taint")
                 }
+                Err(e) => tracing::warn!(node = %name, error = %e, "exhaustion taint not changed"),
             }
         }
     }

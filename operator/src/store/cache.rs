@@ -35,6 +35,8 @@ pub struct Cache {
     block_relist: Option<Vec<Arc<IpamBlock>>>,
     pub nodes_ready: bool,
     pub blocks_ready: bool,
+    /// Lists (watch relists) of IPAMNodes and of IPAMBlocks completed so far.
+    pub lists: (u64, u64),
     own: OwnWrites,
     /// Objects we wrote through (took in at once): their watch events older than our
     /// write's echo are skipped, so the copy never goes back in time.
@@ -214,6 +216,7 @@ impl Cache {
             }
             Event::InitDone => {
                 self.nodes_ready = true;
+                self.lists.0 += 1;
                 // the relist is the truth: no write-through waits any longer
                 self.pending.retain(|(k, _), _| *k != ObjectKind::IpamNode);
                 if let Some(list) = self.node_relist.take() {
@@ -311,6 +314,7 @@ impl Cache {
             }
             Event::InitDone => {
                 self.blocks_ready = true;
+                self.lists.1 += 1;
                 self.pending.retain(|(k, _), _| *k != ObjectKind::IpamBlock);
                 if let Some(list) = self.block_relist.take() {
                     let keep: BTreeSet<Arc<str>> = list.iter().map(|b| b.name.clone()).collect();

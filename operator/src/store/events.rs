@@ -11,11 +11,15 @@ use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporte
 use tidepool_api::names::{GROUP, VERSION};
 use tidepool_ipam::EventType;
 
+use crate::leader::Fence;
+
 /// Publishes events on tidepool objects (cluster-scoped: the events land in `default`).
 #[derive(Clone)]
 pub struct Events {
     recorder: Option<Recorder>,
     limiter: Arc<DefaultDirectRateLimiter>,
+    /// An event is a write too: only the leader sends it.
+    fence: Fence,
 }
 
 impl Events {
@@ -30,7 +34,14 @@ impl Events {
             limiter: Arc::new(RateLimiter::direct(
                 Quota::per_second(per_second).allow_burst(burst),
             )),
+            fence: Fence::default(),
         }
+    }
+
+    /// Every event through `fence` (leader election).
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// Events that go nowhere (`check`, which writes nothing).
@@ -38,6 +49,7 @@ impl Events {
         Self {
             recorder: None,
             limiter: Arc::new(RateLimiter::direct(Quota::per_second(NonZeroU32::MIN))),
+            fence: Fence::default(),
         }
     }
 
@@ -46,6 +58,9 @@ impl Events {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
+        if !self.fence.open() {
+            return;
+        }
         if self.limiter.check().is_err() {
             tracing::warn!(%kind, %name, %reason, %message, "event dropped: over the event rate limit");
             return;
@@ -66,9 +81,12 @@ impl Events {
             action: reason.into(),
             secondary: None,
         };
+        let fence = self.fence.clone();
         tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::warn!(error = %e, "could not publish an event");
+            match fence.send(recorder.publish(&event, &reference)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not publish an event"),
+                Err(e) => tracing::debug!(error = %e, "event not published"),
             }
         });
     }

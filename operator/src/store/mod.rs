@@ -16,6 +16,7 @@ mod errors;
 mod events;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -34,6 +35,7 @@ use crate::convert::{
     NodeView, block_for_create, block_from_api, block_mark_body, node_from_api, spec_body,
     status_body,
 };
+use crate::leader::{Fence, Fenced};
 pub use cache::{Applied, Cache};
 pub use errors::store_error;
 pub use events::Events;
@@ -51,6 +53,8 @@ pub struct KubeStore {
     /// Live reads in flight at once: every node's first pass reads its IPAMNode, and a
     /// thousand at once would open a thousand connections (reads are not budgeted).
     reads: Arc<tokio::sync::Semaphore>,
+    /// What every write passes through (leader election).
+    fence: Fence,
 }
 
 /// How many live reads (GETs) the store has in flight at most.
@@ -65,7 +69,14 @@ impl KubeStore {
             events,
             status_locks: Arc::default(),
             reads: Arc::new(tokio::sync::Semaphore::new(MAX_READS_IN_FLIGHT)),
+            fence: Fence::default(),
         }
+    }
+
+    /// Every write through `fence` (leader election; without it, every write goes).
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     fn status_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -125,13 +136,34 @@ impl KubeStore {
         }
         let body = status_body(name, conditions, allocated);
         let rv = view.node.resource_version.as_ref();
-        gate.request().await?;
-        let obj = self
-            .nodes
-            .patch_status(name, &Self::apply_params(), &Patch::Apply(&body))
-            .await
-            .map_err(|e| store_error("apply-status", name, rv, e))?;
+        let pp = Self::apply_params();
+        let patch = Patch::Apply(&body);
+        let request = self.nodes.patch_status(name, &pp, &patch);
+        let obj = self.send(gate, "apply-status", name, rv, request).await?;
         Ok(Some(self.take_node(&obj)))
+    }
+
+    /// One write request: admitted by `gate`, sent through the fence (refused once this
+    /// replica no longer leads, given up at its permit's end), its error named.
+    async fn send<T, G: Gate>(
+        &self,
+        gate: &mut G,
+        op: &'static str,
+        name: &str,
+        rv: Option<&ResourceVersion>,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, IpamError> {
+        gate.request().await?;
+        match self.fence.send(request).await {
+            Ok(answer) => answer.map_err(|e| store_error(op, name, rv, e)),
+            Err(Fenced::NotLeading) => Err(IpamError::NotLeader),
+            Err(timed_out @ Fenced::TimedOut) => Err(IpamError::Store {
+                op,
+                name: name.into(),
+                class: tidepool_ipam::ErrorClass::Transient,
+                message: timed_out.to_string(),
+            }),
+        }
     }
 
     fn post_params() -> PostParams {
@@ -160,6 +192,12 @@ impl KubeStore {
     pub fn ready(&self) -> (bool, bool) {
         let c = self.cache.read();
         (c.nodes_ready, c.blocks_ready)
+    }
+
+    /// Lists of IPAMNodes and of IPAMBlocks the cache has taken in so far (each watch's
+    /// first list and every relist).
+    pub fn lists(&self) -> (u64, u64) {
+        self.cache.read().lists
     }
 
     fn apply_params() -> PatchParams {
@@ -207,12 +245,9 @@ impl KubeStore {
             class: tidepool_ipam::ErrorClass::Permanent,
             message: e.to_string(),
         })?;
-        gate.request().await?;
-        let created = self
-            .nodes
-            .create(&Self::post_params(), &obj)
-            .await
-            .map_err(|e| store_error("create", name, None, e))?;
+        let pp = Self::post_params();
+        let request = self.nodes.create(&pp, &obj);
+        let created = self.send(gate, "create", name, None, request).await?;
         let node = self.take_node(&created);
         // a create drops `status`: the conditions and the count follow through /status
         let written = self
@@ -242,16 +277,15 @@ impl KubeStore {
         let rv = meta.resource_version.clone();
         let patch = json!({ "metadata": { "finalizers": rest, "resourceVersion": rv } });
         let expected = rv.as_deref().map(ResourceVersion::server);
-        gate.request().await?;
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let pp = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        let request = api.patch(name, &pp, &patch);
+        match self
+            .send(gate, "finalize", name, expected.as_ref(), request)
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) => match store_error("finalize", name, expected.as_ref(), e) {
-                IpamError::NotFound { .. } => Ok(()),
-                e => Err(e),
-            },
+            Ok(_) | Err(IpamError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }
@@ -297,12 +331,10 @@ impl NodeStore for KubeStore {
             || fields.spec_differs(&view.node.operator);
         if spec_changed {
             let body = spec_body(name, node_uid, &fields, &view.allocations);
-            gate.request().await?;
-            let obj = self
-                .nodes
-                .patch(name, &Self::apply_params(), &Patch::Apply(&body))
-                .await
-                .map_err(|e| store_error("apply", name, None, e))?;
+            let pp = Self::apply_params();
+            let patch = Patch::Apply(&body);
+            let request = self.nodes.patch(name, &pp, &patch);
+            let obj = self.send(gate, "apply", name, None, request).await?;
             node = self.take_node(&obj);
         }
         if let Some(written) = self
@@ -315,14 +347,12 @@ impl NodeStore for KubeStore {
     }
 
     async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
-        gate.request().await?;
-        let deleted = self.nodes.delete(name, &DeleteParams::default()).await;
-        let obj = match deleted {
+        let dp = DeleteParams::default();
+        let request = self.nodes.delete(name, &dp);
+        let obj = match self.send(gate, "delete", name, None, request).await {
             Ok(either) => either.left(),
-            Err(e) => match store_error("delete", name, None, e) {
-                IpamError::NotFound { .. } => return Ok(()),
-                e => return Err(e),
-            },
+            Err(IpamError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
         };
         match obj {
             Some(o) => {
@@ -365,12 +395,11 @@ impl BlockStore for KubeStore {
         gate: &mut G,
     ) -> Result<Arc<IpamBlock>, IpamError> {
         let obj = block_for_create(&block);
-        gate.request().await?;
+        let pp = Self::post_params();
+        let request = self.blocks.create(&pp, &obj);
         let created = self
-            .blocks
-            .create(&Self::post_params(), &obj)
-            .await
-            .map_err(|e| store_error("create", &block.name, None, e))?;
+            .send(gate, "create", &block.name, None, request)
+            .await?;
         self.take_block(&created, &block.name)
     }
 
@@ -396,12 +425,10 @@ impl BlockStore for KubeStore {
         let cached = self.cache.read().block(name).cloned();
         let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
         let body = block_mark_body(&b, release);
-        gate.request().await?;
-        let obj = self
-            .blocks
-            .patch(name, &Self::apply_params(), &Patch::Apply(&body))
-            .await
-            .map_err(|e| store_error("mark", name, None, e))?;
+        let pp = Self::apply_params();
+        let patch = Patch::Apply(&body);
+        let request = self.blocks.patch(name, &pp, &patch);
+        let obj = self.send(gate, "mark", name, None, request).await?;
         self.take_block(&obj, name)
     }
 
@@ -418,12 +445,10 @@ impl BlockStore for KubeStore {
             }),
             ..DeleteParams::default()
         };
-        gate.request().await?;
+        let request = self.blocks.delete(name, &params);
         let deleted = self
-            .blocks
-            .delete(name, &params)
-            .await
-            .map_err(|e| store_error("delete", name, Some(expected), e))?;
+            .send(gate, "delete", name, Some(expected), request)
+            .await?;
         if let Some(obj) = deleted.left() {
             self.drop_finalizer(&self.blocks, name, &obj.metadata, gate)
                 .await?;
