@@ -2,8 +2,9 @@
 //! service account against the in-process API server (RBAC and TLS on, so kubectl sends its
 //! credentials), with the CRDs, the operator's RBAC (`deploy/operator/rbac.yaml`), a pool
 //! and two Nodes applied by kubectl. It gives the Nodes IPAMNodes and blocks, kubectl shows
-//! them with their printer columns, the probes and `/metrics` answer, and SIGTERM stops it
-//! with exit status 0.
+//! them with their printer columns, the probes and `/metrics` answer, it holds the
+//! leader-election Lease (`--leader-elect` is on by default), and SIGTERM stops it with exit
+//! status 0, the Lease released.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -158,8 +159,13 @@ fn scenario(dir: &Dir) {
 
     let (metrics, health) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_tidepool-operator"))
-        .args(["run", "--leader-elect=false", "--kubeconfig"])
+        .args(["run", "--kubeconfig"])
         .arg(dir.0.join("operator"))
+        .args(["--leader-elect-resource-namespace", "tidepool"])
+        .args(["--leader-elect-lease-duration", "2s"])
+        .args(["--leader-elect-renew-deadline", "1s"])
+        .args(["--leader-elect-retry-period", "250ms"])
+        .env("POD_NAME", "operator-0")
         .args(["--metrics-addr", &metrics.to_string()])
         .args(["--health-addr", &health.to_string()])
         .args(["--sync-timeout", "20s", "--resync-interval", "2s"])
@@ -227,7 +233,21 @@ fn scenario(dir: &Dir) {
         },
     );
 
-    // SIGTERM: stops, exit status 0
+    // it leads: the Lease names it
+    let holder = || {
+        dir.ok(&[
+            "get",
+            "lease",
+            "-n",
+            "tidepool",
+            "tidepool-operator",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+    };
+    assert!(holder().starts_with("operator-0_"), "{}", holder());
+
+    // SIGTERM: stops, exit status 0, the Lease released
     let pid = op.0.id().to_string();
     assert!(
         Command::new("kill")
@@ -250,4 +270,5 @@ fn scenario(dir: &Dir) {
     let log = log.join().unwrap();
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("SIGTERM"), "{log}");
+    assert_eq!(holder(), "", "the Lease is released");
 }
