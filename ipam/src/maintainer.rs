@@ -401,12 +401,17 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                 .map_or("pod-deleted", |t| t.reason.as_str());
             metrics::counter!(m::RECLAIMS_TOTAL, "reason" => reason, "outcome" => "reclaimed")
                 .increment(1);
-            shared.store.event(
-                &h.name,
-                EventType::Normal,
-                "IPAddressGarbageCollected",
-                format!("reclaimed {addr} from pod {}", ack.pod_uid),
+            let message = format!(
+                "reclaimed {addr} from pod {} on node {}",
+                ack.pod_uid, h.name
             );
+            let reason = "IPAddressGarbageCollected";
+            shared
+                .pods
+                .event(ack.pod_uid, EventType::Normal, reason, message.clone());
+            shared
+                .store
+                .event(&h.name, EventType::Normal, reason, message);
         }
     }
     for g in &plan.reclaim.ready {
@@ -578,15 +583,17 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             if !stored.operator.reclaim.contains_key(addr) {
                 metrics::counter!(m::RECLAIMS_TOTAL, "reason" => t.reason.as_str(), "outcome" => "failed")
                     .increment(1);
-                shared.store.event(
-                    &h.name,
-                    EventType::Warning,
-                    "IPAddressGarbageCollectionFailed",
-                    format!(
-                        "could not write the tombstone for {addr} of pod {}: {e}",
-                        t.pod_uid
-                    ),
+                let message = format!(
+                    "could not write the tombstone for {addr} of pod {}: {e}",
+                    t.pod_uid
                 );
+                let reason = "IPAddressGarbageCollectionFailed";
+                shared
+                    .pods
+                    .event(t.pod_uid, EventType::Warning, reason, message.clone());
+                shared
+                    .store
+                    .event(&h.name, EventType::Warning, reason, message);
             }
         }
         return Err(e);

@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use tokio::time::Instant;
 
 use crate::error::IpamError;
+use crate::store::EventType;
 use crate::types::{NodeName, PodUid};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +162,9 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn pending_pods(&self, node: &str) -> Vec<PodUid>;
     /// How many non-terminal pods are bound to `node`.
     fn bound_pods(&self, node: &str) -> usize;
+    /// Records a Kubernetes event on the pod (also after it left the cache, while its
+    /// name is known); a view that cannot name it records nothing.
+    fn event(&self, _uid: PodUid, _type: EventType, _reason: &'static str, _message: String) {}
 }
 
 mod memory;

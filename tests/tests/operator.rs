@@ -370,22 +370,37 @@ async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
         6,
         "the other six entries stay"
     );
-    // the reclaim is on record as an event of the IPAMNode
+    // the reclaim is on record as an event of the IPAMNode and of each gone pod (by UID)
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(admin.clone(), "default");
+    let mut on: Vec<(String, String)> = vec![("IPAMNode".into(), "node-a".into())];
+    on.extend(gone.iter().map(|a| ("Pod".to_string(), used[a].1.clone())));
     eventually(
         Duration::from_secs(20),
-        "an IPAddressGarbageCollected event",
+        "IPAddressGarbageCollected events on the IPAMNode and the pods",
         || {
-            let events = events.clone();
+            let (events, on, used) = (events.clone(), on.clone(), used.clone());
             async move {
                 let list = events.list(&ListParams::default()).await.ok()?;
-                list.items
+                let seen: Vec<(String, String, Option<String>)> = list
+                    .items
                     .iter()
-                    .any(|e| {
-                        e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTED)
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some("node-a")
+                    .filter(|e| e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTED))
+                    .filter_map(|e| e.regarding.clone())
+                    .map(|r| {
+                        (
+                            r.kind.unwrap_or_default(),
+                            r.name.unwrap_or_default(),
+                            r.uid,
+                        )
+                    })
+                    .collect();
+                on.iter()
+                    .all(|(kind, name)| {
+                        seen.iter().any(|(k, n, uid)| {
+                            let pod_uid = used.values().find(|(_, p)| p == name).map(|(u, _)| u);
+                            k == kind && n == name && (kind != "Pod" || uid.as_ref() == pod_uid)
+                        })
                     })
                     .then_some(())
             }

@@ -11,11 +11,15 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use parking_lot::RwLock;
-use tidepool_ipam::{IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView, Since};
+use tidepool_ipam::{
+    EventType, IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView, Since,
+};
 use tokio::time::Instant;
 
 use project::{bound_node, pod_uid, project, split_key};
 use state::State;
+
+use crate::store::Events;
 
 /// The direct GET behind [`PodView::pod_live`] (a `kube::Client`; tests pass a fake).
 pub trait PodGetter: Send + Sync + 'static {
@@ -47,6 +51,7 @@ impl PodGetter for kube::Client {
 pub struct PodIndex {
     state: Arc<RwLock<State>>,
     live: Arc<dyn PodGetter>,
+    events: Events,
 }
 
 impl PodIndex {
@@ -54,7 +59,14 @@ impl PodIndex {
         Self {
             state: Arc::default(),
             live: Arc::new(live),
+            events: Events::none(),
         }
+    }
+
+    /// Pod events (the reclaim's) go to `events`.
+    pub fn with_events(mut self, events: Events) -> Self {
+        self.events = events;
+        self
     }
 
     /// Applies one watch event (relist semantics: see [`crate::index`]). Returns the
@@ -146,5 +158,16 @@ impl PodView for PodIndex {
 
     fn bound_pods(&self, node: &str) -> usize {
         self.state.read().bound(node)
+    }
+
+    fn event(&self, uid: PodUid, type_: EventType, reason: &'static str, message: String) {
+        let Some(key) = self.state.read().key(uid).map(str::to_owned) else {
+            return;
+        };
+        let (namespace, name) = split_key(&key);
+        // `PodUid`'s display is the API's UUID form
+        let uid = uid.to_string();
+        self.events
+            .emit_on_pod(namespace, name, &uid, type_, reason, message);
     }
 }

@@ -235,7 +235,7 @@ pub async fn run(
     .with_fence(lead.fence());
     let parts = Parts {
         store: KubeStore::new(client.clone(), events.clone()).with_fence(lead.fence()),
-        pods: PodIndex::new(client.clone()),
+        pods: PodIndex::new(client.clone()).with_events(events.clone()),
         nodes: NodeIndex::new(s.node_selector.clone()),
         pools: Arc::default(),
         engine: Arc::default(),

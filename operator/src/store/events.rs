@@ -53,8 +53,41 @@ impl Events {
         }
     }
 
-    /// Sends one event on `kind/name` in the background (never blocks the caller).
+    /// Sends one event on the tidepool object `kind/name` in the background (never blocks
+    /// the caller).
     pub fn emit(&self, kind: &str, name: &str, type_: EventType, reason: &str, message: String) {
+        let reference = ObjectReference {
+            api_version: Some(format!("{GROUP}/{VERSION}")),
+            kind: Some(kind.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        self.publish(reference, type_, reason, message);
+    }
+
+    /// Sends one event on the pod `namespace/name` (its UID given: the event names that
+    /// very pod, also once it is gone), in its namespace.
+    pub fn emit_on_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        type_: EventType,
+        reason: &str,
+        message: String,
+    ) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        };
+        self.publish(reference, type_, reason, message);
+    }
+
+    fn publish(&self, reference: ObjectReference, type_: EventType, reason: &str, message: String) {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
@@ -62,15 +95,10 @@ impl Events {
             return;
         }
         if self.limiter.check().is_err() {
-            tracing::warn!(%kind, %name, %reason, %message, "event dropped: over the event rate limit");
+            let (kind, name) = (&reference.kind, &reference.name);
+            tracing::warn!(?kind, ?name, %reason, %message, "event dropped: over the event rate limit");
             return;
         }
-        let reference = ObjectReference {
-            api_version: Some(format!("{GROUP}/{VERSION}")),
-            kind: Some(kind.into()),
-            name: Some(name.into()),
-            ..Default::default()
-        };
         let event = Event {
             type_: match type_ {
                 EventType::Normal => KubeEventType::Normal,
