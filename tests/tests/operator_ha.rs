@@ -11,6 +11,8 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -43,6 +45,8 @@ fn sa(name: &str) -> String {
 /// One operator replica; sending on (or dropping) `stop` is its SIGTERM.
 struct Replica {
     name: String,
+    /// Where its `/healthz` and `/readyz` answer.
+    health: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), Error>>,
 }
@@ -51,6 +55,9 @@ impl Replica {
     async fn start(server: &ApiServer, name: &str) -> Replica {
         let client = server.client(&sa(name)).await.expect("client");
         let kube_config = server.kube_config(&sa(name)).await.expect("kube config");
+        let health = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
         let s = Settings {
             engine: EngineConfig {
                 resync_interval: Duration::from_secs(2),
@@ -62,7 +69,7 @@ impl Replica {
             kube_api_burst: 100,
             node_selector: Default::default(),
             sync_timeout: Duration::from_secs(20),
-            health_addr: None,
+            health_addr: Some(health),
             seed: name.bytes().map(u64::from).sum(),
             taint_exhausted_nodes: false,
             election: Some(Election {
@@ -83,9 +90,25 @@ impl Replica {
         }));
         Replica {
             name: name.into(),
+            health,
             stop: Some(stop),
             task,
         }
+    }
+
+    /// The status `/readyz` answers with (None: no answer).
+    async fn readyz(&self) -> Option<u16> {
+        let addr = self.health;
+        tokio::task::spawn_blocking(move || {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            write!(s, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).ok()?;
+            text.split_whitespace().nth(1)?.parse().ok()
+        })
+        .await
+        .ok()?
     }
 
     /// SIGTERM; returns how `run` ended.
@@ -187,10 +210,10 @@ fn writers(writes: &[AcceptedWrite]) -> BTreeSet<String> {
     writes.iter().map(|w| w.identity.clone()).collect()
 }
 
-/// Only the leader writes; its task aborted (the process killed), the other replica takes
-/// over within lease duration + retry period (+ its relist and a pass) and serves the node
-/// that came meanwhile; no address is granted twice, and the old leader's writes all came
-/// before the new one's first.
+/// Only the leader writes, while both replicas are ready (a synced standby is); its task
+/// aborted (the process killed), the other replica takes over within lease duration + retry
+/// period (+ its relist and a pass) and serves the node that came meanwhile; no address is
+/// granted twice, and the old leader's writes all came before the new one's first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_writes_and_a_killed_leader_is_replaced() {
     let (server, admin) = cluster().await;
@@ -205,6 +228,9 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced() {
     let written = data_writes(&server);
     assert!(written.len() >= 3, "{written:?}");
     assert_eq!(writers(&written), BTreeSet::from([sa(&first)]));
+    for r in &replicas {
+        assert_eq!(r.readyz().await, Some(200), "{} ready", r.name);
+    }
 
     let i = replicas.iter().position(|r| r.name == first).unwrap();
     let old = replicas.remove(i);
