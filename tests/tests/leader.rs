@@ -45,11 +45,6 @@ fn config(name: &str) -> LeaderConfig {
     }
 }
 
-/// The server identity of replica `name`: the operator's service account, bound to a node.
-fn sa(name: &str) -> String {
-    format!("{OPERATOR}@{name}")
-}
-
 /// One elector with its handle; dropping `stop` (or sending on it) shuts it down.
 struct Replica {
     name: String,
@@ -62,7 +57,10 @@ impl Replica {
     async fn start(server: &ApiServer, name: &str) -> Replica {
         let cfg = config(name);
         let leadership = Leadership::new(&cfg);
-        let kube_config = server.kube_config(&sa(name)).await.expect("kube config");
+        let kube_config = server
+            .kube_config(&operator_on(name))
+            .await
+            .expect("kube config");
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
@@ -123,7 +121,7 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 
 /// The Lease writes the server accepted from replica `name`.
 fn lease_writes_of(server: &ApiServer, name: &str) -> Vec<AcceptedWrite> {
-    let who = sa(name);
+    let who = operator_on(name);
     server
         .accepted_writes()
         .into_iter()
@@ -325,7 +323,7 @@ async fn deposed_without_knowing(fault: TargetedFault) {
     let watch = old.leadership.subscribe();
     server.set_faults(Faults {
         targeted: vec![TargetedFault {
-            identity: sa(&old.name),
+            identity: operator_on(&old.name),
             resource: LEASES.into(),
             verbs: ["update".to_string()].into(),
             ..fault
@@ -400,7 +398,7 @@ async fn the_lease_client_does_not_retry_and_times_out() {
         .unwrap();
     let fault = |latency, error_code| Faults {
         targeted: vec![TargetedFault {
-            identity: sa("a"),
+            identity: operator_on("a"),
             resource: LEASES.into(),
             latency,
             error_code,
@@ -409,7 +407,7 @@ async fn the_lease_client_does_not_retry_and_times_out() {
         ..Faults::default()
     };
     let timeout = Duration::from_millis(500);
-    let config = server.kube_config(&sa("a")).await.unwrap();
+    let config = server.kube_config(&operator_on("a")).await.unwrap();
     let ours = leases(&lease_client(config, timeout).unwrap());
     let current = ours.get(DEFAULT_LEASE_NAME).await.unwrap();
 
@@ -422,7 +420,7 @@ async fn the_lease_client_does_not_retry_and_times_out() {
     assert_eq!(code(&e), 503);
     assert_eq!(server.request_count("update", LEASES), 1);
     // kube's default client, same identity, same fault: retried
-    let default = leases(&server.client(&sa("a")).await.unwrap());
+    let default = leases(&server.client(&operator_on("a")).await.unwrap());
     let retried = tokio::spawn(async move {
         default
             .replace(DEFAULT_LEASE_NAME, &PostParams::default(), &current)

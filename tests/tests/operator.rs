@@ -15,27 +15,12 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
 use tidepool_api as api;
-use tidepool_ipam::{AddrSet, EngineConfig, SchedulingMode};
+use tidepool_ipam::{AddrSet, EngineConfig};
 use tidepool_operator::runtime::{self, Settings};
 use tidepool_tests::ApiServer;
 
 fn settings() -> Settings {
-    Settings {
-        engine: EngineConfig {
-            resync_interval: Duration::from_secs(2),
-            min_pass_interval: Duration::from_millis(50),
-            ..EngineConfig::default()
-        },
-        scheduling: SchedulingMode::Priority,
-        kube_api_qps: 200.0,
-        kube_api_burst: 100,
-        node_selector: Default::default(),
-        sync_timeout: Duration::from_secs(20),
-        health_addr: None,
-        seed: 7,
-        taint_exhausted_nodes: false,
-        election: None,
-    }
+    operator_settings()
 }
 
 /// Starts the operator's runtime as the operator's service account; dropping the sender

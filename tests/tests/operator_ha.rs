@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tidepool_api as api;
-use tidepool_ipam::{AddrSet, EngineConfig, SchedulingMode};
+use tidepool_ipam::AddrSet;
 use tidepool_operator::Error;
 use tidepool_operator::leader::{DEFAULT_LEASE_NAME, LeaderConfig};
 use tidepool_operator::runtime::{self, Election, Settings};
@@ -37,11 +37,6 @@ const LEASES: &str = "leases.coordination.k8s.io";
 /// relist, the engine's start, a pass) on a loaded 2-core machine.
 const SERVE: Duration = Duration::from_secs(10);
 
-/// The server identity of replica `name`: the operator's service account on that node.
-fn sa(name: &str) -> String {
-    format!("{OPERATOR}@{name}")
-}
-
 /// One operator replica; sending on (or dropping) `stop` is its SIGTERM.
 struct Replica {
     name: String,
@@ -53,25 +48,17 @@ struct Replica {
 
 impl Replica {
     async fn start(server: &ApiServer, name: &str) -> Replica {
-        let client = server.client(&sa(name)).await.expect("client");
-        let kube_config = server.kube_config(&sa(name)).await.expect("kube config");
+        let client = server.client(&operator_on(name)).await.expect("client");
+        let kube_config = server
+            .kube_config(&operator_on(name))
+            .await
+            .expect("kube config");
         let health = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
         let s = Settings {
-            engine: EngineConfig {
-                resync_interval: Duration::from_secs(2),
-                min_pass_interval: Duration::from_millis(50),
-                ..EngineConfig::default()
-            },
-            scheduling: SchedulingMode::Priority,
-            kube_api_qps: 200.0,
-            kube_api_burst: 100,
-            node_selector: Default::default(),
-            sync_timeout: Duration::from_secs(20),
             health_addr: Some(health),
             seed: name.bytes().map(u64::from).sum(),
-            taint_exhausted_nodes: false,
             election: Some(Election {
                 config: LeaderConfig {
                     lease_duration: LEASE,
@@ -83,6 +70,7 @@ impl Replica {
                 },
                 kube_config,
             }),
+            ..operator_settings()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(runtime::run(client, s, async move {
@@ -154,6 +142,22 @@ async fn node_with_a_pod(admin: &kube::Client, name: &str) {
     .await;
 }
 
+/// Replicas "a" and "b", started once `node` (with a pod) exists; returns them and the
+/// leader's name once `node` is served.
+async fn two_replicas(
+    server: &ApiServer,
+    admin: &kube::Client,
+    node: &str,
+) -> (Vec<Replica>, String) {
+    let replicas = vec![
+        Replica::start(server, "a").await,
+        Replica::start(server, "b").await,
+    ];
+    eventually(SERVE, "the first node served", || served(admin, node)).await;
+    let leader = leader(admin, None, Duration::from_secs(1)).await;
+    (replicas, leader)
+}
+
 /// Every block on the server: (node, its addresses); panics if an address is in two.
 async fn blocks(admin: &kube::Client) -> Vec<(String, AddrSet)> {
     let api: Api<api::IPAMBlock> = Api::all(admin.clone());
@@ -218,16 +222,11 @@ fn writers(writes: &[AcceptedWrite]) -> BTreeSet<String> {
 async fn only_the_leader_writes_and_a_killed_leader_is_replaced() {
     let (server, admin) = cluster().await;
     node_with_a_pod(&admin, "n1").await;
-    let mut replicas = vec![
-        Replica::start(&server, "a").await,
-        Replica::start(&server, "b").await,
-    ];
-    eventually(SERVE, "n1 served", || served(&admin, "n1")).await;
-    let first = leader(&admin, None, Duration::from_secs(1)).await;
+    let (mut replicas, first) = two_replicas(&server, &admin, "n1").await;
     tokio::time::sleep(RETRY * 4).await; // the follower had every chance to write
     let written = data_writes(&server);
     assert!(written.len() >= 3, "{written:?}");
-    assert_eq!(writers(&written), BTreeSet::from([sa(&first)]));
+    assert_eq!(writers(&written), BTreeSet::from([operator_on(&first)]));
     for r in &replicas {
         assert_eq!(r.readyz().await, Some(200), "{} ready", r.name);
     }
@@ -250,17 +249,24 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced() {
     .await;
 
     let written = data_writes(&server);
-    let first_new = written.iter().find(|w| w.identity == sa(&new)).unwrap().at;
+    let first_new = written
+        .iter()
+        .find(|w| w.identity == operator_on(&new))
+        .unwrap()
+        .at;
     let last_old = written
         .iter()
-        .rfind(|w| w.identity == sa(&first))
+        .rfind(|w| w.identity == operator_on(&first))
         .unwrap()
         .at;
     assert!(
         last_old < first_new,
         "an old leader's write landed after the new one's first"
     );
-    assert_eq!(writers(&written), BTreeSet::from([sa(&first), sa(&new)]));
+    assert_eq!(
+        writers(&written),
+        BTreeSet::from([operator_on(&first), operator_on(&new)])
+    );
     assert_eq!(blocks(&admin).await.len(), 2, "one block a node");
     replicas.pop().unwrap().shut_down().await.unwrap();
 }
@@ -285,12 +291,7 @@ async fn a_deposed_leader_on_a_slow_server_writes_nothing_after_the_new_leader_a
 async fn deposed(latency: Duration) {
     let (server, admin) = cluster().await;
     node_with_a_pod(&admin, "n0").await;
-    let mut replicas = vec![
-        Replica::start(&server, "a").await,
-        Replica::start(&server, "b").await,
-    ];
-    eventually(SERVE, "n0 served", || served(&admin, "n0")).await;
-    let old = leader(&admin, None, Duration::from_secs(1)).await;
+    let (mut replicas, old) = two_replicas(&server, &admin, "n0").await;
     // nodes keep coming: the old leader has writes to make until it stops
     let load = {
         let admin = admin.clone();
@@ -303,7 +304,7 @@ async fn deposed(latency: Duration) {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let slow = |resource: &str| TargetedFault {
-        identity: sa(&old),
+        identity: operator_on(&old),
         resource: resource.into(),
         latency,
         ..TargetedFault::default()
@@ -311,7 +312,7 @@ async fn deposed(latency: Duration) {
     server.set_faults(Faults {
         targeted: vec![
             TargetedFault {
-                identity: sa(&old),
+                identity: operator_on(&old),
                 resource: LEASES.into(),
                 verbs: ["update".to_string()].into(),
                 error_code: Some(503),
@@ -340,7 +341,9 @@ async fn deposed(latency: Duration) {
 
     let all = server.accepted_writes();
     let by = |who: &str| -> Vec<&AcceptedWrite> {
-        all.iter().filter(|w| w.identity == sa(who)).collect()
+        all.iter()
+            .filter(|w| w.identity == operator_on(who))
+            .collect()
     };
     let last_renewal = by(&old)
         .into_iter()
@@ -398,12 +401,7 @@ async fn deposed(latency: Duration) {
 async fn sigterm_hands_over_at_once() {
     let (server, admin) = cluster().await;
     node_with_a_pod(&admin, "n1").await;
-    let mut replicas = vec![
-        Replica::start(&server, "a").await,
-        Replica::start(&server, "b").await,
-    ];
-    eventually(SERVE, "n1 served", || served(&admin, "n1")).await;
-    let old = leader(&admin, None, Duration::from_secs(1)).await;
+    let (mut replicas, old) = two_replicas(&server, &admin, "n1").await;
     let i = replicas.iter().position(|r| r.name == old).unwrap();
     let asked = Instant::now();
     replicas
@@ -430,7 +428,7 @@ async fn sigterm_hands_over_at_once() {
     .await;
     assert_eq!(
         writers(&data_writes(&server)),
-        BTreeSet::from([sa(&old), sa(&new)])
+        BTreeSet::from([operator_on(&old), operator_on(&new)])
     );
     replicas.pop().unwrap().shut_down().await.unwrap();
 }

@@ -363,27 +363,19 @@ impl Watches {
         self.ipamblocks.abort();
         self.ipamnodes = watch_ipamnodes(client, parts);
         self.ipamblocks = watch_ipamblocks(client, parts);
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        wait_until_listed(timeout, || {
             let now = parts.store.lists();
-            let mut left = Vec::new();
-            if now.0 == before.0 {
-                left.push("ipamnodes");
-            }
-            if now.1 == before.1 {
-                left.push("ipamblocks");
-            }
-            if left.is_empty() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::NotSynced {
-                    resources: left.join(", "),
-                    after: timeout,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let waiting = [
+                (now.0 == before.0, "ipamnodes"),
+                (now.1 == before.1, "ipamblocks"),
+            ];
+            waiting
+                .into_iter()
+                .filter(|(w, _)| *w)
+                .map(|(_, what)| what)
+                .collect()
+        })
+        .await
     }
 }
 
@@ -520,22 +512,30 @@ where
 
 /// Waits until every watch has listed once, at most `timeout`.
 async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
-    let laggards = || {
+    wait_until_listed(timeout, || {
         let (nodes_ok, blocks_ok) = parts.store.ready();
-        let mut out = Vec::new();
-        for (ok, what) in [
+        let listed = [
             (parts.pools.lock().ready, "ippools"),
             (nodes_ok, "ipamnodes"),
             (blocks_ok, "ipamblocks"),
             (parts.nodes.ready(), "nodes"),
             (parts.pods.ready(), "pods"),
-        ] {
-            if !ok {
-                out.push(what);
-            }
-        }
-        out
-    };
+        ];
+        listed
+            .into_iter()
+            .filter(|(ok, _)| !ok)
+            .map(|(_, what)| what)
+            .collect()
+    })
+    .await
+}
+
+/// Polls `laggards` (the resources not listed yet) until none is left, at most `timeout`;
+/// then fails naming them.
+async fn wait_until_listed(
+    timeout: Duration,
+    laggards: impl Fn() -> Vec<&'static str>,
+) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let left = laggards();
@@ -548,7 +548,7 @@ async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
                 after: timeout,
             });
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -164,6 +164,32 @@ pub async fn raw_typed(
 pub const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
 
+/// The operator's identity as one replica on node `node` (a bound service-account token).
+pub fn operator_on(node: &str) -> String {
+    format!("{OPERATOR}@{node}")
+}
+
+/// The operator runtime's settings for tests: resync every 2 s, passes 50 ms apart, a
+/// generous kube budget, one replica without leader election.
+pub fn operator_settings() -> tidepool_operator::runtime::Settings {
+    tidepool_operator::runtime::Settings {
+        engine: tidepool_ipam::EngineConfig {
+            resync_interval: Duration::from_secs(2),
+            min_pass_interval: Duration::from_millis(50),
+            ..tidepool_ipam::EngineConfig::default()
+        },
+        scheduling: tidepool_ipam::SchedulingMode::Priority,
+        kube_api_qps: 200.0,
+        kube_api_burst: 100,
+        node_selector: Default::default(),
+        sync_timeout: Duration::from_secs(20),
+        health_addr: None,
+        seed: 7,
+        taint_exhausted_nodes: false,
+        election: None,
+    }
+}
+
 /// Creates any object, built-in or custom, finding its resource by discovery.
 pub async fn create_object(client: &kube::Client, v: serde_json::Value) -> DynamicObject {
     let obj = dynamic(v);
