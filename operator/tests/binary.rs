@@ -229,7 +229,13 @@ fn scenario(dir: &Dir) {
         || {
             let (code, body) = get(metrics, "/metrics")?;
             let total = "tidepool_ipam_nodes{category=\"total\"} 2";
-            (code == 200 && body.lines().any(|l| l == total)).then_some(())
+            // and the leader gauge and transitions of this replica, which leads
+            let want = [
+                total,
+                "tidepool_leader 1",
+                "tidepool_leader_transitions_total 1",
+            ];
+            (code == 200 && want.iter().all(|w| body.lines().any(|l| l == *w))).then_some(())
         },
     );
 
