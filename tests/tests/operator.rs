@@ -211,6 +211,67 @@ async fn a_deleted_node_gives_its_blocks_back() {
     task.await.unwrap();
 }
 
+/// A Node deleted while no operator runs: the next operator finds its IPAMNode without a
+/// Node and gives everything back after the node grace (no pod is bound to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.35.0.0/16"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    add_node(&admin, "node-b").await;
+    let s = || Settings {
+        engine: EngineConfig {
+            node_reclaim_grace: Duration::from_millis(500),
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s()).await;
+    eventually(Duration::from_secs(20), "both nodes' blocks", || {
+        let admin = admin.clone();
+        async move {
+            let a = blocks_of(&admin, "node-a").await.0;
+            let b = blocks_of(&admin, "node-b").await.0;
+            (a >= 1 && b >= 1).then_some(())
+        }
+    })
+    .await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (stop, task) = start_operator(&server, s()).await;
+    eventually(Duration::from_secs(20), "node-a's blocks gone", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 == 0).then_some(()) }
+    })
+    .await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "node-a's IPAMNode gone", || {
+        let api = ipamnodes.clone();
+        async move { api.get_opt("node-a").await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    assert!(
+        blocks_of(&admin, "node-b").await.0 >= 1,
+        "node-b keeps its block"
+    );
+    assert!(ipamnodes.get_opt("node-b").await.unwrap().is_some());
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// The node side's write of `status.used` (server-side apply as the agent's field manager):
 /// the whole map it owns, as the agent writes it.
 async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (String, String)>) {

@@ -10,6 +10,7 @@ mod nodes;
 mod pods;
 mod uid;
 
+pub(crate) use nodes::DEFAULT_ALLOCATABLE_PODS;
 pub use nodes::{NodeChange, NodeIndex, NodeSelector};
 pub use pods::{PodGetter, PodIndex};
 pub use uid::parse_uid;

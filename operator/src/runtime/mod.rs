@@ -308,6 +308,7 @@ fn engine_tasks(
     *parts.engine.lock() = Some(engine.clone());
     let backlog = std::mem::take(&mut *parts.backlog.lock());
     apply_node_changes(engine, &parts.nodes, backlog);
+    apply_node_changes(engine, &parts.nodes, orphans(parts));
     engine.manager.spawn_resync_loop();
     vec![
         tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone())),
@@ -644,6 +645,30 @@ fn add_node(e: &Engine, nodes: &NodeIndex, info: tidepool_ipam::NodeInfo) {
     let labels = nodes.labels(&info.name).unwrap_or_default();
     e.source.set_node_labels(&info.name, labels);
     e.manager.upsert_node(info);
+}
+
+/// IPAMNodes whose Node is not selected (deleted while no replica led, or relabelled out of
+/// `--node-selector`): the engine hears of each as a Node added and removed, so its
+/// whole-node reclaim runs under DESIGN.md's rule (no pod bound, the node grace passed)
+/// instead of its blocks staying held for ever.
+fn orphans(parts: &Parts) -> Vec<NodeChange> {
+    let mut out = Vec::new();
+    for n in tidepool_ipam::BlockStore::list_nodes(&parts.store) {
+        if parts.nodes.get(&n.name).is_some() {
+            continue;
+        }
+        tracing::info!(node = %n.name, "an IPAMNode without its Node: reclaimed after the node grace");
+        let info = tidepool_ipam::NodeInfo {
+            name: n.name.clone(),
+            uid: n.node_uid,
+            allocatable_pods: crate::index::DEFAULT_ALLOCATABLE_PODS,
+            cordoned: false,
+            terminating: true,
+        };
+        out.push(NodeChange::Added(info.clone()));
+        out.push(NodeChange::Removed(info));
+    }
+    out
 }
 
 /// Each second: a removed Node the engine has let go of (its whole-node reclaim done) is

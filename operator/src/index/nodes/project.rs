@@ -10,7 +10,7 @@ use crate::index::uid::parse_uid;
 
 /// Allocatable pods when a Node reports none (or a quantity that is not a plain count):
 /// the kubelet's default `maxPods`.
-pub(super) const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
+pub(crate) const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
 
 /// What the index keeps of a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
