@@ -4,5 +4,9 @@
 //!
 //! - [`cni`]: `tidepool-cni`, the CNI 1.1 IPAM plugin (std only: it starts once per pod), and
 //!   the plugin ↔ agent socket protocol the agent serves ([`cni::proto`]).
+//! - [`state`]: the agent's durable node state — the lock on `--state-dir`, the checkpoint
+//!   (allocations by (containerID, ifname), cooldowns, acks; saved with fsync before every
+//!   answer), boot-scoped allocations and the DEL spool's reader.
 
 pub mod cni;
+pub mod state;

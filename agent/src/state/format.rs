@@ -1,0 +1,296 @@
+//! The checkpoint file's format (JSON) and its version rule.
+//!
+//! Version rule: an agent of format N reads files of formats N and N−1, and an agent of
+//! format N−1 reads files of format N — so a rollout and its rollback both keep the node's
+//! state. That is why a new format only adds fields with defaults (old readers ignore
+//! them), and why each file carries `minReaderVersion`, the oldest format that may read it:
+//! a format that older agents must not read says so, and they refuse it rather than
+//! misread it. Format 1: the allocations, cooldowns and acks. Format 2 adds an
+//! allocation's `netns`.
+//!
+//! Times are Unix milliseconds; pod UIDs are the API server's strings.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tidepool_ipam::addrs::{address, number};
+use tidepool_ipam::{AddrMap, ReclaimOutcome, ReleaseAck};
+
+use super::model::{AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid};
+
+/// The format this agent writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format that reads what this agent writes (format 2 only added a field with a
+/// default).
+pub const MIN_READER_VERSION: u32 = 1;
+
+/// Whether an agent of format `reader` reads a file of format `version` that says
+/// `min_reader` may read it: its own format and the one before, and any newer one that
+/// allows it.
+pub(crate) fn readable(version: u32, min_reader: u32, reader: u32) -> bool {
+    version >= 1 && min_reader <= reader && version.saturating_add(1) >= reader
+}
+
+/// What every format has: read first, so a file of a format this agent does not read is
+/// refused, not reported corrupt.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Header {
+    pub version: u32,
+    /// Missing: only the file's own format reads it.
+    pub min_reader_version: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CheckpointFile {
+    pub version: u32,
+    pub min_reader_version: u32,
+    #[serde(default)]
+    pub allocations: Vec<AllocationRecord>,
+    /// Address → end of its cooldown.
+    #[serde(default)]
+    pub cooldown: BTreeMap<IpAddr, u64>,
+    /// Answers to address release marks, as runs of consecutive addresses.
+    #[serde(default)]
+    pub release_ack: Vec<ReleaseAckRun>,
+    /// Block name → answer to its release mark.
+    #[serde(default)]
+    pub block_release_ack: BTreeMap<String, Answer>,
+    /// Address → answer to its tombstone.
+    #[serde(default)]
+    pub reclaim_ack: BTreeMap<IpAddr, ReclaimAckRecord>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct AllocationRecord {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    pub namespace: String,
+    pub pod: String,
+    pub addresses: Vec<IpAddr>,
+    pub since: u64,
+    #[serde(rename = "bootID")]
+    pub boot_id: String,
+    /// Format 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ReleaseAckRun {
+    pub first: IpAddr,
+    pub last: IpAddr,
+    pub ack: Answer,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) enum Answer {
+    #[serde(rename = "ready-for-release")]
+    ReadyForRelease,
+    #[serde(rename = "do-not-release")]
+    DoNotRelease,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ReclaimAckRecord {
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Outcome {
+    Reclaimed,
+    Stale,
+}
+
+/// A time as Unix milliseconds, rounded up (a cooldown may end a little late, never early).
+pub(crate) fn to_ms(t: SystemTime) -> u64 {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn from_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+impl From<ReleaseAck> for Answer {
+    fn from(a: ReleaseAck) -> Self {
+        match a {
+            ReleaseAck::ReadyForRelease => Answer::ReadyForRelease,
+            ReleaseAck::DoNotRelease => Answer::DoNotRelease,
+        }
+    }
+}
+
+impl From<Answer> for ReleaseAck {
+    fn from(a: Answer) -> Self {
+        match a {
+            Answer::ReadyForRelease => ReleaseAck::ReadyForRelease,
+            Answer::DoNotRelease => ReleaseAck::DoNotRelease,
+        }
+    }
+}
+
+impl From<ReclaimOutcome> for Outcome {
+    fn from(o: ReclaimOutcome) -> Self {
+        match o {
+            ReclaimOutcome::Reclaimed => Outcome::Reclaimed,
+            ReclaimOutcome::Stale => Outcome::Stale,
+        }
+    }
+}
+
+impl From<Outcome> for ReclaimOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Reclaimed => ReclaimOutcome::Reclaimed,
+            Outcome::Stale => ReclaimOutcome::Stale,
+        }
+    }
+}
+
+/// The file for `state`, in the current format.
+pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
+    let allocations = state
+        .allocations
+        .iter()
+        .map(|(k, a)| AllocationRecord {
+            container_id: k.container_id.clone(),
+            ifname: k.ifname.clone(),
+            pod_uid: a.pod.uid.to_string(),
+            namespace: a.pod.namespace.clone(),
+            pod: a.pod.name.clone(),
+            addresses: a.addrs.clone(),
+            since: to_ms(a.since),
+            boot_id: a.boot_id.clone(),
+            netns: a.netns.clone(),
+        })
+        .collect();
+    let release_ack = state
+        .release_ack
+        .runs()
+        .map(|(f, run, ack)| ReleaseAckRun {
+            first: address(f, *run.start()),
+            last: address(f, *run.end()),
+            ack: (*ack).into(),
+        })
+        .collect();
+    let reclaim_ack = state
+        .reclaim_ack
+        .iter()
+        .map(|(addr, r)| {
+            let rec = ReclaimAckRecord {
+                pod_uid: r.pod_uid.to_string(),
+                container_id: r.key.container_id.clone(),
+                ifname: r.key.ifname.clone(),
+                outcome: r.outcome.into(),
+            };
+            (*addr, rec)
+        })
+        .collect();
+    CheckpointFile {
+        version: FORMAT_VERSION,
+        min_reader_version: MIN_READER_VERSION,
+        allocations,
+        cooldown: state
+            .cooldown
+            .iter()
+            .map(|(a, t)| (*a, to_ms(*t)))
+            .collect(),
+        release_ack,
+        block_release_ack: state
+            .block_release_ack
+            .iter()
+            .map(|(b, a)| (b.clone(), (*a).into()))
+            .collect(),
+        reclaim_ack,
+    }
+}
+
+/// The state a file describes, for this boot; `Err` says why the file cannot be trusted
+/// (an address held twice, a UID that is not one, ...): such a file is corrupt.
+pub(crate) fn decode(
+    file: CheckpointFile,
+    boot_id: &str,
+    reuse_cooldown: Duration,
+) -> Result<NodeState, String> {
+    let mut s = NodeState::new(boot_id, reuse_cooldown);
+    for r in file.allocations {
+        let key = AllocKey::new(r.container_id, r.ifname);
+        let uid = parse_pod_uid(&r.pod_uid).map_err(|e| e.to_string())?;
+        let unique = r
+            .addresses
+            .iter()
+            .enumerate()
+            .all(|(i, a)| !r.addresses[..i].contains(a));
+        if r.addresses.is_empty() || !unique {
+            return Err(format!("allocation {key:?}: addresses {:?}", r.addresses));
+        }
+        for addr in &r.addresses {
+            if let Some(other) = s.owners.insert(*addr, key.clone()) {
+                return Err(format!("{addr} held by both {other:?} and {key:?}"));
+            }
+        }
+        let a = Allocation {
+            pod: PodRef {
+                uid,
+                namespace: r.namespace,
+                name: r.pod,
+            },
+            addrs: r.addresses,
+            since: from_ms(r.since),
+            boot_id: r.boot_id,
+            netns: r.netns,
+        };
+        if s.allocations.insert(key.clone(), a).is_some() {
+            return Err(format!("allocation {key:?} recorded twice"));
+        }
+    }
+    s.cooldown = file
+        .cooldown
+        .into_iter()
+        .map(|(a, ms)| (a, from_ms(ms)))
+        .collect();
+    s.release_ack = release_acks(&file.release_ack)?;
+    s.block_release_ack = file
+        .block_release_ack
+        .into_iter()
+        .map(|(b, a)| (b, a.into()))
+        .collect();
+    for (addr, r) in file.reclaim_ack {
+        let answer = ReclaimAnswer {
+            pod_uid: parse_pod_uid(&r.pod_uid).map_err(|e| e.to_string())?,
+            key: AllocKey::new(r.container_id, r.ifname),
+            outcome: r.outcome.into(),
+        };
+        s.reclaim_ack.insert(addr, answer);
+    }
+    Ok(s)
+}
+
+fn release_acks(runs: &[ReleaseAckRun]) -> Result<AddrMap<ReleaseAck>, String> {
+    let mut m = AddrMap::new();
+    for r in runs {
+        let (f, first) = number(&r.first);
+        let (g, last) = number(&r.last);
+        if f != g || first > last {
+            return Err(format!("release ack run {} to {}", r.first, r.last));
+        }
+        m.insert_run(f, first..=last, r.ack.into());
+    }
+    Ok(m)
+}
