@@ -65,6 +65,17 @@ async fn add_pod(admin: &kube::Client, name: &str, node: &str) {
     .await;
 }
 
+/// A user's change of the `default` pool's CIDRs: a merge patch of the spec, as `kubectl
+/// patch` makes it (a read-modify-replace would race the operator's status writes: 409).
+async fn set_pool_cidrs(admin: &kube::Client, cidrs: &[&str]) {
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    let patch = kube::api::Patch::Merge(json!({"spec": {"cidrs": cidrs}}));
+    pools
+        .patch("default", &kube::api::PatchParams::default(), &patch)
+        .await
+        .expect("patch the pool's CIDRs");
+}
+
 /// The node's blocks as the server has them, with every address they hold.
 async fn blocks_of(admin: &kube::Client, node: &str) -> (usize, AddrSet) {
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
@@ -511,16 +522,7 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     })
     .await;
     // the IPv4 CIDR is replaced at runtime
-    let pools: Api<api::IPPool> = Api::all(admin.clone());
-    let mut p = pools.get("default").await.unwrap();
-    p.spec.cidrs = vec![
-        api::Cidr("10.51.0.0/24".into()),
-        api::Cidr("fd00:50::/64".into()),
-    ];
-    pools
-        .replace("default", &Default::default(), &p)
-        .await
-        .unwrap();
+    set_pool_cidrs(&admin, &["10.51.0.0/24", "fd00:50::/64"]).await;
     let old: ipnet::IpNet = "10.50.0.0/24".parse().unwrap();
     let new: ipnet::IpNet = "10.51.0.0/24".parse().unwrap();
     let addrs = eventually(
@@ -1093,13 +1095,7 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     })
     .await;
     // the pool grows: node-b gets a block and is no longer blocked
-    let pools: Api<api::IPPool> = Api::all(admin.clone());
-    let mut p = pools.get("default").await.unwrap();
-    p.spec.cidrs.push(api::Cidr("10.121.0.0/28".into()));
-    pools
-        .replace("default", &Default::default(), &p)
-        .await
-        .unwrap();
+    set_pool_cidrs(&admin, &["10.120.0.0/28", "10.121.0.0/28"]).await;
     eventually(Duration::from_secs(20), "node-b unblocked", blocked(false)).await;
     assert_eq!(blocks_of(&admin, "node-b").await.0, 1);
     eventually(Duration::from_secs(20), "node-b's taint gone", || {
