@@ -432,8 +432,25 @@ async fn bind_replaces_a_stale_socket_but_not_a_file() {
 async fn latency_add_del_through_the_plugin() {
     let node = Arc::new(Node::start(&["10.250.0.0/20"], Duration::from_secs(1)));
     let n = node.clone();
-    let (mut adds, mut dels, mut both) = blocking(move || {
+    let (mut adds, mut dels, mut both, mut start, mut direct) = blocking(move || {
         let (mut adds, mut dels, mut both) = (Vec::new(), Vec::new(), Vec::new());
+        // the parts: process start alone (VERSION asks no agent), and ADD+DEL over the
+        // socket without the plugin process (socket, handler, fsync'd save)
+        let (mut start, mut direct) = (Vec::new(), Vec::new());
+        for i in 0..200 {
+            start.push(plugin("VERSION", "", "", "").took);
+            let body = |c: &str| {
+                format!(
+                    r#"{{"containerID":"{c}","ifname":"eth0","netns":"/n","podNamespace":"d","podName":"p","podUID":"{}","cniVersion":"1.1.0","config":{{}}}}"#,
+                    uid(10_000 + i)
+                )
+            };
+            let c = format!("direct{i}");
+            let t = Instant::now();
+            assert_eq!(http(&n.sock(), "POST", "/v1/cni/add", &body(&c)).0, 200);
+            assert_eq!(http(&n.sock(), "POST", "/v1/cni/del", &body(&c)).0, 200);
+            direct.push(t.elapsed());
+        }
         for i in 0..200 {
             let c = format!("lat{i}");
             let a = n.cni("ADD", &c, &uid(i));
@@ -444,14 +461,17 @@ async fn latency_add_del_through_the_plugin() {
             dels.push(d.took);
             both.push(a.took + d.took);
         }
-        (adds, dels, both)
+        (adds, dels, both, start, direct)
     })
     .await;
-    for (name, v) in [
+    let rows = [
         ("ADD", &mut adds),
         ("DEL", &mut dels),
         ("ADD+DEL", &mut both),
-    ] {
+        ("start", &mut start),
+        ("direct", &mut direct),
+    ];
+    for (name, v) in rows {
         v.sort();
         let p = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
         println!(
