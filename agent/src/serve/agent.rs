@@ -421,3 +421,7 @@ fn not_durable(e: StateError) -> Reply {
         e.to_string(),
     )
 }
+
+#[cfg(test)]
+#[path = "agent_tests.rs"]
+mod tests;
