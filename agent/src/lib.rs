@@ -7,6 +7,11 @@
 //! - [`state`]: the agent's durable node state — the lock on `--state-dir`, the checkpoint
 //!   (allocations by (containerID, ifname), cooldowns, acks; saved with fsync before every
 //!   answer), boot-scoped allocations and the DEL spool's reader.
+//! - [`serve`]: the agent's socket server — each CNI request answered from the node's pool,
+//!   durable in the checkpoint before the reply, then published; the DEL spool's replay.
+//! - [`error`]: the agent's error type.
 
 pub mod cni;
+pub mod error;
+pub mod serve;
 pub mod state;

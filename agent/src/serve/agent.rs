@@ -1,0 +1,427 @@
+//! The handlers: each CNI verb against the shared node state, durable before it answers.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+use tidepool_ipam::node::free_address;
+use tidepool_ipam::{Family, PodUid};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::request::{CniRequest, Reply, UidArg};
+use super::shape::PodNetworks;
+use super::source::{NodeSource, Publish};
+use super::spool::{Replayed, replay_spool};
+use crate::cni::proto::code;
+use crate::error::{Error, Result};
+use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
+
+/// How long an ADD waits for a free address (a block arriving) before code 11.
+pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
+
+/// The server's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The result's prefix lengths and gateways, and the addresses reserved for them.
+    pub pod_networks: PodNetworks,
+    /// See [`DEFAULT_EMPTY_POOL_WAIT`]; keep it below the plugin's `requestTimeout` (10 s).
+    pub empty_pool_wait: Duration,
+}
+
+/// The agent's node state shared by the handlers (and the kube layer, which reads it to
+/// publish): one mutation at a time, each saved before its answer.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Arc<Mutex<NodeState>>,
+    dir: Arc<StateDir>,
+    source: Arc<dyn NodeSource>,
+    publish: Arc<dyn Publish>,
+    config: Config,
+}
+
+/// What one locked step did: its reply, and whether a durable change is to be published.
+struct Step {
+    reply: Reply,
+    publish: bool,
+}
+
+/// An ADD attempt: answered, or the pool had nothing (why) and the ADD may wait.
+enum Attempt {
+    Done(Reply),
+    Empty(String),
+}
+
+impl Agent {
+    /// The agent over `state` (loaded from `dir`, whose lock it keeps).
+    pub fn new(
+        state: NodeState,
+        dir: StateDir,
+        source: Arc<dyn NodeSource>,
+        publish: Arc<dyn Publish>,
+        config: Config,
+    ) -> Self {
+        Agent {
+            inner: Arc::new(Inner {
+                state: Arc::new(Mutex::new(state)),
+                dir: Arc::new(dir),
+                source,
+                publish,
+                config,
+            }),
+        }
+    }
+
+    /// The shared state (the kube layer reads it to publish; lock it briefly).
+    pub fn state(&self) -> &Arc<Mutex<NodeState>> {
+        &self.inner.state
+    }
+
+    /// Runs `f` on the locked state on the blocking pool (saves fsync), then publishes if
+    /// it says so.
+    async fn locked<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut NodeState, &Inner) -> (T, bool) + Send + 'static,
+    {
+        let mut guard = self.inner.state.clone().lock_owned().await;
+        let inner = self.inner.clone();
+        let (out, publish) = tokio::task::spawn_blocking(move || f(&mut guard, &inner))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?;
+        if publish {
+            self.inner.publish.publish();
+        }
+        Ok(out)
+    }
+
+    async fn step<F>(&self, f: F) -> Reply
+    where
+        F: FnOnce(&mut NodeState, &Inner) -> Step + Send + 'static,
+    {
+        let run = self
+            .locked(move |s, i| {
+                let st = f(s, i);
+                (st.reply, st.publish)
+            })
+            .await;
+        run.unwrap_or_else(|e| Reply::error(code::GENERIC, "tidepool agent failed", e.to_string()))
+    }
+
+    /// CNI ADD: the key's addresses (the same ones on a repeated ADD), one per family the
+    /// node's pool has, all or none; waits up to `empty_pool_wait` for a free address.
+    pub async fn add(&self, req: CniRequest) -> Reply {
+        let key = match req.key() {
+            Ok(k) => k,
+            Err(r) => return r,
+        };
+        let uid = match req.required_uid() {
+            Ok(u) => u,
+            Err(r) => return r,
+        };
+        let req = Arc::new(req);
+        let deadline = Instant::now() + self.inner.config.empty_pool_wait;
+        let mut changes = self.inner.source.changes();
+        loop {
+            changes.borrow_and_update();
+            let (key, req) = (key.clone(), req.clone());
+            let attempt = self.locked(move |s, i| try_add(s, i, key, uid, &req)).await;
+            let why = match attempt {
+                Ok(Attempt::Done(reply)) => return reply,
+                Ok(Attempt::Empty(why)) => why,
+                Err(e) => {
+                    return Reply::error(code::GENERIC, "tidepool agent failed", e.to_string());
+                }
+            };
+            let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
+            if !matches!(woke, Ok(Ok(()))) {
+                return Reply::error(
+                    code::TRY_AGAIN_LATER,
+                    "the node's address pool is empty",
+                    why,
+                );
+            }
+        }
+    }
+
+    /// CNI DEL: frees the key's addresses into cooldown if they are this pod's; an unknown
+    /// key or a stale DEL (another pod UID) frees nothing and succeeds.
+    pub async fn del(&self, req: CniRequest) -> Reply {
+        let key = match req.key() {
+            Ok(k) => k,
+            Err(r) => return r,
+        };
+        let uid = req.uid();
+        self.step(move |s, i| {
+            let now = SystemTime::now();
+            let freed = match uid {
+                // matches no owner: frees nothing (a pending save still happens below)
+                UidArg::Invalid => false,
+                UidArg::Absent => !s.del(&key, None, now).freed().is_empty(),
+                UidArg::Valid(u) => !s.del(&key, Some(u), now).freed().is_empty(),
+            };
+            match save_if_dirty(s, &i.dir) {
+                Ok(saved) => Step {
+                    reply: Reply::empty(),
+                    publish: freed || saved,
+                },
+                Err(e) => Step {
+                    reply: not_durable(e),
+                    publish: false,
+                },
+            }
+        })
+        .await
+    }
+
+    /// CNI CHECK: success if the key is held (by this pod, when it names one) with the
+    /// addresses of `prevResult` (when given).
+    pub async fn check(&self, req: CniRequest) -> Reply {
+        let key = match req.key() {
+            Ok(k) => k,
+            Err(r) => return r,
+        };
+        let state = self.inner.state.lock().await;
+        let Some(a) = state.get(&key) else {
+            return Reply::error(
+                code::GENERIC,
+                "no allocation for this attachment",
+                format!("({}, {})", key.container_id, key.ifname),
+            );
+        };
+        let other_pod = match req.uid() {
+            UidArg::Valid(u) => u != a.pod.uid,
+            UidArg::Invalid => true,
+            UidArg::Absent => false,
+        };
+        if other_pod {
+            return Reply::error(
+                code::GENERIC,
+                "the attachment's allocation belongs to another pod",
+                format!("owner {}", a.pod.uid),
+            );
+        }
+        if let Some(prev) = req.prev_result_addresses() {
+            let held: Vec<String> = a.addrs.iter().map(IpAddr::to_string).collect();
+            let same = held.len() == prev.len() && held.iter().all(|h| prev.contains(h));
+            if !same {
+                return Reply::error(
+                    code::GENERIC,
+                    "prevResult's addresses differ from the allocation's",
+                    format!("held {held:?}, prevResult {prev:?}"),
+                );
+            }
+        }
+        Reply::empty()
+    }
+
+    /// CNI GC: frees every allocation missing from `cni.dev/valid-attachments` (nothing
+    /// when the config has no such list). Implemented; nothing depends on it (DESIGN.md).
+    pub async fn gc(&self, req: CniRequest) -> Reply {
+        let Some(valid) = req.valid_attachments() else {
+            return Reply::empty();
+        };
+        self.step(move |s, i| {
+            let now = SystemTime::now();
+            let gone: Vec<AllocKey> = s
+                .allocations()
+                .map(|(k, _)| k)
+                .filter(|k| !valid.contains(k))
+                .cloned()
+                .collect();
+            let mut freed = false;
+            for k in &gone {
+                freed |= !s.del(k, None, now).freed().is_empty();
+            }
+            match save_if_dirty(s, &i.dir) {
+                Ok(saved) => Step {
+                    reply: Reply::empty(),
+                    publish: freed || saved,
+                },
+                Err(e) => Step {
+                    reply: not_durable(e),
+                    publish: false,
+                },
+            }
+        })
+        .await
+    }
+
+    /// CNI STATUS: the agent answers, so the plugin is ready (it handles the agent-down
+    /// case itself; an empty pool is never a STATUS failure).
+    pub async fn status(&self, _req: CniRequest) -> Reply {
+        Reply::empty()
+    }
+
+    /// `GET /v1/allocations`: every allocation, for people.
+    pub async fn allocations(&self) -> Reply {
+        let state = self.inner.state.lock().await;
+        let list: Vec<Value> = state
+            .allocations()
+            .map(|(k, a)| {
+                let since = a
+                    .since
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                json!({
+                    "containerID": k.container_id, "ifname": k.ifname,
+                    "podUID": a.pod.uid.to_string(), "namespace": a.pod.namespace,
+                    "pod": a.pod.name,
+                    "addresses": a.addrs.iter().map(IpAddr::to_string).collect::<Vec<_>>(),
+                    "since": since, "netns": a.netns,
+                })
+            })
+            .collect();
+        Reply::ok(Value::Array(list))
+    }
+
+    /// Replays the DEL spool in `spool_dir` (see [`replay_spool`]) and publishes if it
+    /// freed anything.
+    pub async fn replay_spool(&self, spool_dir: &Path) -> Result<Replayed> {
+        let spool_dir = spool_dir.to_owned();
+        let run = self
+            .locked(move |s, i| match replay_spool(s, &i.dir, &spool_dir) {
+                Ok(r) => {
+                    let publish = r.freed > 0;
+                    (Ok(r), publish)
+                }
+                Err(e) => (Err(e), false),
+            })
+            .await;
+        run?
+    }
+}
+
+fn try_add(
+    s: &mut NodeState,
+    i: &Inner,
+    key: AllocKey,
+    uid: PodUid,
+    req: &CniRequest,
+) -> (Attempt, bool) {
+    let now = SystemTime::now();
+    let networks = &i.config.pod_networks;
+    if let Some(a) = s.get(&key) {
+        if a.pod.uid != uid {
+            let why = format!(
+                "({}, {}) is held by pod {}",
+                key.container_id, key.ifname, a.pod.uid
+            );
+            let reply = Reply::error(code::GENERIC, "the attachment belongs to another pod", why);
+            return done(reply, false);
+        }
+        // a runtime retrying after a lost reply: the same addresses, durable first
+        let addrs = a.addrs.clone();
+        return match save_if_dirty(s, &i.dir) {
+            Ok(saved) => done(result_reply(networks, &req.cni_version, &addrs), saved),
+            Err(e) => done(not_durable(e), false),
+        };
+    }
+    let Some(node) = i.source.node() else {
+        return (
+            Attempt::Empty("the node's IPAMNode has not been read yet".into()),
+            false,
+        );
+    };
+    s.expire_cooldowns(now);
+    let mut side = s.node_side();
+    // the reserved addresses (gateways) look busy to free_address, forever
+    let never = now + Duration::from_secs(100 * 365 * 24 * 3600);
+    for a in networks.reserved().iter() {
+        side.cooldown.insert(a, never);
+    }
+    let families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| node.operator.addresses.len(*f) > 0)
+        .collect();
+    if families.is_empty() {
+        return (Attempt::Empty("the node has no block yet".into()), false);
+    }
+    let mut addrs = Vec::with_capacity(families.len());
+    for f in families {
+        match free_address(&node, &side, f) {
+            Some(a) => addrs.push(a),
+            None => {
+                let why = format!("no free {} address in the node's blocks", f.as_str());
+                return (Attempt::Empty(why), false);
+            }
+        }
+    }
+    let result = match networks.result(&req.cni_version, &addrs) {
+        Ok(r) => r,
+        Err(e) => {
+            let reply = Reply::error(
+                code::INVALID_CONFIG,
+                "no result shape for the address",
+                e.to_string(),
+            );
+            return done(reply, false);
+        }
+    };
+    let pod = PodRef {
+        uid,
+        namespace: req.pod_namespace.clone().unwrap_or_default(),
+        name: req.pod_name.clone().unwrap_or_default(),
+    };
+    if let Err(e) = s.add(key, pod, &addrs, req.netns.clone(), now) {
+        return done(refused(&e), false);
+    }
+    match save_if_dirty(s, &i.dir) {
+        Ok(_) => done(Reply::ok(result), true),
+        Err(e) => done(not_durable(e), false),
+    }
+}
+
+fn done(reply: Reply, publish: bool) -> (Attempt, bool) {
+    (Attempt::Done(reply), publish)
+}
+
+fn result_reply(networks: &PodNetworks, version: &str, addrs: &[IpAddr]) -> Reply {
+    networks.result(version, addrs).map_or_else(
+        |e| {
+            Reply::error(
+                code::INVALID_CONFIG,
+                "no result shape for the address",
+                e.to_string(),
+            )
+        },
+        Reply::ok,
+    )
+}
+
+fn refused(e: &StateError) -> Reply {
+    Reply::error(
+        code::GENERIC,
+        "the node state refused the allocation",
+        e.to_string(),
+    )
+}
+
+/// Saves if anything changed; returns whether it saved.
+fn save_if_dirty(s: &mut NodeState, dir: &StateDir) -> Result<bool, StateError> {
+    if !s.is_dirty() {
+        return Ok(false);
+    }
+    dir.save(s)?;
+    Ok(true)
+}
+
+/// A change that could not be made durable is not answered as done (the state stays dirty;
+/// the next request saves it).
+fn not_durable(e: StateError) -> Reply {
+    Reply::error(
+        code::IO_FAILURE,
+        "the tidepool agent could not save its state",
+        e.to_string(),
+    )
+}
+
+#[cfg(test)]
+#[path = "agent_tests.rs"]
+mod tests;

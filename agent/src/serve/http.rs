@@ -1,0 +1,179 @@
+//! The socket: HTTP/1.1 over a unix socket (hyper), routed to the [`Agent`]'s handlers.
+
+use std::convert::Infallible;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+
+use super::agent::Agent;
+use super::request::{CniRequest, Reply};
+use crate::cni::proto::code;
+use crate::error::{Error, Result};
+
+/// The largest request body read (the plugin caps the network config at 1 MiB).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// The bound socket.
+#[derive(Debug)]
+pub struct Server {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Server {
+    /// Binds `path` with mode 0600. A stale socket there is removed (the state-dir lock
+    /// already proved no other agent runs); anything else there is an error. The socket is
+    /// bound under a temporary name, given mode 0600 and renamed into place, so it is never
+    /// reachable with wider permissions. The backlog is the kernel's maximum
+    /// (`net.core.somaxconn`: tokio listens with -1), since the plugin has no connect
+    /// timeout of its own besides its retry loop. Needs a tokio runtime.
+    pub fn bind(path: &Path) -> Result<Server> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+        }
+        remove_stale(path)?;
+        let mut tmp_name = path.as_os_str().to_owned();
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp_name);
+        remove_stale(&tmp)?;
+        let listener = UnixListener::bind(&tmp).map_err(Error::io("bind", &tmp))?;
+        let perms = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(&tmp, perms).map_err(Error::io("chmod 0600", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(Error::io("rename the socket to", path))?;
+        Ok(Server {
+            listener,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves until the task is dropped or aborted; each connection on its own task.
+    pub async fn serve(self, agent: Agent) {
+        loop {
+            let stream = match self.listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // out of descriptors and the like: back off a little, keep serving
+                    tracing::warn!(error = %e, socket = %self.path.display(), "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let agent = agent.clone();
+                    async move { Ok::<_, Infallible>(route(&agent, req).await) }
+                });
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+    }
+
+    /// [`Server::serve`] on a task of its own.
+    pub fn spawn(self, agent: Agent) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.serve(agent))
+    }
+}
+
+/// Removes `path` if it is a socket; nothing there is fine; anything else is refused.
+fn remove_stale(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(Error::io("remove the stale socket", path))
+        }
+        Ok(_) => Err(Error::Config(format!(
+            "{} exists and is not a socket: refusing to replace it",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("stat", path)(e)),
+    }
+}
+
+async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let reply = match (method, path.as_str()) {
+        (Method::GET, "/v1/allocations") => agent.allocations().await,
+        (Method::POST, verb) if verb.starts_with("/v1/cni/") => cni(agent, verb, req).await,
+        (_, "/v1/allocations") => not_allowed("GET"),
+        (_, p) if p.starts_with("/v1/cni/") => not_allowed("POST"),
+        (_, p) => {
+            let mut r = Reply::error(code::GENERIC, "no such endpoint", p.to_owned());
+            r.status = 404;
+            r
+        }
+    };
+    respond(&reply)
+}
+
+async fn cni(agent: &Agent, path: &str, req: Request<Incoming>) -> Reply {
+    let verb = &path["/v1/cni/".len()..];
+    if !matches!(verb, "add" | "del" | "check" | "gc" | "status") {
+        let mut r = Reply::error(code::GENERIC, "no such CNI verb", verb.to_owned());
+        r.status = 404;
+        return r;
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Reply::error(
+                code::DECODING_FAILURE,
+                "could not read the request body",
+                e.to_string(),
+            );
+        }
+    };
+    let req = match CniRequest::parse(&body) {
+        Ok(r) => r,
+        Err(reply) => return reply,
+    };
+    match verb {
+        "add" => agent.add(req).await,
+        "del" => agent.del(req).await,
+        "check" => agent.check(req).await,
+        "gc" => agent.gc(req).await,
+        _ => agent.status(req).await,
+    }
+}
+
+fn not_allowed(allowed: &str) -> Reply {
+    let mut r = Reply::error(
+        code::GENERIC,
+        "method not allowed",
+        format!("use {allowed}"),
+    );
+    r.status = 405;
+    r
+}
+
+fn respond(reply: &Reply) -> Response<Full<Bytes>> {
+    let body = Bytes::from(reply.body.to_string());
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() =
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}

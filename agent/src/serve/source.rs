@@ -1,0 +1,115 @@
+//! What the server needs from the API-server side, as two small traits, and in-memory
+//! implementations for tests (and for running the server without a cluster).
+//!
+//! The kube layer implements both: [`NodeSource`] from its watch of the node's IPAMNode and
+//! blocks (the node projected with `ipam::node::project`), [`Publish`] by writing the node
+//! side's fields from the shared state when told (batched; it reads the state itself).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tidepool_ipam::{AddrSet, IpamNode, NodeName};
+use tokio::sync::watch;
+
+/// The node as the server allocates from it.
+pub trait NodeSource: Send + Sync + 'static {
+    /// The projected node (its pool is its blocks' addresses, marked blocks' addresses
+    /// marked); `None` until the IPAMNode has been read.
+    fn node(&self) -> Option<Arc<IpamNode>>;
+    /// Bumped whenever [`NodeSource::node`] may have changed (an ADD waiting on an empty
+    /// pool wakes on it).
+    fn changes(&self) -> watch::Receiver<u64>;
+}
+
+/// Told after every durable change of the node state: the kube layer publishes the node
+/// side's fields (`status.used`, `status.cooldown`, the acks). Must not block.
+pub trait Publish: Send + Sync + 'static {
+    fn publish(&self);
+}
+
+/// A [`NodeSource`] held in memory: set the node, and every waiting ADD wakes.
+#[derive(Debug)]
+pub struct MemoryNodeSource {
+    node: std::sync::Mutex<Option<Arc<IpamNode>>>,
+    version: watch::Sender<u64>,
+}
+
+impl Default for MemoryNodeSource {
+    fn default() -> Self {
+        MemoryNodeSource {
+            node: std::sync::Mutex::new(None),
+            version: watch::channel(0).0,
+        }
+    }
+}
+
+impl MemoryNodeSource {
+    /// A source with no node yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A source whose node `name` has `pool` as its addresses (a projected node).
+    pub fn with_pool(name: &str, pool: AddrSet) -> Self {
+        let s = Self::new();
+        s.set_pool(name, pool);
+        s
+    }
+
+    /// Replaces the node and bumps [`NodeSource::changes`].
+    pub fn set(&self, node: Option<IpamNode>) {
+        let mut held = self.node.lock().unwrap_or_else(|e| e.into_inner());
+        *held = node.map(Arc::new);
+        drop(held);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Sets node `name` with `pool` as its addresses.
+    pub fn set_pool(&self, name: &str, pool: AddrSet) {
+        let mut node = IpamNode::new(NodeName::from(name), 1);
+        node.operator.addresses = Arc::new(pool);
+        self.set(Some(node));
+    }
+}
+
+impl NodeSource for MemoryNodeSource {
+    fn node(&self) -> Option<Arc<IpamNode>> {
+        self.node.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+}
+
+/// A [`Publish`] that counts the calls.
+#[derive(Debug, Default)]
+pub struct CountingPublish(AtomicU64);
+
+impl CountingPublish {
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Publish for CountingPublish {
+    fn publish(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl<T: Publish> Publish for Arc<T> {
+    fn publish(&self) {
+        (**self).publish();
+    }
+}
+
+impl<T: NodeSource> NodeSource for Arc<T> {
+    fn node(&self) -> Option<Arc<IpamNode>> {
+        (**self).node()
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        (**self).changes()
+    }
+}

@@ -1,0 +1,50 @@
+//! Replaying the DEL spool: the DELs the plugin recorded while the agent was down.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::error::Result;
+use crate::state::{NodeState, StateDir, Unreadable, drain_spool, parse_pod_uid};
+
+/// What [`replay_spool`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// Spooled DELs applied (and their files removed).
+    pub applied: usize,
+    /// Of those, the ones that freed an allocation.
+    pub freed: usize,
+    /// Files that could not be read as a DEL; left in place and reported.
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// Applies every spooled DEL in `spool_dir` to `state` (keyed and stale-safe, as a live
+/// DEL; a pod UID that is not a UUID frees nothing), saves the state, and only then removes
+/// the files: a crash in between replays them again, which DEL's idempotence makes harmless.
+pub fn replay_spool(state: &mut NodeState, dir: &StateDir, spool_dir: &Path) -> Result<Replayed> {
+    let drained = drain_spool(dir.fs(), spool_dir)?;
+    let now = SystemTime::now();
+    let mut out = Replayed {
+        unreadable: drained.unreadable,
+        ..Replayed::default()
+    };
+    for d in &drained.dels {
+        let uid = match d.pod_uid.as_deref() {
+            None | Some("") => None,
+            Some(s) => match parse_pod_uid(s) {
+                Ok(u) => Some(u),
+                Err(_) => continue, // matches no owner
+            },
+        };
+        if !state.del(&d.key, uid, now).freed().is_empty() {
+            out.freed += 1;
+        }
+    }
+    if state.is_dirty() {
+        dir.save(state)?;
+    }
+    for d in &drained.dels {
+        d.remove(dir.fs())?;
+        out.applied += 1;
+    }
+    Ok(out)
+}
