@@ -7,6 +7,10 @@
 //! - [`state`]: the agent's durable node state — the lock on `--state-dir`, the checkpoint
 //!   (allocations by (containerID, ifname), cooldowns, acks; saved with fsync before every
 //!   answer), boot-scoped allocations and the DEL spool's reader.
+//! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
+//!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
+//!   ([`kube::Publisher`]).
 
 pub mod cni;
+pub mod kube;
 pub mod state;
