@@ -19,10 +19,10 @@ use tokio::task::JoinHandle;
 use super::KubeError;
 use super::view::{Projected, Seen};
 
-/// One event of either watch.
+/// One event of either watch (boxed: the objects are large, and the two differ in size).
 enum Change {
-    Node(Event<api::IPAMNode>),
-    Block(Event<api::IPAMBlock>),
+    Node(Box<Event<api::IPAMNode>>),
+    Block(Box<Event<api::IPAMBlock>>),
 }
 
 struct Shared {
@@ -77,10 +77,10 @@ impl NodeWatch {
         let events = futures::stream::select(
             watch_objects(nodes, by_name)
                 .default_backoff()
-                .map_ok(Change::Node),
+                .map_ok(|e| Change::Node(Box::new(e))),
             watch_objects(blocks, by_node)
                 .default_backoff()
-                .map_ok(Change::Block),
+                .map_ok(|e| Change::Block(Box::new(e))),
         );
         let task = tokio::spawn(drive(shared.clone(), events));
         Self {
@@ -173,14 +173,14 @@ async fn drive(
 /// Takes one event in; whether the live view may have changed.
 fn take(seen: &mut Seen, change: Change) -> bool {
     match change {
-        Change::Node(e) => on_event(&mut seen.node, e, |o| {
+        Change::Node(e) => on_event(&mut seen.node, *e, |o| {
             let (view, bad) = node_from_api(o);
             for m in bad {
                 tracing::warn!(%m, "malformed entry skipped");
             }
             Some(view)
         }),
-        Change::Block(e) => on_event(&mut seen.blocks, e, |o| {
+        Change::Block(e) => on_event(&mut seen.blocks, *e, |o| {
             block_from_api(o)
                 .map_err(|bad| {
                     for m in bad {
