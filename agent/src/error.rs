@@ -4,6 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::kube::KubeError;
 use crate::state::StateError;
 
 /// What can go wrong in the agent.
@@ -11,6 +12,9 @@ use crate::state::StateError;
 pub enum Error {
     #[error(transparent)]
     State(#[from] StateError),
+
+    #[error(transparent)]
+    Kube(#[from] KubeError),
 
     #[error("{op} {path}: {source}")]
     Io {

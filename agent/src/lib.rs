@@ -9,9 +9,13 @@
 //!   answer), boot-scoped allocations and the DEL spool's reader.
 //! - [`serve`]: the agent's socket server — each CNI request answered from the node's pool,
 //!   durable in the checkpoint before the reply, then published; the DEL spool's replay.
+//! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
+//!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
+//!   ([`kube::Publisher`]).
 //! - [`error`]: the agent's error type.
 
 pub mod cni;
 pub mod error;
+pub mod kube;
 pub mod serve;
 pub mod state;

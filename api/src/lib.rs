@@ -1,7 +1,8 @@
 //! tidepool's custom resources, group `ipam.tidepool.dev`, version `v1alpha1`, all
 //! cluster-scoped (DESIGN.md "Resources"): [`IPPool`], [`IPAMBlock`] and [`IPAMNode`] with
 //! their schemas generated from the types, and the names the operator and the agent share
-//! ([`names`]). No I/O and no engine here.
+//! ([`names`]), and how both read the objects as the engine's types ([`convert`]). No I/O
+//! here.
 //!
 //! The schemas do the validation a schema can express (CIDR formats, prefix lengths in
 //! range, watermarks ≥ 0, enums for marks, answers and outcomes); the status subresource,
@@ -11,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod block;
+pub mod convert;
 pub mod names;
 mod node;
 mod pool;

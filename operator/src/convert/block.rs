@@ -1,60 +1,10 @@
-//! IPAMBlock: the object as the cluster-pool source reads it, the object a claim creates,
-//! and the operator's apply of a release mark.
-
-use std::sync::Arc;
+//! IPAMBlock: the object a claim creates and the operator's apply of a release mark
+//! (reading one is [`tidepool_api::convert`]'s).
 
 use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, GROUP, VERSION};
-use tidepool_ipam::{IpamBlock, NodeName, PodUid, ReleaseAck, ResourceVersion};
-
-use super::{Malformed, Report};
-use crate::index::parse_uid;
-
-/// The engine's view of an IPAMBlock; `Err` when its CIDR or node UID cannot be read (the
-/// block is then left alone: neither granted nor released by this operator).
-pub fn block_from_api(obj: &api::IPAMBlock) -> Result<IpamBlock, Vec<Malformed>> {
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    let object = format!("ipamblock/{name}");
-    let mut r = Report::new(&object);
-    let cidr = obj.spec.cidr.0.parse::<ipnet::IpNet>().ok().or_else(|| {
-        r.bad(
-            "spec.cidr".into(),
-            format!("{:?} is not a CIDR", obj.spec.cidr.0),
-        )
-    });
-    let uid = parse_uid(&obj.spec.node_uid).or_else(|| {
-        r.bad(
-            "spec.nodeUID".into(),
-            format!("{:?} is not a UID", obj.spec.node_uid),
-        )
-    });
-    let (Some(cidr), Some(node_uid)) = (cidr, uid) else {
-        return Err(r.finish());
-    };
-    Ok(IpamBlock {
-        name: Arc::from(name.as_str()),
-        cidr,
-        pool: Arc::from(obj.spec.pool.as_str()),
-        node: NodeName::from(obj.spec.node.as_str()),
-        node_uid,
-        release: obj.spec.release.is_some(),
-        ack: obj
-            .status
-            .as_ref()
-            .and_then(|s| s.release_ack)
-            .map(|a| match a {
-                api::BlockAck::ReadyForRelease => ReleaseAck::ReadyForRelease,
-                api::BlockAck::DoNotRelease => ReleaseAck::DoNotRelease,
-            }),
-        resource_version: obj
-            .metadata
-            .resource_version
-            .as_deref()
-            .map(ResourceVersion::server),
-        deleting: obj.metadata.deletion_timestamp.is_some(),
-    })
-}
+use tidepool_ipam::{IpamBlock, PodUid};
 
 /// The object a claim creates (POST), with the operator's finalizer.
 pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
@@ -95,6 +45,7 @@ pub fn block_mark_body(b: &IpamBlock, release: bool) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidepool_api::convert::{block_from_api, parse_uid};
 
     const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
 

@@ -8,9 +8,9 @@
 
 mod nodes;
 mod pods;
-mod uid;
 
 pub(crate) use nodes::DEFAULT_ALLOCATABLE_PODS;
 pub use nodes::{NodeChange, NodeIndex, NodeSelector};
 pub use pods::{PodGetter, PodIndex};
-pub use uid::parse_uid;
+/// Shared with the agent: [`tidepool_api::convert::parse_uid`].
+pub use tidepool_api::convert::parse_uid;

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Node;
 use tidepool_api::names::EXHAUSTED_TAINT;
 use tidepool_ipam::{NodeInfo, NodeName};
 
-use crate::index::uid::parse_uid;
+use crate::index::parse_uid;
 
 /// Allocatable pods when a Node reports none (or a quantity that is not a plain count):
 /// the kubelet's default `maxPods`.

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use tidepool_ipam::{NodeName, PodInfo, PodIps, PodPhase, PodUid};
 
-use crate::index::uid::parse_uid;
+use crate::index::parse_uid;
 
 /// What the index keeps of a pod: the engine's [`PodInfo`] and the pod's
 /// `namespace/name` (for the live GET). No full Pod.

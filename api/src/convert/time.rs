@@ -4,6 +4,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+/// A `metav1.Time` as the engine's `SystemTime`.
 pub fn to_system(t: &Time) -> SystemTime {
     SystemTime::from(t.0)
 }

@@ -1,0 +1,44 @@
+//! The agent's API-server side (DESIGN.md "Node agent", "Who writes what"): it watches only
+//! its own node's objects and writes only the node side's fields.
+//!
+//! - [`NodeWatch`]: the node's IPAMNode (field selector `metadata.name`) and IPAMBlocks (the
+//!   CRD's selectable field `spec.node`), only blocks whose `spec.nodeUID` is the IPAMNode's,
+//!   projected as `ipam`'s node rules read a node; readiness, changes, and the start-up
+//!   wait for the IPAMNode.
+//! - [`Publisher`]: server-side apply under `tidepool-agent` of `status.used`,
+//!   `status.cooldown`, `status.releaseAck`, `status.reclaimAck`, `status.inUse` and the
+//!   `AgentReady` condition, and of each block's `status.releaseAck`; callers ask, one task
+//!   writes the latest state, at most once per interval (batching under load), and again
+//!   when the IPAMNode's UID changes.
+//! - [`body`]: the apply bodies, pure functions.
+//!
+//! The objects are read by [`tidepool_api::convert`], the same code as the operator's.
+
+pub mod body;
+mod error;
+mod publish;
+mod view;
+mod watch;
+
+pub use body::{AgentReady, NodeSide, block_status_body, node_status_body};
+pub use error::KubeError;
+pub use publish::{NodeSideSource, PublishConfig, Publisher};
+pub use watch::NodeWatch;
+
+/// The socket server reads the node as the watch projects it.
+impl crate::serve::NodeSource for NodeWatch {
+    fn node(&self) -> Option<std::sync::Arc<tidepool_ipam::IpamNode>> {
+        self.current()
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        NodeWatch::changes(self)
+    }
+}
+
+/// The socket server's "publish now" is the publisher's coalescing notify.
+impl crate::serve::Publish for Publisher {
+    fn publish(&self) {
+        Publisher::publish(self);
+    }
+}

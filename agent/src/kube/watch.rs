@@ -1,0 +1,240 @@
+//! [`NodeWatch`]: the agent's watch of its own IPAMNode (field selector `metadata.name`) and
+//! its node's IPAMBlocks (the CRD's selectable field `spec.node`), list then watch with
+//! kube's default backoff, and the node projected from them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use kube::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_objects};
+use tidepool_api as api;
+use tidepool_api::convert::{block_from_api, node_from_api};
+use tidepool_ipam::IpamNode;
+use tidepool_ipam::node::BlockView;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::KubeError;
+use super::view::{Projected, Seen};
+
+/// One event of either watch (boxed: the objects are large, and the two differ in size).
+enum Change {
+    Node(Box<Event<api::IPAMNode>>),
+    Block(Box<Event<api::IPAMBlock>>),
+}
+
+struct Shared {
+    node: String,
+    projected: watch::Sender<Projected>,
+    changes: watch::Sender<u64>,
+    ready: watch::Sender<bool>,
+}
+
+/// Stops the watch when the last [`NodeWatch`] goes.
+struct Running {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The node as the agent's watch sees it. Cheap to clone; the watch stops with the last
+/// clone.
+#[derive(Clone)]
+pub struct NodeWatch {
+    running: Arc<Running>,
+}
+
+impl std::fmt::Debug for NodeWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeWatch")
+            .field("node", &self.running.shared.node)
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+impl NodeWatch {
+    /// Starts watching node `node`'s IPAMNode and IPAMBlocks through `client` (on the
+    /// current tokio runtime).
+    pub fn start(client: kube::Client, node: &str) -> Self {
+        let shared = Arc::new(Shared {
+            node: node.to_string(),
+            projected: watch::Sender::new(Projected::default()),
+            changes: watch::Sender::new(0),
+            ready: watch::Sender::new(false),
+        });
+        let nodes: Api<api::IPAMNode> = Api::all(client.clone());
+        let blocks: Api<api::IPAMBlock> = Api::all(client);
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        let by_node = watcher::Config::default().fields(&format!("spec.node={node}"));
+        let events = futures::stream::select(
+            watch_objects(nodes, by_name)
+                .default_backoff()
+                .map_ok(|e| Change::Node(Box::new(e))),
+            watch_objects(blocks, by_node)
+                .default_backoff()
+                .map_ok(|e| Change::Block(Box::new(e))),
+        );
+        let task = tokio::spawn(drive(shared.clone(), events));
+        Self {
+            running: Arc::new(Running { shared, task }),
+        }
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.running.shared
+    }
+
+    /// The node projected from its IPAMNode and blocks (`ipam::node::project`): its pool is
+    /// the union of its blocks, a marked block's addresses count as marked. `None` until
+    /// the IPAMNode is seen, and again once it is gone.
+    pub fn current(&self) -> Option<Arc<IpamNode>> {
+        self.shared().projected.borrow().node.clone()
+    }
+
+    /// The node's blocks (only those carrying its nodeUID), for `answer_blocks`.
+    pub fn blocks(&self) -> Arc<[BlockView]> {
+        self.shared().projected.borrow().blocks.clone()
+    }
+
+    /// The IPAMNode's `spec.nodeUID`, once seen.
+    pub fn node_uid(&self) -> Option<u128> {
+        self.shared().projected.borrow().node_uid
+    }
+
+    /// Bumped on every change of what [`Self::current`], [`Self::blocks`] or
+    /// [`Self::is_ready`] give.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared().changes.subscribe()
+    }
+
+    /// Whether both first lists are done.
+    pub fn is_ready(&self) -> bool {
+        *self.shared().ready.borrow()
+    }
+
+    /// Waits until both first lists are done.
+    pub async fn ready(&self) {
+        let mut ready = self.shared().ready.subscribe();
+        // the sender lives as long as `self`: `wait_for` cannot fail here
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
+    /// Waits, at most `timeout`, until the lists are done and the IPAMNode exists (the
+    /// operator creates it: the start-up order waits for it), and gives the projected node.
+    pub async fn wait_for_node(&self, timeout: Duration) -> Result<Arc<IpamNode>, KubeError> {
+        let mut changes = self.changes();
+        let wait = async {
+            loop {
+                if let (true, Some(node)) = (self.is_ready(), self.current()) {
+                    return Some(node);
+                }
+                changes.changed().await.ok()?;
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Some(node)) => Ok(node),
+            _ => Err(KubeError::NodeMissing {
+                node: self.shared().node.clone(),
+                waited: timeout,
+            }),
+        }
+    }
+}
+
+/// Feeds the events into what is seen; republishes the projection when it changed.
+async fn drive(
+    shared: Arc<Shared>,
+    events: impl Stream<Item = Result<Change, watcher::Error>> + Send,
+) {
+    let mut seen = Seen::default();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(change) => {
+                if take(&mut seen, change) {
+                    publish(&shared, &seen);
+                }
+            }
+            // the watcher retries with its backoff; what was seen keeps answering
+            Err(e) => tracing::warn!(node = %shared.node, error = %e, "watch failed; retrying"),
+        }
+    }
+    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "IPAMNode and IPAMBlocks" });
+}
+
+/// Takes one event in; whether the live view may have changed.
+fn take(seen: &mut Seen, change: Change) -> bool {
+    match change {
+        Change::Node(e) => on_event(&mut seen.node, *e, |o| {
+            let (view, bad) = node_from_api(o);
+            for m in bad {
+                tracing::warn!(%m, "malformed entry skipped");
+            }
+            Some(view)
+        }),
+        Change::Block(e) => on_event(&mut seen.blocks, *e, |o| {
+            block_from_api(o)
+                .map_err(|bad| {
+                    for m in bad {
+                        tracing::warn!(%m, "unreadable block ignored");
+                    }
+                })
+                .ok()
+        }),
+    }
+}
+
+fn on_event<K: kube::Resource, T>(
+    listed: &mut super::view::Listed<T>,
+    event: Event<K>,
+    read: impl Fn(&K) -> Option<T>,
+) -> bool {
+    let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+    match event {
+        Event::Apply(o) => match read(&o) {
+            Some(v) => listed.apply(name(&o), v),
+            None => listed.delete(&name(&o)),
+        },
+        Event::Delete(o) => listed.delete(&name(&o)),
+        Event::Init => {
+            listed.init();
+            return false;
+        }
+        Event::InitApply(o) => {
+            if let Some(v) = read(&o) {
+                listed.init_apply(name(&o), v);
+            }
+            return false;
+        }
+        Event::InitDone => listed.init_done(),
+    }
+    true
+}
+
+fn publish(shared: &Shared, seen: &Seen) {
+    let next = seen.project();
+    let ready = seen.ready();
+    let moved = shared.projected.send_if_modified(|p| {
+        let same = p.node_uid == next.node_uid && p.node == next.node && p.blocks == next.blocks;
+        if !same {
+            *p = next;
+        }
+        !same
+    });
+    let readied = shared.ready.send_if_modified(|r| {
+        let changed = *r != ready;
+        *r = ready;
+        changed
+    });
+    if moved || readied {
+        shared.changes.send_modify(|v| *v += 1);
+    }
+}

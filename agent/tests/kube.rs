@@ -1,0 +1,454 @@
+//! The agent's API-server side against the in-process API server with RBAC and the
+//! agent's own-node admission policy on (deploy/agent/rbac.yaml): the watch sees only its
+//! node's objects, a publish writes exactly the node side's fields and leaves the
+//! operator's alone, publishing batches under load, and an agent bound to one node is
+//! refused on another's.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
+use tidepool_agent::kube::{
+    AgentReady, KubeError, NodeSide, NodeSideSource, NodeWatch, PublishConfig, Publisher,
+    block_status_body, node_status_body,
+};
+use tidepool_api as api;
+use tidepool_api::convert::{Allocations, node_from_api, parse_uid};
+use tidepool_api::names::{AGENT_MANAGER, OPERATOR_MANAGER};
+use tidepool_ipam::{
+    AllocationId, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, UsedEntry,
+};
+use tidepool_tests::{ADMIN, ApiServer, Config};
+
+const OPERATOR_RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
+const AGENT_RBAC: &str = include_str!("../../deploy/agent/rbac.yaml");
+const UID_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
+const UID_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
+const UID_OLD: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
+const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
+
+fn agent_on(node: &str) -> String {
+    format!("system:serviceaccount:tidepool:tidepool-agent@{node}")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+async fn create_object(client: &kube::Client, v: Value) {
+    let obj: DynamicObject = serde_json::from_value(v).unwrap();
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name));
+}
+
+/// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
+/// policy created, IPAMNodes node-a and node-b (created as the operator does).
+async fn cluster() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(Config {
+        rbac: true,
+        bookmark_interval: Duration::from_millis(200),
+        ..Config::default()
+    })
+    .await
+    .expect("start server");
+    let admin = server.client(ADMIN).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in tidepool_api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(10), established)
+            .await
+            .expect("established in time")
+            .unwrap();
+    }
+    for doc in OPERATOR_RBAC
+        .split("\n---\n")
+        .chain(AGENT_RBAC.split("\n---\n"))
+    {
+        create_object(&admin, serde_saphyr::from_str(doc).expect("yaml")).await;
+    }
+    let operator = server.client(OPERATOR).await.unwrap();
+    let nodes: Api<api::IPAMNode> = Api::all(operator);
+    for (name, uid) in [("node-a", UID_A), ("node-b", UID_B)] {
+        let obj: api::IPAMNode = serde_json::from_value(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": { "name": name },
+            "spec": { "nodeUID": uid },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    (server, admin)
+}
+
+async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
+    let name = format!("v4-{}", cidr.replace(['.', '/'], "-"));
+    let mut spec = json!({ "pool": "default", "cidr": cidr, "node": node, "nodeUID": uid });
+    if release {
+        spec["release"] = json!("marked-for-release");
+    }
+    let obj: api::IPAMBlock = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": { "name": name }, "spec": spec,
+    }))
+    .unwrap();
+    Api::<api::IPAMBlock>::all(client.clone())
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+/// Waits (5 s at most) until `f` holds of the watch.
+async fn until(w: &NodeWatch, what: &str, f: impl Fn(&NodeWatch) -> bool) {
+    let mut changes = w.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !f(w) {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+#[tokio::test]
+async fn the_watch_sees_only_its_nodes_objects() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, false).await;
+    create_block(&admin, "10.0.0.16/28", "node-a", UID_A, true).await;
+    // a block of an earlier Node named node-a, and one of node-b
+    create_block(&admin, "10.0.0.32/28", "node-a", UID_OLD, false).await;
+    create_block(&admin, "10.0.0.48/28", "node-b", UID_B, false).await;
+
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = NodeWatch::start(client.clone(), "node-a");
+    let node = w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    assert!(w.is_ready());
+    assert_eq!(w.node_uid(), parse_uid(UID_A));
+    assert_eq!(&*node.name, "node-a");
+    let pool = &node.operator.addresses;
+    assert!(pool.contains(&ip("10.0.0.1")) && pool.contains(&ip("10.0.0.17")));
+    assert!(
+        !pool.contains(&ip("10.0.0.33")),
+        "a foreign nodeUID's block"
+    );
+    assert!(!pool.contains(&ip("10.0.0.49")), "another node's block");
+    assert_eq!(pool.total(), 32);
+    assert!(node.operator.release.get(&ip("10.0.0.17")).is_some());
+    assert_eq!(w.blocks().len(), 2);
+
+    // a new block arrives, a block goes
+    create_block(&admin, "10.0.0.64/28", "node-a", UID_A, false).await;
+    create_block(&admin, "10.0.0.80/28", "node-b", UID_B, false).await;
+    until(&w, "the new block", |w| w.blocks().len() == 3).await;
+    Api::<api::IPAMBlock>::all(admin.clone())
+        .delete("v4-10-0-0-0-28", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(&w, "the deleted block gone", |w| w.blocks().len() == 2).await;
+    let node = w.current().unwrap();
+    assert!(!node.operator.addresses.contains(&ip("10.0.0.1")));
+    assert!(!node.operator.addresses.contains(&ip("10.0.0.81")));
+
+    // an IPAMNode that never comes
+    let c = NodeWatch::start(client, "node-c");
+    match c.wait_for_node(Duration::from_millis(300)).await {
+        Err(KubeError::NodeMissing { node, .. }) => assert_eq!(node, "node-c"),
+        other => panic!("expected NodeMissing, got {other:?}"),
+    }
+    assert!(c.is_ready() && c.current().is_none());
+}
+
+/// A [`NodeSideSource`] held in memory.
+#[derive(Clone, Default)]
+struct Memory(Arc<Mutex<Option<NodeSide>>>);
+
+impl Memory {
+    fn set(&self, side: NodeSide) {
+        *self.0.lock().unwrap() = Some(side);
+    }
+}
+
+impl NodeSideSource for Memory {
+    async fn read(&self) -> Option<NodeSide> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn at(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+}
+
+/// `n` pods, each one address from 10.0.0.0/28, a cooldown, both acks, a block answer.
+fn side(n: u8) -> NodeSide {
+    let mut fields = NodeSideFields::default();
+    let mut allocations = Allocations::new();
+    for i in 0..n {
+        let cid = format!("containerd://{i:02}");
+        let id = AllocationId::new(&cid, "eth0");
+        allocations.insert(id, (cid.as_str().into(), "eth0".into()));
+        let e = UsedEntry {
+            pod_uid: PodUid(u128::from(i) + 1),
+            namespace: "ns".into(),
+            pod: format!("p{i}").into(),
+            allocation: id,
+            since: at(u64::from(i)),
+        };
+        fields.used.insert(IpAddr::from([10, 0, 0, 1 + i]), e);
+    }
+    fields.cooldown.insert(ip("10.0.0.15"), at(300));
+    fields
+        .release_ack
+        .insert(ip("10.0.0.14"), ReleaseAck::DoNotRelease);
+    let old = AllocationId::new("containerd://gone", "eth0");
+    allocations.insert(old, ("containerd://gone".into(), "eth0".into()));
+    fields.reclaim_ack.insert(
+        ip("10.0.0.13"),
+        ReclaimAck {
+            pod_uid: PodUid(99),
+            allocation: old,
+            outcome: ReclaimOutcome::Stale,
+        },
+    );
+    NodeSide {
+        fields,
+        allocations,
+        ready: Some(AgentReady::serving()),
+        block_acks: BTreeMap::from([("v4-10-0-0-0-28".to_string(), ReleaseAck::DoNotRelease)]),
+    }
+}
+
+async fn published(p: &Publisher, after: u64) {
+    let mut rx = p.published();
+    tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|n| *n > after))
+        .await
+        .expect("published in time")
+        .unwrap();
+}
+
+/// The operator's own writes on node-a: spec (a tombstone) and its status condition.
+async fn operator_writes(server: &ApiServer) {
+    let nodes: Api<api::IPAMNode> = Api::all(server.client(OPERATOR).await.unwrap());
+    let pp = PatchParams::apply(OPERATOR_MANAGER);
+    let spec = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": { "name": "node-a" },
+        "spec": { "nodeUID": UID_A, "reclaim": { "10.0.0.13": {
+            "podUID": PodUid(99).to_string(), "containerID": "containerd://gone",
+            "ifname": "eth0", "reason": "pod-deleted" } } },
+    });
+    nodes
+        .patch("node-a", &pp, &Patch::Apply(&spec))
+        .await
+        .unwrap();
+    let status = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": { "name": "node-a" },
+        "status": { "allocated": 16, "conditions": [{ "type": "Blocked", "status": "False",
+            "reason": "AtTarget", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z" }] },
+    });
+    nodes
+        .patch_status("node-a", &pp, &Patch::Apply(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_writes_exactly_the_node_sides_fields() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, true).await;
+    operator_writes(&server).await;
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = NodeWatch::start(client.clone(), "node-a");
+    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    let source = Memory::default();
+    let p = Publisher::start(client, w, source.clone(), PublishConfig::default());
+    let before = *p.published().borrow();
+    source.set(side(3));
+    p.publish();
+    published(&p, before).await;
+
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let obj = nodes.get("node-a").await.unwrap();
+    let (view, bad) = node_from_api(&obj);
+    assert!(bad.is_empty(), "{bad:?}");
+    // the operator reads back exactly what the agent holds
+    assert_eq!(view.node.node, side(3).fields);
+    let st = obj.status.as_ref().unwrap();
+    assert_eq!(st.in_use, Some(3));
+    // the operator's fields survive: its tombstone, its count, its condition
+    assert!(obj.spec.reclaim.contains_key("10.0.0.13"));
+    assert_eq!(st.allocated, Some(16));
+    let types: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, vec!["Blocked", "AgentReady"]);
+    // the agent owns status fields only
+    let agent_fields = obj
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some(AGENT_MANAGER))
+        .map(|m| {
+            (
+                m.subresource.clone(),
+                m.fields_v1.as_ref().unwrap().0.clone(),
+            )
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(agent_fields.len(), 1, "{agent_fields:?}");
+    assert_eq!(agent_fields[0].0.as_deref(), Some("status"));
+    assert!(agent_fields[0].1.get("f:spec").is_none());
+    // the block's answer
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let b = blocks.get("v4-10-0-0-0-28").await.unwrap();
+    assert_eq!(
+        b.status.and_then(|s| s.release_ack),
+        Some(api::BlockAck::DoNotRelease)
+    );
+
+    // fewer pods, no block answer: what is no longer sent is gone
+    let mut smaller = side(1);
+    smaller.block_acks.clear();
+    let before = *p.published().borrow();
+    source.set(smaller.clone());
+    p.publish();
+    published(&p, before).await;
+    let obj = nodes.get("node-a").await.unwrap();
+    assert_eq!(node_from_api(&obj).0.node.node, smaller.fields);
+    assert!(obj.spec.reclaim.contains_key("10.0.0.13"));
+    let b = blocks.get("v4-10-0-0-0-28").await.unwrap();
+    assert_eq!(b.status.and_then(|s| s.release_ack), None);
+    assert_eq!(b.spec.release, Some(api::BlockRelease::MarkedForRelease));
+}
+
+#[tokio::test]
+async fn a_burst_of_publishes_makes_few_writes() {
+    let (server, _admin) = cluster().await;
+    let identity = agent_on("node-a");
+    let client = server.client(&identity).await.unwrap();
+    let w = NodeWatch::start(client.clone(), "node-a");
+    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    let source = Memory::default();
+    let p = Publisher::start(client, w, source.clone(), PublishConfig::default());
+    // 100 changes, one every 3 ms: ~300 ms of load
+    let started = std::time::Instant::now();
+    for i in 0..100u8 {
+        let mut s = side(i % 14);
+        s.block_acks.clear();
+        source.set(s);
+        p.publish();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let load = started.elapsed();
+    let last = {
+        let mut s = side(99 % 14);
+        s.block_acks.clear();
+        s
+    };
+    let nodes: Api<api::IPAMNode> = Api::all(server.client(ADMIN).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let obj = nodes.get("node-a").await.unwrap();
+            if node_from_api(&obj).0.node.node == last.fields {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the last state is published");
+    let writes = server
+        .accepted_writes()
+        .into_iter()
+        .filter(|w| w.identity == identity && w.resource.starts_with("ipamnodes"))
+        .count();
+    eprintln!("{writes} status writes for 100 publishes over {load:?}");
+    // at most one write per 100 ms of load, plus the one that ends it
+    let bound = usize::try_from(load.as_millis() / 100).unwrap() + 2;
+    assert!(
+        (1..=bound).contains(&writes) && writes < 20,
+        "{writes} writes for 100 publishes over {load:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_agent_is_refused_on_another_nodes_objects() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, true).await;
+    create_block(&admin, "10.0.0.16/28", "node-b", UID_B, true).await;
+    let agent = server.client(&agent_on("node-a")).await.unwrap();
+    let nodes: Api<api::IPAMNode> = Api::all(agent.clone());
+    let blocks: Api<api::IPAMBlock> = Api::all(agent.clone());
+    let pp = PatchParams::apply(AGENT_MANAGER).force();
+    let s = side(1);
+    let body =
+        |name: &str| node_status_body(name, &s.fields, &s.allocations, s.ready.as_ref(), at(0));
+    nodes
+        .patch_status("node-a", &pp, &Patch::Apply(body("node-a")))
+        .await
+        .expect("its own node");
+    let policy = "ValidatingAdmissionPolicy 'tidepool-agent-own-node' with binding \
+                  'tidepool-agent-own-node' denied request";
+    match nodes
+        .patch_status("node-b", &pp, &Patch::Apply(body("node-b")))
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert_eq!(
+                e.message,
+                format!(
+                    "ipamnodes.ipam.tidepool.dev \"node-b\" is forbidden: {policy}: agent on \
+                     node node-a may not write ipamnodes node-b"
+                )
+            );
+        }
+        other => panic!("expected the policy's refusal, got {other:?}"),
+    }
+    // blocks: its own node's answered, another node's refused
+    let ack = |name: &str| block_status_body(name, Some(ReleaseAck::ReadyForRelease));
+    blocks
+        .patch_status("v4-10-0-0-0-28", &pp, &Patch::Apply(ack("v4-10-0-0-0-28")))
+        .await
+        .expect("its own block");
+    match blocks
+        .patch_status(
+            "v4-10-0-0-16-28",
+            &pp,
+            &Patch::Apply(ack("v4-10-0-0-16-28")),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(
+                e.message.ends_with(&format!(
+                    "{policy}: agent on node node-a may not write ipamblocks v4-10-0-0-16-28"
+                )),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("expected the policy's refusal, got {other:?}"),
+    }
+    // RBAC: no spec writes at all, even on its own node
+    let spec = Patch::Merge(json!({ "spec": { "release": {} } }));
+    match nodes.patch("node-a", &PatchParams::default(), &spec).await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("expected 403, got {other:?}"),
+    }
+}

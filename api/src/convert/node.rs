@@ -1,0 +1,365 @@
+//! IPAMNode: the object as the engine reads it (the operator's store and the agent's watch
+//! read it alike).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate as api;
+use crate::names::{FINALIZER, condition};
+use tidepool_ipam::{
+    AddrMap, AddrSet, AllocationId, Condition, IpamNode, NodeName, NodeSideFields, OperatorFields,
+    PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion,
+    Tombstone, UsedEntry, WatermarkOverrides,
+};
+
+use super::time::to_system;
+use super::uid::parse_uid;
+use super::{Malformed, Report};
+
+/// The (containerID, ifname) behind each allocation ID the object names: the engine keeps
+/// only the IDs, a tombstone written back needs the strings.
+pub type Allocations = BTreeMap<AllocationId, (Arc<str>, Arc<str>)>;
+
+/// An IPAMNode as the store keeps it: the engine's copy and the strings of its allocations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub node: Arc<IpamNode>,
+    pub allocations: Allocations,
+    /// The object is being deleted (`deletionTimestamp` set).
+    pub terminating: bool,
+    /// `status.allocated` as last written.
+    pub allocated: Option<u64>,
+    /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
+    /// `default`).
+    pub pools: tidepool_ipam::PerFamily<Option<String>>,
+}
+
+/// The engine's view of an IPAMNode, with what could not be read.
+pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let object = format!("ipamnode/{name}");
+    let mut r = Report::new(&object);
+    let mut allocations = Allocations::new();
+    let node_uid = parse_uid(&obj.spec.node_uid).or_else(|| {
+        r.bad::<u128>(
+            "spec.nodeUID".into(),
+            format!("{:?} is not a UID", obj.spec.node_uid),
+        )
+    });
+    let node = IpamNode {
+        name: NodeName::from(name.as_str()),
+        node_uid: node_uid.unwrap_or(0),
+        resource_version: obj
+            .metadata
+            .resource_version
+            .as_deref()
+            .map(ResourceVersion::server),
+        watermarks: watermarks(obj.spec.watermarks.as_ref(), &mut r),
+        operator: operator_fields(obj, &mut r, &mut allocations),
+        node: node_side(obj, &mut r, &mut allocations),
+        finalizer: obj
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == FINALIZER)),
+    };
+    let view = NodeView {
+        node: Arc::new(node),
+        allocations,
+        terminating: obj.metadata.deletion_timestamp.is_some(),
+        allocated: obj
+            .status
+            .as_ref()
+            .and_then(|s| s.allocated)
+            .and_then(|a| u64::try_from(a).ok()),
+        pools: tidepool_ipam::PerFamily {
+            v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
+            v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),
+        },
+    };
+    (view, r.finish())
+}
+
+fn addr(r: &mut Report<'_>, field: &str, key: &str) -> Option<IpAddr> {
+    key.parse()
+        .ok()
+        .or_else(|| r.bad(format!("{field}[{key:?}]"), "not an IP address"))
+}
+
+fn pod_uid(r: &mut Report<'_>, field: &str, key: &str, uid: &str) -> Option<PodUid> {
+    parse_uid(uid).map(PodUid).or_else(|| {
+        r.bad(
+            format!("{field}[{key:?}].podUID"),
+            format!("{uid:?} is not a UID"),
+        )
+    })
+}
+
+/// The allocation ID of (containerID, ifname), remembering the strings.
+fn allocation(all: &mut Allocations, container_id: &str, ifname: &str) -> AllocationId {
+    let id = AllocationId::new(container_id, ifname);
+    all.entry(id)
+        .or_insert_with(|| (container_id.into(), ifname.into()));
+    id
+}
+
+fn watermarks(w: Option<&api::Watermarks>, r: &mut Report<'_>) -> WatermarkOverrides {
+    let Some(w) = w else {
+        return WatermarkOverrides::default();
+    };
+    let mut one = |field: &str, v: Option<i64>| {
+        v.and_then(|v| {
+            u32::try_from(v).ok().or_else(|| {
+                r.bad(
+                    format!("spec.watermarks.{field}"),
+                    format!("{v} is out of range"),
+                )
+            })
+        })
+    };
+    WatermarkOverrides {
+        pre_allocate: one("preAllocate", w.pre_allocate),
+        min_allocate: one("minAllocate", w.min_allocate),
+        max_allocate: one("maxAllocate", w.max_allocate),
+        max_above_watermark: one("maxAboveWatermark", w.max_above_watermark),
+    }
+}
+
+fn operator_fields(
+    obj: &api::IPAMNode,
+    r: &mut Report<'_>,
+    all: &mut Allocations,
+) -> OperatorFields {
+    let spec = &obj.spec;
+    let addresses: AddrSet = spec
+        .addresses
+        .iter()
+        .filter_map(|a| addr(r, "spec.addresses", a))
+        .collect();
+    let mut release = AddrMap::new();
+    for (k, v) in &spec.release {
+        if let Some(a) = addr(r, "spec.release", k) {
+            release.insert(a, release_state(*v));
+        }
+    }
+    let mut reclaim = BTreeMap::new();
+    for (k, t) in &spec.reclaim {
+        let (Some(a), Some(uid)) = (
+            addr(r, "spec.reclaim", k),
+            pod_uid(r, "spec.reclaim", k, &t.pod_uid),
+        ) else {
+            continue;
+        };
+        let tomb = Tombstone {
+            pod_uid: uid,
+            allocation: allocation(all, &t.container_id, &t.ifname),
+            reason: reclaim_reason(t.reason),
+        };
+        reclaim.insert(a, tomb);
+    }
+    let conditions = obj
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .filter_map(operator_condition)
+        .collect();
+    OperatorFields {
+        addresses: Arc::new(addresses),
+        release,
+        reclaim,
+        conditions,
+    }
+}
+
+fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> NodeSideFields {
+    let mut side = NodeSideFields::default();
+    let Some(st) = &obj.status else {
+        return side;
+    };
+    for (k, e) in &st.used {
+        let (Some(a), Some(uid)) = (
+            addr(r, "status.used", k),
+            pod_uid(r, "status.used", k, &e.pod_uid),
+        ) else {
+            continue;
+        };
+        let entry = UsedEntry {
+            pod_uid: uid,
+            namespace: e.namespace.as_str().into(),
+            pod: e.pod.as_str().into(),
+            allocation: allocation(all, &e.container_id, &e.ifname),
+            since: to_system(&e.since),
+        };
+        side.used.insert(a, entry);
+    }
+    for (k, t) in &st.cooldown {
+        if let Some(a) = addr(r, "status.cooldown", k) {
+            side.cooldown.insert(a, to_system(t));
+        }
+    }
+    for (k, v) in &st.release_ack {
+        if let Some(a) = addr(r, "status.releaseAck", k) {
+            side.release_ack.insert(a, release_ack(*v));
+        }
+    }
+    for (k, v) in &st.reclaim_ack {
+        let (Some(a), Some(uid)) = (
+            addr(r, "status.reclaimAck", k),
+            pod_uid(r, "status.reclaimAck", k, &v.pod_uid),
+        ) else {
+            continue;
+        };
+        let ack = ReclaimAck {
+            pod_uid: uid,
+            allocation: allocation(all, &v.container_id, &v.ifname),
+            outcome: match v.outcome {
+                api::ReclaimOutcome::Reclaimed => ReclaimOutcome::Reclaimed,
+                api::ReclaimOutcome::Stale => ReclaimOutcome::Stale,
+            },
+        };
+        side.reclaim_ack.insert(a, ack);
+    }
+    side
+}
+
+fn release_state(v: api::AddressRelease) -> ReleaseState {
+    match v {
+        api::AddressRelease::MarkedForRelease => ReleaseState::MarkedForRelease,
+        api::AddressRelease::Released => ReleaseState::Released,
+    }
+}
+
+fn release_ack(v: api::ReleaseAnswer) -> ReleaseAck {
+    match v {
+        api::ReleaseAnswer::ReadyForRelease => ReleaseAck::ReadyForRelease,
+        api::ReleaseAnswer::DoNotRelease => ReleaseAck::DoNotRelease,
+    }
+}
+
+fn reclaim_reason(v: api::ReclaimReason) -> ReclaimReason {
+    match v {
+        api::ReclaimReason::PodDeleted => ReclaimReason::PodDeleted,
+        api::ReclaimReason::PodTerminal => ReclaimReason::PodTerminal,
+        api::ReclaimReason::SandboxReplaced => ReclaimReason::SandboxReplaced,
+        api::ReclaimReason::NodeDeleted => ReclaimReason::NodeDeleted,
+    }
+}
+
+/// The condition types the operator writes, with the reasons it gives them (the engine
+/// keeps both as static strings); other conditions (the agent's) are not the operator's.
+const OPERATOR_CONDITIONS: [&str; 3] = [
+    condition::POOL_READY,
+    condition::BLOCKED,
+    condition::WATERMARKS_VALID,
+];
+
+fn operator_condition(
+    c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+) -> Option<Condition> {
+    let type_ = *OPERATOR_CONDITIONS.iter().find(|t| **t == c.type_)?;
+    Some(Condition {
+        type_,
+        status: c.status == "True",
+        reason: static_reason(&c.reason),
+        message: c.message.clone(),
+        last_transition: to_system(&c.last_transition_time),
+    })
+}
+
+/// The engine's reasons are static strings; an unknown one read back (written by an older
+/// operator) becomes "Unknown", and the next write replaces it.
+fn static_reason(s: &str) -> &'static str {
+    const KNOWN: [&str; 8] = [
+        "InvalidWatermarks",
+        "Exhausted",
+        "AtCapacity",
+        "Cordoned",
+        "Terminating",
+        "Duplicate",
+        "InvalidSpec",
+        "AtTarget",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| **k == s)
+        .copied()
+        .unwrap_or("Unknown")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn node(v: Value) -> api::IPAMNode {
+        serde_json::from_value(v).expect("an IPAMNode")
+    }
+
+    const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+    const POD: &str = "11111111-2222-4333-8444-555555555555";
+
+    fn busy_node() -> api::IPAMNode {
+        node(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": { "name": "n1", "resourceVersion": "42", "finalizers": [FINALIZER] },
+            "spec": {
+                "nodeUID": UID,
+                "addresses": ["10.0.0.1", "10.0.0.2", "not-an-ip"],
+                "release": { "10.0.0.2": "marked-for-release" },
+                "reclaim": { "10.0.0.1": { "podUID": POD, "containerID": "c1", "ifname": "eth0", "reason": "pod-deleted" } },
+            },
+            "status": {
+                "used": {
+                    "10.0.0.1": { "podUID": POD, "namespace": "ns", "pod": "p", "containerID": "c1", "ifname": "eth0", "since": "2026-11-24T10:00:00Z" },
+                    "10.0.0.9": { "podUID": "nope", "namespace": "ns", "pod": "q", "containerID": "c2", "ifname": "eth0", "since": "2026-11-24T10:00:00Z" },
+                },
+                "releaseAck": { "10.0.0.2": "ready-for-release" },
+                "conditions": [
+                    { "type": "Blocked", "status": "True", "reason": "Exhausted", "message": "m", "lastTransitionTime": "2026-11-24T10:00:00Z" },
+                    { "type": "AgentReady", "status": "True", "reason": "Serving", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z" },
+                ],
+            },
+        }))
+    }
+
+    #[test]
+    fn an_ipamnode_reads_as_the_engine_sees_it_and_bad_entries_are_reported() {
+        let (v, bad) = node_from_api(&busy_node());
+        let n = &v.node;
+        assert_eq!(n.node_uid, parse_uid(UID).unwrap());
+        assert_eq!(n.resource_version, Some(ResourceVersion::server("42")));
+        assert!(n.finalizer);
+        assert_eq!(n.operator.addresses.total(), 2);
+        let a1: IpAddr = "10.0.0.1".parse().unwrap();
+        let a2: IpAddr = "10.0.0.2".parse().unwrap();
+        assert_eq!(
+            n.operator.release.get(&a2),
+            Some(&ReleaseState::MarkedForRelease)
+        );
+        let t = n.operator.reclaim[&a1];
+        assert_eq!(t.allocation, AllocationId::new("c1", "eth0"));
+        assert_eq!(n.node.used.get(&a1).unwrap().allocation, t.allocation);
+        assert_eq!(
+            n.node.release_ack.get(&a2),
+            Some(&ReleaseAck::ReadyForRelease)
+        );
+        // only the operator's condition types
+        assert_eq!(n.operator.conditions.len(), 1);
+        assert_eq!(n.operator.conditions[0].reason, "Exhausted");
+        // the address that is none and the used entry with a bad UID: reported, skipped
+        let fields: Vec<&str> = bad.iter().map(|m| m.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.addresses[\"not-an-ip\"]",
+                "status.used[\"10.0.0.9\"].podUID"
+            ]
+        );
+        assert_eq!(n.node.used.len(), 1);
+        assert_eq!(
+            v.allocations[&t.allocation],
+            (Arc::from("c1"), Arc::from("eth0"))
+        );
+    }
+}
