@@ -12,10 +12,12 @@
 //! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
 //!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
 //!   ([`kube::Publisher`]).
+//! - [`run`]: the agent's start-up order and lifetime.
 //! - [`error`]: the agent's error type.
 
 pub mod cni;
 pub mod error;
 pub mod kube;
+pub mod run;
 pub mod serve;
 pub mod state;

@@ -9,10 +9,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
-use serde_json::{Value, json};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+mod common;
+
+use common::*;
 use tidepool_agent::kube::{
     AgentReady, KubeError, NodeSide, NodeSideSource, NodeWatch, PublishConfig, Publisher,
     block_status_body, node_status_body,
@@ -23,94 +24,10 @@ use tidepool_api::names::{AGENT_MANAGER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     AllocationId, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, UsedEntry,
 };
-use tidepool_tests::{ADMIN, ApiServer, Config};
-
-const OPERATOR_RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
-const AGENT_RBAC: &str = include_str!("../../deploy/agent/rbac.yaml");
-const UID_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
-const UID_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
-const UID_OLD: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
-const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
-
-fn agent_on(node: &str) -> String {
-    format!("system:serviceaccount:tidepool:tidepool-agent@{node}")
-}
+use tidepool_tests::{ADMIN, ApiServer};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-async fn create_object(client: &kube::Client, v: Value) {
-    let obj: DynamicObject = serde_json::from_value(v).unwrap();
-    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => {
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        }
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name));
-}
-
-/// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
-/// policy created, IPAMNodes node-a and node-b (created as the operator does).
-async fn cluster() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
-        rbac: true,
-        bookmark_interval: Duration::from_millis(200),
-        ..Config::default()
-    })
-    .await
-    .expect("start server");
-    let admin = server.client(ADMIN).await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in tidepool_api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .expect("established in time")
-            .unwrap();
-    }
-    for doc in OPERATOR_RBAC
-        .split("\n---\n")
-        .chain(AGENT_RBAC.split("\n---\n"))
-    {
-        create_object(&admin, serde_saphyr::from_str(doc).expect("yaml")).await;
-    }
-    let operator = server.client(OPERATOR).await.unwrap();
-    let nodes: Api<api::IPAMNode> = Api::all(operator);
-    for (name, uid) in [("node-a", UID_A), ("node-b", UID_B)] {
-        let obj: api::IPAMNode = serde_json::from_value(json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
-            "metadata": { "name": name },
-            "spec": { "nodeUID": uid },
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &obj).await.unwrap();
-    }
-    (server, admin)
-}
-
-async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
-    let name = format!("v4-{}", cidr.replace(['.', '/'], "-"));
-    let mut spec = json!({ "pool": "default", "cidr": cidr, "node": node, "nodeUID": uid });
-    if release {
-        spec["release"] = json!("marked-for-release");
-    }
-    let obj: api::IPAMBlock = serde_json::from_value(json!({
-        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
-        "metadata": { "name": name }, "spec": spec,
-    }))
-    .unwrap();
-    Api::<api::IPAMBlock>::all(client.clone())
-        .create(&PostParams::default(), &obj)
-        .await
-        .unwrap();
 }
 
 /// Waits (5 s at most) until `f` holds of the watch.

@@ -8,10 +8,12 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+mod common;
+
+use common::*;
 use serde_json::Value;
 use tidepool_agent::serve::{
     Agent, Config, CountingPublish, MemoryNodeSource, PodNetworks, Server,
@@ -19,7 +21,6 @@ use tidepool_agent::serve::{
 use tidepool_agent::state::StateDir;
 use tidepool_ipam::AddrSet;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
 const COOLDOWN: Duration = Duration::from_secs(60);
 
 fn uid(n: u32) -> String {
@@ -143,66 +144,6 @@ impl Node {
     }
 }
 
-struct Run {
-    stdout: String,
-    code: i32,
-    took: Duration,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", self.stdout))
-    }
-    /// The address (no prefix) of an ADD result's first IP.
-    fn addr(&self) -> String {
-        assert_eq!(self.code, 0, "ADD failed: {}", self.stdout);
-        let a = self.json()["ips"][0]["address"]
-            .as_str()
-            .expect("address")
-            .to_owned();
-        a.split('/').next().expect("addr").to_owned()
-    }
-    fn error_code(&self) -> u64 {
-        assert_eq!(self.code, 1, "expected an error: {}", self.stdout);
-        self.json()["code"].as_u64().expect("code")
-    }
-}
-
-fn plugin(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
-    let started = Instant::now();
-    let args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-{c};K8S_POD_UID={pod_uid}"
-    );
-    let mut env = vec![("CNI_COMMAND", cmd), ("CNI_PATH", "/opt/cni/bin")];
-    if matches!(cmd, "ADD" | "DEL" | "CHECK") {
-        env.extend([
-            ("CNI_CONTAINERID", c),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", &args),
-        ]);
-    }
-    if matches!(cmd, "ADD" | "CHECK") {
-        env.push(("CNI_NETNS", "/var/run/netns/pod"));
-    }
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tidepool-cni");
-    if let Some(mut input) = child.stdin.take() {
-        let _ = input.write_all(config.as_bytes());
-    }
-    let out = child.wait_with_output().expect("wait for tidepool-cni");
-    Run {
-        stdout: String::from_utf8(out.stdout).expect("utf-8"),
-        code: out.status.code().expect("exit code"),
-        took: started.elapsed(),
-    }
-}
-
 /// A raw HTTP/1.1 request on the socket: (status, body).
 fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = UnixStream::connect(sock).expect("connect");
@@ -217,11 +158,6 @@ fn http(sock: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
     let (head, body) = out.split_once("\r\n\r\n").expect("head");
     let status = head.split_whitespace().nth(1).expect("status");
     (status.parse().expect("status"), body.to_owned())
-}
-
-/// Blocking work (the plugin) off the runtime's threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("join")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

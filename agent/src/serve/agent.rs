@@ -67,9 +67,20 @@ impl Agent {
         publish: Arc<dyn Publish>,
         config: Config,
     ) -> Self {
+        Self::shared(Arc::new(Mutex::new(state)), dir, source, publish, config)
+    }
+
+    /// The agent over a state others share already (the publisher reads it).
+    pub fn shared(
+        state: Arc<Mutex<NodeState>>,
+        dir: StateDir,
+        source: Arc<dyn NodeSource>,
+        publish: Arc<dyn Publish>,
+        config: Config,
+    ) -> Self {
         Agent {
             inner: Arc::new(Inner {
-                state: Arc::new(Mutex::new(state)),
+                state,
                 dir: Arc::new(dir),
                 source,
                 publish,

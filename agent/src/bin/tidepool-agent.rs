@@ -1,0 +1,127 @@
+//! `tidepool-agent`: the node agent (one per node, a DaemonSet). Flags to settings, the
+//! client, logging and signals; the agent itself is `tidepool_agent::run`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ipnet::IpNet;
+use tidepool_agent::run::{Settings, run};
+use tidepool_agent::serve::PodNetworks;
+
+/// The tidepool node agent: hands this node's pods their addresses from its pool.
+#[derive(Parser, Debug)]
+#[command(name = "tidepool-agent", version)]
+struct Flags {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// A kubeconfig to use; without it the in-cluster config, then $KUBECONFIG.
+    #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The pod networks (the pools' CIDRs), comma-separated or repeated: each pod gets its
+    /// network's prefix length and first host address as gateway (the ptp result shape).
+    #[arg(
+        long = "pod-network",
+        required = true,
+        value_delimiter = ',',
+        env = "TIDEPOOL_POD_NETWORKS"
+    )]
+    pod_networks: Vec<IpNet>,
+    /// The unix socket the CNI plugin reaches the agent on.
+    #[arg(
+        long,
+        default_value = "/run/tidepool/agent.sock",
+        env = "TIDEPOOL_SOCKET"
+    )]
+    socket: PathBuf,
+    /// The checkpoint's directory (locked: one agent per node).
+    #[arg(long, default_value = "/var/lib/tidepool", env = "TIDEPOOL_STATE_DIR")]
+    state_dir: PathBuf,
+    /// Where the plugin spools DELs while the agent is down [default: <state-dir>/spool].
+    #[arg(long, env = "TIDEPOOL_SPOOL_DIR")]
+    spool_dir: Option<PathBuf>,
+    /// The marker of this boot's first restore, on tmpfs (the plugin's STATUS reads it).
+    #[arg(
+        long,
+        default_value = "/run/tidepool/restored",
+        env = "TIDEPOOL_RESTORED_MARKER"
+    )]
+    restored_marker: PathBuf,
+    /// How long a freed address stays out of use.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_REUSE_COOLDOWN")]
+    reuse_cooldown: Duration,
+    /// How long to wait at start for this node's IPAMNode (the operator creates it).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_WAIT")]
+    node_wait: Duration,
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
+    log_level: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let f = Flags::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&f.log_level)
+        .with_context(|| format!("--log-level {}", f.log_level))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
+    let settings = Settings {
+        socket: f.socket.clone(),
+        spool_dir: f
+            .spool_dir
+            .clone()
+            .unwrap_or_else(|| f.state_dir.join("spool")),
+        state_dir: f.state_dir.clone(),
+        restored_marker: f.restored_marker.clone(),
+        reuse_cooldown: f.reuse_cooldown,
+        node_wait: f.node_wait,
+        ..Settings::new(&f.node_name, nets)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let client = client(f.kubeconfig.as_deref()).await?;
+        run(client, settings, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// The client from --kubeconfig, else in-cluster, else $KUBECONFIG.
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = term => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+    }
+}

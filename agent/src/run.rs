@@ -1,0 +1,135 @@
+//! The agent's start-up order and lifetime (DESIGN.md "Node agent"): take the lock on the
+//! state directory, load the checkpoint, wait for the node's IPAMNode (the operator creates
+//! it), read it and its blocks, replay the DEL spool, publish the node side's fields in one
+//! write, mark the restore done (the plugin's STATUS reads the marker), then serve ADD. A
+//! partial `used` map is never published (Cilium #9888): nothing is published before the
+//! checkpoint is loaded and the spool replayed.
+//!
+//! Not yet here (issue 15 continues): answering the operator's tombstones and release marks
+//! and expiring cooldowns on a timer, reconcile against the runtime, metrics and probes.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Mutex;
+
+use crate::error::{Error, Result};
+use crate::kube::{AgentReady, NodeSide, NodeSideSource, NodeWatch, PublishConfig, Publisher};
+use crate::serve::{Agent, Config, PodNetworks, Server};
+use crate::state::{BOOT_ID_PATH, NodeState, StateDir, read_boot_id};
+
+/// What `run` needs besides a client.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_name: String,
+    /// Where the plugin reaches the agent.
+    pub socket: PathBuf,
+    /// The checkpoint's directory (locked: one agent per node).
+    pub state_dir: PathBuf,
+    /// Where the plugin spools DELs while the agent is down.
+    pub spool_dir: PathBuf,
+    /// Written once the first restore since boot is done (on tmpfs: a reboot removes it).
+    pub restored_marker: PathBuf,
+    /// The boot ID's file (the kernel's; a test fakes it).
+    pub boot_id_file: PathBuf,
+    pub pod_networks: PodNetworks,
+    /// How long an address stays out of use after it is freed.
+    pub reuse_cooldown: Duration,
+    /// How long to wait for the node's IPAMNode at start before failing.
+    pub node_wait: Duration,
+    /// How long an ADD waits for an address when the pool is empty.
+    pub empty_pool_wait: Duration,
+}
+
+impl Settings {
+    /// The defaults for `node_name` with `pod_networks`: DESIGN.md's paths.
+    pub fn new(node_name: &str, pod_networks: PodNetworks) -> Self {
+        Settings {
+            node_name: node_name.into(),
+            socket: "/run/tidepool/agent.sock".into(),
+            state_dir: "/var/lib/tidepool".into(),
+            spool_dir: "/var/lib/tidepool/spool".into(),
+            restored_marker: "/run/tidepool/restored".into(),
+            boot_id_file: BOOT_ID_PATH.into(),
+            pod_networks,
+            reuse_cooldown: Duration::from_secs(30),
+            node_wait: Duration::from_secs(300),
+            empty_pool_wait: crate::serve::DEFAULT_EMPTY_POOL_WAIT,
+        }
+    }
+}
+
+/// The durable state as the publisher reads it: the whole node side, the agent serving.
+struct Published(Arc<Mutex<NodeState>>);
+
+impl NodeSideSource for Published {
+    async fn read(&self) -> Option<NodeSide> {
+        let state = self.0.lock().await;
+        Some(NodeSide::from_state(&state, Some(AgentReady::serving())))
+    }
+}
+
+/// Runs the agent until `shutdown` completes.
+pub async fn run(
+    client: kube::Client,
+    s: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let dir = StateDir::open(&s.state_dir)?;
+    let boot_id = read_boot_id(dir.fs(), &s.boot_id_file)?;
+    let loaded = dir.load(&boot_id, SystemTime::now(), s.reuse_cooldown)?;
+    tracing::info!(origin = ?loaded.origin, expired_by_reboot = loaded.expired_by_reboot.len(), "checkpoint loaded");
+    let watch = NodeWatch::start(client.clone(), &s.node_name);
+    watch.wait_for_node(s.node_wait).await?;
+    watch.ready().await;
+    let state = Arc::new(Mutex::new(loaded.state));
+    let publisher = Publisher::start(
+        client,
+        watch.clone(),
+        Published(state.clone()),
+        PublishConfig::default(),
+    );
+    let config = Config {
+        pod_networks: s.pod_networks.clone(),
+        empty_pool_wait: s.empty_pool_wait,
+    };
+    let agent = Agent::shared(
+        state,
+        dir,
+        Arc::new(watch),
+        Arc::new(publisher.clone()),
+        config,
+    );
+    let replayed = agent.replay_spool(&s.spool_dir).await?;
+    tracing::info!(?replayed, "DEL spool replayed");
+    publish_once(&publisher).await;
+    mark_restored(&s.restored_marker)?;
+    let server = Server::bind(&s.socket)?;
+    tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
+    let task = server.spawn(agent);
+    shutdown.await;
+    task.abort();
+    Ok(())
+}
+
+/// Publishes the restored state and waits until it is written (retried by the publisher).
+async fn publish_once(publisher: &Publisher) {
+    let mut written = publisher.published();
+    let before = *written.borrow_and_update();
+    publisher.publish();
+    while *written.borrow_and_update() == before {
+        if written.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes the marker that tells the plugin's STATUS this boot's first restore is done.
+fn mark_restored(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+    }
+    std::fs::write(path, b"").map_err(Error::io("write", path))
+}

@@ -1,0 +1,166 @@
+//! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
+//! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
+//! the operator creates them; the plugin binary run as a runtime runs it.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
+use tidepool_api as api;
+use tidepool_tests::{ADMIN, ApiServer, Config};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
+
+pub const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
+pub const AGENT_RBAC: &str = include_str!("../../../deploy/agent/rbac.yaml");
+pub const UID_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
+pub const UID_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
+pub const UID_OLD: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
+pub const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
+
+pub fn agent_on(node: &str) -> String {
+    format!("system:serviceaccount:tidepool:tidepool-agent@{node}")
+}
+
+pub async fn create_object(client: &kube::Client, v: Value) {
+    let obj: DynamicObject = serde_json::from_value(v).unwrap();
+    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name));
+}
+
+/// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
+/// policy created, IPAMNodes node-a and node-b (created as the operator does).
+pub async fn cluster() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(Config {
+        rbac: true,
+        bookmark_interval: Duration::from_millis(200),
+        ..Config::default()
+    })
+    .await
+    .expect("start server");
+    let admin = server.client(ADMIN).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in tidepool_api::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(10), established)
+            .await
+            .expect("established in time")
+            .unwrap();
+    }
+    for doc in OPERATOR_RBAC
+        .split("\n---\n")
+        .chain(AGENT_RBAC.split("\n---\n"))
+    {
+        create_object(&admin, serde_saphyr::from_str(doc).expect("yaml")).await;
+    }
+    let operator = server.client(OPERATOR).await.unwrap();
+    let nodes: Api<api::IPAMNode> = Api::all(operator);
+    for (name, uid) in [("node-a", UID_A), ("node-b", UID_B)] {
+        let obj: api::IPAMNode = serde_json::from_value(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": { "name": name },
+            "spec": { "nodeUID": uid },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    (server, admin)
+}
+
+pub async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
+    let name = format!("v4-{}", cidr.replace(['.', '/'], "-"));
+    let mut spec = json!({ "pool": "default", "cidr": cidr, "node": node, "nodeUID": uid });
+    if release {
+        spec["release"] = json!("marked-for-release");
+    }
+    let obj: api::IPAMBlock = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": { "name": name }, "spec": spec,
+    }))
+    .unwrap();
+    Api::<api::IPAMBlock>::all(client.clone())
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+pub struct Run {
+    pub stdout: String,
+    pub code: i32,
+    pub took: Duration,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", self.stdout))
+    }
+    /// The address (no prefix) of an ADD result's first IP.
+    pub fn addr(&self) -> String {
+        assert_eq!(self.code, 0, "ADD failed: {}", self.stdout);
+        let a = self.json()["ips"][0]["address"]
+            .as_str()
+            .expect("address")
+            .to_owned();
+        a.split('/').next().expect("addr").to_owned()
+    }
+    pub fn error_code(&self) -> u64 {
+        assert_eq!(self.code, 1, "expected an error: {}", self.stdout);
+        self.json()["code"].as_u64().expect("code")
+    }
+}
+
+pub fn plugin(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
+    let started = Instant::now();
+    let args = format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-{c};K8S_POD_UID={pod_uid}"
+    );
+    let mut env = vec![("CNI_COMMAND", cmd), ("CNI_PATH", "/opt/cni/bin")];
+    if matches!(cmd, "ADD" | "DEL" | "CHECK") {
+        env.extend([
+            ("CNI_CONTAINERID", c),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", &args),
+        ]);
+    }
+    if matches!(cmd, "ADD" | "CHECK") {
+        env.push(("CNI_NETNS", "/var/run/netns/pod"));
+    }
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tidepool-cni");
+    if let Some(mut input) = child.stdin.take() {
+        let _ = input.write_all(config.as_bytes());
+    }
+    let out = child.wait_with_output().expect("wait for tidepool-cni");
+    Run {
+        stdout: String::from_utf8(out.stdout).expect("utf-8"),
+        code: out.status.code().expect("exit code"),
+        took: started.elapsed(),
+    }
+}
+
+/// Blocking work (the plugin) off the runtime's threads.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("join")
+}

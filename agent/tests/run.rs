@@ -1,0 +1,228 @@
+//! The agent as it starts on a node (`tidepool_agent::run::run`), against the in-process API
+//! server with RBAC and the own-node policy on, as the agent's service account bound to its
+//! node, driven by the real `tidepool-cni` binary: it waits for its IPAMNode, serves ADD from
+//! its node's block, publishes the allocation in `status.used`, and a DEL frees it into
+//! cooldown; a DEL spooled while it was down is replayed at start before anything is
+//! published.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube::api::Api;
+use tidepool_agent::run::{Settings, run};
+use tidepool_agent::serve::PodNetworks;
+use tidepool_api as api;
+
+const POD: &str = "0badc0de-0000-4000-8000-000000000001";
+
+/// The agent's paths in a temp dir.
+fn settings(dir: &Path) -> Settings {
+    let boot = dir.join("boot_id");
+    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
+    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
+    Settings {
+        socket: dir.join("run/agent.sock"),
+        state_dir: dir.join("state"),
+        spool_dir: dir.join("spool"),
+        restored_marker: dir.join("run/restored"),
+        boot_id_file: boot,
+        node_wait: Duration::from_secs(10),
+        empty_pool_wait: Duration::from_millis(500),
+        ..Settings::new("node-a", nets)
+    }
+}
+
+fn config(s: &Settings) -> String {
+    format!(
+        r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}}}"#,
+        s.socket.display(),
+        s.spool_dir.display(),
+        s.restored_marker.display()
+    )
+}
+
+/// Polls `f` until it gives `Some` (10 s at most).
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// node-a's IPAMNode status: (used addresses, cooling addresses).
+async fn status(nodes: &Api<api::IPAMNode>) -> (Vec<String>, Vec<String>) {
+    let n = nodes.get("node-a").await.expect("node-a");
+    let st = n.status.unwrap_or_default();
+    (
+        st.used.keys().cloned().collect(),
+        st.cooldown.keys().cloned().collect(),
+    )
+}
+
+fn marker(path: &Path) -> Option<()> {
+    path.exists().then_some(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_serves_its_node_pool_and_publishes_what_it_gave() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    // a DEL the plugin spooled while no agent ran (of a pod that never got an address)
+    let spooled = blocking({
+        let c = config(&s);
+        move || plugin("DEL", "c-gone", POD, &c)
+    })
+    .await;
+    assert_eq!(spooled.code, 0, "{}", spooled.stdout);
+    assert_eq!(std::fs::read_dir(&s.spool_dir).expect("spool").count(), 1);
+
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(run(client, s.clone(), async move {
+        let _ = stopped.await;
+    }));
+    eventually("the restore marked", || async {
+        marker(&s.restored_marker)
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_dir(&s.spool_dir).expect("spool").count(),
+        0,
+        "the spooled DEL was replayed and its file removed"
+    );
+
+    let add = blocking({
+        let c = config(&s);
+        move || plugin("ADD", "c1", POD, &c)
+    })
+    .await;
+    let addr = add.addr();
+    let ip: std::net::IpAddr = addr.parse().expect("an address");
+    let block: ipnet::IpNet = "10.250.0.16/28".parse().expect("net");
+    assert!(block.contains(&ip), "{addr} from node-a's block");
+    assert_eq!(
+        add.json()["ips"][0]["address"],
+        format!("{addr}/16"),
+        "the pod network's prefix, as ptp needs"
+    );
+
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually("the allocation published in status.used", || async {
+        (status(&nodes).await.0 == [addr.clone()]).then_some(())
+    })
+    .await;
+    let del = blocking({
+        let c = config(&s);
+        move || plugin("DEL", "c1", POD, &c)
+    })
+    .await;
+    assert_eq!(del.code, 0, "{}", del.stdout);
+    eventually("freed into cooldown", || async {
+        let (used, cooling) = status(&nodes).await;
+        (used.is_empty() && cooling == [addr.clone()]).then_some(())
+    })
+    .await;
+    stop.send(()).expect("the agent runs");
+    agent.await.expect("join").expect("the agent stops cleanly");
+}
+
+/// One agent per node: a second agent on the same state directory refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_state_dir_refuses_to_start() {
+    let (server, _admin) = cluster().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(run(client.clone(), s.clone(), async move {
+        let _ = stopped.await;
+    }));
+    eventually("the first agent serving", || async {
+        marker(&s.restored_marker)
+    })
+    .await;
+    let second = run(client, s, std::future::ready(())).await;
+    let e = second.expect_err("a second agent must not start");
+    assert!(e.to_string().contains("state"), "{e}");
+    first.abort();
+}
+
+/// The `tidepool-agent` binary itself, started with `--kubeconfig` as the agent's service
+/// account: it serves the plugin from its node's block and stops with exit status 0 on
+/// SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.32/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&agent_on("node-a"), &kubeconfig)
+        .expect("kubeconfig");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool-agent"))
+        .env_clear()
+        .args(["--node-name", "node-a", "--pod-network", "10.250.0.0/16"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--socket")
+        .arg(&s.socket)
+        .arg("--state-dir")
+        .arg(&s.state_dir)
+        .arg("--restored-marker")
+        .arg(&s.restored_marker)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start tidepool-agent");
+    let mut child = KillOnDrop(child);
+    eventually("the restore marked", || async {
+        marker(&s.restored_marker)
+    })
+    .await;
+    let add = blocking({
+        let c = config(&s);
+        move || plugin("ADD", "c1", POD, &c)
+    })
+    .await;
+    let ip: std::net::IpAddr = add.addr().parse().expect("an address");
+    assert!(
+        "10.250.0.32/28"
+            .parse::<ipnet::IpNet>()
+            .expect("net")
+            .contains(&ip)
+    );
+    let pid = child.0.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = eventually("the agent exited", || {
+        let r = child.0.try_wait().expect("wait");
+        async move { r }
+    })
+    .await;
+    assert!(status.success(), "exit {status:?}");
+}
+
+/// A process the test started, killed if the test ends (or fails) while it runs.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
