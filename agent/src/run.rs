@@ -5,8 +5,11 @@
 //! partial `used` map is never published (Cilium #9888): nothing is published before the
 //! checkpoint is loaded and the spool replayed.
 //!
-//! Not yet here (issue 15 continues): answering the operator's tombstones and release marks
-//! and expiring cooldowns on a timer, reconcile against the runtime, metrics and probes.
+//! Then, for as long as it runs, it answers the operator's tombstones and release marks
+//! whenever the node's objects change and each second (cooldowns end with time).
+//!
+//! Not yet here (issue 15 continues): reconcile against the runtime (netns directory, CNI
+//! cache, live pods), metrics and probes.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -98,20 +101,43 @@ pub async fn run(
     let agent = Agent::shared(
         state,
         dir,
-        Arc::new(watch),
+        Arc::new(watch.clone()),
         Arc::new(publisher.clone()),
         config,
     );
+    agent
+        .answer_operator(watch.blocks(), watch.allocations())
+        .await?;
     let replayed = agent.replay_spool(&s.spool_dir).await?;
     tracing::info!(?replayed, "DEL spool replayed");
     publish_once(&publisher).await;
     mark_restored(&s.restored_marker)?;
     let server = Server::bind(&s.socket)?;
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
+    let answering = tokio::spawn(answer_loop(agent.clone(), watch));
     let task = server.spawn(agent);
     shutdown.await;
     task.abort();
+    answering.abort();
     Ok(())
+}
+
+/// Answers the operator (tombstones, release marks, block marks) whenever the node's
+/// objects change, and each second (cooldowns end with time).
+async fn answer_loop(agent: Agent, watch: NodeWatch) {
+    let mut changes = watch.changes();
+    loop {
+        let answered = agent
+            .answer_operator(watch.blocks(), watch.allocations())
+            .await;
+        if let Err(e) = answered {
+            tracing::warn!(error = %e, "answering the operator failed; retrying");
+        }
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { return },
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// Publishes the restored state and waits until it is written (retried by the publisher).

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tidepool_api::convert::NodeView;
+use tidepool_api::convert::{Allocations, NodeView};
 use tidepool_ipam::node::{BlockView, project};
 use tidepool_ipam::{AddrSet, IpamBlock, IpamNode};
 
@@ -77,6 +77,9 @@ pub(crate) struct Projected {
     pub(crate) node: Option<Arc<IpamNode>>,
     /// The node's blocks (those with its nodeUID), as `answer_blocks` reads them.
     pub(crate) blocks: Arc<[BlockView]>,
+    /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones'
+    /// keys, which the engine's types carry only as a hash).
+    pub(crate) allocations: Arc<Allocations>,
 }
 
 /// A block as the node rules read it: every address of its CIDR is the node's (which of
@@ -111,6 +114,7 @@ impl Seen {
             node_uid: Some(uid),
             node: Some(Arc::new(project(&view.node, &blocks))),
             blocks,
+            allocations: Arc::new(view.allocations.clone()),
         }
     }
 

@@ -104,6 +104,11 @@ impl NodeWatch {
         self.shared().projected.borrow().blocks.clone()
     }
 
+    /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones').
+    pub fn allocations(&self) -> Arc<tidepool_api::convert::Allocations> {
+        self.shared().projected.borrow().allocations.clone()
+    }
+
     /// The IPAMNode's `spec.nodeUID`, once seen.
     pub fn node_uid(&self) -> Option<u128> {
         self.shared().projected.borrow().node_uid

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
-use tidepool_ipam::node::free_address;
+use tidepool_api::convert::Allocations;
+use tidepool_ipam::node::{BlockView, free_address};
 use tidepool_ipam::{Family, PodUid};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -290,6 +291,29 @@ impl Agent {
             })
             .collect();
         Reply::ok(Value::Array(list))
+    }
+
+    /// Answers what the operator asks of the node as `source` shows it now (tombstones,
+    /// release marks, block marks; cooldowns ended): saved, then published. `keys` names the
+    /// tombstones' allocations. Nothing happens before the IPAMNode is read.
+    pub async fn answer_operator(
+        &self,
+        blocks: Arc<[BlockView]>,
+        keys: Arc<Allocations>,
+    ) -> Result<()> {
+        let Some(node) = self.inner.source.node() else {
+            return Ok(());
+        };
+        let run = self
+            .locked(move |s, i| {
+                super::answer::answer(s, &node, &blocks, &keys, SystemTime::now());
+                match save_if_dirty(s, &i.dir) {
+                    Ok(saved) => (Ok(()), saved),
+                    Err(e) => (Err(e), false),
+                }
+            })
+            .await;
+        Ok(run??)
     }
 
     /// Replays the DEL spool in `spool_dir` (see [`replay_spool`]) and publishes if it

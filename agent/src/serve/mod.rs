@@ -33,6 +33,7 @@
 //! the gateway must also be unused outside tidepool (exclude it in the pool, too).
 
 mod agent;
+mod answer;
 mod http;
 mod request;
 mod shape;
@@ -40,6 +41,7 @@ mod source;
 mod spool;
 
 pub use agent::{Agent, Config, DEFAULT_EMPTY_POOL_WAIT};
+pub use answer::answer;
 pub use http::{MAX_BODY_BYTES, Server};
 pub use request::{CniRequest, Reply, UidArg};
 pub use shape::{PodNetworks, gateway};

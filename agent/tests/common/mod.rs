@@ -27,7 +27,7 @@ pub fn agent_on(node: &str) -> String {
     format!("system:serviceaccount:tidepool:tidepool-agent@{node}")
 }
 
-pub async fn create_object(client: &kube::Client, v: Value) {
+pub async fn create_object(client: &kube::Client, v: Value) -> DynamicObject {
     let obj: DynamicObject = serde_json::from_value(v).unwrap();
     let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
     let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
@@ -39,12 +39,30 @@ pub async fn create_object(client: &kube::Client, v: Value) {
     };
     api.create(&PostParams::default(), &obj)
         .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name));
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
 }
 
 /// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
 /// policy created, IPAMNodes node-a and node-b (created as the operator does).
 pub async fn cluster() -> (ApiServer, kube::Client) {
+    let (server, admin) = empty_cluster().await;
+    let operator = server.client(OPERATOR).await.unwrap();
+    let nodes: Api<api::IPAMNode> = Api::all(operator);
+    for (name, uid) in [("node-a", UID_A), ("node-b", UID_B)] {
+        let obj: api::IPAMNode = serde_json::from_value(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": { "name": name },
+            "spec": { "nodeUID": uid },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    (server, admin)
+}
+
+/// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
+/// policy created; no object of ours yet.
+pub async fn empty_cluster() -> (ApiServer, kube::Client) {
     let server = ApiServer::start_with(Config {
         rbac: true,
         bookmark_interval: Duration::from_millis(200),
@@ -68,17 +86,6 @@ pub async fn cluster() -> (ApiServer, kube::Client) {
         .chain(AGENT_RBAC.split("\n---\n"))
     {
         create_object(&admin, serde_saphyr::from_str(doc).expect("yaml")).await;
-    }
-    let operator = server.client(OPERATOR).await.unwrap();
-    let nodes: Api<api::IPAMNode> = Api::all(operator);
-    for (name, uid) in [("node-a", UID_A), ("node-b", UID_B)] {
-        let obj: api::IPAMNode = serde_json::from_value(json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
-            "metadata": { "name": name },
-            "spec": { "nodeUID": uid },
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &obj).await.unwrap();
     }
     (server, admin)
 }

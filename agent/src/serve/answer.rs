@@ -1,0 +1,172 @@
+//! The node side's answers to the operator (DESIGN.md "Release handshake" and reclaim), on
+//! the durable state: tombstones answered on their exact allocation (reclaimed: freed into
+//! cooldown; else stale), an answer dropped once its tombstone is gone; address release
+//! marks and block marks answered by `ipam`'s node rules; cooldowns ended with their time or
+//! when the address left the pool. The caller saves and then publishes.
+
+use std::time::SystemTime;
+
+use tidepool_api::convert::Allocations;
+use tidepool_ipam::IpamNode;
+use tidepool_ipam::node::{Answers, BlockView, answer_blocks, reconcile};
+
+use crate::state::{AllocKey, NodeState};
+
+/// Answers everything the operator asks of `node` (projected, with `blocks`); `keys` names
+/// the tombstones' allocations. A change leaves the state dirty (to be saved).
+pub fn answer(
+    state: &mut NodeState,
+    node: &IpamNode,
+    blocks: &[BlockView],
+    keys: &Allocations,
+    now: SystemTime,
+) {
+    answer_tombstones(state, node, keys, now);
+    answer_marks(state, node, blocks, now);
+    state.expire_cooldowns(now);
+    state.forget_cooldowns_outside(&node.operator.addresses);
+}
+
+fn answer_tombstones(state: &mut NodeState, node: &IpamNode, keys: &Allocations, now: SystemTime) {
+    for (addr, t) in &node.operator.reclaim {
+        // a tombstone whose allocation the IPAMNode does not name cannot be matched to a
+        // key: answered at the next change (the operator writes both together)
+        let Some((container_id, ifname)) = keys.get(&t.allocation) else {
+            continue;
+        };
+        let key = AllocKey {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+        };
+        state.ack_reclaim(*addr, t.pod_uid, &key, now);
+    }
+    let gone: Vec<_> = state
+        .reclaim_acks()
+        .keys()
+        .filter(|a| !node.operator.reclaim.contains_key(a))
+        .copied()
+        .collect();
+    for a in gone {
+        state.forget_reclaim_ack(&a);
+    }
+}
+
+/// Address marks (`spec.release`) by `ipam::node::reconcile` over the node side as the
+/// state has it (its tombstone and cooldown parts are done above, on the full keys), and
+/// block marks by `answer_blocks`.
+fn answer_marks(state: &mut NodeState, node: &IpamNode, blocks: &[BlockView], now: SystemTime) {
+    let mut side = state.node_side();
+    let unmarked = IpamNode {
+        operator: tidepool_ipam::OperatorFields {
+            release: address_marks(node, blocks),
+            addresses: node.operator.addresses.clone(),
+            ..Default::default()
+        },
+        ..node.clone()
+    };
+    reconcile(&unmarked, &mut side, now, std::time::Duration::ZERO);
+    state.ack_release(side.release_ack);
+    let mut out = Answers::default();
+    for (name, ack) in answer_blocks(&state.node_side(), blocks, now, &mut out) {
+        state.ack_block(&name, ack);
+    }
+}
+
+/// The address-level marks alone: the projection also marks a marked block's addresses,
+/// but those are answered per block.
+fn address_marks(
+    node: &IpamNode,
+    blocks: &[BlockView],
+) -> tidepool_ipam::AddrMap<tidepool_ipam::ReleaseState> {
+    let mut marks = node.operator.release.clone();
+    for b in blocks.iter().filter(|b| b.release || b.ack.is_some()) {
+        marks.remove_set(&b.addrs);
+    }
+    marks
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use tidepool_ipam::{
+        AddrSet, NodeName, PodUid, ReclaimOutcome, ReclaimReason, ReleaseAck, Tombstone,
+    };
+
+    use super::*;
+    use crate::state::PodRef;
+
+    fn block(name: &str, cidr: &str, release: bool) -> BlockView {
+        let all = AddrSet::of_net(&cidr.parse().expect("net"));
+        BlockView {
+            name: Arc::from(name),
+            addrs: all.clone(),
+            all,
+            release,
+            ack: None,
+        }
+    }
+
+    /// One pod on block a (marked), block b marked and free; a tombstone for the pod's
+    /// exact allocation and one for an allocation the node never made.
+    #[test]
+    fn tombstones_and_block_marks_are_answered_on_the_state() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut st = NodeState::new("boot", Duration::from_secs(30));
+        let key = AllocKey::new("c1", "eth0");
+        let pod = PodRef {
+            uid: PodUid(7),
+            namespace: "default".into(),
+            name: "p".into(),
+        };
+        let ip: std::net::IpAddr = "10.0.0.2".parse().expect("ip");
+        st.add(key.clone(), pod, &[ip], None, now).expect("add");
+        let blocks = [
+            block("a", "10.0.0.0/28", true),
+            block("b", "10.0.0.16/28", true),
+        ];
+        let mut node = IpamNode::new(NodeName::from("n"), 1);
+        node.operator.reclaim.insert(
+            ip,
+            Tombstone {
+                pod_uid: PodUid(7),
+                allocation: key.id(),
+                reason: ReclaimReason::PodDeleted,
+            },
+        );
+        let stranger: std::net::IpAddr = "10.0.0.3".parse().expect("ip");
+        let other = AllocKey::new("c9", "eth0");
+        node.operator.reclaim.insert(
+            stranger,
+            Tombstone {
+                pod_uid: PodUid(9),
+                allocation: other.id(),
+                reason: ReclaimReason::PodDeleted,
+            },
+        );
+        let node = tidepool_ipam::node::project(&node, &blocks);
+        let mut keys = Allocations::new();
+        for k in [&key, &other] {
+            keys.insert(
+                k.id(),
+                (k.container_id.as_str().into(), k.ifname.as_str().into()),
+            );
+        }
+        answer(&mut st, &node, &blocks, &keys, now);
+        let acks = st.reclaim_acks();
+        assert_eq!(acks[&ip].outcome, ReclaimOutcome::Reclaimed);
+        assert_eq!(acks[&stranger].outcome, ReclaimOutcome::Stale);
+        assert!(st.get(&key).is_none(), "freed");
+        assert!(st.cooldowns().contains_key(&ip), "into cooldown");
+        // block a holds a cooling address: do-not-release; b is free: ready-for-release
+        let blocks_acks = st.block_release_acks();
+        assert_eq!(blocks_acks.get("a"), Some(&ReleaseAck::DoNotRelease));
+        assert_eq!(blocks_acks.get("b"), Some(&ReleaseAck::ReadyForRelease));
+        assert!(st.is_dirty());
+        // the tombstones gone: their answers go
+        let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &blocks);
+        answer(&mut st, &bare, &blocks, &keys, now);
+        assert!(st.reclaim_acks().is_empty());
+    }
+}
