@@ -178,16 +178,7 @@ impl Agent {
                 UidArg::Absent => !s.del(&key, None, now).freed().is_empty(),
                 UidArg::Valid(u) => !s.del(&key, Some(u), now).freed().is_empty(),
             };
-            match save_if_dirty(s, &i.dir) {
-                Ok(saved) => Step {
-                    reply: Reply::empty(),
-                    publish: freed || saved,
-                },
-                Err(e) => Step {
-                    reply: not_durable(e),
-                    publish: false,
-                },
-            }
+            freed_and_saved(s, &i.dir, freed)
         })
         .await
     }
@@ -251,16 +242,7 @@ impl Agent {
             for k in &gone {
                 freed |= !s.del(k, None, now).freed().is_empty();
             }
-            match save_if_dirty(s, &i.dir) {
-                Ok(saved) => Step {
-                    reply: Reply::empty(),
-                    publish: freed || saved,
-                },
-                Err(e) => Step {
-                    reply: not_durable(e),
-                    publish: false,
-                },
-            }
+            freed_and_saved(s, &i.dir, freed)
         })
         .await
     }
@@ -445,6 +427,21 @@ fn save_if_dirty(s: &mut NodeState, dir: &StateDir) -> Result<bool, StateError> 
     }
     dir.save(s)?;
     Ok(true)
+}
+
+/// The answer to a DEL or GC that freed (`freed`) or not: empty once the state is durable
+/// (then published if anything changed), else the save's error.
+fn freed_and_saved(s: &mut NodeState, dir: &StateDir, freed: bool) -> Step {
+    match save_if_dirty(s, dir) {
+        Ok(saved) => Step {
+            reply: Reply::empty(),
+            publish: freed || saved,
+        },
+        Err(e) => Step {
+            reply: not_durable(e),
+            publish: false,
+        },
+    }
 }
 
 /// A change that could not be made durable is not answered as done (the state stays dirty;
