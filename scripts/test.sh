@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# the agent's chain test: Debian's CNI plugins (ptp), iproute2 and ping in network namespaces
+[ -x /usr/lib/cni/ptp ] || need_apt+=(containernetworking-plugins)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages) ..."
   export DEBIAN_FRONTEND=noninteractive
