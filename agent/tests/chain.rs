@@ -2,7 +2,8 @@
 //! delegates IPAM to the built `tidepool-cni`, which reaches the agent's socket server, in
 //! network namespaces this test creates — one standing in for the node, one per pod. Two
 //! pods get addresses from different blocks of the node and ping each other through ptp's
-//! host routes; DEL frees both. Needs root, iproute2, ping and /usr/lib/cni/ptp (the test
+//! host routes; DEL frees both; with the agent down an ADD fails with code 11 through ptp
+//! and a DEL succeeds, spooled for the agent. Needs root, iproute2, ping and /usr/lib/cni/ptp (the test
 //! command installs them); every namespace is removed on every exit path, and no address
 //! is ever configured outside them.
 
@@ -160,11 +161,13 @@ async fn two_pods_in_different_blocks_ping_through_ptp() {
     );
     let sock: PathBuf = dir.path().join("agent.sock");
     let server = Server::bind(&sock).expect("bind").spawn(agent);
+    let conf_timeout = 300; // ms the plugin tries to connect when the agent is down
     let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}"}}}}"#,
+        r#"{{"cniVersion":"1.0.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":{}}}}}"#,
         sock.display(),
         dir.path().join("spool").display(),
-        dir.path().join("restored").display()
+        dir.path().join("restored").display(),
+        conf_timeout
     );
 
     let (uid_a, uid_b) = (
@@ -222,5 +225,30 @@ async fn two_pods_in_different_blocks_ping_through_ptp() {
         std::fs::read_to_string(dir.path().join("state/checkpoint.json")).expect("the checkpoint");
     let v: serde_json::Value = serde_json::from_str(&checkpoint).expect("json");
     assert_eq!(v["allocations"], serde_json::json!([]), "both freed");
+
+    // the agent down: ADD fails with code 11 through ptp, DEL succeeds and is spooled
     server.abort();
+    let _ = server.await;
+    let add = tokio::task::spawn_blocking({
+        let (n, p, c) = (node_ns.clone(), pod_a.clone(), conf.clone());
+        move || ptp(&n, "ADD", &p, "cc", uid_a, &c)
+    })
+    .await
+    .expect("join");
+    assert!(!add.status.success(), "an ADD with the agent down fails");
+    let err: serde_json::Value = serde_json::from_slice(&add.stdout).expect("CNI error JSON");
+    assert_eq!(err["code"], 11, "{err}");
+    let del = tokio::task::spawn_blocking({
+        let (n, p, c) = (node_ns.clone(), pod_a.clone(), conf.clone());
+        move || ptp(&n, "DEL", &p, "cc", uid_a, &c)
+    })
+    .await
+    .expect("join");
+    assert!(del.status.success(), "a DEL with the agent down succeeds");
+    let spooled = std::fs::read_dir(dir.path().join("spool"))
+        .expect("the spool")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .count();
+    assert_eq!(spooled, 1, "the DEL spooled for the agent");
 }
