@@ -369,3 +369,60 @@ async fn the_agent_is_refused_on_another_nodes_objects() {
         other => panic!("expected 403, got {other:?}"),
     }
 }
+
+/// The IPAMNode deleted and created again (a new Node UID: the node re-registered): the
+/// publisher writes the whole node side to the new object without being asked, since its
+/// last write went to the old one.
+#[tokio::test]
+async fn a_recreated_ipamnode_gets_the_node_side_again() {
+    let (server, admin) = cluster().await;
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = NodeWatch::start(client.clone(), "node-a");
+    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    let source = Memory::default();
+    let p = Publisher::start(client, w.clone(), source.clone(), PublishConfig::default());
+    let before = *p.published().borrow();
+    let mut two = side(2);
+    two.block_acks.clear(); // no block in this test
+    source.set(two.clone());
+    p.publish();
+    published(&p, before).await;
+
+    // the operator removes the old IPAMNode (no finalizer here) and creates the new one
+    let operator = server.client(OPERATOR).await.unwrap();
+    let nodes: Api<api::IPAMNode> = Api::all(operator.clone());
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let new_uid = "0d0d0d0d-0000-4000-8000-00000000000d";
+    let obj: api::IPAMNode = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": { "name": "node-a" },
+        "spec": { "nodeUID": new_uid },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &obj)
+        .await
+        .unwrap();
+    until(&w, "the new IPAMNode", |w| {
+        w.node_uid() == parse_uid(new_uid)
+    })
+    .await;
+    // no publish() asked: the publisher notices the new object and writes to it
+    let admin_nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let obj = admin_nodes.get("node-a").await.unwrap();
+        if node_from_api(&obj).0.node.node == two.fields {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new IPAMNode never got the node side: {:?}",
+            obj.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -70,6 +70,16 @@ fn answer_marks(state: &mut NodeState, node: &IpamNode, blocks: &[BlockView], no
     for (name, ack) in answer_blocks(&state.node_side(), blocks, now, &mut out) {
         state.ack_block(&name, ack);
     }
+    // a block that went (released and deleted) takes its answer with it
+    let gone: Vec<String> = state
+        .block_release_acks()
+        .keys()
+        .filter(|b| !blocks.iter().any(|v| &*v.name == b.as_str()))
+        .cloned()
+        .collect();
+    for b in gone {
+        state.ack_block(&b, None);
+    }
 }
 
 /// The address-level marks alone: the projection also marks a marked block's addresses,
@@ -168,5 +178,13 @@ mod tests {
         let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &blocks);
         answer(&mut st, &bare, &blocks, &keys, now);
         assert!(st.reclaim_acks().is_empty());
+        // block b released and deleted: its answer goes with it
+        let left = [blocks[0].clone()];
+        let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &left);
+        answer(&mut st, &bare, &left, &keys, now);
+        assert_eq!(
+            st.block_release_acks().keys().collect::<Vec<_>>(),
+            vec!["a"]
+        );
     }
 }
