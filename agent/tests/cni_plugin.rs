@@ -2,16 +2,17 @@
 //! a clean environment of `CNI_*` variables, the network config on stdin, the answer on stdout.
 //! A fake agent on a unix socket in a temp dir records each request and answers as scripted.
 
+mod common;
+
+use common::{BIN, Run, plugin_with};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
+use std::time::Duration;
 
 /// One request as the fake agent received it.
 #[derive(Debug, Clone)]
@@ -182,34 +183,6 @@ impl Node {
 }
 
 /// The plugin's run: stdout, exit status, wall time.
-struct Run {
-    stdout: String,
-    code: i32,
-    took: Duration,
-}
-
-fn plugin(env: &[(&str, &str)], stdin: &str) -> Run {
-    let started = Instant::now();
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tidepool-cni");
-    if let Some(mut input) = child.stdin.take() {
-        // VERSION does not read stdin; a closed pipe is fine then.
-        let _ = input.write_all(stdin.as_bytes());
-    }
-    let out = child.wait_with_output().expect("wait for tidepool-cni");
-    Run {
-        stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        code: out.status.code().expect("exit code"),
-        took: started.elapsed(),
-    }
-}
-
 fn env_for<'a>(cmd: &'a str, container: &'a str) -> Vec<(&'a str, &'a str)> {
     let mut env = vec![("CNI_COMMAND", cmd), ("CNI_PATH", "/opt/cni/bin")];
     if matches!(cmd, "ADD" | "DEL" | "CHECK") {
@@ -251,7 +224,7 @@ fn add_forwards_the_exact_body_and_prints_the_agent_result() {
     let node = Node::new();
     let agent = node.agent(|_| Answer::Reply(200, RESULT.to_owned()));
     let config = node.config("1.1.0", "");
-    let run = plugin(&env_for("ADD", "c1"), &config);
+    let run = plugin_with(&env_for("ADD", "c1"), &config);
     assert_eq!(
         (run.code, run.stdout.as_str()),
         (0, format!("{RESULT}\n").as_str())
@@ -295,7 +268,7 @@ fn del_check_gc_and_status_forward_to_their_paths_and_print_nothing() {
         ("GC", &gc_config),
         ("STATUS", &config),
     ] {
-        let run = plugin(&env_for(cmd, "c1"), stdin);
+        let run = plugin_with(&env_for(cmd, "c1"), stdin);
         assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{cmd}");
     }
     let reqs = agent.requests();
@@ -347,15 +320,15 @@ fn agent_errors_are_printed_with_the_request_version() {
         ),
         _ => Answer::Reply(500, "boom".into()),
     });
-    let run = plugin(&env_for("ADD", "c1"), &node.config("1.0.0", ""));
+    let run = plugin_with(&env_for("ADD", "c1"), &node.config("1.0.0", ""));
     assert_eq!(
         run.stdout,
         "{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"pool empty\",\"details\":\"no block yet\"}\n"
     );
     assert_eq!(error_of(&run).0, 11);
-    let run = plugin(&env_for("STATUS", ""), &node.config("1.1.0", ""));
+    let run = plugin_with(&env_for("STATUS", ""), &node.config("1.1.0", ""));
     assert_eq!(error_of(&run), (50, "not restored".into(), "1.1.0".into()));
-    let run = plugin(&env_for("DEL", "c1"), &node.config("1.1.0", ""));
+    let run = plugin_with(&env_for("DEL", "c1"), &node.config("1.1.0", ""));
     assert_eq!(
         error_of(&run),
         (
@@ -370,7 +343,7 @@ fn agent_errors_are_printed_with_the_request_version() {
 
 #[test]
 fn version_answers_without_an_agent() {
-    let run = plugin(&[("CNI_COMMAND", "VERSION")], r#"{"cniVersion":"1.1.0"}"#);
+    let run = plugin_with(&[("CNI_COMMAND", "VERSION")], r#"{"cniVersion":"1.1.0"}"#);
     assert_eq!(run.code, 0);
     assert_eq!(
         run.stdout,
@@ -382,7 +355,7 @@ fn version_answers_without_an_agent() {
 fn del_while_the_agent_is_down_is_spooled_durably_and_succeeds() {
     let node = Node::new();
     let config = node.config("1.0.0", "");
-    let run = plugin(&env_for("DEL", "c1"), &config);
+    let run = plugin_with(&env_for("DEL", "c1"), &config);
     assert_eq!((run.code, run.stdout.as_str()), (0, ""));
     assert_eq!(node.spool_files(), ["c1@eth0.json"]);
     let text = std::fs::read_to_string(node.spool().join("c1@eth0.json")).expect("spool file");
@@ -399,11 +372,11 @@ fn del_while_the_agent_is_down_is_spooled_durably_and_succeeds() {
         .expect("ms");
     assert!(ms > 1_700_000_000_000);
     // A repeated DEL replaces the file; a DEL for another interface gets its own.
-    assert_eq!(plugin(&env_for("DEL", "c1"), &config).code, 0);
+    assert_eq!(plugin_with(&env_for("DEL", "c1"), &config).code, 0);
     let mut env = env_for("DEL", "c1");
     env.retain(|(k, _)| *k != "CNI_IFNAME");
     env.push(("CNI_IFNAME", "net1"));
-    assert_eq!(plugin(&env, &config).code, 0);
+    assert_eq!(plugin_with(&env, &config).code, 0);
     assert_eq!(node.spool_files(), ["c1@eth0.json", "c1@net1.json"]);
 }
 
@@ -412,10 +385,10 @@ fn a_hung_agent_gets_the_del_spooled_and_the_add_told_to_try_again() {
     let node = Node::new();
     let _agent = node.agent(|_| Answer::Hang);
     let config = node.config("1.1.0", r#","requestTimeout":300"#);
-    let run = plugin(&env_for("DEL", "c1"), &config);
+    let run = plugin_with(&env_for("DEL", "c1"), &config);
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert_eq!(node.spool_files(), ["c1@eth0.json"]);
-    let run = plugin(&env_for("ADD", "c2"), &config);
+    let run = plugin_with(&env_for("ADD", "c2"), &config);
     let (code, msg, _) = error_of(&run);
     assert_eq!(
         (code, msg.as_str()),
@@ -431,7 +404,7 @@ fn a_hung_agent_gets_the_del_spooled_and_the_add_told_to_try_again() {
 #[test]
 fn add_while_the_agent_is_down_waits_briefly_then_answers_11() {
     let node = Node::new();
-    let run = plugin(
+    let run = plugin_with(
         &env_for("ADD", "c1"),
         &node.config("1.1.0", r#","connectTimeout":400"#),
     );
@@ -458,7 +431,7 @@ fn add_succeeds_when_the_agent_comes_back_within_the_wait() {
         std::thread::sleep(Duration::from_millis(300));
         FakeAgent::start(&sock, |_| Answer::Reply(200, RESULT.to_owned()))
     });
-    let run = plugin(&env_for("ADD", "c1"), &config);
+    let run = plugin_with(&env_for("ADD", "c1"), &config);
     let agent = late.join().expect("agent thread");
     assert_eq!(
         (run.code, run.stdout.as_str()),
@@ -472,19 +445,22 @@ fn add_succeeds_when_the_agent_comes_back_within_the_wait() {
 fn status_while_the_agent_is_down_fails_only_before_the_first_restore() {
     let node = Node::new();
     let config = node.config("1.1.0", "");
-    let run = plugin(&env_for("STATUS", ""), &config);
+    let run = plugin_with(&env_for("STATUS", ""), &config);
     let (code, msg, _) = error_of(&run);
     assert_eq!(
         (code, msg.as_str()),
         (50, "the tidepool agent is not available")
     );
     std::fs::write(node.marker(), "").expect("marker");
-    let run = plugin(&env_for("STATUS", ""), &config);
+    let run = plugin_with(&env_for("STATUS", ""), &config);
     assert_eq!((run.code, run.stdout.as_str()), (0, ""));
     // GC and CHECK while down: try again later.
     let gc = config.replacen('{', r#"{"cni.dev/valid-attachments":[],"#, 1);
-    assert_eq!(error_of(&plugin(&env_for("GC", ""), &gc)).0, 11);
-    assert_eq!(error_of(&plugin(&env_for("CHECK", "c1"), &config)).0, 11);
+    assert_eq!(error_of(&plugin_with(&env_for("GC", ""), &gc)).0, 11);
+    assert_eq!(
+        error_of(&plugin_with(&env_for("CHECK", "c1"), &config)).0,
+        11
+    );
 }
 
 #[test]
@@ -538,7 +514,7 @@ fn malformed_input_gets_the_error_json_and_reaches_nobody() {
         ),
     ];
     for (env, stdin, want, msg) in cases {
-        let run = plugin(&env, &stdin);
+        let run = plugin_with(&env, &stdin);
         let (code, got, version) = error_of(&run);
         assert_eq!((code, got.as_str()), (want, msg), "{stdin}");
         assert_eq!(version, "1.1.0");
@@ -557,11 +533,11 @@ fn measure_start_and_round_trip() {
     let config = node.config("1.1.0", "");
     let env = env_for("ADD", "c1");
     for _ in 0..10 {
-        assert_eq!(plugin(&env, &config).code, 0); // warm the page cache
+        assert_eq!(plugin_with(&env, &config).code, 0); // warm the page cache
     }
     let mut times: Vec<Duration> = (0..200)
         .map(|_| {
-            let run = plugin(&env, &config);
+            let run = plugin_with(&env, &config);
             assert_eq!(run.code, 0);
             run.took
         })

@@ -132,8 +132,8 @@ impl Run {
     }
 }
 
+/// One CNI call for pod `web-{c}` (container `c`, interface eth0) with `config` on stdin.
 pub fn plugin(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
-    let started = Instant::now();
     let args = format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-{c};K8S_POD_UID={pod_uid}"
     );
@@ -148,16 +148,23 @@ pub fn plugin(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
     if matches!(cmd, "ADD" | "CHECK") {
         env.push(("CNI_NETNS", "/var/run/netns/pod"));
     }
+    plugin_with(&env, config)
+}
+
+/// The plugin run with exactly `env` and `stdin`, as a runtime runs it.
+pub fn plugin_with(env: &[(&str, &str)], stdin: &str) -> Run {
+    let started = Instant::now();
     let mut child = Command::new(BIN)
         .env_clear()
-        .envs(env)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tidepool-cni");
     if let Some(mut input) = child.stdin.take() {
-        let _ = input.write_all(config.as_bytes());
+        // VERSION does not read stdin; a closed pipe is fine then.
+        let _ = input.write_all(stdin.as_bytes());
     }
     let out = child.wait_with_output().expect("wait for tidepool-cni");
     Run {
