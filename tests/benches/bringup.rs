@@ -27,6 +27,9 @@
 //!    cache are built from the listed objects under that allocator (heap per pod, per
 //!    IPAMNode, per block).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
@@ -35,9 +38,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::{Value, json};
@@ -46,10 +47,9 @@ use tidepool_ipam::{AddrSet, EngineConfig, ReclaimConfig, SchedulingMode};
 use tidepool_operator::index::{PodGetter, PodIndex};
 use tidepool_operator::runtime::{self, Settings};
 use tidepool_operator::store::Cache;
-use tidepool_tests::{ADMIN, ApiServer, Config};
+use tidepool_tests::{ApiServer, Config};
 
 const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
-const RBAC: &str = include_str!("../../deploy/operator/rbac.yaml");
 const POOL_CIDR: &str = "10.0.0.0/12";
 const BLOCK_PREFIX: u8 = 27;
 /// The engine's default `pre_allocate`.
@@ -149,16 +149,7 @@ struct Opts {
 }
 
 fn opts() -> Opts {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str, env: &str, default: &str| -> String {
-        let from_flag = args
-            .iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned());
-        from_flag
-            .or_else(|| std::env::var(env).ok())
-            .unwrap_or_else(|| default.to_string())
-    };
+    let get = common::setting;
     let num = |flag: &str, env: &str, default: &str| -> f64 {
         let v = get(flag, env, default);
         v.parse()
@@ -206,7 +197,7 @@ fn node_name(i: usize) -> String {
 /// resourceVersion), fast bookmarks, the three CRDs established and the operator's role
 /// granted.
 async fn cluster() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
+    common::operator_cluster_with(Config {
         rbac: true,
         watch_window: 1000,
         bookmark_interval: Duration::from_millis(200),
@@ -216,43 +207,6 @@ async fn cluster() -> (ApiServer, kube::Client) {
         ..Config::default()
     })
     .await
-    .expect("start server");
-    let admin = server.client(ADMIN).await.expect("admin client");
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in api::crds() {
-        let name = crd.metadata.name.clone().expect("a name");
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("crd");
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .expect("crd established in time")
-            .expect("await condition");
-    }
-    for doc in RBAC.split("\n---\n") {
-        let v: Value = serde_saphyr::from_str(doc).expect("rbac yaml");
-        create_dynamic(&admin, v).await;
-    }
-    (server, admin)
-}
-
-async fn create_dynamic(client: &kube::Client, v: Value) {
-    let obj: DynamicObject = serde_json::from_value(v).expect("an object");
-    let gvk =
-        kube::api::GroupVersionKind::try_from(obj.types.as_ref().expect("types")).expect("gvk");
-    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .expect("discovery");
-    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => {
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        }
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name));
 }
 
 /// A pod of the bench: bound to its node, pending, no podIPs.

@@ -112,16 +112,7 @@ impl Opts {
 }
 
 fn opts() -> Opts {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str, env: &str, default: &str| -> String {
-        let from_flag = args
-            .iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned());
-        from_flag
-            .or_else(|| std::env::var(env).ok())
-            .unwrap_or_else(|| default.to_string())
-    };
+    let get = common::setting;
     let duration = |flag: &str, env: &str, default: &str| -> Duration {
         let v = get(flag, env, default);
         humantime::parse_duration(&v)

@@ -164,6 +164,16 @@ pub async fn raw_typed(
 pub const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
 
+/// A bench's setting: `flag`'s value on the command line, else `$env`, else `default`.
+pub fn setting(flag: &str, env: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| std::env::var(env).ok())
+        .unwrap_or_else(|| default.to_string())
+}
+
 /// The operator's identity as one replica on node `node` (a bound service-account token).
 pub fn operator_on(node: &str) -> String {
     format!("{OPERATOR}@{node}")
@@ -209,12 +219,16 @@ pub async fn create_object(client: &kube::Client, v: serde_json::Value) -> Dynam
 /// A server with RBAC on, tidepool's three CRDs established and the operator's role
 /// granted; the admin's client.
 pub async fn operator_cluster() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
+    operator_cluster_with(Config {
         rbac: true,
         ..fast_config()
     })
     .await
-    .expect("start server");
+}
+
+/// [`operator_cluster`] on a server started with `config`.
+pub async fn operator_cluster_with(config: Config) -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(config).await.expect("start server");
     let admin = server.client(ADMIN).await.expect("admin client");
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     for crd in tidepool_api::crds() {
