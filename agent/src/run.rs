@@ -35,6 +35,9 @@ pub struct Settings {
     pub spool_dir: PathBuf,
     /// Written once the first restore since boot is done (on tmpfs: a reboot removes it).
     pub restored_marker: PathBuf,
+    /// How often the marker's modification time is refreshed while the agent serves: the
+    /// plugin's STATUS fails once it is older than its `unreachableGrace` (10 min).
+    pub marker_refresh: Duration,
     /// The boot ID's file (the kernel's; a test fakes it).
     pub boot_id_file: PathBuf,
     pub pod_networks: PodNetworks,
@@ -55,6 +58,7 @@ impl Settings {
             state_dir: "/var/lib/tidepool".into(),
             spool_dir: "/var/lib/tidepool/spool".into(),
             restored_marker: "/run/tidepool/restored".into(),
+            marker_refresh: Duration::from_secs(10),
             boot_id_file: BOOT_ID_PATH.into(),
             pod_networks,
             reuse_cooldown: Duration::from_secs(30),
@@ -115,10 +119,12 @@ pub async fn run(
     let server = Server::bind(&s.socket)?;
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
     let answering = tokio::spawn(answer_loop(agent.clone(), watch));
+    let refreshing = tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh));
     let task = server.spawn(agent);
     shutdown.await;
     task.abort();
     answering.abort();
+    refreshing.abort();
     Ok(())
 }
 
@@ -148,6 +154,21 @@ async fn publish_once(publisher: &Publisher) {
     while *written.borrow_and_update() == before {
         if written.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Refreshes the restore marker's modification time every `every` (a heartbeat the plugin
+/// reads when it cannot reach the agent).
+async fn refresh_marker(path: PathBuf, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let touched = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()));
+        if let Err(e) = touched {
+            tracing::warn!(marker = %path.display(), error = %e, "refreshing the restore marker failed");
         }
     }
 }

@@ -138,6 +138,62 @@ async fn the_agent_serves_its_node_pool_and_publishes_what_it_gave() {
     agent.await.expect("join").expect("the agent stops cleanly");
 }
 
+/// STATUS through the plugin: ok while the agent serves; ok while it is down but its restore
+/// marker was refreshed within `unreachableGrace` (a restart); code 50 once the marker has
+/// gone unrefreshed for longer. The serving agent keeps the marker fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_fails_only_after_the_agent_is_gone_longer_than_the_grace() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = Settings {
+        marker_refresh: Duration::from_millis(100),
+        ..settings(dir.path())
+    };
+    let conf = config(&s).replace(r#""connectTimeout":300"#, r#""unreachableGrace":5000"#);
+    let status = move || {
+        let c = conf.clone();
+        blocking(move || plugin("STATUS", "-", POD, &c))
+    };
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(run(client, s.clone(), async move {
+        let _ = stopped.await;
+    }));
+    eventually("the restore marked", || async {
+        marker(&s.restored_marker)
+    })
+    .await;
+    assert_eq!(status().await.code, 0, "serving");
+
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let set_age = |t| {
+        std::fs::File::options()
+            .write(true)
+            .open(&s.restored_marker)
+            .and_then(|f| f.set_modified(t))
+            .expect("set the marker's mtime")
+    };
+    set_age(an_hour_ago);
+    eventually("the serving agent refreshes its marker", || async {
+        let m = std::fs::metadata(&s.restored_marker).and_then(|m| m.modified());
+        (m.expect("marker") > an_hour_ago + Duration::from_secs(3000)).then_some(())
+    })
+    .await;
+
+    stop.send(()).expect("the agent runs");
+    agent.await.expect("join").expect("the agent stops cleanly");
+    assert_eq!(
+        status().await.code,
+        0,
+        "down, refreshed within the grace: a restart"
+    );
+    set_age(std::time::SystemTime::now() - Duration::from_secs(6));
+    let late = status().await;
+    assert_eq!(late.error_code(), 50, "{}", late.stdout);
+    assert!(late.stdout.contains("grace 5 s"), "{}", late.stdout);
+}
+
 /// One agent per node: a second agent on the same state directory refuses to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_on_the_same_state_dir_refuses_to_start() {

@@ -19,6 +19,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one request may take once connected (IPAM key `requestTimeout`, ms). Longer than
 /// the agent's own wait for a block on an empty pool, so its code 11 reaches the runtime.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the agent may be unreachable, its restore marker not refreshed, before STATUS
+/// fails (IPAM key `unreachableGrace`, ms). Far beyond a rollout restart (seconds) but
+/// bounded: an agent that stays down cannot serve ADD, and a NotReady node gets no new pods.
+pub const DEFAULT_UNREACHABLE_GRACE: Duration = Duration::from_secs(600);
 /// `sun_path` holds 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -40,6 +44,7 @@ pub struct IpamConfig {
     pub restored_marker: PathBuf,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    pub unreachable_grace: Duration,
 }
 
 impl NetConf {
@@ -144,6 +149,7 @@ impl Default for IpamConfig {
             restored_marker: PathBuf::from(proto::DEFAULT_RESTORED_MARKER),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            unreachable_grace: DEFAULT_UNREACHABLE_GRACE,
         }
     }
 }
@@ -172,6 +178,9 @@ impl IpamConfig {
         }
         if let Some(d) = millis(ipam, "requestTimeout")? {
             cfg.request_timeout = d;
+        }
+        if let Some(d) = millis(ipam, "unreachableGrace")? {
+            cfg.unreachable_grace = d;
         }
         Ok(cfg)
     }
@@ -234,7 +243,8 @@ mod tests {
 
         let conf = parse(
             r#"{"cniVersion":"1.0.0","ipam":{"type":"tidepool-cni","socket":"/tmp/a.sock",
-                "spoolDir":"/tmp/spool","restoredMarker":"/tmp/m","connectTimeout":150,"requestTimeout":900}}"#,
+                "spoolDir":"/tmp/spool","restoredMarker":"/tmp/m","connectTimeout":150,"requestTimeout":900,
+                "unreachableGrace":60000}}"#,
         )
         .expect("config");
         assert_eq!(
@@ -245,6 +255,7 @@ mod tests {
                 restored_marker: "/tmp/m".into(),
                 connect_timeout: Duration::from_millis(150),
                 request_timeout: Duration::from_millis(900),
+                unreachable_grace: Duration::from_secs(60),
             }
         );
         assert_eq!(conf.supported_version(), Ok("1.0.0"));

@@ -10,8 +10,10 @@
 //! - ADD retries connecting for `connectTimeout` (2 s), then fails with code 11.
 //! - CHECK and GC fail with code 11.
 //! - STATUS fails with code 50 only while the agent has not restored its state since boot (its
-//!   marker on tmpfs is absent); with the marker present the agent is merely restarting, and a
-//!   failure would make the node NotReady and, after 300 s, evict its pods.
+//!   marker on tmpfs is absent), or when the marker has not been refreshed (the agent touches
+//!   it while it serves) for longer than `unreachableGrace` (10 min). Otherwise the agent is
+//!   merely restarting, and a failure would make the node NotReady and, after 300 s, evict its
+//!   pods.
 //!
 //! Every check on the input happens before anything is sent or written: bad input changes no
 //! state.
@@ -220,21 +222,48 @@ fn agent_unreachable(
             })?;
             Ok(String::new())
         }
-        Verb::Status if ipam.restored_marker.exists() => Ok(String::new()),
-        Verb::Status => Err(CniError::new(
-            code::PLUGIN_NOT_AVAILABLE,
-            "the tidepool agent is not available",
-        )
-        .with_details(format!(
-            "{e}; and it has not restored its state since boot ({} is absent)",
-            ipam.restored_marker.display()
-        ))),
+        Verb::Status => status_while_unreachable(ipam, e),
         Verb::Add | Verb::Check | Verb::Gc => Err(CniError::new(
             code::TRY_AGAIN_LATER,
             "tidepool agent unreachable, try again later",
         )
         .with_details(e.to_string())),
     }
+}
+
+/// STATUS without an agent: success while the agent restored its state since boot and
+/// refreshed its marker within the grace (a restart or rollout); code 50 otherwise.
+fn status_while_unreachable(ipam: &config::IpamConfig, e: &HttpError) -> Result<String, CniError> {
+    let marker = &ipam.restored_marker;
+    let unavailable = |why: String| {
+        Err(CniError::new(
+            code::PLUGIN_NOT_AVAILABLE,
+            "the tidepool agent is not available",
+        )
+        .with_details(format!("{e}; and {why}")))
+    };
+    let refreshed = match std::fs::metadata(marker).and_then(|m| m.modified()) {
+        Ok(t) => t,
+        Err(_) => {
+            return unavailable(format!(
+                "it has not restored its state since boot ({} is absent)",
+                marker.display()
+            ));
+        }
+    };
+    // A marker from the future (clock stepped back) counts as fresh.
+    let silent = SystemTime::now()
+        .duration_since(refreshed)
+        .unwrap_or(Duration::ZERO);
+    if silent > ipam.unreachable_grace {
+        return unavailable(format!(
+            "it has not refreshed {} for {} s (grace {} s)",
+            marker.display(),
+            silent.as_secs(),
+            ipam.unreachable_grace.as_secs()
+        ));
+    }
+    Ok(String::new())
 }
 
 fn unix_millis() -> u64 {

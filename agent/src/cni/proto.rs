@@ -73,8 +73,10 @@ use super::json::Value;
 pub const DEFAULT_SOCKET: &str = "/run/tidepool/agent.sock";
 /// Where DELs wait while the agent is down, unless the IPAM config's `spoolDir` says otherwise.
 pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/tidepool/spool";
-/// The agent creates this (on tmpfs) after its first restore since boot; STATUS uses it to tell
-/// "not ready since boot" (code 50) from "restarting" (success). IPAM key `restoredMarker`.
+/// The agent creates this (on tmpfs) after its first restore since boot and refreshes its
+/// modification time while it serves; STATUS uses it to tell "not ready since boot" or
+/// "unreachable for longer than the grace" (code 50) from "restarting" (success). IPAM key
+/// `restoredMarker`.
 pub const DEFAULT_RESTORED_MARKER: &str = "/run/tidepool/restored";
 /// The spool file format's version.
 pub const SPOOL_VERSION: u64 = 1;

@@ -331,6 +331,31 @@ fn status_while_the_agent_is_down_depends_on_the_restore_marker() {
 }
 
 #[test]
+fn status_fails_once_the_agent_is_unreachable_beyond_the_grace() {
+    let node = Node::new();
+    let status = [("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/p")];
+    let conf = node
+        .config("1.1.0")
+        .replace(r#""connectTimeout":200"#, r#""unreachableGrace":60000"#);
+    let marker = fs::File::create(node.marker()).expect("marker");
+    // last refreshed 59 s ago: within the grace, an ordinary restart
+    let at = |ago| SystemTime::now() - Duration::from_secs(ago);
+    marker.set_modified(at(59)).expect("mtime");
+    assert_eq!(
+        run_with(&status, &[], &conf),
+        Output::success(String::new())
+    );
+    // 61 s ago: the agent has been gone for longer than the grace
+    marker.set_modified(at(61)).expect("mtime");
+    let (_, code, msg, details) = error_of(&run_with(&status, &[], &conf));
+    assert_eq!(
+        (code, msg.as_str()),
+        (50, "the tidepool agent is not available")
+    );
+    assert!(details.contains("for 61 s (grace 60 s)"), "{details}");
+}
+
+#[test]
 fn oversized_stdin_is_refused() {
     let big = format!(
         "{{\"cniVersion\":\"1.1.0\",\"pad\":\"{}\"}}",
