@@ -426,3 +426,59 @@ async fn a_recreated_ipamnode_gets_the_node_side_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A block answered and then deleted (the operator took it back) before the write: the
+/// agent's status apply to it is answered 404, as a real server's status subresource
+/// answers (it never creates; the agent's RBAC has no `create`), and publishing goes on;
+/// so it does past a block that moved to another node (the own-node policy's 422).
+#[tokio::test]
+async fn an_answer_for_a_block_that_is_gone_does_not_stall_publishing() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.1.0/28", "node-b", UID_B, true).await;
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let blocks: Api<api::IPAMBlock> = Api::all(client.clone());
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": { "name": "v4-10-0-0-0-28" },
+        "status": { "releaseAck": "do-not-release" },
+    });
+    let gone = blocks
+        .patch_status(
+            "v4-10-0-0-0-28",
+            &PatchParams::apply(AGENT_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .expect_err("no such block");
+    assert!(
+        matches!(&gone, kube::Error::Api(s) if s.code == 404),
+        "{gone:?}"
+    );
+
+    let w = NodeWatch::start(client.clone(), "node-a");
+    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    let source = Memory::default();
+    let p = Publisher::start(client, w, source.clone(), PublishConfig::default());
+    let before = *p.published().borrow();
+    // answers block v4-10-0-0-0-28, which does not exist, and node-b's block (refused)
+    let mut two = side(2);
+    two.block_acks
+        .insert("v4-10-0-1-0-28".into(), ReleaseAck::ReadyForRelease);
+    source.set(two);
+    p.publish();
+    published(&p, before).await;
+    let mut three = side(3);
+    three.block_acks.clear();
+    let before = *p.published().borrow();
+    source.set(three.clone());
+    p.publish();
+    published(&p, before).await;
+    let nodes: Api<api::IPAMNode> = Api::all(server.client(OPERATOR).await.unwrap());
+    let obj = nodes.get("node-a").await.unwrap();
+    assert_eq!(node_from_api(&obj).0.node.node, three.fields);
+    let theirs = Api::<api::IPAMBlock>::all(admin)
+        .get("v4-10-0-1-0-28")
+        .await
+        .unwrap();
+    assert_eq!(theirs.status.and_then(|s| s.release_ack), None);
+}

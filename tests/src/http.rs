@@ -435,7 +435,11 @@ fn authorize(
     policy
         .authorize(user, &attrs)
         .map_err(|reason| attrs.forbidden(user, &reason))?;
+    // An apply to a missing object creates it, and so needs `create` too; a subresource's
+    // apply never creates (the status store answers 404, as StatusREST never allows create
+    // on update), so it needs only `patch`.
     let creates = verb == "apply"
+        && t.sub.is_empty()
         && st
             .store
             .get(&t.rt, t.ns.as_deref().unwrap_or_default(), name)

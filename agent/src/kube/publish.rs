@@ -220,7 +220,7 @@ impl<S: NodeSideSource> Task<S> {
     }
 
     /// Writes each block answer that changed; withdraws those no longer given. A block
-    /// gone from the server needs no answer.
+    /// gone from the server (404) or refused for good (another 4xx) is not retried.
     async fn apply_blocks(&mut self, acks: &BTreeMap<String, ReleaseAck>) -> Result<(), KubeError> {
         let mut todo: Vec<(String, Option<ReleaseAck>)> = acks
             .iter()
@@ -244,6 +244,12 @@ impl<S: NodeSideSource> Task<S> {
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Refused for good, e.g. the block moved to another node and the own-node
+                // policy says no (422): the same body would be refused again, and retrying it
+                // would stall every later write. Throttling (429) is retried.
+                Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                    tracing::warn!(block = %name, code = s.code, message = %s.message, "a block answer was refused; dropping it");
+                }
                 Err(source) => {
                     return Err(KubeError::Apply {
                         object: format!("ipamblock/{name}"),
