@@ -209,9 +209,39 @@ async fn a_second_agent_on_the_same_state_dir_refuses_to_start() {
         marker(&s.restored_marker)
     })
     .await;
-    let second = run(client, s, std::future::ready(())).await;
+    let second = run(client, s.clone(), std::future::ready(())).await;
     let e = second.expect_err("a second agent must not start");
     assert!(e.to_string().contains("state"), "{e}");
+
+    // the binary, as a DaemonSet surge would start it: refused, naming the directory
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&agent_on("node-a"), &kubeconfig)
+        .expect("kubeconfig");
+    let (state_dir, sock) = (s.state_dir.clone(), dir.path().join("second.sock"));
+    let out = blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidepool-agent"))
+            .env_clear()
+            .args(["--node-name", "node-a", "--pod-network", "10.250.0.0/16"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--socket")
+            .arg(sock)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .output()
+            .expect("run tidepool-agent")
+    })
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second agent must not start: {stderr}"
+    );
+    assert!(
+        stderr.contains(&s.state_dir.display().to_string()) && stderr.contains("lock"),
+        "{stderr}"
+    );
     first.abort();
 }
 
