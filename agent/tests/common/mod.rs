@@ -3,6 +3,8 @@
 //! the operator creates them; the plugin binary run as a runtime runs it.
 #![allow(dead_code)]
 
+pub mod chain;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,360 @@
+//! The CNI chain's set-up (the chain test and the chain bench share it): a network
+//! namespace standing in for the node and one per pod (deleted on every exit path), the
+//! in-process API server with node-a's IPAMNode and blocks, the agent (`run::run`) started
+//! and stopped at will, and the main plugins (`ptp`, `bridge`, and `ptp` with `host-local`
+//! for the anchor) run in the node's namespace as a runtime runs them. Needs root.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use tidepool_agent::run::Settings;
+use tidepool_agent::serve::PodNetworks;
+use tidepool_api as api;
+use tidepool_tests::ApiServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::{UID_A, agent_on, blocking, cluster, create_block};
+
+pub const PLUGINS: &str = "/usr/lib/cni";
+
+/// Network namespaces, deleted when dropped (also when the test fails).
+#[derive(Default)]
+pub struct Namespaces(Mutex<Vec<String>>);
+
+impl Namespaces {
+    pub fn add(&self, name: &str) {
+        run("ip", &["netns", "add", name]);
+        self.0.lock().expect("lock").push(name.to_string());
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in self.0.lock().expect("lock").iter() {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+pub fn output(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"))
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> String {
+    let out = output(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The first address (no prefix) of a main plugin's ADD result.
+pub fn address(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ADD failed: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a CNI result");
+    let a = v["ips"][0]["address"].as_str().expect("an address");
+    a.split('/').next().expect("the address").to_string()
+}
+
+/// The CNI error code a failed call printed.
+pub fn error_code(out: &Output) -> u64 {
+    assert!(!out.status.success(), "expected a failure");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("CNI error JSON");
+    v["code"].as_u64().expect("a code")
+}
+
+pub fn ping(from: &str, to: &str) {
+    let ping = output(
+        "ip",
+        &["netns", "exec", from, "ping", "-c", "1", "-W", "2", to],
+    );
+    assert!(
+        ping.status.success(),
+        "{from} → {to}: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+}
+
+pub fn pod_uid(i: usize) -> String {
+    format!("0badc0de-0000-4000-8000-{i:012}")
+}
+
+/// One node: its namespace, the API server with node-a's IPAMNode, the agent's paths, and
+/// the agent while it runs.
+pub struct Node {
+    pub ns: Namespaces,
+    pub name: String,
+    pub tag: String,
+    pub dir: tempfile::TempDir,
+    pub server: ApiServer,
+    pub admin: kube::Client,
+    pub settings: Settings,
+    agent: Option<(
+        oneshot::Sender<()>,
+        JoinHandle<tidepool_agent::error::Result<()>>,
+    )>,
+}
+
+impl Node {
+    /// `test` names the namespaces; `blocks` are node-a's blocks at the start.
+    pub async fn new(test: &str, blocks: &[&str]) -> Node {
+        let root = output("id", &["-u"]).stdout == b"0\n";
+        assert!(
+            root && Path::new(PLUGINS).join("ptp").exists(),
+            "this test needs root and Debian's containernetworking-plugins (ptp, bridge); \
+             scripts/test.sh installs them"
+        );
+        let tag = format!("{test}-{}", std::process::id() % 100_000);
+        let name = format!("tpn-{tag}");
+        let ns = Namespaces::default();
+        ns.add(&name);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &name,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ],
+        );
+        let (server, admin) = cluster().await;
+        for b in blocks {
+            create_block(&admin, b, "node-a", UID_A, false).await;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = settings(dir.path());
+        Node {
+            ns,
+            name,
+            tag,
+            dir,
+            server,
+            admin,
+            settings,
+            agent: None,
+        }
+    }
+
+    /// Starts the agent and waits until it serves (its restore marker written anew).
+    pub async fn start_agent(&mut self) {
+        let _ = std::fs::remove_file(&self.settings.restored_marker);
+        let client = self
+            .server
+            .client(&agent_on("node-a"))
+            .await
+            .expect("client");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tidepool_agent::run::run(
+            client,
+            self.settings.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        self.agent = Some((stop, task));
+        let marker = self.settings.restored_marker.clone();
+        eventually("the agent serving", || {
+            let m = marker.exists().then_some(());
+            async move { m }
+        })
+        .await;
+    }
+
+    pub async fn stop_agent(&mut self) {
+        let (stop, task) = self.agent.take().expect("the agent runs");
+        stop.send(()).expect("the agent runs");
+        task.await.expect("join").expect("the agent stops cleanly");
+    }
+
+    /// A new pod namespace.
+    pub fn pod(&self, i: usize) -> String {
+        let name = format!("tpp-{}-{i}", self.tag);
+        self.ns.add(&name);
+        name
+    }
+
+    /// The main plugin's network config (`ptp` or `bridge`), its IPAM delegated to
+    /// tidepool-cni; `ptp+host-local` is ptp with the reference IPAM plugin (the anchor).
+    pub fn conf(&self, main: &str) -> String {
+        let s = &self.settings;
+        let (main, ipam) = match main {
+            "bridge" => (
+                r#""type":"bridge","bridge":"tpbr0","isGateway":true"#,
+                String::new(),
+            ),
+            "ptp+host-local" => (
+                r#""type":"ptp""#,
+                format!(
+                    r#"{{"type":"host-local","ranges":[[{{"subnet":"10.251.0.0/16"}}]],"dataDir":"{}"}}"#,
+                    self.dir.path().join("host-local").display()
+                ),
+            ),
+            _ => (r#""type":"ptp""#, String::new()),
+        };
+        let ipam = if ipam.is_empty() {
+            format!(
+                r#"{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}"#,
+                s.socket.display(),
+                s.spool_dir.display(),
+                s.restored_marker.display()
+            )
+        } else {
+            ipam
+        };
+        format!(r#"{{"cniVersion":"1.0.0","name":"pods",{main},"ipam":{ipam}}}"#)
+    }
+
+    /// One CNI call of the `main` plugin, run in the node's namespace as a runtime runs it
+    /// (off the runtime's threads).
+    pub async fn cni(
+        &self,
+        main: &str,
+        cmd: &str,
+        pod_ns: &str,
+        container: &str,
+        uid: &str,
+    ) -> Output {
+        let plugin_dir = Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
+            .parent()
+            .expect("the plugin's directory")
+            .to_path_buf();
+        let args = vec![
+            "netns".to_string(),
+            "exec".into(),
+            self.name.clone(),
+            "env".into(),
+            "-i".into(),
+            format!("CNI_COMMAND={cmd}"),
+            format!("CNI_CONTAINERID={container}"),
+            format!("CNI_NETNS=/var/run/netns/{pod_ns}"),
+            "CNI_IFNAME=eth0".into(),
+            format!("CNI_PATH={}:{PLUGINS}", plugin_dir.display()),
+            format!(
+                "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={container};K8S_POD_UID={uid}"
+            ),
+            format!("{PLUGINS}/{}", main.split('+').next().unwrap_or(main)),
+        ];
+        let conf = self.conf(main);
+        blocking(move || {
+            let mut child = Command::new("ip")
+                .args(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start the main plugin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(conf.as_bytes())
+                .expect("write the config");
+            child.wait_with_output().expect("the main plugin")
+        })
+        .await
+    }
+
+    /// node-a's `status.used` (address → pod UID) and `status.cooldown` addresses.
+    pub async fn status(&self) -> (BTreeMap<String, String>, Vec<String>) {
+        let nodes: Api<api::IPAMNode> = Api::all(self.admin.clone());
+        let st = nodes
+            .get("node-a")
+            .await
+            .expect("node-a")
+            .status
+            .unwrap_or_default();
+        let used = st
+            .used
+            .iter()
+            .map(|(a, e)| (a.clone(), e.pod_uid.clone()))
+            .collect();
+        (used, st.cooldown.keys().cloned().collect())
+    }
+
+    /// Waits until node-a's status satisfies `f`.
+    pub async fn until_status(
+        &self,
+        what: &str,
+        f: impl Fn(&BTreeMap<String, String>, &[String]) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (used, cooling) = self.status().await;
+            if f(&used, &cooling) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: used {used:?}, cooldown {cooling:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn spooled(&self) -> usize {
+        std::fs::read_dir(&self.settings.spool_dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// The agent's paths in `dir`; pod network 10.250.0.0/16 (ptp's result shape: /16, gateway
+/// 10.250.0.1).
+pub fn settings(dir: &Path) -> Settings {
+    let boot = dir.join("boot_id");
+    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
+    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
+    Settings {
+        socket: dir.join("run/agent.sock"),
+        state_dir: dir.join("state"),
+        spool_dir: dir.join("spool"),
+        restored_marker: dir.join("run/restored"),
+        boot_id_file: boot,
+        node_wait: Duration::from_secs(10),
+        empty_pool_wait: Duration::from_secs(2),
+        ..Settings::new("node-a", nets)
+    }
+}
+
+/// Polls `f` until it gives `Some` (10 s at most).
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn in_net(net: &str, addr: &str) -> bool {
+    let net: ipnet::IpNet = net.parse().expect("net");
+    net.contains(&addr.parse::<std::net::IpAddr>().expect("ip"))
+}
