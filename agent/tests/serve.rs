@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -198,6 +199,50 @@ async fn add_gives_a_block_address_never_the_gateway_durable_before_the_reply() 
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "only root reaches the socket");
+    refused_to_nobody(&node);
+}
+
+/// Run as root (the test command is): the plugin run as `nobody`, with every directory on
+/// the way open to it, is refused by the socket's mode alone.
+fn refused_to_nobody(node: &Node) {
+    if !Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n")
+    {
+        println!("not root: skipping the non-root connect check");
+        return;
+    }
+    let run_dir = node.sock().parent().expect("run dir").to_path_buf();
+    for d in [node.dir.path(), run_dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-x;K8S_POD_UID=";
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .env_clear()
+        .envs([
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "cx"),
+            ("CNI_NETNS", "/var/run/netns/pod"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            ("CNI_ARGS", &format!("{args}{}", uid(99))),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(node.config("").as_bytes())
+        .expect("config");
+    let out = child.wait_with_output().expect("the plugin as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "nobody got an answer: {stdout}");
+    assert!(stdout.contains("Permission denied"), "{stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
