@@ -221,3 +221,74 @@ async fn status_and_gc_work_when_called_directly() {
     .await;
     node.stop_agent().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pods_get_one_address_per_family_and_ping_over_ipv6() {
+    let mut node = Node::new("dual", &["10.250.0.16/28"]).await;
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &node.name,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.forwarding=1",
+        ],
+    );
+    create_block(&node.admin, "fd00:250::10/124", "node-a", UID_A, false).await;
+    node.settings.pod_networks = tidepool_agent::serve::PodNetworks::new([
+        "10.250.0.0/16".parse().expect("net"),
+        "fd00:250::/64".parse().expect("net"),
+    ])
+    .expect("networks");
+    node.start_agent().await;
+    let (pa, pb) = (node.pod(0), node.pod(1));
+    let mut v6 = Vec::new();
+    for (p, c, u) in [(&pa, "ca", 0), (&pb, "cb", 1)] {
+        let out = node.cni("ptp", "ADD", p, c, &pod_uid(u)).await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a CNI result");
+        let ips: Vec<&str> = v["ips"]
+            .as_array()
+            .expect("ips")
+            .iter()
+            .map(|i| i["address"].as_str().expect("address"))
+            .collect();
+        assert_eq!(ips.len(), 2, "one per family: {v}");
+        assert!(
+            ips[0].ends_with("/16") && ips[1].ends_with("/64"),
+            "{ips:?}"
+        );
+        let a6 = ips[1].split('/').next().expect("addr").to_string();
+        assert!(in_net("fd00:250::10/124", &a6), "{a6}");
+        v6.push(a6);
+    }
+    node.until_status("both families of both pods published", |used, _| {
+        used.len() == 4 && v6.iter().all(|a| used.contains_key(a))
+    })
+    .await;
+    let ping6 = |from: &str, to: &str| {
+        output(
+            "ip",
+            &[
+                "netns", "exec", from, "ping", "-6", "-c", "1", "-W", "2", to,
+            ],
+        )
+    };
+    // a fresh IPv6 address may still be in duplicate address detection: allow a few tries
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = ping6(&pa, &v6[1]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pa} → {}: {}",
+            v6[1],
+            String::from_utf8_lossy(&out.stdout)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    node.stop_agent().await;
+}

@@ -93,7 +93,8 @@ pub async fn empty_cluster() -> (ApiServer, kube::Client) {
 }
 
 pub async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
-    let name = format!("v4-{}", cidr.replace(['.', '/'], "-"));
+    let family = if cidr.contains(':') { 6 } else { 4 };
+    let name = format!("v{family}-{}", cidr.replace(['.', '/', ':'], "-"));
     let mut spec = json!({ "pool": "default", "cidr": cidr, "node": node, "nodeUID": uid });
     if release {
         spec["release"] = json!("marked-for-release");
