@@ -193,6 +193,9 @@ mod tests {
     #[test]
     fn a_point_stops_from_its_nth_hit_on() {
         let a = &parse("before-publish@3").expect("parse")[0];
-        assert_eq!([a.hit(), a.hit(), a.hit(), a.hit()], [false, false, true, true]);
+        assert_eq!(
+            [a.hit(), a.hit(), a.hit(), a.hit()],
+            [false, false, true, true]
+        );
     }
 }

@@ -36,10 +36,10 @@ use ipnet::IpNet;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tidepool_agent::failpoint::{self, Failpoint};
-use tidepool_agent::serve::{Agent, Config, CountingPublish, MemoryNodeSource, PodNetworks, Server};
-use tidepool_agent::state::{
-    CHECKPOINT_FILE, Fs, FsFile, Op, RecordingFs, StateDir, TEMP_FILE,
+use tidepool_agent::serve::{
+    Agent, Config, CountingPublish, MemoryNodeSource, PodNetworks, Server,
 };
+use tidepool_agent::state::{CHECKPOINT_FILE, Fs, FsFile, Op, RecordingFs, StateDir, TEMP_FILE};
 use tidepool_api as api;
 use tidepool_api::names::OPERATOR_MANAGER;
 use tidepool_tests::ApiServer;
@@ -183,197 +183,266 @@ async fn a_kill_at_every_failpoint_loses_no_address_and_gives_none_twice() {
 
 /// One case on its own node `crash-<n>` (its IPAMNode and two /28 blocks).
 async fn run_case(server: &ApiServer, admin: &kube::Client, n: u32, case: &Case) {
-    let ctx = case.name();
-    let node = Node::create(server, admin, n).await;
-    let mut agent = AgentProcess::start(&node, Some(case.failpoints));
-    agent.until_serving(&node, &ctx).await;
-    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
-    let (nd, na, ba) = (&node, &nodes, &blocks);
-    // what the plugin was told, by container: still held at the end unless freed
-    let mut reported: BTreeMap<String, IpAddr> = BTreeMap::new();
-
-    let a0 = node.cni("ADD", "c0", 0).addr_ok(&ctx);
-    reported.insert("c0".into(), a0);
-    agent
-        .until(&ctx, "c0 published", || async move {
-            nd.status(na, ba).await.held.contains_key(&a0)
-        })
-        .await;
-    let mut x = None;
-    if case.step != Step::Add {
-        let a1 = node.cni("ADD", "c1", 1).addr_ok(&ctx);
-        reported.insert("c1".into(), a1);
-        agent
-            .until(&ctx, "c1 published", || async move {
-                nd.status(na, ba).await.held.contains_key(&a1)
-            })
-            .await;
-        x = Some(a1);
-    }
-    assert_eq!(
-        agent.reached(case.point),
-        0,
-        "{ctx}: the point stopped the agent before the crashing step\n{}",
-        agent.tail()
-    );
-
-    // the crashing step
-    let mut plugin_run = match case.step {
-        Step::Add => Some(node.cni_in_background("ADD", "c1", 1)),
-        Step::Del => Some(node.cni_in_background("DEL", "c1", 1)),
-        Step::Tombstone => {
-            node.tombstone(server, x.expect("c1's address"), "c1", 1)
-                .await;
-            None
-        }
-        Step::BlockMark => {
-            node.mark_block(admin, &node.block_of(x.expect("c1's address")))
-                .await;
-            None
-        }
+    let mut t = Trial {
+        case,
+        ctx: case.name(),
+        node: Node::create(server, admin, n).await,
+        nodes: Api::all(admin.clone()),
+        blocks: Api::all(admin.clone()),
+        reported: BTreeMap::new(),
+        x: None,
     };
-    agent.until_reached(&ctx, case.point).await;
-    // a replied ADD: the plugin's answer is in before the kill
-    let mut plugin_out = None;
-    if case.replied && case.step == Step::Add {
-        let run = plugin_run.take().expect("plugin").await.expect("join");
-        let got = run.addr_ok(&ctx);
-        reported.insert("c1".into(), got);
-        x = Some(got);
-        plugin_out = Some(run);
-    }
-    let before = node.checkpoint();
-    if case.step == Step::Add && case.persisted {
-        let (held, _) = before.held_by("c1").unwrap_or_else(|| {
-            panic!("{ctx}: after the save, c1 is in the checkpoint: {before:?}")
-        });
-        assert!(x.is_none_or(|x| x == held), "{ctx}: the reply is the saved one");
-        x = Some(held);
-    }
-    assert_eq!(
-        changed(case.step, &before, &node, x),
-        case.persisted,
-        "{ctx}: the change is in the checkpoint iff the point is after the save: {before:?}"
-    );
-    let shown = node.status(&nodes, &blocks).await;
-    assert!(
-        !changed(case.step, &shown, &node, x),
-        "{ctx}: the point stops before the change is published: {shown:?}"
-    );
-
+    let mut agent = AgentProcess::start(&t.node, Some(case.failpoints));
+    agent.until_serving(&t.node, &t.ctx).await;
+    t.before_the_step(&mut agent).await;
+    let plugin_run = t.crashing_step(server, admin).await;
+    agent.until_reached(&t.ctx, case.point).await;
+    let plugin_run = t.check_where_it_stopped(plugin_run).await;
     agent.kill();
-    let plugin_out = match (plugin_out, plugin_run) {
-        (Some(r), _) => Some(r),
-        (None, Some(h)) => Some(h.await.expect("join")),
-        (None, None) => None,
+    let plugin_out = match plugin_run {
+        PluginRun::Done(r) => Some(r),
+        PluginRun::Running(h) => Some(h.await.expect("join")),
+        PluginRun::None => None,
     };
-    let spooled = node.spooled();
-    match (case.step, plugin_out) {
-        (Step::Add, Some(r)) if !case.replied => {
-            assert_eq!(
-                r.error_code(),
-                11,
-                "{ctx}: an ADD the agent died on is 'try again later': {}",
-                r.stdout
-            );
-        }
-        (Step::Del, Some(r)) => {
-            assert_eq!(r.code, 0, "{ctx}: DEL succeeds: {}", r.stdout);
-            // an answered DEL needs no spool; one the agent died on is spooled
-            assert_eq!(spooled, usize::from(!case.replied), "{ctx}: spooled DELs");
-        }
-        _ => {}
-    }
+    t.check_the_plugin(plugin_out);
 
     // the restart, without failpoints, on the same state directory
-    std::fs::remove_file(node.marker()).expect("remove the restore marker");
-    let mut agent = AgentProcess::start(&node, None);
-    agent.until_serving(&node, &ctx).await;
-    let shown = node.status(&nodes, &blocks).await;
-    let after = node.checkpoint();
-    assert_eq!(
-        shown, after,
-        "{ctx}: status as published before serving is the checkpoint"
-    );
-    after.check_consistent(&ctx, &node);
-    assert_eq!(node.spooled(), 0, "{ctx}: the spool was replayed");
-    // the step's change is there now, unless it was an ADD that was never saved
-    let redone = case.step != Step::Add || case.persisted;
-    assert_eq!(
-        changed(case.step, &after, &node, x),
-        redone,
-        "{ctx}: the change after the restart: {after:?}"
-    );
-    match case.step {
-        Step::Add => {
-            // the runtime retries the ADD that got no answer (or repeats an answered one)
-            let again = node.cni("ADD", "c1", 1).addr_ok(&ctx);
-            if let Some(x) = x {
-                assert_eq!(again, x, "{ctx}: a saved ADD keeps its address");
-            } else {
-                assert!(
-                    !after.held.contains_key(&again) && !after.cooling.contains(&again),
-                    "{ctx}: a retried ADD gets a free address, got {again}: {after:?}"
+    std::fs::remove_file(t.node.marker()).expect("remove the restore marker");
+    let mut agent = AgentProcess::start(&t.node, None);
+    agent.until_serving(&t.node, &t.ctx).await;
+    t.check_after_restart().await;
+    t.hand_out_every_free_address(&mut agent).await;
+    agent.kill();
+}
+
+/// The plugin run of the crashing step, if it has one.
+enum PluginRun {
+    None,
+    Running(tokio::task::JoinHandle<Run>),
+    Done(Run),
+}
+
+/// One case's run.
+struct Trial<'a> {
+    case: &'a Case,
+    /// Names the case in every failure.
+    ctx: String,
+    node: Node,
+    nodes: Api<api::IPAMNode>,
+    blocks: Api<api::IPAMBlock>,
+    /// What the plugin was told, by container: still held by it at the end unless freed.
+    reported: BTreeMap<String, IpAddr>,
+    /// c1's address, once known.
+    x: Option<IpAddr>,
+}
+
+impl Trial<'_> {
+    /// The node side's fields on the server now.
+    async fn shown(&self) -> Recorded {
+        self.node.status(&self.nodes, &self.blocks).await
+    }
+
+    /// ADD c0 (and c1, unless the step is c1's ADD), each seen published: the pods the
+    /// crash must not lose.
+    async fn before_the_step(&mut self, agent: &mut AgentProcess) {
+        let ctx = &self.ctx;
+        let first = if self.case.step == Step::Add { 1 } else { 2 };
+        for k in 0..first {
+            let c = format!("c{k}");
+            let a = self.node.cni("ADD", &c, k).await.addr_ok(ctx);
+            self.reported.insert(c.clone(), a);
+            let t = &*self;
+            agent
+                .until(ctx, &format!("{c} published"), || async move {
+                    t.shown().await.held.contains_key(&a)
+                })
+                .await;
+            if k == 1 {
+                self.x = Some(a);
+            }
+        }
+        assert_eq!(
+            agent.reached(self.case.point),
+            0,
+            "{ctx}: the point stopped the agent before the crashing step\n{}",
+            agent.tail()
+        );
+    }
+
+    /// Starts the step the point is to stop.
+    async fn crashing_step(&self, server: &ApiServer, admin: &kube::Client) -> PluginRun {
+        let x = self.x;
+        match self.case.step {
+            Step::Add => PluginRun::Running(self.node.cni_in_background("ADD", "c1", 1)),
+            Step::Del => PluginRun::Running(self.node.cni_in_background("DEL", "c1", 1)),
+            Step::Tombstone => {
+                let x = x.expect("c1's address");
+                self.node.tombstone(server, x, "c1", 1).await;
+                PluginRun::None
+            }
+            Step::BlockMark => {
+                let block = self.node.block_of(x.expect("c1's address"));
+                self.node.mark_block(admin, &block).await;
+                PluginRun::None
+            }
+        }
+    }
+
+    /// With the agent stopped at the point: the step's change is in the checkpoint exactly
+    /// when the point is after the save, and not on the server. An answered ADD's reply is
+    /// taken here (and must be the saved address).
+    async fn check_where_it_stopped(&mut self, mut plugin_run: PluginRun) -> PluginRun {
+        let ctx = &self.ctx;
+        if self.case.replied && self.case.step == Step::Add {
+            let PluginRun::Running(h) = plugin_run else {
+                panic!("{ctx}: no plugin run")
+            };
+            let run = h.await.expect("join");
+            let got = run.addr_ok(ctx);
+            self.reported.insert("c1".into(), got);
+            self.x = Some(got);
+            plugin_run = PluginRun::Done(run);
+        }
+        let before = self.node.checkpoint();
+        if self.case.step == Step::Add && self.case.persisted {
+            let (held, _) = before.held_by("c1").unwrap_or_else(|| {
+                panic!("{ctx}: after the save, c1 is in the checkpoint: {before:?}")
+            });
+            assert!(
+                self.x.is_none_or(|x| x == held),
+                "{ctx}: the reply is the saved address"
+            );
+            self.x = Some(held);
+        }
+        assert_eq!(
+            changed(self.case.step, &before, &self.node, self.x),
+            self.case.persisted,
+            "{ctx}: the change is in the checkpoint iff the point is after the save: {before:?}"
+        );
+        let shown = self.shown().await;
+        assert!(
+            !changed(self.case.step, &shown, &self.node, self.x),
+            "{ctx}: the point stops before the change is published: {shown:?}"
+        );
+        plugin_run
+    }
+
+    /// What the plugin told the runtime about the step the agent died on.
+    fn check_the_plugin(&self, out: Option<Run>) {
+        let ctx = &self.ctx;
+        let spooled = self.node.spooled();
+        match (self.case.step, out) {
+            (Step::Add, Some(r)) if !self.case.replied => {
+                assert_eq!(
+                    r.error_code(),
+                    11,
+                    "{ctx}: an ADD the agent died on is 'try again later': {}",
+                    r.stdout
                 );
             }
-            reported.insert("c1".into(), again);
+            (Step::Del, Some(r)) => {
+                assert_eq!(r.code, 0, "{ctx}: DEL succeeds: {}", r.stdout);
+                // an answered DEL needs no spool; one the agent died on is spooled
+                let want = usize::from(!self.case.replied);
+                assert_eq!(spooled, want, "{ctx}: spooled DELs");
+            }
+            _ => {}
         }
-        Step::Del => {
-            reported.remove("c1");
-            let x = x.expect("c1's address");
-            assert!(after.cooling.contains(&x), "{ctx}: {x} cools down");
+    }
+
+    /// After the restart: status is the checkpoint, which is consistent; the step's change
+    /// is there (redone from the spool or the operator's objects), unless it was an ADD
+    /// never saved; the interrupted ADD, retried, gets the saved address or a free one;
+    /// every address the plugin reported is held by its container.
+    async fn check_after_restart(&mut self) {
+        let ctx = &self.ctx;
+        let shown = self.shown().await;
+        let after = self.node.checkpoint();
+        assert_eq!(
+            shown, after,
+            "{ctx}: status as published before serving is the checkpoint"
+        );
+        after.check_consistent(ctx, &self.node);
+        assert_eq!(self.node.spooled(), 0, "{ctx}: the spool was replayed");
+        let redone = self.case.step != Step::Add || self.case.persisted;
+        assert_eq!(
+            changed(self.case.step, &after, &self.node, self.x),
+            redone,
+            "{ctx}: the change after the restart: {after:?}"
+        );
+        match self.case.step {
+            Step::Add => {
+                // the runtime retries the ADD that got no answer (or repeats an answered one)
+                let again = self.node.cni("ADD", "c1", 1).await.addr_ok(ctx);
+                if let Some(x) = self.x {
+                    assert_eq!(again, x, "{ctx}: a saved ADD keeps its address");
+                } else {
+                    assert!(
+                        !after.held.contains_key(&again) && !after.cooling.contains(&again),
+                        "{ctx}: a retried ADD gets a free address, got {again}: {after:?}"
+                    );
+                }
+                self.reported.insert("c1".into(), again);
+            }
+            Step::Del | Step::Tombstone => {
+                self.reported.remove("c1");
+                let x = self.x.expect("c1's address");
+                assert!(after.cooling.contains(&x), "{ctx}: {x} cools down");
+            }
+            Step::BlockMark => {}
         }
-        Step::Tombstone => {
-            reported.remove("c1");
-            let x = x.expect("c1's address");
-            assert!(after.cooling.contains(&x), "{ctx}: {x} cools down");
+        if self.case.step == Step::Tombstone {
+            let x = self.x.expect("c1's address");
             assert_eq!(
                 after.reclaim_acks.get(&x),
                 Some(&(uid(1), "c1".to_owned(), "reclaimed".to_owned())),
                 "{ctx}: the tombstone is answered 'reclaimed' (the same answer again)"
             );
         }
-        Step::BlockMark => {
-            let b = node.block_of(x.expect("c1's address"));
+        if self.case.step == Step::BlockMark {
+            let b = self.node.block_of(self.x.expect("c1's address"));
             assert_eq!(
                 after.block_acks.get(&b).map(String::as_str),
                 Some("do-not-release"),
                 "{ctx}: a block holding pods is not released"
             );
         }
-    }
-    let now = node.checkpoint();
-    for (c, a) in &reported {
-        let k = c.trim_start_matches('c').parse().expect("container number");
-        assert_eq!(
-            now.held.get(a),
-            Some(&(c.clone(), uid(k))),
-            "{ctx}: {a}, reported to {c}, is still held by it"
-        );
+        let now = self.node.checkpoint();
+        for (c, a) in &self.reported {
+            let k = c.trim_start_matches('c').parse().expect("container number");
+            assert_eq!(
+                now.held.get(a),
+                Some(&(c.clone(), uid(k))),
+                "{ctx}: {a}, reported to {c}, is still held by it"
+            );
+        }
     }
 
-    // every free address is handed out once more, and nothing else is
-    let free: BTreeSet<IpAddr> = node.allocatable(&now).into_iter().collect();
-    let mut given = BTreeSet::new();
-    for k in 0..free.len() {
-        let k = u32::try_from(k).expect("few") + 100;
-        let a = node.cni("ADD", &format!("c{k}"), k).addr_ok(&ctx);
-        assert!(
-            free.contains(&a) && given.insert(a),
-            "{ctx}: fresh ADD {k} got {a}, not one of the free {free:?} not yet given"
-        );
+    /// Every free address is handed out once more to fresh ADDs, and nothing else is; then
+    /// the server shows the checkpoint.
+    async fn hand_out_every_free_address(&self, agent: &mut AgentProcess) {
+        let ctx = &self.ctx;
+        let now = self.node.checkpoint();
+        let free: BTreeSet<IpAddr> = self.node.allocatable(&now).into_iter().collect();
+        let mut given = BTreeSet::new();
+        for k in 0..free.len() {
+            let k = u32::try_from(k).expect("few") + 100;
+            let a = self.node.cni("ADD", &format!("c{k}"), k).await.addr_ok(ctx);
+            assert!(
+                free.contains(&a) && given.insert(a),
+                "{ctx}: fresh ADD {k} got {a}, not one of the free {free:?} not yet given"
+            );
+        }
+        assert_eq!(given, free, "{ctx}: every free address was handed out");
+        let end = self.node.checkpoint();
+        end.check_consistent(ctx, &self.node);
+        let (t, end) = (self, &end);
+        agent
+            .until(ctx, "status the checkpoint again", || async move {
+                t.shown().await == *end
+            })
+            .await;
     }
-    assert_eq!(given, free, "{ctx}: every free address was handed out");
-    let end = node.checkpoint();
-    end.check_consistent(&ctx, &node);
-    let end = &end;
-    agent
-        .until(&ctx, "status the checkpoint again", || async move {
-            nd.status(na, ba).await == *end
-        })
-        .await;
-    agent.kill();
 }
 
 /// Whether `rec` shows the step's change: c1 held (ADD), c1 freed (DEL, tombstone; the
@@ -386,7 +455,9 @@ fn changed(step: Step, rec: &Recorded, node: &Node, x: Option<IpAddr>) -> bool {
             let x = x.expect("c1's address");
             rec.held_by("c1").is_none() && rec.reclaim_acks.contains_key(&x)
         }
-        Step::BlockMark => rec.block_acks.contains_key(&node.block_of(x.expect("address"))),
+        Step::BlockMark => rec
+            .block_acks
+            .contains_key(&node.block_of(x.expect("address"))),
     }
 }
 
@@ -487,9 +558,11 @@ impl Node {
         )
     }
 
-    /// The plugin's `cmd` for container `c` (interface eth0) of pod `uid(k)`.
-    fn cni(&self, cmd: &str, c: &str, k: u32) -> Run {
-        plugin(cmd, c, &uid(k), &self.config())
+    /// The plugin's `cmd` for container `c` (interface eth0) of pod `uid(k)`, off the
+    /// runtime's threads (the API server runs there).
+    async fn cni(&self, cmd: &str, c: &str, k: u32) -> Run {
+        let (cmd, c, config) = (cmd.to_owned(), c.to_owned(), self.config());
+        blocking(move || plugin(&cmd, &c, &uid(k), &config)).await
     }
 
     /// The same, on a thread: the test waits for the failpoint meanwhile.
@@ -604,11 +677,7 @@ impl Node {
     }
 
     /// The node side's fields on the server.
-    async fn status(
-        &self,
-        nodes: &Api<api::IPAMNode>,
-        blocks: &Api<api::IPAMBlock>,
-    ) -> Recorded {
+    async fn status(&self, nodes: &Api<api::IPAMNode>, blocks: &Api<api::IPAMBlock>) -> Recorded {
         let obj = nodes.get(&self.name).await.expect("the IPAMNode");
         let st = obj.status.unwrap_or_default();
         let ip = |a: &String| -> IpAddr { a.parse().expect("ip") };
