@@ -88,85 +88,37 @@ impl Case {
 /// Every point, on every step that reaches it. `@N` counts the point's hits: the first
 /// ADD (c0) passes the ADD points; `before-publish` is hit once at start-up and once per
 /// change the test waits to see published before the crashing step (c0, then c1).
+#[rustfmt::skip]
 const CASES: &[Case] = &[
-    Case {
-        failpoints: "add-before-persist@2",
-        point: Failpoint::AddBeforePersist,
-        step: Step::Add,
-        persisted: false,
-        replied: false,
-    },
-    Case {
-        failpoints: "add-after-persist@2",
-        point: Failpoint::AddAfterPersist,
-        step: Step::Add,
-        persisted: true,
-        replied: false,
-    },
-    Case {
-        failpoints: "before-publish@3",
-        point: Failpoint::BeforePublish,
-        step: Step::Add,
-        persisted: true,
-        replied: true,
-    },
-    Case {
-        failpoints: "del-before-persist",
-        point: Failpoint::DelBeforePersist,
-        step: Step::Del,
-        persisted: false,
-        replied: false,
-    },
-    Case {
-        failpoints: "del-after-persist",
-        point: Failpoint::DelAfterPersist,
-        step: Step::Del,
-        persisted: true,
-        replied: false,
-    },
-    Case {
-        failpoints: "before-publish@4",
-        point: Failpoint::BeforePublish,
-        step: Step::Del,
-        persisted: true,
-        replied: true,
-    },
-    Case {
-        failpoints: "ack-before-persist",
-        point: Failpoint::AckBeforePersist,
-        step: Step::Tombstone,
-        persisted: false,
-        replied: false,
-    },
-    Case {
-        failpoints: "ack-after-persist",
-        point: Failpoint::AckAfterPersist,
-        step: Step::Tombstone,
-        persisted: true,
-        replied: false,
-    },
-    Case {
-        failpoints: "before-publish@4",
-        point: Failpoint::BeforePublish,
-        step: Step::Tombstone,
-        persisted: true,
-        replied: true,
-    },
-    Case {
-        failpoints: "ack-before-persist",
-        point: Failpoint::AckBeforePersist,
-        step: Step::BlockMark,
-        persisted: false,
-        replied: false,
-    },
-    Case {
-        failpoints: "ack-after-persist",
-        point: Failpoint::AckAfterPersist,
-        step: Step::BlockMark,
-        persisted: true,
-        replied: false,
-    },
+    // (failpoints, the point that stops, the step, persisted, replied)
+    case("add-before-persist@2", Failpoint::AddBeforePersist, Step::Add, false, false),
+    case("add-after-persist@2", Failpoint::AddAfterPersist, Step::Add, true, false),
+    case("before-publish@3", Failpoint::BeforePublish, Step::Add, true, true),
+    case("del-before-persist", Failpoint::DelBeforePersist, Step::Del, false, false),
+    case("del-after-persist", Failpoint::DelAfterPersist, Step::Del, true, false),
+    case("before-publish@4", Failpoint::BeforePublish, Step::Del, true, true),
+    case("ack-before-persist", Failpoint::AckBeforePersist, Step::Tombstone, false, false),
+    case("ack-after-persist", Failpoint::AckAfterPersist, Step::Tombstone, true, false),
+    case("before-publish@4", Failpoint::BeforePublish, Step::Tombstone, true, true),
+    case("ack-before-persist", Failpoint::AckBeforePersist, Step::BlockMark, false, false),
+    case("ack-after-persist", Failpoint::AckAfterPersist, Step::BlockMark, true, false),
 ];
+
+const fn case(
+    failpoints: &'static str,
+    point: Failpoint,
+    step: Step,
+    persisted: bool,
+    replied: bool,
+) -> Case {
+    Case {
+        failpoints,
+        point,
+        step,
+        persisted,
+        replied,
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_at_every_failpoint_loses_no_address_and_gives_none_twice() {
