@@ -14,9 +14,13 @@
 //!   ([`kube::Publisher`]).
 //! - [`run`]: the agent's start-up order and lifetime.
 //! - [`error`]: the agent's error type.
+//! - [`failpoint`]: named points where the crash tests stop the agent and kill it
+//!   (`TIDEPOOL_FAILPOINTS`; for tests only, inert unless set): before and after each
+//!   save of an ADD, a DEL and an answer to the operator, and before each publish.
 
 pub mod cni;
 pub mod error;
+pub mod failpoint;
 pub mod kube;
 pub mod run;
 pub mod serve;

@@ -8,6 +8,11 @@
 //! Then, for as long as it runs, it answers the operator's tombstones and release marks
 //! whenever the node's objects change and each second (cooldowns end with time).
 //!
+//! For tests only: `TIDEPOOL_FAILPOINTS` (read by the binary) stops the agent at named
+//! points of this lifetime — before and after each save of an ADD, a DEL or an answer to
+//! the operator, before each publish — so the crash tests can kill it there
+//! ([`crate::failpoint`], agent/tests/crash.rs).
+//!
 //! Not yet here (issue 15 continues): reconcile against the runtime (netns directory, CNI
 //! cache, live pods), metrics and probes.
 

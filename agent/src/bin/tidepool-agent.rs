@@ -68,6 +68,8 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // tests only: where the crash tests stop the agent (tidepool_agent::failpoint)
+    tidepool_agent::failpoint::init_from_env().context(tidepool_agent::failpoint::ENV)?;
     let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
     let settings = Settings {
         socket: f.socket.clone(),

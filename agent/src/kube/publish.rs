@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::body::{AgentReady, NodeSide, block_status_body, node_status_body};
 use super::{KubeError, NodeWatch};
+use crate::failpoint::{Failpoint, reach_async};
 
 /// Where the publisher reads the node side's state (the agent: its durable node state).
 pub trait NodeSideSource: Send + Sync + 'static {
@@ -208,6 +209,7 @@ impl<S: NodeSideSource> Task<S> {
     }
 
     async fn apply_node(&self, name: &str, body: &Value) -> Result<(), KubeError> {
+        reach_async(Failpoint::BeforePublish).await;
         let pp = PatchParams::apply(AGENT_MANAGER).force();
         self.nodes
             .patch_status(name, &pp, &Patch::Apply(body))
@@ -237,6 +239,7 @@ impl<S: NodeSideSource> Task<S> {
         let pp = PatchParams::apply(AGENT_MANAGER).force();
         for (name, ack) in todo {
             let body = block_status_body(&name, ack);
+            reach_async(Failpoint::BeforePublish).await;
             match self
                 .blocks
                 .patch_status(&name, &pp, &Patch::Apply(&body))

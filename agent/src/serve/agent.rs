@@ -18,6 +18,7 @@ use super::source::{NodeSource, Publish};
 use super::spool::{Replayed, replay_spool};
 use crate::cni::proto::code;
 use crate::error::{Error, Result};
+use crate::failpoint::{self, Failpoint};
 use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
@@ -178,7 +179,7 @@ impl Agent {
                 UidArg::Absent => !s.del(&key, None, now).freed().is_empty(),
                 UidArg::Valid(u) => !s.del(&key, Some(u), now).freed().is_empty(),
             };
-            freed_and_saved(s, &i.dir, freed)
+            freed_and_saved(s, &i.dir, freed, Some(Persist::DEL))
         })
         .await
     }
@@ -242,7 +243,7 @@ impl Agent {
             for k in &gone {
                 freed |= !s.del(k, None, now).freed().is_empty();
             }
-            freed_and_saved(s, &i.dir, freed)
+            freed_and_saved(s, &i.dir, freed, None)
         })
         .await
     }
@@ -289,7 +290,7 @@ impl Agent {
         let run = self
             .locked(move |s, i| {
                 super::answer::answer(s, &node, &blocks, &keys, SystemTime::now());
-                match save_if_dirty(s, &i.dir) {
+                match save_if_dirty(s, &i.dir, Some(Persist::ACK)) {
                     Ok(saved) => (Ok(()), saved),
                     Err(e) => (Err(e), false),
                 }
@@ -335,7 +336,7 @@ fn try_add(
         }
         // a runtime retrying after a lost reply: the same addresses, durable first
         let addrs = a.addrs.clone();
-        return match save_if_dirty(s, &i.dir) {
+        return match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
             Ok(saved) => done(result_reply(networks, &req.cni_version, &addrs), saved),
             Err(e) => done(not_durable(e), false),
         };
@@ -389,7 +390,7 @@ fn try_add(
     if let Err(e) = s.add(key, pod, &addrs, req.netns.clone(), now) {
         return done(refused(&e), false);
     }
-    match save_if_dirty(s, &i.dir) {
+    match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
         Ok(_) => done(Reply::ok(result), true),
         Err(e) => done(not_durable(e), false),
     }
@@ -420,19 +421,57 @@ fn refused(e: &StateError) -> Reply {
     )
 }
 
-/// Saves if anything changed; returns whether it saved.
-fn save_if_dirty(s: &mut NodeState, dir: &StateDir) -> Result<bool, StateError> {
+/// The failpoints around one kind of save (see [`crate::failpoint`]).
+#[derive(Clone, Copy)]
+struct Persist {
+    before: Failpoint,
+    after: Failpoint,
+}
+
+impl Persist {
+    const ADD: Persist = Persist {
+        before: Failpoint::AddBeforePersist,
+        after: Failpoint::AddAfterPersist,
+    };
+    const DEL: Persist = Persist {
+        before: Failpoint::DelBeforePersist,
+        after: Failpoint::DelAfterPersist,
+    };
+    const ACK: Persist = Persist {
+        before: Failpoint::AckBeforePersist,
+        after: Failpoint::AckAfterPersist,
+    };
+}
+
+/// Saves if anything changed; returns whether it saved. `points` are the failpoints just
+/// before the save and just after it (durable, not yet answered or published).
+fn save_if_dirty(
+    s: &mut NodeState,
+    dir: &StateDir,
+    points: Option<Persist>,
+) -> Result<bool, StateError> {
     if !s.is_dirty() {
         return Ok(false);
     }
+    if let Some(p) = points {
+        failpoint::reach(p.before);
+    }
     dir.save(s)?;
+    if let Some(p) = points {
+        failpoint::reach(p.after);
+    }
     Ok(true)
 }
 
 /// The answer to a DEL or GC that freed (`freed`) or not: empty once the state is durable
 /// (then published if anything changed), else the save's error.
-fn freed_and_saved(s: &mut NodeState, dir: &StateDir, freed: bool) -> Step {
-    match save_if_dirty(s, dir) {
+fn freed_and_saved(
+    s: &mut NodeState,
+    dir: &StateDir,
+    freed: bool,
+    points: Option<Persist>,
+) -> Step {
+    match save_if_dirty(s, dir, points) {
         Ok(saved) => Step {
             reply: Reply::empty(),
             publish: freed || saved,

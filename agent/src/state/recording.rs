@@ -21,6 +21,9 @@ pub enum Op {
     Read(PathBuf),
     Remove(PathBuf),
     List(PathBuf),
+    /// Not a filesystem call: an event a test puts in the same log ([`RecordingFs::mark`]),
+    /// such as the moment a reply reached the client, to check what came before it.
+    Mark(String),
 }
 
 /// The kind of a call, to name the one that should fail.
@@ -34,6 +37,7 @@ pub enum OpKind {
     Read,
     Remove,
     List,
+    Mark,
 }
 
 impl Op {
@@ -47,6 +51,7 @@ impl Op {
             Op::Read(_) => OpKind::Read,
             Op::Remove(_) => OpKind::Remove,
             Op::List(_) => OpKind::List,
+            Op::Mark(_) => OpKind::Mark,
         }
     }
 }
@@ -118,6 +123,11 @@ impl RecordingFs {
     /// The calls so far, forgetting them.
     pub fn take_ops(&self) -> Vec<Op> {
         std::mem::take(&mut self.lock().ops)
+    }
+
+    /// Puts `event` in the log, in order with the calls (it never fails).
+    pub fn mark(&self, event: impl Into<String>) {
+        self.lock().ops.push(Op::Mark(event.into()));
     }
 
     /// The next call of `kind` fails (once; call again for more).
