@@ -129,8 +129,11 @@ fn status_writes_are_told_apart_by_the_api_servers_answer() {
     assert_eq!(write_outcome(&other), "error");
 }
 
-/// Name, labels (sorted), value of every recorded series.
-fn recorded(f: impl FnOnce()) -> Vec<(String, Vec<(String, String)>, DebugValue)> {
+/// Name, labels (sorted), value of one recorded series.
+type Recorded = (String, Vec<(String, String)>, DebugValue);
+
+/// Every series `f` records.
+fn recorded(f: impl FnOnce()) -> Vec<Recorded> {
     let rec = DebuggingRecorder::new();
     let snap = rec.snapshotter();
     metrics::with_local_recorder(&rec, f);
