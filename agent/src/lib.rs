@@ -12,7 +12,9 @@
 //! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
 //!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
 //!   ([`kube::Publisher`]).
-//! - [`run`]: the agent's start-up order and lifetime.
+//! - [`run`]: the agent's start-up order and lifetime, and its readiness.
+//! - [`observe`]: the agent's metrics (`tidepool_agent_*`), recorded by the server, the
+//!   state's changes and the publisher.
 //! - [`error`]: the agent's error type.
 //! - [`failpoint`]: named points where the crash tests stop the agent and kill it
 //!   (`TIDEPOOL_FAILPOINTS`; for tests only, inert unless set): before and after each
@@ -22,6 +24,7 @@ pub mod cni;
 pub mod error;
 pub mod failpoint;
 pub mod kube;
+pub mod observe;
 pub mod run;
 pub mod serve;
 pub mod state;

@@ -8,19 +8,24 @@
 //! Then, for as long as it runs, it answers the operator's tombstones and release marks
 //! whenever the node's objects change and each second (cooldowns end with time).
 //!
+//! [`Settings::ready`] turns ready once it serves (restored and the socket bound: what
+//! `/readyz` reports) and not ready when it stops. Its metrics are recorded where things
+//! happen ([`crate::observe`]); the binary installs the exporter.
+//!
 //! For tests only: `TIDEPOOL_FAILPOINTS` (read by the binary) stops the agent at named
 //! points of this lifetime — before and after each save of an ADD, a DEL or an answer to
 //! the operator, before each publish — so the crash tests can kill it there
 //! ([`crate::failpoint`], agent/tests/crash.rs).
 //!
 //! Not yet here (issue 15 continues): reconcile against the runtime (netns directory, CNI
-//! cache, live pods), metrics and probes.
+//! cache, live pods).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tidepool_metrics::probes::Readiness;
 use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
@@ -52,6 +57,8 @@ pub struct Settings {
     pub node_wait: Duration,
     /// How long an ADD waits for an address when the pool is empty.
     pub empty_pool_wait: Duration,
+    /// Set once the agent serves, cleared when it stops (`/readyz`).
+    pub ready: Readiness,
 }
 
 impl Settings {
@@ -69,6 +76,7 @@ impl Settings {
             reuse_cooldown: Duration::from_secs(30),
             node_wait: Duration::from_secs(300),
             empty_pool_wait: crate::serve::DEFAULT_EMPTY_POOL_WAIT,
+            ready: Readiness::default(),
         }
     }
 }
@@ -126,7 +134,9 @@ pub async fn run(
     let answering = tokio::spawn(answer_loop(agent.clone(), watch));
     let refreshing = tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh));
     let task = server.spawn(agent);
+    s.ready.set(true);
     shutdown.await;
+    s.ready.set(false);
     task.abort();
     answering.abort();
     refreshing.abort();

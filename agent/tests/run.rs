@@ -7,57 +7,14 @@
 
 mod common;
 
-use std::path::Path;
-use std::time::{Duration, Instant};
-
 use common::*;
 use kube::api::Api;
+use std::time::Duration;
+
 use tidepool_agent::run::{Settings, run};
-use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 
 const POD: &str = "0badc0de-0000-4000-8000-000000000001";
-
-/// The agent's paths in a temp dir.
-fn settings(dir: &Path) -> Settings {
-    let boot = dir.join("boot_id");
-    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
-    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
-    Settings {
-        socket: dir.join("run/agent.sock"),
-        state_dir: dir.join("state"),
-        spool_dir: dir.join("spool"),
-        restored_marker: dir.join("run/restored"),
-        boot_id_file: boot,
-        node_wait: Duration::from_secs(10),
-        empty_pool_wait: Duration::from_millis(500),
-        ..Settings::new("node-a", nets)
-    }
-}
-
-fn config(s: &Settings) -> String {
-    format!(
-        r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}}}"#,
-        s.socket.display(),
-        s.spool_dir.display(),
-        s.restored_marker.display()
-    )
-}
-
-/// Polls `f` until it gives `Some` (10 s at most).
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// node-a's IPAMNode status: (used addresses, cooling addresses).
 async fn status(nodes: &Api<api::IPAMNode>) -> (Vec<String>, Vec<String>) {
@@ -67,10 +24,6 @@ async fn status(nodes: &Api<api::IPAMNode>) -> (Vec<String>, Vec<String>) {
         st.used.keys().cloned().collect(),
         st.cooldown.keys().cloned().collect(),
     )
-}
-
-fn marker(path: &Path) -> Option<()> {
-    path.exists().then_some(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,6 +222,8 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
         .arg(&s.state_dir)
         .arg("--restored-marker")
         .arg(&s.restored_marker)
+        // any free port: the default (127.0.0.1:9965) may be taken by another test's agent
+        .args(["--metrics-addr", "127.0.0.1:0"])
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start tidepool-agent");
@@ -301,14 +256,4 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
     })
     .await;
     assert!(status.success(), "exit {status:?}");
-}
-
-/// A process the test started, killed if the test ends (or fails) while it runs.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::{MetricsError, buckets, describe_all, register_zero};
+use crate::{Binary, MetricsError, buckets, describe_all, register_zero};
 
 /// A Prometheus builder with every histogram's explicit buckets set (so histograms export as
 /// histograms, not summaries) and no exporter configured: add a listener, or call
@@ -18,14 +18,17 @@ pub fn prometheus_builder() -> Result<PrometheusBuilder, MetricsError> {
 }
 
 /// Builds the Prometheus recorder with every histogram's buckets, installs it as the global
-/// recorder, serves `/metrics` on `addr`, then describes every metric and registers every
-/// enumerated series at zero.
+/// recorder, serves `/metrics` on `addr`, then describes `binary`'s metrics and registers their
+/// enumerated series at zero (only its own: the other binary's series are not exported).
 ///
 /// Inside a Tokio runtime the HTTP listener and the recorder's upkeep run as tasks of that
 /// runtime; outside one, on a dedicated thread with its own current-thread runtime (as
 /// `PrometheusBuilder::install` does). The listening socket is bound before this returns, so a
 /// bad or busy address is an error here.
-pub fn install_exporter(addr: SocketAddr) -> Result<PrometheusHandle, MetricsError> {
+pub fn install_exporter(
+    addr: SocketAddr,
+    binary: Binary,
+) -> Result<PrometheusHandle, MetricsError> {
     let builder = prometheus_builder()?.with_http_listener(addr);
     let recorder = if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let (recorder, exporter) = {
@@ -51,7 +54,7 @@ pub fn install_exporter(addr: SocketAddr) -> Result<PrometheusHandle, MetricsErr
     };
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
-    describe_all();
-    register_zero();
+    describe_all(binary);
+    register_zero(binary);
     Ok(handle)
 }

@@ -1,11 +1,15 @@
 //! Every tidepool metric in one place: name, type, unit, help text, label keys and their
 //! enumerated values, and the histogram buckets (DESIGN.md, "Metrics").
 //!
-//! The engine records through the [`metrics`] facade with the names and label values defined
-//! here; the binary installs a recorder. With feature `exporter`, [`install_exporter`] builds the
-//! Prometheus recorder with every histogram's buckets (so histograms export as histograms, not
-//! summaries), serves `/metrics`, describes every metric and registers every enumerated series at
-//! zero so dashboards and alerts see them before the first event.
+//! The engine and the node agent record through the [`metrics`] facade with the names and
+//! label values defined here; each binary installs a recorder. The table is split by the
+//! binary that exports a metric ([`Binary`]: [`OPERATOR`], [`AGENT`]): each binary describes
+//! and registers only its own series, so neither exports the other's at zero. With feature
+//! `exporter`, [`install_exporter`] builds the Prometheus recorder with every histogram's
+//! buckets (so histograms export as histograms, not summaries), serves `/metrics`, describes
+//! the binary's metrics and registers their enumerated series at zero so dashboards and alerts
+//! see them before the first event. With feature `probes`, [`probes`] serves `/healthz` and
+//! `/readyz` (both binaries' Kubernetes probes).
 //!
 //! Label values live in one module per label (`family::IPV4`, `family::ALL`, `family::KEY`).
 //! Labels whose values are not enumerable (`pool`, `node`) have only a `KEY`; their series are not
@@ -20,6 +24,8 @@ mod exporter;
 pub use exporter::{install_exporter, prometheus_builder};
 #[cfg(feature = "exporter")]
 pub use metrics_exporter_prometheus::PrometheusHandle;
+#[cfg(feature = "probes")]
+pub mod probes;
 
 // ---------------------------------------------------------------------------------------------
 // Metric names.
@@ -72,6 +78,16 @@ pub const LEADER: &str = "tidepool_leader";
 pub const LEADER_TRANSITIONS_TOTAL: &str = "tidepool_leader_transitions_total";
 /// Writes not sent because this replica did not lead (counter).
 pub const LEADER_WRITES_REFUSED_TOTAL: &str = "tidepool_leader_writes_refused_total";
+
+/// CNI requests the node agent answered (counter; `verb`, `outcome`).
+pub const AGENT_CNI_REQUESTS_TOTAL: &str = "tidepool_agent_cni_requests_total";
+/// The node agent's receipt of a CNI request → its reply, durable write included (histogram;
+/// `verb`).
+pub const AGENT_CNI_DURATION_SECONDS: &str = "tidepool_agent_cni_duration_seconds";
+/// Addresses of the agent's node (gauge; `family`, `state`).
+pub const AGENT_IPS: &str = "tidepool_agent_ips";
+/// The node agent's server-side applies of the node side's fields (counter; `outcome`).
+pub const AGENT_STATUS_WRITES_TOTAL: &str = "tidepool_agent_status_writes_total";
 
 // ---------------------------------------------------------------------------------------------
 // Labels and their enumerated values.
@@ -229,6 +245,64 @@ pub mod trigger {
     pub const ALL: &[&str] = &[POOL_MAINTAINER, RESYNC];
 }
 
+/// Label `verb` of the agent's CNI metrics: the CNI command the plugin forwarded.
+pub mod cni_verb {
+    pub const KEY: &str = "verb";
+    pub const ADD: &str = "add";
+    pub const DEL: &str = "del";
+    pub const CHECK: &str = "check";
+    pub const GC: &str = "gc";
+    pub const STATUS: &str = "status";
+    pub const ALL: &[&str] = &[ADD, DEL, CHECK, GC, STATUS];
+}
+
+/// Label `outcome` of [`crate::AGENT_CNI_REQUESTS_TOTAL`]: `ok` and `error` for every verb; a
+/// DEL that succeeded without freeing is `stale` (the key is another pod's) or `unknown` (no
+/// allocation has the key).
+pub mod cni_outcome {
+    pub const KEY: &str = "outcome";
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
+    pub const STALE: &str = "stale";
+    pub const UNKNOWN: &str = "unknown";
+    pub const ALL: &[&str] = &[OK, ERROR, STALE, UNKNOWN];
+
+    /// The outcomes one verb can have (only DEL is stale or unknown).
+    pub fn of_verb(verb: &str) -> &'static [&'static str] {
+        match verb {
+            super::cni_verb::DEL => ALL,
+            _ => &[OK, ERROR],
+        }
+    }
+}
+
+/// Label `state` of [`crate::AGENT_IPS`].
+pub mod agent_ips_state {
+    pub const KEY: &str = "state";
+    /// In the node's pool (its blocks' or its source's addresses).
+    pub const POOL: &str = "pool";
+    /// Held by a pod.
+    pub const USED: &str = "used";
+    /// Freed, not yet reusable.
+    pub const COOLDOWN: &str = "cooldown";
+    /// Marked for release by the operator.
+    pub const MARKED: &str = "marked";
+    pub const ALL: &[&str] = &[POOL, USED, COOLDOWN, MARKED];
+}
+
+/// Label `outcome` of [`crate::AGENT_STATUS_WRITES_TOTAL`]: what the API server answered.
+pub mod status_write_outcome {
+    pub const KEY: &str = "outcome";
+    pub const OK: &str = "ok";
+    /// 409: a conflict (the applies are forced, so only a stale object or a hand edit).
+    pub const CONFLICT: &str = "conflict";
+    /// 404: the object is gone (a released block, a deleted IPAMNode).
+    pub const GONE: &str = "gone";
+    /// Anything else: refused, throttled, unreachable.
+    pub const ERROR: &str = "error";
+    pub const ALL: &[&str] = &[OK, CONFLICT, GONE, ERROR];
+}
+
 // ---------------------------------------------------------------------------------------------
 // The table.
 
@@ -314,8 +388,29 @@ const SOURCE_OUTCOME: &[(&str, Values)] = &[
 ];
 const TRIGGER_LABEL: &[(&str, Values)] = &[(trigger::KEY, E(trigger::ALL))];
 
-/// Every metric, in DESIGN.md's order.
-pub const ALL: &[Def] = &[
+/// Which binary exports a metric: each describes and registers only its own table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binary {
+    /// `tidepool-operator` (`run`, `simulate --realtime`): [`OPERATOR`].
+    Operator,
+    /// `tidepool-agent`: [`AGENT`].
+    Agent,
+}
+
+impl Binary {
+    pub const ALL: [Binary; 2] = [Binary::Operator, Binary::Agent];
+
+    /// The metrics this binary exports.
+    pub fn defs(self) -> &'static [Def] {
+        match self {
+            Binary::Operator => OPERATOR,
+            Binary::Agent => AGENT,
+        }
+    }
+}
+
+/// The operator's metrics, in DESIGN.md's order.
+pub const OPERATOR: &[Def] = &[
     Def {
         name: IPS,
         kind: Kind::Gauge,
@@ -513,9 +608,58 @@ pub const ALL: &[Def] = &[
     },
 ];
 
+/// The node agent's metrics, in DESIGN.md's order.
+pub const AGENT: &[Def] = &[
+    Def {
+        name: AGENT_CNI_REQUESTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "CNI requests the node agent answered, by verb and outcome (a DEL that freed nothing is stale: another pod's key, or unknown: no such key).",
+        labels: &[
+            (cni_verb::KEY, E(cni_verb::ALL)),
+            (
+                cni_outcome::KEY,
+                Values::DependsOn {
+                    key: cni_verb::KEY,
+                    values: cni_outcome::of_verb,
+                },
+            ),
+        ],
+    },
+    Def {
+        name: AGENT_CNI_DURATION_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Time from the node agent's receipt of a CNI request to its reply, the durable write (fsync) and an ADD's wait for an address included, by verb.",
+        labels: &[(cni_verb::KEY, E(cni_verb::ALL))],
+    },
+    Def {
+        name: AGENT_IPS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Addresses of the agent's node by family and state (in its pool, used by pods, cooling down after a free, marked for release by the operator).",
+        labels: &[
+            (family::KEY, E(family::ALL)),
+            (agent_ips_state::KEY, E(agent_ips_state::ALL)),
+        ],
+    },
+    Def {
+        name: AGENT_STATUS_WRITES_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Server-side applies of the node side's fields (the IPAMNode's status, the blocks' release answers) by the node agent, by outcome (ok, conflict, gone: the object no longer exists, error).",
+        labels: &[(status_write_outcome::KEY, E(status_write_outcome::ALL))],
+    },
+];
+
+/// Every metric of every binary.
+pub fn all() -> impl Iterator<Item = &'static Def> {
+    Binary::ALL.into_iter().flat_map(Binary::defs)
+}
+
 /// The definition of one metric by its full name.
 pub fn def(name: &str) -> Option<&'static Def> {
-    ALL.iter().find(|d| d.name == name)
+    all().find(|d| d.name == name)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,7 +700,13 @@ const RESYNC_DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Explicit buckets of every histogram, by full metric name.
+/// The agent's CNI requests: an fsync takes ~0.5-20 ms; an ADD that finds the pool empty waits
+/// up to 5 s for a block, and the plugin gives up at its 10 s request timeout.
+const CNI_DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Explicit buckets of every histogram (of every binary), by full metric name.
 pub fn buckets() -> &'static [(&'static str, &'static [f64])] {
     &[
         (ALLOCATION_DURATION_SECONDS, ALLOCATION_DURATION_BUCKETS),
@@ -566,15 +716,16 @@ pub fn buckets() -> &'static [(&'static str, &'static [f64])] {
         (TRIGGER_LATENCY_SECONDS, TRIGGER_LATENCY_BUCKETS),
         (TRIGGER_DURATION_SECONDS, TRIGGER_DURATION_BUCKETS),
         (API_WAIT_SECONDS, API_WAIT_BUCKETS),
+        (AGENT_CNI_DURATION_SECONDS, CNI_DURATION_BUCKETS),
     ]
 }
 
 // ---------------------------------------------------------------------------------------------
 // Describe and zero registration.
 
-/// Describes every metric (help text and unit) to the installed recorder.
-pub fn describe_all() {
-    for d in ALL {
+/// Describes every metric of `binary` (help text and unit) to the installed recorder.
+pub fn describe_all(binary: Binary) {
+    for d in binary.defs() {
         let (name, help) = (d.name, d.help);
         match (d.kind, d.unit) {
             (Kind::Counter, Some(u)) => metrics::describe_counter!(name, u, help),
@@ -587,13 +738,13 @@ pub fn describe_all() {
     }
 }
 
-/// Registers every enumerated label combination of every metric at zero, so the series exist
-/// before the first event. Values are not touched: a counter or gauge that already has a value
-/// keeps it, and no histogram sample is recorded. Metrics with a non-enumerable label (`pool`,
-/// `node`) are left to their first recording. Both `source` values are registered, whichever
-/// source runs.
-pub fn register_zero() {
-    for d in ALL {
+/// Registers every enumerated label combination of every metric of `binary` at zero, so the
+/// series exist before the first event. Values are not touched: a counter or gauge that
+/// already has a value keeps it, and no histogram sample is recorded. Metrics with a
+/// non-enumerable label (`pool`, `node`) are left to their first recording. Both `source`
+/// values are registered, whichever source runs.
+pub fn register_zero(binary: Binary) {
+    for d in binary.defs() {
         for series in d.series() {
             let labels: Vec<Label> = series
                 .iter()

@@ -10,8 +10,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 use super::*;
 
-/// Every name constant, written out independently of [`ALL`].
-const NAMES: &[&str] = &[
+/// Every operator name constant, written out independently of [`OPERATOR`].
+const OPERATOR_NAMES: &[&str] = &[
     IPS,
     NODES,
     POOL_IPS,
@@ -38,6 +38,21 @@ const NAMES: &[&str] = &[
     LEADER_WRITES_REFUSED_TOTAL,
 ];
 
+/// Every agent name constant, written out independently of [`AGENT`].
+const AGENT_NAMES: &[&str] = &[
+    AGENT_CNI_REQUESTS_TOTAL,
+    AGENT_CNI_DURATION_SECONDS,
+    AGENT_IPS,
+    AGENT_STATUS_WRITES_TOTAL,
+];
+
+fn names_of(binary: Binary) -> &'static [&'static str] {
+    match binary {
+        Binary::Operator => OPERATOR_NAMES,
+        Binary::Agent => AGENT_NAMES,
+    }
+}
+
 #[test]
 fn names_match_design_table() {
     assert_eq!(IPS, "tidepool_ipam_ips");
@@ -51,29 +66,64 @@ fn names_match_design_table() {
         LEADER_WRITES_REFUSED_TOTAL,
         "tidepool_leader_writes_refused_total"
     );
-    for name in NAMES {
+    assert_eq!(
+        AGENT_CNI_REQUESTS_TOTAL,
+        "tidepool_agent_cni_requests_total"
+    );
+    assert_eq!(
+        AGENT_CNI_DURATION_SECONDS,
+        "tidepool_agent_cni_duration_seconds"
+    );
+    assert_eq!(AGENT_IPS, "tidepool_agent_ips");
+    assert_eq!(
+        AGENT_STATUS_WRITES_TOTAL,
+        "tidepool_agent_status_writes_total"
+    );
+    for name in OPERATOR_NAMES {
         // IPAM's metrics are `tidepool_ipam_*`, the replica's leadership `tidepool_leader*`
         assert!(
             name.starts_with("tidepool_ipam_") || name.starts_with("tidepool_leader"),
             "{name}"
         );
+    }
+    for name in OPERATOR_NAMES.iter().chain(AGENT_NAMES) {
         assert!(
             name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
             "{name}"
         );
     }
-    let defined: Vec<&str> = ALL.iter().map(|d| d.name).collect();
-    assert_eq!(
-        defined, NAMES,
-        "ALL must hold every name once, in table order"
-    );
-    let unique: BTreeSet<&str> = defined.iter().copied().collect();
-    assert_eq!(unique.len(), NAMES.len());
+    for binary in Binary::ALL {
+        let defined: Vec<&str> = binary.defs().iter().map(|d| d.name).collect();
+        assert_eq!(
+            defined,
+            names_of(binary),
+            "{binary:?}'s table must hold each of its names once, in table order"
+        );
+    }
+    let unique: BTreeSet<&str> = all().map(|d| d.name).collect();
+    assert_eq!(unique.len(), OPERATOR_NAMES.len() + AGENT_NAMES.len());
+}
+
+/// The split the binaries rely on: every agent metric is `tidepool_agent_*`, no operator
+/// metric is, so one binary never exports the other's series.
+#[test]
+fn every_agent_metric_is_the_agents_and_no_operator_metric_is() {
+    assert!(!AGENT.is_empty());
+    for d in AGENT {
+        assert!(d.name.starts_with("tidepool_agent_"), "{}", d.name);
+    }
+    for d in OPERATOR {
+        assert!(!d.name.starts_with("tidepool_agent"), "{}", d.name);
+    }
+    assert_eq!(Binary::Operator.defs().len(), OPERATOR.len());
+    assert_eq!(Binary::Agent.defs().len(), AGENT.len());
+    assert_eq!(all().count(), OPERATOR.len() + AGENT.len());
+    assert_eq!(def(AGENT_IPS).map(|d| d.kind), Some(Kind::Gauge));
 }
 
 #[test]
 fn kinds_units_and_suffixes_are_consistent() {
-    for d in ALL {
+    for d in all() {
         assert!(!d.help.is_empty(), "{} has no help", d.name);
         if d.name.ends_with("_total") {
             assert_eq!(d.kind, Kind::Counter, "{}", d.name);
@@ -98,6 +148,10 @@ fn kinds_units_and_suffixes_are_consistent() {
     assert_eq!(kind(NODE_IPS), Kind::Gauge);
     assert_eq!(kind(LEADER), Kind::Gauge);
     assert_eq!(kind(TRIGGER_FOLDS), Kind::Histogram);
+    assert_eq!(kind(AGENT_CNI_REQUESTS_TOTAL), Kind::Counter);
+    assert_eq!(kind(AGENT_CNI_DURATION_SECONDS), Kind::Histogram);
+    assert_eq!(kind(AGENT_IPS), Kind::Gauge);
+    assert_eq!(kind(AGENT_STATUS_WRITES_TOTAL), Kind::Counter);
     assert!(def("tidepool_ipam_nope").is_none());
 }
 
@@ -115,7 +169,7 @@ fn every_histogram_has_sane_buckets() {
             "{name}: buckets not increasing"
         );
     }
-    for d in ALL.iter().filter(|d| d.kind == Kind::Histogram) {
+    for d in all().filter(|d| d.kind == Kind::Histogram) {
         assert!(d.buckets().is_some(), "histogram {} has no buckets", d.name);
     }
     // Per-metric ranges the dashboards rely on.
@@ -126,6 +180,9 @@ fn every_histogram_has_sane_buckets() {
     assert!(first(TRIGGER_LATENCY_SECONDS) <= 0.001);
     assert!(last(API_WAIT_SECONDS) >= 300.0);
     assert_eq!(first(TRIGGER_FOLDS), 1.0);
+    // the agent's CNI requests: sub-millisecond answers to an ADD's 10 s plugin timeout
+    assert!(first(AGENT_CNI_DURATION_SECONDS) <= 0.0005);
+    assert!(last(AGENT_CNI_DURATION_SECONDS) >= 10.0);
     assert!(def(IPS).unwrap().buckets().is_none());
 }
 
@@ -167,24 +224,27 @@ impl Recorder for DescribeLog {
 }
 
 #[test]
-fn describe_all_describes_every_metric_with_kind_unit_and_help() {
-    let log = DescribeLog::default();
-    with_local_recorder(&log, describe_all);
-    let got = log.0.lock().unwrap().clone();
-    assert_eq!(got.len(), NAMES.len());
-    for d in ALL {
-        let (_, kind, unit, help) = got
-            .iter()
-            .find(|(n, ..)| n == d.name)
-            .unwrap_or_else(|| panic!("{} not described", d.name));
-        let want = match d.kind {
-            Kind::Counter => MetricKind::Counter,
-            Kind::Gauge => MetricKind::Gauge,
-            Kind::Histogram => MetricKind::Histogram,
-        };
-        assert_eq!(*kind, want, "{}", d.name);
-        assert_eq!(*unit, d.unit, "{}", d.name);
-        assert_eq!(help, d.help);
+fn describe_all_describes_exactly_the_binarys_metrics_with_kind_unit_and_help() {
+    for binary in Binary::ALL {
+        let log = DescribeLog::default();
+        with_local_recorder(&log, || describe_all(binary));
+        let got = log.0.lock().unwrap().clone();
+        let described: Vec<&str> = got.iter().map(|(n, ..)| n.as_str()).collect();
+        assert_eq!(described, names_of(binary), "{binary:?}");
+        for d in binary.defs() {
+            let (_, kind, unit, help) = got
+                .iter()
+                .find(|(n, ..)| n == d.name)
+                .unwrap_or_else(|| panic!("{} not described", d.name));
+            let want = match d.kind {
+                Kind::Counter => MetricKind::Counter,
+                Kind::Gauge => MetricKind::Gauge,
+                Kind::Histogram => MetricKind::Histogram,
+            };
+            assert_eq!(*kind, want, "{}", d.name);
+            assert_eq!(*unit, d.unit, "{}", d.name);
+            assert_eq!(help, d.help);
+        }
     }
 }
 
@@ -215,7 +275,7 @@ fn snapshot(s: &Snapshotter) -> (Series, Vec<Value>) {
 fn register_zero_registers_every_enumerated_series() {
     let rec = DebuggingRecorder::new();
     let snap = rec.snapshotter();
-    with_local_recorder(&rec, register_zero);
+    with_local_recorder(&rec, || register_zero(Binary::Operator));
     let (series, values) = snapshot(&snap);
 
     // Expected series counts, from DESIGN.md's table.
@@ -250,7 +310,9 @@ fn register_zero_registers_every_enumerated_series() {
     // Not enumerable: left to their first recording.
     assert!(!series.contains_key(POOL_IPS));
     assert!(!series.contains_key(NODE_IPS));
+    // and nothing of the agent's
     assert_eq!(series.len(), expected.len());
+    assert!(series.keys().all(|n| !n.starts_with("tidepool_agent")));
 
     // Every enumerated value of every label appears.
     let values_of = |name: &str, key: &str| -> BTreeSet<String> {
@@ -330,7 +392,7 @@ fn register_zero_keeps_existing_values() {
         metrics::gauge!(LEADER).set(1.0);
         metrics::counter!(RESYNC_TOTAL).increment(3);
         metrics::histogram!(RESYNC_DURATION_SECONDS).record(0.5);
-        register_zero();
+        register_zero(Binary::Operator);
     });
     let (_, values) = snapshot(&snap);
     let get = |n: &str| {
@@ -346,6 +408,63 @@ fn register_zero_keeps_existing_values() {
         get(RESYNC_DURATION_SECONDS),
         &DebugValue::Histogram(vec![0.5.into()])
     );
+}
+
+#[test]
+fn register_zero_of_the_agent_registers_only_the_agents_series() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    with_local_recorder(&rec, || register_zero(Binary::Agent));
+    let (series, values) = snapshot(&snap);
+    let expected: &[(&str, usize)] = &[
+        // add, check, gc, status: ok and error; del: ok, error, stale, unknown
+        (AGENT_CNI_REQUESTS_TOTAL, 4 * 2 + 4),
+        (AGENT_CNI_DURATION_SECONDS, 5),
+        (AGENT_IPS, 2 * 4),
+        (AGENT_STATUS_WRITES_TOTAL, 4),
+    ];
+    for (name, n) in expected {
+        let got = series.get(*name).map_or(0, |s| s.len());
+        assert_eq!(got, *n, "{name}: series registered");
+    }
+    assert_eq!(series.len(), expected.len(), "{:?}", series.keys());
+    let has = |name: &str, labels: &[(&str, &str)]| {
+        let want: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        series[name].contains(&want)
+    };
+    assert!(has(
+        AGENT_CNI_REQUESTS_TOTAL,
+        &[("verb", "del"), ("outcome", "stale")]
+    ));
+    assert!(has(
+        AGENT_CNI_REQUESTS_TOTAL,
+        &[("verb", "del"), ("outcome", "unknown")]
+    ));
+    assert!(has(
+        AGENT_CNI_REQUESTS_TOTAL,
+        &[("verb", "status"), ("outcome", "error")]
+    ));
+    // only a DEL is stale or unknown
+    assert!(!has(
+        AGENT_CNI_REQUESTS_TOTAL,
+        &[("verb", "add"), ("outcome", "stale")]
+    ));
+    for state in ["pool", "used", "cooldown", "marked"] {
+        assert!(has(AGENT_IPS, &[("family", "ipv6"), ("state", state)]));
+    }
+    for outcome in ["ok", "conflict", "gone", "error"] {
+        assert!(has(AGENT_STATUS_WRITES_TOTAL, &[("outcome", outcome)]));
+    }
+    for (name, labels, value) in values {
+        match value {
+            DebugValue::Counter(v) => assert_eq!(v, 0, "{name} {labels:?}"),
+            DebugValue::Gauge(v) => assert_eq!(v.into_inner(), 0.0, "{name} {labels:?}"),
+            DebugValue::Histogram(v) => assert!(v.is_empty(), "{name} {labels:?}"),
+        }
+    }
 }
 
 #[test]

@@ -8,16 +8,22 @@ use std::time::Duration;
 
 use tidepool_metrics as m;
 
-/// Renders everything the exporter would export after start-up plus one sample of each kind,
-/// including the metrics with free labels.
+/// Renders everything either binary's exporter would export after start-up (both tables in
+/// one recorder) plus one sample of each kind, including the metrics with free labels.
 fn render_sample() -> String {
     let recorder = m::prometheus_builder()
         .expect("builder with buckets")
         .build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        m::describe_all();
-        m::register_zero();
+        for binary in m::Binary::ALL {
+            m::describe_all(binary);
+            m::register_zero(binary);
+        }
+        metrics::histogram!(m::AGENT_CNI_DURATION_SECONDS, m::cni_verb::KEY => m::cni_verb::ADD)
+            .record(0.0031);
+        metrics::counter!(m::AGENT_CNI_REQUESTS_TOTAL, m::cni_verb::KEY => m::cni_verb::DEL, m::cni_outcome::KEY => m::cni_outcome::STALE).increment(1);
+        metrics::gauge!(m::AGENT_IPS, m::family::KEY => m::family::IPV4, m::agent_ips_state::KEY => m::agent_ips_state::POOL).set(16.0);
         metrics::gauge!(m::POOL_IPS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::pool_state::KEY => m::pool_state::FREE).set(240.0);
         metrics::gauge!(m::NODE_IPS, m::node::KEY => "node-1", m::family::KEY => m::family::IPV6, m::ips_state::KEY => m::ips_state::USED).set(3.0);
         metrics::histogram!(m::TRIGGER_LATENCY_SECONDS, m::trigger::KEY => m::trigger::POOL_MAINTAINER).record(0.012);
@@ -48,7 +54,7 @@ fn histograms_render_as_histograms_with_help() {
         }
     }
     assert!(!text.contains("summary"), "no summaries expected:\n{text}");
-    for d in m::ALL {
+    for d in m::all() {
         assert!(
             text.contains(&format!("# HELP {} ", d.name)),
             "{} has no HELP line",
@@ -59,6 +65,57 @@ fn histograms_render_as_histograms_with_help() {
         "tidepool_ipam_reclaims_total{reason=\"sandbox-replaced\",outcome=\"failed\"} 0"
     ));
     assert!(text.contains("tidepool_leader 1"));
+    assert!(text.contains("tidepool_agent_cni_requests_total{verb=\"del\",outcome=\"stale\"} 1"));
+    assert!(text.contains("tidepool_agent_ips{family=\"ipv4\",state=\"pool\"} 16"));
+}
+
+/// What one binary's start-up exports: its own series, none of the other's.
+fn render_start_of(binary: m::Binary) -> String {
+    let recorder = m::prometheus_builder()
+        .expect("builder with buckets")
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        m::describe_all(binary);
+        m::register_zero(binary);
+    });
+    handle.render()
+}
+
+#[test]
+fn each_binary_exports_only_its_own_series() {
+    let agent = render_start_of(m::Binary::Agent);
+    let operator = render_start_of(m::Binary::Operator);
+    let names = |text: &str| -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let end = l.find(['{', ' ']).unwrap_or(l.len());
+                l[..end]
+                    .trim_end_matches("_bucket")
+                    .trim_end_matches("_sum")
+                    .trim_end_matches("_count")
+                    .to_owned()
+            })
+            .collect()
+    };
+    let want = |b: m::Binary| -> std::collections::BTreeSet<String> {
+        b.defs()
+            .iter()
+            // metrics with a free label appear only once recorded
+            .filter(|d| !d.series().is_empty())
+            .map(|d| d.name.to_owned())
+            .collect()
+    };
+    for (b, text) in [(m::Binary::Agent, &agent), (m::Binary::Operator, &operator)] {
+        assert_eq!(names(text), want(b), "{b:?}:\n{text}");
+        for d in b.defs().iter().filter(|d| !d.series().is_empty()) {
+            assert!(text.contains(&format!("# HELP {} ", d.name)), "{}", d.name);
+        }
+    }
+    assert!(!agent.contains("tidepool_ipam_"), "{agent}");
+    assert!(!agent.contains("tidepool_leader"), "{agent}");
+    assert!(!operator.contains("tidepool_agent_"), "{operator}");
 }
 
 #[test]
@@ -122,7 +179,7 @@ async fn get_metrics(addr: std::net::SocketAddr) -> std::io::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_exporter_serves_described_zeroed_series() {
     let addr = free_port();
-    let handle = m::install_exporter(addr).expect("install");
+    let handle = m::install_exporter(addr, m::Binary::Operator).expect("install");
     metrics::counter!(m::RESYNC_TOTAL).increment(1);
 
     // Poll until the listener answers, bounded (real sockets run in real time).
@@ -142,12 +199,16 @@ async fn install_exporter_serves_described_zeroed_series() {
     assert!(body.contains("# TYPE tidepool_ipam_api_wait_seconds histogram"));
     assert!(body.contains("tidepool_ipam_nodes{category=\"in-deficit\"} 0"));
     assert!(body.contains("tidepool_ipam_resync_total 1"));
+    assert!(
+        !body.contains("tidepool_agent_"),
+        "the operator's exporter: {body}"
+    );
     assert!(handle.render().contains("tidepool_ipam_resync_total 1"));
 
     // The same address again: the bind fails, reported as a build error.
-    let err = m::install_exporter(addr).unwrap_err();
+    let err = m::install_exporter(addr, m::Binary::Operator).unwrap_err();
     assert!(matches!(err, m::MetricsError::Build(_)), "{err}");
     // Another address: the global recorder is taken.
-    let err = m::install_exporter(free_port()).unwrap_err();
+    let err = m::install_exporter(free_port(), m::Binary::Agent).unwrap_err();
     assert!(matches!(err, m::MetricsError::AlreadyInstalled), "{err}");
 }

@@ -31,10 +31,9 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
     if let Some(l) = &leader {
         tracing::info!(identity = %l.identity, lease = %format!("{}/{}", l.namespace, l.name), "leader election on");
     }
-    tidepool_metrics::install_exporter(f.metrics_addr)
+    // describes and registers the operator's series (not the agent's) at zero
+    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Operator)
         .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
-    tidepool_metrics::describe_all();
-    tidepool_metrics::register_zero();
     let settings = Settings {
         engine: f.engine.engine(),
         scheduling: f.engine.scheduling(),

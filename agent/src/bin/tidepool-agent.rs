@@ -1,14 +1,16 @@
 //! `tidepool-agent`: the node agent (one per node, a DaemonSet). Flags to settings, the
-//! client, logging and signals; the agent itself is `tidepool_agent::run`.
+//! client, logging, metrics, probes and signals; the agent itself is `tidepool_agent::run`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
+use tidepool_metrics::probes::{self, Readiness};
 
 /// The tidepool node agent: hands this node's pods their addresses from its pool.
 #[derive(Parser, Debug)]
@@ -55,19 +57,32 @@ struct Flags {
     /// How long to wait at start for this node's IPAMNode (the operator creates it).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_WAIT")]
     node_wait: Duration,
+    /// Where Prometheus metrics are served (/metrics). Loopback by default: the DaemonSet
+    /// runs on the host network, so a wildcard address would expose it on the node's
+    /// addresses.
+    #[arg(long, default_value = "127.0.0.1:9965", env = "TIDEPOOL_METRICS_ADDR")]
+    metrics_addr: SocketAddr,
+    /// Where /healthz (the process serves) and /readyz (restored and serving the socket) are
+    /// served [default: not served].
+    #[arg(long, env = "TIDEPOOL_HEALTH_ADDR")]
+    health_addr: Option<SocketAddr>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
     log_level: String,
+    /// Log format: text (for people) or json (one object per line, for log pipelines).
+    #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> anyhow::Result<()> {
     let f = Flags::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&f.log_level)
-        .with_context(|| format!("--log-level {}", f.log_level))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&f)?;
     // tests only: where the crash tests stop the agent (tidepool_agent::failpoint)
     tidepool_agent::failpoint::init_from_env().context(tidepool_agent::failpoint::ENV)?;
     let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
@@ -88,11 +103,41 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
+        // up before the wait for the IPAMNode: the liveness probe must answer meanwhile
+        serve_observability(&f, &settings.ready).await?;
         let client = client(f.kubeconfig.as_deref()).await?;
         run(client, settings, shutdown_signal()).await?;
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+fn init_logging(f: &Flags) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&f.log_level)
+        .with_context(|| format!("--log-level {}", f.log_level))?;
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match f.log_format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().init(),
+    }
+    Ok(())
+}
+
+/// Serves /metrics (the agent's series registered at zero) and, with --health-addr, the
+/// probes; a bad or busy address fails start-up naming the flag.
+async fn serve_observability(f: &Flags, ready: &Readiness) -> anyhow::Result<()> {
+    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Agent)
+        .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
+    tracing::info!(addr = %f.metrics_addr, "serving /metrics");
+    if let Some(addr) = f.health_addr {
+        let at = probes::serve(addr, ready.clone())
+            .await
+            .with_context(|| format!("serving probes on --health-addr {addr}"))?;
+        tracing::info!(%at, "serving /healthz and /readyz");
+    }
+    Ok(())
 }
 
 /// The client from --kubeconfig, else in-cluster, else $KUBECONFIG.

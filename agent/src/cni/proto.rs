@@ -177,6 +177,13 @@ pub enum Verb {
 }
 
 impl Verb {
+    pub const ALL: [Verb; 5] = [Verb::Add, Verb::Del, Verb::Check, Verb::Gc, Verb::Status];
+
+    /// The verb whose request path is `path` (the agent routes by it).
+    pub fn from_path(path: &str) -> Option<Verb> {
+        Verb::ALL.into_iter().find(|v| v.path() == path)
+    }
+
     /// The request path on the agent's socket.
     pub fn path(self) -> &'static str {
         match self {
@@ -276,9 +283,7 @@ mod tests {
 
     #[test]
     fn verbs_map_to_their_paths() {
-        let paths: Vec<_> = [Verb::Add, Verb::Del, Verb::Check, Verb::Gc, Verb::Status]
-            .map(Verb::path)
-            .into();
+        let paths: Vec<_> = Verb::ALL.map(Verb::path).into();
         assert_eq!(
             paths,
             [
@@ -289,6 +294,11 @@ mod tests {
                 "/v1/cni/status"
             ]
         );
+        for v in Verb::ALL {
+            assert_eq!(Verb::from_path(v.path()), Some(v));
+        }
+        assert_eq!(Verb::from_path("/v1/cni/version"), None);
+        assert_eq!(Verb::from_path("/v1/cni/"), None);
     }
 
     #[test]

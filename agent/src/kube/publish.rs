@@ -8,7 +8,8 @@
 //! what"), so a conflict can only come from a hand edit, which must not stop the node from
 //! recording its pods. The IPAMNode's status is written only when its body changed since the
 //! last write that succeeded, or when the IPAMNode's UID changed (a re-created object gets
-//! everything again, from the checkpoint); a block's answer only when it changed.
+//! everything again, from the checkpoint); a block's answer only when it changed. Every
+//! apply is counted by what the API server answered (`tidepool_agent_status_writes_total`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -27,6 +28,7 @@ use tokio::task::JoinHandle;
 use super::body::{AgentReady, NodeSide, block_status_body, node_status_body};
 use super::{KubeError, NodeWatch};
 use crate::failpoint::{Failpoint, reach_async};
+use crate::observe;
 
 /// Where the publisher reads the node side's state (the agent: its durable node state).
 pub trait NodeSideSource: Send + Sync + 'static {
@@ -211,14 +213,15 @@ impl<S: NodeSideSource> Task<S> {
     async fn apply_node(&self, name: &str, body: &Value) -> Result<(), KubeError> {
         reach_async(Failpoint::BeforePublish).await;
         let pp = PatchParams::apply(AGENT_MANAGER).force();
-        self.nodes
+        let written = self
+            .nodes
             .patch_status(name, &pp, &Patch::Apply(body))
-            .await
-            .map(drop)
-            .map_err(|source| KubeError::Apply {
-                object: format!("ipamnode/{name}"),
-                source,
-            })
+            .await;
+        observe::status_write(&written);
+        written.map(drop).map_err(|source| KubeError::Apply {
+            object: format!("ipamnode/{name}"),
+            source,
+        })
     }
 
     /// Writes each block answer that changed; withdraws those no longer given. A block
@@ -240,11 +243,12 @@ impl<S: NodeSideSource> Task<S> {
         for (name, ack) in todo {
             let body = block_status_body(&name, ack);
             reach_async(Failpoint::BeforePublish).await;
-            match self
+            let written = self
                 .blocks
                 .patch_status(&name, &pp, &Patch::Apply(&body))
-                .await
-            {
+                .await;
+            observe::status_write(&written);
+            match written {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 // Refused for good, e.g. the block moved to another node and the own-node

@@ -19,6 +19,7 @@ use super::spool::{Replayed, replay_spool};
 use crate::cni::proto::code;
 use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
+use crate::observe::{self, CniOutcome};
 use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
@@ -96,8 +97,8 @@ impl Agent {
         &self.inner.state
     }
 
-    /// Runs `f` on the locked state on the blocking pool (saves fsync), then publishes if
-    /// it says so.
+    /// Runs `f` on the locked state on the blocking pool (saves fsync), sets the address
+    /// gauges from what it left, then publishes if it says so.
     async fn locked<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -105,9 +106,13 @@ impl Agent {
     {
         let mut guard = self.inner.state.clone().lock_owned().await;
         let inner = self.inner.clone();
-        let (out, publish) = tokio::task::spawn_blocking(move || f(&mut guard, &inner))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?;
+        let (out, publish) = tokio::task::spawn_blocking(move || {
+            let done = f(&mut guard, &inner);
+            observe::ips(&guard, inner.source.node().as_deref());
+            done
+        })
+        .await
+        .map_err(|e| Error::Task(e.to_string()))?;
         if publish {
             self.inner.publish.publish();
         }
@@ -124,7 +129,7 @@ impl Agent {
                 (st.reply, st.publish)
             })
             .await;
-        run.unwrap_or_else(|e| Reply::error(code::GENERIC, "tidepool agent failed", e.to_string()))
+        run.unwrap_or_else(|e| failed(&e))
     }
 
     /// CNI ADD: the key's addresses (the same ones on a repeated ADD), one per family the
@@ -148,9 +153,7 @@ impl Agent {
             let why = match attempt {
                 Ok(Attempt::Done(reply)) => return reply,
                 Ok(Attempt::Empty(why)) => why,
-                Err(e) => {
-                    return Reply::error(code::GENERIC, "tidepool agent failed", e.to_string());
-                }
+                Err(e) => return failed(&e),
             };
             let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
             if !matches!(woke, Ok(Ok(()))) {
@@ -166,22 +169,36 @@ impl Agent {
     /// CNI DEL: frees the key's addresses into cooldown if they are this pod's; an unknown
     /// key or a stale DEL (another pod UID) frees nothing and succeeds.
     pub async fn del(&self, req: CniRequest) -> Reply {
+        self.del_observed(req).await.0
+    }
+
+    /// [`Agent::del`], and how it ended for the metrics: freed (ok), stale, unknown, error.
+    pub(crate) async fn del_observed(&self, req: CniRequest) -> (Reply, CniOutcome) {
         let key = match req.key() {
             Ok(k) => k,
-            Err(r) => return r,
+            Err(r) => return (r, CniOutcome::Error),
         };
         let uid = req.uid();
-        self.step(move |s, i| {
-            let now = SystemTime::now();
-            let freed = match uid {
-                // matches no owner: frees nothing (a pending save still happens below)
-                UidArg::Invalid => false,
-                UidArg::Absent => !s.del(&key, None, now).freed().is_empty(),
-                UidArg::Valid(u) => !s.del(&key, Some(u), now).freed().is_empty(),
-            };
-            freed_and_saved(s, &i.dir, freed, Some(Persist::DEL))
-        })
-        .await
+        let run = self
+            .locked(move |s, i| {
+                let now = SystemTime::now();
+                let outcome = match uid {
+                    // matches no owner: frees nothing (a pending save still happens below)
+                    UidArg::Invalid if s.get(&key).is_some() => CniOutcome::Stale,
+                    UidArg::Invalid => CniOutcome::Unknown,
+                    UidArg::Absent => CniOutcome::of_del(&s.del(&key, None, now)),
+                    UidArg::Valid(u) => CniOutcome::of_del(&s.del(&key, Some(u), now)),
+                };
+                let step =
+                    freed_and_saved(s, &i.dir, outcome == CniOutcome::Ok, Some(Persist::DEL));
+                ((step.reply, outcome), step.publish)
+            })
+            .await;
+        match run {
+            Ok((reply, _)) if reply.status != 200 => (reply, CniOutcome::Error),
+            Ok(done) => done,
+            Err(e) => (failed(&e), CniOutcome::Error),
+        }
     }
 
     /// CNI CHECK: success if the key is held (by this pod, when it names one) with the
@@ -411,6 +428,11 @@ fn result_reply(networks: &PodNetworks, version: &str, addrs: &[IpAddr]) -> Repl
         },
         Reply::ok,
     )
+}
+
+/// The agent itself failed (a blocking task died): not the request's fault.
+fn failed(e: &Error) -> Reply {
+    Reply::error(code::GENERIC, "tidepool agent failed", e.to_string())
 }
 
 fn refused(e: &StateError) -> Reply {

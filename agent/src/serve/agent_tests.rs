@@ -99,3 +99,42 @@ async fn a_repeated_add_by_another_pod_is_refused() {
     assert_eq!(r.code(), Some(code::GENERIC), "{}", r.body);
     assert_eq!(agent.state().lock().await.allocations().count(), 1);
 }
+
+fn del_req(c: &str, uid: &str) -> CniRequest {
+    let mut r = add_req(c);
+    r.pod_uid = Some(uid.into());
+    r
+}
+
+/// What a DEL did, for the metrics: the state's answer (freed, stale, unknown), or error
+/// when it could not be saved.
+#[tokio::test]
+async fn a_del_tells_freed_stale_unknown_and_error_apart() {
+    let fs = RecordingFs::new();
+    let (agent, _, _tmp) = agent(&fs);
+    assert_eq!(agent.add(add_req("c1")).await.status, 200);
+    assert_eq!(agent.add(add_req("c2")).await.status, 200);
+    let owner = "0badc0de-0000-4000-8000-000000000001";
+    let other = "0badc0de-0000-4000-8000-000000000002";
+    let del = |c: &str, uid: &str| agent.del_observed(del_req(c, uid));
+    let outcome = |(r, o): (Reply, CniOutcome)| {
+        assert_eq!(r.status, if o == CniOutcome::Error { 500 } else { 200 });
+        o
+    };
+    assert_eq!(outcome(del("c1", other).await), CniOutcome::Stale);
+    // a UID that is no UUID matches no owner: stale on a held key, unknown otherwise
+    assert_eq!(outcome(del("c1", "uid-1").await), CniOutcome::Stale);
+    assert_eq!(outcome(del("c9", "uid-1").await), CniOutcome::Unknown);
+    assert_eq!(outcome(del("c1", owner).await), CniOutcome::Ok);
+    assert_eq!(outcome(del("c1", owner).await), CniOutcome::Unknown);
+    // freed but not durable: an error, whatever the state did
+    fs.fail_next(OpKind::SyncDir);
+    assert_eq!(outcome(del("c2", owner).await), CniOutcome::Error);
+    let (r, o) = agent.del_observed(del_req("c2", owner)).await;
+    assert_eq!(
+        (r.status, o),
+        (200, CniOutcome::Unknown),
+        "freed before: saved now"
+    );
+    assert!(!agent.state().lock().await.is_dirty());
+}

@@ -1,4 +1,5 @@
-//! The socket: HTTP/1.1 over a unix socket (hyper), routed to the [`Agent`]'s handlers.
+//! The socket: HTTP/1.1 over a unix socket (hyper), routed to the [`Agent`]'s handlers; each
+//! CNI request counted and timed from its receipt to its reply ([`crate::observe`]).
 
 use std::convert::Infallible;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -15,8 +16,9 @@ use tokio::net::UnixListener;
 
 use super::agent::Agent;
 use super::request::{CniRequest, Reply};
-use crate::cni::proto::code;
+use crate::cni::proto::{Verb, code};
 use crate::error::{Error, Result};
+use crate::observe::{self, CniOutcome};
 
 /// The largest request body read (the plugin caps the network config at 1 MiB).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
@@ -111,7 +113,15 @@ async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let reply = match (method, path.as_str()) {
         (Method::GET, "/v1/allocations") => agent.allocations().await,
-        (Method::POST, verb) if verb.starts_with("/v1/cni/") => cni(agent, verb, req).await,
+        (Method::POST, p) if p.starts_with("/v1/cni/") => match Verb::from_path(p) {
+            Some(verb) => observed(agent, verb, req).await,
+            None => {
+                let verb = &p["/v1/cni/".len()..];
+                let mut r = Reply::error(code::GENERIC, "no such CNI verb", verb.to_owned());
+                r.status = 404;
+                r
+            }
+        },
         (_, "/v1/allocations") => not_allowed("GET"),
         (_, p) if p.starts_with("/v1/cni/") => not_allowed("POST"),
         (_, p) => {
@@ -123,37 +133,43 @@ async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
     respond(&reply)
 }
 
-async fn cni(agent: &Agent, path: &str, req: Request<Incoming>) -> Reply {
-    let verb = &path["/v1/cni/".len()..];
-    if !matches!(verb, "add" | "del" | "check" | "gc" | "status") {
-        let mut r = Reply::error(code::GENERIC, "no such CNI verb", verb.to_owned());
-        r.status = 404;
-        return r;
-    }
+/// A CNI request answered, counted by verb and outcome and timed from its receipt (the
+/// request head read) to its reply.
+async fn observed(agent: &Agent, verb: Verb, req: Request<Incoming>) -> Reply {
+    let received = tokio::time::Instant::now();
+    let (reply, outcome) = cni(agent, verb, req).await;
+    observe::cni_request(verb, outcome, received.elapsed());
+    reply
+}
+
+async fn cni(agent: &Agent, verb: Verb, req: Request<Incoming>) -> (Reply, CniOutcome) {
     let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return Reply::error(
+            let r = Reply::error(
                 code::DECODING_FAILURE,
                 "could not read the request body",
                 e.to_string(),
             );
+            return (r, CniOutcome::Error);
         }
     };
     let req = match CniRequest::parse(&body) {
         Ok(r) => r,
-        Err(reply) => return reply,
+        Err(reply) => return (reply, CniOutcome::Error),
     };
-    match verb {
-        "add" => agent.add(req).await,
-        "del" => agent.del(req).await,
-        "check" => agent.check(req).await,
-        "gc" => agent.gc(req).await,
-        _ => agent.status(req).await,
-    }
+    let reply = match verb {
+        Verb::Del => return agent.del_observed(req).await,
+        Verb::Add => agent.add(req).await,
+        Verb::Check => agent.check(req).await,
+        Verb::Gc => agent.gc(req).await,
+        Verb::Status => agent.status(req).await,
+    };
+    let outcome = CniOutcome::of_reply(&reply);
+    (reply, outcome)
 }
 
 fn not_allowed(allowed: &str) -> Reply {

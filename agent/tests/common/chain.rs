@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use tidepool_agent::run::Settings;
-use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 use tidepool_tests::ApiServer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::{UID_A, agent_on, blocking, cluster, create_block};
+use super::{UID_A, agent_on, blocking, cluster, create_block, eventually, settings};
 
 pub const PLUGINS: &str = "/usr/lib/cni";
 
@@ -141,7 +140,11 @@ impl Node {
             create_block(&admin, b, "node-a", UID_A, false).await;
         }
         let dir = tempfile::tempdir().expect("temp dir");
-        let settings = settings(dir.path());
+        let settings = Settings {
+            // the two-block test's ADD waits for the second block to arrive
+            empty_pool_wait: Duration::from_secs(2),
+            ..settings(dir.path())
+        };
         Node {
             ns,
             name,
@@ -318,39 +321,6 @@ impl Node {
                     .count()
             })
             .unwrap_or(0)
-    }
-}
-
-/// The agent's paths in `dir`; pod network 10.250.0.0/16 (ptp's result shape: /16, gateway
-/// 10.250.0.1).
-pub fn settings(dir: &Path) -> Settings {
-    let boot = dir.join("boot_id");
-    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
-    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
-    Settings {
-        socket: dir.join("run/agent.sock"),
-        state_dir: dir.join("state"),
-        spool_dir: dir.join("spool"),
-        restored_marker: dir.join("run/restored"),
-        boot_id_file: boot,
-        node_wait: Duration::from_secs(10),
-        empty_pool_wait: Duration::from_secs(2),
-        ..Settings::new("node-a", nets)
-    }
-}
-
-/// Polls `f` until it gives `Some` (10 s at most).
-pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

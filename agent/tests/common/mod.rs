@@ -6,6 +6,7 @@
 pub mod chain;
 
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
+use tidepool_agent::run::Settings;
+use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 use tidepool_tests::{ADMIN, ApiServer, Config};
 
@@ -180,4 +183,61 @@ pub fn plugin_with(env: &[(&str, &str)], stdin: &str) -> Run {
 /// Blocking work (the plugin) off the runtime's threads.
 pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("join")
+}
+
+/// The agent's paths in a temp dir (node node-a, pod network 10.250.0.0/16).
+pub fn settings(dir: &Path) -> Settings {
+    let boot = dir.join("boot_id");
+    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
+    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
+    Settings {
+        socket: dir.join("run/agent.sock"),
+        state_dir: dir.join("state"),
+        spool_dir: dir.join("spool"),
+        restored_marker: dir.join("run/restored"),
+        boot_id_file: boot,
+        node_wait: Duration::from_secs(10),
+        empty_pool_wait: Duration::from_millis(500),
+        ..Settings::new("node-a", nets)
+    }
+}
+
+/// The network config a runtime hands the plugin for the agent of `s`.
+pub fn config(s: &Settings) -> String {
+    format!(
+        r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}}}"#,
+        s.socket.display(),
+        s.spool_dir.display(),
+        s.restored_marker.display()
+    )
+}
+
+/// Polls `f` until it gives `Some` (10 s at most).
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether `path` exists (the restored marker), for [`eventually`].
+pub fn marker(path: &Path) -> Option<()> {
+    path.exists().then_some(())
+}
+
+/// A process the test started, killed if the test ends (or fails) while it runs.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

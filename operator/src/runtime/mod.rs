@@ -12,7 +12,6 @@
 //! they come: Nodes as node additions and deletions, Pods as pod events of their node,
 //! IPAMNodes and blocks as store events, IPPools as pool changes.
 
-mod health;
 mod pool_status;
 mod pools;
 mod taints;
@@ -41,8 +40,8 @@ use crate::error::Error;
 use crate::index::{NodeChange, NodeIndex, NodeSelector, PodIndex};
 use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
-pub use health::Readiness;
 pub use pools::Pools;
+pub use tidepool_metrics::probes::Readiness;
 
 type Source = ClusterPoolSource<KubeStore>;
 type Manager = NodeManager<Source, KubeStore, PodIndex>;
@@ -221,7 +220,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let ready = Readiness::default();
     if let Some(addr) = s.health_addr {
-        let at = health::serve(addr, ready.clone())
+        let at = tidepool_metrics::probes::serve(addr, ready.clone())
             .await
             .map_err(|e| Error::Listen { addr, source: e })?;
         tracing::info!(%at, "serving /healthz and /readyz");

@@ -1,5 +1,7 @@
-//! `/healthz` (the process serves) and `/readyz` (every watch has synced and the engine
-//! runs) on `--health-addr`: what the Deployment's probes ask.
+//! `/healthz` (the process serves) and `/readyz` (the binary says it is ready) on
+//! `--health-addr`: what Kubernetes' liveness and readiness probes ask, for both binaries
+//! (feature `probes`). What "ready" means is the binary's: the operator's watches have synced
+//! and its engine runs; the agent has restored its state and serves its socket.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,8 +16,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-/// Whether the operator is ready; shared with the health server.
-#[derive(Clone, Default)]
+/// Whether the binary is ready (initially not); shared with the health server.
+#[derive(Debug, Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
 
 impl Readiness {
@@ -32,22 +34,25 @@ fn answer(path: &str, ready: bool) -> (StatusCode, &'static str) {
     match path {
         "/healthz" | "/livez" => (StatusCode::OK, "ok\n"),
         "/readyz" if ready => (StatusCode::OK, "ok\n"),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: watches syncing\n",
-        ),
+        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         _ => (StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-/// Binds `addr` (so a port in use fails at start) and serves until the task is dropped.
+/// Binds `addr` (so a port in use fails at start), then serves on a task of its own for as
+/// long as the runtime runs; returns the bound address (`addr` with port 0: the port taken).
 pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    // out of descriptors and the like: back off instead of spinning
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
             };
             let ready = ready.clone();
             tokio::spawn(async move {

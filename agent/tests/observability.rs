@@ -1,0 +1,444 @@
+//! The `tidepool-agent` binary's metrics, probes and log format, seen from outside: started
+//! with `--metrics-addr` and `--health-addr` on loopback ports and `--log-format json`
+//! against the in-process API server, before its IPAMNode exists. `/healthz` answers at once,
+//! `/readyz` only once it serves; `/metrics` has every agent series from the start (at zero)
+//! and none of the operator's; the CNI requests the real plugin makes move the counters by
+//! exactly what was done, and the address gauge follows the allocations. With Debian's
+//! `prometheus` installed, promtool accepts the exposition and a real Prometheus scrapes it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tidepool_api as api;
+use tidepool_metrics as m;
+
+const POD_1: &str = "0badc0de-0000-4000-8000-000000000001";
+const POD_2: &str = "0badc0de-0000-4000-8000-000000000002";
+const STRANGER: &str = "0badc0de-0000-4000-8000-0000000000ff";
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+type Http = Client<HttpConnector, Empty<Bytes>>;
+
+fn http() -> Http {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// `GET http://{addr}{path}`: status and body; `None` while nothing answers.
+async fn get(client: &Http, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let uri = format!("http://{addr}{path}").parse().expect("uri");
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
+        .await
+        .ok()?
+        .ok()?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    Some((status, String::from_utf8(body.to_vec()).expect("utf-8")))
+}
+
+/// The exposition's samples: `name{labels}` as written → value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("a sample line");
+            (series.to_owned(), value.parse().expect("a number"))
+        })
+        .collect()
+}
+
+/// `name{k="v",...}` as the exporter writes a series (labels in the table's order).
+fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return name.to_owned();
+    }
+    let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", l.join(","))
+}
+
+/// Every series the agent registers at zero, as the exposition names them (a histogram by
+/// its `_count`).
+fn agent_series() -> Vec<String> {
+    let mut out = Vec::new();
+    for d in m::AGENT {
+        let name = match d.kind {
+            m::Kind::Histogram => format!("{}_count", d.name),
+            _ => d.name.to_owned(),
+        };
+        for s in d.series() {
+            out.push(series(&name, &s));
+        }
+    }
+    out
+}
+
+fn requests(verb: &str, outcome: &str) -> String {
+    series(
+        m::AGENT_CNI_REQUESTS_TOTAL,
+        &[("verb", verb), ("outcome", outcome)],
+    )
+}
+
+fn agent_ips(family: &str, state: &str) -> String {
+    series(m::AGENT_IPS, &[("family", family), ("state", state)])
+}
+
+fn writes(outcome: &str) -> String {
+    series(m::AGENT_STATUS_WRITES_TOTAL, &[("outcome", outcome)])
+}
+
+/// The agent binary for node-a, not yet able to serve (no IPAMNode), its stderr collected.
+fn start_agent(dir: &Path, kubeconfig: &Path, metrics: SocketAddr, health: SocketAddr) -> Agent {
+    let s = settings(dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidepool-agent"))
+        .env_clear()
+        .args(["--node-name", "node-a", "--pod-network", "10.250.0.0/16"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--socket")
+        .arg(&s.socket)
+        .arg("--state-dir")
+        .arg(&s.state_dir)
+        .arg("--restored-marker")
+        .arg(&s.restored_marker)
+        .args(["--node-wait", "60s"])
+        .args(["--metrics-addr", &metrics.to_string()])
+        .args(["--health-addr", &health.to_string()])
+        .args(["--log-format", "json"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tidepool-agent");
+    // read the log as it comes (a full pipe would stall the agent)
+    let mut stderr = child.stderr.take().expect("stderr");
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    Agent {
+        process: KillOnDrop(child),
+        log: Some(log),
+    }
+}
+
+struct Agent {
+    process: KillOnDrop,
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Agent {
+    /// SIGTERM; the exit status and everything it logged.
+    async fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.process.0.id().to_string();
+        let killed = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let status = eventually("the agent exited", || {
+            let r = self.process.0.try_wait().expect("wait");
+            async move { r }
+        })
+        .await;
+        let log = self.log.take().expect("log").join().expect("log reader");
+        (status, log)
+    }
+}
+
+/// The IPAMNode node-a and its block, as the operator creates them.
+async fn create_node_a(server: &tidepool_tests::ApiServer, admin: &kube::Client) {
+    let operator = server.client(OPERATOR).await.expect("operator client");
+    let node: api::IPAMNode = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": { "name": "node-a" },
+        "spec": { "nodeUID": UID_A },
+    }))
+    .expect("IPAMNode");
+    Api::<api::IPAMNode>::all(operator)
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create node-a");
+    create_block(admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+}
+
+/// The plugin run once off the runtime's threads.
+async fn cni(cmd: &'static str, container: &'static str, uid: &'static str, conf: &str) -> Run {
+    let conf = conf.to_owned();
+    blocking(move || plugin(cmd, container, uid, &conf)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_exports_its_metrics_and_probes_from_the_start() {
+    let (server, admin) = empty_cluster().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&agent_on("node-a"), &kubeconfig)
+        .expect("kubeconfig");
+    let (metrics, health) = (free_port(), free_port());
+    let agent = start_agent(dir.path(), &kubeconfig, metrics, health);
+    let client = http();
+
+    // up but not ready: no IPAMNode yet, so nothing restored and no socket
+    eventually("/healthz answers", || async {
+        get(&client, health, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 200)
+    })
+    .await;
+    let (code, _) = get(&client, health, "/readyz").await.expect("/readyz");
+    assert_eq!(code, 503, "not ready before it serves");
+    assert!(marker(&s.restored_marker).is_none());
+    let (code, text) = get(&client, metrics, "/metrics").await.expect("/metrics");
+    assert_eq!(code, 200);
+    let start = samples(&text);
+    for want in agent_series() {
+        assert_eq!(start.get(&want), Some(&0.0), "{want} at zero:\n{text}");
+    }
+    assert!(
+        start.keys().all(|k| k.starts_with("tidepool_agent_")),
+        "only the agent's series, no tidepool_ipam_*:\n{text}"
+    );
+    assert!(!text.contains("tidepool_leader"), "{text}");
+
+    // the operator creates node-a and its block: the agent restores, publishes, serves
+    create_node_a(&server, &admin).await;
+    eventually("/readyz ready", || async {
+        get(&client, health, "/readyz")
+            .await
+            .filter(|(c, _)| *c == 200)
+    })
+    .await;
+    assert!(
+        marker(&s.restored_marker).is_some(),
+        "ready only once restored"
+    );
+
+    let conf = config(&s);
+    let a1 = cni("ADD", "c1", POD_1, &conf).await.addr();
+    let a2 = cni("ADD", "c2", POD_2, &conf).await.addr();
+    assert_ne!(a1, a2);
+    assert_eq!(cni("DEL", "c1", STRANGER, &conf).await.code, 0, "stale");
+    assert_eq!(cni("DEL", "c1", POD_1, &conf).await.code, 0, "freed");
+    assert_eq!(cni("DEL", "c1", POD_1, &conf).await.code, 0, "unknown now");
+    assert_eq!(cni("STATUS", "", "", &conf).await.code, 0);
+    assert_eq!(
+        cni("CHECK", "c9", POD_1, &conf).await.error_code(),
+        tidepool_agent::cni::proto::code::GENERIC,
+        "no allocation"
+    );
+
+    // the pod left holding an address is published (status writes are asynchronous)
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually("c2's address in status.used", || async {
+        let n = nodes.get("node-a").await.ok()?;
+        let used: Vec<String> = n.status?.used.keys().cloned().collect();
+        (used == [a2.clone()]).then_some(())
+    })
+    .await;
+    let after = eventually("the last status write counted", || async {
+        let (_, text) = get(&client, metrics, "/metrics").await?;
+        let now = samples(&text);
+        // the restore's write, then at least one per change that reached the server
+        (now[&writes("ok")] >= 2.0).then_some(text)
+    })
+    .await;
+    let now = samples(&after);
+    let exactly: &[(String, f64)] = &[
+        (requests("add", "ok"), 2.0),
+        (requests("add", "error"), 0.0),
+        (requests("del", "ok"), 1.0),
+        (requests("del", "stale"), 1.0),
+        (requests("del", "unknown"), 1.0),
+        (requests("del", "error"), 0.0),
+        (requests("status", "ok"), 1.0),
+        (requests("check", "error"), 1.0),
+        (requests("check", "ok"), 0.0),
+        (requests("gc", "ok"), 0.0),
+        (
+            series(
+                "tidepool_agent_cni_duration_seconds_count",
+                &[("verb", "add")],
+            ),
+            2.0,
+        ),
+        (
+            series(
+                "tidepool_agent_cni_duration_seconds_count",
+                &[("verb", "del")],
+            ),
+            3.0,
+        ),
+        // one pod holds an address, the freed one cools down, the block is the pool
+        (agent_ips("ipv4", "used"), 1.0),
+        (agent_ips("ipv4", "cooldown"), 1.0),
+        (agent_ips("ipv4", "pool"), 16.0),
+        (agent_ips("ipv4", "marked"), 0.0),
+        (agent_ips("ipv6", "pool"), 0.0),
+        (writes("error"), 0.0),
+        (writes("conflict"), 0.0),
+    ];
+    for (series, want) in exactly {
+        assert_eq!(now.get(series), Some(want), "{series}:\n{after}");
+    }
+    // a histogram, with buckets: the fastest bucket bounds are sub-millisecond
+    assert!(
+        after.contains("tidepool_agent_cni_duration_seconds_bucket{verb=\"add\",le=\"0.0005\"}"),
+        "{after}"
+    );
+    let add_inf = series(
+        "tidepool_agent_cni_duration_seconds_bucket",
+        &[("verb", "add"), ("le", "+Inf")],
+    );
+    assert_eq!(now.get(&add_inf), Some(&2.0), "{after}");
+
+    promtool_accepts(&after);
+    prometheus_scrapes(metrics).await;
+
+    let (status, log) = agent.stop().await;
+    assert!(status.success(), "exit {status:?}:\n{log}");
+    log_is_json_lines(&log);
+}
+
+/// `--log-format json`: one JSON object per line, the start-up steps among them.
+fn log_is_json_lines(log: &str) {
+    let mut messages = Vec::new();
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: not JSON: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+        if let Some(m) = v["fields"]["message"].as_str() {
+            messages.push(m.to_owned());
+        }
+    }
+    for want in ["serving /metrics", "serving", "stopped"] {
+        assert!(
+            messages.iter().any(|m| m == want),
+            "{want:?} not logged: {messages:?}"
+        );
+    }
+}
+
+/// promtool (Debian package `prometheus`) accepts the agent's exposition without findings;
+/// skipped with a note when it is not installed.
+fn promtool_accepts(text: &str) {
+    use std::io::Write;
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("skipping the promtool check: promtool is not installed");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && findings.trim().is_empty(),
+        "promtool: {findings}"
+    );
+}
+
+/// A real Prometheus (`/usr/bin/prometheus`, Debian package `prometheus`) on a loopback port
+/// scrapes the agent: its target is up and it reads the ADD counter. Skipped with a note when
+/// it is not installed.
+async fn prometheus_scrapes(agent_metrics: SocketAddr) {
+    let bin = Path::new("/usr/bin/prometheus");
+    if !bin.is_file() {
+        eprintln!("skipping the Prometheus scrape: /usr/bin/prometheus is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: agent\n    static_configs:\n      - targets: ['{agent_metrics}']\n"
+        ),
+    )
+    .expect("config");
+    let web = free_port();
+    let child = Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    let _prometheus = KillOnDrop(child);
+    let client = http();
+    let query = |q: &'static str| {
+        let client = client.clone();
+        async move {
+            let path = format!("/api/v1/query?query={}", percent_encode(q));
+            let (code, body) = get(&client, web, &path).await?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let value = v["data"]["result"][0]["value"][1].as_str()?.to_owned();
+            (code == 200).then_some(value)
+        }
+    };
+    // Prometheus starts, then scrapes once a second: allow it 30 s
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (up, adds) = loop {
+        let up = query(r#"up{job="agent"}"#).await;
+        let adds =
+            query(r#"tidepool_agent_cni_requests_total{job="agent",verb="add",outcome="ok"}"#)
+                .await;
+        if let (Some(up), Some(adds)) = (up, adds) {
+            break (up, adds);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Prometheus did not scrape the agent at {agent_metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(up, "1", "the agent target is up");
+    assert_eq!(adds, "2", "Prometheus read the agent's ADD counter");
+}
+
+/// Percent-encodes everything but unreserved characters (a query string value).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
