@@ -12,12 +12,18 @@
 //! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
 //!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
 //!   ([`kube::Publisher`]).
+//! - [`pods`]: the live pods on the node (UID, `status.podIPs`): their addresses are never
+//!   handed out, and reconcile frees nothing they list.
+//! - [`reconcile`]: reconcile against the container runtime — an allocation whose sandbox
+//!   is gone (netns directory, libcni's result cache, live pods; seen twice) is freed.
 //! - [`run`]: the agent's start-up order and lifetime.
 //! - [`error`]: the agent's error type.
 
 pub mod cni;
 pub mod error;
 pub mod kube;
+pub mod pods;
+pub mod reconcile;
 pub mod run;
 pub mod serve;
 pub mod state;

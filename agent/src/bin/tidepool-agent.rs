@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ipnet::IpNet;
+use tidepool_agent::reconcile;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
 
@@ -55,6 +56,19 @@ struct Flags {
     /// How long to wait at start for this node's IPAMNode (the operator creates it).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_WAIT")]
     node_wait: Duration,
+    /// The runtime's network namespace directory as the agent sees it (reconcile's
+    /// evidence: missing or empty, reconcile frees nothing).
+    #[arg(long, default_value = reconcile::DEFAULT_NETNS_DIR, env = "TIDEPOOL_NETNS_DIR")]
+    netns_dir: PathBuf,
+    /// libcni's result cache directory as the agent sees it (reconcile's evidence).
+    #[arg(long, default_value = reconcile::DEFAULT_CNI_CACHE_DIR, env = "TIDEPOOL_CNI_CACHE_DIR")]
+    cni_cache_dir: PathBuf,
+    /// How often reconcile runs (an allocation is freed at its second cycle as a candidate).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_RECONCILE_INTERVAL")]
+    reconcile_interval: Duration,
+    /// The most allocations one reconcile cycle frees.
+    #[arg(long, default_value_t = reconcile::DEFAULT_MAX_FREES, env = "TIDEPOOL_RECONCILE_MAX_FREES")]
+    reconcile_max_frees: usize,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
     log_level: String,
@@ -69,6 +83,10 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
+    anyhow::ensure!(
+        !f.reconcile_interval.is_zero(),
+        "--reconcile-interval must be positive"
+    );
     let settings = Settings {
         socket: f.socket.clone(),
         spool_dir: f
@@ -79,6 +97,12 @@ fn main() -> anyhow::Result<()> {
         restored_marker: f.restored_marker.clone(),
         reuse_cooldown: f.reuse_cooldown,
         node_wait: f.node_wait,
+        reconcile: reconcile::Config {
+            netns_dir: f.netns_dir.clone(),
+            cni_cache_dir: f.cni_cache_dir.clone(),
+            interval: f.reconcile_interval,
+            max_frees: f.reconcile_max_frees,
+        },
         ..Settings::new(&f.node_name, nets)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -111,8 +111,9 @@ async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let reply = match (method, path.as_str()) {
         (Method::GET, "/v1/allocations") => agent.allocations().await,
+        (Method::GET, "/v1/reconcile") => agent.reconcile_report(),
         (Method::POST, verb) if verb.starts_with("/v1/cni/") => cni(agent, verb, req).await,
-        (_, "/v1/allocations") => not_allowed("GET"),
+        (_, "/v1/allocations" | "/v1/reconcile") => not_allowed("GET"),
         (_, p) if p.starts_with("/v1/cni/") => not_allowed("POST"),
         (_, p) => {
             let mut r = Reply::error(code::GENERIC, "no such endpoint", p.to_owned());
