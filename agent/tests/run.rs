@@ -31,6 +31,12 @@ fn settings(dir: &Path) -> Settings {
         boot_id_file: boot,
         node_wait: Duration::from_secs(10),
         empty_pool_wait: Duration::from_millis(500),
+        // the runtime's directories: none here (reconcile frees nothing)
+        reconcile: tidepool_agent::reconcile::Config {
+            netns_dir: dir.join("netns"),
+            cni_cache_dir: dir.join("results"),
+            ..Default::default()
+        },
         ..Settings::new("node-a", nets)
     }
 }
@@ -183,6 +189,10 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
         .arg(&s.state_dir)
         .arg("--restored-marker")
         .arg(&s.restored_marker)
+        .arg("--netns-dir")
+        .arg(&s.reconcile.netns_dir)
+        .arg("--cni-cache-dir")
+        .arg(&s.reconcile.cni_cache_dir)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start tidepool-agent");

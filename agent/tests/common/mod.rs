@@ -1,6 +1,7 @@
 //! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
 //! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
-//! the operator creates them; the plugin binary run as a runtime runs it.
+//! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
+//! a temp dir, pods on its node and its socket read ([`running`]).
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -13,6 +14,8 @@ use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_tests::{ADMIN, ApiServer, Config};
+
+pub mod running;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
 
