@@ -29,7 +29,7 @@ mod watch;
 
 pub use body::{AgentReady, NodeSide, block_status_body, node_status_body};
 pub use error::KubeError;
-pub use pods::{PodWatch, project as project_pod};
+pub use pods::PodWatch;
 pub use publish::{NodeSideSource, PublishConfig, Publisher};
 pub use read::read_node;
 pub use watch::NodeWatch;

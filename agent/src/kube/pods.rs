@@ -107,6 +107,7 @@ async fn drive(
     while let Some(event) = events.next().await {
         match event {
             Ok(e) => {
+                // a node's pods are few (its max-pods): the view is rebuilt per event
                 if on_event(&mut seen, e, |p| Some(project(p))) && seen.listed() {
                     let live = Arc::new(LivePods::new(seen.values()));
                     shared.live.send_replace(Some(live));
@@ -121,7 +122,7 @@ async fn drive(
 
 /// A pod as the rules read it: its UID (if a UUID), whether it is terminal, its addresses
 /// (`status.podIPs`, or `status.podIP` from older writers; unparsable ones skipped).
-pub fn project(pod: &Pod) -> PodAddrs {
+fn project(pod: &Pod) -> PodAddrs {
     let status = pod.status.as_ref();
     let terminal = matches!(
         status.and_then(|s| s.phase.as_deref()),

@@ -49,17 +49,6 @@ pub enum Cache {
     Known(BTreeSet<String>),
 }
 
-impl Cache {
-    /// Whether an entry names attachment `key` (`<networkName>-<containerID>-<ifname>`,
-    /// any network). Compared by name, so an entry being written counts as well.
-    fn names(names: &BTreeSet<String>, key: &AllocKey) -> bool {
-        let suffix = format!("-{}-{}", key.container_id, key.ifname);
-        names
-            .iter()
-            .any(|n| n.len() > suffix.len() && n.ends_with(&suffix))
-    }
-}
-
 /// One cycle's evidence.
 #[derive(Debug, Clone)]
 pub struct Evidence {
@@ -171,7 +160,7 @@ pub fn decide<'a>(
     let mut deferred = 0;
     for (key, a) in allocations {
         let dead = a.since < ev.taken_at
-            && !Cache::names(cache, key)
+            && !cached(cache, key)
             && !netns_lives(netns, a.netns.as_deref())
             && !a.addrs.iter().any(|x| pods.lists(a.pod.uid, x));
         if !dead {
@@ -223,6 +212,17 @@ fn complete(ev: &Evidence) -> Result<(&BTreeSet<String>, &BTreeSet<String>, &Liv
     };
     let pods = ev.pods.as_deref().ok_or(Blocked::PodsNotListed)?;
     Ok((netns, cache, pods))
+}
+
+/// Whether a cache entry names attachment `key` (`<networkName>-<containerID>-<ifname>`,
+/// any network). Compared by name, so an entry being written counts as well; a name that
+/// only looks like it (a container ID ending in another's) keeps an allocation, never frees
+/// one. Names × allocations: a node's few hundred of each.
+fn cached(names: &BTreeSet<String>, key: &AllocKey) -> bool {
+    let suffix = format!("-{}-{}", key.container_id, key.ifname);
+    names
+        .iter()
+        .any(|n| n.len() > suffix.len() && n.ends_with(&suffix))
 }
 
 /// Whether the allocation's recorded netns is still in the netns directory (by file name:

@@ -3,7 +3,7 @@
 //! came, cri-o#4727) is freed — only on positive evidence, never because something could
 //! not be seen.
 //!
-//! - [`decide`]: the decision, pure: which allocations a cycle frees from the evidence and
+//! - [`mod@decide`]: the decision, pure: which allocations a cycle frees from the evidence and
 //!   the cycle before (every rule there);
 //! - [`probe`]: the I/O — the runtime's netns directory and libcni's result cache read;
 //! - [`Tracker`]: what the cycles remember (the last candidates) and report (on the

@@ -11,7 +11,7 @@ use super::decide::{Blocked, Cache, Decision, Evidence, Memory, Netns};
 /// How many frees the report keeps.
 const RECENT_FREES: usize = 32;
 
-/// The cycles' memory (see [`super::decide`]) and their report.
+/// The cycles' memory (see [`mod@super::decide`]) and their report.
 #[derive(Debug, Default)]
 pub struct Tracker {
     pub memory: Memory,

@@ -45,7 +45,7 @@ pub(super) struct Inner {
     pub(super) dir: Arc<StateDir>,
     source: Arc<dyn NodeSource>,
     pub(super) pods: Arc<dyn PodSource>,
-    pub(super) publish: Arc<dyn Publish>,
+    publish: Arc<dyn Publish>,
     config: Config,
     /// Reconcile's memory and report (one cycle at a time runs).
     pub(super) reconcile: std::sync::Mutex<Tracker>,

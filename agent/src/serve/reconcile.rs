@@ -66,8 +66,8 @@ impl Agent {
 
     /// What the runtime and the API server show now.
     async fn probe(&self, cfg: &reconcile::Config) -> Result<Evidence> {
+        // before every read: an allocation made while the probe runs is not judged by it
         let taken_at = SystemTime::now();
-        // the pods first: a pod seen here is no older than the runtime's evidence
         let pods = self.inner().pods.live_pods();
         let (netns_dir, cache_dir) = (cfg.netns_dir.clone(), cfg.cni_cache_dir.clone());
         let (netns, cache) = tokio::task::spawn_blocking(move || {
