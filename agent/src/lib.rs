@@ -12,6 +12,10 @@
 //! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
 //!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
 //!   ([`kube::Publisher`]).
+//! - [`pods`]: the live pods on the node (UID, `status.podIPs`): their addresses are never
+//!   handed out, and reconcile frees nothing they list.
+//! - [`reconcile`]: reconcile against the container runtime — an allocation whose sandbox
+//!   is gone (netns directory, libcni's result cache, live pods; seen twice) is freed.
 //! - [`run`]: the agent's start-up order and lifetime, and its readiness.
 //! - [`observe`]: the agent's metrics (`tidepool_agent_*`), recorded by the server, the
 //!   state's changes and the publisher.
@@ -25,6 +29,8 @@ pub mod error;
 pub mod failpoint;
 pub mod kube;
 pub mod observe;
+pub mod pods;
+pub mod reconcile;
 pub mod run;
 pub mod serve;
 pub mod state;

@@ -1,12 +1,15 @@
 //! The agent's start-up order and lifetime (DESIGN.md "Node agent"): take the lock on the
 //! state directory, load the checkpoint, wait for the node's IPAMNode (the operator creates
-//! it), read it and its blocks, replay the DEL spool, publish the node side's fields in one
-//! write, mark the restore done (the plugin's STATUS reads the marker), then serve ADD. A
-//! partial `used` map is never published (Cilium #9888): nothing is published before the
-//! checkpoint is loaded and the spool replayed.
+//! it), read it and its blocks, list the node's pods, rebuild from the published node side
+//! if the checkpoint was corrupt, reconcile, replay the DEL spool, publish the node side's
+//! fields in one write, mark the restore done (the plugin's STATUS reads the marker), then
+//! serve ADD. A partial `used` map is never published (Cilium #9888): nothing is published
+//! before the checkpoint is loaded (or rebuilt) and the spool replayed. No ADD is served
+//! before the pods are listed: a live pod's address is never handed out, checkpoint or not.
 //!
 //! Then, for as long as it runs, it answers the operator's tombstones and release marks
-//! whenever the node's objects change and each second (cooldowns end with time).
+//! whenever the node's objects change and each second (cooldowns end with time), and
+//! reconciles against the runtime every [`reconcile::Config::interval`].
 //!
 //! [`Settings::ready`] turns ready once it serves (restored and the socket bound: what
 //! `/readyz` reports) and not ready when it stops. Its metrics are recorded where things
@@ -17,8 +20,6 @@
 //! the operator, before each publish — so the crash tests can kill it there
 //! ([`crate::failpoint`], agent/tests/crash.rs).
 //!
-//! Not yet here (issue 15 continues): reconcile against the runtime (netns directory, CNI
-//! cache, live pods).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,10 @@ use tidepool_metrics::probes::Readiness;
 use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
-use crate::kube::{AgentReady, NodeSide, NodeSideSource, NodeWatch, PublishConfig, Publisher};
+use crate::kube::{
+    AgentReady, NodeSide, NodeSideSource, NodeWatch, PodWatch, PublishConfig, Publisher, read_node,
+};
+use crate::reconcile;
 use crate::serve::{Agent, Config, PodNetworks, Server};
 use crate::state::{BOOT_ID_PATH, NodeState, StateDir, read_boot_id};
 
@@ -59,6 +63,8 @@ pub struct Settings {
     pub empty_pool_wait: Duration,
     /// Set once the agent serves, cleared when it stops (`/readyz`).
     pub ready: Readiness,
+    /// Reconcile against the runtime: its directories, interval and cap.
+    pub reconcile: reconcile::Config,
 }
 
 impl Settings {
@@ -77,6 +83,7 @@ impl Settings {
             node_wait: Duration::from_secs(300),
             empty_pool_wait: crate::serve::DEFAULT_EMPTY_POOL_WAIT,
             ready: Readiness::default(),
+            reconcile: reconcile::Config::default(),
         }
     }
 }
@@ -97,6 +104,11 @@ pub async fn run(
     s: Settings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    if s.reconcile.interval.is_zero() {
+        return Err(Error::Config(
+            "the reconcile interval must be positive".into(),
+        ));
+    }
     let dir = StateDir::open(&s.state_dir)?;
     let boot_id = read_boot_id(dir.fs(), &s.boot_id_file)?;
     let loaded = dir.load(&boot_id, SystemTime::now(), s.reuse_cooldown)?;
@@ -104,7 +116,15 @@ pub async fn run(
     let watch = NodeWatch::start(client.clone(), &s.node_name);
     watch.wait_for_node(s.node_wait).await?;
     watch.ready().await;
-    let state = Arc::new(Mutex::new(loaded.state));
+    let pods = PodWatch::start(client.clone(), &s.node_name);
+    let live = pods.synced(s.node_wait).await?;
+    tracing::info!(live_pods = live.len(), "the node's pods listed");
+    let rebuild = loaded.rebuild_needed();
+    let mut state = loaded.state;
+    if rebuild {
+        adopt_published(&client, &watch, &dir, &mut state).await?;
+    }
+    let state = Arc::new(Mutex::new(state));
     let publisher = Publisher::start(
         client,
         watch.clone(),
@@ -115,16 +135,18 @@ pub async fn run(
         pod_networks: s.pod_networks.clone(),
         empty_pool_wait: s.empty_pool_wait,
     };
-    let agent = Agent::shared(
+    let agent = Agent::with_pods(
         state,
         dir,
         Arc::new(watch.clone()),
+        Arc::new(pods),
         Arc::new(publisher.clone()),
         config,
     );
     agent
         .answer_operator(watch.blocks(), watch.allocations())
         .await?;
+    agent.reconcile(&s.reconcile).await?;
     let replayed = agent.replay_spool(&s.spool_dir).await?;
     tracing::info!(?replayed, "DEL spool replayed");
     publish_once(&publisher).await;
@@ -133,6 +155,7 @@ pub async fn run(
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
     let answering = tokio::spawn(answer_loop(agent.clone(), watch));
     let refreshing = tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh));
+    let reconciling = tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone()));
     let task = server.spawn(agent);
     s.ready.set(true);
     shutdown.await;
@@ -140,6 +163,7 @@ pub async fn run(
     task.abort();
     answering.abort();
     refreshing.abort();
+    reconciling.abort();
     Ok(())
 }
 
@@ -159,6 +183,33 @@ async fn answer_loop(agent: Agent, watch: NodeWatch) {
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+}
+
+/// After a corrupt checkpoint: adopts the node side the agent had published (read from the
+/// server, only if the IPAMNode is still the watched one, same nodeUID) and saves it before
+/// anything is published, so the rebuild survives a restart.
+async fn adopt_published(
+    client: &kube::Client,
+    watch: &NodeWatch,
+    dir: &StateDir,
+    state: &mut NodeState,
+) -> Result<()> {
+    let view = read_node(client, &watch.node_name()).await?;
+    if Some(view.node.node_uid) != watch.node_uid() {
+        tracing::warn!("the IPAMNode changed UID since it was watched: nothing adopted");
+        return Ok(());
+    }
+    let adopted = state.adopt(&view.node.node, &view.allocations, SystemTime::now());
+    for why in &adopted.skipped {
+        tracing::warn!(%why, "a published entry could not be adopted");
+    }
+    tracing::info!(
+        allocations = adopted.allocations,
+        cooldowns = adopted.cooldowns,
+        "corrupt checkpoint: the published node side adopted"
+    );
+    dir.save(state)?;
+    Ok(())
 }
 
 /// Publishes the restored state and waits until it is written (retried by the publisher).

@@ -292,3 +292,55 @@ async fn dual_stack_pods_get_one_address_per_family_and_ping_over_ipv6() {
     }
     node.stop_agent().await;
 }
+
+/// Reconcile needs positive evidence: with the runtime's netns directory not mounted, a pod
+/// whose namespace vanished without a DEL (a crashed sandbox) keeps its address cycle after
+/// cycle; with the real, populated directory, no libcni cache entry and no live pod, it is
+/// freed into cooldown, and the pod whose cache entry exists keeps its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_frees_nothing_without_the_netns_mount() {
+    let mut node = Node::new("recon", &["10.250.0.16/28"]).await;
+    let cache = node.dir.path().join("results");
+    node.settings.reconcile = tidepool_agent::reconcile::Config {
+        netns_dir: node.dir.path().join("netns-not-mounted"),
+        cni_cache_dir: cache.clone(),
+        interval: std::time::Duration::from_millis(200),
+        max_frees: 16,
+    };
+    node.start_agent().await;
+    let (pa, pb) = (node.pod(0), node.pod(1));
+    let a = address(&node.cni("ptp", "ADD", &pa, "ca", &pod_uid(0)).await);
+    let b = address(&node.cni("ptp", "ADD", &pb, "cb", &pod_uid(1)).await);
+    // the runtime's cache as libcni writes it: b's entry (a's sandbox never made it there)
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let entry = serde_json::json!({
+        "kind": "cniCacheV1", "containerId": "cb", "ifName": "eth0", "networkName": "pods",
+        "config": "", "result": {"cniVersion": "1.0.0", "ips": [{"address": format!("{b}/16")}]},
+    });
+    std::fs::write(cache.join("pods-cb-eth0"), entry.to_string()).expect("cache entry");
+    run("ip", &["netns", "del", &pa]); // a's sandbox is gone, and no DEL came
+
+    let sock = node.settings.socket.clone();
+    let seen = eventually("five reconcile cycles", || {
+        let sock = sock.clone();
+        async move {
+            let r = common::running::agent_get(&sock, "/v1/reconcile").await;
+            (r["cycles"].as_u64().unwrap_or(0) >= 5).then_some(r)
+        }
+    })
+    .await;
+    let (used, cooling) = node.status().await;
+    assert!(
+        used.contains_key(&a) && used.contains_key(&b) && cooling.is_empty(),
+        "nothing freed without the mount: {used:?} {cooling:?}; {seen}"
+    );
+
+    node.stop_agent().await;
+    node.settings.reconcile.netns_dir = "/var/run/netns".into();
+    node.start_agent().await;
+    node.until_status("a freed by reconcile, b kept", |used, cooling| {
+        used.keys().eq([&b]) && cooling == [a.clone()]
+    })
+    .await;
+    node.stop_agent().await;
+}

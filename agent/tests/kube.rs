@@ -482,3 +482,52 @@ async fn an_answer_for_a_block_that_is_gone_does_not_stall_publishing() {
         .unwrap();
     assert_eq!(theirs.status.and_then(|s| s.release_ack), None);
 }
+
+/// The pod watch, as the agent's service account (its RBAC lists and watches pods): only
+/// the pods bound to its node, terminal ones not live, podIPs as the kubelet sets them, a
+/// deleted pod gone.
+#[tokio::test]
+async fn the_pod_watch_sees_its_nodes_live_pods() {
+    use common::running::{pod_on, set_pod_ips};
+    use tidepool_agent::kube::PodWatch;
+
+    let (server, admin) = cluster().await;
+    let here = pod_on(
+        &admin,
+        "here",
+        "node-a",
+        "Running",
+        &["10.0.0.1", "fd00::1"],
+    )
+    .await;
+    let done = pod_on(&admin, "done", "node-a", "Failed", &["10.0.0.2"]).await;
+    let there = pod_on(&admin, "there", "node-b", "Running", &["10.0.0.3"]).await;
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = PodWatch::start(client, "node-a");
+    let live = w.synced(Duration::from_secs(5)).await.unwrap();
+    let uid = |s: &str| PodUid(parse_uid(s).unwrap());
+    assert_eq!(live.len(), 1);
+    assert!(live.lists(uid(&here), &ip("fd00::1")));
+    assert!(!live.has(uid(&done)), "terminal");
+    assert!(!live.has(uid(&there)), "another node's");
+    let listed: Vec<IpAddr> = live.addresses().iter().copied().collect();
+    assert_eq!(listed, vec![ip("10.0.0.1"), ip("fd00::1")]);
+
+    // a new pod gets its address; the first one is deleted
+    let new = pod_on(&admin, "new", "node-a", "Pending", &[]).await;
+    set_pod_ips(&admin, "new", "Running", &["10.0.0.4"]).await;
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default")
+        .delete("here", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = w.live().unwrap();
+        if !live.has(uid(&here)) && live.lists(uid(&new), &ip("10.0.0.4")) {
+            assert_eq!(live.len(), 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{live:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -224,6 +224,10 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
         .arg(&s.restored_marker)
         // any free port: the default (127.0.0.1:9965) may be taken by another test's agent
         .args(["--metrics-addr", "127.0.0.1:0"])
+        .arg("--netns-dir")
+        .arg(&s.reconcile.netns_dir)
+        .arg("--cni-cache-dir")
+        .arg(&s.reconcile.cni_cache_dir)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start tidepool-agent");

@@ -99,6 +99,12 @@ async fn a_deleted_pods_address_is_reclaimed_through_the_agent() {
         reuse_cooldown: Duration::from_secs(60),
         node_wait: Duration::from_secs(20),
         empty_pool_wait: Duration::from_secs(5),
+        // the runtime's directories: none here (reconcile frees nothing)
+        reconcile: tidepool_agent::reconcile::Config {
+            netns_dir: dir.path().join("netns"),
+            cni_cache_dir: dir.path().join("results"),
+            ..Default::default()
+        },
         ..Settings::new("node-a", nets)
     };
     let agent_client = server

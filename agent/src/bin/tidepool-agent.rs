@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ipnet::IpNet;
+use tidepool_agent::reconcile;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
 use tidepool_metrics::probes::{self, Readiness};
@@ -66,6 +67,19 @@ struct Flags {
     /// served [default: not served].
     #[arg(long, env = "TIDEPOOL_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
+    /// The runtime's network namespace directory as the agent sees it (reconcile's
+    /// evidence: missing or empty, reconcile frees nothing).
+    #[arg(long, default_value = reconcile::DEFAULT_NETNS_DIR, env = "TIDEPOOL_NETNS_DIR")]
+    netns_dir: PathBuf,
+    /// libcni's result cache directory as the agent sees it (reconcile's evidence).
+    #[arg(long, default_value = reconcile::DEFAULT_CNI_CACHE_DIR, env = "TIDEPOOL_CNI_CACHE_DIR")]
+    cni_cache_dir: PathBuf,
+    /// How often reconcile runs (an allocation is freed at its second cycle as a candidate).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_RECONCILE_INTERVAL")]
+    reconcile_interval: Duration,
+    /// The most allocations one reconcile cycle frees.
+    #[arg(long, default_value_t = reconcile::DEFAULT_MAX_FREES, env = "TIDEPOOL_RECONCILE_MAX_FREES")]
+    reconcile_max_frees: usize,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
     log_level: String,
@@ -86,6 +100,10 @@ fn main() -> anyhow::Result<()> {
     // tests only: where the crash tests stop the agent (tidepool_agent::failpoint)
     tidepool_agent::failpoint::init_from_env().context(tidepool_agent::failpoint::ENV)?;
     let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
+    anyhow::ensure!(
+        !f.reconcile_interval.is_zero(),
+        "--reconcile-interval must be positive"
+    );
     let settings = Settings {
         socket: f.socket.clone(),
         spool_dir: f
@@ -96,6 +114,12 @@ fn main() -> anyhow::Result<()> {
         restored_marker: f.restored_marker.clone(),
         reuse_cooldown: f.reuse_cooldown,
         node_wait: f.node_wait,
+        reconcile: reconcile::Config {
+            netns_dir: f.netns_dir.clone(),
+            cni_cache_dir: f.cni_cache_dir.clone(),
+            interval: f.reconcile_interval,
+            max_frees: f.reconcile_max_frees,
+        },
         ..Settings::new(&f.node_name, nets)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,8 +12,21 @@ pub enum KubeError {
     )]
     NodeMissing { node: String, waited: Duration },
 
+    #[error(
+        "the pods on node {node} were not listed within {waited:?} (may the agent list and \
+         watch pods? deploy/agent/rbac.yaml grants it)"
+    )]
+    PodsNotListed { node: String, waited: Duration },
+
     #[error("the watch of {what} ended")]
     WatchEnded { what: &'static str },
+
+    #[error("reading {object}: {source}")]
+    Get {
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
 
     #[error("server-side apply of {object}: {source}")]
     Apply {

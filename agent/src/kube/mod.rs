@@ -10,19 +10,28 @@
 //!   `AgentReady` condition, and of each block's `status.releaseAck`; callers ask, one task
 //!   writes the latest state, at most once per interval (batching under load), and again
 //!   when the IPAMNode's UID changes.
+//! - [`PodWatch`]: the pods bound to this node (field selector `spec.nodeName`), kept as
+//!   [`crate::pods::LivePods`] (UID, terminal or not, `status.podIPs`) for the exclusion of
+//!   live pods' addresses and for reconcile.
+//! - [`read_node`]: the IPAMNode read from the server, not the cache (the rebuild after a
+//!   corrupt checkpoint).
 //! - [`body`]: the apply bodies, pure functions.
 //!
 //! The objects are read by [`tidepool_api::convert`], the same code as the operator's.
 
 pub mod body;
 mod error;
+mod pods;
 mod publish;
+mod read;
 mod view;
 mod watch;
 
 pub use body::{AgentReady, NodeSide, block_status_body, node_status_body};
 pub use error::KubeError;
+pub use pods::PodWatch;
 pub use publish::{NodeSideSource, PublishConfig, Publisher};
+pub use read::read_node;
 pub use watch::NodeWatch;
 
 /// The socket server reads the node as the watch projects it.
@@ -40,5 +49,12 @@ impl crate::serve::NodeSource for NodeWatch {
 impl crate::serve::Publish for Publisher {
     fn publish(&self) {
         Publisher::publish(self);
+    }
+}
+
+/// The socket server and reconcile read the node's live pods from the pod watch.
+impl crate::serve::PodSource for PodWatch {
+    fn live_pods(&self) -> Option<std::sync::Arc<crate::pods::LivePods>> {
+        self.live()
     }
 }

@@ -109,6 +109,11 @@ impl NodeWatch {
         self.shared().projected.borrow().allocations.clone()
     }
 
+    /// The node's name.
+    pub fn node_name(&self) -> String {
+        self.shared().node.clone()
+    }
+
     /// The IPAMNode's `spec.nodeUID`, once seen.
     pub fn node_uid(&self) -> Option<u128> {
         self.shared().projected.borrow().node_uid
@@ -197,12 +202,22 @@ fn take(seen: &mut Seen, change: Change) -> bool {
     }
 }
 
-fn on_event<K: kube::Resource, T>(
+/// Takes one watcher event into `listed` (objects keyed by `namespace/name`, or by name
+/// when cluster-scoped); whether the live view may have changed (a relist changes it only
+/// when done).
+pub(super) fn on_event<K: kube::Resource, T>(
     listed: &mut super::view::Listed<T>,
     event: Event<K>,
     read: impl Fn(&K) -> Option<T>,
 ) -> bool {
-    let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+    let name = |o: &K| {
+        let m = o.meta();
+        let name = m.name.clone().unwrap_or_default();
+        match &m.namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name,
+        }
+    };
     match event {
         Event::Apply(o) => match read(&o) {
             Some(v) => listed.apply(name(&o), v),

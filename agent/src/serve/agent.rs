@@ -14,12 +14,13 @@ use tokio::time::Instant;
 
 use super::request::{CniRequest, Reply, UidArg};
 use super::shape::PodNetworks;
-use super::source::{NodeSource, Publish};
+use super::source::{NoPods, NodeSource, PodSource, Publish};
 use super::spool::{Replayed, replay_spool};
 use crate::cni::proto::code;
 use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
+use crate::reconcile::Tracker;
 use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
@@ -41,12 +42,15 @@ pub struct Agent {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(super) struct Inner {
     state: Arc<Mutex<NodeState>>,
-    dir: Arc<StateDir>,
+    pub(super) dir: Arc<StateDir>,
     source: Arc<dyn NodeSource>,
+    pub(super) pods: Arc<dyn PodSource>,
     publish: Arc<dyn Publish>,
     config: Config,
+    /// Reconcile's memory and report (one cycle at a time runs).
+    pub(super) reconcile: std::sync::Mutex<Tracker>,
 }
 
 /// What one locked step did: its reply, and whether a durable change is to be published.
@@ -73,11 +77,25 @@ impl Agent {
         Self::shared(Arc::new(Mutex::new(state)), dir, source, publish, config)
     }
 
-    /// The agent over a state others share already (the publisher reads it).
+    /// The agent over a state others share already (the publisher reads it), with no pod
+    /// view (nothing excluded; reconcile frees nothing).
     pub fn shared(
         state: Arc<Mutex<NodeState>>,
         dir: StateDir,
         source: Arc<dyn NodeSource>,
+        publish: Arc<dyn Publish>,
+        config: Config,
+    ) -> Self {
+        Self::with_pods(state, dir, source, Arc::new(NoPods), publish, config)
+    }
+
+    /// [`Agent::shared`] with the node's live pods: their addresses are never handed out
+    /// (nor answered `ready-for-release`), and reconcile reads them.
+    pub fn with_pods(
+        state: Arc<Mutex<NodeState>>,
+        dir: StateDir,
+        source: Arc<dyn NodeSource>,
+        pods: Arc<dyn PodSource>,
         publish: Arc<dyn Publish>,
         config: Config,
     ) -> Self {
@@ -86,10 +104,16 @@ impl Agent {
                 state,
                 dir: Arc::new(dir),
                 source,
+                pods,
                 publish,
                 config,
+                reconcile: std::sync::Mutex::new(Tracker::default()),
             }),
         }
+    }
+
+    pub(super) fn inner(&self) -> &Inner {
+        &self.inner
     }
 
     /// The shared state (the kube layer reads it to publish; lock it briefly).
@@ -99,7 +123,7 @@ impl Agent {
 
     /// Runs `f` on the locked state on the blocking pool (saves fsync), sets the address
     /// gauges from what it left, then publishes if it says so.
-    async fn locked<T, F>(&self, f: F) -> Result<T>
+    pub(super) async fn locked<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut NodeState, &Inner) -> (T, bool) + Send + 'static,
@@ -295,7 +319,8 @@ impl Agent {
 
     /// Answers what the operator asks of the node as `source` shows it now (tombstones,
     /// release marks, block marks; cooldowns ended): saved, then published. `keys` names the
-    /// tombstones' allocations. Nothing happens before the IPAMNode is read.
+    /// tombstones' allocations; live pods' addresses count as busy for release marks.
+    /// Nothing happens before the IPAMNode is read.
     pub async fn answer_operator(
         &self,
         blocks: Arc<[BlockView]>,
@@ -304,9 +329,12 @@ impl Agent {
         let Some(node) = self.inner.source.node() else {
             return Ok(());
         };
+        let live = self.inner.pods.live_pods();
         let run = self
             .locked(move |s, i| {
-                super::answer::answer(s, &node, &blocks, &keys, SystemTime::now());
+                let busy = live.as_ref().map(|l| l.addresses().clone());
+                let busy = busy.unwrap_or_default();
+                super::answer::answer(s, &node, &blocks, &keys, &busy, SystemTime::now());
                 match save_if_dirty(s, &i.dir, Some(Persist::ACK)) {
                     Ok(saved) => (Ok(()), saved),
                     Err(e) => (Err(e), false),
@@ -370,6 +398,13 @@ fn try_add(
     let never = now + Duration::from_secs(100 * 365 * 24 * 3600);
     for a in networks.reserved().iter() {
         side.cooldown.insert(a, never);
+    }
+    // and so do live pods' addresses the state does not hold (no checkpoint, or a corrupt
+    // one: a running pod's address is never given to another; aws-vpc-cni#711)
+    if let Some(live) = i.pods.live_pods() {
+        for a in live.addresses() {
+            side.cooldown.entry(*a).or_insert(never);
+        }
     }
     let families: Vec<Family> = Family::ALL
         .into_iter()

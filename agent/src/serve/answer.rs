@@ -1,28 +1,34 @@
 //! The node side's answers to the operator (DESIGN.md "Release handshake" and reclaim), on
 //! the durable state: tombstones answered on their exact allocation (reclaimed: freed into
 //! cooldown; else stale), an answer dropped once its tombstone is gone; address release
-//! marks and block marks answered by `ipam`'s node rules; cooldowns ended with their time or
-//! when the address left the pool. The caller saves and then publishes.
+//! marks and block marks answered by `ipam`'s node rules — an address a live pod on the
+//! node lists counts as busy there, held or not (no checkpoint, or a corrupt one, must not
+//! let a running pod's block go); cooldowns ended with their time or when the address left
+//! the pool. The caller saves and then publishes.
 
-use std::time::SystemTime;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
 
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::IpamNode;
 use tidepool_ipam::node::{Answers, BlockView, answer_blocks, reconcile};
+use tidepool_ipam::{IpamNode, NodeSideFields};
 
 use crate::state::{AllocKey, NodeState};
 
 /// Answers everything the operator asks of `node` (projected, with `blocks`); `keys` names
-/// the tombstones' allocations. A change leaves the state dirty (to be saved).
+/// the tombstones' allocations; `live` are the addresses live pods on the node list. A
+/// change leaves the state dirty (to be saved).
 pub fn answer(
     state: &mut NodeState,
     node: &IpamNode,
     blocks: &[BlockView],
     keys: &Allocations,
+    live: &BTreeSet<IpAddr>,
     now: SystemTime,
 ) {
     answer_tombstones(state, node, keys, now);
-    answer_marks(state, node, blocks, now);
+    answer_marks(state, node, blocks, live, now);
     state.expire_cooldowns(now);
     state.forget_cooldowns_outside(&node.operator.addresses);
 }
@@ -54,8 +60,14 @@ fn answer_tombstones(state: &mut NodeState, node: &IpamNode, keys: &Allocations,
 /// Address marks (`spec.release`) by `ipam::node::reconcile` over the node side as the
 /// state has it (its tombstone and cooldown parts are done above, on the full keys), and
 /// block marks by `answer_blocks`.
-fn answer_marks(state: &mut NodeState, node: &IpamNode, blocks: &[BlockView], now: SystemTime) {
-    let mut side = state.node_side();
+fn answer_marks(
+    state: &mut NodeState,
+    node: &IpamNode,
+    blocks: &[BlockView],
+    live: &BTreeSet<IpAddr>,
+    now: SystemTime,
+) {
+    let mut side = busy_side(state, live, now);
     let unmarked = IpamNode {
         operator: tidepool_ipam::OperatorFields {
             release: address_marks(node, blocks),
@@ -67,7 +79,7 @@ fn answer_marks(state: &mut NodeState, node: &IpamNode, blocks: &[BlockView], no
     reconcile(&unmarked, &mut side, now, std::time::Duration::ZERO);
     state.ack_release(side.release_ack);
     let mut out = Answers::default();
-    for (name, ack) in answer_blocks(&state.node_side(), blocks, now, &mut out) {
+    for (name, ack) in answer_blocks(&busy_side(state, live, now), blocks, now, &mut out) {
         state.ack_block(&name, ack);
     }
     // a block that went (released and deleted) takes its answer with it
@@ -80,6 +92,19 @@ fn answer_marks(state: &mut NodeState, node: &IpamNode, blocks: &[BlockView], no
     for b in gone {
         state.ack_block(&b, None);
     }
+}
+
+/// The node side as the release answers read it: live pods' addresses the state does not
+/// hold count as cooling down for as long as anyone can see.
+fn busy_side(state: &NodeState, live: &BTreeSet<IpAddr>, now: SystemTime) -> NodeSideFields {
+    let mut side = state.node_side();
+    let never = now + Duration::from_secs(100 * 365 * 24 * 3600);
+    for a in live {
+        if !side.used.contains_key(a) {
+            side.cooldown.entry(*a).or_insert(never);
+        }
+    }
+    side
 }
 
 /// The address-level marks alone: the projection also marks a marked block's addresses,
@@ -163,7 +188,7 @@ mod tests {
                 (k.container_id.as_str().into(), k.ifname.as_str().into()),
             );
         }
-        answer(&mut st, &node, &blocks, &keys, now);
+        answer(&mut st, &node, &blocks, &keys, &BTreeSet::new(), now);
         let acks = st.reclaim_acks();
         assert_eq!(acks[&ip].outcome, ReclaimOutcome::Reclaimed);
         assert_eq!(acks[&stranger].outcome, ReclaimOutcome::Stale);
@@ -176,15 +201,56 @@ mod tests {
         assert!(st.is_dirty());
         // the tombstones gone: their answers go
         let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &blocks);
-        answer(&mut st, &bare, &blocks, &keys, now);
+        answer(&mut st, &bare, &blocks, &keys, &BTreeSet::new(), now);
         assert!(st.reclaim_acks().is_empty());
         // block b released and deleted: its answer goes with it
         let left = [blocks[0].clone()];
         let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &left);
-        answer(&mut st, &bare, &left, &keys, now);
+        answer(&mut st, &bare, &left, &keys, &BTreeSet::new(), now);
         assert_eq!(
             st.block_release_acks().keys().collect::<Vec<_>>(),
             vec!["a"]
+        );
+    }
+
+    /// A live pod's address the state does not hold (no checkpoint) keeps its block and
+    /// its address mark from being answered ready-for-release.
+    #[test]
+    fn a_live_pods_address_is_busy_for_release_marks() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let blocks = [block("a", "10.0.0.0/28", true)];
+        let ip: std::net::IpAddr = "10.0.0.5".parse().expect("ip");
+        // an address mark as a cloud source's node carries it (not projected from blocks)
+        let mut node = IpamNode::new(NodeName::from("n"), 1);
+        let mark: std::net::IpAddr = "10.0.0.40".parse().expect("ip");
+        let mut pool = AddrSet::of_net(&"10.0.0.0/28".parse().expect("net"));
+        pool.union_with(&AddrSet::of_net(&"10.0.0.32/28".parse().expect("net")));
+        node.operator.addresses = Arc::new(pool);
+        node.operator
+            .release
+            .insert(mark, tidepool_ipam::ReleaseState::MarkedForRelease);
+        let answered = |live: &[std::net::IpAddr]| {
+            let mut st = NodeState::new("boot", Duration::from_secs(30));
+            let live: BTreeSet<std::net::IpAddr> = live.iter().copied().collect();
+            answer(&mut st, &node, &blocks, &Allocations::new(), &live, now);
+            (
+                st.block_release_acks().get("a").copied(),
+                st.release_acks().get(&mark).copied(),
+            )
+        };
+        assert_eq!(
+            answered(&[ip, mark]),
+            (
+                Some(ReleaseAck::DoNotRelease),
+                Some(ReleaseAck::DoNotRelease)
+            )
+        );
+        assert_eq!(
+            answered(&[]),
+            (
+                Some(ReleaseAck::ReadyForRelease),
+                Some(ReleaseAck::ReadyForRelease)
+            )
         );
     }
 }

@@ -113,6 +113,7 @@ async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let reply = match (method, path.as_str()) {
         (Method::GET, "/v1/allocations") => agent.allocations().await,
+        (Method::GET, "/v1/reconcile") => agent.reconcile_report(),
         (Method::POST, p) if p.starts_with("/v1/cni/") => match Verb::from_path(p) {
             Some(verb) => observed(agent, verb, req).await,
             None => {
@@ -122,7 +123,7 @@ async fn route(agent: &Agent, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 r
             }
         },
-        (_, "/v1/allocations") => not_allowed("GET"),
+        (_, "/v1/allocations" | "/v1/reconcile") => not_allowed("GET"),
         (_, p) if p.starts_with("/v1/cni/") => not_allowed("POST"),
         (_, p) => {
             let mut r = Reply::error(code::GENERIC, "no such endpoint", p.to_owned());

@@ -8,12 +8,15 @@
 //!   time (a tokio mutex; fsyncs on the blocking pool), saved before the reply, then
 //!   [`Publish::publish`];
 //! - [`Server`]: HTTP/1.1 over the unix socket (mode 0600, stale socket replaced);
-//! - [`replay_spool`]: the DELs the plugin spooled while the agent was down.
+//! - [`replay_spool`]: the DELs the plugin spooled while the agent was down;
+//! - [`Agent::reconcile`]: reconcile against the runtime ([`crate::reconcile`]), its frees
+//!   through DEL's path; its report at `GET /v1/reconcile`.
 //!
 //! # ADD
 //! Repeated ADD of a (containerID, ifname) by the same pod returns what it got. Otherwise
 //! one address per family the node's pool has (dual-stack: one of each, all or none), the
-//! lowest free one by `ipam::node::free_address`. An empty pool (or no IPAMNode read yet)
+//! lowest free one by `ipam::node::free_address` — never an address a live pod on the node
+//! lists ([`PodSource`]), whether or not the state holds it. An empty pool (or no IPAMNode read yet)
 //! waits up to [`Config::empty_pool_wait`] for [`NodeSource::changes`] to bring an address,
 //! then answers code 11. An ADD without a pod UID (a UUID) is refused: the UID is the
 //! allocation's identity.
@@ -35,6 +38,7 @@
 mod agent;
 mod answer;
 mod http;
+mod reconcile;
 mod request;
 mod shape;
 mod source;
@@ -45,5 +49,7 @@ pub use answer::answer;
 pub use http::{MAX_BODY_BYTES, Server};
 pub use request::{CniRequest, Reply, UidArg};
 pub use shape::{PodNetworks, gateway};
-pub use source::{CountingPublish, MemoryNodeSource, NodeSource, Publish};
+pub use source::{
+    CountingPublish, MemoryNodeSource, MemoryPods, NoPods, NodeSource, PodSource, Publish,
+};
 pub use spool::{Replayed, replay_spool};

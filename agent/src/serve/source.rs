@@ -1,15 +1,18 @@
-//! What the server needs from the API-server side, as two small traits, and in-memory
+//! What the server needs from the API-server side, as small traits, and in-memory
 //! implementations for tests (and for running the server without a cluster).
 //!
-//! The kube layer implements both: [`NodeSource`] from its watch of the node's IPAMNode and
+//! The kube layer implements them: [`NodeSource`] from its watch of the node's IPAMNode and
 //! blocks (the node projected with `ipam::node::project`), [`Publish`] by writing the node
-//! side's fields from the shared state when told (batched; it reads the state itself).
+//! side's fields from the shared state when told (batched; it reads the state itself),
+//! [`PodSource`] from its watch of the node's pods.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tidepool_ipam::{AddrSet, IpamNode, NodeName};
 use tokio::sync::watch;
+
+use crate::pods::LivePods;
 
 /// The node as the server allocates from it.
 pub trait NodeSource: Send + Sync + 'static {
@@ -19,6 +22,47 @@ pub trait NodeSource: Send + Sync + 'static {
     /// Bumped whenever [`NodeSource::node`] may have changed (an ADD waiting on an empty
     /// pool wakes on it).
     fn changes(&self) -> watch::Receiver<u64>;
+}
+
+/// The live pods on the node (the kube layer's pod watch): their addresses are never
+/// handed to another allocation, and reconcile frees nothing they list.
+pub trait PodSource: Send + Sync + 'static {
+    /// `None` until the pods have been listed.
+    fn live_pods(&self) -> Option<Arc<LivePods>>;
+}
+
+/// No pod view (an agent run without a cluster): nothing excluded, and reconcile, which
+/// needs the pods, frees nothing.
+#[derive(Debug, Default)]
+pub struct NoPods;
+
+impl PodSource for NoPods {
+    fn live_pods(&self) -> Option<Arc<LivePods>> {
+        None
+    }
+}
+
+/// A [`PodSource`] held in memory (tests).
+#[derive(Debug, Default)]
+pub struct MemoryPods(std::sync::Mutex<Option<Arc<LivePods>>>);
+
+impl MemoryPods {
+    /// Replaces the live pods (`None`: not listed yet).
+    pub fn set(&self, live: Option<LivePods>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = live.map(Arc::new);
+    }
+}
+
+impl PodSource for MemoryPods {
+    fn live_pods(&self) -> Option<Arc<LivePods>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl<T: PodSource> PodSource for Arc<T> {
+    fn live_pods(&self) -> Option<Arc<LivePods>> {
+        (**self).live_pods()
+    }
 }
 
 /// Told after every durable change of the node state: the kube layer publishes the node

@@ -7,7 +7,9 @@
 //!   acks, with the rules that change them (pure; time passed in);
 //! - the checkpoint (`checkpoint.json`, format below) is saved through [`Fs`] as temp
 //!   file, fsync, rename, fsync of the directory; [`RecordingFs`] records those calls and models a power loss for the tests;
-//! - [`drain_spool`] reads the DELs the plugin spooled while the agent was down.
+//! - [`drain_spool`] reads the DELs the plugin spooled while the agent was down;
+//! - [`NodeState::adopt`] rebuilds the state after a corrupt checkpoint from the node side
+//!   the agent had published.
 //!
 //! # Checkpoint format
 //! ```json
@@ -24,6 +26,7 @@
 //! N (new formats only add fields with defaults); `minReaderVersion` lets a format refuse
 //! older readers. A format this agent does not read is refused, never misread.
 
+mod adopt;
 mod boot;
 mod checkpoint;
 mod dir;
@@ -37,6 +40,7 @@ mod spool;
 #[cfg(test)]
 mod test_dir;
 
+pub use adopt::Adopted;
 pub use boot::{BOOT_ID_PATH, read_boot_id};
 pub use checkpoint::{CHECKPOINT_FILE, CORRUPT_PREFIX, Loaded, Origin, TEMP_FILE};
 pub use dir::StateDir;

@@ -1,6 +1,7 @@
 //! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
 //! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
-//! the operator creates them; the plugin binary run as a runtime runs it.
+//! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
+//! a temp dir, pods on its node and its socket read ([`running`]).
 #![allow(dead_code)]
 
 pub mod chain;
@@ -18,6 +19,8 @@ use tidepool_agent::run::Settings;
 use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 use tidepool_tests::{ADMIN, ApiServer, Config};
+
+pub mod running;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
 
@@ -198,6 +201,12 @@ pub fn settings(dir: &Path) -> Settings {
         boot_id_file: boot,
         node_wait: Duration::from_secs(10),
         empty_pool_wait: Duration::from_millis(500),
+        // the runtime's directories: none here (reconcile frees nothing)
+        reconcile: tidepool_agent::reconcile::Config {
+            netns_dir: dir.join("netns"),
+            cni_cache_dir: dir.join("results"),
+            ..Default::default()
+        },
         ..Settings::new("node-a", nets)
     }
 }
@@ -212,12 +221,12 @@ pub fn config(s: &Settings) -> String {
     )
 }
 
-/// Polls `f` until it gives `Some` (10 s at most).
+/// Polls `f` until it gives `Some` (20 s at most).
 pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     what: &str,
     mut f: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(v) = f().await {
             return v;

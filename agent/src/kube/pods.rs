@@ -1,0 +1,186 @@
+//! [`PodWatch`]: the pods bound to this node (field selector `spec.nodeName`), list then
+//! watch with kube's default backoff, kept as [`LivePods`] — only each pod's UID, whether it
+//! is terminal, and its `status.podIPs` (DESIGN.md "Watches": a full Pod costs ~35 KB, the
+//! projection a few dozen bytes; each event is projected and the Pod dropped).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher as watch_objects};
+use tidepool_api::convert::parse_uid;
+use tidepool_ipam::PodUid;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::KubeError;
+use super::view::Listed;
+use super::watch::on_event;
+use crate::pods::{LivePods, PodAddrs};
+
+/// A node's pods per list page (the operator's watches use about as many).
+const PAGE_SIZE: u32 = 100;
+
+struct Shared {
+    node: String,
+    /// `None` until the first list is done.
+    live: watch::Sender<Option<Arc<LivePods>>>,
+}
+
+/// Stops the watch when the last [`PodWatch`] goes.
+struct Running {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The live pods on this node as the watch sees them. Cheap to clone; the watch stops with
+/// the last clone.
+#[derive(Clone)]
+pub struct PodWatch {
+    running: Arc<Running>,
+}
+
+impl std::fmt::Debug for PodWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodWatch")
+            .field("node", &self.running.shared.node)
+            .field("synced", &self.live().is_some())
+            .finish()
+    }
+}
+
+impl PodWatch {
+    /// Starts watching the pods bound to node `node` through `client` (on the current tokio
+    /// runtime).
+    pub fn start(client: kube::Client, node: &str) -> Self {
+        let shared = Arc::new(Shared {
+            node: node.to_string(),
+            live: watch::Sender::new(None),
+        });
+        let pods: Api<Pod> = Api::all(client);
+        let on_node = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .page_size(PAGE_SIZE);
+        let events = watch_objects(pods, on_node).default_backoff();
+        let task = tokio::spawn(drive(shared.clone(), events));
+        Self {
+            running: Arc::new(Running { shared, task }),
+        }
+    }
+
+    /// The live pods, once the first list is done (`None` before: nothing may be concluded
+    /// from pods not seen yet). A relist keeps answering with what was seen until it is done.
+    pub fn live(&self) -> Option<Arc<LivePods>> {
+        self.running.shared.live.borrow().clone()
+    }
+
+    /// Waits, at most `timeout`, for the first list.
+    pub async fn synced(&self, timeout: Duration) -> Result<Arc<LivePods>, KubeError> {
+        let mut live = self.running.shared.live.subscribe();
+        let wait = live.wait_for(Option::is_some);
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(v)) => Ok(v.clone().unwrap_or_default()),
+            _ => Err(KubeError::PodsNotListed {
+                node: self.running.shared.node.clone(),
+                waited: timeout,
+            }),
+        }
+    }
+}
+
+async fn drive(
+    shared: Arc<Shared>,
+    events: impl Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + Send,
+) {
+    let mut seen: Listed<PodAddrs> = Listed::default();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(e) => {
+                // a node's pods are few (its max-pods): the view is rebuilt per event
+                if on_event(&mut seen, e, |p| Some(project(p))) && seen.listed() {
+                    let live = Arc::new(LivePods::new(seen.values()));
+                    shared.live.send_replace(Some(live));
+                }
+            }
+            // the watcher retries with its backoff; what was seen keeps answering
+            Err(e) => tracing::warn!(node = %shared.node, error = %e, "pod watch failed; retrying"),
+        }
+    }
+    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "the node's pods" });
+}
+
+/// A pod as the rules read it: its UID (if a UUID), whether it is terminal, its addresses
+/// (`status.podIPs`, or `status.podIP` from older writers; unparsable ones skipped).
+fn project(pod: &Pod) -> PodAddrs {
+    let status = pod.status.as_ref();
+    let terminal = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    let mut listed: Vec<&str> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.as_str())
+        .collect();
+    if listed.is_empty() {
+        listed.extend(status.and_then(|s| s.pod_ip.as_deref()));
+    }
+    PodAddrs {
+        uid: pod.metadata.uid.as_deref().and_then(parse_uid).map(PodUid),
+        terminal,
+        addrs: listed
+            .iter()
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "p", "namespace": "default", "uid": UID },
+            "spec": { "nodeName": "n1", "containers": [] },
+            "status": status,
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn a_pod_projects_to_its_uid_phase_and_addresses() {
+        let p = project(&pod(json!({
+            "phase": "Running",
+            "podIP": "10.0.0.9",
+            "podIPs": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}, {"ip": "nonsense"}],
+        })));
+        assert_eq!(p.uid, parse_uid(UID).map(PodUid));
+        assert!(!p.terminal);
+        let want: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        assert_eq!(p.addrs, want);
+        // an older writer's podIP alone
+        let old = project(&pod(json!({ "phase": "Pending", "podIP": "10.0.0.9" })));
+        assert_eq!(old.addrs, vec!["10.0.0.9".parse::<IpAddr>().unwrap()]);
+        for phase in ["Succeeded", "Failed"] {
+            assert!(project(&pod(json!({ "phase": phase }))).terminal, "{phase}");
+        }
+        assert!(!project(&pod(json!({ "phase": "Unknown" }))).terminal);
+    }
+}
