@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::running::RunningAgent;
 use common::*;
 use kube::api::Api;
 use std::time::Duration;
@@ -42,14 +43,7 @@ async fn the_agent_serves_its_node_pool_and_publishes_what_it_gave() {
     assert_eq!(std::fs::read_dir(&s.spool_dir).expect("spool").count(), 1);
 
     let client = server.client(&agent_on("node-a")).await.expect("client");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(run(client, s.clone(), async move {
-        let _ = stopped.await;
-    }));
-    eventually("the restore marked", || async {
-        marker(&s.restored_marker)
-    })
-    .await;
+    let agent = RunningAgent::start(client, &s).await;
     assert_eq!(
         std::fs::read_dir(&s.spool_dir).expect("spool").count(),
         0,
@@ -87,8 +81,7 @@ async fn the_agent_serves_its_node_pool_and_publishes_what_it_gave() {
         (used.is_empty() && cooling == [addr.clone()]).then_some(())
     })
     .await;
-    stop.send(()).expect("the agent runs");
-    agent.await.expect("join").expect("the agent stops cleanly");
+    agent.stop().await;
 }
 
 /// STATUS through the plugin: ok while the agent serves; ok while it is down but its restore
@@ -109,14 +102,7 @@ async fn status_fails_only_after_the_agent_is_gone_longer_than_the_grace() {
         blocking(move || plugin("STATUS", "-", POD, &c))
     };
     let client = server.client(&agent_on("node-a")).await.expect("client");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(run(client, s.clone(), async move {
-        let _ = stopped.await;
-    }));
-    eventually("the restore marked", || async {
-        marker(&s.restored_marker)
-    })
-    .await;
+    let agent = RunningAgent::start(client, &s).await;
     assert_eq!(status().await.code, 0, "serving");
 
     let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
@@ -134,8 +120,7 @@ async fn status_fails_only_after_the_agent_is_gone_longer_than_the_grace() {
     })
     .await;
 
-    stop.send(()).expect("the agent runs");
-    agent.await.expect("join").expect("the agent stops cleanly");
+    agent.stop().await;
     assert_eq!(
         status().await.code,
         0,

@@ -6,29 +6,14 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use tidepool_agent::run::{Settings, run};
-use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 use tidepool_operator::runtime::{self, Settings as OperatorSettings};
-
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn operator_settings() -> OperatorSettings {
     OperatorSettings {
@@ -87,25 +72,11 @@ async fn a_deleted_pods_address_is_reclaimed_through_the_agent() {
     }));
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let boot = dir.path().join("boot_id");
-    std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
-    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
     let s = Settings {
-        socket: dir.path().join("run/agent.sock"),
-        state_dir: dir.path().join("state"),
-        spool_dir: dir.path().join("spool"),
-        restored_marker: dir.path().join("run/restored"),
-        boot_id_file: boot,
         reuse_cooldown: Duration::from_secs(60),
         node_wait: Duration::from_secs(20),
         empty_pool_wait: Duration::from_secs(5),
-        // the runtime's directories: none here (reconcile frees nothing)
-        reconcile: tidepool_agent::reconcile::Config {
-            netns_dir: dir.path().join("netns"),
-            cni_cache_dir: dir.path().join("results"),
-            ..Default::default()
-        },
-        ..Settings::new("node-a", nets)
+        ..settings(dir.path())
     };
     let agent_client = server
         .client(&agent_on("node-a"))

@@ -24,6 +24,7 @@ mod error;
 mod pods;
 mod publish;
 mod read;
+mod running;
 mod view;
 mod watch;
 

@@ -15,9 +15,9 @@ use kube::runtime::watcher::{self, watcher as watch_objects};
 use tidepool_api::convert::parse_uid;
 use tidepool_ipam::PodUid;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::KubeError;
+use super::running::Running;
 use super::view::Listed;
 use super::watch::on_event;
 use crate::pods::{LivePods, PodAddrs};
@@ -31,23 +31,11 @@ struct Shared {
     live: watch::Sender<Option<Arc<LivePods>>>,
 }
 
-/// Stops the watch when the last [`PodWatch`] goes.
-struct Running {
-    shared: Arc<Shared>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// The live pods on this node as the watch sees them. Cheap to clone; the watch stops with
 /// the last clone.
 #[derive(Clone)]
 pub struct PodWatch {
-    running: Arc<Running>,
+    running: Arc<Running<Shared>>,
 }
 
 impl std::fmt::Debug for PodWatch {

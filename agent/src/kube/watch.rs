@@ -14,9 +14,9 @@ use tidepool_api::convert::{block_from_api, node_from_api};
 use tidepool_ipam::IpamNode;
 use tidepool_ipam::node::BlockView;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::KubeError;
+use super::running::Running;
 use super::view::{Projected, Seen};
 
 /// One event of either watch (boxed: the objects are large, and the two differ in size).
@@ -32,23 +32,11 @@ struct Shared {
     ready: watch::Sender<bool>,
 }
 
-/// Stops the watch when the last [`NodeWatch`] goes.
-struct Running {
-    shared: Arc<Shared>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// The node as the agent's watch sees it. Cheap to clone; the watch stops with the last
 /// clone.
 #[derive(Clone)]
 pub struct NodeWatch {
-    running: Arc<Running>,
+    running: Arc<Running<Shared>>,
 }
 
 impl std::fmt::Debug for NodeWatch {

@@ -221,12 +221,12 @@ pub fn config(s: &Settings) -> String {
     )
 }
 
-/// Polls `f` until it gives `Some` (20 s at most).
+/// Polls `f` until it gives `Some` (30 s at most).
 pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     what: &str,
     mut f: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(v) = f().await {
             return v;
