@@ -284,9 +284,16 @@ async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
 }
 
 /// The node side's write of `status.used` (server-side apply as the agent's field manager):
-/// the whole map it owns, as the agent writes it.
+/// the whole map it owns, as the agent writes it. Like the agent, it first waits for the
+/// IPAMNode: a node's first pass claims its block and only then writes (creates) the
+/// IPAMNode, so under load a test can see the block before the IPAMNode exists.
 async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (String, String)>) {
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the IPAMNode", || {
+        let ipamnodes = ipamnodes.clone();
+        async move { ipamnodes.get_opt(node).await.ok()? }
+    })
+    .await;
     let entries: serde_json::Map<String, Value> = used
         .iter()
         .map(|(addr, (uid, pod))| {
