@@ -135,7 +135,7 @@ fn restricted_violations(pod: &Value) -> Vec<String> {
     let mut out = Vec::new();
     for host in ["hostNetwork", "hostPID", "hostIPC"] {
         if pod[host] == true {
-            out.push(format!("{host}"));
+            out.push(host.to_string());
         }
     }
     const VOLUMES: &[&str] = &[
@@ -149,7 +149,12 @@ fn restricted_violations(pod: &Value) -> Vec<String> {
         "secret",
     ];
     for v in pod["volumes"].as_array().into_iter().flatten() {
-        let kinds: Vec<&String> = v.as_object().unwrap().keys().filter(|k| *k != "name").collect();
+        let kinds: Vec<&String> = v
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "name")
+            .collect();
         if kinds.iter().any(|k| !VOLUMES.contains(&k.as_str())) {
             out.push(format!("volume {} is {kinds:?}", v["name"]));
         }
@@ -222,8 +227,8 @@ fn validate(objects: &[&Value], version: &str) -> (bool, String) {
         ],
     );
     let text = tools::text(&out);
-    let passed = out.status.success()
-        && text.matches("passed for resource").count() == objects.len();
+    let passed =
+        out.status.success() && text.matches("passed for resource").count() == objects.len();
     (passed, text)
 }
 
@@ -246,7 +251,10 @@ fn every_variant_renders_and_every_builtin_object_passes_kubernetes_validate() {
     let all = tools::documents(&tools::render(COMPONENTS));
     for docs in [&base, &all] {
         // the only objects kubernetes-validate cannot check are the ServiceMonitors
-        for d in docs.iter().filter(|d| builtins(std::slice::from_ref(d)).is_empty()) {
+        for d in docs
+            .iter()
+            .filter(|d| builtins(std::slice::from_ref(d)).is_empty())
+        {
             assert_eq!(d["kind"], "ServiceMonitor", "{d}");
         }
         let objects = builtins(docs);
@@ -345,19 +353,30 @@ fn the_operator_is_highly_available_and_meets_pod_security_restricted() {
     let lease = flag(c, "leader-elect-resource-name").expect("--leader-elect-resource-name");
     let role = find(&docs, "Role", "tidepool-operator-leader-election");
     assert!(
-        role["rules"].as_array().unwrap().iter().any(|r| strs(&r["resourceNames"]) == [lease.as_str()]),
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| strs(&r["resourceNames"]) == [lease.as_str()]),
         "{role}"
     );
-    assert_eq!(role["metadata"]["namespace"], deploy["metadata"]["namespace"]);
+    assert_eq!(
+        role["metadata"]["namespace"],
+        deploy["metadata"]["namespace"]
+    );
     let ns_env = c["env"]
         .as_array()
         .unwrap()
         .iter()
         .find(|e| e["name"] == "POD_NAMESPACE")
         .expect("POD_NAMESPACE (the Lease's namespace)");
-    assert_eq!(ns_env["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
+    assert_eq!(
+        ns_env["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
     // anti-affinity on the hostname, a zone spread, both over these pods
-    let anti = &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    let anti =
+        &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
     assert!(selects(&anti["labelSelector"], deploy));
     let spread = &spec["topologySpreadConstraints"][0];
@@ -375,17 +394,32 @@ fn the_operator_is_highly_available_and_meets_pod_security_restricted() {
         ("readinessProbe", "/readyz"),
     ] {
         assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
-        assert_eq!(resolve_port(c, &c[probe]["httpGet"]["port"]), health, "{probe}");
+        assert_eq!(
+            resolve_port(c, &c[probe]["httpGet"]["port"]),
+            health,
+            "{probe}"
+        );
     }
-    for (kind, what) in [("requests", "cpu"), ("requests", "memory"), ("limits", "cpu"), ("limits", "memory")] {
-        assert!(c["resources"][kind][what].is_string(), "resources.{kind}.{what}");
+    for (kind, what) in [
+        ("requests", "cpu"),
+        ("requests", "memory"),
+        ("limits", "cpu"),
+        ("limits", "memory"),
+    ] {
+        assert!(
+            c["resources"][kind][what].is_string(),
+            "resources.{kind}.{what}"
+        );
     }
     // the metrics Service and the NetworkPolicy cover --metrics-addr's port of these pods
     let metrics = port_of(&flag(c, "metrics-addr").expect("--metrics-addr"));
     let svc = find(&docs, "Service", "tidepool-operator-metrics");
     let sel = serde_json::json!({"matchLabels": svc["spec"]["selector"]});
     assert!(selects(&sel, deploy));
-    assert_eq!(resolve_port(c, &svc["spec"]["ports"][0]["targetPort"]), metrics);
+    assert_eq!(
+        resolve_port(c, &svc["spec"]["ports"][0]["targetPort"]),
+        metrics
+    );
     let np = find(&docs, "NetworkPolicy", "tidepool-operator-metrics");
     assert!(selects(&np["spec"]["podSelector"], deploy));
     assert_eq!(strs(&np["spec"]["policyTypes"]), ["Ingress"]);
@@ -399,7 +433,12 @@ fn the_operator_is_highly_available_and_meets_pod_security_restricted() {
     // the checker does find what "restricted" forbids (the agent's pod breaks it)
     let agent = pod(find(&docs, "DaemonSet", "tidepool-agent"));
     let found = restricted_violations(agent);
-    for v in ["hostNetwork", "volume", "runAsNonRoot is not true", "runAsUser 0"] {
+    for v in [
+        "hostNetwork",
+        "volume",
+        "runAsNonRoot is not true",
+        "runAsUser 0",
+    ] {
         assert!(found.iter().any(|f| f.contains(v)), "{v}: {found:?}");
     }
 }
@@ -421,11 +460,18 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|t| t["operator"] == "Exists" && t.get("key").is_none() && t.get("effect").is_none()),
+            .any(|t| t["operator"] == "Exists"
+                && t.get("key").is_none()
+                && t.get("effect").is_none()),
         "{}",
         spec["tolerations"]
     );
-    let node = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME");
+    let node = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("NODE_NAME");
     assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     // no privilege: no capability, no escalation, read-only root, seccomp
     let sc = &c["securityContext"];
@@ -434,7 +480,10 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(strs(&sc["capabilities"]["drop"]), ["ALL"]);
     assert!(sc["capabilities"]["add"].is_null());
-    assert_eq!(effective(spec, c, "seccompProfile")["type"], "RuntimeDefault");
+    assert_eq!(
+        effective(spec, c, "seccompProfile")["type"],
+        "RuntimeDefault"
+    );
     assert!(spec["hostPID"].is_null() && spec["hostIPC"].is_null());
     // metrics and probes on loopback only (a host-network port is beyond NetworkPolicy)
     let metrics = flag(c, "metrics-addr").expect("--metrics-addr");
@@ -444,19 +493,33 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
     assert!(c["ports"].is_null(), "the agent declares no port");
     for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
         assert_eq!(c[probe]["httpGet"]["host"], "127.0.0.1", "{probe}");
-        assert_eq!(c[probe]["httpGet"]["port"].as_u64(), Some(port_of(&health)), "{probe}");
+        assert_eq!(
+            c[probe]["httpGet"]["port"].as_u64(),
+            Some(port_of(&health)),
+            "{probe}"
+        );
     }
     // exactly these host paths; the runtime's read-only
     let volumes: Vec<(&str, &str)> = spec["volumes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| (v["name"].as_str().unwrap(), v["hostPath"]["path"].as_str().expect("hostPath")))
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["hostPath"]["path"].as_str().expect("hostPath"),
+            )
+        })
         .collect();
     let host_paths: BTreeSet<&str> = volumes.iter().map(|(_, p)| *p).collect();
     assert_eq!(
         host_paths,
-        BTreeSet::from(["/run/tidepool", "/var/lib/tidepool", "/var/run/netns", "/var/lib/cni/results"])
+        BTreeSet::from([
+            "/run/tidepool",
+            "/var/lib/tidepool",
+            "/var/run/netns",
+            "/var/lib/cni/results"
+        ])
     );
     let mounts = c["volumeMounts"].as_array().unwrap();
     let host_of = |m: &Value| volumes.iter().find(|(n, _)| m["name"] == *n).unwrap().1;
@@ -468,9 +531,17 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
     }
     // every path flag lies on a mount; the shared ones are the plugin's defaults
     let mounted = |p: &str| {
-        mounts.iter().any(|m| Path::new(p).starts_with(m["mountPath"].as_str().unwrap()))
+        mounts
+            .iter()
+            .any(|m| Path::new(p).starts_with(m["mountPath"].as_str().unwrap()))
     };
-    for f in ["socket", "restored-marker", "state-dir", "netns-dir", "cni-cache-dir"] {
+    for f in [
+        "socket",
+        "restored-marker",
+        "state-dir",
+        "netns-dir",
+        "cni-cache-dir",
+    ] {
         let p = flag(c, f).unwrap_or_else(|| panic!("--{f}"));
         assert!(mounted(&p), "--{f}={p} is on no mount");
     }
@@ -491,7 +562,10 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
         for obj in tools::documents(&std::fs::read_to_string(entry.unwrap().path()).unwrap()) {
             for cidr in strs(&obj["spec"]["cidrs"]) {
                 let cidr: ipnet::IpNet = cidr.parse().unwrap();
-                assert!(nets.iter().any(|n| n.contains(&cidr)), "{cidr} is in no --pod-network");
+                assert!(
+                    nets.iter().any(|n| n.contains(&cidr)),
+                    "{cidr} is in no --pod-network"
+                );
             }
         }
     }
@@ -501,8 +575,18 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
         ds["metadata"]["namespace"].as_str().unwrap(),
         spec["serviceAccountName"].as_str().unwrap()
     );
-    let vap = find(&docs, "ValidatingAdmissionPolicy", "tidepool-agent-own-node");
-    assert!(vap["spec"]["matchConditions"][0]["expression"].as_str().unwrap().contains(&sa), "{sa}");
+    let vap = find(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "tidepool-agent-own-node",
+    );
+    assert!(
+        vap["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(&sa),
+        "{sa}"
+    );
 }
 
 #[test]
@@ -521,19 +605,36 @@ fn agent_metrics_are_served_to_prometheus_only_with_authentication() {
     let svc = find(&docs, "Service", "tidepool-agent-metrics");
     let sel = serde_json::json!({"matchLabels": svc["spec"]["selector"]});
     assert!(selects(&sel, ds));
-    assert_eq!(resolve_port(proxy, &svc["spec"]["ports"][0]["targetPort"]), port_of(&listen));
+    assert_eq!(
+        resolve_port(proxy, &svc["spec"]["ports"][0]["targetPort"]),
+        port_of(&listen)
+    );
     let sm = find(&docs, "ServiceMonitor", "tidepool-agent");
     assert_eq!(sm["spec"]["endpoints"][0]["scheme"], "https");
-    assert_eq!(sm["spec"]["endpoints"][0]["port"], svc["spec"]["ports"][0]["name"]);
+    assert_eq!(
+        sm["spec"]["endpoints"][0]["port"],
+        svc["spec"]["ports"][0]["name"]
+    );
     // the job names the alert rules select on
-    for (monitor, svc) in [("tidepool-agent", "tidepool-agent-metrics"), ("tidepool-operator", "tidepool-operator-metrics")] {
+    for (monitor, svc) in [
+        ("tidepool-agent", "tidepool-agent-metrics"),
+        ("tidepool-operator", "tidepool-operator-metrics"),
+    ] {
         let sm = find(&docs, "ServiceMonitor", monitor);
         let key = sm["spec"]["jobLabel"].as_str().unwrap();
-        assert_eq!(find(&docs, "Service", svc)["metadata"]["labels"][key], monitor);
+        assert_eq!(
+            find(&docs, "Service", svc)["metadata"]["labels"][key],
+            monitor
+        );
     }
     // the proxy's reviews are granted, and not to the agent's own role
     let proxy_role = find(&docs, "ClusterRole", "tidepool-agent-metrics-proxy");
-    let resources: Vec<&str> = proxy_role["rules"].as_array().unwrap().iter().flat_map(|r| strs(&r["resources"])).collect();
+    let resources: Vec<&str> = proxy_role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| strs(&r["resources"]))
+        .collect();
     assert_eq!(resources, ["tokenreviews", "subjectaccessreviews"]);
     let agent_role = find(&docs, "ClusterRole", "tidepool-agent");
     assert!(!agent_role.to_string().contains("tokenreviews"));
@@ -547,15 +648,30 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
     tools::ok(&HADOLINT, ["deploy/Dockerfile"]);
     let text = std::fs::read_to_string(tools::repo().join("deploy/Dockerfile")).unwrap();
     let stages = dockerfile::stages(&text).unwrap();
-    let build = stages.iter().find(|s| s.name == "build").expect("a build stage");
-    assert!(build.runs.iter().any(|r| r.contains("+crt-static")), "static binaries");
+    let build = stages
+        .iter()
+        .find(|s| s.name == "build")
+        .expect("a build stage");
+    assert!(
+        build.runs.iter().any(|r| r.contains("+crt-static")),
+        "static binaries"
+    );
     let docs = tools::documents(&tools::render(COMPONENTS));
     let mut checked = BTreeSet::new();
-    for w in docs.iter().filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet") {
+    for w in docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+    {
         let spec = pod(w);
         for c in all_containers(spec) {
             let image = c["image"].as_str().unwrap();
-            let repo = image.rsplit('/').next().unwrap().split([':', '@']).next().unwrap();
+            let repo = image
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .split([':', '@'])
+                .next()
+                .unwrap();
             let Some(target) = repo.strip_prefix("tidepool-") else {
                 continue; // kube-rbac-proxy
             };
@@ -564,27 +680,64 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
                 .find(|s| s.name == target)
                 .unwrap_or_else(|| panic!("{image}: no stage {target} in deploy/Dockerfile"));
             let command = strs(&c["command"]);
-            assert_eq!(command, stage.entrypoint, "{image}: command and ENTRYPOINT differ");
-            for path in command.iter().filter(|p| p.starts_with('/') && !p.starts_with("/bin/")) {
-                assert!(stage.copies.iter().any(|d| d == path), "{image}: {path} is not copied in");
+            assert_eq!(
+                command, stage.entrypoint,
+                "{image}: command and ENTRYPOINT differ"
+            );
+            for path in command
+                .iter()
+                .filter(|p| p.starts_with('/') && !p.starts_with("/bin/"))
+            {
+                assert!(
+                    stage.copies.iter().any(|d| d == path),
+                    "{image}: {path} is not copied in"
+                );
                 let bin = Path::new(path).file_name().unwrap().to_str().unwrap();
                 if bin.starts_with("tidepool-") {
-                    assert!(build.runs.iter().any(|r| r.contains(&format!("--bin {bin}"))), "{bin} is not built");
+                    assert!(
+                        build
+                            .runs
+                            .iter()
+                            .any(|r| r.contains(&format!("--bin {bin}"))),
+                        "{bin} is not built"
+                    );
                 }
             }
             if target != "cni-installer" {
-                assert!(stage.base.contains("distroless/static"), "{image}: base {}", stage.base);
+                assert!(
+                    stage.base.contains("distroless/static"),
+                    "{image}: base {}",
+                    stage.base
+                );
             }
-            let (uid, gid) = stage.user.unwrap_or_else(|| panic!("stage {target} sets no USER"));
-            assert_eq!(effective(spec, c, "runAsUser").as_u64(), Some(u64::from(uid)), "{image}: user");
-            assert_eq!(effective(spec, c, "runAsGroup").as_u64(), gid.map(u64::from), "{image}: group");
+            let (uid, gid) = stage
+                .user
+                .unwrap_or_else(|| panic!("stage {target} sets no USER"));
+            assert_eq!(
+                effective(spec, c, "runAsUser").as_u64(),
+                Some(u64::from(uid)),
+                "{image}: user"
+            );
+            assert_eq!(
+                effective(spec, c, "runAsGroup").as_u64(),
+                gid.map(u64::from),
+                "{image}: group"
+            );
             checked.insert(target.to_string());
         }
     }
-    assert_eq!(checked, BTreeSet::from(["agent".into(), "cni-installer".into(), "operator".into()]));
+    assert_eq!(
+        checked,
+        BTreeSet::from(["agent".into(), "cni-installer".into(), "operator".into()])
+    );
     // the installer's script and plugin are where the script and the init container look
     let installer = stages.iter().find(|s| s.name == "cni-installer").unwrap();
-    assert!(installer.copies.iter().any(|d| d == "/opt/tidepool/tidepool-cni"));
+    assert!(
+        installer
+            .copies
+            .iter()
+            .any(|d| d == "/opt/tidepool/tidepool-cni")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -625,7 +778,10 @@ impl Node {
             .env("PLUGIN_SRC", self.dir.0.join("tidepool-cni"))
             .output()
             .unwrap_or_else(|e| panic!("sh: {e}: install {}", SH.install));
-        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     fn installed(&self) -> bool {
@@ -641,9 +797,16 @@ fn cni_installer_installs_and_refuses_when_another_config_sorts_first() {
     let (ok, log) = node.install();
     assert!(ok, "{log}");
     let bin = node.dir.0.join("bin/tidepool-cni");
-    assert_eq!(std::fs::read(&bin).unwrap(), std::fs::read(node.dir.0.join("tidepool-cni")).unwrap());
-    assert_eq!(std::fs::metadata(&bin).unwrap().permissions().mode() & 0o777, 0o755);
-    let conf: Value = serde_json::from_slice(&std::fs::read(node.conf("10-tidepool.conflist")).unwrap()).unwrap();
+    assert_eq!(
+        std::fs::read(&bin).unwrap(),
+        std::fs::read(node.dir.0.join("tidepool-cni")).unwrap()
+    );
+    assert_eq!(
+        std::fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let conf: Value =
+        serde_json::from_slice(&std::fs::read(node.conf("10-tidepool.conflist")).unwrap()).unwrap();
     assert_eq!(conf["cniVersion"], "1.1.0");
     assert_eq!(conf["plugins"][0]["type"], "ptp");
     assert_eq!(conf["plugins"][0]["ipam"]["type"], "tidepool-cni");
@@ -662,7 +825,10 @@ fn cni_installer_installs_and_refuses_when_another_config_sorts_first() {
     std::fs::write(node.conf("00-other.conflist"), "{}").unwrap();
     let (ok, log) = node.install();
     assert!(!ok, "must refuse: {log}");
-    assert!(log.contains("refusing") && log.contains("00-other.conflist"), "{log}");
+    assert!(
+        log.contains("refusing") && log.contains("00-other.conflist"),
+        "{log}"
+    );
     assert!(!node.installed());
 
     // configs that sort after ours, and files the runtime does not read, do not stop it
@@ -685,19 +851,43 @@ fn the_cni_install_component_runs_the_installer_before_the_agent() {
     let docs = tools::documents(&tools::render(&["cni-install"]));
     let spec = pod(find(&docs, "DaemonSet", "tidepool-agent"));
     let init = &spec["initContainers"][0];
-    assert_eq!(strs(&init["command"]), ["/bin/sh", "/opt/tidepool/install-cni.sh"]);
+    assert_eq!(
+        strs(&init["command"]),
+        ["/bin/sh", "/opt/tidepool/install-cni.sh"]
+    );
     let env = |name: &str| {
-        init["env"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap()["value"].as_str().unwrap().to_string()
+        init["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap()["value"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     let mounted_from = |path: String| {
-        let m = init["volumeMounts"].as_array().unwrap().iter().find(|m| m["mountPath"] == path.as_str()).unwrap();
-        let v = spec["volumes"].as_array().unwrap().iter().find(|v| v["name"] == m["name"]).unwrap();
+        let m = init["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"] == path.as_str())
+            .unwrap();
+        let v = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .unwrap();
         v["hostPath"]["path"].as_str().unwrap().to_string()
     };
     assert_eq!(mounted_from(env("CNI_BIN_DIR")), "/opt/cni/bin");
     assert_eq!(mounted_from(env("CNI_CONF_DIR")), "/etc/cni/net.d");
     // and the operator no longer depends on the pod network it provides
-    assert_eq!(pod(find(&docs, "Deployment", "tidepool-operator"))["hostNetwork"], true);
+    assert_eq!(
+        pod(find(&docs, "Deployment", "tidepool-operator"))["hostNetwork"],
+        true
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -728,19 +918,40 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     let mut alerts = Vec::new();
     for group in rules["groups"].as_array().unwrap() {
         for rule in group["rules"].as_array().unwrap() {
-            let name = rule["alert"].as_str().expect("only alerts here").to_string();
+            let name = rule["alert"]
+                .as_str()
+                .expect("only alerts here")
+                .to_string();
             assert!(
-                ["critical", "warning", "info"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+                ["critical", "warning", "info"]
+                    .contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
                 "{name}: severity"
             );
             for a in ["summary", "description", "runbook_url"] {
-                assert!(rule["annotations"][a].as_str().is_some_and(|s| !s.is_empty()), "{name}: {a}");
+                assert!(
+                    rule["annotations"][a]
+                        .as_str()
+                        .is_some_and(|s| !s.is_empty()),
+                    "{name}: {a}"
+                );
             }
             let anchor = name.to_lowercase();
-            assert_eq!(rule["annotations"]["runbook_url"], format!("README.md#{anchor}"), "{name}");
-            assert!(notes.lines().any(|l| l == format!("### {name}")), "{name}: no runbook in OPERATIONS-notes.md");
-            let for_ = rule["for"].as_str().unwrap_or_else(|| panic!("{name}: no for"));
-            assert!(for_.ends_with('m') || for_.ends_with('h'), "{name}: for {for_}");
+            assert_eq!(
+                rule["annotations"]["runbook_url"],
+                format!("README.md#{anchor}"),
+                "{name}"
+            );
+            assert!(
+                notes.lines().any(|l| l == format!("### {name}")),
+                "{name}: no runbook in OPERATIONS-notes.md"
+            );
+            let for_ = rule["for"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no for"));
+            assert!(
+                for_.ends_with('m') || for_.ends_with('h'),
+                "{name}: for {for_}"
+            );
             let problems = promql::check(rule["expr"].as_str().unwrap());
             assert!(problems.is_empty(), "{name}: {problems:?}");
             alerts.push(name);
@@ -755,10 +966,16 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         .flat_map(|t| t["alert_rule_test"].as_array().into_iter().flatten())
         .collect();
     for name in &alerts {
-        let of: Vec<&&Value> = cases.iter().filter(|c| c["alertname"] == name.as_str()).collect();
+        let of: Vec<&&Value> = cases
+            .iter()
+            .filter(|c| c["alertname"] == name.as_str())
+            .collect();
         let fires = |c: &&&Value| c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
         assert!(of.iter().any(fires), "{name}: no case where it fires");
-        assert!(of.iter().any(|c| !fires(c)), "{name}: no case where it stays quiet");
+        assert!(
+            of.iter().any(|c| !fires(c)),
+            "{name}: no case where it stays quiet"
+        );
     }
 }
 
@@ -785,19 +1002,39 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
     let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     assert!(dash["schemaVersion"].as_u64().unwrap() >= 36);
     let vars = dash["templating"]["list"].as_array().unwrap();
-    let var = |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("variable {name}"));
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("variable {name}"))
+    };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
     for v in vars.iter().filter(|v| v["type"] == "query") {
         let q = v["query"]["query"].as_str().unwrap();
-        let inner = q.strip_prefix("label_values(").and_then(|s| s.strip_suffix(')')).unwrap();
+        let inner = q
+            .strip_prefix("label_values(")
+            .and_then(|s| s.strip_suffix(')'))
+            .unwrap();
         let (metric, label) = inner.split_once(", ").unwrap();
         let problems = promql::check(&format!("{metric}{{{label}=~\".+\"}}"));
         assert!(problems.is_empty(), "variable {}: {problems:?}", v["name"]);
     }
-    assert_eq!(var("pool")["query"]["query"], "label_values(tidepool_ipam_pool_ips, pool)");
+    assert_eq!(
+        var("pool")["query"]["query"],
+        "label_values(tidepool_ipam_pool_ips, pool)"
+    );
 
-    const CURRENT: &[&str] = &["row", "timeseries", "stat", "bargauge", "gauge", "table", "state-timeline", "heatmap", "text"];
+    const CURRENT: &[&str] = &[
+        "row",
+        "timeseries",
+        "stat",
+        "bargauge",
+        "gauge",
+        "table",
+        "state-timeline",
+        "heatmap",
+        "text",
+    ];
     let mut exprs = Vec::new();
     for p in panels(&dash) {
         let title = p["title"].as_str().unwrap_or("?");
@@ -816,15 +1053,23 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             for r in &names.ranges {
                 assert_eq!(r, "$__rate_interval", "{title}: a fixed window in {expr}");
             }
-            for s in names.selectors.iter().filter(|s| s.name == tidepool_metrics::POOL_IPS) {
+            for s in names
+                .selectors
+                .iter()
+                .filter(|s| s.name == tidepool_metrics::POOL_IPS)
+            {
                 assert!(
-                    s.matchers.contains(&("pool".into(), "=~".into(), "$pool".into())),
+                    s.matchers
+                        .contains(&("pool".into(), "=~".into(), "$pool".into())),
                     "{title}: the pool variable is not applied in {expr}"
                 );
             }
             let problems = promql::check(&substituted(expr));
             assert!(problems.is_empty(), "{title}: {problems:?}");
-            exprs.push((format!("{}:{}", p["id"], t["refId"].as_str().unwrap()), substituted(expr)));
+            exprs.push((
+                format!("{}:{}", p["id"], t["refId"].as_str().unwrap()),
+                substituted(expr),
+            ));
         }
     }
     // every query parses (promtool's parser, through recording rules)
@@ -839,8 +1084,14 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
     }
     let path = dir.0.join("dashboard-rules.yaml");
     std::fs::write(&path, rules).unwrap();
-    let out = tools::ok(&PROMTOOL, [OsStr::new("check"), OsStr::new("rules"), path.as_os_str()]);
-    assert!(out.contains(&format!("{} rules found", exprs.len())), "{out}");
+    let out = tools::ok(
+        &PROMTOOL,
+        [OsStr::new("check"), OsStr::new("rules"), path.as_os_str()],
+    );
+    assert!(
+        out.contains(&format!("{} rules found", exprs.len())),
+        "{out}"
+    );
     // and every metric the binaries export has a panel
     let shown: BTreeSet<String> = exprs
         .iter()
@@ -849,7 +1100,11 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             let n = s.name;
             ["_bucket", "_sum", "_count"]
                 .iter()
-                .find_map(|x| n.strip_suffix(x).filter(|b| tidepool_metrics::def(b).is_some()).map(str::to_string))
+                .find_map(|x| {
+                    n.strip_suffix(x)
+                        .filter(|b| tidepool_metrics::def(b).is_some())
+                        .map(str::to_string)
+                })
                 .unwrap_or(n)
         })
         .collect();

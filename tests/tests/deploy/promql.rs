@@ -97,8 +97,7 @@ fn tokens(expr: &str) -> Result<Vec<Token>, String> {
             i += end + 1;
         } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
             let start = i;
-            while i < cs.len() && (cs[i].is_ascii_alphanumeric() || cs[i] == '_' || cs[i] == ':')
-            {
+            while i < cs.len() && (cs[i].is_ascii_alphanumeric() || cs[i] == '_' || cs[i] == ':') {
                 i += 1;
             }
             out.push(Token::Ident(cs[start..i].iter().collect()));
@@ -133,22 +132,23 @@ pub fn names(expr: &str) -> Result<Names, String> {
     while i < ts.len() {
         match &ts[i] {
             Token::Range(r) => out.ranges.push(r.clone()),
-            Token::Ident(id) if GROUPING.contains(&id.as_str()) => {
-                if is_punct(ts.get(i + 1), "(") {
-                    i += 2;
-                    while i < ts.len() && !is_punct(ts.get(i), ")") {
-                        if let Token::Ident(l) = &ts[i] {
-                            out.grouping.push(l.clone());
-                        }
-                        i += 1;
+            Token::Ident(id) if GROUPING.contains(&id.as_str()) && is_punct(ts.get(i + 1), "(") => {
+                i += 2;
+                while i < ts.len() && !is_punct(ts.get(i), ")") {
+                    if let Token::Ident(l) = &ts[i] {
+                        out.grouping.push(l.clone());
                     }
+                    i += 1;
                 }
             }
-            Token::Ident(id) if KEYWORDS.contains(&id.as_str()) => {}
+            // `group_left` without labels, `and`, `or`, ...
+            Token::Ident(id)
+                if KEYWORDS.contains(&id.as_str()) || GROUPING.contains(&id.as_str()) => {}
             // a function or an aggregation (`sum(`, `sum by (`, `sum without (`)
             Token::Ident(_)
                 if is_punct(ts.get(i + 1), "(")
-                    || matches!(ts.get(i + 1), Some(Token::Ident(m)) if m == "by" || m == "without") => {}
+                    || matches!(ts.get(i + 1), Some(Token::Ident(m)) if m == "by" || m == "without") =>
+                {}
             Token::Ident(id) => {
                 let mut sel = Selector {
                     name: id.clone(),
@@ -158,7 +158,11 @@ pub fn names(expr: &str) -> Result<Names, String> {
                     i += 2;
                     while !is_punct(ts.get(i), "}") {
                         match (ts.get(i), ts.get(i + 1), ts.get(i + 2)) {
-                            (Some(Token::Ident(l)), Some(Token::Punct(op)), Some(Token::Str(v))) => {
+                            (
+                                Some(Token::Ident(l)),
+                                Some(Token::Punct(op)),
+                                Some(Token::Str(v)),
+                            ) => {
                                 sel.matchers.push((l.clone(), op.clone(), v.clone()));
                                 i += 3;
                             }
@@ -208,7 +212,8 @@ fn values_of(d: &Def, key: &str) -> Option<Vec<&'static str>> {
         Values::Enumerated(v) => Some(v.to_vec()),
         Values::DependsOn { key: on, values } => {
             let parents = values_of(d, on)?;
-            let mut all: Vec<&'static str> = parents.iter().flat_map(|p| values(p).to_vec()).collect();
+            let mut all: Vec<&'static str> =
+                parents.iter().flat_map(|p| values(p).to_vec()).collect();
             all.sort_unstable();
             all.dedup();
             Some(all)
@@ -263,7 +268,7 @@ pub fn check(expr: &str) -> Vec<String> {
         }
         for (label, op, value) in &s.matchers {
             let own = def.labels.iter().any(|(k, _)| k == label);
-            if !own && !TARGET_LABELS.contains(&label.as_str()) && !(bucket && label == "le") {
+            if !(own || TARGET_LABELS.contains(&label.as_str()) || (bucket && label == "le")) {
                 problems.push(format!("{} has no label {label}", s.name));
                 continue;
             }
@@ -286,7 +291,9 @@ pub fn check(expr: &str) -> Vec<String> {
     }
     for g in &n.grouping {
         if !known_labels.contains(&g.as_str()) {
-            problems.push(format!("grouping label {g} is on none of the metrics of {expr:?}"));
+            problems.push(format!(
+                "grouping label {g} is on none of the metrics of {expr:?}"
+            ));
         }
     }
     problems
@@ -334,7 +341,10 @@ mod tests {
             ("tidepool_ipam_bogus", "not a metric"),
             (r#"tidepool_ipam_ips{colour="red"}"#, "no label colour"),
             (r#"tidepool_ipam_ips{state="lost"}"#, "\"lost\" is none of"),
-            (r#"tidepool_ipam_ips{state=~"free|lost"}"#, "\"lost\" is none of"),
+            (
+                r#"tidepool_ipam_ips{state=~"free|lost"}"#,
+                "\"lost\" is none of",
+            ),
             ("rate(tidepool_ipam_api_wait_seconds[5m])", "is a histogram"),
             ("sum by (pool) (tidepool_ipam_ips)", "grouping label pool"),
             (r#"tidepool_ipam_ips{le="1"}"#, "no label le"),
@@ -342,7 +352,10 @@ mod tests {
             ("sum(rate(node_cpu_seconds_total[5m]))", "not a metric"),
         ] {
             let problems = check(bad);
-            assert!(problems.iter().any(|p| p.contains(why)), "{bad}: {problems:?}");
+            assert!(
+                problems.iter().any(|p| p.contains(why)),
+                "{bad}: {problems:?}"
+            );
         }
     }
 }

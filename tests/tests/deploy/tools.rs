@@ -50,7 +50,11 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    match Command::new(tool.name).args(args).current_dir(repo()).output() {
+    match Command::new(tool.name)
+        .args(args)
+        .current_dir(repo())
+        .output()
+    {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
             "{} not found: install {} (scripts/test.sh does); this test does not skip",
@@ -72,7 +76,12 @@ where
     S: AsRef<OsStr>,
 {
     let out = run(tool, args);
-    assert!(out.status.success(), "{} failed:\n{}", tool.name, text(&out));
+    assert!(
+        out.status.success(),
+        "{} failed:\n{}",
+        tool.name,
+        text(&out)
+    );
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
