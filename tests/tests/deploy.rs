@@ -364,6 +364,10 @@ fn the_operator_is_highly_available_and_meets_pod_security_restricted() {
         role["metadata"]["namespace"],
         deploy["metadata"]["namespace"]
     );
+    // Leases only there: no ClusterRole grants them
+    for cr in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        assert!(!cr["rules"].to_string().contains("leases"), "{cr}");
+    }
     let ns_env = c["env"]
         .as_array()
         .unwrap()
