@@ -45,11 +45,14 @@ fn segment(namespaces: &Namespaces, nodes: &[&str]) {
         run(
             "ip",
             &[
-                "-n", &seg, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
-                "netns", &n,
+                "-n", &seg, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+                &n,
             ],
         );
-        run("ip", &["-n", &seg, "link", "set", &port, "master", "br0", "up"]);
+        run(
+            "ip",
+            &["-n", &seg, "link", "set", &port, "master", "br0", "up"],
+        );
         let addr = format!("192.168.77.{}/24", i + 1);
         run("ip", &["-n", &n, "addr", "add", &addr, "dev", "eth0"]);
         run("ip", &["-n", &n, "link", "set", "eth0", "up"]);
@@ -61,9 +64,19 @@ fn segment(namespaces: &Namespaces, nodes: &[&str]) {
 fn routes_in(node: &str, proto: &str, table: &str) -> BTreeSet<String> {
     let out = run(
         "ip",
-        &["-n", &ns(node), "-j", "route", "show", "table", table, "proto", proto],
+        &[
+            "-n",
+            &ns(node),
+            "-j",
+            "route",
+            "show",
+            "table",
+            table,
+            "proto",
+            proto,
+        ],
     );
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or(json!([]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("ip -j route: JSON");
     v.as_array()
         .into_iter()
         .flatten()
@@ -89,8 +102,8 @@ fn set(routes: &[&str]) -> BTreeSet<String> {
 async fn converges(node: &str, want: &[&str]) {
     let want = set(want);
     eventually(&format!("{node}'s routes to be {want:?}"), || {
-        let now = owned(node);
-        async move { (now == want).then_some(()) }
+        let done = owned(node) == want;
+        async move { done.then_some(()) }
     })
     .await;
 }
@@ -152,9 +165,50 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
     let n1 = ns("node-a");
     // before the agent: a foreign route to a look-alike prefix (another protocol), one of
     // ours in another table (not the main table: not ours), and a stale route of ours
-    run("ip", &["-n", &n1, "route", "add", "10.77.8.0/28", "via", "192.168.77.3", "proto", "static"]);
-    run("ip", &["-n", &n1, "route", "add", "10.77.2.0/28", "via", "192.168.77.3", "table", "100", "proto", "0x7d"]);
-    run("ip", &["-n", &n1, "route", "add", "10.77.7.0/28", "via", "192.168.77.2", "proto", "0x7d"]);
+    run(
+        "ip",
+        &[
+            "-n",
+            &n1,
+            "route",
+            "add",
+            "10.77.8.0/28",
+            "via",
+            "192.168.77.3",
+            "proto",
+            "static",
+        ],
+    );
+    run(
+        "ip",
+        &[
+            "-n",
+            &n1,
+            "route",
+            "add",
+            "10.77.2.0/28",
+            "via",
+            "192.168.77.3",
+            "table",
+            "100",
+            "proto",
+            "0x7d",
+        ],
+    );
+    run(
+        "ip",
+        &[
+            "-n",
+            &n1,
+            "route",
+            "add",
+            "10.77.7.0/28",
+            "via",
+            "192.168.77.2",
+            "proto",
+            "0x7d",
+        ],
+    );
     let foreign = routes_in("node-a", "static", "main");
     let other_table = routes_in("node-a", "0x7d", "100");
     assert_eq!(other_table, set(&["10.77.2.0/28 via 192.168.77.3"]));
@@ -174,19 +228,44 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
     .await;
     converges(
         "node-b",
-        &["10.77.1.0/28 via 192.168.77.1", "10.77.3.0/28 via 192.168.77.3"],
+        &[
+            "10.77.1.0/28 via 192.168.77.1",
+            "10.77.3.0/28 via 192.168.77.3",
+        ],
     )
     .await;
-    assert!(routes_in("node-a", "0x7d", "main").iter().all(|r| !r.starts_with("fd77")));
+    assert!(
+        routes_in("node-a", "0x7d", "main")
+            .iter()
+            .all(|r| !r.starts_with("fd77"))
+    );
 
     // a pod-like address of node-a's block reaches one of node-b's across the segment,
     // through the routes alone (no other route to 10.77.0.0/16 exists in either namespace)
     let nb = ns("node-b");
-    run("ip", &["-n", &n1, "addr", "add", "10.77.1.5/32", "dev", "lo"]);
-    run("ip", &["-n", &nb, "addr", "add", "10.77.2.5/32", "dev", "lo"]);
+    run(
+        "ip",
+        &["-n", &n1, "addr", "add", "10.77.1.5/32", "dev", "lo"],
+    );
+    run(
+        "ip",
+        &["-n", &nb, "addr", "add", "10.77.2.5/32", "dev", "lo"],
+    );
     let ping = output(
         "ip",
-        &["netns", "exec", &n1, "ping", "-c", "1", "-W", "2", "-I", "10.77.1.5", "10.77.2.5"],
+        &[
+            "netns",
+            "exec",
+            &n1,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-I",
+            "10.77.1.5",
+            "10.77.2.5",
+        ],
     );
     assert!(
         ping.status.success(),
@@ -201,7 +280,10 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
         .unwrap();
     converges(
         "node-a",
-        &["10.77.2.0/28 via 192.168.77.2", "10.77.2.16/28 via 192.168.77.2"],
+        &[
+            "10.77.2.0/28 via 192.168.77.2",
+            "10.77.2.16/28 via 192.168.77.2",
+        ],
     )
     .await;
     converges("node-b", &["10.77.1.0/28 via 192.168.77.1"]).await;
@@ -214,27 +296,52 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
         .unwrap();
     converges(
         "node-a",
-        &["10.77.2.0/28 via 192.168.77.12", "10.77.2.16/28 via 192.168.77.12"],
+        &[
+            "10.77.2.0/28 via 192.168.77.12",
+            "10.77.2.16/28 via 192.168.77.12",
+        ],
     )
     .await;
 
     // a route of ours someone removed comes back at the next periodic pass
-    run("ip", &["-n", &n1, "route", "del", "10.77.2.0/28", "proto", "0x7d"]);
+    run(
+        "ip",
+        &["-n", &n1, "route", "del", "10.77.2.0/28", "proto", "0x7d"],
+    );
     converges(
         "node-a",
-        &["10.77.2.0/28 via 192.168.77.12", "10.77.2.16/28 via 192.168.77.12"],
+        &[
+            "10.77.2.0/28 via 192.168.77.12",
+            "10.77.2.16/28 via 192.168.77.12",
+        ],
     )
     .await;
 
     // a restart: stopped (its routes stay), a stale route of ours added meanwhile, started
     drop(ma);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    run("ip", &["-n", &n1, "route", "add", "10.77.6.0/28", "via", "192.168.77.3", "proto", "0x7d"]);
+    run(
+        "ip",
+        &[
+            "-n",
+            &n1,
+            "route",
+            "add",
+            "10.77.6.0/28",
+            "via",
+            "192.168.77.3",
+            "proto",
+            "0x7d",
+        ],
+    );
     assert!(owned("node-a").contains("10.77.2.0/28 via 192.168.77.12"));
     let _ma = manager(&server, "node-a").await;
     converges(
         "node-a",
-        &["10.77.2.0/28 via 192.168.77.12", "10.77.2.16/28 via 192.168.77.12"],
+        &[
+            "10.77.2.0/28 via 192.168.77.12",
+            "10.77.2.16/28 via 192.168.77.12",
+        ],
     )
     .await;
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ipnet::IpNet;
-use tidepool_agent::{reconcile, routes};
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
+use tidepool_agent::{reconcile, routes};
 use tidepool_metrics::probes::{self, Readiness};
 
 /// The tidepool node agent: hands this node's pods their addresses from its pool.

@@ -116,7 +116,12 @@ async fn drive(
             });
         }
     }
-    tracing::error!("{}", KubeError::WatchEnded { what: "IPAMBlocks and Nodes" });
+    tracing::error!(
+        "{}",
+        KubeError::WatchEnded {
+            what: "IPAMBlocks and Nodes"
+        }
+    );
 }
 
 fn block_owner(o: &api::IPAMBlock) -> Option<BlockOwner> {

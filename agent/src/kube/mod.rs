@@ -31,8 +31,8 @@ mod running;
 mod view;
 mod watch;
 
-pub use cluster::{Cluster, ClusterWatch};
 pub use body::{AgentReady, NodeSide, block_status_body, node_status_body};
+pub use cluster::{Cluster, ClusterWatch};
 pub use error::KubeError;
 pub use pods::PodWatch;
 pub use publish::{NodeSideSource, PublishConfig, Publisher};

@@ -64,7 +64,10 @@ impl std::fmt::Display for Skipped {
                 "block {block}: Node {node} has no InternalIP of the block's family"
             ),
             Skipped::Duplicate { block, node } => {
-                write!(f, "block {block} of {node}: another node's block has its CIDR")
+                write!(
+                    f,
+                    "block {block} of {node}: another node's block has its CIDR"
+                )
             }
         }
     }

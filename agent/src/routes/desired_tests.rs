@@ -69,10 +69,7 @@ fn a_stale_block_or_one_of_an_unknown_node_is_not_routed() {
     ];
     let nodes = [node("b", 2, &["192.168.77.2"])];
     let (routes, skipped) = desired(&blocks, &nodes, "a");
-    assert_eq!(
-        routes,
-        [(net("10.0.0.128/26"), ip("192.168.77.2"))].into()
-    );
+    assert_eq!(routes, [(net("10.0.0.128/26"), ip("192.168.77.2"))].into());
     assert!(skipped.contains(&Skipped::Stale {
         block: net("10.0.0.0/26"),
         node: "b".into()

@@ -160,8 +160,14 @@ async fn list(handle: &Handle) -> Result<Vec<Route>> {
         let mut query = RouteMessageBuilder::<IpAddr>::new().build();
         query.header.address_family = family;
         let mut dump = handle.route().get(query).execute();
-        while let Some(m) = dump.try_next().await.map_err(netlink("list routes".into()))? {
-            if u8::from(m.header.protocol) == PROTOCOL && table(&m) == u32::from(RouteHeader::RT_TABLE_MAIN) {
+        while let Some(m) = dump
+            .try_next()
+            .await
+            .map_err(netlink("list routes".into()))?
+        {
+            if u8::from(m.header.protocol) == PROTOCOL
+                && table(&m) == u32::from(RouteHeader::RT_TABLE_MAIN)
+            {
                 owned.extend(route(&m));
             }
         }
