@@ -132,7 +132,7 @@ fn main() -> anyhow::Result<()> {
             interval: f.reconcile_interval,
             max_frees: f.reconcile_max_frees,
         },
-        node_routes: f.node_routes.then(|| routes::Config {
+        node_routes: f.node_routes.then_some(routes::Config {
             netns: None,
             interval: f.node_routes_interval,
         }),

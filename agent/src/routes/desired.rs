@@ -3,6 +3,7 @@
 //! delete to get there from the owned routes present. No I/O; [`super::netlink`] lists and
 //! changes the kernel's routes, [`super::manager`] drives both.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -91,16 +92,15 @@ pub fn desired<'a>(
     let mut skipped = Vec::new();
     for b in blocks {
         match gateway(b, nodes.get(&*b.node).copied()) {
-            Ok(via) => {
-                if routes.contains_key(&b.cidr) {
-                    skipped.push(Skipped::Duplicate {
-                        block: b.cidr,
-                        node: b.node.clone(),
-                    });
-                } else {
-                    routes.insert(b.cidr, via);
+            Ok(via) => match routes.entry(b.cidr) {
+                Entry::Vacant(e) => {
+                    e.insert(via);
                 }
-            }
+                Entry::Occupied(_) => skipped.push(Skipped::Duplicate {
+                    block: b.cidr,
+                    node: b.node.clone(),
+                }),
+            },
             Err(why) => skipped.push(why),
         }
     }

@@ -90,13 +90,13 @@ fn netlink(what: String) -> impl FnOnce(rtnetlink::Error) -> Error {
 /// The connection's thread: enters `ns`, opens the socket, answers requests until every
 /// [`RouteTable`] is dropped.
 fn serve(ns: Option<File>, mut rx: mpsc::UnboundedReceiver<Request>, ready: Reply<()>) {
-    if let Some(ns) = ns {
-        if let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET) {
-            let _ = ready.send(Err(Error::io("setns", "the managed network namespace")(
-                e.into(),
-            )));
-            return;
-        }
+    if let Some(ns) = ns
+        && let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+    {
+        let _ = ready.send(Err(Error::io("setns", "the managed network namespace")(
+            e.into(),
+        )));
+        return;
     }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
