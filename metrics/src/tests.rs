@@ -431,6 +431,9 @@ fn register_zero_of_the_agent_registers_only_the_agents_series() {
         (AGENT_CNI_DURATION_SECONDS, 5),
         (AGENT_IPS, 2 * 4),
         (AGENT_STATUS_WRITES_TOTAL, 4),
+        (AGENT_NODE_ROUTES, 1),
+        // add, delete: ok and error
+        (AGENT_NODE_ROUTE_OPS_TOTAL, 2 * 2),
     ];
     for (name, n) in expected {
         let got = series.get(*name).map_or(0, |s| s.len());
