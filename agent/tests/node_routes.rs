@@ -18,9 +18,11 @@ use common::chain::{Namespaces, output, run};
 use common::*;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
 use tidepool_agent::routes::{self, NodeRoutes};
 use tidepool_api as api;
+use tidepool_metrics as m;
 
 /// This process's namespaces: `tprt<pid>-<name>` (other tests' never collide).
 fn ns(name: &str) -> String {
@@ -128,6 +130,34 @@ async fn create_node(admin: &kube::Client, name: &str, internal: &[&str]) -> Str
     made.metadata.uid.expect("a uid")
 }
 
+/// `tidepool_agent_node_route_ops_total{op, outcome}` as recorded so far (all managers).
+fn ops(snap: &Snapshotter, op: &str, outcome: &str) -> u64 {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(ck, _, _, v)| {
+            let (_, key) = ck.into_parts();
+            let labels: BTreeSet<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            let want: BTreeSet<(String, String)> = [
+                (m::route_op::KEY.to_owned(), op.to_owned()),
+                (m::route_outcome::KEY.to_owned(), outcome.to_owned()),
+            ]
+            .into();
+            match v {
+                DebugValue::Counter(n)
+                    if key.name() == m::AGENT_NODE_ROUTE_OPS_TOTAL && labels == want =>
+                {
+                    Some(n)
+                }
+                _ => None,
+            }
+        })
+        .sum()
+}
+
 /// The route manager of `node` in its namespace, as that node's agent.
 async fn manager(server: &tidepool_tests::ApiServer, node: &str) -> NodeRoutes {
     let client = server.client(&agent_on(node)).await.unwrap();
@@ -146,6 +176,10 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
         eprintln!("skipped: this test needs root (network namespaces)");
         return;
     }
+    // the only test of this binary: its recorder is the process's
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    recorder.install().expect("the test's recorder");
     let namespaces = Namespaces::default();
     segment(&namespaces, &["node-a", "node-b", "node-c"]);
     let (server, admin) = cluster().await;
@@ -212,6 +246,24 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
     let foreign = routes_in("node-a", "static", "main");
     let other_table = routes_in("node-a", "0x7d", "100");
     assert_eq!(other_table, set(&["10.77.2.0/28 via 192.168.77.3"]));
+    // node-c: a foreign route to node-a's block itself, in the main table — node-c's
+    // manager cannot add its own there (the kernel refuses, counted as an error), and must
+    // leave it alone
+    let n3 = ns("node-c");
+    run(
+        "ip",
+        &[
+            "-n",
+            &n3,
+            "route",
+            "add",
+            "10.77.1.0/28",
+            "via",
+            "192.168.77.2",
+            "proto",
+            "static",
+        ],
+    );
 
     let ma = manager(&server, "node-a").await;
     let mb = manager(&server, "node-b").await;
