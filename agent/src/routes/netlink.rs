@@ -126,31 +126,45 @@ fn serve(ns: Option<File>, mut rx: mpsc::UnboundedReceiver<Request>, ready: Repl
                     let _ = tx.send(list(&handle).await);
                 }
                 Request::Add(r, tx) => {
-                    let sent = handle.route().add(message(r)).execute().await;
-                    let _ = tx.send(sent.map_err(netlink(format!("add {r}"))));
+                    let _ = tx.send(change(&handle, r, true).await);
                 }
                 Request::Delete(r, tx) => {
-                    let sent = handle.route().del(message(r)).execute().await;
-                    let _ = tx.send(sent.map_err(netlink(format!("delete {r}"))));
+                    let _ = tx.send(change(&handle, r, false).await);
                 }
             }
         }
     });
 }
 
-/// The route `r` in the main table, marked with [`PROTOCOL`].
-fn message(r: Route) -> RouteMessage {
+/// The route `r` in the main table, marked with [`PROTOCOL`]. A gateway of another family
+/// than the destination (which [`super::desired`] never gives) is refused here, not sent.
+fn message(r: Route) -> Result<RouteMessage> {
     let dst = r.dst.trunc();
+    // the builder would send a gateway of the other family as RTA_VIA
+    if dst.addr().is_ipv4() != r.via.is_ipv4() {
+        return Err(Error::Config(format!(
+            "route {r}: the gateway's family is not the destination's"
+        )));
+    }
     let mut m = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(dst.addr(), dst.prefix_len())
         .and_then(|b| b.gateway(r.via))
-        // a block and its node's InternalIP of the same family: the builder refuses only
-        // a family mismatch, which `desired` never gives
-        .unwrap_or_else(|_| RouteMessageBuilder::<IpAddr>::new())
+        .map_err(|e| Error::Config(format!("route {r}: {e}")))?
         .protocol(RouteProtocol::Other(PROTOCOL))
         .build();
     m.header.table = RouteHeader::RT_TABLE_MAIN;
-    m
+    Ok(m)
+}
+
+/// Adds (`add`) or deletes route `r`.
+async fn change(handle: &Handle, r: Route, add: bool) -> Result<()> {
+    let m = message(r)?;
+    let (what, sent) = if add {
+        ("add", handle.route().add(m).execute().await)
+    } else {
+        ("delete", handle.route().del(m).execute().await)
+    };
+    sent.map_err(netlink(format!("{what} {r}")))
 }
 
 /// Dumps both families' routes and keeps the main table's marked with [`PROTOCOL`].
@@ -211,4 +225,37 @@ fn route(m: &RouteMessage) -> Option<Route> {
     });
     let dst = ipnet::IpNet::new(dst, m.header.destination_prefix_length).ok()?;
     Some(Route { dst, via })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(dst: &str, via: &str) -> Route {
+        Route {
+            dst: dst.parse().unwrap(),
+            via: via.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_route_reads_back_as_it_was_sent_marked_in_the_main_table() {
+        for want in [r("10.77.2.0/28", "192.168.77.2"), r("fd77:2::/124", "fd77::2")] {
+            let m = message(want).unwrap();
+            assert_eq!(u8::from(m.header.protocol), PROTOCOL);
+            assert_eq!(table(&m), 254);
+            assert_eq!(route(&m), Some(want));
+        }
+        // a host part in the destination is cut off (the kernel would refuse it)
+        let m = message(r("10.77.2.5/28", "192.168.77.2")).unwrap();
+        assert_eq!(route(&m), Some(r("10.77.2.0/28", "192.168.77.2")));
+    }
+
+    #[test]
+    fn a_gateway_of_another_family_is_refused_before_the_kernel() {
+        assert!(matches!(
+            message(r("10.77.2.0/28", "fd77::2")),
+            Err(Error::Config(_))
+        ));
+    }
 }
