@@ -2,7 +2,8 @@
 //! one L2 segment (a bridge in a fourth, "segment" namespace; 192.168.77.0/24 exists only
 //! inside them), Nodes with InternalIPs and IPAMBlocks in the in-process API server, and
 //! the route manager of each node running in this process against its node's namespace,
-//! reading the cluster as the agent's service account of that node.
+//! reading the cluster as the agent's service account of that node; after a restart,
+//! node-a's is the whole agent (`run::run` with `node_routes`).
 //!
 //! Needs root and iproute2 (with `-j`) and ping; skips with a reason otherwise. Every
 //! namespace is removed on every exit path (the [`Namespaces`] guard), the managers stop
@@ -21,6 +22,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
 use tidepool_agent::routes::{self, NodeRoutes};
+use tidepool_agent::run::Settings;
 use tidepool_api as api;
 use tidepool_metrics as m;
 
@@ -158,14 +160,18 @@ fn ops(snap: &Snapshotter, op: &str, outcome: &str) -> u64 {
         .sum()
 }
 
+/// `--node-routes` in `node`'s namespace, checked every 300 ms.
+fn config(node: &str) -> routes::Config {
+    routes::Config {
+        netns: Some(PathBuf::from(format!("/run/netns/{}", ns(node)))),
+        interval: Duration::from_millis(300),
+    }
+}
+
 /// The route manager of `node` in its namespace, as that node's agent.
 async fn manager(server: &tidepool_tests::ApiServer, node: &str) -> NodeRoutes {
     let client = server.client(&agent_on(node)).await.unwrap();
-    let config = routes::Config {
-        netns: Some(PathBuf::from(format!("/run/netns/{}", ns(node)))),
-        interval: Duration::from_millis(300),
-    };
-    NodeRoutes::start(client, node, config)
+    NodeRoutes::start(client, node, config(node))
         .await
         .expect("the route manager starts")
 }
@@ -387,7 +393,14 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
         ],
     );
     assert!(owned("node-a").contains("10.77.2.0/28 via 192.168.77.12"));
-    let _ma = manager(&server, "node-a").await;
+    // this time as the agent runs it (`run::run` with --node-routes), node-a's own agent
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        node_routes: Some(config("node-a")),
+        ..running::agent_settings(dir.path())
+    };
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let agent = running::RunningAgent::start(client, &settings).await;
     converges(
         "node-a",
         &[
@@ -401,5 +414,8 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
     assert_eq!(routes_in("node-a", "static", "main"), foreign);
     assert!(foreign.contains("10.77.8.0/28 via 192.168.77.3"));
     assert_eq!(routes_in("node-a", "0x7d", "100"), other_table);
+    agent.stop().await;
+    // the agent stopped: its routes stay
+    assert!(owned("node-a").contains("10.77.2.0/28 via 192.168.77.12"));
     drop(mb);
 }

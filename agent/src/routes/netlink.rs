@@ -240,7 +240,10 @@ mod tests {
 
     #[test]
     fn a_route_reads_back_as_it_was_sent_marked_in_the_main_table() {
-        for want in [r("10.77.2.0/28", "192.168.77.2"), r("fd77:2::/124", "fd77::2")] {
+        for want in [
+            r("10.77.2.0/28", "192.168.77.2"),
+            r("fd77:2::/124", "fd77::2"),
+        ] {
             let m = message(want).unwrap();
             assert_eq!(u8::from(m.header.protocol), PROTOCOL);
             assert_eq!(table(&m), 254);
