@@ -132,32 +132,36 @@ async fn create_node(admin: &kube::Client, name: &str, internal: &[&str]) -> Str
     made.metadata.uid.expect("a uid")
 }
 
-/// `tidepool_agent_node_route_ops_total{op, outcome}` as recorded so far (all managers).
-fn ops(snap: &Snapshotter, op: &str, outcome: &str) -> u64 {
-    snap.snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(ck, _, _, v)| {
+/// `tidepool_agent_node_route_ops_total{op, outcome}` as recorded so far (all managers;
+/// the debugging recorder's snapshot drains counters, so they are summed here).
+struct Ops {
+    snap: Snapshotter,
+    seen: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+}
+
+impl Ops {
+    fn get(&self, op: &str, outcome: &str) -> u64 {
+        let mut seen = self.seen.lock().unwrap();
+        for (ck, _, _, v) in self.snap.snapshot().into_vec() {
             let (_, key) = ck.into_parts();
-            let labels: BTreeSet<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            let want: BTreeSet<(String, String)> = [
-                (m::route_op::KEY.to_owned(), op.to_owned()),
-                (m::route_outcome::KEY.to_owned(), outcome.to_owned()),
-            ]
-            .into();
-            match v {
-                DebugValue::Counter(n)
-                    if key.name() == m::AGENT_NODE_ROUTE_OPS_TOTAL && labels == want =>
-                {
-                    Some(n)
-                }
-                _ => None,
+            let DebugValue::Counter(n) = v else { continue };
+            if key.name() != m::AGENT_NODE_ROUTE_OPS_TOTAL {
+                continue;
             }
-        })
-        .sum()
+            let label = |k: &str| {
+                key.labels()
+                    .find(|l| l.key() == k)
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default()
+            };
+            *seen
+                .entry((label(m::route_op::KEY), label(m::route_outcome::KEY)))
+                .or_default() += n;
+        }
+        seen.get(&(op.to_owned(), outcome.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 /// `--node-routes` in `node`'s namespace, checked every 300 ms.
@@ -184,7 +188,10 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
     }
     // the only test of this binary: its recorder is the process's
     let recorder = DebuggingRecorder::new();
-    let snap = recorder.snapshotter();
+    let ops = Ops {
+        snap: recorder.snapshotter(),
+        seen: Default::default(),
+    };
     recorder.install().expect("the test's recorder");
     let namespaces = Namespaces::default();
     segment(&namespaces, &["node-a", "node-b", "node-c"]);
@@ -297,6 +304,27 @@ async fn other_nodes_blocks_are_routed_and_pods_ping_across_the_segment() {
             .iter()
             .all(|r| !r.starts_with("fd77"))
     );
+    converges(
+        "node-c",
+        &[
+            "10.77.2.0/28 via 192.168.77.2",
+            "10.77.2.16/28 via 192.168.77.2",
+        ],
+    )
+    .await;
+    eventually("node-c's refused add counted", || {
+        let refused = ops.get(m::route_op::ADD, m::route_outcome::ERROR);
+        async move { (refused >= 1).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        routes_in("node-c", "static", "main"),
+        set(&["10.77.1.0/28 via 192.168.77.2"])
+    );
+    // a: 3, b: 2, c: 2 (and its refused one)
+    assert!(ops.get(m::route_op::ADD, m::route_outcome::OK) >= 7);
+    // a's stale route
+    assert!(ops.get(m::route_op::DELETE, m::route_outcome::OK) >= 1);
 
     // a pod-like address of node-a's block reaches one of node-b's across the segment,
     // through the routes alone (no other route to 10.77.0.0/16 exists in either namespace)
