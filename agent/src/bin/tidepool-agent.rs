@@ -82,7 +82,7 @@ struct Flags {
     reconcile_max_frees: usize,
     /// Install a route to every other node's IPAMBlocks via that node's InternalIP (host-gw
     /// style, for nodes on one L2 segment; marked `proto 0x7d`, only those touched). Off
-    /// when the network already routes the blocks.
+    /// when the network already routes the blocks. Needs the host network and CAP_NET_ADMIN.
     #[arg(long, env = "TIDEPOOL_NODE_ROUTES")]
     node_routes: bool,
     /// How often --node-routes checks its routes without a change (repairs removed ones).
