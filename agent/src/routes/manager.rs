@@ -67,7 +67,9 @@ async fn keep(table: RouteTable, watch: ClusterWatch, own: String, interval: Dur
     let mut changes = watch.changes();
     let mut last_skipped = Vec::new();
     loop {
-        if let Some(cluster) = watch.current() {
+        // marks this version seen: `changed` wakes only for a newer one
+        let seen = changes.borrow_and_update().clone();
+        if let Some(cluster) = seen {
             match pass(&table, &cluster, &own).await {
                 Ok(skipped) => {
                     if skipped != last_skipped {
