@@ -24,6 +24,14 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// A route change or listing of `--node-routes` the kernel refused.
+    #[error("netlink: {what}: {source}")]
+    Netlink {
+        what: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
+
     #[error("invalid agent configuration: {0}")]
     Config(String),
 

@@ -16,6 +16,8 @@
 //!   handed out, and reconcile frees nothing they list.
 //! - [`reconcile`]: reconcile against the container runtime — an allocation whose sandbox
 //!   is gone (netns directory, libcni's result cache, live pods; seen twice) is freed.
+//! - [`routes`]: `--node-routes` — a route to every other node's blocks via its InternalIP
+//!   (host-gw style), marked with a protocol of its own; only its own routes are touched.
 //! - [`run`]: the agent's start-up order and lifetime, and its readiness.
 //! - [`observe`]: the agent's metrics (`tidepool_agent_*`), recorded by the server, the
 //!   state's changes and the publisher.
@@ -31,6 +33,7 @@ pub mod kube;
 pub mod observe;
 pub mod pods;
 pub mod reconcile;
+pub mod routes;
 pub mod run;
 pub mod serve;
 pub mod state;

@@ -152,6 +152,26 @@ pub fn status_write<T>(result: &Result<T, kube::Error>) {
     .increment(1);
 }
 
+/// Counts one route add or delete of `--node-routes` by whether the kernel accepted it.
+pub fn route_op(op: &'static str, ok: bool) {
+    let outcome = if ok {
+        m::route_outcome::OK
+    } else {
+        m::route_outcome::ERROR
+    };
+    metrics::counter!(
+        m::AGENT_NODE_ROUTE_OPS_TOTAL,
+        m::route_op::KEY => op,
+        m::route_outcome::KEY => outcome,
+    )
+    .increment(1);
+}
+
+/// Sets `tidepool_agent_node_routes`: the routes `--node-routes` owns now.
+pub fn node_routes(owned: usize) {
+    metrics::gauge!(m::AGENT_NODE_ROUTES).set(owned as f64);
+}
+
 #[cfg(test)]
 #[path = "observe_tests.rs"]
 mod tests;

@@ -9,7 +9,9 @@
 //!
 //! Then, for as long as it runs, it answers the operator's tombstones and release marks
 //! whenever the node's objects change and each second (cooldowns end with time), and
-//! reconciles against the runtime every [`reconcile::Config::interval`].
+//! reconciles against the runtime every [`reconcile::Config::interval`]. With
+//! [`Settings::node_routes`] it also keeps a route to every other node's blocks
+//! ([`crate::routes`]), started once it serves, stopped (its routes left) when it stops.
 //!
 //! [`Settings::ready`] turns ready once it serves (restored and the socket bound: what
 //! `/readyz` reports) and not ready when it stops. Its metrics are recorded where things
@@ -34,6 +36,7 @@ use crate::kube::{
     AgentReady, NodeSide, NodeSideSource, NodeWatch, PodWatch, PublishConfig, Publisher, read_node,
 };
 use crate::reconcile;
+use crate::routes::{self, NodeRoutes};
 use crate::serve::{Agent, Config, PodNetworks, Server};
 use crate::state::{BOOT_ID_PATH, NodeState, StateDir, read_boot_id};
 
@@ -65,6 +68,9 @@ pub struct Settings {
     pub ready: Readiness,
     /// Reconcile against the runtime: its directories, interval and cap.
     pub reconcile: reconcile::Config,
+    /// `--node-routes`: routes to the other nodes' blocks via their InternalIPs (`None`:
+    /// off, the network routes the blocks).
+    pub node_routes: Option<routes::Config>,
 }
 
 impl Settings {
@@ -84,6 +90,7 @@ impl Settings {
             empty_pool_wait: crate::serve::DEFAULT_EMPTY_POOL_WAIT,
             ready: Readiness::default(),
             reconcile: reconcile::Config::default(),
+            node_routes: None,
         }
     }
 }
@@ -126,7 +133,7 @@ pub async fn run(
     }
     let state = Arc::new(Mutex::new(state));
     let publisher = Publisher::start(
-        client,
+        client.clone(),
         watch.clone(),
         Published(state.clone()),
         PublishConfig::default(),
@@ -157,14 +164,31 @@ pub async fn run(
     let refreshing = tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh));
     let reconciling = tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone()));
     let task = server.spawn(agent);
+    let tasks = [task, answering, refreshing, reconciling];
+    let node_routes = match start_node_routes(client, &s).await {
+        Ok(r) => r,
+        Err(e) => {
+            tasks.iter().for_each(|t| t.abort());
+            return Err(e);
+        }
+    };
     s.ready.set(true);
     shutdown.await;
     s.ready.set(false);
-    task.abort();
-    answering.abort();
-    refreshing.abort();
-    reconciling.abort();
+    tasks.iter().for_each(|t| t.abort());
+    // stops the route manager; its routes stay (pods keep reaching the other nodes)
+    drop(node_routes);
     Ok(())
+}
+
+/// With `--node-routes`: the routes to the other nodes' blocks, kept from now on.
+async fn start_node_routes(client: kube::Client, s: &Settings) -> Result<Option<NodeRoutes>> {
+    let Some(config) = &s.node_routes else {
+        return Ok(None);
+    };
+    let routes = NodeRoutes::start(client, &s.node_name, config.clone()).await?;
+    tracing::info!(node = %s.node_name, "keeping the routes to the other nodes' blocks");
+    Ok(Some(routes))
 }
 
 /// Answers the operator (tombstones, release marks, block marks) whenever the node's

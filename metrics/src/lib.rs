@@ -88,6 +88,10 @@ pub const AGENT_CNI_DURATION_SECONDS: &str = "tidepool_agent_cni_duration_second
 pub const AGENT_IPS: &str = "tidepool_agent_ips";
 /// The node agent's server-side applies of the node side's fields (counter; `outcome`).
 pub const AGENT_STATUS_WRITES_TOTAL: &str = "tidepool_agent_status_writes_total";
+/// Routes to other nodes' blocks the agent owns now (gauge; only with `--node-routes`).
+pub const AGENT_NODE_ROUTES: &str = "tidepool_agent_node_routes";
+/// The agent's route adds and deletes (counter; `op`, `outcome`; only with `--node-routes`).
+pub const AGENT_NODE_ROUTE_OPS_TOTAL: &str = "tidepool_agent_node_route_ops_total";
 
 // ---------------------------------------------------------------------------------------------
 // Labels and their enumerated values.
@@ -301,6 +305,22 @@ pub mod status_write_outcome {
     /// Anything else: refused, throttled, unreachable.
     pub const ERROR: &str = "error";
     pub const ALL: &[&str] = &[OK, CONFLICT, GONE, ERROR];
+}
+
+/// Label `op` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`].
+pub mod route_op {
+    pub const KEY: &str = "op";
+    pub const ADD: &str = "add";
+    pub const DELETE: &str = "delete";
+    pub const ALL: &[&str] = &[ADD, DELETE];
+}
+
+/// Label `outcome` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`]: what the kernel answered.
+pub mod route_outcome {
+    pub const KEY: &str = "outcome";
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
+    pub const ALL: &[&str] = &[OK, ERROR];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -649,6 +669,23 @@ pub const AGENT: &[Def] = &[
         unit: Some(Unit::Count),
         help: "Server-side applies of the node side's fields (the IPAMNode's status, the blocks' release answers) by the node agent, by outcome (ok, conflict, gone: the object no longer exists, error).",
         labels: &[(status_write_outcome::KEY, E(status_write_outcome::ALL))],
+    },
+    Def {
+        name: AGENT_NODE_ROUTES,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Routes to other nodes' blocks (via their InternalIP) the node agent owns now, with --node-routes (0 without).",
+        labels: &[],
+    },
+    Def {
+        name: AGENT_NODE_ROUTE_OPS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Route adds and deletes of the node agent's --node-routes, by op and outcome (what the kernel answered).",
+        labels: &[
+            (route_op::KEY, E(route_op::ALL)),
+            (route_outcome::KEY, E(route_outcome::ALL)),
+        ],
     },
 ];
 

@@ -44,6 +44,8 @@ const AGENT_NAMES: &[&str] = &[
     AGENT_CNI_DURATION_SECONDS,
     AGENT_IPS,
     AGENT_STATUS_WRITES_TOTAL,
+    AGENT_NODE_ROUTES,
+    AGENT_NODE_ROUTE_OPS_TOTAL,
 ];
 
 fn names_of(binary: Binary) -> &'static [&'static str] {
@@ -78,6 +80,11 @@ fn names_match_design_table() {
     assert_eq!(
         AGENT_STATUS_WRITES_TOTAL,
         "tidepool_agent_status_writes_total"
+    );
+    assert_eq!(AGENT_NODE_ROUTES, "tidepool_agent_node_routes");
+    assert_eq!(
+        AGENT_NODE_ROUTE_OPS_TOTAL,
+        "tidepool_agent_node_route_ops_total"
     );
     for name in OPERATOR_NAMES {
         // IPAM's metrics are `tidepool_ipam_*`, the replica's leadership `tidepool_leader*`
@@ -152,6 +159,8 @@ fn kinds_units_and_suffixes_are_consistent() {
     assert_eq!(kind(AGENT_CNI_DURATION_SECONDS), Kind::Histogram);
     assert_eq!(kind(AGENT_IPS), Kind::Gauge);
     assert_eq!(kind(AGENT_STATUS_WRITES_TOTAL), Kind::Counter);
+    assert_eq!(kind(AGENT_NODE_ROUTES), Kind::Gauge);
+    assert_eq!(kind(AGENT_NODE_ROUTE_OPS_TOTAL), Kind::Counter);
     assert!(def("tidepool_ipam_nope").is_none());
 }
 
@@ -422,6 +431,9 @@ fn register_zero_of_the_agent_registers_only_the_agents_series() {
         (AGENT_CNI_DURATION_SECONDS, 5),
         (AGENT_IPS, 2 * 4),
         (AGENT_STATUS_WRITES_TOTAL, 4),
+        (AGENT_NODE_ROUTES, 1),
+        // add, delete: ok and error
+        (AGENT_NODE_ROUTE_OPS_TOTAL, 2 * 2),
     ];
     for (name, n) in expected {
         let got = series.get(*name).map_or(0, |s| s.len());

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ipnet::IpNet;
-use tidepool_agent::reconcile;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
+use tidepool_agent::{reconcile, routes};
 use tidepool_metrics::probes::{self, Readiness};
 
 /// The tidepool node agent: hands this node's pods their addresses from its pool.
@@ -80,6 +80,14 @@ struct Flags {
     /// The most allocations one reconcile cycle frees.
     #[arg(long, default_value_t = reconcile::DEFAULT_MAX_FREES, env = "TIDEPOOL_RECONCILE_MAX_FREES")]
     reconcile_max_frees: usize,
+    /// Install a route to every other node's IPAMBlocks via that node's InternalIP (host-gw
+    /// style, for nodes on one L2 segment; marked `proto 0x7d`, only those touched). Off
+    /// when the network already routes the blocks. Needs the host network and CAP_NET_ADMIN.
+    #[arg(long, env = "TIDEPOOL_NODE_ROUTES")]
+    node_routes: bool,
+    /// How often --node-routes checks its routes without a change (repairs removed ones).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_ROUTES_INTERVAL")]
+    node_routes_interval: Duration,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
     log_level: String,
@@ -104,6 +112,10 @@ fn main() -> anyhow::Result<()> {
         !f.reconcile_interval.is_zero(),
         "--reconcile-interval must be positive"
     );
+    anyhow::ensure!(
+        !f.node_routes_interval.is_zero(),
+        "--node-routes-interval must be positive"
+    );
     let settings = Settings {
         socket: f.socket.clone(),
         spool_dir: f
@@ -120,6 +132,10 @@ fn main() -> anyhow::Result<()> {
             interval: f.reconcile_interval,
             max_frees: f.reconcile_max_frees,
         },
+        node_routes: f.node_routes.then_some(routes::Config {
+            netns: None,
+            interval: f.node_routes_interval,
+        }),
         ..Settings::new(&f.node_name, nets)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

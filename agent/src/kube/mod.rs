@@ -15,11 +15,14 @@
 //!   live pods' addresses and for reconcile.
 //! - [`read_node`]: the IPAMNode read from the server, not the cache (the rebuild after a
 //!   corrupt checkpoint).
+//! - [`ClusterWatch`]: for `--node-routes` only, every IPAMBlock and every Node (UID and
+//!   InternalIPs): the routes to the other nodes' blocks.
 //! - [`body`]: the apply bodies, pure functions.
 //!
 //! The objects are read by [`tidepool_api::convert`], the same code as the operator's.
 
 pub mod body;
+mod cluster;
 mod error;
 mod pods;
 mod publish;
@@ -29,6 +32,7 @@ mod view;
 mod watch;
 
 pub use body::{AgentReady, NodeSide, block_status_body, node_status_body};
+pub use cluster::{Cluster, ClusterWatch};
 pub use error::KubeError;
 pub use pods::PodWatch;
 pub use publish::{NodeSideSource, PublishConfig, Publisher};
