@@ -18,9 +18,9 @@ use common::judge::{Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
 use serde_json::json;
 
-/// `count` pods `e2e-{first}`…, as one kubectl document (a List).
+/// `count` pods `e2e-{first}`…, as a YAML stream of JSON documents.
 fn pods(first: usize, count: usize) -> String {
-    let items: Vec<_> = (first..first + count)
+    let docs: Vec<String> = (first..first + count)
         .map(|i| {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
@@ -28,9 +28,10 @@ fn pods(first: usize, count: usize) -> String {
                              "labels": {"app": "e2e"}},
                 "spec": {"containers": [{"name": "c", "image": "pause"}]},
             })
+            .to_string()
         })
         .collect();
-    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    docs.join("\n---\n")
 }
 
 /// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
@@ -101,7 +102,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .kubectl
         .ok(
             &[
-                "patch", "ippool", "default", "--type=json", "-p",
+                "patch",
+                "ippool",
+                "default",
+                "--type=json",
+                "-p",
                 r#"[{"op":"add","path":"/spec/cidrs/-","value":"10.77.1.0/26"}]"#,
             ],
             None,
@@ -118,7 +123,10 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.crash_pod(&uid);
         cluster
             .kubectl
-            .ok(&["delete", "pod", &name, "--force", "--grace-period=0"], None)
+            .ok(
+                &["delete", "pod", &name, "--force", "--grace-period=0"],
+                None,
+            )
             .await;
         crashed.insert(uid);
     }
@@ -149,7 +157,10 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     kubelet.crash_pod(&uid);
     cluster
         .kubectl
-        .ok(&["delete", "pod", &name, "--force", "--grace-period=0"], None)
+        .ok(
+            &["delete", "pod", &name, "--force", "--grace-period=0"],
+            None,
+        )
         .await;
     crashed.insert(uid);
 
@@ -163,7 +174,10 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let seen = tombstones.seen();
     let bad = violations(&snap, &crashed, &seen);
     let errors = kubelet.record(|r| r.errors.clone());
-    assert!(errors.is_empty(), "the harness's own steps failed: {errors:?}");
+    assert!(
+        errors.is_empty(),
+        "the harness's own steps failed: {errors:?}"
+    );
     assert!(
         bad.is_empty(),
         "invariants broken:\n{}\n{}",
@@ -189,4 +203,83 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         lat.get(lat.len() / 2),
         lat.last(),
     );
+}
+
+/// The judge itself (no root needed): a sound end passes; each broken invariant is named.
+mod judge_can_fail {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::common::judge::{Snapshot, violations};
+
+    const A: &str = "0a000000-0000-4000-8000-000000000001";
+    const B: &str = "0b000000-0000-4000-8000-000000000002";
+    const GONE: &str = "0c000000-0000-4000-8000-000000000003";
+
+    /// Pods a (10.77.0.2) and b (10.77.0.3) on node-a, block 10.77.0.0/28, pool /27.
+    fn sound() -> Snapshot {
+        let pod = |n: &str, ip: &str| (n.to_string(), "node-a".to_string(), vec![ip.to_string()]);
+        Snapshot {
+            pods: BTreeMap::from([
+                (A.to_string(), pod("a", "10.77.0.2")),
+                (B.to_string(), pod("b", "10.77.0.3")),
+            ]),
+            used: BTreeMap::from([(
+                "node-a".to_string(),
+                BTreeMap::from([
+                    ("10.77.0.2".to_string(), A.to_string()),
+                    ("10.77.0.3".to_string(), B.to_string()),
+                ]),
+            )]),
+            pending_reclaims: 0,
+            blocks: BTreeMap::from([(
+                "node-a".to_string(),
+                vec!["10.77.0.0/28".parse().expect("net")],
+            )]),
+            pool: vec!["10.77.0.0/27".parse().expect("net")],
+        }
+    }
+
+    fn tomb(uid: &str) -> BTreeSet<(String, String, String)> {
+        BTreeSet::from([("node-a".into(), "10.77.0.9".into(), uid.into())])
+    }
+
+    #[test]
+    fn a_sound_end_passes_and_every_broken_invariant_is_named() {
+        let crashed = BTreeSet::from([GONE.to_string()]);
+        assert_eq!(
+            violations(&sound(), &crashed, &tomb(GONE)),
+            Vec::<String>::new()
+        );
+
+        let mut dup = sound();
+        dup.pods.get_mut(B).expect("b").2 = vec!["10.77.0.2".into()];
+        dup.used
+            .get_mut("node-a")
+            .expect("used")
+            .remove("10.77.0.3");
+        let v = violations(&dup, &crashed, &tomb(GONE));
+        assert!(v.iter().any(|m| m.contains("on two live pods")), "{v:?}");
+
+        let mut leaked = sound();
+        leaked
+            .used
+            .get_mut("node-a")
+            .expect("used")
+            .insert("10.77.0.9".into(), GONE.into());
+        let v = violations(&leaked, &crashed, &tomb(GONE));
+        assert!(v.iter().any(|m| m.contains("status.used")), "{v:?}");
+
+        let v = violations(&sound(), &crashed, &tomb(A));
+        assert!(v.iter().any(|m| m.contains("of live pod")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("reclaims ≠ crashed")), "{v:?}");
+
+        let v = violations(&sound(), &crashed, &BTreeSet::new());
+        assert!(v.iter().any(|m| m.contains("reclaims ≠ crashed")), "{v:?}");
+
+        let mut outside = sound();
+        outside.blocks.get_mut("node-a").expect("blocks")[0] = "10.78.0.0/28".parse().expect("net");
+        let v = violations(&outside, &crashed, &tomb(GONE));
+        assert!(v.iter().any(|m| m.contains("in no block")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
+    }
 }

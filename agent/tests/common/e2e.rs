@@ -159,9 +159,7 @@ impl Proc {
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
         Proc {
             name: name.to_string(),
             log,
@@ -351,7 +349,12 @@ impl Cluster {
             .args(["--leader-elect-lease-duration", "2s"])
             .args(["--leader-elect-renew-deadline", "1s"])
             .args(["--leader-elect-retry-period", "250ms"])
-            .args(["--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"])
+            .args([
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--health-addr",
+                "127.0.0.1:0",
+            ])
             .args(["--sync-timeout", "20s", "--resync-interval", "1s"])
             .args(["--reclaim-grace", t.reclaim_grace])
             .args(["--reclaim-min-age", t.reclaim_grace])
@@ -438,7 +441,10 @@ impl Cluster {
                 "netns", n,
             ],
         );
-        run("ip", &["-n", &self.lan, "link", "set", &port, "master", "br0"]);
+        run(
+            "ip",
+            &["-n", &self.lan, "link", "set", &port, "master", "br0"],
+        );
         run("ip", &["-n", &self.lan, "link", "set", &port, "up"]);
         let cidr = format!("{}/24", rt.ip);
         run("ip", &["-n", n, "addr", "add", &cidr, "dev", "eth0"]);

@@ -106,12 +106,19 @@ impl Snapshot {
         let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
         for b in blocks.list(&ListParams::default()).await? {
             let net = b.spec.cidr.0.parse().expect("a block's CIDR");
-            snap.blocks.entry(b.spec.node.clone()).or_default().push(net);
+            snap.blocks
+                .entry(b.spec.node.clone())
+                .or_default()
+                .push(net);
         }
         let pools: Api<api::IPPool> = Api::all(admin.clone());
         for p in pools.list(&ListParams::default()).await? {
-            snap.pool
-                .extend(p.spec.cidrs.iter().map(|c| c.0.parse::<ipnet::IpNet>().expect("a CIDR")));
+            snap.pool.extend(
+                p.spec
+                    .cidrs
+                    .iter()
+                    .map(|c| c.0.parse::<ipnet::IpNet>().expect("a CIDR")),
+            );
         }
         Ok(snap)
     }
@@ -195,7 +202,9 @@ pub fn violations(
             bad.push(format!("{addr} of live pod {uid} on {node} was tombstoned"));
         }
         if !crashed.contains(uid) {
-            bad.push(format!("{addr} of pod {uid} on {node} tombstoned but never crashed"));
+            bad.push(format!(
+                "{addr} of pod {uid} on {node} tombstoned but never crashed"
+            ));
         }
     }
     let reclaimed: BTreeSet<&String> = tombstones.iter().map(|(_, _, u)| u).collect();
