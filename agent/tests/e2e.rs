@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::e2e::{Cluster, Tuning};
+use common::e2e::{Cluster, Tuning, reconcile_report};
 use common::judge::{Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
 use serde_json::json;
@@ -56,6 +56,23 @@ fn running(k: &Kubelet) -> Vec<(String, String)> {
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
     })
+}
+
+/// Every allocation the agents' reconcile freed, as (node, address, pod UID).
+async fn reconcile_frees(cluster: &Cluster) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rt in cluster.runtimes() {
+        let report = reconcile_report(&rt)
+            .await
+            .unwrap_or_else(|| panic!("{}'s agent answers GET /v1/reconcile", rt.name));
+        for f in report["recentFrees"].as_array().expect("recentFrees") {
+            for a in f["addresses"].as_array().expect("addresses") {
+                let uid = f["podUID"].as_str().expect("podUID").to_string();
+                out.insert((rt.name.clone(), a.as_str().expect("an address").into(), uid));
+            }
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -120,7 +137,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     // two pods crash (no DEL); kubectl removes their objects as a person would
     let mut crashed = BTreeSet::new();
     for (name, uid) in running(&kubelet).into_iter().take(2) {
-        kubelet.crash_pod(&uid);
+        let addr = kubelet.crash_pod(&uid);
         cluster
             .kubectl
             .ok(
@@ -128,7 +145,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
                 None,
             )
             .await;
-        crashed.insert(uid);
+        crashed.insert((addr, uid));
     }
     // the leader dies; the other replica takes over
     let leader = cluster.leader().await;
@@ -148,13 +165,15 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     })
     .await;
     let new_leader = cluster.leader().await;
-    // one more crash, reclaimed by the new leader
+    // one more crash, reclaimed by the new leader; two sandboxes lost by the runtime
+    // (their pods get new ones): the agents' reconcile or a SandboxReplaced tombstone
     until(&cluster, "ten pods running", 30, async || {
         kubelet.settled().await && running(&kubelet).len() == 10
     })
     .await;
-    let (name, uid) = running(&kubelet).into_iter().next().expect("a pod");
-    kubelet.crash_pod(&uid);
+    let mut victims = running(&kubelet).into_iter();
+    let (name, uid) = victims.next().expect("a pod");
+    let addr = kubelet.crash_pod(&uid);
     cluster
         .kubectl
         .ok(
@@ -162,7 +181,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
             None,
         )
         .await;
-    crashed.insert(uid);
+    crashed.insert((addr, uid));
+    for (_, uid) in victims.take(2) {
+        let addr = kubelet.lose_sandbox(&uid);
+        crashed.insert((addr, uid));
+    }
 
     // settle, then judge
     let mut snap = Snapshot::default();
@@ -172,7 +195,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     })
     .await;
     let seen = tombstones.seen();
-    let bad = violations(&snap, &crashed, &seen);
+    let freed = reconcile_frees(&cluster).await;
+    let bad = violations(&snap, &crashed, &seen, &freed);
     let errors = kubelet.record(|r| r.errors.clone());
     assert!(
         errors.is_empty(),
@@ -194,10 +218,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     println!(
         "e2e: {:.1} s; leader operator-{leader} killed, operator-{new_leader} took over; \
          {before_cidr} of 9 pods ran before the CIDR was added; {failed} ADDs failed and \
-         were retried; bound {bound:?}; {} tombstones for {} crashed pods; \
+         were retried; bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
          bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         seen.len(),
+        freed.len(),
         crashed.len(),
         lat.first(),
         lat.get(lat.len() / 2),
@@ -243,11 +268,19 @@ mod judge_can_fail {
         BTreeSet::from([("node-a".into(), "10.77.0.9".into(), uid.into())])
     }
 
+    fn none() -> BTreeSet<(String, String, String)> {
+        BTreeSet::new()
+    }
+
     #[test]
     fn a_sound_end_passes_and_every_broken_invariant_is_named() {
-        let crashed = BTreeSet::from([GONE.to_string()]);
+        let crashed = BTreeSet::from([("10.77.0.9".to_string(), GONE.to_string())]);
         assert_eq!(
-            violations(&sound(), &crashed, &tomb(GONE)),
+            violations(&sound(), &crashed, &none(), &tomb(GONE)),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            violations(&sound(), &crashed, &tomb(GONE), &none()),
             Vec::<String>::new()
         );
 
@@ -257,7 +290,7 @@ mod judge_can_fail {
             .get_mut("node-a")
             .expect("used")
             .remove("10.77.0.3");
-        let v = violations(&dup, &crashed, &tomb(GONE));
+        let v = violations(&dup, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("on two live pods")), "{v:?}");
 
         let mut leaked = sound();
@@ -266,19 +299,21 @@ mod judge_can_fail {
             .get_mut("node-a")
             .expect("used")
             .insert("10.77.0.9".into(), GONE.into());
-        let v = violations(&leaked, &crashed, &tomb(GONE));
+        let v = violations(&leaked, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("status.used")), "{v:?}");
 
-        let v = violations(&sound(), &crashed, &tomb(A));
+        let live = BTreeSet::from([("node-a".into(), "10.77.0.2".into(), A.into())]);
+        let v = violations(&sound(), &crashed, &none(), &live);
         assert!(v.iter().any(|m| m.contains("of live pod")), "{v:?}");
-        assert!(v.iter().any(|m| m.contains("reclaims ≠ crashed")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("but never crashed")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("never reclaimed")), "{v:?}");
 
-        let v = violations(&sound(), &crashed, &BTreeSet::new());
-        assert!(v.iter().any(|m| m.contains("reclaims ≠ crashed")), "{v:?}");
+        let v = violations(&sound(), &crashed, &none(), &none());
+        assert!(v.iter().any(|m| m.contains("never reclaimed")), "{v:?}");
 
         let mut outside = sound();
         outside.blocks.get_mut("node-a").expect("blocks")[0] = "10.78.0.0/28".parse().expect("net");
-        let v = violations(&outside, &crashed, &tomb(GONE));
+        let v = violations(&outside, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("in no block")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
     }

@@ -58,6 +58,9 @@ pub enum Sandbox {
     Stopping,
     /// Its namespace removed without a DEL ([`Kubelet::crash_pod`]).
     Crashed { node: String, addr: String },
+    /// Lost by the runtime, namespace and cache entry both ([`Kubelet::lose_sandbox`]):
+    /// the kubelet starts a new sandbox for the pod.
+    Lost,
 }
 
 /// What the run saw, for the judge and the report.
@@ -160,6 +163,29 @@ impl Kubelet {
         addr
     }
 
+    /// The runtime loses the running pod `uid`'s sandbox: its namespace and libcni's cache
+    /// entry gone, no DEL (containerd#5768). The kubelet then starts a new sandbox with a
+    /// new address; the old allocation is the agent's reconcile's (or the operator's
+    /// `SandboxReplaced` tombstone's) to free. Returns the lost address.
+    pub fn lose_sandbox(&self, uid: &str) -> String {
+        let mut rec = self.inner.record.lock().expect("lock");
+        let sb = rec.sandboxes.get_mut(uid).expect("a known pod");
+        let Sandbox::Running {
+            node,
+            netns,
+            container,
+            addr,
+        } = sb.clone()
+        else {
+            panic!("pod {uid} is not running: {sb:?}");
+        };
+        del_netns(&netns);
+        let rt = self.inner.nodes.lock().expect("lock")[&node].clone();
+        remove_cache(&rt, &container);
+        *sb = Sandbox::Lost;
+        addr
+    }
+
     /// Whether every pod that exists runs and none is terminating.
     pub async fn settled(&self) -> bool {
         let pods: Api<Pod> = Api::namespaced(self.inner.admin.clone(), "default");
@@ -234,7 +260,7 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
             }
             // bound to a node that is gone: the pod GC's force delete
             (Some(_), None, _, _) => force_delete(&pods, &name, &uid).await?,
-            (Some(_), Some(rt), None, false) => {
+            (Some(_), Some(rt), None | Some(Sandbox::Lost), false) => {
                 let mut rec = inner.record.lock().expect("lock");
                 rec.sandboxes.insert(uid.clone(), Sandbox::Starting);
                 rec.names.insert(uid.clone(), name.clone());
@@ -254,7 +280,9 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
                 );
                 tokio::spawn(stop(inner.clone(), rt, name, uid, sb));
             }
-            (Some(_), Some(_), None, true) => force_delete(&pods, &name, &uid).await?,
+            (Some(_), Some(_), None | Some(Sandbox::Lost), true) => {
+                force_delete(&pods, &name, &uid).await?
+            }
             // Starting: its start task sees the deletion; Stopping, Crashed: nothing to do
             _ => {}
         }
