@@ -503,6 +503,32 @@ impl Cluster {
         }
     }
 
+    /// SIGKILLs node `name`'s agent (its state dir and spool stay, as on a real node).
+    pub fn kill_agent(&mut self, name: &str) {
+        let host = self.nodes.get_mut(name).expect("a node");
+        host.agent.as_mut().expect("its agent").kill();
+    }
+
+    /// Starts node `name`'s agent again on the same state and waits until its socket
+    /// answers (the restore marker of this boot stays from the first start).
+    pub async fn restart_agent(&mut self, name: &str) {
+        let rt = self.nodes[name].rt.clone();
+        let agent = self.spawn_agent(&rt);
+        self.nodes.get_mut(name).expect("a node").agent = Some(agent);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reconcile_report(&rt).await.is_none() {
+            let host = self.nodes.get_mut(name).expect("a node");
+            let agent = host.agent.as_mut().expect("its agent");
+            assert!(
+                agent.running() && Instant::now() < deadline,
+                "{} did not serve again:\n{}",
+                agent.name,
+                agent.tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The live nodes' runtimes.
     pub fn runtimes(&self) -> Vec<NodeRuntime> {
         self.nodes.values().map(|n| n.rt.clone()).collect()

@@ -12,7 +12,7 @@
 //!
 //! [`Kubelet::crash_pod`] removes a sandbox's namespace and sends no DEL.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -76,8 +76,8 @@ pub struct Record {
     pub failed_adds: usize,
     /// Pods bound by the scheduler stand-in, per node.
     pub bound: BTreeMap<String, usize>,
-    /// Pods that went through DEL and were removed.
-    pub deleted: BTreeSet<String>,
+    /// Pods that went through DEL and were removed: UID → (node, when the DEL returned).
+    pub deleted: BTreeMap<String, (String, Instant)>,
     /// Errors of the kubelet's own steps (not the system's): fail the run.
     pub errors: Vec<String>,
 }
@@ -425,6 +425,7 @@ async fn stop(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String, sb:
     };
     let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
     let out = cni(&rt, "DEL", &netns, &container, &name, &uid).await;
+    let done = Instant::now();
     let mut errors = Vec::new();
     if !out.status.success() {
         errors.push(format!(
@@ -438,7 +439,7 @@ async fn stop(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String, sb:
         errors.push(e);
     }
     let mut rec = inner.record.lock().expect("lock");
-    rec.deleted.insert(uid);
+    rec.deleted.insert(uid, (rt.name.clone(), done));
     rec.errors.extend(errors);
 }
 
