@@ -180,7 +180,7 @@ pub fn violations(
         }
     }
     // every live pod's address in a block of its node, every block in the pool
-    for (_, (name, node, ips)) in &snap.pods {
+    for (name, node, ips) in snap.pods.values() {
         for ip in ips {
             let a: IpAddr = ip.parse().expect("an address");
             let blocks = snap.blocks.get(node).map(Vec::as_slice).unwrap_or(&[]);
