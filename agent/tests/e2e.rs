@@ -2,7 +2,7 @@
 //! namespaces on one L2 segment, an agent binary each), two `tidepool-operator run`
 //! replicas (the leader killed midway), an agent killed and restarted, pods created and deleted with kubectl whose
 //! sandboxes go through ptp → tidepool-cni, pods crashed without a DEL, a pool CIDR added
-//! while a node waits for addresses. Judged at the end by the simulator's invariants
+//! while a node waits for addresses, a node crashed at the end. Judged at the end by the simulator's invariants
 //! ([`common::judge`]). Needs root: fails (does not skip) without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::e2e::{Cluster, Tuning, reconcile_report};
-use common::judge::{Snapshot, Tombstones, violations};
+use common::judge::{Crashes, Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
 use serde_json::json;
 
@@ -142,7 +142,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     .await;
 
     // two pods crash (no DEL); kubectl removes their objects as a person would
-    let mut crashed = BTreeSet::new();
+    let mut crashes = Crashes::default();
     for (name, uid) in running(&kubelet).into_iter().take(2) {
         let addr = kubelet.crash_pod(&uid);
         cluster
@@ -152,7 +152,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
                 None,
             )
             .await;
-        crashed.insert((addr, uid));
+        crashes.sandboxes.insert((addr, uid));
     }
     // the leader dies; the other replica takes over
     let leader = cluster.leader().await;
@@ -201,29 +201,45 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
             None,
         )
         .await;
-    crashed.insert((addr, uid));
+    crashes.sandboxes.insert((addr, uid));
     for (_, uid) in victims.take(2) {
         let addr = kubelet.lose_sandbox(&uid);
-        crashed.insert((addr, uid));
+        crashes.sandboxes.insert((addr, uid));
     }
+
+    // once those are reclaimed, a node crashes: its agent, its namespaces and then its
+    // Node object go
+    until(&cluster, "the crashes reclaimed", 30, async || {
+        let snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
+        kubelet.settled().await && snap.settled()
+    })
+    .await;
+    let lost_node = ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .min_by_key(|n| running_on(&kubelet, Some(n)).len())
+        .expect("a node");
+    let on_lost = kubelet.crash_node(lost_node);
+    cluster.crash_node(lost_node).await;
+    let lost_pods = on_lost.len();
+    crashes.nodes.insert(lost_node.to_string(), on_lost);
 
     // settle, then judge
     let mut snap = Snapshot::default();
-    until(&cluster, "the cluster settled", 30, async || {
+    until(&cluster, "the cluster settled", 40, async || {
         snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
-        kubelet.settled().await && snap.settled()
+        kubelet.settled().await && snap.settled() && !snap.used.contains_key(lost_node)
     })
     .await;
     let seen = tombstones.seen();
     let freed = reconcile_frees(&cluster).await;
-    let spooled: BTreeSet<String> = kubelet.record(|r| {
+    crashes.spooled = kubelet.record(|r| {
         r.deleted
             .iter()
             .filter(|(_, (node, at))| node == down_node && (down..up).contains(at))
             .map(|(uid, _)| uid.clone())
             .collect()
     });
-    let bad = violations(&snap, &crashed, &spooled, &seen, &freed);
+    let bad = violations(&snap, &crashes, &seen, &freed);
     let errors = kubelet.record(|r| r.errors.clone());
     assert!(
         errors.is_empty(),
@@ -235,7 +251,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         bad.join("\n"),
         cluster.logs()
     );
-    assert_eq!(snap.pods.len(), 9, "9 + 6 created, 3 crashed, 3 deleted");
+    assert_eq!(
+        snap.pods.len(),
+        9 - lost_pods,
+        "9 + 6 created, 3 crashed, 3 deleted, {lost_pods} on the crashed {lost_node}"
+    );
     let (lat, failed, bound, deleted) = kubelet.record(|r| {
         let mut l = r.ready_latency.clone();
         l.sort();
@@ -243,7 +263,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     });
     assert_eq!(deleted, 3, "the three deleted pods went through DEL");
     assert_eq!(
-        spooled.len(),
+        crashes.spooled.len(),
         3,
         "their DELs ran while {down_node}'s agent was down"
     );
@@ -252,12 +272,13 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          {before_cidr} of 9 pods ran before the CIDR was added; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
+         {lost_node} crashed with {lost_pods} pods and was reclaimed whole; \
          bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
-        spooled.len(),
+        crashes.spooled.len(),
         seen.len(),
         freed.len(),
-        crashed.len(),
+        crashes.sandboxes.len(),
         lat.first(),
         lat.get(lat.len() / 2),
         lat.last(),
@@ -268,7 +289,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
 mod judge_can_fail {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::common::judge::{Snapshot, violations};
+    use super::common::judge::{Crashes, Snapshot, violations};
 
     const A: &str = "0a000000-0000-4000-8000-000000000001";
     const B: &str = "0b000000-0000-4000-8000-000000000002";
@@ -308,14 +329,16 @@ mod judge_can_fail {
 
     #[test]
     fn a_sound_end_passes_and_every_broken_invariant_is_named() {
-        let crashed = BTreeSet::from([("10.77.0.9".to_string(), GONE.to_string())]);
-        let spooled = BTreeSet::new();
+        let crashed = Crashes {
+            sandboxes: BTreeSet::from([("10.77.0.9".to_string(), GONE.to_string())]),
+            ..Crashes::default()
+        };
         assert_eq!(
-            violations(&sound(), &crashed, &spooled, &none(), &tomb(GONE)),
+            violations(&sound(), &crashed, &none(), &tomb(GONE)),
             Vec::<String>::new()
         );
         assert_eq!(
-            violations(&sound(), &crashed, &spooled, &tomb(GONE), &none()),
+            violations(&sound(), &crashed, &tomb(GONE), &none()),
             Vec::<String>::new()
         );
 
@@ -325,7 +348,7 @@ mod judge_can_fail {
             .get_mut("node-a")
             .expect("used")
             .remove("10.77.0.3");
-        let v = violations(&dup, &crashed, &spooled, &tomb(GONE), &none());
+        let v = violations(&dup, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("on two live pods")), "{v:?}");
 
         let mut leaked = sound();
@@ -334,16 +357,16 @@ mod judge_can_fail {
             .get_mut("node-a")
             .expect("used")
             .insert("10.77.0.9".into(), GONE.into());
-        let v = violations(&leaked, &crashed, &spooled, &tomb(GONE), &none());
+        let v = violations(&leaked, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("status.used")), "{v:?}");
 
         let live = BTreeSet::from([("node-a".into(), "10.77.0.2".into(), A.into())]);
-        let v = violations(&sound(), &crashed, &spooled, &none(), &live);
+        let v = violations(&sound(), &crashed, &none(), &live);
         assert!(v.iter().any(|m| m.contains("of live pod")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("but never crashed")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("never reclaimed")), "{v:?}");
 
-        let v = violations(&sound(), &crashed, &spooled, &none(), &none());
+        let v = violations(&sound(), &crashed, &none(), &none());
         assert!(v.iter().any(|m| m.contains("never reclaimed")), "{v:?}");
 
         // a pod deleted while its agent was down may be tombstoned (not freed by reconcile)
@@ -352,20 +375,30 @@ mod judge_can_fail {
             ("node-a".into(), "10.77.0.9".into(), GONE.into()),
             ("node-a".into(), "10.77.0.5".into(), SPOOLED.into()),
         ]);
-        let v = violations(&sound(), &crashed, &spooled, &both, &none());
+        let v = violations(&sound(), &crashed, &both, &none());
         assert!(v.iter().any(|m| m.contains("but never crashed")), "{v:?}");
-        let excused = BTreeSet::from([SPOOLED.to_string()]);
-        assert!(violations(&sound(), &crashed, &excused, &both, &none()).is_empty());
+        let excused = Crashes {
+            spooled: BTreeSet::from([SPOOLED.to_string()]),
+            ..crashed.clone()
+        };
+        assert!(violations(&sound(), &excused, &both, &none()).is_empty());
         let freed = BTreeSet::from([("node-a".into(), "10.77.0.5".into(), SPOOLED.into())]);
-        let v = violations(&sound(), &crashed, &excused, &tomb(GONE), &freed);
+        let v = violations(&sound(), &excused, &tomb(GONE), &freed);
         assert!(
             v.iter().any(|m| m.contains("freed by reconcile but never")),
             "{v:?}"
         );
 
+        // a crashed node's IPAMNode must go
+        let mut with_node = crashed.clone();
+        with_node.nodes.insert("node-a".into(), BTreeSet::new());
+        let v = violations(&sound(), &with_node, &tomb(GONE), &none());
+        assert!(v.iter().any(|m| m.contains("were not reclaimed")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("still bound")), "{v:?}");
+
         let mut outside = sound();
         outside.blocks.get_mut("node-a").expect("blocks")[0] = "10.78.0.0/28".parse().expect("net");
-        let v = violations(&outside, &crashed, &spooled, &tomb(GONE), &none());
+        let v = violations(&outside, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("in no block")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
     }

@@ -529,6 +529,21 @@ impl Cluster {
         }
     }
 
+    /// Crashes node `name`: its agent killed, its namespace removed (its pods' are the
+    /// kubelet's: [`super::kubelet::Kubelet::crash_node`]), then its Node object deleted.
+    pub async fn crash_node(&mut self, name: &str) {
+        let mut host = self.nodes.remove(name).expect("a node");
+        if let Some(a) = host.agent.as_mut() {
+            a.kill();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &host.rt.netns])
+            .status();
+        self.kubectl
+            .ok(&["delete", "node", name, "--wait=false"], None)
+            .await;
+    }
+
     /// The live nodes' runtimes.
     pub fn runtimes(&self) -> Vec<NodeRuntime> {
         self.nodes.values().map(|n| n.rt.clone()).collect()

@@ -155,17 +155,27 @@ impl Snapshot {
     }
 }
 
-/// Every broken invariant, in words (empty: the run is sound). `crashed` are the
-/// (address, pod UID) of the sandboxes crashed or lost without a DEL; `tombstones` every
+/// What the run broke on purpose, for the judge.
+#[derive(Debug, Clone, Default)]
+pub struct Crashes {
+    /// (address, pod UID) of the sandboxes crashed or lost without a DEL.
+    pub sandboxes: BTreeSet<(String, String)>,
+    /// Pods deleted while their node's agent was down (their DELs spooled).
+    pub spooled: BTreeSet<String>,
+    /// Crashed nodes: their pods' (address, pod UID) when they went.
+    pub nodes: BTreeMap<String, BTreeSet<(String, String)>>,
+}
+
+/// Every broken invariant, in words (empty: the run is sound). `tombstones` are every
 /// tombstone the operators wrote, `frees` every allocation the agents' reconcile freed.
-/// Each crash must be reclaimed by one path at least (both may race to it), and nothing
-/// else by either — except that the operator may tombstone the address of a pod in
-/// `spooled` (deleted while its node's agent was down: the DEL waits in the spool, and
-/// the pod's object is gone, so the entry looks like a crash's until the replay).
+/// Each crashed sandbox must be reclaimed by one path at least (both may race to it), and
+/// nothing else by either — except that the operator may tombstone the address of a pod
+/// deleted while its agent was down (the DEL waits in the spool and the pod's object is
+/// gone, so the entry looks like a crash's until the replay) or of a crashed node's pod.
+/// A crashed node's addresses go with its whole-node reclaim: its IPAMNode and blocks gone.
 pub fn violations(
     snap: &Snapshot,
-    crashed: &BTreeSet<(String, String)>,
-    spooled: &BTreeSet<String>,
+    crashes: &Crashes,
     tombstones: &BTreeSet<Tombstone>,
     frees: &BTreeSet<Tombstone>,
 ) -> Vec<String> {
@@ -214,8 +224,11 @@ pub fn violations(
             if listed {
                 bad.push(format!("{addr} of live pod {uid} on {node} was {path}"));
             }
-            let excused = path == "tombstoned" && spooled.contains(uid);
-            if !crashed.contains(&(addr.clone(), uid.clone())) && !excused {
+            let pair = (addr.clone(), uid.clone());
+            let excused = path == "tombstoned"
+                && (crashes.spooled.contains(uid)
+                    || crashes.nodes.get(node).is_some_and(|p| p.contains(&pair)));
+            if !crashes.sandboxes.contains(&pair) && !excused {
                 bad.push(format!(
                     "{addr} of pod {uid} on {node} {path} but never crashed"
                 ));
@@ -223,8 +236,18 @@ pub fn violations(
             reclaimed.insert((addr.clone(), uid.clone()));
         }
     }
-    for c in crashed.difference(&reclaimed) {
+    for c in crashes.sandboxes.difference(&reclaimed) {
         bad.push(format!("crashed {c:?} was never reclaimed"));
+    }
+    for node in crashes.nodes.keys() {
+        if snap.used.contains_key(node) || snap.blocks.contains_key(node) {
+            bad.push(format!(
+                "crashed {node}'s IPAMNode or blocks were not reclaimed"
+            ));
+        }
+        if snap.pods.values().any(|(_, n, _)| n == node) {
+            bad.push(format!("a pod is still bound to crashed {node}"));
+        }
     }
     bad
 }

@@ -12,7 +12,7 @@
 //!
 //! [`Kubelet::crash_pod`] removes a sandbox's namespace and sends no DEL.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -139,9 +139,25 @@ impl Kubelet {
             .insert(rt.name.clone(), rt);
     }
 
-    /// Forgets a node (crashed): its pods are deleted with grace 0 from then on.
-    pub fn remove_node(&self, name: &str) {
+    /// Node `name` is gone (crashed): it is forgotten, so its pods are deleted with grace
+    /// 0 from then on (the pod GC), and its running sandboxes' namespaces go without a DEL.
+    /// Returns their (address, pod UID).
+    pub fn crash_node(&self, name: &str) -> BTreeSet<(String, String)> {
         self.inner.nodes.lock().expect("lock").remove(name);
+        let mut rec = self.inner.record.lock().expect("lock");
+        let mut gone = BTreeSet::new();
+        for (uid, sb) in rec.sandboxes.iter_mut() {
+            if let Sandbox::Running {
+                node, netns, addr, ..
+            } = sb.clone()
+                && node == name
+            {
+                del_netns(&netns);
+                gone.insert((addr.clone(), uid.clone()));
+                *sb = Sandbox::Crashed { node, addr };
+            }
+        }
+        gone
     }
 
     /// Crashes the running pod with UID `uid`: its namespace removed, no DEL (libcni's
