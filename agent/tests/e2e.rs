@@ -65,6 +65,22 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
     })
 }
 
+/// One pod of each node pings one pod of every other node (needs the node routes:
+/// [`Cluster::cross_node_ping`]).
+fn ping_across_nodes(k: &Kubelet) {
+    let mut one_per_node = std::collections::BTreeMap::new();
+    for (node, netns, addr) in k.sandboxes() {
+        one_per_node.entry(node).or_insert((netns, addr));
+    }
+    for (from, (netns, _)) in &one_per_node {
+        for (to, (_, addr)) in &one_per_node {
+            if from != to {
+                common::chain::ping(netns, addr);
+            }
+        }
+    }
+}
+
 /// Every allocation the agents' reconcile freed, as (node, address, pod UID).
 async fn reconcile_frees(cluster: &Cluster) -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
@@ -205,6 +221,10 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     for (_, uid) in victims.take(2) {
         let addr = kubelet.lose_sandbox(&uid);
         crashes.sandboxes.insert((addr, uid));
+    }
+
+    if Cluster::cross_node_ping() {
+        ping_across_nodes(&kubelet);
     }
 
     // once those are reclaimed, a node crashes: its agent, its namespaces and then its

@@ -202,6 +202,21 @@ impl Kubelet {
         addr
     }
 
+    /// The running sandboxes: (node, pod namespace, address).
+    pub fn sandboxes(&self) -> Vec<(String, String, String)> {
+        self.record(|r| {
+            r.sandboxes
+                .values()
+                .filter_map(|s| match s {
+                    Sandbox::Running {
+                        node, netns, addr, ..
+                    } => Some((node.clone(), netns.clone(), addr.clone())),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
     /// Whether every pod that exists runs and none is terminating.
     pub async fn settled(&self) -> bool {
         let pods: Api<Pod> = Api::namespaced(self.inner.admin.clone(), "default");
