@@ -234,6 +234,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && snap.settled()
     })
     .await;
+    // the agent of the node about to crash cannot be asked afterwards
+    let mut freed = reconcile_frees(&cluster).await;
     let lost_node = ["node-a", "node-b", "node-c"]
         .into_iter()
         .min_by_key(|n| running_on(&kubelet, Some(n)).len())
@@ -251,7 +253,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     })
     .await;
     let seen = tombstones.seen();
-    let freed = reconcile_frees(&cluster).await;
+    freed.extend(reconcile_frees(&cluster).await);
     crashes.spooled = kubelet.record(|r| {
         r.deleted
             .iter()
@@ -265,11 +267,22 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         errors.is_empty(),
         "the harness's own steps failed: {errors:?}"
     );
+    let named: Vec<String> = crashes
+        .sandboxes
+        .iter()
+        .filter(|(a, u)| {
+            bad.iter()
+                .any(|b| b.contains(a.as_str()) || b.contains(u.as_str()))
+        })
+        .flat_map(|(a, u)| [format!("{a}\""), u.clone()])
+        .collect();
     assert!(
         bad.is_empty(),
-        "invariants broken:\n{}\n{}",
+        "invariants broken:\n{}\n{}\nthe logs naming them:\n{}\nlost sandboxes: {:?}",
         bad.join("\n"),
-        cluster.logs()
+        cluster.logs(),
+        cluster.logs_matching(&named),
+        kubelet.record(|r| r.lost.clone()),
     );
     assert_eq!(
         snap.pods.len(),

@@ -555,6 +555,29 @@ impl Cluster {
         std::env::var("TIDEPOOL_E2E_PING").is_ok_and(|v| v == "1")
     }
 
+    /// Every log line (of every process, the crashed ones' too) naming one of `words`.
+    pub fn logs_matching(&self, words: &[String]) -> String {
+        let mut out = String::new();
+        let mut files: Vec<PathBuf> = self.operators.iter().map(|p| p.log.clone()).collect();
+        for e in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            files.push(e.path().join("agent.log"));
+        }
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            for l in text
+                .lines()
+                .filter(|l| words.iter().any(|w| l.contains(w.as_str())))
+            {
+                out += &format!("{}: {l}\n", f.display());
+            }
+        }
+        out
+    }
+
     /// Every process's log tail, for a failure message.
     pub fn logs(&self) -> String {
         let mut out = String::new();

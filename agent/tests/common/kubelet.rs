@@ -1,7 +1,7 @@
 //! The harness's stand-ins for the scheduler and for each node's kubelet (issue 16), one
 //! loop over the pods of namespace `default`:
 //! - the scheduler binds a pod without `spec.nodeName` to the live node with the fewest
-//!   pods (a patch of `spec.nodeName`: the in-process server has no `pods/binding`);
+//!   pods (a Binding, as kube-scheduler writes it);
 //! - the kubelet of a pod's node creates its sandbox — a network namespace, the CNI ADD
 //!   through ptp in the node's namespace, libcni's cache entry — and writes phase Running
 //!   and podIPs through the status subresource; a failed ADD is torn down (DEL, as
@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::blocking;
@@ -78,6 +78,8 @@ pub struct Record {
     pub bound: BTreeMap<String, usize>,
     /// Pods that went through DEL and were removed: UID → (node, when the DEL returned).
     pub deleted: BTreeMap<String, (String, Instant)>,
+    /// Sandboxes lost by the runtime: (address, pod UID).
+    pub lost: Vec<(String, String)>,
     /// Errors of the kubelet's own steps (not the system's): fail the run.
     pub errors: Vec<String>,
 }
@@ -199,6 +201,7 @@ impl Kubelet {
         let rt = self.inner.nodes.lock().expect("lock")[&node].clone();
         remove_cache(&rt, &container);
         *sb = Sandbox::Lost;
+        rec.lost.push((addr.clone(), uid.to_string()));
         addr
     }
 
@@ -325,11 +328,17 @@ fn least_loaded(load: &BTreeMap<String, usize>) -> Option<String> {
     load.iter().min_by_key(|(_, c)| **c).map(|(n, _)| n.clone())
 }
 
+/// The scheduler's write: a Binding through `pods/NAME/binding`.
 async fn bind(pods: &Api<Pod>, name: &str, node: &str) -> Result<(), String> {
-    pods.patch(
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
         name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"nodeName": node}})),
+        &PostParams::default(),
+        &binding,
     )
     .await
     .map(|_| ())
