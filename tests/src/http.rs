@@ -456,7 +456,6 @@ fn authorize(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 /// What a binding wrote.
 struct Bound {
     obj: Arc<Value>,
@@ -514,6 +513,7 @@ fn bind_pod(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     st: &Arc<State>,
     t: &Target,
