@@ -119,7 +119,8 @@ fn parse_target(store: &Store, group: &str, version: &str, rest: &[&str]) -> Opt
         return None;
     }
     let sub = rest.get(2).map(|s| s.to_string()).unwrap_or_default();
-    if !(sub.is_empty() || sub == "status" && rt.status) {
+    let binding = sub == "binding" && rt.kind == "Pod" && rt.group.is_empty();
+    if !(sub.is_empty() || sub == "status" && rt.status || binding) {
         return None;
     }
     Some(Target {
@@ -137,6 +138,8 @@ fn verb_of(method: &Method, t: &Target, q: &HashMap<String, String>, ctype: &str
         ("GET", true) => "get",
         ("GET", false) => "list",
         ("POST", false) => "create",
+        // pods/binding: the scheduler's write (a create of a Binding on the pod)
+        ("POST", true) if t.sub == "binding" => "create",
         ("PUT", true) => "update",
         ("PATCH", true) if ctype.starts_with("application/apply-patch") => "apply",
         ("PATCH", true) => "patch",
@@ -453,6 +456,63 @@ fn authorize(
     Ok(())
 }
 
+/// What a binding wrote.
+struct Bound {
+    obj: Arc<Value>,
+    dry_run: bool,
+}
+
+/// `POST pods/NAME/binding` as the real server's `BindingREST`: sets `spec.nodeName` of a
+/// pod that has none, in one update with the pod's resourceVersion as its precondition;
+/// a pod already assigned or being deleted is a 409 in the real words.
+fn bind_pod(
+    store: &Store,
+    rt: &ResType,
+    ns: &str,
+    name: &str,
+    binding: &Value,
+    opts: WriteOpts,
+) -> Result<Bound, Error> {
+    let node = binding
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Error::bad_request("a Binding needs target.name (the node)"))?;
+    let pod = store.get(rt, ns, name)?;
+    if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        return Err(Error::conflict(
+            "",
+            "pods/binding",
+            name,
+            &format!("pod {name} is being deleted, cannot be assigned to a host"),
+        ));
+    }
+    if let Some(cur) = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+    {
+        return Err(Error::conflict(
+            "",
+            "pods/binding",
+            name,
+            &format!("pod {name} is already assigned to node \"{cur}\""),
+        ));
+    }
+    let mut next = (*pod).clone();
+    next["spec"]["nodeName"] = Value::String(node.to_string());
+    let dry_run = opts.dry_run;
+    let opts = WriteOpts {
+        subresource: String::new(),
+        ..opts
+    };
+    let w = store.update(rt, ns, name, next, &opts)?;
+    Ok(Bound {
+        obj: w.obj,
+        dry_run,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     st: &Arc<State>,
@@ -523,6 +583,12 @@ async fn serve(
         admission: admission.clone(),
     };
     let name = t.name.clone().unwrap_or_default();
+    if t.sub == "binding" {
+        let b = media::parse_body(body, ctype)?;
+        let w = bind_pod(store, rt, &ns, &name, &b, opts)?;
+        record_write(st, t, verb, who, &w.obj, w.dry_run);
+        return Ok(json_response(201, &success_status(), &[]));
+    }
     match verb {
         "get" => {
             let o = store.get(rt, &ns, &name)?;

@@ -522,3 +522,99 @@ async fn creates_in_a_terminating_namespace_name_the_object() {
     );
     assert!(v["details"].get("name").is_none(), "{v}");
 }
+
+/// `pods/binding` as the scheduler uses it: a Binding sets `spec.nodeName` of an unbound
+/// pod (201 Success); binding it again, or binding a pod being deleted, is the real 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_bound_through_the_binding_subresource_once() {
+    let server = ApiServer::start_with(Config {
+        kubelet_delay: None,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let path = "/api/v1/namespaces/default/pods";
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                     "spec": {"containers": [{"name": "c", "image": "pause"}]}});
+    let (code, _) = send(&server, "POST", path, Some(pod), "application/json").await;
+    assert_eq!(code, 201);
+    let binding = |node: &str| {
+        json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+    };
+    let bind = format!("{path}/p/binding");
+    let (code, v) = send(
+        &server,
+        "POST",
+        &bind,
+        Some(binding("node-a")),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"], "Success", "{v}");
+    let (_, got) = send(
+        &server,
+        "GET",
+        &format!("{path}/p"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(got["spec"]["nodeName"], "node-a", "{got}");
+
+    let (code, v) = send(
+        &server,
+        "POST",
+        &bind,
+        Some(binding("node-b")),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert_status(
+        &v,
+        409,
+        "Conflict",
+        "Operation cannot be fulfilled on pods/binding \"p\": pod p is already assigned to node \"node-a\"",
+    );
+    let (_, got) = send(
+        &server,
+        "GET",
+        &format!("{path}/p"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(got["spec"]["nodeName"], "node-a", "unchanged: {got}");
+
+    // a bound pod deleted gracefully stays terminating: it cannot be bound (nor could an
+    // unbound one, which goes at once)
+    let q = send(
+        &server,
+        "DELETE",
+        &format!("{path}/p"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(q.0, 200);
+    let (code, v) = send(
+        &server,
+        "POST",
+        &bind,
+        Some(binding("node-b")),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 409, "{v}");
+    let (code, _) = send(
+        &server,
+        "POST",
+        "/api/v1/namespaces/default/pods/missing/binding",
+        Some(binding("node-a")),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 404);
+}

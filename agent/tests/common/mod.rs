@@ -1,10 +1,15 @@
 //! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
 //! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
 //! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
-//! a temp dir, pods on its node and its socket read ([`running`]).
+//! a temp dir, pods on its node and its socket read ([`running`]); the whole system with
+//! stand-ins for the scheduler and the kubelets, and its judgement ([`e2e`], [`kubelet`],
+//! [`judge`]).
 #![allow(dead_code)]
 
 pub mod chain;
+pub mod e2e;
+pub mod judge;
+pub mod kubelet;
 
 use std::io::Write;
 use std::path::Path;

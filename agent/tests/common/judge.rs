@@ -1,0 +1,253 @@
+//! The run judged by the simulator's invariants (issue 16): no address on two live pods,
+//! no live pod's address reclaimed, every address of the nodes' blocks either used by a
+//! live pod (`status.used` ↔ live pods) or free, and reclaims equal to crashed pods.
+//!
+//! [`Tombstones`] watches the IPAMNodes for the whole run and keeps every tombstone the
+//! operator wrote (`spec.reclaim`), however briefly it lived; [`Snapshot`] is the cluster
+//! at the end; [`violations`] is the judgement, pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher;
+use tidepool_api as api;
+
+/// A reclaim as written: (node, address, pod UID) — an operator's tombstone or an agent's
+/// reconcile free.
+pub type Tombstone = (String, String, String);
+
+/// Every tombstone seen on any IPAMNode since [`Tombstones::watch`].
+pub struct Tombstones {
+    seen: Arc<Mutex<BTreeSet<Tombstone>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Tombstones {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Tombstones {
+    pub fn watch(admin: kube::Client) -> Tombstones {
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let nodes: Api<api::IPAMNode> = Api::all(admin);
+        let s = seen.clone();
+        let task = tokio::spawn(async move {
+            // every event: the in-process server sends each write, none coalesced
+            let mut events = std::pin::pin!(watcher(nodes, watcher::Config::default()));
+            while let Some(ev) = events.next().await {
+                let objs = match ev {
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => vec![n],
+                    _ => continue,
+                };
+                let mut s = s.lock().expect("lock");
+                for n in objs {
+                    let node = n.metadata.name.clone().unwrap_or_default();
+                    for (addr, t) in &n.spec.reclaim {
+                        s.insert((node.clone(), addr.clone(), t.pod_uid.clone()));
+                    }
+                }
+            }
+        });
+        Tombstones { seen, task }
+    }
+
+    pub fn seen(&self) -> BTreeSet<Tombstone> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+/// The cluster at the end of a run.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Live pods: UID → (name, node, podIPs).
+    pub pods: BTreeMap<String, (String, String, Vec<String>)>,
+    /// Per node: address → pod UID in `status.used`.
+    pub used: BTreeMap<String, BTreeMap<String, String>>,
+    /// Per node: tombstones still pending in `spec.reclaim`.
+    pub pending_reclaims: usize,
+    /// Per node: its blocks' CIDRs.
+    pub blocks: BTreeMap<String, Vec<ipnet::IpNet>>,
+    /// The pool's CIDRs.
+    pub pool: Vec<ipnet::IpNet>,
+}
+
+impl Snapshot {
+    pub async fn take(admin: &kube::Client) -> kube::Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+        for p in pods.list(&ListParams::default()).await? {
+            let st = p.status.unwrap_or_default();
+            let ips = st
+                .pod_ips
+                .unwrap_or_default()
+                .into_iter()
+                .map(|i| i.ip)
+                .collect();
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            let name = p.metadata.name.unwrap_or_default();
+            snap.pods
+                .insert(p.metadata.uid.unwrap_or_default(), (name, node, ips));
+        }
+        let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+        for n in nodes.list(&ListParams::default()).await? {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            snap.pending_reclaims += n.spec.reclaim.len();
+            let used = n.status.map(|s| s.used).unwrap_or_default();
+            snap.used.insert(
+                name,
+                used.into_iter().map(|(a, e)| (a, e.pod_uid)).collect(),
+            );
+        }
+        let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+        for b in blocks.list(&ListParams::default()).await? {
+            let net = b.spec.cidr.0.parse().expect("a block's CIDR");
+            snap.blocks
+                .entry(b.spec.node.clone())
+                .or_default()
+                .push(net);
+        }
+        let pools: Api<api::IPPool> = Api::all(admin.clone());
+        for p in pools.list(&ListParams::default()).await? {
+            snap.pool.extend(
+                p.spec
+                    .cidrs
+                    .iter()
+                    .map(|c| c.0.parse::<ipnet::IpNet>().expect("a CIDR")),
+            );
+        }
+        Ok(snap)
+    }
+
+    /// Live pods' addresses as `status.used` should hold them: node → address → UID.
+    pub fn expected_used(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let mut want: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for (uid, (_, node, ips)) in &self.pods {
+            for ip in ips {
+                want.entry(node.clone())
+                    .or_default()
+                    .insert(ip.clone(), uid.clone());
+            }
+        }
+        want
+    }
+
+    /// `status.used` of nodes that have an entry (empty maps dropped).
+    pub fn used_nonempty(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        self.used
+            .iter()
+            .filter(|(_, u)| !u.is_empty())
+            .map(|(n, u)| (n.clone(), u.clone()))
+            .collect()
+    }
+
+    /// Settled: every live pod has an address, the nodes' `status.used` is exactly the
+    /// live pods', and no tombstone waits.
+    pub fn settled(&self) -> bool {
+        self.pods.values().all(|(_, _, ips)| !ips.is_empty())
+            && self.used_nonempty() == self.expected_used()
+            && self.pending_reclaims == 0
+    }
+}
+
+/// What the run broke on purpose, for the judge.
+#[derive(Debug, Clone, Default)]
+pub struct Crashes {
+    /// (address, pod UID) of the sandboxes crashed or lost without a DEL.
+    pub sandboxes: BTreeSet<(String, String)>,
+    /// Pods deleted while their node's agent was down (their DELs spooled).
+    pub spooled: BTreeSet<String>,
+    /// Crashed nodes: their pods' (address, pod UID) when they went.
+    pub nodes: BTreeMap<String, BTreeSet<(String, String)>>,
+}
+
+/// Every broken invariant, in words (empty: the run is sound). `tombstones` are every
+/// tombstone the operators wrote, `frees` every allocation the agents' reconcile freed.
+/// Each crashed sandbox must be reclaimed by one path at least (both may race to it), and
+/// nothing else by either — except that the operator may tombstone the address of a pod
+/// deleted while its agent was down (the DEL waits in the spool and the pod's object is
+/// gone, so the entry looks like a crash's until the replay) or of a crashed node's pod.
+/// A crashed node's addresses go with its whole-node reclaim: its IPAMNode and blocks gone.
+pub fn violations(
+    snap: &Snapshot,
+    crashes: &Crashes,
+    tombstones: &BTreeSet<Tombstone>,
+    frees: &BTreeSet<Tombstone>,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    // no address on two live pods
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for (uid, (name, _, ips)) in &snap.pods {
+        for ip in ips {
+            if let Some(other) = owner.insert(ip, name) {
+                bad.push(format!("{ip} on two live pods: {other} and {name} ({uid})"));
+            }
+        }
+    }
+    // every live pod's address in a block of its node, every block in the pool
+    for (name, node, ips) in snap.pods.values() {
+        for ip in ips {
+            let a: IpAddr = ip.parse().expect("an address");
+            let blocks = snap.blocks.get(node).map(Vec::as_slice).unwrap_or(&[]);
+            if !blocks.iter().any(|b| b.contains(&a)) {
+                bad.push(format!("{name}'s {ip} is in no block of {node}"));
+            }
+        }
+    }
+    for (node, blocks) in &snap.blocks {
+        for b in blocks {
+            if !snap.pool.iter().any(|p| p.contains(b)) {
+                bad.push(format!("{node}'s block {b} is outside the pool"));
+            }
+        }
+    }
+    // status.used ↔ live pods: what is not used by a live pod is free
+    let (want, have) = (snap.expected_used(), snap.used_nonempty());
+    if want != have {
+        bad.push(format!(
+            "status.used is not the live pods' addresses: live {want:?}, used {have:?}"
+        ));
+    }
+    // no live pod's address reclaimed; reclaims equal crashed pods
+    let mut reclaimed = BTreeSet::new();
+    for (path, set) in [("tombstoned", tombstones), ("freed by reconcile", frees)] {
+        for (node, addr, uid) in set {
+            let listed = snap
+                .pods
+                .get(uid)
+                .is_some_and(|(_, _, ips)| ips.contains(addr));
+            if listed {
+                bad.push(format!("{addr} of live pod {uid} on {node} was {path}"));
+            }
+            let pair = (addr.clone(), uid.clone());
+            let excused = path == "tombstoned"
+                && (crashes.spooled.contains(uid)
+                    || crashes.nodes.get(node).is_some_and(|p| p.contains(&pair)));
+            if !crashes.sandboxes.contains(&pair) && !excused {
+                bad.push(format!(
+                    "{addr} of pod {uid} on {node} {path} but never crashed"
+                ));
+            }
+            reclaimed.insert((addr.clone(), uid.clone()));
+        }
+    }
+    for c in crashes.sandboxes.difference(&reclaimed) {
+        bad.push(format!("crashed {c:?} was never reclaimed"));
+    }
+    for node in crashes.nodes.keys() {
+        if snap.used.contains_key(node) || snap.blocks.contains_key(node) {
+            bad.push(format!(
+                "crashed {node}'s IPAMNode or blocks were not reclaimed"
+            ));
+        }
+        if snap.pods.values().any(|(_, n, _)| n == node) {
+            bad.push(format!("a pod is still bound to crashed {node}"));
+        }
+    }
+    bad
+}
