@@ -687,7 +687,22 @@ async fn faults_from_the_server_lose_nothing() {
         ..settings()
     };
     let (stop, task) = start_operator(&server, s).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until a block create has met a 500 (more creates sent than blocks exist): a fixed
+    // sleep let a slow start under load pass the whole phase without one (seen in CI).
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    eventually(
+        Duration::from_secs(30),
+        "a block create failed by a 500",
+        || {
+            let (blocks, server) = (blocks.clone(), &server);
+            async move {
+                let held = blocks.list(&ListParams::default()).await.ok()?.items.len() as u64;
+                let sent = server.request_count("create", "ipamblocks.ipam.tidepool.dev");
+                (sent > held).then_some(())
+            }
+        },
+    )
+    .await;
     // then throttling with Retry-After, and a forced close of every watch
     server.set_faults(tidepool_tests::Faults {
         error_rate: 0.3,
@@ -722,7 +737,6 @@ async fn faults_from_the_server_lose_nothing() {
         }
     }
     // the faults were felt: more block creates were sent than blocks exist
-    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
     let held = blocks
         .list(&ListParams::default())
         .await
