@@ -65,8 +65,8 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
     })
 }
 
-/// One pod of each node pings one pod of every other node (needs the node routes:
-/// [`Cluster::cross_node_ping`]).
+/// One pod of each node pings one pod of every other node: through the routes the agents
+/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks.
 fn ping_across_nodes(k: &Kubelet) {
     let mut one_per_node = std::collections::BTreeMap::new();
     for (node, netns, addr) in k.sandboxes() {
@@ -223,9 +223,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         crashes.sandboxes.insert((addr, uid));
     }
 
-    if Cluster::cross_node_ping() {
-        ping_across_nodes(&kubelet);
-    }
+    ping_across_nodes(&kubelet);
 
     // once those are reclaimed, a node crashes: its agent, its namespaces and then its
     // Node object go
