@@ -1,9 +1,11 @@
 //! The whole system, end to end (issue 16), kept short for CI: three nodes (network
-//! namespaces on one L2 segment, an agent binary each), two `tidepool-operator run`
-//! replicas (the leader killed midway), an agent killed and restarted, pods created and deleted with kubectl whose
-//! sandboxes go through ptp → tidepool-cni, pods crashed without a DEL, a pool CIDR added
-//! while a node waits for addresses, a node crashed at the end. Judged at the end by the simulator's invariants
-//! ([`common::judge`]). Needs root: fails (does not skip) without it.
+//! namespaces on one L2 segment, an agent binary each, run inside its node's namespace),
+//! two `tidepool-operator run` replicas (the leader killed midway), an agent killed and
+//! restarted, pods created and deleted with kubectl whose sandboxes go through ptp →
+//! tidepool-cni, pods crashed without a DEL, a pool CIDR added while a node waits for
+//! addresses, pods on different nodes pinging each other (through the agents'
+//! `--node-routes`), a node crashed at the end. Judged at the end by the simulator's
+//! invariants ([`common::judge`]). Needs root: fails (does not skip) without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test e2e -- --nocapture` (the figures are printed).
@@ -65,20 +67,24 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
     })
 }
 
-/// One pod of each node pings one pod of every other node (needs the node routes:
-/// [`Cluster::cross_node_ping`]).
-fn ping_across_nodes(k: &Kubelet) {
+/// One pod of each node pings one pod of every other node: through the routes the agents
+/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks.
+/// Returns how many pairs of nodes were pinged.
+fn ping_across_nodes(k: &Kubelet) -> usize {
     let mut one_per_node = std::collections::BTreeMap::new();
     for (node, netns, addr) in k.sandboxes() {
         one_per_node.entry(node).or_insert((netns, addr));
     }
+    let mut pairs = 0;
     for (from, (netns, _)) in &one_per_node {
         for (to, (_, addr)) in &one_per_node {
             if from != to {
                 common::chain::ping(netns, addr);
+                pairs += 1;
             }
         }
     }
+    pairs
 }
 
 /// Every allocation the agents' reconcile freed, as (node, address, pod UID).
@@ -223,9 +229,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         crashes.sandboxes.insert((addr, uid));
     }
 
-    if Cluster::cross_node_ping() {
-        ping_across_nodes(&kubelet);
-    }
+    let pinged = ping_across_nodes(&kubelet);
+    assert_eq!(
+        pinged, 6,
+        "one pod of each of the three nodes pinged the other two"
+    );
 
     // once those are reclaimed, a node crashes: its agent, its namespaces and then its
     // Node object go
@@ -305,7 +313,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          {before_cidr} of 9 pods ran before the CIDR was added; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
-         {lost_node} crashed with {lost_pods} pods and was reclaimed whole; \
+         {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
+         nodes' pods pinged each other; \
          bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         crashes.spooled.len(),

@@ -6,13 +6,15 @@
 //! A node is a network namespace on one L2 segment (a bridge in a namespace of its own)
 //! with its InternalIP on `eth0`; its pods' sandboxes are namespaces too, wired by Debian's
 //! `ptp` run inside the node's namespace and delegating IPAM to the built `tidepool-cni`
-//! ([`super::kubelet`] does that). The agents themselves run in the host's namespace:
-//! they must reach the API server on loopback. Routes they would install (`--node-routes`)
-//! would land in the host's namespace then, so cross-node ping waits until the agents run
-//! inside their nodes' namespaces ([`Cluster::cross_node_ping`]).
+//! ([`super::kubelet`] does that). Each agent runs inside its node's namespace (`ip netns
+//! exec`) with `--node-routes`, so the routes to the other nodes' blocks via their
+//! InternalIPs land there and pods ping across nodes. It reaches the API server (on the
+//! host's loopback) through a [`Forwarder`] listening on the node's own `lo`: nothing is
+//! added to the host's namespace.
 //!
 //! Every process and namespace is removed on every exit path: the processes are
-//! [`KillOnDrop`], the namespaces [`Namespaces`], and the fields drop in that order.
+//! [`KillOnDrop`], the forwarders stop when dropped, the namespaces [`Namespaces`], and the
+//! fields drop in that order.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ use serde_json::json;
 use tidepool_tests::{ADMIN, ApiServer, Config};
 
 use super::chain::{Namespaces, PLUGINS, output, run};
+use super::forward::Forwarder;
 use super::{KillOnDrop, OPERATOR, agent_on, blocking};
 
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_tidepool-agent");
@@ -231,10 +234,12 @@ impl NodeRuntime {
     }
 }
 
-/// One node: its runtime and its agent process.
+/// One node: its runtime, its agent process and the agent's way to the API server (the
+/// agent is killed before the forwarder stops: fields drop in order).
 pub struct NodeHost {
     pub rt: NodeRuntime,
     pub agent: Option<Proc>,
+    pub forward: Forwarder,
 }
 
 /// How the cluster's processes are tuned for a short run.
@@ -413,12 +418,14 @@ impl Cluster {
             )
             .await
             .expect("the Node's addresses");
-        let agent = self.spawn_agent(&rt);
+        let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
+        let agent = self.spawn_agent(&rt, forward.port);
         self.nodes.insert(
             name.to_string(),
             NodeHost {
                 rt: rt.clone(),
                 agent: Some(agent),
+                forward,
             },
         );
         self.until_serving(name).await;
@@ -452,15 +459,21 @@ impl Cluster {
         std::fs::create_dir_all(rt.cni_cache()).expect("the node's CNI cache");
     }
 
-    fn spawn_agent(&self, rt: &NodeRuntime) -> Proc {
+    /// Node `rt`'s agent inside its namespace, `--node-routes` on, reaching the API server
+    /// through the node's forwarder on `port` (the server's certificate names 127.0.0.1).
+    fn spawn_agent(&self, rt: &NodeRuntime, port: u16) -> Proc {
         let kubeconfig = rt.dir.join("agent.kubeconfig");
         // after the Node exists: a node-bound identity carries the Node's UID
-        self.server
-            .write_kubeconfig(&agent_on(&rt.name), &kubeconfig)
-            .expect("kubeconfig");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&self.server.kubeconfig(&agent_on(&rt.name)))
+                .expect("a kubeconfig");
+        config["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
+        std::fs::write(&kubeconfig, config.to_string()).expect("kubeconfig");
         let t = &self.tuning;
-        let mut cmd = Command::new(AGENT_BIN);
+        let mut cmd = Command::new("ip");
         cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(["netns", "exec", &rt.netns, AGENT_BIN])
             .args(["--node-name", &rt.name, "--pod-network", POD_NETWORK])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -476,7 +489,8 @@ impl Cluster {
             .arg(rt.cni_cache())
             .args(["--reconcile-interval", t.reconcile_interval])
             .args(["--reuse-cooldown", t.reuse_cooldown])
-            .args(["--node-wait", "60s"]);
+            .args(["--node-wait", "60s"])
+            .args(["--node-routes", "--node-routes-interval", "1s"]);
         let log = rt.dir.join("agent.log");
         Proc::spawn(&format!("agent on {}", rt.name), cmd, log)
     }
@@ -513,7 +527,7 @@ impl Cluster {
     /// answers (the restore marker of this boot stays from the first start).
     pub async fn restart_agent(&mut self, name: &str) {
         let rt = self.nodes[name].rt.clone();
-        let agent = self.spawn_agent(&rt);
+        let agent = self.spawn_agent(&rt, self.nodes[name].forward.port);
         self.nodes.get_mut(name).expect("a node").agent = Some(agent);
         let deadline = Instant::now() + Duration::from_secs(30);
         while reconcile_report(&rt).await.is_none() {
@@ -532,12 +546,12 @@ impl Cluster {
     /// Crashes node `name`: its agent killed, its namespace removed (its pods' are the
     /// kubelet's: [`super::kubelet::Kubelet::crash_node`]), then its Node object deleted.
     pub async fn crash_node(&mut self, name: &str) {
-        let mut host = self.nodes.remove(name).expect("a node");
-        if let Some(a) = host.agent.as_mut() {
-            a.kill();
-        }
+        let NodeHost { rt, agent, forward } = self.nodes.remove(name).expect("a node");
+        // the agent first, then its forwarder (whose listener holds the namespace)
+        drop(agent);
+        drop(forward);
         let _ = Command::new("ip")
-            .args(["netns", "del", &host.rt.netns])
+            .args(["netns", "del", &rt.netns])
             .status();
         self.kubectl
             .ok(&["delete", "node", name, "--wait=false"], None)
@@ -547,12 +561,6 @@ impl Cluster {
     /// The live nodes' runtimes.
     pub fn runtimes(&self) -> Vec<NodeRuntime> {
         self.nodes.values().map(|n| n.rt.clone()).collect()
-    }
-
-    /// Cross-node ping needs routes in the nodes' namespaces (`--node-routes`, run by an
-    /// agent inside its node's namespace): off until then. `TIDEPOOL_E2E_PING=1` turns it on.
-    pub fn cross_node_ping() -> bool {
-        std::env::var("TIDEPOOL_E2E_PING").is_ok_and(|v| v == "1")
     }
 
     /// Every log line (of every process, the crashed ones' too) naming one of `words`.

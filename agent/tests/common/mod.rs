@@ -8,6 +8,7 @@
 
 pub mod chain;
 pub mod e2e;
+pub mod forward;
 pub mod judge;
 pub mod kubelet;
 
