@@ -229,6 +229,20 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         crashes.sandboxes.insert((addr, uid));
     }
 
+    // lost sandboxes and ADDs retried after the agent's restart come back on the kubelet's
+    // backoff: wait until every node runs a sandbox again (CI once pinged while one did not)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes: BTreeSet<String> = kubelet.sandboxes().into_iter().map(|s| s.0).collect();
+        if nodes.len() == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a sandbox on every node in time: only on {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let pinged = ping_across_nodes(&kubelet);
     assert_eq!(
         pinged, 6,
