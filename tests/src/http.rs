@@ -264,7 +264,7 @@ async fn resource(
         && let Err(e) = authorize(st, user, &t, verb, &q)
     {
         tracing::debug!(verb, resource = %res_name, identity = who, error = %e, "forbidden");
-        return error_response(&e);
+        return failed(st, &t, verb, &res_name, who, &e);
     }
     let injected = {
         let f = st.faults.read();
@@ -278,10 +278,10 @@ async fn resource(
         }
     };
     if let Some(e) = injected {
-        return error_response(&e);
+        return failed(st, &t, verb, &res_name, who, &e);
     }
     if let Some(e) = targeted_fault(st, who, &res_name, verb).await {
-        return error_response(&e);
+        return failed(st, &t, verb, &res_name, who, &e);
     }
     let accept = req
         .headers()
@@ -298,7 +298,7 @@ async fn resource(
         .to_string();
     let body = match read_body(req).await {
         Ok(b) => b,
-        Err(e) => return error_response(&e),
+        Err(e) => return failed(st, &t, verb, &res_name, who, &e),
     };
     let result = serve(st, &t, verb, &q, &ctype, &body, as_table, &ua, who, user).await;
     match result {
@@ -308,9 +308,33 @@ async fn resource(
         }
         Err(e) => {
             tracing::debug!(verb, resource = %res_name, identity = who, error = %e, "refused");
-            error_response(&e)
+            failed(st, &t, verb, &res_name, who, &e)
         }
     }
+}
+
+/// The error answer of a resource request, noted in the audit record of failed requests.
+fn failed(
+    st: &State,
+    t: &Target,
+    verb: &str,
+    resource: &str,
+    who: &str,
+    e: &Error,
+) -> Response<Body> {
+    let status = e.status();
+    let text = |k: &str| status[k].as_str().unwrap_or_default().to_string();
+    st.failed.lock().push(crate::FailedRequest {
+        identity: who.to_string(),
+        verb: verb.to_string(),
+        resource: resource.to_string(),
+        namespace: t.ns.clone(),
+        name: t.name.clone(),
+        code: e.code(),
+        reason: text("reason"),
+        message: text("message"),
+    });
+    error_response(e)
 }
 
 /// The error an injected fault answers: 429 (with Retry-After), 503, 504, else 500.

@@ -33,4 +33,4 @@ mod typemeta;
 
 pub use error::{Error, Result};
 pub use identity::{ADMIN, NODE_NAME_EXTRA, NODE_UID_EXTRA, UserInfo};
-pub use server::{AcceptedWrite, ApiServer, Config, Faults, TargetedFault};
+pub use server::{AcceptedWrite, ApiServer, Config, FailedRequest, Faults, TargetedFault};

@@ -122,6 +122,38 @@ pub struct AcceptedWrite {
     pub resource_version: String,
 }
 
+/// A resource request the server answered with an error `Status`, as the real server's
+/// audit log records it (an event's `user`, `verb`, `objectRef` and `responseStatus`): to
+/// check that a client was never refused (no 403 of RBAC, no admission denial) and, for a
+/// request that was, in which words (see [`ApiServer::failed_requests`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedRequest {
+    /// The identity string of the requester.
+    pub identity: String,
+    /// As in [`ApiServer::requests`]: get, list, watch, create, update, patch, apply, …
+    pub verb: String,
+    /// `plural[.group][/subresource]`.
+    pub resource: String,
+    pub namespace: Option<String>,
+    /// The object's name, when the request names one.
+    pub name: Option<String>,
+    /// The HTTP status code (403 for RBAC and admission refusals).
+    pub code: u16,
+    /// The Status `reason` (`Forbidden`, `NotFound`, `Conflict`, …).
+    pub reason: String,
+    /// The Status `message`: the server's words.
+    pub message: String,
+}
+
+impl FailedRequest {
+    /// Whether authorization or an admission policy refused it (rather than, say, a
+    /// conflict or a missing object): a 403, or a ValidatingAdmissionPolicy's denial with
+    /// a reason of its own.
+    pub fn is_refusal(&self) -> bool {
+        self.code == 403 || self.message.contains("denied request")
+    }
+}
+
 pub(crate) struct State {
     pub store: Store,
     pub config: Config,
@@ -134,6 +166,7 @@ pub(crate) struct State {
     pub tokens: RwLock<HashMap<String, (String, Arc<UserInfo>)>>,
     pub counters: Mutex<BTreeMap<(String, String), u64>>,
     pub writes: Mutex<Vec<AcceptedWrite>>,
+    pub failed: Mutex<Vec<FailedRequest>>,
     pub addr: SocketAddr,
     pub tls: Option<Tls>,
     pub policy: PolicyCache,
@@ -186,6 +219,7 @@ impl ApiServer {
             tokens: RwLock::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             writes: Mutex::new(Vec::new()),
+            failed: Mutex::new(Vec::new()),
             addr,
             tls,
             policy: PolicyCache::default(),
@@ -364,6 +398,14 @@ impl ApiServer {
     /// successor's first write).
     pub fn accepted_writes(&self) -> Vec<AcceptedWrite> {
         self.state.writes.lock().clone()
+    }
+
+    /// Every resource request answered with an error Status so far, in order, with its
+    /// requester and the server's words: the audit log's failed events. Refusals (RBAC,
+    /// admission) are those with [`FailedRequest::is_refusal`]; requests dropped for an
+    /// injected identity refusal ([`Faults::refused`]) get no answer and are not in it.
+    pub fn failed_requests(&self) -> Vec<FailedRequest> {
+        self.state.failed.lock().clone()
     }
 
     /// Resets the request counters.

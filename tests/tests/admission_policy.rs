@@ -309,3 +309,33 @@ async fn what_cannot_be_enforced_is_refused_when_written() {
         .await
         .expect("the policy as written in DESIGN.md compiles");
 }
+
+#[tokio::test]
+async fn admission_denials_are_recorded_as_refusals() {
+    let (server, _) = setup(vec![own_node_policy(), binding(POLICY, POLICY, &["Deny"])]).await;
+    let identity = "system:serviceaccount:tidepool:agent@node-a";
+    let agent = nodes_as(&server, identity).await;
+    let pp = PatchParams::default();
+    agent
+        .patch_status("node-a", &pp, &status_patch())
+        .await
+        .expect("its own node");
+    assert!(server.failed_requests().is_empty(), "nothing failed yet");
+    let s = refused(
+        agent.patch_status("node-b", &pp, &status_patch()).await,
+        422,
+    );
+    let failed = server.failed_requests();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let f = &failed[0];
+    assert_eq!(
+        (f.identity.as_str(), f.verb.as_str(), f.resource.as_str()),
+        (identity, "patch", "ipamnodes.ipam.tidepool.dev/status")
+    );
+    assert_eq!((f.code, f.reason.as_str()), (422, "Invalid"));
+    assert_eq!(f.message, s.message);
+    assert!(
+        f.is_refusal(),
+        "an admission denial is a refusal whatever its code"
+    );
+}

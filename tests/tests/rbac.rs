@@ -339,3 +339,44 @@ async fn node_bound_identities_carry_the_nodes_name_and_uid() {
         "no Node node-b yet"
     );
 }
+
+#[tokio::test]
+async fn failed_requests_are_recorded_with_requester_and_the_servers_words() {
+    let (server, admin) = rbac_server().await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "seen"}})).unwrap(),
+    )
+    .await
+    .expect("the admin creates");
+    cms.get("seen").await.expect("the admin reads");
+    assert!(server.failed_requests().is_empty(), "nothing failed yet");
+
+    let agent: Api<ConfigMap> = Api::namespaced(server.client(AGENT).await.unwrap(), "default");
+    let message = forbidden(agent.get("seen").await);
+    let missing = cms.get("missing").await.expect_err("no such object");
+    assert_eq!(status(&missing).code, 404);
+
+    let failed = server.failed_requests();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    let refused = &failed[0];
+    assert_eq!(
+        (
+            refused.identity.as_str(),
+            refused.verb.as_str(),
+            refused.resource.as_str()
+        ),
+        (AGENT, "get", "configmaps")
+    );
+    assert_eq!(
+        (refused.namespace.as_deref(), refused.name.as_deref()),
+        (Some("default"), Some("seen"))
+    );
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(refused.message, message);
+    assert!(refused.is_refusal());
+    assert_eq!((failed[1].identity.as_str(), failed[1].code), (ADMIN, 404));
+    assert_eq!(failed[1].reason, "NotFound");
+    assert!(!failed[1].is_refusal(), "a missing object is no refusal");
+}

@@ -282,6 +282,21 @@ impl Cluster {
     /// The API server, the CRDs, both RBAC files and the agent's policy applied with
     /// kubectl, the L2 segment; no node and no operator yet.
     pub async fn start(test: &str, tuning: Tuning) -> Cluster {
+        let cluster = Cluster::bare(test, tuning).await;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let crds = repo.join("deploy/crds").display().to_string();
+        cluster.kubectl.ok(&["apply", "-f", &crds], None).await;
+        cluster.until_crds_established().await;
+        for f in ["deploy/operator/rbac.yaml", "deploy/agent/rbac.yaml"] {
+            let f = repo.join(f).display().to_string();
+            cluster.kubectl.ok(&["apply", "-f", &f], None).await;
+        }
+        cluster
+    }
+
+    /// The API server (RBAC, TLS, no simulated kubelet) and the L2 segment, nothing
+    /// applied: for a test that installs the objects itself (the deploy bundle).
+    pub async fn bare(test: &str, tuning: Tuning) -> Cluster {
         require_root();
         let server = ApiServer::start_with(Config {
             rbac: true,
@@ -302,7 +317,7 @@ impl Cluster {
         ns.add(&lan);
         run("ip", &["-n", &lan, "link", "add", "br0", "type", "bridge"]);
         run("ip", &["-n", &lan, "link", "set", "br0", "up"]);
-        let cluster = Cluster {
+        Cluster {
             operators: Vec::new(),
             nodes: BTreeMap::new(),
             ns,
@@ -313,12 +328,12 @@ impl Cluster {
             tuning,
             lan,
             dir,
-        };
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let crds = repo.join("deploy/crds").display().to_string();
-        cluster.kubectl.ok(&["apply", "-f", &crds], None).await;
-        cluster
-            .kubectl
+        }
+    }
+
+    /// Waits until tidepool's three CRDs are Established.
+    pub async fn until_crds_established(&self) {
+        self.kubectl
             .ok(
                 &[
                     "wait",
@@ -331,11 +346,6 @@ impl Cluster {
                 None,
             )
             .await;
-        for f in ["deploy/operator/rbac.yaml", "deploy/agent/rbac.yaml"] {
-            let f = repo.join(f).display().to_string();
-            cluster.kubectl.ok(&["apply", "-f", &f], None).await;
-        }
-        cluster
     }
 
     /// Starts operator replica `operator-{i}` (leader election on, short timings).
@@ -392,6 +402,16 @@ impl Cluster {
     /// the Node object (kubectl; its addresses through the status subresource), and its
     /// agent; returns once the agent serves.
     pub async fn add_node(&mut self, name: &str) {
+        self.add_node_with(name, Self::spawn_agent).await
+    }
+
+    /// [`add_node`](Self::add_node) with the agent started by `spawn` (given the node and
+    /// the port of its forwarder to the API server), for agents run with other flags.
+    pub async fn add_node_with(
+        &mut self,
+        name: &str,
+        spawn: impl FnOnce(&Self, &NodeRuntime, u16) -> Proc,
+    ) {
         let i = self.nodes.len();
         let rt = NodeRuntime {
             name: name.to_string(),
@@ -419,7 +439,7 @@ impl Cluster {
             .await
             .expect("the Node's addresses");
         let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
-        let agent = self.spawn_agent(&rt, forward.port);
+        let agent = spawn(self, &rt, forward.port);
         self.nodes.insert(
             name.to_string(),
             NodeHost {

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod chain;
+pub mod deployed;
 pub mod e2e;
 pub mod forward;
 pub mod judge;
