@@ -96,12 +96,21 @@ mod tests {
         let (a, b) = (PodUid(1), PodUid(2));
         assert!(w.look(t0, &[a], &used_by(&[]), |_| true).is_empty());
         // a second look while it still waits does not restart its clock; b starts
-        assert!(w.look(t0 + 2 * S, &[a, b], &used_by(&[]), |_| true).is_empty());
+        assert!(
+            w.look(t0 + 2 * S, &[a, b], &used_by(&[]), |_| true)
+                .is_empty()
+        );
         // a got its address (pod IPs not reported yet: still pending)
-        assert_eq!(w.look(t0 + 5 * S, &[a, b], &used_by(&[1]), |_| true), vec![5 * S]);
+        assert_eq!(
+            w.look(t0 + 5 * S, &[a, b], &used_by(&[1]), |_| true),
+            vec![5 * S]
+        );
         // b's pod IPs showed before its used entry reached us: kept, then observed
         assert!(w.look(t0 + 6 * S, &[], &used_by(&[1]), |_| true).is_empty());
-        assert_eq!(w.look(t0 + 7 * S, &[], &used_by(&[1, 2]), |_| true), vec![5 * S]);
+        assert_eq!(
+            w.look(t0 + 7 * S, &[], &used_by(&[1, 2]), |_| true),
+            vec![5 * S]
+        );
         assert_eq!(w.len(), 0);
     }
 
@@ -117,7 +126,10 @@ mod tests {
         assert!(w.look(t0 + S, &[], &used_by(&[1]), |u| u != b).is_empty());
         assert_eq!(w.len(), 0);
         // and a later entry of its UID is not a wait either
-        assert!(w.look(t0 + 2 * S, &[], &used_by(&[1, 2]), |_| true).is_empty());
+        assert!(
+            w.look(t0 + 2 * S, &[], &used_by(&[1, 2]), |_| true)
+                .is_empty()
+        );
     }
 
     #[test]

@@ -45,8 +45,7 @@ impl Stats {
             t.cooldown += sign * i128::from(c.cooldown);
             t.needed += sign * i128::from(z.needed);
             t.excess += sign * i128::from(z.excess);
-            *self.pods_waiting.get_mut(f) +=
-                sign * i128::from(*s.pods_waiting.get(f));
+            *self.pods_waiting.get_mut(f) += sign * i128::from(*s.pods_waiting.get(f));
         }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);

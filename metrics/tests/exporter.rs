@@ -171,9 +171,7 @@ fn gauges_not_set_within_the_idle_timeout_leave_the_export() {
         .expect("builder")
         .build_recorder();
     let handle = recorder.handle();
-    let node = |name: &'static str| {
-        metrics::gauge!(m::NODE_IPS, m::node::KEY => name, m::family::KEY => m::family::IPV4, m::ips_state::KEY => m::ips_state::USED)
-    };
+    let node = |name: &'static str| metrics::gauge!(m::NODE_IPS, m::node::KEY => name, m::family::KEY => m::family::IPV4, m::ips_state::KEY => m::ips_state::USED);
     metrics::with_local_recorder(&recorder, || {
         node("gone").set(3.0);
         node("live").set(5.0);
@@ -189,7 +187,10 @@ fn gauges_not_set_within_the_idle_timeout_leave_the_export() {
         if !text.contains("node=\"gone\"") {
             break text;
         }
-        assert!(std::time::Instant::now() < deadline, "never expired:\n{text}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never expired:\n{text}"
+        );
         std::thread::sleep(idle / 6);
     };
     assert!(text.contains("node=\"live\""), "{text}");

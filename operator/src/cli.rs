@@ -616,8 +616,13 @@ mod tests {
         };
         assert!(!s.run.engine().per_node_metrics);
         assert_eq!(s.run.gauge_idle_timeout(), None);
-        let c = Cli::try_parse_from(["t", "simulate", "--per-node-metrics", "--resync-interval=20s"])
-            .unwrap();
+        let c = Cli::try_parse_from([
+            "t",
+            "simulate",
+            "--per-node-metrics",
+            "--resync-interval=20s",
+        ])
+        .unwrap();
         let Command::Simulate(s) = c.command else {
             panic!("simulate expected")
         };
@@ -628,7 +633,10 @@ mod tests {
             panic!("run expected")
         };
         assert!(r.engine.engine().per_node_metrics);
-        assert_eq!(r.engine.gauge_idle_timeout(), Some(Duration::from_secs(180)));
+        assert_eq!(
+            r.engine.gauge_idle_timeout(),
+            Some(Duration::from_secs(180))
+        );
     }
 
     #[test]

@@ -169,7 +169,11 @@ fn per_node_and_waiting_metrics(dir: &Dir, metrics: SocketAddr) {
     );
 
     // a pod bound to node-a that no agent serves: it waits
-    dir.ok(&["apply", "-f", &repo("operator/tests/fixtures/waiting-pod.yaml")]);
+    dir.ok(&[
+        "apply",
+        "-f",
+        &repo("operator/tests/fixtures/waiting-pod.yaml"),
+    ]);
     eventually("1 pod waiting for an IPv4 address", || {
         (metric(metrics, "tidepool_ipam_pods_waiting{family=\"ipv4\"}")? == 1.0).then_some(())
     });
@@ -183,7 +187,15 @@ fn per_node_and_waiting_metrics(dir: &Dir, metrics: SocketAddr) {
         Some(0.0)
     );
     // kubectl stands in for node-a's agent: a used entry of the pod's UID in node-a's block
-    let uid = dir.ok(&["get", "pod", "-n", "apps", "waiter", "-o", "jsonpath={.metadata.uid}"]);
+    let uid = dir.ok(&[
+        "get",
+        "pod",
+        "-n",
+        "apps",
+        "waiter",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
     let cidr = dir.ok(&[
         "get",
         "ipamblocks",

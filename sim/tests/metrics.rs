@@ -63,11 +63,18 @@ fn assert_waits_match(ours: &[f64], theirs: &[f64]) {
     let (mut ours, mut theirs) = (ours.to_vec(), theirs.to_vec());
     ours.sort_by(f64::total_cmp);
     theirs.sort_by(f64::total_cmp);
-    assert_eq!(ours.len(), theirs.len(), "operator {ours:?} vs world {theirs:?}");
+    assert_eq!(
+        ours.len(),
+        theirs.len(),
+        "operator {ours:?} vs world {theirs:?}"
+    );
     for (o, t) in ours.iter().zip(&theirs) {
         // the operator starts at its first look (after the bind) and ends when it sees the
         // used entry (after the ADD): within a second of the world's measure
-        assert!((o - t).abs() <= 1.0, "operator {ours:?} vs world {theirs:?}");
+        assert!(
+            (o - t).abs() <= 1.0,
+            "operator {ours:?} vs world {theirs:?}"
+        );
     }
 }
 
@@ -96,18 +103,15 @@ async fn pods_waiting_and_their_wait_match_the_worlds_count() {
     advance(secs(65)).await;
     assert_eq!(world.waiting(), 6, "the world's own count");
     let s = series(&snap);
-    assert_eq!(
-        gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]),
-        Some(6.0)
-    );
-    assert_eq!(
-        gauge(&s, m::PODS_WAITING, &[("family", "ipv6")]),
-        Some(0.0)
-    );
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(6.0));
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv6")]), Some(0.0));
     let mut ours = samples(&s, m::POD_IP_WAIT_SECONDS);
     let theirs = world.workload_stats().wait_seconds;
     assert_eq!(theirs.len(), 4, "only started pods have a wait: {theirs:?}");
-    assert!(theirs.iter().all(|t| *t >= 2.0), "the claim takes 2 s: {theirs:?}");
+    assert!(
+        theirs.iter().all(|t| *t >= 2.0),
+        "the claim takes 2 s: {theirs:?}"
+    );
     assert_waits_match(&ours, &theirs);
 
     // the running pods go: after the cooldown their addresses serve 4 of the waiting pods
@@ -126,10 +130,7 @@ async fn pods_waiting_and_their_wait_match_the_worlds_count() {
     .await;
     advance(secs(65)).await;
     let s = series(&snap);
-    assert_eq!(
-        gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]),
-        Some(2.0)
-    );
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(2.0));
     ours.extend(samples(&s, m::POD_IP_WAIT_SECONDS));
     let theirs = world.workload_stats().wait_seconds;
     assert_eq!(theirs.len(), 8);
@@ -216,7 +217,10 @@ async fn a_deleted_nodes_series_leave_the_export() {
     advance(secs(65)).await;
     let text = handle.render();
     for node in ["live", "gone"] {
-        assert!(text.contains(&format!("node=\"{node}\"")), "{node}:\n{text}");
+        assert!(
+            text.contains(&format!("node=\"{node}\"")),
+            "{node}:\n{text}"
+        );
     }
     world.vanish_machine(&gone);
     world.delete_node_object(&gone);
@@ -256,7 +260,9 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
         world.schedule_pod(&a);
     }
     wait_until("20 pods running", secs(30), millis(10), || {
-        world.node("node-a").is_some_and(|n| n.node.used.len() == 20)
+        world
+            .node("node-a")
+            .is_some_and(|n| n.node.used.len() == 20)
     })
     .await;
     advance(secs(65)).await;
@@ -275,7 +281,10 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
             *want.get_mut(state).unwrap() += 1.0;
         }
     }
-    assert!(blocks >= 4, "node-a needs 36 addresses, node-b 16: {blocks} blocks");
+    assert!(
+        blocks >= 4,
+        "node-a needs 36 addresses, node-b 16: {blocks} blocks"
+    );
     assert!(want["empty"] >= 1.0, "node-b's block is empty: {want:?}");
     let s = series(&snap);
     for (state, n) in &want {

@@ -136,7 +136,10 @@ mod tests {
     fn blocks_are_counted_by_the_holding_nodes_used_entries() {
         let spec = PoolSpec::new(
             "default",
-            vec!["10.0.0.0/24".parse().unwrap(), "fd00::/120".parse().unwrap()],
+            vec![
+                "10.0.0.0/24".parse().unwrap(),
+                "fd00::/120".parse().unwrap(),
+            ],
         )
         .with_block_size(crate::types::PerFamily { v4: 29, v6: 125 });
         let mut pools = PoolSet::new(vec![spec]);
@@ -177,7 +180,11 @@ mod tests {
             fill[&("default".to_string(), Family::V6)],
             BlockFill::default()
         );
-        assert_eq!(fill.len(), 2, "only the valid pool's served families: {fill:?}");
+        assert_eq!(
+            fill.len(),
+            2,
+            "only the valid pool's served families: {fill:?}"
+        );
     }
 
     #[test]
