@@ -271,7 +271,7 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
     for node in ["node-a", "node-b"] {
         for b in world.store.blocks_of(node) {
             blocks += 1;
-            let usable = u128::from(world.source.block_addresses(&b).total());
+            let usable = world.source.block_addresses(&b).total();
             let pods = pods_in(&world, node, &b.cidr).len() as u128;
             let state = match pods {
                 0 => "empty",
