@@ -24,6 +24,9 @@ pub struct EngineConfig {
     pub min_pass_interval: Duration,
     /// Re-plans after a 409 before backing off.
     pub conflict_retries: u32,
+    /// Export `tidepool_ipam_node_ips` per node (`--per-node-metrics`): one series per node,
+    /// family and state, so off by default on large clusters.
+    pub per_node_metrics: bool,
 }
 
 impl Default for EngineConfig {
@@ -38,6 +41,7 @@ impl Default for EngineConfig {
             parallel_workers: 50,
             min_pass_interval: Duration::from_millis(10),
             conflict_retries: 3,
+            per_node_metrics: false,
         }
     }
 }

@@ -18,6 +18,7 @@ mod config;
 mod error;
 mod gate;
 mod handshake;
+mod ip_wait;
 mod maintainer;
 mod manager;
 pub mod node;

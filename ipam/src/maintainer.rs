@@ -14,6 +14,7 @@ use crate::budget::{Api, Pass};
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
 use crate::handshake;
+use crate::ip_wait::IpWaits;
 use crate::plan::{self, Blocked, NodeMemory, Snapshot};
 use crate::pods::PodView;
 use crate::reclaim::candidate_reason;
@@ -51,6 +52,8 @@ struct Local {
     /// it was admitted (a source whose every call is a kube write: see [`kube_place`]).
     kube: Option<Pass>,
     keep_kube: bool,
+    /// Pods seen waiting for an address, for `tidepool_ipam_pod_ip_wait_seconds`.
+    waits: IpWaits,
 }
 
 type Ticket = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -87,6 +90,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         keep_ticket: false,
         kube: None,
         keep_kube: false,
+        waits: IpWaits::default(),
     };
     let mut retry_at: Option<Instant> = None;
     while let Some(run) = rx.next().await {
@@ -181,6 +185,7 @@ async fn pass<S: IpSource, N: NodeStore, P: PodView>(
         local.seeded_epoch = 0;
         local.ticket = None;
         local.kube = None;
+        local.waits.clear();
         return Ok(Outcome::Idle(None));
     }
     let epoch = shared.leader_epoch.load(Ordering::Relaxed);
@@ -312,6 +317,14 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         }
     };
     let pending = shared.pods.pending_pods(&h.name);
+    let alive = |uid| {
+        shared
+            .pods
+            .with_pod(uid, |p| p.is_some_and(|p| !p.phase.is_terminal()))
+    };
+    for wait in local.waits.look(now, &pending, &node.node.used, alive) {
+        metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(wait.as_secs_f64());
+    }
 
     // Invalid overrides: plan with the flags' watermarks so reclaim and handshakes go on,
     // but claim and mark nothing; a condition and an event say why.

@@ -250,6 +250,17 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         metrics::histogram!(tidepool_metrics::RESYNC_DURATION_SECONDS)
             .record(started.elapsed().as_secs_f64());
         self.shared.stats.lock().publish();
+        // Every operator gauge is set at each resync, so with the exporter's idle timeout
+        // (`--per-node-metrics`) only the series nobody sets any more expire: a deleted
+        // node's `tidepool_ipam_node_ips` (set here only for managed nodes, and only while
+        // this replica leads: a follower's copies would be stale).
+        metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(self.shared.is_leader())));
+        if self.shared.cfg.per_node_metrics && self.shared.is_leader() {
+            for h in nodes.iter().filter(|h| !h.removed.load(Ordering::Relaxed)) {
+                let summary = h.state.lock().summary;
+                crate::stats::publish_node(&h.name, &summary);
+            }
+        }
     }
 
     /// Runs [`NodeManager::resync`] every `resync_interval` until the manager is dropped.

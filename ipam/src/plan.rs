@@ -147,6 +147,10 @@ pub struct NodeSummary {
     pub releasable: u64,
     pub reclaim_candidates: u64,
     pub release_enabled: bool,
+    /// Pods waiting for an address of each family the node serves (`counts` also counts
+    /// them for a family the source does not serve, where every pod lacks an address; the
+    /// metric `tidepool_ipam_pods_waiting` must not).
+    pub pods_waiting: PerFamily<u64>,
 }
 
 impl NodeSummary {
@@ -560,6 +564,7 @@ fn summarize_with(
         };
         summary.releasable += releasable + c.marked;
         *summary.sizing.get_mut(f) = sizing;
+        *summary.pods_waiting.get_mut(f) = c.waiting;
     }
     summary
 }

@@ -80,6 +80,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         let old = std::mem::replace(&mut h.state.lock().summary, summary);
         if old != summary {
             self.stats.lock().replace(Some(&old), Some(&summary));
+            if self.cfg.per_node_metrics {
+                crate::stats::publish_node(&h.name, &summary);
+            }
         }
         h.priority.set(Priority {
             waiting_pods: summary.waiting().min(u32::MAX as u64) as u32,

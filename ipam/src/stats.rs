@@ -26,6 +26,8 @@ pub struct Stats {
     pub releasing: i64,
     pub blocked: i64,
     pub reclaim_candidates: i64,
+    /// Pods waiting for an address, per family (over the families each node serves).
+    pub pods_waiting: PerFamily<i128>,
     /// Nodes neither at target nor blocked with a reason ([`NodeSummary::settled`]).
     pub unsettled: i64,
 }
@@ -43,6 +45,7 @@ impl Stats {
             t.cooldown += sign * i128::from(c.cooldown);
             t.needed += sign * i128::from(z.needed);
             t.excess += sign * i128::from(z.excess);
+            *self.pods_waiting.get_mut(f) += sign * i128::from(*s.pods_waiting.get(f));
         }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
@@ -94,6 +97,32 @@ impl Stats {
             metrics::gauge!(m::NODES, "category" => category).set(v as f64);
         }
         metrics::gauge!(m::RECLAIM_CANDIDATES).set(self.reclaim_candidates as f64);
+        for f in Family::ALL {
+            metrics::gauge!(m::PODS_WAITING, m::family::KEY => f.as_str())
+                .set(*self.pods_waiting.get(f) as f64);
+        }
+    }
+}
+
+/// Sets one node's `tidepool_ipam_node_ips` gauges (`--per-node-metrics`), both families,
+/// the same states as the cluster-wide `tidepool_ipam_ips`.
+pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
+    use tidepool_metrics as m;
+    use tidepool_metrics::ips_state as st;
+    for f in Family::ALL {
+        let c = s.counts.get(f);
+        let z = s.sizing.get(f);
+        for (state, v) in [
+            (st::ALLOCATED, c.allocated),
+            (st::USED, c.used),
+            (st::FREE, c.free()),
+            (st::COOLDOWN, c.cooldown),
+            (st::NEEDED, z.needed),
+            (st::EXCESS, z.excess),
+        ] {
+            metrics::gauge!(m::NODE_IPS, m::node::KEY => name.to_string(), m::family::KEY => f.as_str(), st::KEY => state)
+                .set(v as f64);
+        }
     }
 }
 
@@ -112,12 +141,16 @@ mod tests {
             ..Default::default()
         };
         a.sizing.v4.needed = 2;
+        a.pods_waiting.v4 = 3;
         st.replace(None, Some(&a));
         assert_eq!(st.unsettled, 1, "needs addresses: not settled");
+        assert_eq!(st.pods_waiting, PerFamily { v4: 3, v6: 0 });
         let mut b = a;
         b.counts.v4.allocated = 12;
         b.sizing.v4.needed = 0;
+        b.pods_waiting.v4 = 0;
         st.replace(Some(&a), Some(&b));
+        assert_eq!(st.pods_waiting, PerFamily::default());
         assert_eq!(st.ips.v4.allocated, 12);
         assert_eq!(st.ips.v4.free, 8);
         assert_eq!((st.nodes, st.in_deficit, st.unsettled), (1, 0, 0));

@@ -21,7 +21,9 @@ use metrics::{Label, Unit};
 #[cfg(feature = "exporter")]
 mod exporter;
 #[cfg(feature = "exporter")]
-pub use exporter::{install_exporter, prometheus_builder};
+pub use exporter::{
+    install_exporter, install_exporter_with, prometheus_builder, prometheus_builder_with,
+};
 #[cfg(feature = "exporter")]
 pub use metrics_exporter_prometheus::PrometheusHandle;
 #[cfg(feature = "probes")]
@@ -72,6 +74,14 @@ pub const API_WAIT_SECONDS: &str = "tidepool_ipam_api_wait_seconds";
 pub const REPAIR_ISSUES_TOTAL: &str = "tidepool_ipam_repair_issues_total";
 /// Addresses of one node (gauge; `node`, `family`, `state`; only with `--per-node-metrics`).
 pub const NODE_IPS: &str = "tidepool_ipam_node_ips";
+/// Pods bound to a node, not terminal, with no address of a family the node serves yet
+/// (gauge; `family`).
+pub const PODS_WAITING: &str = "tidepool_ipam_pods_waiting";
+/// The operator's first sight of a pod waiting → its UID in the node's `used` list
+/// (histogram).
+pub const POD_IP_WAIT_SECONDS: &str = "tidepool_ipam_pod_ip_wait_seconds";
+/// Claimed blocks of one IPPool by how used they are (gauge; `pool`, `family`, `state`).
+pub const POOL_BLOCKS: &str = "tidepool_ipam_pool_blocks";
 /// 1 while this replica leads, else 0 (gauge).
 pub const LEADER: &str = "tidepool_leader";
 /// Times this replica became the leader (counter).
@@ -134,6 +144,19 @@ pub mod pool_state {
     pub const ALLOCATED: &str = "allocated";
     pub const FREE: &str = "free";
     pub const ALL: &[&str] = &[CAPACITY, ALLOCATED, FREE];
+}
+
+/// Label `state` of [`crate::POOL_BLOCKS`]: a claimed block by how many of its usable
+/// addresses have a `used` entry of the node holding it.
+pub mod block_state {
+    pub const KEY: &str = "state";
+    /// Every usable address used.
+    pub const FULL: &str = "full";
+    /// Some used, some not.
+    pub const PARTIAL: &str = "partial";
+    /// None used (releasable once past the node's watermarks).
+    pub const EMPTY: &str = "empty";
+    pub const ALL: &[&str] = &[FULL, PARTIAL, EMPTY];
 }
 
 /// Label `pool` (an IPPool's name; not enumerable).
@@ -606,6 +629,31 @@ pub const OPERATOR: &[Def] = &[
         ],
     },
     Def {
+        name: PODS_WAITING,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Pods bound to a node, not terminal, that have no address yet of a family their node serves (the engine's waiting count, summed over nodes), by family.",
+        labels: &[(family::KEY, E(family::ALL))],
+    },
+    Def {
+        name: POD_IP_WAIT_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Time from the operator first seeing a pod bound and waiting for an address to seeing its UID in the node's used list (pods that never waited while the operator looked are not observed).",
+        labels: &[],
+    },
+    Def {
+        name: POOL_BLOCKS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Claimed blocks of one IPPool by family and fill: full (every usable address has a used entry of the holding node), partial, empty (none used). Many partial or empty blocks mean addresses stranded on nodes (fragmentation).",
+        labels: &[
+            (pool::KEY, Free),
+            (family::KEY, E(family::ALL)),
+            (block_state::KEY, E(block_state::ALL)),
+        ],
+    },
+    Def {
         name: LEADER,
         kind: Kind::Gauge,
         unit: None,
@@ -743,6 +791,14 @@ const CNI_DURATION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Pod bound → address: an address already in the node's pool is used within tens of
+/// milliseconds of the operator's look; a block claim takes a pass and an API write (tens of
+/// milliseconds to seconds); a cloud call behind a budget queue, or a pool exhausted until a
+/// reclaim frees it (reclaim-grace 30s, reclaim-min-age 2m), minutes.
+const POD_IP_WAIT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0,
+];
+
 /// Explicit buckets of every histogram (of every binary), by full metric name.
 pub fn buckets() -> &'static [(&'static str, &'static [f64])] {
     &[
@@ -753,6 +809,7 @@ pub fn buckets() -> &'static [(&'static str, &'static [f64])] {
         (TRIGGER_LATENCY_SECONDS, TRIGGER_LATENCY_BUCKETS),
         (TRIGGER_DURATION_SECONDS, TRIGGER_DURATION_BUCKETS),
         (API_WAIT_SECONDS, API_WAIT_BUCKETS),
+        (POD_IP_WAIT_SECONDS, POD_IP_WAIT_BUCKETS),
         (AGENT_CNI_DURATION_SECONDS, CNI_DURATION_BUCKETS),
     ]
 }

@@ -33,6 +33,9 @@ const OPERATOR_NAMES: &[&str] = &[
     API_WAIT_SECONDS,
     REPAIR_ISSUES_TOTAL,
     NODE_IPS,
+    PODS_WAITING,
+    POD_IP_WAIT_SECONDS,
+    POOL_BLOCKS,
     LEADER,
     LEADER_TRANSITIONS_TOTAL,
     LEADER_WRITES_REFUSED_TOTAL,
@@ -82,6 +85,11 @@ fn names_match_design_table() {
         "tidepool_agent_status_writes_total"
     );
     assert_eq!(AGENT_NODE_ROUTES, "tidepool_agent_node_routes");
+    // named in deploy/ and scraped by the Prometheus test: stable
+    assert_eq!(PODS_WAITING, "tidepool_ipam_pods_waiting");
+    assert_eq!(POD_IP_WAIT_SECONDS, "tidepool_ipam_pod_ip_wait_seconds");
+    assert_eq!(POOL_BLOCKS, "tidepool_ipam_pool_blocks");
+    assert_eq!(NODE_IPS, "tidepool_ipam_node_ips");
     assert_eq!(
         AGENT_NODE_ROUTE_OPS_TOTAL,
         "tidepool_agent_node_route_ops_total"
@@ -153,6 +161,9 @@ fn kinds_units_and_suffixes_are_consistent() {
     assert_eq!(kind(POOL_IPS), Kind::Gauge);
     assert_eq!(kind(RECLAIM_CANDIDATES), Kind::Gauge);
     assert_eq!(kind(NODE_IPS), Kind::Gauge);
+    assert_eq!(kind(PODS_WAITING), Kind::Gauge);
+    assert_eq!(kind(POD_IP_WAIT_SECONDS), Kind::Histogram);
+    assert_eq!(kind(POOL_BLOCKS), Kind::Gauge);
     assert_eq!(kind(LEADER), Kind::Gauge);
     assert_eq!(kind(TRIGGER_FOLDS), Kind::Histogram);
     assert_eq!(kind(AGENT_CNI_REQUESTS_TOTAL), Kind::Counter);
@@ -192,6 +203,10 @@ fn every_histogram_has_sane_buckets() {
     // the agent's CNI requests: sub-millisecond answers to an ADD's 10 s plugin timeout
     assert!(first(AGENT_CNI_DURATION_SECONDS) <= 0.0005);
     assert!(last(AGENT_CNI_DURATION_SECONDS) >= 10.0);
+    // pod bound → address: from 10 ms (a free address at hand) to minutes (an exhausted
+    // pool waiting for a reclaim)
+    assert!(first(POD_IP_WAIT_SECONDS) <= 0.01);
+    assert!(last(POD_IP_WAIT_SECONDS) >= 180.0);
     assert!(def(IPS).unwrap().buckets().is_none());
 }
 
@@ -308,6 +323,8 @@ fn register_zero_registers_every_enumerated_series() {
         (API_REQUESTS_TOTAL, 2 * 4 + 3 * 4),
         (API_WAIT_SECONDS, 2),
         (REPAIR_ISSUES_TOTAL, 5),
+        (PODS_WAITING, 2),
+        (POD_IP_WAIT_SECONDS, 1),
         (LEADER, 1),
         (LEADER_TRANSITIONS_TOTAL, 1),
         (LEADER_WRITES_REFUSED_TOTAL, 1),
@@ -319,6 +336,7 @@ fn register_zero_registers_every_enumerated_series() {
     // Not enumerable: left to their first recording.
     assert!(!series.contains_key(POOL_IPS));
     assert!(!series.contains_key(NODE_IPS));
+    assert!(!series.contains_key(POOL_BLOCKS));
     // and nothing of the agent's
     assert_eq!(series.len(), expected.len());
     assert!(series.keys().all(|n| !n.starts_with("tidepool_agent")));

@@ -26,6 +26,8 @@ fn render_sample() -> String {
         metrics::gauge!(m::AGENT_IPS, m::family::KEY => m::family::IPV4, m::agent_ips_state::KEY => m::agent_ips_state::POOL).set(16.0);
         metrics::gauge!(m::POOL_IPS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::pool_state::KEY => m::pool_state::FREE).set(240.0);
         metrics::gauge!(m::NODE_IPS, m::node::KEY => "node-1", m::family::KEY => m::family::IPV6, m::ips_state::KEY => m::ips_state::USED).set(3.0);
+        metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::block_state::KEY => m::block_state::PARTIAL).set(7.0);
+        metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(0.4);
         metrics::histogram!(m::TRIGGER_LATENCY_SECONDS, m::trigger::KEY => m::trigger::POOL_MAINTAINER).record(0.012);
         metrics::histogram!(m::TRIGGER_FOLDS, m::trigger::KEY => m::trigger::RESYNC).record(4.0);
         metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(151.0);
@@ -158,6 +160,41 @@ fn promtool_accepts_the_exposition() {
         findings.trim().is_empty(),
         "promtool lint findings:\n{findings}"
     );
+}
+
+/// With a gauge idle timeout (`--per-node-metrics`), a gauge series nobody sets any more
+/// leaves the export, one set again in time stays, and counters never expire.
+#[test]
+fn gauges_not_set_within_the_idle_timeout_leave_the_export() {
+    let idle = Duration::from_millis(300);
+    let recorder = m::prometheus_builder_with(Some(idle))
+        .expect("builder")
+        .build_recorder();
+    let handle = recorder.handle();
+    let node = |name: &'static str| metrics::gauge!(m::NODE_IPS, m::node::KEY => name, m::family::KEY => m::family::IPV4, m::ips_state::KEY => m::ips_state::USED);
+    metrics::with_local_recorder(&recorder, || {
+        node("gone").set(3.0);
+        node("live").set(5.0);
+        metrics::counter!(m::RESYNC_TOTAL).increment(1);
+    });
+    let text = handle.render();
+    assert!(text.contains("node=\"gone\""), "{text}");
+    // keep setting "live" (as each resync does) until "gone" has left, bounded
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        metrics::with_local_recorder(&recorder, || node("live").set(5.0));
+        let text = handle.render();
+        if !text.contains("node=\"gone\"") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never expired:\n{text}"
+        );
+        std::thread::sleep(idle / 6);
+    };
+    assert!(text.contains("node=\"live\""), "{text}");
+    assert!(text.contains("tidepool_ipam_resync_total 1"), "{text}");
 }
 
 fn free_port() -> std::net::SocketAddr {

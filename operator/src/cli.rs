@@ -245,6 +245,10 @@ pub struct RunFlags {
     /// Whole-node reclaim waits this long after the Node's deletion.
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_NODE_RECLAIM_GRACE")]
     pub node_reclaim_grace: Duration,
+    /// Export tidepool_ipam_node_ips{node,family,state}: 12 series per node. A deleted
+    /// node's series leave the export 3 resync intervals after it is gone.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_PER_NODE_METRICS")]
+    pub per_node_metrics: bool,
 }
 
 /// `run`'s own flags besides the engine's.
@@ -412,8 +416,16 @@ impl RunFlags {
             },
             resync_interval: self.resync_interval,
             parallel_workers: self.parallel_alloc_workers as usize,
+            per_node_metrics: self.per_node_metrics,
             ..EngineConfig::default()
         }
+    }
+
+    /// The exporter's idle timeout for gauges: with --per-node-metrics, 3 resync intervals
+    /// (every live series is set again at each resync, so only a deleted node's expire);
+    /// without, none.
+    pub fn gauge_idle_timeout(&self) -> Option<Duration> {
+        self.per_node_metrics.then(|| 3 * self.resync_interval)
     }
 
     pub fn scheduling(&self) -> SchedulingMode {
@@ -592,6 +604,39 @@ mod tests {
             panic!("simulate expected")
         };
         assert!(s.run.release_excess_ips);
+    }
+
+    /// --per-node-metrics (default off) reaches the engine and gives the exporter's gauges
+    /// an idle timeout of 3 resync intervals, on `run` and on `simulate`.
+    #[test]
+    fn per_node_metrics_is_off_by_default_and_sets_the_gauge_idle_timeout() {
+        let c = Cli::try_parse_from(["t", "simulate"]).unwrap();
+        let Command::Simulate(s) = c.command else {
+            panic!("simulate expected")
+        };
+        assert!(!s.run.engine().per_node_metrics);
+        assert_eq!(s.run.gauge_idle_timeout(), None);
+        let c = Cli::try_parse_from([
+            "t",
+            "simulate",
+            "--per-node-metrics",
+            "--resync-interval=20s",
+        ])
+        .unwrap();
+        let Command::Simulate(s) = c.command else {
+            panic!("simulate expected")
+        };
+        assert!(s.run.engine().per_node_metrics);
+        assert_eq!(s.run.gauge_idle_timeout(), Some(Duration::from_secs(60)));
+        let c = Cli::try_parse_from(["t", "run", "--per-node-metrics=true"]).unwrap();
+        let Command::Run(r) = c.command else {
+            panic!("run expected")
+        };
+        assert!(r.engine.engine().per_node_metrics);
+        assert_eq!(
+            r.engine.gauge_idle_timeout(),
+            Some(Duration::from_secs(180))
+        );
     }
 
     #[test]

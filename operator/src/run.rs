@@ -32,8 +32,12 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
         tracing::info!(identity = %l.identity, lease = %format!("{}/{}", l.namespace, l.name), "leader election on");
     }
     // describes and registers the operator's series (not the agent's) at zero
-    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Operator)
-        .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
+    tidepool_metrics::install_exporter_with(
+        f.metrics_addr,
+        tidepool_metrics::Binary::Operator,
+        f.engine.gauge_idle_timeout(),
+    )
+    .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
     let settings = Settings {
         engine: f.engine.engine(),
         scheduling: f.engine.scheduling(),

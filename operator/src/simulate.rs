@@ -176,8 +176,12 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
     let rt = rt.build().context("building the runtime")?;
     let report = rt.block_on(async {
         if f.realtime {
-            tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Operator)
-                .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
+            tidepool_metrics::install_exporter_with(
+                f.metrics_addr,
+                tidepool_metrics::Binary::Operator,
+                f.run.gauge_idle_timeout(),
+            )
+            .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
         }
         let show = std::io::stderr().is_terminal();
         let report = simulate(cfg, |done, total| {

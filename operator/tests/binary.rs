@@ -4,7 +4,10 @@
 //! and two Nodes applied by kubectl. It gives the Nodes IPAMNodes and blocks, kubectl shows
 //! them with their printer columns, the probes and `/metrics` answer, it holds the
 //! leader-election Lease (`--leader-elect` is on by default), and SIGTERM stops it with exit
-//! status 0, the Lease released.
+//! status 0, the Lease released. With `--per-node-metrics`, `/metrics` shows each node's
+//! addresses and drops a deleted node's series; a pod bound without an address is counted
+//! waiting, and the `used` entry written for it (kubectl standing in for the agent) ends its
+//! wait in `tidepool_ipam_pod_ip_wait_seconds`; the pool's blocks are counted by fill.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -118,6 +121,127 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// The value of the series `series` (name and labels as rendered) on /metrics.
+fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
+    let (code, body) = get(addr, "/metrics")?;
+    if code != 200 {
+        return None;
+    }
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn node_ips(node: &str, state: &str) -> String {
+    format!("tidepool_ipam_node_ips{{node=\"{node}\",family=\"ipv4\",state=\"{state}\"}}")
+}
+
+fn blocks(state: &str) -> String {
+    format!("tidepool_ipam_pool_blocks{{pool=\"default\",family=\"ipv4\",state=\"{state}\"}}")
+}
+
+/// `--per-node-metrics`, pods waiting, pod bound → address and block fill, on the running
+/// operator's /metrics.
+fn per_node_and_waiting_metrics(dir: &Dir, metrics: SocketAddr) {
+    // each node's pool as its IPAMNode's ALLOCATED column shows it; no pod: all free
+    for n in ["node-a", "node-b"] {
+        let allocated: f64 = dir
+            .ok(&["get", "ipamnode", n, "-o", "jsonpath={.status.allocated}"])
+            .parse()
+            .unwrap();
+        assert!(allocated >= 8.0, "{n}: pre-allocate 8: {allocated}");
+        eventually(&format!("{n}'s per-node series"), || {
+            (metric(metrics, &node_ips(n, "allocated"))? == allocated
+                && metric(metrics, &node_ips(n, "free"))? == allocated
+                && metric(metrics, &node_ips(n, "used"))? == 0.0)
+                .then_some(())
+        });
+    }
+    // one block each, nothing used in it
+    eventually("two empty blocks", || {
+        (metric(metrics, &blocks("empty"))? == 2.0
+            && metric(metrics, &blocks("partial"))? == 0.0
+            && metric(metrics, &blocks("full"))? == 0.0)
+            .then_some(())
+    });
+    assert_eq!(
+        metric(metrics, "tidepool_ipam_pods_waiting{family=\"ipv4\"}"),
+        Some(0.0)
+    );
+
+    // a pod bound to node-a that no agent serves: it waits
+    dir.ok(&[
+        "apply",
+        "-f",
+        &repo("operator/tests/fixtures/waiting-pod.yaml"),
+    ]);
+    eventually("1 pod waiting for an IPv4 address", || {
+        (metric(metrics, "tidepool_ipam_pods_waiting{family=\"ipv4\"}")? == 1.0).then_some(())
+    });
+    assert_eq!(
+        metric(metrics, "tidepool_ipam_pods_waiting{family=\"ipv6\"}"),
+        Some(0.0),
+        "an IPv4-only pool: nothing waits for IPv6"
+    );
+    assert_eq!(
+        metric(metrics, "tidepool_ipam_pod_ip_wait_seconds_count"),
+        Some(0.0)
+    );
+    // kubectl stands in for node-a's agent: a used entry of the pod's UID in node-a's block
+    let uid = dir.ok(&[
+        "get",
+        "pod",
+        "-n",
+        "apps",
+        "waiter",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let cidr = dir.ok(&[
+        "get",
+        "ipamblocks",
+        "-o",
+        "jsonpath={.items[?(@.spec.node==\"node-a\")].spec.cidr}",
+    ]);
+    let net: std::net::Ipv4Addr = cidr.split('/').next().unwrap().parse().unwrap();
+    let addr = std::net::Ipv4Addr::from(u32::from(net) + 1);
+    let patch = format!(
+        r#"{{"status":{{"used":{{"{addr}":{{"podUID":"{uid}","namespace":"apps","pod":"waiter","containerID":"c0ffee","ifname":"eth0","since":"2026-11-25T00:00:00Z"}}}}}}}}"#
+    );
+    dir.ok(&[
+        "patch",
+        "ipamnode",
+        "node-a",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    eventually("the wait observed, nothing waiting", || {
+        (metric(metrics, "tidepool_ipam_pod_ip_wait_seconds_count")? == 1.0
+            && metric(metrics, "tidepool_ipam_pods_waiting{family=\"ipv4\"}")? == 0.0)
+            .then_some(())
+    });
+    let waited = metric(metrics, "tidepool_ipam_pod_ip_wait_seconds_sum").unwrap();
+    assert!(waited > 0.0 && waited < 60.0, "waited {waited} s");
+    eventually("node-a uses 1, its block partial", || {
+        (metric(metrics, &node_ips("node-a", "used"))? == 1.0
+            && metric(metrics, &blocks("partial"))? == 1.0
+            && metric(metrics, &blocks("empty"))? == 1.0)
+            .then_some(())
+    });
+
+    // node-b goes: its addresses are reclaimed, then its series leave /metrics; node-a's stay
+    dir.ok(&["delete", "node", "node-b", "--wait=false"]);
+    eventually("node-b's series gone", || {
+        let (_, body) = get(metrics, "/metrics")?;
+        (!body.contains("node=\"node-b\"")).then_some(())
+    });
+    assert!(metric(metrics, &node_ips("node-a", "allocated")).is_some());
+    eventually("node-b's block released", || {
+        (metric(metrics, &blocks("empty"))? == 0.0).then_some(())
+    });
+}
+
 fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -169,6 +293,7 @@ fn scenario(dir: &Dir) {
         .args(["--metrics-addr", &metrics.to_string()])
         .args(["--health-addr", &health.to_string()])
         .args(["--sync-timeout", "20s", "--resync-interval", "2s"])
+        .args(["--per-node-metrics", "--node-reclaim-grace", "1s"])
         .env("TIDEPOOL_LOG_LEVEL", "info")
         .stderr(Stdio::piped())
         .spawn()
@@ -238,6 +363,8 @@ fn scenario(dir: &Dir) {
             (code == 200 && want.iter().all(|w| body.lines().any(|l| l == *w))).then_some(())
         },
     );
+
+    per_node_and_waiting_metrics(dir, metrics);
 
     // it leads: the Lease names it
     let holder = || {

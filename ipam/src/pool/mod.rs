@@ -31,6 +31,7 @@
 //!   typo), may not overlap each other inside a pool, and hold at most 2^64 blocks each.
 
 pub mod bitmap;
+pub mod fill;
 pub mod index;
 pub mod name;
 pub mod repair;
@@ -48,6 +49,7 @@ use ipnet::IpNet;
 use crate::error::ErrorClass;
 use crate::types::{Family, PerFamily};
 
+pub use fill::{BlockFill, block_fill};
 pub use index::{AddressCounts, FamilyIndex, Layout, PoolIndex};
 pub use name::{BlockNameError, block_name, parse_block_name};
 pub use set::{BlockRecord, Finding, FindingKind, PoolSet, RebuildReport};

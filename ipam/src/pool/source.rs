@@ -598,6 +598,16 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     }
                 }
             }
+            for ((pool, f), fill) in super::fill::block_fill(&s.pools, &claims, &nodes) {
+                for (state, v) in [
+                    (m::block_state::FULL, fill.full),
+                    (m::block_state::PARTIAL, fill.partial),
+                    (m::block_state::EMPTY, fill.empty),
+                ] {
+                    metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => pool.clone(), m::family::KEY => f.as_str(), m::block_state::KEY => state)
+                        .set(v as f64);
+                }
+            }
             // a duplicate between live nodes is never fixed: both nodes hear of it once
             for f in &report.findings {
                 if let repair::RepairFinding::Duplicate(c) = f

@@ -1,0 +1,201 @@
+//! How full the claimed blocks of each pool are: the measure behind
+//! `tidepool_ipam_pool_blocks{pool, family, state = full | partial | empty}`.
+//!
+//! A pool's free-address count (`tidepool_ipam_pool_ips`) says how much is left to grant;
+//! it does not say how much of what was granted sits unused on nodes. Counting the claimed
+//! blocks by how many of their usable addresses have a `used` entry of the node holding them
+//! does: many partial blocks spread over nodes, or empty ones, are addresses stranded by
+//! fragmentation (each node holds at least one partly used block per family), and a
+//! smaller block size or lower watermarks give them back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::PoolSet;
+use super::repair::BlockClaim;
+use crate::types::{Family, IpamNode};
+
+/// Claimed blocks of one pool and family by fill.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockFill {
+    /// Every usable address has a `used` entry.
+    pub full: u64,
+    /// Some usable addresses have one, some not.
+    pub partial: u64,
+    /// No address has one.
+    pub empty: u64,
+}
+
+impl BlockFill {
+    fn add(&mut self, used: u128, usable: u128) {
+        match used {
+            0 => self.empty += 1,
+            u if u >= usable => self.full += 1,
+            _ => self.partial += 1,
+        }
+    }
+}
+
+/// The fill of every valid pool and family it serves (zeros included, so a pool whose
+/// blocks all went back shows 0, not its last count). Blocks of pools that are gone or
+/// invalid, and blocks their pool no longer grants (a CIDR removed or excluded: being
+/// drained), are not counted. A block's used addresses are the `used` entries of the
+/// IPAMNode it names that lie in its CIDR.
+pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
+    pools: &PoolSet,
+    blocks: &[BlockClaim],
+    ipam_nodes: &[N],
+) -> BTreeMap<(String, Family), BlockFill> {
+    let mut out = BTreeMap::new();
+    for p in pools.valid() {
+        for f in Family::ALL {
+            if p.family(f).is_some() {
+                out.insert((p.name().to_string(), f), BlockFill::default());
+            }
+        }
+    }
+    let by_name: HashMap<&str, &IpamNode> = ipam_nodes
+        .iter()
+        .map(|n| {
+            let n = n.borrow();
+            (&*n.name, n)
+        })
+        .collect();
+    for b in blocks {
+        let f = Family::of(&b.cidr.network());
+        let Some(fill) = out.get_mut(&(b.pool.to_string(), f)) else {
+            continue;
+        };
+        let usable = pools
+            .get(&b.pool)
+            .ok()
+            .and_then(|p| p.family(f))
+            .and_then(|fi| fi.usable_count(&b.cidr).ok());
+        let Some(usable) = usable else {
+            continue;
+        };
+        let used = by_name
+            .get(&*b.node)
+            .map_or(0, |n| used_in(n.node.used.keys().as_slice(), &b.cidr));
+        fill.add(used, usable);
+    }
+    out
+}
+
+/// How many of the ascending addresses lie in `net` (two binary searches).
+fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
+    let (lo, hi) = (net.network(), net.broadcast());
+    let start = sorted.partition_point(|a| *a < lo);
+    let end = sorted.partition_point(|a| *a <= hi);
+    (end - start) as u128
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{BlockRecord, PoolSpec};
+    use crate::types::{AllocationId, PodUid, UsedEntry};
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    fn entry(i: u128) -> UsedEntry {
+        UsedEntry {
+            pod_uid: PodUid(i),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            allocation: AllocationId(1),
+            since: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn claim(pool: &str, cidr: &str, node: &str) -> BlockClaim {
+        BlockClaim {
+            name: Arc::from(cidr),
+            pool: Arc::from(pool),
+            cidr: cidr.parse().unwrap(),
+            node: node.into(),
+            node_uid: 1,
+        }
+    }
+
+    fn node(name: &str, addrs: &[&str]) -> IpamNode {
+        let mut n = IpamNode::new(name.into(), 1);
+        for (i, a) in addrs.iter().enumerate() {
+            n.node.used.insert(a.parse().unwrap(), entry(i as u128));
+        }
+        n
+    }
+
+    /// A /24 pool in /29 blocks (8 addresses; the first block loses the network address,
+    /// the last the broadcast address): full, partial and empty blocks are told apart by
+    /// the holding node's `used` entries in each block's CIDR, another node's entries do
+    /// not count, and a served family with no block shows zeros.
+    #[test]
+    fn blocks_are_counted_by_the_holding_nodes_used_entries() {
+        let spec = PoolSpec::new(
+            "default",
+            vec![
+                "10.0.0.0/24".parse().unwrap(),
+                "fd00::/120".parse().unwrap(),
+            ],
+        )
+        .with_block_size(crate::types::PerFamily { v4: 29, v6: 125 });
+        let mut pools = PoolSet::new(vec![spec]);
+        let blocks = vec![
+            // the first block: 7 usable (10.0.0.0 is the network address), all used
+            claim("default", "10.0.0.0/29", "a"),
+            // 8 usable, 3 used
+            claim("default", "10.0.0.8/29", "a"),
+            // 8 usable, none used by its holder b (a's stray entry in it does not count)
+            claim("default", "10.0.0.16/29", "b"),
+            // the last block: 7 usable (10.0.0.255 is the broadcast address), all used
+            claim("default", "10.0.0.248/29", "b"),
+            // a pool that does not exist: not counted
+            claim("gone", "10.9.0.0/29", "a"),
+        ];
+        let names: Vec<String> = blocks.iter().map(|b| b.name.to_string()).collect();
+        pools.rebuild(blocks.iter().zip(&names).map(|(b, n)| BlockRecord {
+            key: (),
+            name: n,
+            pool: &b.pool,
+            cidr: b.cidr,
+        }));
+        let mut a_used: Vec<String> = (1..8).map(|i| format!("10.0.0.{i}")).collect();
+        a_used.extend(["10.0.0.9", "10.0.0.10", "10.0.0.15", "10.0.0.17"].map(String::from));
+        let b_used: Vec<String> = (248..255).map(|i| format!("10.0.0.{i}")).collect();
+        let a = node("a", &a_used.iter().map(String::as_str).collect::<Vec<_>>());
+        let b = node("b", &b_used.iter().map(String::as_str).collect::<Vec<_>>());
+        let fill = block_fill(&pools, &blocks, &[a, b]);
+        assert_eq!(
+            fill[&("default".to_string(), Family::V4)],
+            BlockFill {
+                full: 2,
+                partial: 1,
+                empty: 1
+            }
+        );
+        assert_eq!(
+            fill[&("default".to_string(), Family::V6)],
+            BlockFill::default()
+        );
+        assert_eq!(
+            fill.len(),
+            2,
+            "only the valid pool's served families: {fill:?}"
+        );
+    }
+
+    #[test]
+    fn used_in_counts_the_addresses_inside_the_cidr() {
+        let sorted: Vec<IpAddr> = ["10.0.0.7", "10.0.0.8", "10.0.0.15", "10.0.0.16", "fd00::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(used_in(&sorted, &"10.0.0.8/29".parse().unwrap()), 2);
+        assert_eq!(used_in(&sorted, &"10.0.0.0/24".parse().unwrap()), 4);
+        assert_eq!(used_in(&sorted, &"fd00::/120".parse().unwrap()), 1);
+        assert_eq!(used_in(&sorted, &"10.1.0.0/16".parse().unwrap()), 0);
+    }
+}

@@ -1,0 +1,302 @@
+//! The engine's capacity and waiting metrics on the simulated world, checked against the
+//! world's own bookkeeping: `tidepool_ipam_pods_waiting`, `tidepool_ipam_pod_ip_wait_seconds`,
+//! `tidepool_ipam_node_ips` (`--per-node-metrics`, a deleted node's series leaving a real
+//! exporter) and `tidepool_ipam_pool_blocks`. Each test records into a recorder of its own
+//! (the tests' runtimes are single-threaded, so the thread's default recorder sees every
+//! task).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tidepool_ipam::{BlockStore, PerFamily};
+use tidepool_metrics as m;
+use tidepool_sim::World;
+
+/// Every series of the snapshot: (name, sorted labels) → value.
+type Series = BTreeMap<(String, Vec<(String, String)>), DebugValue>;
+
+fn series(snap: &Snapshotter) -> Series {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(ck, _, _, v)| {
+            let (_, key) = ck.into_parts();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            labels.sort();
+            ((key.name().to_string(), labels), v)
+        })
+        .collect()
+}
+
+/// The gauge `name` with exactly these labels.
+fn gauge(s: &Series, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut want: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    want.sort();
+    match s.get(&(name.to_string(), want))? {
+        DebugValue::Gauge(g) => Some(g.into_inner()),
+        other => panic!("{name} is not a gauge: {other:?}"),
+    }
+}
+
+/// The samples of the histogram `name` (no labels) recorded since the last snapshot.
+fn samples(s: &Series, name: &str) -> Vec<f64> {
+    match s.get(&(name.to_string(), Vec::new())) {
+        Some(DebugValue::Histogram(v)) => v.iter().map(|x| x.into_inner()).collect(),
+        Some(other) => panic!("{name} is not a histogram: {other:?}"),
+        None => Vec::new(),
+    }
+}
+
+/// Asserts that each of the operator's samples is within its observation lag of the wait
+/// the world measured (from the bind to the node side's ADD), pod for pod in order of size.
+fn assert_waits_match(ours: &[f64], theirs: &[f64]) {
+    let (mut ours, mut theirs) = (ours.to_vec(), theirs.to_vec());
+    ours.sort_by(f64::total_cmp);
+    theirs.sort_by(f64::total_cmp);
+    assert_eq!(
+        ours.len(),
+        theirs.len(),
+        "operator {ours:?} vs world {theirs:?}"
+    );
+    for (o, t) in ours.iter().zip(&theirs) {
+        // the operator starts at its first look (after the bind) and ends when it sees the
+        // used entry (after the ADD): within a second of the world's measure
+        assert!(
+            (o - t).abs() <= 1.0,
+            "operator {ours:?} vs world {theirs:?}"
+        );
+    }
+}
+
+/// A source of 4 IPv4 addresses with 2 s per call, pre-allocate 0, and 10 pods on one node:
+/// 4 get an address after waiting for the claim, 6 wait. The gauge counts the 6 (and no
+/// IPv6 waits on an IPv4-only node, though every pod lacks an IPv6 address); the histogram
+/// holds one sample per served pod, each matching the wait the world measured. Then the 4
+/// running pods are deleted: 4 waiting pods get their addresses after the cooldown, 2 wait.
+#[tokio::test(start_paused = true)]
+async fn pods_waiting_and_their_wait_match_the_worlds_count() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    let mut cfg = config(wm(0, 0, 0, 0));
+    cfg.capacity = PerFamily { v4: 4, v6: 4 };
+    cfg.source_latency = secs(2);
+    let world = World::start(cfg).unwrap();
+    world.start_measuring();
+    let n = world.add_node("node1");
+    schedule(&world, &n, 10);
+    wait_until("4 pods running", secs(30), millis(10), || {
+        used(&world, "node1") == 4
+    })
+    .await;
+    // the gauge is published at each resync (every minute)
+    advance(secs(65)).await;
+    assert_eq!(world.waiting(), 6, "the world's own count");
+    let s = series(&snap);
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(6.0));
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv6")]), Some(0.0));
+    let mut ours = samples(&s, m::POD_IP_WAIT_SECONDS);
+    let theirs = world.workload_stats().wait_seconds;
+    assert_eq!(theirs.len(), 4, "only started pods have a wait: {theirs:?}");
+    assert!(
+        theirs.iter().all(|t| *t >= 2.0),
+        "the claim takes 2 s: {theirs:?}"
+    );
+    assert_waits_match(&ours, &theirs);
+
+    // the running pods go: after the cooldown their addresses serve 4 of the waiting pods
+    let running: Vec<_> = ipam_node(&world, "node1")
+        .node
+        .used
+        .values()
+        .map(|e| e.pod_uid)
+        .collect();
+    for uid in running {
+        world.delete_pod(uid, false);
+    }
+    wait_until("4 more pods running", secs(120), millis(100), || {
+        world.waiting() == 2 && used(&world, "node1") == 4
+    })
+    .await;
+    advance(secs(65)).await;
+    let s = series(&snap);
+    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(2.0));
+    ours.extend(samples(&s, m::POD_IP_WAIT_SECONDS));
+    let theirs = world.workload_stats().wait_seconds;
+    assert_eq!(theirs.len(), 8);
+    assert!(
+        theirs.iter().filter(|t| **t >= 30.0).count() == 4,
+        "4 waited for the cooldown: {theirs:?}"
+    );
+    assert_waits_match(&ours, &theirs);
+    world.shutdown();
+}
+
+/// The per-node gauges of one node at each state, family IPv4.
+fn node_ips(s: &Series, node: &str) -> BTreeMap<&'static str, f64> {
+    m::ips_state::ALL
+        .iter()
+        .filter_map(|state| {
+            gauge(
+                s,
+                m::NODE_IPS,
+                &[("node", node), ("family", "ipv4"), ("state", state)],
+            )
+            .map(|v| (*state, v))
+        })
+        .collect()
+}
+
+/// Without --per-node-metrics no node series exists; with it, each node's series show its
+/// IPAMNode's pool and used counts and its free, needed and excess addresses.
+#[tokio::test(start_paused = true)]
+async fn node_ips_follow_each_node_only_with_per_node_metrics() {
+    for on in [false, true] {
+        let rec = DebuggingRecorder::new();
+        let snap = rec.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&rec);
+        let mut cfg = config(wm(8, 0, 0, 0));
+        cfg.engine.per_node_metrics = on;
+        let world = World::start(cfg).unwrap();
+        let a = world.add_node("node-a");
+        world.add_node("node-b");
+        schedule(&world, &a, 5);
+        wait_until("5 pods running", secs(30), millis(10), || {
+            used(&world, "node-a") == 5
+        })
+        .await;
+        advance(secs(65)).await;
+        let s = series(&snap);
+        if !on {
+            assert!(
+                s.keys().all(|(name, _)| name != m::NODE_IPS),
+                "no per-node series without the flag"
+            );
+            world.shutdown();
+            continue;
+        }
+        for (node, pods) in [("node-a", 5.0), ("node-b", 0.0)] {
+            let got = node_ips(&s, node);
+            let pool = pool(&world, node) as f64;
+            assert_eq!(got["allocated"], pool, "{node}: {got:?}");
+            assert_eq!(got["used"], pods, "{node}: {got:?}");
+            assert_eq!(got["free"], pool - pods, "{node}: {got:?}");
+            assert_eq!(got["free"], 8.0, "pre-allocate 8 kept free: {got:?}");
+            assert_eq!((got["needed"], got["excess"]), (0.0, 0.0), "{got:?}");
+            assert_eq!(got["cooldown"], 0.0, "{got:?}");
+        }
+        world.shutdown();
+    }
+}
+
+/// A deleted node's series leave a real exporter (gauge idle timeout, 1 s here), while the
+/// live node's, set again at each resync, stay: the mechanism behind --per-node-metrics.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_nodes_series_leave_the_export() {
+    let recorder = m::prometheus_builder_with(Some(Duration::from_secs(1)))
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let mut cfg = config(wm(8, 0, 0, 0));
+    cfg.engine.per_node_metrics = true;
+    cfg.engine.node_reclaim_grace = secs(10);
+    let world = World::start(cfg).unwrap();
+    world.add_node("live");
+    let gone = world.add_node("gone");
+    advance(secs(65)).await;
+    let text = handle.render();
+    for node in ["live", "gone"] {
+        assert!(
+            text.contains(&format!("node=\"{node}\"")),
+            "{node}:\n{text}"
+        );
+    }
+    world.vanish_machine(&gone);
+    world.delete_node_object(&gone);
+    // resync after resync (virtual minutes, real milliseconds), until the deleted node's
+    // series expired in real time, bounded
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        advance(secs(60)).await;
+        let text = handle.render();
+        if !text.contains("node=\"gone\"") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still exported:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(world.node("gone").is_none(), "its IPAMNode is gone too");
+    assert!(text.contains("node=\"live\""), "{text}");
+    world.shutdown();
+}
+
+/// Claimed blocks by fill, per pool: computed by the repair pass of each resync; checked
+/// against the blocks the world's store holds and the pods whose address lies in each.
+#[tokio::test(start_paused = true)]
+async fn pool_blocks_count_full_partial_and_empty_blocks() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    // pre-allocate 16 on /28 blocks: 20 pods fill one block, part of a second, and the
+    // rest of the 36 addresses makes blocks that are partly used or empty
+    let world = pool_world(config(wm(16, 0, 0, 0)), &["10.0.0.0/24"], Duration::ZERO);
+    let a = world.add_node("node-a");
+    world.add_node("node-b");
+    for _ in 0..20 {
+        world.schedule_pod(&a);
+    }
+    wait_until("20 pods running", secs(30), millis(10), || {
+        world
+            .node("node-a")
+            .is_some_and(|n| n.node.used.len() == 20)
+    })
+    .await;
+    advance(secs(65)).await;
+    let mut want = BTreeMap::from([("full", 0.0), ("partial", 0.0), ("empty", 0.0)]);
+    let mut blocks = 0;
+    for node in ["node-a", "node-b"] {
+        for b in world.store.blocks_of(node) {
+            blocks += 1;
+            let usable = world.source.block_addresses(&b).total();
+            let pods = pods_in(&world, node, &b.cidr).len() as u128;
+            let state = match pods {
+                0 => "empty",
+                p if p == usable => "full",
+                _ => "partial",
+            };
+            *want.get_mut(state).unwrap() += 1.0;
+        }
+    }
+    assert!(
+        blocks >= 4,
+        "node-a needs 36 addresses, node-b 16: {blocks} blocks"
+    );
+    assert!(want["empty"] >= 1.0, "node-b's block is empty: {want:?}");
+    let s = series(&snap);
+    for (state, n) in &want {
+        assert_eq!(
+            gauge(
+                &s,
+                m::POOL_BLOCKS,
+                &[("pool", "default"), ("family", "ipv4"), ("state", state)]
+            ),
+            Some(*n),
+            "{state}: want {want:?}"
+        );
+    }
+    world.shutdown();
+}
