@@ -233,15 +233,18 @@ async fn a_real_prometheus_scrapes_every_binary_and_every_panel_and_alert_has_da
     )
     .await;
 
-    // node-a's pods start through the real plugin; p2 is stopped by its runtime (DEL), p1's
-    // pod is deleted without one: the operator's tombstone, answered by the agent, reclaims it
+    // node-a's pods start through the real plugin; p2's sandbox is torn down by its runtime
+    // (DEL), p1's pod is deleted without one: the operator's tombstone, answered by the agent, reclaims it
     let conf = config(&s);
     let cni = |cmd: &'static str, c: &'static str, uid: String| {
         let conf = conf.clone();
         blocking(move || plugin(cmd, c, &uid, &conf))
     };
     let a1 = cni("ADD", "c1", p1.clone()).await.addr();
-    cni("ADD", "c2", p2.clone()).await.addr();
+    let a2 = cni("ADD", "c2", p2.clone()).await.addr();
+    // the kubelet's part: the pods run with their addresses
+    running::set_pod_ips(&admin, "p1", "Running", &[&a1]).await;
+    running::set_pod_ips(&admin, "p2", "Running", &[&a2]).await;
     assert_eq!(cni("DEL", "c2", p2).await.code, 0);
     let nodes: Api<tidepool_api::IPAMNode> = Api::all(admin.clone());
     eventually("p1's address published", || async {
