@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# promtool, and the server itself for agent/tests/live_prometheus.rs
+{ command -v promtool >/dev/null 2>&1 && [ -x /usr/bin/prometheus ]; } || need_apt+=(prometheus)
 # the agent's chain test: Debian's CNI plugins (ptp), iproute2 and ping in network namespaces
 [ -x /usr/lib/cni/ptp ] || need_apt+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)

@@ -9,18 +9,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
+use common::agent_process::start_agent;
+use common::prometheus::{self, free_port, get, http};
 use common::*;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tidepool_api as api;
@@ -29,29 +22,6 @@ use tidepool_metrics as m;
 const POD_1: &str = "0badc0de-0000-4000-8000-000000000001";
 const POD_2: &str = "0badc0de-0000-4000-8000-000000000002";
 const STRANGER: &str = "0badc0de-0000-4000-8000-0000000000ff";
-
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-type Http = Client<HttpConnector, Empty<Bytes>>;
-
-fn http() -> Http {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// `GET http://{addr}{path}`: status and body; `None` while nothing answers.
-async fn get(client: &Http, addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let uri = format!("http://{addr}{path}").parse().expect("uri");
-    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
-        .await
-        .ok()?
-        .ok()?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
-    Some((status, String::from_utf8(body.to_vec()).expect("utf-8")))
-}
 
 /// The exposition's samples: `name{labels}` as written → value.
 fn samples(text: &str) -> BTreeMap<String, f64> {
@@ -102,64 +72,6 @@ fn agent_ips(family: &str, state: &str) -> String {
 
 fn writes(outcome: &str) -> String {
     series(m::AGENT_STATUS_WRITES_TOTAL, &[("outcome", outcome)])
-}
-
-/// The agent binary for node-a, not yet able to serve (no IPAMNode), its stderr collected.
-fn start_agent(dir: &Path, kubeconfig: &Path, metrics: SocketAddr, health: SocketAddr) -> Agent {
-    let s = settings(dir);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidepool-agent"))
-        .env_clear()
-        .args(["--node-name", "node-a", "--pod-network", "10.250.0.0/16"])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--socket")
-        .arg(&s.socket)
-        .arg("--state-dir")
-        .arg(&s.state_dir)
-        .arg("--restored-marker")
-        .arg(&s.restored_marker)
-        .args(["--node-wait", "60s"])
-        .args(["--metrics-addr", &metrics.to_string()])
-        .args(["--health-addr", &health.to_string()])
-        .args(["--log-format", "json"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tidepool-agent");
-    // read the log as it comes (a full pipe would stall the agent)
-    let mut stderr = child.stderr.take().expect("stderr");
-    let log = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    Agent {
-        process: KillOnDrop(child),
-        log: Some(log),
-    }
-}
-
-struct Agent {
-    process: KillOnDrop,
-    log: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Agent {
-    /// SIGTERM; the exit status and everything it logged.
-    async fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.process.0.id().to_string();
-        let killed = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(killed.success());
-        let status = eventually("the agent exited", || {
-            let r = self.process.0.try_wait().expect("wait");
-            async move { r }
-        })
-        .await;
-        let log = self.log.take().expect("log").join().expect("log reader");
-        (status, log)
-    }
 }
 
 /// The IPAMNode node-a and its block, as the operator creates them.
@@ -340,105 +252,44 @@ fn log_is_json_lines(log: &str) {
 /// promtool (Debian package `prometheus`) accepts the agent's exposition without findings;
 /// skipped with a note when it is not installed.
 fn promtool_accepts(text: &str) {
-    use std::io::Write;
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let Ok(mut child) = child else {
-        eprintln!("skipping the promtool check: promtool is not installed");
+    if !prometheus::installed() {
+        eprintln!("skipping the promtool check: Debian's prometheus is not installed");
         return;
-    };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool");
-    let findings = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && findings.trim().is_empty(),
-        "promtool: {findings}"
-    );
+    }
+    if let Err(findings) = prometheus::promtool_check_metrics(text) {
+        panic!("promtool: {findings}");
+    }
 }
 
 /// A real Prometheus (`/usr/bin/prometheus`, Debian package `prometheus`) on a loopback port
 /// scrapes the agent: its target is up and it reads the ADD counter. Skipped with a note when
 /// it is not installed.
 async fn prometheus_scrapes(agent_metrics: SocketAddr) {
-    let bin = Path::new("/usr/bin/prometheus");
-    if !bin.is_file() {
+    if !prometheus::installed() {
         eprintln!("skipping the Prometheus scrape: /usr/bin/prometheus is not installed");
         return;
     }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: agent\n    static_configs:\n      - targets: ['{agent_metrics}']\n"
-        ),
-    )
-    .expect("config");
-    let web = free_port();
-    let child = Command::new(bin)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={web}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus");
-    let _prometheus = KillOnDrop(child);
-    let client = http();
-    let query = |q: &'static str| {
-        let client = client.clone();
-        async move {
-            let path = format!("/api/v1/query?query={}", percent_encode(q));
-            let (code, body) = get(&client, web, &path).await?;
-            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-            let value = v["data"]["result"][0]["value"][1].as_str()?.to_owned();
-            (code == 200).then_some(value)
-        }
+    let target = prometheus::Target {
+        job: "agent",
+        addr: agent_metrics,
+        labels: Vec::new(),
     };
-    // Prometheus starts, then scrapes once a second: allow it 30 s
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let (up, adds) = loop {
-        let up = query(r#"up{job="agent"}"#).await;
-        let adds =
-            query(r#"tidepool_agent_cni_requests_total{job="agent",verb="add",outcome="ok"}"#)
-                .await;
-        if let (Some(up), Some(adds)) = (up, adds) {
-            break (up, adds);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Prometheus did not scrape the agent at {agent_metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    assert_eq!(up, "1", "the agent target is up");
-    assert_eq!(adds, "2", "Prometheus read the agent's ADD counter");
-}
-
-/// Percent-encodes everything but unreserved characters (a query string value).
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    let prom = prometheus::Prometheus::start(&[target], "1s");
+    let value = |s: &[prometheus::Sample]| s.first().map(|s| s.value);
+    let up = prom
+        .until("the agent scraped", r#"up{job="agent"}"#, |s| !s.is_empty())
+        .await;
+    assert_eq!(value(&up), Some(1.0), "the agent target is up");
+    let adds = prom
+        .until(
+            "the ADD counter read",
+            r#"tidepool_agent_cni_requests_total{job="agent",verb="add",outcome="ok"}"#,
+            |s| !s.is_empty(),
+        )
+        .await;
+    assert_eq!(
+        value(&adds),
+        Some(2.0),
+        "Prometheus read the agent's ADD counter"
+    );
 }

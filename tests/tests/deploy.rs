@@ -19,6 +19,7 @@
 mod deploy {
     pub mod dockerfile;
     pub mod promql;
+    pub mod queries;
     pub mod tools;
 }
 mod common;
@@ -27,6 +28,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::Path;
 
+use deploy::queries::{self, RULES, panels};
 use deploy::tools::{self, HADOLINT, KUBERNETES_VALIDATE, PROMTOOL, SH, YAMLLINT};
 use deploy::{dockerfile, promql};
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
@@ -905,7 +907,6 @@ fn yamllint_passes_on_deploy() {
 // ---------------------------------------------------------------------------------------------
 // Alerts and the dashboard.
 
-const RULES: &str = "deploy/prometheus/tidepool-rules.yaml";
 const RULE_TESTS: &str = "deploy/prometheus/tests/tidepool-rules-test.yaml";
 
 fn yaml_file(path: &str) -> Value {
@@ -916,7 +917,7 @@ fn yaml_file(path: &str) -> Value {
 fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     tools::ok(&PROMTOOL, ["check", "rules", RULES]);
     tools::ok(&PROMTOOL, ["test", "rules", RULE_TESTS]);
-    let rules = yaml_file(RULES);
+    let rules = queries::rules();
     let tests = yaml_file(RULE_TESTS);
     let notes = std::fs::read_to_string(tools::repo().join("README.md")).unwrap();
     let mut alerts = Vec::new();
@@ -983,16 +984,6 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     }
 }
 
-/// Every panel, rows' nested panels included.
-fn panels(dash: &Value) -> Vec<&Value> {
-    let mut out = Vec::new();
-    for p in dash["panels"].as_array().unwrap() {
-        out.push(p);
-        out.extend(p["panels"].as_array().into_iter().flatten());
-    }
-    out
-}
-
 /// A query with the dashboard's variables replaced by what Grafana would send.
 fn substituted(expr: &str) -> String {
     expr.replace("$__rate_interval", "5m")
@@ -1002,8 +993,7 @@ fn substituted(expr: &str) -> String {
 
 #[test]
 fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
-    let text = std::fs::read_to_string(tools::repo().join("deploy/grafana/tidepool.json")).unwrap();
-    let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let dash = queries::dashboard();
     assert!(dash["schemaVersion"].as_u64().unwrap() >= 36);
     let vars = dash["templating"]["list"].as_array().unwrap();
     let var = |name: &str| {
@@ -1013,15 +1003,9 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
     };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
-    for v in vars.iter().filter(|v| v["type"] == "query") {
-        let q = v["query"]["query"].as_str().unwrap();
-        let inner = q
-            .strip_prefix("label_values(")
-            .and_then(|s| s.strip_suffix(')'))
-            .unwrap();
-        let (metric, label) = inner.split_once(", ").unwrap();
+    for (name, metric, label) in queries::label_values_variables(&dash) {
         let problems = promql::check(&format!("{metric}{{{label}=~\".+\"}}"));
-        assert!(problems.is_empty(), "variable {}: {problems:?}", v["name"]);
+        assert!(problems.is_empty(), "variable {name}: {problems:?}");
     }
     assert_eq!(
         var("pool")["query"]["query"],

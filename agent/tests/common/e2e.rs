@@ -356,29 +356,7 @@ impl Cluster {
         self.server
             .write_kubeconfig(OPERATOR, &kubeconfig)
             .expect("kubeconfig");
-        let t = &self.tuning;
-        let mut cmd = Command::new(operator_bin());
-        cmd.args(["run", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .args(["--leader-elect-resource-namespace", "tidepool"])
-            .args(["--leader-elect-lease-duration", "2s"])
-            .args(["--leader-elect-renew-deadline", "1s"])
-            .args(["--leader-elect-retry-period", "250ms"])
-            .args([
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--health-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--sync-timeout", "20s", "--resync-interval", "1s"])
-            .args(["--reclaim-grace", t.reclaim_grace])
-            .args(["--reclaim-min-age", t.reclaim_grace])
-            .args(["--reuse-cooldown", t.reuse_cooldown])
-            .args(["--node-reclaim-grace", "2s"])
-            .args(["--kube-api-qps", "200", "--kube-api-burst", "200"])
-            .env_clear()
-            .env("POD_NAME", &name)
-            .env("TIDEPOOL_LOG_LEVEL", "info");
+        let cmd = operator_command(&name, &kubeconfig, &self.tuning, "127.0.0.1:0");
         let log = self.dir.path().join(format!("{name}.log"));
         self.operators.push(Proc::spawn(&name, cmd, log));
     }
@@ -618,6 +596,30 @@ impl Cluster {
         }
         out
     }
+}
+
+/// `tidepool-operator run` as replica `name` (its `POD_NAME`) with `kubeconfig`: leader
+/// election on with short timings, `t`'s reclaim and cooldown times, resyncs every second,
+/// metrics on `metrics` and probes on a free loopback port.
+pub fn operator_command(name: &str, kubeconfig: &Path, t: &Tuning, metrics: &str) -> Command {
+    let mut cmd = Command::new(operator_bin());
+    cmd.args(["run", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(["--leader-elect-resource-namespace", "tidepool"])
+        .args(["--leader-elect-lease-duration", "2s"])
+        .args(["--leader-elect-renew-deadline", "1s"])
+        .args(["--leader-elect-retry-period", "250ms"])
+        .args(["--metrics-addr", metrics, "--health-addr", "127.0.0.1:0"])
+        .args(["--sync-timeout", "20s", "--resync-interval", "1s"])
+        .args(["--reclaim-grace", t.reclaim_grace])
+        .args(["--reclaim-min-age", t.reclaim_grace])
+        .args(["--reuse-cooldown", t.reuse_cooldown])
+        .args(["--node-reclaim-grace", "2s"])
+        .args(["--kube-api-qps", "200", "--kube-api-burst", "200"])
+        .env_clear()
+        .env("POD_NAME", name)
+        .env("TIDEPOOL_LOG_LEVEL", "info");
+    cmd
 }
 
 /// The agent's reconcile report on node `rt` (`GET /v1/reconcile`), if it answers.

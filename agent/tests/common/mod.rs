@@ -1,17 +1,20 @@
 //! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
 //! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
 //! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
-//! a temp dir, pods on its node and its socket read ([`running`]); the whole system with
+//! a temp dir, pods on its node and its socket read ([`running`]); the agent binary
+//! ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the whole system with
 //! stand-ins for the scheduler and the kubelets, and its judgement ([`e2e`], [`kubelet`],
 //! [`judge`]).
 #![allow(dead_code)]
 
+pub mod agent_process;
 pub mod chain;
 pub mod deployed;
 pub mod e2e;
 pub mod forward;
 pub mod judge;
 pub mod kubelet;
+pub mod prometheus;
 
 use std::io::Write;
 use std::path::Path;
@@ -231,9 +234,18 @@ pub fn config(s: &Settings) -> String {
 /// Polls `f` until it gives `Some` (30 s at most).
 pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     what: &str,
+    f: impl FnMut() -> F,
+) -> T {
+    eventually_within(Duration::from_secs(30), what, f).await
+}
+
+/// Polls `f` until it gives `Some` (`timeout` at most).
+pub async fn eventually_within<T, F: std::future::Future<Output = Option<T>>>(
+    timeout: Duration,
+    what: &str,
     mut f: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
             return v;

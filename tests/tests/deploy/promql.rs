@@ -299,6 +299,154 @@ pub fn check(expr: &str) -> Vec<String> {
     problems
 }
 
+// ---------------------------------------------------------------------------------------------
+// The parts of an alert expression that must return data.
+
+/// An operator at the top level of an expression (outside parentheses, braces, brackets
+/// and strings): its byte span and whether it is a set operator (`and`, `or`, `unless`)
+/// or a comparison.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TopOp {
+    start: usize,
+    end: usize,
+    set: bool,
+}
+
+fn top_level_ops(expr: &str) -> Vec<TopOp> {
+    let b = expr.as_bytes();
+    let (mut out, mut depth, mut i) = (Vec::new(), 0i32, 0);
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b'"' | b'\'' | b'`' => {
+                i += 1;
+                while i < b.len() && b[i] != c {
+                    i += if b[i] == b'\\' && c != b'`' { 2 } else { 1 };
+                }
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            _ if depth > 0 => {}
+            _ if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':')
+                {
+                    i += 1;
+                }
+                if ["and", "or", "unless"].contains(&&expr[start..i]) {
+                    out.push(TopOp {
+                        start,
+                        end: i,
+                        set: true,
+                    });
+                }
+                continue;
+            }
+            b'=' | b'!' | b'<' | b'>' => {
+                let two = b.get(i + 1) == Some(&b'=');
+                // `=` alone is no operator outside braces; `!` only starts `!=`
+                if two || c == b'<' || c == b'>' {
+                    let end = i + if two { 2 } else { 1 };
+                    out.push(TopOp {
+                        start: i,
+                        end,
+                        set: false,
+                    });
+                    i = end;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// `expr` without parentheses around all of it.
+fn without_outer_parens(expr: &str) -> &str {
+    let mut e = expr.trim();
+    while e.starts_with('(') && e.ends_with(')') {
+        let inner = &e[1..e.len() - 1];
+        // only when the first `(` closes at the end: `(a) / (b)` stays
+        let mut depth = 0i32;
+        let closes_early = inner.chars().any(|c| {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            depth < 0
+        });
+        if closes_early {
+            break;
+        }
+        e = inner.trim();
+    }
+    e
+}
+
+/// `s` without a leading vector-matching modifier (`on (..)`, `ignoring (..)`,
+/// `group_left (..)`, `group_right`) or `bool`.
+fn without_modifiers(s: &str) -> &str {
+    let mut s = s.trim_start();
+    loop {
+        let word_end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        let word = &s[..word_end];
+        if !["on", "ignoring", "group_left", "group_right", "bool"].contains(&word) {
+            return s;
+        }
+        s = s[word_end..].trim_start();
+        if word != "bool"
+            && s.starts_with('(')
+            && let Some(close) = s.find(')')
+        {
+            s = s[close + 1..].trim_start();
+        }
+    }
+}
+
+fn is_number(s: &str) -> bool {
+    s.trim().parse::<f64>().is_ok()
+}
+
+/// The parts of an alert expression that must return data even while the alert is quiet:
+/// a threshold keeps an alert quiet by design, the series under it must still be there.
+/// Operands of the top-level set operators (`and`, `or`, `unless`) are taken one by one;
+/// each loses its outermost comparison with a number (the side that is not the number is
+/// kept; a comparison of two vectors keeps both); `absent(x)` is quiet exactly when `x`
+/// has data, so its part is `x`. Anything else is its own part.
+pub fn data_parts(expr: &str) -> Vec<String> {
+    let e = without_outer_parens(expr);
+    let ops = top_level_ops(e);
+    let sets: Vec<&TopOp> = ops.iter().filter(|o| o.set).collect();
+    if !sets.is_empty() {
+        let mut parts = Vec::new();
+        let mut from = 0;
+        for op in sets {
+            parts.extend(data_parts(without_modifiers(&e[from..op.start])));
+            from = op.end;
+        }
+        parts.extend(data_parts(without_modifiers(&e[from..])));
+        return parts;
+    }
+    // comparisons associate to the left: the last one is the outermost
+    if let Some(op) = ops.last() {
+        let (lhs, rhs) = (&e[..op.start], without_modifiers(&e[op.end..]));
+        return [lhs, rhs]
+            .into_iter()
+            .filter(|side| !is_number(side))
+            .map(|side| without_outer_parens(side).to_owned())
+            .collect();
+    }
+    if let Some(inner) = e.strip_prefix("absent(").and_then(|r| r.strip_suffix(')')) {
+        return vec![without_outer_parens(inner).to_owned()];
+    }
+    vec![e.to_owned()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,5 +505,37 @@ mod tests {
                 "{bad}: {problems:?}"
             );
         }
+    }
+
+    #[test]
+    fn data_parts_drop_the_outermost_threshold() {
+        let parts = |e: &str| data_parts(e);
+        assert_eq!(parts("(\n  a\n  /\n  b\n) < 0.10\n"), ["a\n  /\n  b"]);
+        assert_eq!(parts(r#"up{job="a"} == 0"#), [r#"up{job="a"}"#]);
+        assert_eq!(
+            parts(r#"x{a!="b", c=~"d|e"} >= 1"#),
+            [r#"x{a!="b", c=~"d|e"}"#]
+        );
+        assert_eq!(parts("rate(x[5m]) > bool 2"), ["rate(x[5m])"]);
+        assert_eq!(parts("0 < x"), ["x"]);
+        assert_eq!(parts("x > y"), ["x", "y"]);
+        assert_eq!(parts("(a) / (b) > 1"), ["(a) / (b)"]);
+        assert_eq!(parts("sum(x)"), ["sum(x)"]);
+        // set operators: every operand, each without its own threshold
+        assert_eq!(
+            parts("sum by (ns) (x) < 1\nor\nabsent(x)\n"),
+            ["sum by (ns) (x)", "x"]
+        );
+        assert_eq!(
+            parts("(a / b) < 0.25\nand\nmax by (p) (predict_linear(c[6h], 4 * 24 * 3600)) < 0"),
+            ["a / b", "max by (p) (predict_linear(c[6h], 4 * 24 * 3600))"]
+        );
+        // only the outermost: a comparison inside an aggregation stays
+        assert_eq!(
+            parts("a > 0 and on (n) count by (n) (b <= 0 and on (f) c > 0)"),
+            ["a", "count by (n) (b <= 0 and on (f) c > 0)"]
+        );
+        // names that contain operator words are no operators
+        assert_eq!(parts("random_or_band > 1"), ["random_or_band"]);
     }
 }
