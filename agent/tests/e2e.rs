@@ -13,11 +13,14 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use common::e2e::{Cluster, Tuning, reconcile_report};
 use common::judge::{Crashes, Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
+use ipnet::IpNet;
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 /// `count` pods `e2e-{first}`…, as a YAML stream of JSON documents.
@@ -65,6 +68,42 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
     })
+}
+
+/// The running pods with an address in `net`: (name, UID, node, address).
+fn running_in(k: &Kubelet, net: &IpNet) -> Vec<(String, String, String, String)> {
+    k.record(|r| {
+        r.sandboxes
+            .iter()
+            .filter_map(|(u, s)| match s {
+                Sandbox::Running { node, addr, .. }
+                    if addr.parse().is_ok_and(|a: IpAddr| net.contains(&a)) =>
+                {
+                    Some((r.names[u].clone(), u.clone(), node.clone(), addr.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    })
+}
+
+/// The IPAMBlocks that lie in `net`.
+async fn blocks_in(admin: &kube::Client, net: &IpNet) -> Vec<tidepool_api::IPAMBlock> {
+    let blocks: Api<tidepool_api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks
+        .list(&ListParams::default())
+        .await
+        .expect("list blocks");
+    list.items
+        .into_iter()
+        .filter(|b| {
+            b.spec
+                .cidr
+                .0
+                .parse::<IpNet>()
+                .is_ok_and(|c| net.contains(&c))
+        })
+        .collect()
 }
 
 /// One pod of each node pings one pod of every other node: through the routes the agents
@@ -163,6 +202,43 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     })
     .await;
 
+    // the first CIDR removed while pods use it: it drains (DESIGN.md "Release handshake")
+    let removed: IpNet = "10.77.0.0/27".parse().expect("a CIDR");
+    let on_removed = running_in(&kubelet, &removed);
+    assert!(!on_removed.is_empty(), "pods use the CIDR about to go");
+    cluster
+        .kubectl
+        .ok(
+            &[
+                "patch",
+                "ippool",
+                "default",
+                "--type=json",
+                "-p",
+                r#"[{"op":"test","path":"/spec/cidrs/0","value":"10.77.0.0/27"},
+                    {"op":"remove","path":"/spec/cidrs/0"}]"#,
+            ],
+            None,
+        )
+        .await;
+    // once each agent holding one of its blocks answered the mark, no ADD may get one of
+    // its addresses
+    until(
+        &cluster,
+        "the removed CIDR's blocks marked and answered",
+        30,
+        async || {
+            let blocks = blocks_in(&cluster.admin, &removed).await;
+            !blocks.is_empty()
+                && blocks.iter().all(|b| {
+                    b.spec.release.is_some()
+                        && b.status.as_ref().is_some_and(|s| s.release_ack.is_some())
+                })
+        },
+    )
+    .await;
+    let removed_at = Instant::now();
+
     // two pods crash (no DEL); kubectl removes their objects as a person would
     let mut crashes = Crashes::default();
     for (name, uid) in running(&kubelet).into_iter().take(2) {
@@ -186,6 +262,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .into_iter()
         .max_by_key(|n| running_on(&kubelet, Some(n)).len())
         .expect("a node");
+    // one pod on the removed CIDR is kept through the churn: it must keep its address
+    let (keeper, keeper_uid, ..) = running_in(&kubelet, &removed)
+        .into_iter()
+        .find(|(_, _, node, _)| node != down_node)
+        .expect("a pod on the removed CIDR off the node going down");
     cluster.kill_agent(down_node);
     let down = Instant::now();
     let deleting: Vec<String> = running_on(&kubelet, Some(down_node))
@@ -213,7 +294,9 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && running(&kubelet).len() == 10
     })
     .await;
-    let mut victims = running(&kubelet).into_iter();
+    let mut victims = running(&kubelet)
+        .into_iter()
+        .filter(|(_, u)| *u != keeper_uid);
     let (name, uid) = victims.next().expect("a pod");
     let addr = kubelet.crash_pod(&uid);
     cluster
@@ -256,6 +339,39 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && snap.settled()
     })
     .await;
+    // the removed CIDR's pods that kept their sandboxes kept their addresses, in the
+    // nodes' status.used too; once they are deleted, its blocks go
+    let snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
+    let lost: BTreeSet<String> = kubelet.record(|r| r.lost.iter().map(|l| l.1.clone()).collect());
+    let kept: Vec<&(String, String, String, String)> = on_removed
+        .iter()
+        .filter(|(_, uid, ..)| snap.pods.contains_key(uid) && !lost.contains(uid))
+        .collect();
+    assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
+    for (name, uid, node, addr) in &kept {
+        assert_eq!(
+            snap.pods[uid].2,
+            vec![addr.clone()],
+            "{name} kept its address"
+        );
+        assert_eq!(
+            snap.used[node].get(addr),
+            Some(uid),
+            "{name}'s {addr} is still used on {node}"
+        );
+    }
+    let mut args = vec!["delete", "pod", "--wait=false"];
+    args.extend(kept.iter().map(|k| k.0.as_str()));
+    cluster.kubectl.ok(&args, None).await;
+    until(
+        &cluster,
+        "the removed CIDR's blocks released",
+        40,
+        async || blocks_in(&cluster.admin, &removed).await.is_empty(),
+    )
+    .await;
+    let drained = kept.len();
+
     // the agent of the node about to crash cannot be asked afterwards
     let mut freed = reconcile_frees(&cluster).await;
     let lost_node = ["node-a", "node-b", "node-c"]
@@ -283,6 +399,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
             .map(|(uid, _)| uid.clone())
             .collect()
     });
+    crashes.removed_cidrs.push(removed);
     let bad = violations(&snap, &crashes, &seen, &freed);
     let errors = kubelet.record(|r| r.errors.clone());
     assert!(
@@ -308,15 +425,29 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     );
     assert_eq!(
         snap.pods.len(),
-        9 - lost_pods,
-        "9 + 6 created, 3 crashed, 3 deleted, {lost_pods} on the crashed {lost_node}"
+        9 - drained - lost_pods,
+        "9 + 6 created, 3 crashed, 3 + {drained} deleted, {lost_pods} on the crashed {lost_node}"
+    );
+    // no sandbox started after the removal took effect got one of its addresses
+    let late = kubelet.record(|r| {
+        r.started
+            .iter()
+            .filter(|(_, addr, at)| {
+                *at > removed_at && addr.parse().is_ok_and(|a: IpAddr| removed.contains(&a))
+            })
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        late.is_empty(),
+        "granted from the removed {removed}: {late:?}"
     );
     let (lat, failed, bound, deleted) = kubelet.record(|r| {
         let mut l = r.ready_latency.clone();
         l.sort();
         (l, r.failed_adds, r.bound.clone(), r.deleted.len())
     });
-    assert_eq!(deleted, 3, "the three deleted pods went through DEL");
+    assert_eq!(deleted, 3 + drained, "the deleted pods went through DEL");
     assert_eq!(
         crashes.spooled.len(),
         3,
@@ -324,7 +455,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     );
     println!(
         "e2e: {:.1} s; leader operator-{leader} killed, operator-{new_leader} took over; \
-         {before_cidr} of 9 pods ran before the CIDR was added; {failed} ADDs failed and \
+         {before_cidr} of 9 pods ran before the CIDR was added; {drained} pods kept their \
+         addresses on the removed CIDR until deleted, then its blocks went; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
          {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
@@ -371,6 +503,7 @@ mod judge_can_fail {
                 "node-a".to_string(),
                 vec!["10.77.0.0/28".parse().expect("net")],
             )]),
+            draining: BTreeSet::new(),
             pool: vec!["10.77.0.0/27".parse().expect("net")],
         }
     }
@@ -457,5 +590,34 @@ mod judge_can_fail {
         let v = violations(&outside, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("in no block")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
+
+        // the pool's CIDR removed: its block may stay only while it drains with users
+        let mut removed = sound();
+        removed.pool = vec!["10.77.1.0/26".parse().expect("net")];
+        let drain = Crashes {
+            removed_cidrs: vec!["10.77.0.0/27".parse().expect("net")],
+            ..crashed.clone()
+        };
+        let v = violations(&removed, &crashed, &tomb(GONE), &none());
+        assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
+        let v = violations(&removed, &drain, &tomb(GONE), &none());
+        assert!(
+            v.iter().any(|m| m.contains("not marked for release")),
+            "{v:?}"
+        );
+        removed
+            .draining
+            .insert("10.77.0.0/28".parse().expect("net"));
+        assert!(violations(&removed, &drain, &tomb(GONE), &none()).is_empty());
+        assert!(removed.settled(), "a draining block with users is settled");
+        let mut unused = removed;
+        unused.pods.clear();
+        unused.used.clear();
+        let v = violations(&unused, &drain, &tomb(GONE), &none());
+        assert!(v.iter().any(|m| m.contains("no user left")), "{v:?}");
+        assert!(
+            !unused.settled(),
+            "a drained block without users is not settled"
+        );
     }
 }

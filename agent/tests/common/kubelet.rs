@@ -72,6 +72,8 @@ pub struct Record {
     pub names: BTreeMap<String, String>,
     /// Bound (seen bound by its kubelet) → Running with an address, per started pod.
     pub ready_latency: Vec<Duration>,
+    /// Every sandbox started: (pod UID, address, when its ADD returned).
+    pub started: Vec<(String, String, Instant)>,
     /// ADDs that failed (and were retried).
     pub failed_adds: usize,
     /// Pods bound by the scheduler stand-in, per node.
@@ -400,6 +402,8 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
             }
             let mut rec = inner.record.lock().expect("lock");
             rec.ready_latency.push(began.elapsed());
+            rec.started
+                .push((uid.clone(), addr.clone(), Instant::now()));
             rec.sandboxes.insert(
                 uid.clone(),
                 Sandbox::Running {
