@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use common::deployments::Deployments;
 use common::e2e::{Cluster, Tuning, reconcile_report};
 use common::judge::{Crashes, Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
@@ -37,6 +38,37 @@ fn pods(first: usize, count: usize) -> String {
         })
         .collect();
     docs.join("\n---\n")
+}
+
+/// Deployment `name` with `replicas` pods of the pause image, labelled `app: name`.
+fn deployment(name: &str, replicas: usize) -> String {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "pause"}]},
+            },
+        },
+    })
+    .to_string()
+}
+
+/// How many rounds of Deployment churn: `TIDEPOOL_E2E_ROUNDS` (1, the CI run, by default).
+fn rounds() -> usize {
+    std::env::var("TIDEPOOL_E2E_ROUNDS")
+        .ok()
+        .map(|r| r.parse().expect("TIDEPOOL_E2E_ROUNDS is a count"))
+        .unwrap_or(1)
+}
+
+/// The `p`th percentile of the sorted `d` (nearest rank).
+fn percentile(d: &[Duration], p: usize) -> Option<Duration> {
+    let rank = (d.len() * p).div_ceil(100).max(1);
+    d.get(rank - 1).copied()
 }
 
 /// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
@@ -68,6 +100,71 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
     })
+}
+
+/// The running pods of Deployment `deploy` (named `<deploy>-<suffix>`): (name, UID).
+fn running_of(k: &Kubelet, deploy: &str) -> Vec<(String, String)> {
+    let prefix = format!("{deploy}-");
+    running(k)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Waits until each Deployment runs exactly its count of pods and the cluster settled:
+/// every pod running, none terminating, every reclaim done.
+async fn until_replicas(cluster: &Cluster, k: &Kubelet, want: &[(&str, usize)]) {
+    until(
+        cluster,
+        &format!("replicas {want:?} and settled"),
+        60,
+        async || {
+            want.iter().all(|(d, n)| running_of(k, d).len() == *n)
+                && k.settled().await
+                && Snapshot::take(&cluster.admin)
+                    .await
+                    .is_ok_and(|s| s.settled())
+        },
+    )
+    .await;
+}
+
+/// One round of churn: `web` scaled up to 6 with `kubectl scale` and `api` to 3 or 2 with
+/// `kubectl apply`; a web pod crashes (no DEL; kubectl removes its object), an api pod's
+/// sandbox is lost, a web pod is deleted with kubectl (DEL), the controller replaces them;
+/// then web is scaled down to 2 (the surplus deleted gracefully: DEL).
+async fn churn(cluster: &Cluster, k: &Kubelet, crashes: &mut Crashes, round: usize) {
+    let api = 2 + (round + 1) % 2;
+    cluster
+        .kubectl
+        .ok(&["scale", "deployment", "web", "--replicas=6"], None)
+        .await;
+    cluster.kubectl.apply(&deployment("api", api)).await;
+    until_replicas(cluster, k, &[("web", 6), ("api", api)]).await;
+    let (name, uid) = running_of(k, "web").swap_remove(round % 6);
+    let addr = k.crash_pod(&uid);
+    cluster
+        .kubectl
+        .ok(
+            &["delete", "pod", &name, "--force", "--grace-period=0"],
+            None,
+        )
+        .await;
+    crashes.sandboxes.insert((addr, uid));
+    let (_, uid) = running_of(k, "api").swap_remove(0);
+    let addr = k.lose_sandbox(&uid);
+    crashes.sandboxes.insert((addr, uid));
+    let (name, _) = running_of(k, "web").swap_remove(0);
+    cluster
+        .kubectl
+        .ok(&["delete", "pod", &name, "--wait=false"], None)
+        .await;
+    until_replicas(cluster, k, &[("web", 6), ("api", api)]).await;
+    cluster
+        .kubectl
+        .ok(&["scale", "deployment", "web", "--replicas=2"], None)
+        .await;
+    until_replicas(cluster, k, &[("web", 2), ("api", api)]).await;
 }
 
 /// The running pods with an address in `net`: (name, UID, node, address).
@@ -371,23 +468,71 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     )
     .await;
     let drained = kept.len();
+    let mut freed = reconcile_frees(&cluster).await;
+
+    // Deployments, which the controller stand-in turns into pods: one created, one applied
+    // with kubectl, then churned for `rounds()` rounds
+    let deployments = Deployments::start(cluster.admin.clone());
+    // `kubectl create deployment` would send the object as protobuf, which the in-process
+    // server decodes for a few core kinds only: kubectl builds it, `create -f` sends JSON
+    let web = cluster
+        .kubectl
+        .ok(
+            &[
+                "create",
+                "deployment",
+                "web",
+                "--image=pause",
+                "--replicas=3",
+                "--dry-run=client",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .await;
+    cluster.kubectl.ok(&["create", "-f", "-"], Some(web)).await;
+    cluster.kubectl.apply(&deployment("api", 2)).await;
+    until_replicas(&cluster, &kubelet, &[("web", 3), ("api", 2)]).await;
+    let rounds = rounds();
+    for round in 0..rounds {
+        churn(&cluster, &kubelet, &mut crashes, round).await;
+        // each agent reports its last 32 frees only
+        freed.extend(reconcile_frees(&cluster).await);
+    }
+    // kubectl deletes a Deployment: the server's garbage collector deletes its pods
+    // gracefully, so each goes through DEL
+    let api_pods = running_of(&kubelet, "api").len();
+    cluster
+        .kubectl
+        .ok(&["delete", "deployment", "api"], None)
+        .await;
+    until_replicas(&cluster, &kubelet, &[("web", 2), ("api", 0)]).await;
 
     // the agent of the node about to crash cannot be asked afterwards
-    let mut freed = reconcile_frees(&cluster).await;
+    freed.extend(reconcile_frees(&cluster).await);
     let lost_node = ["node-a", "node-b", "node-c"]
         .into_iter()
         .min_by_key(|n| running_on(&kubelet, Some(n)).len())
         .expect("a node");
     let on_lost = kubelet.crash_node(lost_node);
     cluster.crash_node(lost_node).await;
-    let lost_pods = on_lost.len();
+    let lost_pods = kubelet.record(|r| {
+        on_lost
+            .iter()
+            .filter(|(_, uid)| r.names[uid].starts_with("e2e-"))
+            .count()
+    });
     crashes.nodes.insert(lost_node.to_string(), on_lost);
 
-    // settle, then judge
+    // settle (the crashed node's web pods replaced), then judge
     let mut snap = Snapshot::default();
     until(&cluster, "the cluster settled", 40, async || {
         snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
-        kubelet.settled().await && snap.settled() && !snap.used.contains_key(lost_node)
+        kubelet.settled().await
+            && snap.settled()
+            && !snap.used.contains_key(lost_node)
+            && running_of(&kubelet, "web").len() == 2
     })
     .await;
     let seen = tombstones.seen();
@@ -401,7 +546,9 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     });
     crashes.removed_cidrs.push(removed);
     let bad = violations(&snap, &crashes, &seen, &freed);
-    let errors = kubelet.record(|r| r.errors.clone());
+    let mut errors = kubelet.record(|r| r.errors.clone());
+    let tally = deployments.tally();
+    errors.extend(tally.errors.iter().cloned());
     assert!(
         errors.is_empty(),
         "the harness's own steps failed: {errors:?}"
@@ -423,10 +570,21 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         cluster.logs_matching(&named),
         kubelet.record(|r| r.lost.clone()),
     );
+    let named = |prefix: &str| {
+        snap.pods
+            .values()
+            .filter(|(n, ..)| n.starts_with(prefix))
+            .count()
+    };
     assert_eq!(
-        snap.pods.len(),
+        named("e2e-"),
         9 - drained - lost_pods,
         "9 + 6 created, 3 crashed, 3 + {drained} deleted, {lost_pods} on the crashed {lost_node}"
+    );
+    assert_eq!(
+        (named("web-"), named("api-"), snap.pods.len()),
+        (2, 0, 11 - drained - lost_pods),
+        "web's two replicas and no pod of the deleted api"
     );
     // no sandbox started after the removal took effect got one of its addresses
     let late = kubelet.record(|r| {
@@ -447,7 +605,13 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         l.sort();
         (l, r.failed_adds, r.bound.clone(), r.deleted.len())
     });
-    assert_eq!(deleted, 3 + drained, "the deleted pods went through DEL");
+    let scaled_down: usize = tally.scaled_down.values().sum();
+    assert_eq!(
+        deleted,
+        3 + drained + rounds + scaled_down + api_pods,
+        "every pod deleted (by kubectl, scaled down, collected with its Deployment) went \
+         through DEL"
+    );
     assert_eq!(
         crashes.spooled.len(),
         3,
@@ -460,16 +624,33 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
          {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
-         nodes' pods pinged each other; \
-         bound → Running: min {:?}, median {:?}, max {:?}",
+         nodes' pods pinged each other; {rounds} rounds of Deployment churn: pods created \
+         {:?}, scaled down {:?}; bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         crashes.spooled.len(),
         seen.len(),
         freed.len(),
         crashes.sandboxes.len(),
+        tally.created,
+        tally.scaled_down,
         lat.first(),
         lat.get(lat.len() / 2),
         lat.last(),
+    );
+    println!(
+        "e2e summary: rounds {rounds}, {:.1} s; pods started {}; sandboxes crashed or lost {}, \
+         crashed node's pods {}; reclaims: {} tombstoned (operator), {} freed by reconcile \
+         (agents); pod-ready p50 {:?}, p99 {:?}, max {:?} over {} starts",
+        started.elapsed().as_secs_f64(),
+        kubelet.record(|r| r.names.len()),
+        crashes.sandboxes.len(),
+        crashes.nodes.values().map(BTreeSet::len).sum::<usize>(),
+        seen.len(),
+        freed.len(),
+        percentile(&lat, 50),
+        percentile(&lat, 99),
+        lat.last(),
+        lat.len(),
     );
 }
 

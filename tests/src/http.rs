@@ -529,7 +529,13 @@ fn serve_scale(
     let (store, rt) = (&st.store, &t.rt);
     let ns = t.ns.as_deref().unwrap_or_default();
     let w = match verb {
-        "get" => return Ok(json_response(200, &crate::scale::get(store, rt, ns, name)?, &[])),
+        "get" => {
+            return Ok(json_response(
+                200,
+                &crate::scale::get(store, rt, ns, name)?,
+                &[],
+            ));
+        }
         "update" => {
             let scale = media::builtin_body(body, ctype)?;
             crate::scale::update(store, rt, ns, name, &scale, opts)?

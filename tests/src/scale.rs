@@ -55,7 +55,10 @@ pub(crate) fn of(d: &Value) -> Value {
         status["selector"] = json!(selector);
     }
     let mut spec = json!({});
-    if let Some(r) = d.pointer("/spec/replicas").filter(|r| r.as_i64() != Some(0)) {
+    if let Some(r) = d
+        .pointer("/spec/replicas")
+        .filter(|r| r.as_i64() != Some(0))
+    {
         spec["replicas"] = r.clone();
     }
     json!({
@@ -176,9 +179,12 @@ fn write(
 ) -> Result<Written, Error> {
     let replicas = match scale.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
-        Some(v) => v.as_i64().filter(|r| i32::try_from(*r).is_ok()).ok_or_else(|| {
-            Error::bad_request(format!("spec.replicas: expected an int32, got {v}"))
-        })?,
+        Some(v) => v
+            .as_i64()
+            .filter(|r| i32::try_from(*r).is_ok())
+            .ok_or_else(|| {
+                Error::bad_request(format!("spec.replicas: expected an int32, got {v}"))
+            })?,
     };
     if replicas < 0 {
         return Err(Error::invalid(

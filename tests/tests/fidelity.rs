@@ -653,7 +653,10 @@ async fn deployments_scale_through_the_scale_subresource() {
     assert_eq!(s["kind"], "Scale");
     assert_eq!(s["apiVersion"], "autoscaling/v1");
     assert_eq!(s["spec"]["replicas"], 2);
-    assert_eq!(s["status"]["replicas"], 0, "no controller wrote a status: {s}");
+    assert_eq!(
+        s["status"]["replicas"], 0,
+        "no controller wrote a status: {s}"
+    );
     assert_eq!(s["status"]["selector"], "app=web,tier=a");
     assert_eq!(s["metadata"]["uid"], created["metadata"]["uid"]);
     assert_eq!(
@@ -673,17 +676,37 @@ async fn deployments_scale_through_the_scale_subresource() {
     assert_eq!(code, 200, "{s}");
     assert_eq!(s["kind"], "Scale");
     assert_eq!(s["spec"]["replicas"], 5);
-    let (_, d) = send(&server, "GET", &format!("{path}/web"), None, "application/json").await;
+    let (_, d) = send(
+        &server,
+        "GET",
+        &format!("{path}/web"),
+        None,
+        "application/json",
+    )
+    .await;
     assert_eq!(d["spec"]["replicas"], 5, "{d}");
     assert_eq!(d["metadata"]["generation"], 2, "a spec change: {d}");
-    assert_eq!(d["spec"]["template"], created["spec"]["template"], "only replicas changed");
-    assert_eq!(s["metadata"]["resourceVersion"], d["metadata"]["resourceVersion"]);
+    assert_eq!(
+        d["spec"]["template"], created["spec"]["template"],
+        "only replicas changed"
+    );
+    assert_eq!(
+        s["metadata"]["resourceVersion"],
+        d["metadata"]["resourceVersion"]
+    );
 
     // a PUT at a stale resourceVersion fails; at the current one it scales
     let mut put = s.clone();
     put["spec"]["replicas"] = json!(1);
     put["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
-    let (code, v) = send(&server, "PUT", &scale, Some(put.clone()), "application/json").await;
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &scale,
+        Some(put.clone()),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 409, "{v}");
     assert_status(
         &v,
@@ -692,7 +715,14 @@ async fn deployments_scale_through_the_scale_subresource() {
         "Operation cannot be fulfilled on deployments.apps \"web\": the object has been modified; please apply your changes to the latest version and try again",
     );
     put["metadata"]["resourceVersion"] = s["metadata"]["resourceVersion"].clone();
-    let (code, v) = send(&server, "PUT", &scale, Some(put.clone()), "application/json").await;
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &scale,
+        Some(put.clone()),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["spec"]["replicas"], 1);
 
@@ -706,8 +736,18 @@ async fn deployments_scale_through_the_scale_subresource() {
         "Invalid",
         "Scale.autoscaling \"web\" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0",
     );
-    let (_, d) = send(&server, "GET", &format!("{path}/web"), None, "application/json").await;
-    assert_eq!(d["spec"]["replicas"], 1, "unchanged by the refused PUT: {d}");
+    let (_, d) = send(
+        &server,
+        "GET",
+        &format!("{path}/web"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(
+        d["spec"]["replicas"], 1,
+        "unchanged by the refused PUT: {d}"
+    );
 
     let (code, _) = send(
         &server,

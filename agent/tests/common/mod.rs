@@ -2,11 +2,12 @@
 //! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
 //! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
 //! a temp dir, pods on its node and its socket read ([`running`]); the whole system with
-//! stand-ins for the scheduler and the kubelets, and its judgement ([`e2e`], [`kubelet`],
-//! [`judge`]).
+//! stand-ins for the scheduler, the kubelets and the Deployment controller, and its
+//! judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]).
 #![allow(dead_code)]
 
 pub mod chain;
+pub mod deployments;
 pub mod e2e;
 pub mod forward;
 pub mod judge;
