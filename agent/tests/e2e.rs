@@ -3,12 +3,15 @@
 //! two `tidepool-operator run` replicas (the leader killed midway), an agent killed and
 //! restarted, pods created and deleted with kubectl whose sandboxes go through ptp →
 //! tidepool-cni, pods crashed without a DEL, a pool CIDR added while a node waits for
-//! addresses, pods on different nodes pinging each other (through the agents'
-//! `--node-routes`), a node crashed at the end. Judged at the end by the simulator's
-//! invariants ([`common::judge`]). Needs root: fails (does not skip) without it.
+//! addresses and the first one removed while pods use it, pods on different nodes pinging
+//! each other (through the agents' `--node-routes`), Deployments created, scaled and
+//! deleted with kubectl (a controller stand-in makes their pods) and churned for
+//! `TIDEPOOL_E2E_ROUNDS` rounds (1 by default), a node crashed at the end. Judged at the
+//! end by the simulator's invariants ([`common::judge`]). Needs root: fails (does not skip)
+//! without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
-//! tidepool-agent --test e2e -- --nocapture` (the figures are printed).
+//! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
 
 mod common;
 
@@ -637,20 +640,34 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         lat.get(lat.len() / 2),
         lat.last(),
     );
+    let pairs = |set: &BTreeSet<(String, String, String)>| -> BTreeSet<(String, String)> {
+        set.iter().map(|(_, a, u)| (a.clone(), u.clone())).collect()
+    };
+    let (tombed, reconciled) = (pairs(&seen), pairs(&freed));
+    let per_path = |t: bool, r: bool| {
+        crashes
+            .sandboxes
+            .iter()
+            .filter(|c| tombed.contains(*c) == t && reconciled.contains(*c) == r)
+            .count()
+    };
     println!(
-        "e2e summary: rounds {rounds}, {:.1} s; pods started {}; sandboxes crashed or lost {}, \
-         crashed node's pods {}; reclaims: {} tombstoned (operator), {} freed by reconcile \
-         (agents); pod-ready p50 {:?}, p99 {:?}, max {:?} over {} starts",
+        "e2e summary: rounds {rounds}, {:.1} s; pods started {} ({} sandbox starts); \
+         {} sandboxes crashed or lost, reclaimed by the operator's tombstone only {}, by the \
+         agent's reconcile only {}, by both {}; a crashed node's {} pods reclaimed whole; \
+         {} tombstones in all; pod-ready p50 {:?}, p99 {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         kubelet.record(|r| r.names.len()),
+        lat.len(),
         crashes.sandboxes.len(),
+        per_path(true, false),
+        per_path(false, true),
+        per_path(true, true),
         crashes.nodes.values().map(BTreeSet::len).sum::<usize>(),
         seen.len(),
-        freed.len(),
         percentile(&lat, 50),
         percentile(&lat, 99),
         lat.last(),
-        lat.len(),
     );
 }
 
