@@ -386,6 +386,7 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
         let container = format!("c{seq:05}a{failures}{}", uid.replace('-', ""));
         let out = cni(&rt, "ADD", &netns, &container, &name, &uid).await;
         if out.status.success() {
+            let added = Instant::now();
             let addr = super::chain::address(&out);
             write_cache(&rt, &container, &out.stdout);
             if let Err(e) = set_running(&pods, &name, &addr).await {
@@ -402,8 +403,7 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
             }
             let mut rec = inner.record.lock().expect("lock");
             rec.ready_latency.push(began.elapsed());
-            rec.started
-                .push((uid.clone(), addr.clone(), Instant::now()));
+            rec.started.push((uid.clone(), addr.clone(), added));
             rec.sandboxes.insert(
                 uid.clone(),
                 Sandbox::Running {
