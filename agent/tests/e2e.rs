@@ -132,6 +132,105 @@ async fn until_replicas(cluster: &Cluster, k: &Kubelet, want: &[(&str, usize)]) 
     .await;
 }
 
+/// Removes `removed`, the pool's first CIDR, with kubectl and waits until each of its
+/// blocks is marked for release and its node's agent answered the mark: from then on no
+/// ADD may get one of its addresses.
+async fn remove_first_cidr(cluster: &Cluster, removed: &IpNet) {
+    let patch = format!(
+        r#"[{{"op":"test","path":"/spec/cidrs/0","value":"{removed}"}},
+            {{"op":"remove","path":"/spec/cidrs/0"}}]"#
+    );
+    cluster
+        .kubectl
+        .ok(
+            &["patch", "ippool", "default", "--type=json", "-p", &patch],
+            None,
+        )
+        .await;
+    until(
+        cluster,
+        "the removed CIDR's blocks marked and answered",
+        30,
+        async || {
+            let blocks = blocks_in(&cluster.admin, removed).await;
+            !blocks.is_empty()
+                && blocks.iter().all(|b| {
+                    b.spec.release.is_some()
+                        && b.status.as_ref().is_some_and(|s| s.release_ack.is_some())
+                })
+        },
+    )
+    .await;
+}
+
+/// The pods that used `removed` when it went (`on_removed`) and kept their sandboxes kept
+/// their addresses, in their nodes' `status.used` too (`keeper` among them); once kubectl
+/// deleted them, its blocks go. Returns how many were deleted.
+async fn drain_removed(
+    cluster: &Cluster,
+    kubelet: &Kubelet,
+    removed: &IpNet,
+    on_removed: &[(String, String, String, String)],
+    keeper: &str,
+) -> usize {
+    let snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
+    let lost: BTreeSet<String> = kubelet.record(|r| r.lost.iter().map(|l| l.1.clone()).collect());
+    let kept: Vec<&(String, String, String, String)> = on_removed
+        .iter()
+        .filter(|(_, uid, ..)| snap.pods.contains_key(uid) && !lost.contains(uid))
+        .collect();
+    assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
+    for (name, uid, node, addr) in &kept {
+        assert_eq!(
+            snap.pods[uid].2,
+            vec![addr.clone()],
+            "{name} kept its address"
+        );
+        assert_eq!(
+            snap.used[node].get(addr),
+            Some(uid),
+            "{name}'s {addr} is still used on {node}"
+        );
+    }
+    let mut args = vec!["delete", "pod", "--wait=false"];
+    args.extend(kept.iter().map(|k| k.0.as_str()));
+    cluster.kubectl.ok(&args, None).await;
+    until(
+        cluster,
+        "the removed CIDR's blocks released",
+        40,
+        async || blocks_in(&cluster.admin, removed).await.is_empty(),
+    )
+    .await;
+    kept.len()
+}
+
+/// Deployment `web` (3 replicas) created and `api` (2) applied with kubectl; waits until
+/// their pods run.
+async fn create_deployments(cluster: &Cluster, kubelet: &Kubelet) {
+    // `kubectl create deployment` would send the object as protobuf, which the in-process
+    // server decodes for a few core kinds only: kubectl builds it, `create -f` sends JSON
+    let web = cluster
+        .kubectl
+        .ok(
+            &[
+                "create",
+                "deployment",
+                "web",
+                "--image=pause",
+                "--replicas=3",
+                "--dry-run=client",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .await;
+    cluster.kubectl.ok(&["create", "-f", "-"], Some(web)).await;
+    cluster.kubectl.apply(&deployment("api", 2)).await;
+    until_replicas(cluster, kubelet, &[("web", 3), ("api", 2)]).await;
+}
+
 /// One round of churn: `web` scaled up to 6 with `kubectl scale` and `api` to 3 or 2 with
 /// `kubectl apply`; a web pod crashes (no DEL; kubectl removes its object), an api pod's
 /// sandbox is lost, a web pod is deleted with kubectl (DEL), the controller replaces them;
@@ -306,37 +405,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let removed: IpNet = "10.77.0.0/27".parse().expect("a CIDR");
     let on_removed = running_in(&kubelet, &removed);
     assert!(!on_removed.is_empty(), "pods use the CIDR about to go");
-    cluster
-        .kubectl
-        .ok(
-            &[
-                "patch",
-                "ippool",
-                "default",
-                "--type=json",
-                "-p",
-                r#"[{"op":"test","path":"/spec/cidrs/0","value":"10.77.0.0/27"},
-                    {"op":"remove","path":"/spec/cidrs/0"}]"#,
-            ],
-            None,
-        )
-        .await;
-    // once each agent holding one of its blocks answered the mark, no ADD may get one of
-    // its addresses
-    until(
-        &cluster,
-        "the removed CIDR's blocks marked and answered",
-        30,
-        async || {
-            let blocks = blocks_in(&cluster.admin, &removed).await;
-            !blocks.is_empty()
-                && blocks.iter().all(|b| {
-                    b.spec.release.is_some()
-                        && b.status.as_ref().is_some_and(|s| s.release_ack.is_some())
-                })
-        },
-    )
-    .await;
+    remove_first_cidr(&cluster, &removed).await;
     let removed_at = Instant::now();
 
     // two pods crash (no DEL); kubectl removes their objects as a person would
@@ -439,64 +508,13 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && snap.settled()
     })
     .await;
-    // the removed CIDR's pods that kept their sandboxes kept their addresses, in the
-    // nodes' status.used too; once they are deleted, its blocks go
-    let snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
-    let lost: BTreeSet<String> = kubelet.record(|r| r.lost.iter().map(|l| l.1.clone()).collect());
-    let kept: Vec<&(String, String, String, String)> = on_removed
-        .iter()
-        .filter(|(_, uid, ..)| snap.pods.contains_key(uid) && !lost.contains(uid))
-        .collect();
-    assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
-    for (name, uid, node, addr) in &kept {
-        assert_eq!(
-            snap.pods[uid].2,
-            vec![addr.clone()],
-            "{name} kept its address"
-        );
-        assert_eq!(
-            snap.used[node].get(addr),
-            Some(uid),
-            "{name}'s {addr} is still used on {node}"
-        );
-    }
-    let mut args = vec!["delete", "pod", "--wait=false"];
-    args.extend(kept.iter().map(|k| k.0.as_str()));
-    cluster.kubectl.ok(&args, None).await;
-    until(
-        &cluster,
-        "the removed CIDR's blocks released",
-        40,
-        async || blocks_in(&cluster.admin, &removed).await.is_empty(),
-    )
-    .await;
-    let drained = kept.len();
+    let drained = drain_removed(&cluster, &kubelet, &removed, &on_removed, &keeper).await;
     let mut freed = reconcile_frees(&cluster).await;
 
     // Deployments, which the controller stand-in turns into pods: one created, one applied
     // with kubectl, then churned for `rounds()` rounds
     let deployments = Deployments::start(cluster.admin.clone());
-    // `kubectl create deployment` would send the object as protobuf, which the in-process
-    // server decodes for a few core kinds only: kubectl builds it, `create -f` sends JSON
-    let web = cluster
-        .kubectl
-        .ok(
-            &[
-                "create",
-                "deployment",
-                "web",
-                "--image=pause",
-                "--replicas=3",
-                "--dry-run=client",
-                "-o",
-                "json",
-            ],
-            None,
-        )
-        .await;
-    cluster.kubectl.ok(&["create", "-f", "-"], Some(web)).await;
-    cluster.kubectl.apply(&deployment("api", 2)).await;
-    until_replicas(&cluster, &kubelet, &[("web", 3), ("api", 2)]).await;
+    create_deployments(&cluster, &kubelet).await;
     let rounds = rounds();
     for round in 0..rounds {
         churn(&cluster, &kubelet, &mut crashes, round).await;
@@ -640,10 +658,32 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         lat.get(lat.len() / 2),
         lat.last(),
     );
+    summary(
+        rounds,
+        started.elapsed(),
+        &kubelet,
+        &crashes,
+        &seen,
+        &freed,
+        &lat,
+    );
+}
+
+/// The summary line of a run (BENCHMARKS.md): pods started, each crashed or lost sandbox
+/// by the paths that reclaimed it, pod-ready latency over the sorted `lat`, duration.
+fn summary(
+    rounds: usize,
+    elapsed: Duration,
+    kubelet: &Kubelet,
+    crashes: &Crashes,
+    tombstones: &BTreeSet<(String, String, String)>,
+    freed: &BTreeSet<(String, String, String)>,
+    lat: &[Duration],
+) {
     let pairs = |set: &BTreeSet<(String, String, String)>| -> BTreeSet<(String, String)> {
         set.iter().map(|(_, a, u)| (a.clone(), u.clone())).collect()
     };
-    let (tombed, reconciled) = (pairs(&seen), pairs(&freed));
+    let (tombed, reconciled) = (pairs(tombstones), pairs(freed));
     let per_path = |t: bool, r: bool| {
         crashes
             .sandboxes
@@ -656,7 +696,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          {} sandboxes crashed or lost, reclaimed by the operator's tombstone only {}, by the \
          agent's reconcile only {}, by both {}; a crashed node's {} pods reclaimed whole; \
          {} tombstones in all; pod-ready p50 {:?}, p99 {:?}, max {:?}",
-        started.elapsed().as_secs_f64(),
+        elapsed.as_secs_f64(),
         kubelet.record(|r| r.names.len()),
         lat.len(),
         crashes.sandboxes.len(),
@@ -664,9 +704,9 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         per_path(false, true),
         per_path(true, true),
         crashes.nodes.values().map(BTreeSet::len).sum::<usize>(),
-        seen.len(),
-        percentile(&lat, 50),
-        percentile(&lat, 99),
+        tombstones.len(),
+        percentile(lat, 50),
+        percentile(lat, 99),
         lat.last(),
     );
 }
