@@ -3,21 +3,28 @@
 //! two `tidepool-operator run` replicas (the leader killed midway), an agent killed and
 //! restarted, pods created and deleted with kubectl whose sandboxes go through ptp →
 //! tidepool-cni, pods crashed without a DEL, a pool CIDR added while a node waits for
-//! addresses, pods on different nodes pinging each other (through the agents'
-//! `--node-routes`), a node crashed at the end. Judged at the end by the simulator's
-//! invariants ([`common::judge`]). Needs root: fails (does not skip) without it.
+//! addresses and the first one removed while pods use it, pods on different nodes pinging
+//! each other (through the agents' `--node-routes`), Deployments created, scaled and
+//! deleted with kubectl (a controller stand-in makes their pods) and churned for
+//! `TIDEPOOL_E2E_ROUNDS` rounds (1 by default), a node crashed at the end. Judged at the
+//! end by the simulator's invariants ([`common::judge`]). Needs root: fails (does not skip)
+//! without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
-//! tidepool-agent --test e2e -- --nocapture` (the figures are printed).
+//! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use common::deployments::Deployments;
 use common::e2e::{Cluster, Tuning, reconcile_report};
 use common::judge::{Crashes, Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
+use ipnet::IpNet;
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 /// `count` pods `e2e-{first}`…, as a YAML stream of JSON documents.
@@ -34,6 +41,37 @@ fn pods(first: usize, count: usize) -> String {
         })
         .collect();
     docs.join("\n---\n")
+}
+
+/// Deployment `name` with `replicas` pods of the pause image, labelled `app: name`.
+fn deployment(name: &str, replicas: usize) -> String {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "pause"}]},
+            },
+        },
+    })
+    .to_string()
+}
+
+/// How many rounds of Deployment churn: `TIDEPOOL_E2E_ROUNDS` (1, the CI run, by default).
+fn rounds() -> usize {
+    std::env::var("TIDEPOOL_E2E_ROUNDS")
+        .ok()
+        .map(|r| r.parse().expect("TIDEPOOL_E2E_ROUNDS is a count"))
+        .unwrap_or(1)
+}
+
+/// The `p`th percentile of the sorted `d` (nearest rank).
+fn percentile(d: &[Duration], p: usize) -> Option<Duration> {
+    let rank = (d.len() * p).div_ceil(100).max(1);
+    d.get(rank - 1).copied()
 }
 
 /// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
@@ -65,6 +103,206 @@ fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
     })
+}
+
+/// The running pods of Deployment `deploy` (named `<deploy>-<suffix>`): (name, UID).
+fn running_of(k: &Kubelet, deploy: &str) -> Vec<(String, String)> {
+    let prefix = format!("{deploy}-");
+    running(k)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Waits until each Deployment runs exactly its count of pods and the cluster settled:
+/// every pod running, none terminating, every reclaim done.
+async fn until_replicas(cluster: &Cluster, k: &Kubelet, want: &[(&str, usize)]) {
+    until(
+        cluster,
+        &format!("replicas {want:?} and settled"),
+        60,
+        async || {
+            want.iter().all(|(d, n)| running_of(k, d).len() == *n)
+                && k.settled().await
+                && Snapshot::take(&cluster.admin)
+                    .await
+                    .is_ok_and(|s| s.settled())
+        },
+    )
+    .await;
+}
+
+/// Removes `removed`, the pool's first CIDR, with kubectl and waits until each of its
+/// blocks is marked for release and its node's agent answered the mark: from then on no
+/// ADD may get one of its addresses.
+async fn remove_first_cidr(cluster: &Cluster, removed: &IpNet) {
+    let patch = format!(
+        r#"[{{"op":"test","path":"/spec/cidrs/0","value":"{removed}"}},
+            {{"op":"remove","path":"/spec/cidrs/0"}}]"#
+    );
+    cluster
+        .kubectl
+        .ok(
+            &["patch", "ippool", "default", "--type=json", "-p", &patch],
+            None,
+        )
+        .await;
+    until(
+        cluster,
+        "the removed CIDR's blocks marked and answered",
+        30,
+        async || {
+            let blocks = blocks_in(&cluster.admin, removed).await;
+            !blocks.is_empty()
+                && blocks.iter().all(|b| {
+                    b.spec.release.is_some()
+                        && b.status.as_ref().is_some_and(|s| s.release_ack.is_some())
+                })
+        },
+    )
+    .await;
+}
+
+/// The pods that used `removed` when it went (`on_removed`) and kept their sandboxes kept
+/// their addresses, in their nodes' `status.used` too (`keeper` among them); once kubectl
+/// deleted them, its blocks go. Returns how many were deleted.
+async fn drain_removed(
+    cluster: &Cluster,
+    kubelet: &Kubelet,
+    removed: &IpNet,
+    on_removed: &[(String, String, String, String)],
+    keeper: &str,
+) -> usize {
+    let snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
+    let lost: BTreeSet<String> = kubelet.record(|r| r.lost.iter().map(|l| l.1.clone()).collect());
+    let kept: Vec<&(String, String, String, String)> = on_removed
+        .iter()
+        .filter(|(_, uid, ..)| snap.pods.contains_key(uid) && !lost.contains(uid))
+        .collect();
+    assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
+    for (name, uid, node, addr) in &kept {
+        assert_eq!(
+            snap.pods[uid].2,
+            vec![addr.clone()],
+            "{name} kept its address"
+        );
+        assert_eq!(
+            snap.used[node].get(addr),
+            Some(uid),
+            "{name}'s {addr} is still used on {node}"
+        );
+    }
+    let mut args = vec!["delete", "pod", "--wait=false"];
+    args.extend(kept.iter().map(|k| k.0.as_str()));
+    cluster.kubectl.ok(&args, None).await;
+    until(
+        cluster,
+        "the removed CIDR's blocks released",
+        40,
+        async || blocks_in(&cluster.admin, removed).await.is_empty(),
+    )
+    .await;
+    kept.len()
+}
+
+/// Deployment `web` (3 replicas) created and `api` (2) applied with kubectl; waits until
+/// their pods run.
+async fn create_deployments(cluster: &Cluster, kubelet: &Kubelet) {
+    // `kubectl create deployment` would send the object as protobuf, which the in-process
+    // server decodes for a few core kinds only: kubectl builds it, `create -f` sends JSON
+    let web = cluster
+        .kubectl
+        .ok(
+            &[
+                "create",
+                "deployment",
+                "web",
+                "--image=pause",
+                "--replicas=3",
+                "--dry-run=client",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .await;
+    cluster.kubectl.ok(&["create", "-f", "-"], Some(web)).await;
+    cluster.kubectl.apply(&deployment("api", 2)).await;
+    until_replicas(cluster, kubelet, &[("web", 3), ("api", 2)]).await;
+}
+
+/// One round of churn: `web` scaled up to 6 with `kubectl scale` and `api` to 3 or 2 with
+/// `kubectl apply`; a web pod crashes (no DEL; kubectl removes its object), an api pod's
+/// sandbox is lost, a web pod is deleted with kubectl (DEL), the controller replaces them;
+/// then web is scaled down to 2 (the surplus deleted gracefully: DEL).
+async fn churn(cluster: &Cluster, k: &Kubelet, crashes: &mut Crashes, round: usize) {
+    let api = 2 + (round + 1) % 2;
+    cluster
+        .kubectl
+        .ok(&["scale", "deployment", "web", "--replicas=6"], None)
+        .await;
+    cluster.kubectl.apply(&deployment("api", api)).await;
+    until_replicas(cluster, k, &[("web", 6), ("api", api)]).await;
+    let (name, uid) = running_of(k, "web").swap_remove(round % 6);
+    let addr = k.crash_pod(&uid);
+    cluster
+        .kubectl
+        .ok(
+            &["delete", "pod", &name, "--force", "--grace-period=0"],
+            None,
+        )
+        .await;
+    crashes.sandboxes.insert((addr, uid));
+    let (_, uid) = running_of(k, "api").swap_remove(0);
+    let addr = k.lose_sandbox(&uid);
+    crashes.sandboxes.insert((addr, uid));
+    let (name, _) = running_of(k, "web").swap_remove(0);
+    cluster
+        .kubectl
+        .ok(&["delete", "pod", &name, "--wait=false"], None)
+        .await;
+    until_replicas(cluster, k, &[("web", 6), ("api", api)]).await;
+    cluster
+        .kubectl
+        .ok(&["scale", "deployment", "web", "--replicas=2"], None)
+        .await;
+    until_replicas(cluster, k, &[("web", 2), ("api", api)]).await;
+}
+
+/// The running pods with an address in `net`: (name, UID, node, address).
+fn running_in(k: &Kubelet, net: &IpNet) -> Vec<(String, String, String, String)> {
+    k.record(|r| {
+        r.sandboxes
+            .iter()
+            .filter_map(|(u, s)| match s {
+                Sandbox::Running { node, addr, .. }
+                    if addr.parse().is_ok_and(|a: IpAddr| net.contains(&a)) =>
+                {
+                    Some((r.names[u].clone(), u.clone(), node.clone(), addr.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    })
+}
+
+/// The IPAMBlocks that lie in `net`.
+async fn blocks_in(admin: &kube::Client, net: &IpNet) -> Vec<tidepool_api::IPAMBlock> {
+    let blocks: Api<tidepool_api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks
+        .list(&ListParams::default())
+        .await
+        .expect("list blocks");
+    list.items
+        .into_iter()
+        .filter(|b| {
+            b.spec
+                .cidr
+                .0
+                .parse::<IpNet>()
+                .is_ok_and(|c| net.contains(&c))
+        })
+        .collect()
 }
 
 /// One pod of each node pings one pod of every other node: through the routes the agents
@@ -163,6 +401,13 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     })
     .await;
 
+    // the first CIDR removed while pods use it: it drains (DESIGN.md "Release handshake")
+    let removed: IpNet = "10.77.0.0/27".parse().expect("a CIDR");
+    let on_removed = running_in(&kubelet, &removed);
+    assert!(!on_removed.is_empty(), "pods use the CIDR about to go");
+    remove_first_cidr(&cluster, &removed).await;
+    let removed_at = Instant::now();
+
     // two pods crash (no DEL); kubectl removes their objects as a person would
     let mut crashes = Crashes::default();
     for (name, uid) in running(&kubelet).into_iter().take(2) {
@@ -186,6 +431,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .into_iter()
         .max_by_key(|n| running_on(&kubelet, Some(n)).len())
         .expect("a node");
+    // one pod on the removed CIDR is kept through the churn: it must keep its address
+    let (keeper, keeper_uid, ..) = running_in(&kubelet, &removed)
+        .into_iter()
+        .find(|(_, _, node, _)| node != down_node)
+        .expect("a pod on the removed CIDR off the node going down");
     cluster.kill_agent(down_node);
     let down = Instant::now();
     let deleting: Vec<String> = running_on(&kubelet, Some(down_node))
@@ -213,7 +463,9 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && running(&kubelet).len() == 10
     })
     .await;
-    let mut victims = running(&kubelet).into_iter();
+    let mut victims = running(&kubelet)
+        .into_iter()
+        .filter(|(_, u)| *u != keeper_uid);
     let (name, uid) = victims.next().expect("a pod");
     let addr = kubelet.crash_pod(&uid);
     cluster
@@ -256,22 +508,52 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         kubelet.settled().await && snap.settled()
     })
     .await;
-    // the agent of the node about to crash cannot be asked afterwards
+    let drained = drain_removed(&cluster, &kubelet, &removed, &on_removed, &keeper).await;
     let mut freed = reconcile_frees(&cluster).await;
+
+    // Deployments, which the controller stand-in turns into pods: one created, one applied
+    // with kubectl, then churned for `rounds()` rounds
+    let deployments = Deployments::start(cluster.admin.clone());
+    create_deployments(&cluster, &kubelet).await;
+    let rounds = rounds();
+    for round in 0..rounds {
+        churn(&cluster, &kubelet, &mut crashes, round).await;
+        // each agent reports its last 32 frees only
+        freed.extend(reconcile_frees(&cluster).await);
+    }
+    // kubectl deletes a Deployment: the server's garbage collector deletes its pods
+    // gracefully, so each goes through DEL
+    let api_pods = running_of(&kubelet, "api").len();
+    cluster
+        .kubectl
+        .ok(&["delete", "deployment", "api"], None)
+        .await;
+    until_replicas(&cluster, &kubelet, &[("web", 2), ("api", 0)]).await;
+
+    // the agent of the node about to crash cannot be asked afterwards
+    freed.extend(reconcile_frees(&cluster).await);
     let lost_node = ["node-a", "node-b", "node-c"]
         .into_iter()
         .min_by_key(|n| running_on(&kubelet, Some(n)).len())
         .expect("a node");
     let on_lost = kubelet.crash_node(lost_node);
     cluster.crash_node(lost_node).await;
-    let lost_pods = on_lost.len();
+    let lost_pods = kubelet.record(|r| {
+        on_lost
+            .iter()
+            .filter(|(_, uid)| r.names[uid].starts_with("e2e-"))
+            .count()
+    });
     crashes.nodes.insert(lost_node.to_string(), on_lost);
 
-    // settle, then judge
+    // settle (the crashed node's web pods replaced), then judge
     let mut snap = Snapshot::default();
     until(&cluster, "the cluster settled", 40, async || {
         snap = Snapshot::take(&cluster.admin).await.expect("snapshot");
-        kubelet.settled().await && snap.settled() && !snap.used.contains_key(lost_node)
+        kubelet.settled().await
+            && snap.settled()
+            && !snap.used.contains_key(lost_node)
+            && running_of(&kubelet, "web").len() == 2
     })
     .await;
     let seen = tombstones.seen();
@@ -283,8 +565,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
             .map(|(uid, _)| uid.clone())
             .collect()
     });
+    crashes.removed_cidrs.push(removed);
     let bad = violations(&snap, &crashes, &seen, &freed);
-    let errors = kubelet.record(|r| r.errors.clone());
+    let mut errors = kubelet.record(|r| r.errors.clone());
+    let tally = deployments.tally();
+    errors.extend(tally.errors.iter().cloned());
     assert!(
         errors.is_empty(),
         "the harness's own steps failed: {errors:?}"
@@ -306,17 +591,48 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         cluster.logs_matching(&named),
         kubelet.record(|r| r.lost.clone()),
     );
+    let named = |prefix: &str| {
+        snap.pods
+            .values()
+            .filter(|(n, ..)| n.starts_with(prefix))
+            .count()
+    };
     assert_eq!(
-        snap.pods.len(),
-        9 - lost_pods,
-        "9 + 6 created, 3 crashed, 3 deleted, {lost_pods} on the crashed {lost_node}"
+        named("e2e-"),
+        9 - drained - lost_pods,
+        "9 + 6 created, 3 crashed, 3 + {drained} deleted, {lost_pods} on the crashed {lost_node}"
+    );
+    assert_eq!(
+        (named("web-"), named("api-"), snap.pods.len()),
+        (2, 0, 11 - drained - lost_pods),
+        "web's two replicas and no pod of the deleted api"
+    );
+    // no sandbox started after the removal took effect got one of its addresses
+    let late = kubelet.record(|r| {
+        r.started
+            .iter()
+            .filter(|(_, addr, at)| {
+                *at > removed_at && addr.parse().is_ok_and(|a: IpAddr| removed.contains(&a))
+            })
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        late.is_empty(),
+        "granted from the removed {removed}: {late:?}"
     );
     let (lat, failed, bound, deleted) = kubelet.record(|r| {
         let mut l = r.ready_latency.clone();
         l.sort();
         (l, r.failed_adds, r.bound.clone(), r.deleted.len())
     });
-    assert_eq!(deleted, 3, "the three deleted pods went through DEL");
+    let scaled_down: usize = tally.scaled_down.values().sum();
+    assert_eq!(
+        deleted,
+        3 + drained + rounds + scaled_down + api_pods,
+        "every pod deleted (by kubectl, scaled down, collected with its Deployment) went \
+         through DEL"
+    );
     assert_eq!(
         crashes.spooled.len(),
         3,
@@ -324,19 +640,73 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     );
     println!(
         "e2e: {:.1} s; leader operator-{leader} killed, operator-{new_leader} took over; \
-         {before_cidr} of 9 pods ran before the CIDR was added; {failed} ADDs failed and \
+         {before_cidr} of 9 pods ran before the CIDR was added; {drained} pods kept their \
+         addresses on the removed CIDR until deleted, then its blocks went; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
          {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
-         nodes' pods pinged each other; \
-         bound → Running: min {:?}, median {:?}, max {:?}",
+         nodes' pods pinged each other; {rounds} rounds of Deployment churn: pods created \
+         {:?}, scaled down {:?}; bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         crashes.spooled.len(),
         seen.len(),
         freed.len(),
         crashes.sandboxes.len(),
+        tally.created,
+        tally.scaled_down,
         lat.first(),
         lat.get(lat.len() / 2),
+        lat.last(),
+    );
+    summary(
+        rounds,
+        started.elapsed(),
+        &kubelet,
+        &crashes,
+        &seen,
+        &freed,
+        &lat,
+    );
+}
+
+/// The summary line of a run (BENCHMARKS.md): pods started, each crashed or lost sandbox
+/// by the paths that reclaimed it, pod-ready latency over the sorted `lat`, duration.
+fn summary(
+    rounds: usize,
+    elapsed: Duration,
+    kubelet: &Kubelet,
+    crashes: &Crashes,
+    tombstones: &BTreeSet<(String, String, String)>,
+    freed: &BTreeSet<(String, String, String)>,
+    lat: &[Duration],
+) {
+    let pairs = |set: &BTreeSet<(String, String, String)>| -> BTreeSet<(String, String)> {
+        set.iter().map(|(_, a, u)| (a.clone(), u.clone())).collect()
+    };
+    let (tombed, reconciled) = (pairs(tombstones), pairs(freed));
+    let per_path = |t: bool, r: bool| {
+        crashes
+            .sandboxes
+            .iter()
+            .filter(|c| tombed.contains(*c) == t && reconciled.contains(*c) == r)
+            .count()
+    };
+    println!(
+        "e2e summary: rounds {rounds}, {:.1} s; pods started {} ({} sandbox starts); \
+         {} sandboxes crashed or lost, reclaimed by the operator's tombstone only {}, by the \
+         agent's reconcile only {}, by both {}; a crashed node's {} pods reclaimed whole; \
+         {} tombstones in all; pod-ready p50 {:?}, p99 {:?}, max {:?}",
+        elapsed.as_secs_f64(),
+        kubelet.record(|r| r.names.len()),
+        lat.len(),
+        crashes.sandboxes.len(),
+        per_path(true, false),
+        per_path(false, true),
+        per_path(true, true),
+        crashes.nodes.values().map(BTreeSet::len).sum::<usize>(),
+        tombstones.len(),
+        percentile(lat, 50),
+        percentile(lat, 99),
         lat.last(),
     );
 }
@@ -371,6 +741,7 @@ mod judge_can_fail {
                 "node-a".to_string(),
                 vec!["10.77.0.0/28".parse().expect("net")],
             )]),
+            draining: BTreeSet::new(),
             pool: vec!["10.77.0.0/27".parse().expect("net")],
         }
     }
@@ -457,5 +828,34 @@ mod judge_can_fail {
         let v = violations(&outside, &crashed, &tomb(GONE), &none());
         assert!(v.iter().any(|m| m.contains("in no block")), "{v:?}");
         assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
+
+        // the pool's CIDR removed: its block may stay only while it drains with users
+        let mut removed = sound();
+        removed.pool = vec!["10.77.1.0/26".parse().expect("net")];
+        let drain = Crashes {
+            removed_cidrs: vec!["10.77.0.0/27".parse().expect("net")],
+            ..crashed.clone()
+        };
+        let v = violations(&removed, &crashed, &tomb(GONE), &none());
+        assert!(v.iter().any(|m| m.contains("outside the pool")), "{v:?}");
+        let v = violations(&removed, &drain, &tomb(GONE), &none());
+        assert!(
+            v.iter().any(|m| m.contains("not marked for release")),
+            "{v:?}"
+        );
+        removed
+            .draining
+            .insert("10.77.0.0/28".parse().expect("net"));
+        assert!(violations(&removed, &drain, &tomb(GONE), &none()).is_empty());
+        assert!(removed.settled(), "a draining block with users is settled");
+        let mut unused = removed;
+        unused.pods.clear();
+        unused.used.clear();
+        let v = violations(&unused, &drain, &tomb(GONE), &none());
+        assert!(v.iter().any(|m| m.contains("no user left")), "{v:?}");
+        assert!(
+            !unused.settled(),
+            "a drained block without users is not settled"
+        );
     }
 }

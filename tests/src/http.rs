@@ -120,7 +120,8 @@ fn parse_target(store: &Store, group: &str, version: &str, rest: &[&str]) -> Opt
     }
     let sub = rest.get(2).map(|s| s.to_string()).unwrap_or_default();
     let binding = sub == "binding" && rt.kind == "Pod" && rt.group.is_empty();
-    if !(sub.is_empty() || sub == "status" && rt.status || binding) {
+    let scale = sub == "scale" && crate::scale::has_scale(&rt);
+    if !(sub.is_empty() || sub == "status" && rt.status || binding || scale) {
         return None;
     }
     Some(Target {
@@ -537,6 +538,43 @@ fn bind_pod(
     })
 }
 
+/// `deployments/NAME/scale` ([`crate::scale`]): get, update and patch.
+#[allow(clippy::too_many_arguments)]
+fn serve_scale(
+    st: &Arc<State>,
+    t: &Target,
+    verb: &str,
+    ctype: &str,
+    body: &[u8],
+    who: &str,
+    name: &str,
+    opts: &WriteOpts,
+) -> Result<Response<Body>, Error> {
+    let (store, rt) = (&st.store, &t.rt);
+    let ns = t.ns.as_deref().unwrap_or_default();
+    let w = match verb {
+        "get" => {
+            return Ok(json_response(
+                200,
+                &crate::scale::get(store, rt, ns, name)?,
+                &[],
+            ));
+        }
+        "update" => {
+            let scale = media::builtin_body(body, ctype)?;
+            crate::scale::update(store, rt, ns, name, &scale, opts)?
+        }
+        "patch" | "apply" => {
+            let ptype = media::patch_type(rt, ctype)?;
+            let patch = media::parse_body(body, ctype)?;
+            crate::scale::patch(store, rt, ns, name, ptype, &patch, opts)?
+        }
+        _ => return Err(Error::method_not_allowed()),
+    };
+    record_write(st, t, verb, who, &w.obj, opts.dry_run);
+    Ok(json_response(w.code, &w.obj, &w.warnings))
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     st: &Arc<State>,
@@ -612,6 +650,9 @@ async fn serve(
         let w = bind_pod(store, rt, &ns, &name, &b, opts)?;
         record_write(st, t, verb, who, &w.obj, w.dry_run);
         return Ok(json_response(201, &success_status(), &[]));
+    }
+    if t.sub == "scale" {
+        return serve_scale(st, t, verb, ctype, body, who, &name, &opts);
     }
     match verb {
         "get" => {

@@ -2,7 +2,7 @@
 //!
 //! [`ApiServer`] serves the Kubernetes REST API on 127.0.0.1 with the semantics our clients
 //! depend on (resourceVersion, conflicts, Status bodies, watches with bookmarks and 410 Gone,
-//! status subresource, CRDs with schema validation, server-side apply with field ownership,
+//! status and (Deployments') scale subresources, CRDs with schema validation, server-side apply with field ownership,
 //! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
 
@@ -23,6 +23,7 @@ mod patch;
 mod protobuf;
 mod rbac;
 mod registry;
+mod scale;
 mod schema;
 mod selector;
 mod server;

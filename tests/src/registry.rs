@@ -146,6 +146,9 @@ impl ResType {
                 "namespaced": self.namespaced, "kind": self.kind, "verbs": ["get", "patch", "update"],
             }));
         }
+        if crate::scale::has_scale(self) {
+            out.push(crate::scale::discovery(self));
+        }
         out
     }
 }

@@ -618,3 +618,153 @@ async fn pods_are_bound_through_the_binding_subresource_once() {
     .await;
     assert_eq!(code, 404);
 }
+
+/// `deployments/NAME/scale` as `kubectl scale` uses it: an autoscaling/v1 Scale showing the
+/// Deployment's replicas and selector, listed in discovery; a merge PATCH or a PUT changes
+/// `spec.replicas` of the Deployment alone; a stale resourceVersion is the real 409, a
+/// negative count the real 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_scale_through_the_scale_subresource() {
+    let (server, _) = start().await;
+    let path = "/apis/apps/v1/namespaces/default/deployments";
+    let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web", "tier": "a"}},
+                 "template": {"metadata": {"labels": {"app": "web", "tier": "a"}},
+                              "spec": {"containers": [{"name": "c", "image": "pause"}]}}}});
+    let (code, created) = send(&server, "POST", path, Some(deploy), "application/json").await;
+    assert_eq!(code, 201, "{created}");
+    let (_, list) = send(&server, "GET", "/apis/apps/v1", None, "application/json").await;
+    let entry = list["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .find(|r| r["name"] == "deployments/scale")
+        .cloned()
+        .unwrap_or_else(|| panic!("deployments/scale in discovery: {list}"));
+    assert_eq!(
+        (&entry["group"], &entry["version"], &entry["kind"]),
+        (&json!("autoscaling"), &json!("v1"), &json!("Scale"))
+    );
+
+    let scale = format!("{path}/web/scale");
+    let (code, s) = send(&server, "GET", &scale, None, "application/json").await;
+    assert_eq!(code, 200, "{s}");
+    assert_eq!(s["kind"], "Scale");
+    assert_eq!(s["apiVersion"], "autoscaling/v1");
+    assert_eq!(s["spec"]["replicas"], 2);
+    assert_eq!(
+        s["status"]["replicas"], 0,
+        "no controller wrote a status: {s}"
+    );
+    assert_eq!(s["status"]["selector"], "app=web,tier=a");
+    assert_eq!(s["metadata"]["uid"], created["metadata"]["uid"]);
+    assert_eq!(
+        s["metadata"]["resourceVersion"],
+        created["metadata"]["resourceVersion"]
+    );
+
+    let patch = json!({"spec": {"replicas": 5}});
+    let (code, s) = send(
+        &server,
+        "PATCH",
+        &scale,
+        Some(patch),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(code, 200, "{s}");
+    assert_eq!(s["kind"], "Scale");
+    assert_eq!(s["spec"]["replicas"], 5);
+    let (_, d) = send(
+        &server,
+        "GET",
+        &format!("{path}/web"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(d["spec"]["replicas"], 5, "{d}");
+    assert_eq!(d["metadata"]["generation"], 2, "a spec change: {d}");
+    assert_eq!(
+        d["spec"]["template"], created["spec"]["template"],
+        "only replicas changed"
+    );
+    assert_eq!(
+        s["metadata"]["resourceVersion"],
+        d["metadata"]["resourceVersion"]
+    );
+
+    // a PUT at a stale resourceVersion fails; at the current one it scales
+    let mut put = s.clone();
+    put["spec"]["replicas"] = json!(1);
+    put["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &scale,
+        Some(put.clone()),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 409, "{v}");
+    assert_status(
+        &v,
+        409,
+        "Conflict",
+        "Operation cannot be fulfilled on deployments.apps \"web\": the object has been modified; please apply your changes to the latest version and try again",
+    );
+    put["metadata"]["resourceVersion"] = s["metadata"]["resourceVersion"].clone();
+    let (code, v) = send(
+        &server,
+        "PUT",
+        &scale,
+        Some(put.clone()),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["spec"]["replicas"], 1);
+
+    put["spec"]["replicas"] = json!(-1);
+    put["metadata"]["resourceVersion"] = json!("");
+    let (code, v) = send(&server, "PUT", &scale, Some(put), "application/json").await;
+    assert_eq!(code, 422, "{v}");
+    assert_status(
+        &v,
+        422,
+        "Invalid",
+        "Scale.autoscaling \"web\" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+    );
+    let (_, d) = send(
+        &server,
+        "GET",
+        &format!("{path}/web"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(
+        d["spec"]["replicas"], 1,
+        "unchanged by the refused PUT: {d}"
+    );
+
+    let (code, _) = send(
+        &server,
+        "GET",
+        &format!("{path}/missing/scale"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 404);
+    let (code, _) = send(
+        &server,
+        "GET",
+        &format!("{CM_PATH}/any/scale"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 404, "config maps have no scale subresource");
+}

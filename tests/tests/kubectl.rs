@@ -1382,3 +1382,54 @@ async fn kubectl_applies_a_bundle_to_the_rbac_standalone_binary() {
         )
         .await;
 }
+
+/// `kubectl scale` through `deployments/NAME/scale`: a merge PATCH without preconditions;
+/// with `--current-replicas` a GET of the Scale (a mismatch refused by kubectl) and a PUT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scales_a_deployment() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let file = std::env::temp_dir().join(format!("tidepool-scale-{}.json", std::process::id()));
+    let deploy = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "c", "image": "pause"}]}}}});
+    std::fs::write(&file, deploy.to_string()).unwrap();
+    k.ok(&["apply", "-f", &file.display().to_string()]).await;
+    let _ = std::fs::remove_file(&file);
+    let replicas = async || {
+        k.ok(&[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+        .await
+    };
+
+    let out = k.ok(&["scale", "deployment", "web", "--replicas=4"]).await;
+    assert!(out.contains("deployment.apps/web scaled"), "{out}");
+    assert_eq!(replicas().await, "4");
+    let err = k
+        .fails(&[
+            "scale",
+            "deployment",
+            "web",
+            "--current-replicas=2",
+            "--replicas=1",
+        ])
+        .await;
+    assert!(err.contains("Expected replicas to be 2, was 4"), "{err}");
+    assert_eq!(replicas().await, "4");
+    k.ok(&[
+        "scale",
+        "deployment",
+        "web",
+        "--current-replicas=4",
+        "--replicas=1",
+    ])
+    .await;
+    assert_eq!(replicas().await, "1");
+}

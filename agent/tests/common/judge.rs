@@ -73,6 +73,8 @@ pub struct Snapshot {
     pub pending_reclaims: usize,
     /// Per node: its blocks' CIDRs.
     pub blocks: BTreeMap<String, Vec<ipnet::IpNet>>,
+    /// The blocks the operator marked for release (`spec.release`): draining.
+    pub draining: BTreeSet<ipnet::IpNet>,
     /// The pool's CIDRs.
     pub pool: Vec<ipnet::IpNet>,
 }
@@ -107,6 +109,9 @@ impl Snapshot {
         let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
         for b in blocks.list(&ListParams::default()).await? {
             let net = b.spec.cidr.0.parse().expect("a block's CIDR");
+            if b.spec.release.is_some() {
+                snap.draining.insert(net);
+            }
             snap.blocks
                 .entry(b.spec.node.clone())
                 .or_default()
@@ -147,11 +152,32 @@ impl Snapshot {
     }
 
     /// Settled: every live pod has an address, the nodes' `status.used` is exactly the
-    /// live pods', and no tombstone waits.
+    /// live pods', no tombstone waits, and every block outside the pool still has a user
+    /// (a drained block goes once free).
     pub fn settled(&self) -> bool {
         self.pods.values().all(|(_, _, ips)| !ips.is_empty())
             && self.used_nonempty() == self.expected_used()
             && self.pending_reclaims == 0
+            && self.blocks.iter().all(|(node, blocks)| {
+                blocks
+                    .iter()
+                    .all(|b| self.in_pool(b) || self.has_user(node, b))
+            })
+    }
+
+    /// Whether block `b` lies in one of the pool's CIDRs.
+    pub fn in_pool(&self, b: &ipnet::IpNet) -> bool {
+        self.pool.iter().any(|p| p.contains(b))
+    }
+
+    /// Whether a live pod on `node` holds an address in block `b`.
+    pub fn has_user(&self, node: &str, b: &ipnet::IpNet) -> bool {
+        self.pods.values().any(|(_, n, ips)| {
+            n == node
+                && ips
+                    .iter()
+                    .any(|ip| ip.parse::<IpAddr>().is_ok_and(|a| b.contains(&a)))
+        })
     }
 }
 
@@ -164,6 +190,8 @@ pub struct Crashes {
     pub spooled: BTreeSet<String>,
     /// Crashed nodes: their pods' (address, pod UID) when they went.
     pub nodes: BTreeMap<String, BTreeSet<(String, String)>>,
+    /// CIDRs the run removed from the pool: their blocks may stay while they drain.
+    pub removed_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// Every broken invariant, in words (empty: the run is sound). `tombstones` are every
@@ -173,6 +201,9 @@ pub struct Crashes {
 /// deleted while its agent was down (the DEL waits in the spool and the pod's object is
 /// gone, so the entry looks like a crash's until the replay) or of a crashed node's pod.
 /// A crashed node's addresses go with its whole-node reclaim: its IPAMNode and blocks gone.
+/// A block outside the pool is allowed only while it drains (DESIGN.md "Release
+/// handshake"): it lies in a CIDR the run removed, is marked for release, and a live pod
+/// on its node still holds an address in it.
 pub fn violations(
     snap: &Snapshot,
     crashes: &Crashes,
@@ -200,10 +231,8 @@ pub fn violations(
         }
     }
     for (node, blocks) in &snap.blocks {
-        for b in blocks {
-            if !snap.pool.iter().any(|p| p.contains(b)) {
-                bad.push(format!("{node}'s block {b} is outside the pool"));
-            }
+        for b in blocks.iter().filter(|b| !snap.in_pool(b)) {
+            bad.extend(outside_the_pool(snap, crashes, node, b));
         }
     }
     // status.used ↔ live pods: what is not used by a live pod is free
@@ -250,4 +279,28 @@ pub fn violations(
         }
     }
     bad
+}
+
+/// What is wrong with `node`'s block `b`, which lies outside the pool: nothing while it
+/// drains (a removed CIDR's, marked for release, still used by a live pod).
+fn outside_the_pool(
+    snap: &Snapshot,
+    crashes: &Crashes,
+    node: &str,
+    b: &ipnet::IpNet,
+) -> Option<String> {
+    let Some(removed) = crashes.removed_cidrs.iter().find(|c| c.contains(b)) else {
+        return Some(format!("{node}'s block {b} is outside the pool"));
+    };
+    if !snap.draining.contains(b) {
+        return Some(format!(
+            "{node}'s block {b} of removed CIDR {removed} is not marked for release"
+        ));
+    }
+    if !snap.has_user(node, b) {
+        return Some(format!(
+            "{node}'s block {b} of removed CIDR {removed} has no user left but was not released"
+        ));
+    }
+    None
 }

@@ -72,6 +72,8 @@ pub struct Record {
     pub names: BTreeMap<String, String>,
     /// Bound (seen bound by its kubelet) → Running with an address, per started pod.
     pub ready_latency: Vec<Duration>,
+    /// Every sandbox started: (pod UID, address, when its ADD returned).
+    pub started: Vec<(String, String, Instant)>,
     /// ADDs that failed (and were retried).
     pub failed_adds: usize,
     /// Pods bound by the scheduler stand-in, per node.
@@ -384,6 +386,7 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
         let container = format!("c{seq:05}a{failures}{}", uid.replace('-', ""));
         let out = cni(&rt, "ADD", &netns, &container, &name, &uid).await;
         if out.status.success() {
+            let added = Instant::now();
             let addr = super::chain::address(&out);
             write_cache(&rt, &container, &out.stdout);
             if let Err(e) = set_running(&pods, &name, &addr).await {
@@ -400,6 +403,7 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
             }
             let mut rec = inner.record.lock().expect("lock");
             rec.ready_latency.push(began.elapsed());
+            rec.started.push((uid.clone(), addr.clone(), added));
             rec.sandboxes.insert(
                 uid.clone(),
                 Sandbox::Running {

@@ -3,13 +3,15 @@
 //! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
 //! a temp dir, pods on its node and its socket read ([`running`]); the agent binary
 //! ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the whole system with
-//! stand-ins for the scheduler and the kubelets, and its judgement ([`e2e`], [`kubelet`],
-//! [`judge`]).
+//! stand-ins for the scheduler, the kubelets and the Deployment controller, and its
+//! judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
+//! rendered workloads ([`deployed`]).
 #![allow(dead_code)]
 
 pub mod agent_process;
 pub mod chain;
 pub mod deployed;
+pub mod deployments;
 pub mod e2e;
 pub mod forward;
 pub mod judge;
