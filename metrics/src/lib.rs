@@ -174,7 +174,9 @@ pub mod source {
     pub const KEY: &str = "source";
     pub const CLUSTER_POOL: &str = "cluster-pool";
     pub const SIM_CLOUD: &str = "sim-cloud";
-    pub const ALL: &[&str] = &[CLUSTER_POOL, SIM_CLOUD];
+    /// `simulate`'s default source: an in-memory address range.
+    pub const MEMORY: &str = "memory";
+    pub const ALL: &[&str] = &[CLUSTER_POOL, SIM_CLOUD, MEMORY];
 }
 
 /// Label `outcome` of the op counters, the allocation duration and the trigger runs.

@@ -306,8 +306,9 @@ fn register_zero_registers_every_enumerated_series() {
     let expected: &[(&str, usize)] = &[
         (IPS, 2 * 6),
         (NODES, 5),
-        (ALLOCATION_OPS_TOTAL, 2 * 2),
-        (RELEASE_OPS_TOTAL, 2 * 2),
+        // three sources (memory is simulate's default) × two outcomes
+        (ALLOCATION_OPS_TOTAL, 3 * 2),
+        (RELEASE_OPS_TOTAL, 3 * 2),
         (IPS_ALLOCATED_TOTAL, 2),
         (IPS_RELEASED_TOTAL, 2),
         (ALLOCATION_DURATION_SECONDS, 2 * 2),
@@ -392,7 +393,7 @@ fn register_zero_registers_every_enumerated_series() {
     );
     assert_eq!(
         values_of(ALLOCATION_OPS_TOTAL, "source"),
-        set(&["cluster-pool", "sim-cloud"])
+        set(&["cluster-pool", "sim-cloud", "memory"])
     );
     // `op` depends on `api`: no kube "allocate", no source "apply".
     for s in &series[API_REQUESTS_TOTAL] {

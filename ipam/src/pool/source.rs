@@ -664,7 +664,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 
 impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     fn name(&self) -> &'static str {
-        "cluster-pool"
+        tidepool_metrics::source::CLUSTER_POOL
     }
 
     fn families(&self) -> &[Family] {

@@ -185,7 +185,7 @@ impl MemorySource {
 
 impl IpSource for MemorySource {
     fn name(&self) -> &'static str {
-        "memory"
+        tidepool_metrics::source::MEMORY
     }
 
     fn families(&self) -> &[Family] {
