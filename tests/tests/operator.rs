@@ -1046,6 +1046,7 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     add_node(&admin, "node-a").await;
     let s = Settings {
         taint_exhausted_nodes: true,
+        agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
         ..settings()
     };
     let (stop, task) = start_operator(&server, s).await;
