@@ -251,6 +251,9 @@ pub struct Tuning {
     pub reclaim_grace: &'static str,
     /// The agents' `--reconcile-interval`.
     pub reconcile_interval: &'static str,
+    /// The operator's `--agent-ready-grace` (its `AgentNotReady` event on a node whose
+    /// agent never starts).
+    pub agent_ready_grace: &'static str,
 }
 
 impl Default for Tuning {
@@ -259,6 +262,7 @@ impl Default for Tuning {
             reuse_cooldown: "2s",
             reclaim_grace: "1s",
             reconcile_interval: "1s",
+            agent_ready_grace: "2s",
         }
     }
 }
@@ -365,6 +369,7 @@ impl Cluster {
             .args(["--reclaim-min-age", t.reclaim_grace])
             .args(["--reuse-cooldown", t.reuse_cooldown])
             .args(["--node-reclaim-grace", "2s"])
+            .args(["--agent-ready-grace", t.agent_ready_grace])
             .args(["--kube-api-qps", "200", "--kube-api-burst", "200"])
             .env_clear()
             .env("POD_NAME", &name)
@@ -392,6 +397,14 @@ impl Cluster {
     /// the Node object (kubectl; its addresses through the status subresource), and its
     /// agent; returns once the agent serves.
     pub async fn add_node(&mut self, name: &str) {
+        self.add_node_without_agent(name).await;
+        self.start_agent(name);
+        self.until_serving(name).await;
+    }
+
+    /// [`Cluster::add_node`] without starting the agent (a node whose agent DaemonSet pod
+    /// never started, or has not yet): [`Cluster::start_agent`] starts it.
+    pub async fn add_node_without_agent(&mut self, name: &str) {
         let i = self.nodes.len();
         let rt = NodeRuntime {
             name: name.to_string(),
@@ -419,16 +432,23 @@ impl Cluster {
             .await
             .expect("the Node's addresses");
         let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
-        let agent = self.spawn_agent(&rt, forward.port);
         self.nodes.insert(
             name.to_string(),
             NodeHost {
-                rt: rt.clone(),
-                agent: Some(agent),
+                rt,
+                agent: None,
                 forward,
             },
         );
-        self.until_serving(name).await;
+    }
+
+    /// Starts node `name`'s agent (added without one); returns at once, see
+    /// [`Cluster::until_serving`].
+    pub fn start_agent(&mut self, name: &str) {
+        let host = &self.nodes[name];
+        assert!(host.agent.is_none(), "{name}'s agent runs already");
+        let agent = self.spawn_agent(&host.rt, host.forward.port);
+        self.nodes.get_mut(name).expect("a node").agent = Some(agent);
     }
 
     /// The node's namespace, `lo` up, forwarding on, `eth0` on the segment.
