@@ -1196,13 +1196,17 @@ async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_e
             .cloned()
             .collect::<Vec<_>>()
     };
-    let list = eventually(Duration::from_secs(30), "AgentNotReady on node-a and node-c", || {
-        let events = events.clone();
-        async move {
-            let l = events.list(&ListParams::default()).await.ok()?.items;
-            (!on(&l, "node-a").is_empty() && !on(&l, "node-c").is_empty()).then_some(l)
-        }
-    })
+    let list = eventually(
+        Duration::from_secs(30),
+        "AgentNotReady on node-a and node-c",
+        || {
+            let events = events.clone();
+            async move {
+                let l = events.list(&ListParams::default()).await.ok()?.items;
+                (!on(&l, "node-a").is_empty() && !on(&l, "node-c").is_empty()).then_some(l)
+            }
+        },
+    )
     .await;
     let a = on(&list, "node-a").remove(0);
     assert_eq!(a.type_.as_deref(), Some("Warning"));

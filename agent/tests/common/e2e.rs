@@ -405,6 +405,14 @@ impl Cluster {
     /// [`Cluster::add_node`] without starting the agent (a node whose agent DaemonSet pod
     /// never started, or has not yet): [`Cluster::start_agent`] starts it.
     pub async fn add_node_without_agent(&mut self, name: &str) {
+        self.wire_node_host(name);
+        self.register_node(name).await;
+    }
+
+    /// Node `name`'s namespace on the segment (InternalIP 192.168.77.(10 + i)) and its way
+    /// to the API server, with neither Node object nor agent yet ([`Cluster::register_node`],
+    /// [`Cluster::start_agent`]): a kubelet stand-in may take its runtime at once.
+    pub fn wire_node_host(&mut self, name: &str) -> NodeRuntime {
         let i = self.nodes.len();
         let rt = NodeRuntime {
             name: name.to_string(),
@@ -413,6 +421,22 @@ impl Cluster {
             dir: self.dir.path().join(name),
         };
         self.wire_node(&rt, i);
+        let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
+        self.nodes.insert(
+            name.to_string(),
+            NodeHost {
+                rt: rt.clone(),
+                agent: None,
+                forward,
+            },
+        );
+        rt
+    }
+
+    /// Creates wired node `name`'s Node object (kubectl; its addresses and `Ready` through
+    /// the status subresource).
+    pub async fn register_node(&self, name: &str) {
+        let ip = self.nodes[name].rt.ip.clone();
         self.kubectl
             .apply(
                 &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -425,21 +449,12 @@ impl Cluster {
                 name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {
-                    "addresses": [{"type": "InternalIP", "address": rt.ip}],
+                    "addresses": [{"type": "InternalIP", "address": ip}],
                     "conditions": [{"type": "Ready", "status": "True"}],
                 }})),
             )
             .await
             .expect("the Node's addresses");
-        let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
-        self.nodes.insert(
-            name.to_string(),
-            NodeHost {
-                rt,
-                agent: None,
-                forward,
-            },
-        );
     }
 
     /// Starts node `name`'s agent (added without one); returns at once, see

@@ -10,7 +10,9 @@
 //! answers which events are due. The task ([`keep`]) feeds it each second from the store's
 //! cache and the pod index and emits through [`Events`] (fenced: only the leader sends).
 //! A finding is repeated every [`repeat_interval`] while it lasts, and kube's `Recorder`
-//! folds the repeats into one event's series.
+//! folds the repeats into one event's series. "Since" is since this replica (the leader)
+//! first saw the node stuck: a new leader starts its grace afresh, so a hand-over delays
+//! the event by at most one grace and never sends it early.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -135,11 +137,14 @@ pub(super) async fn keep(store: KubeStore, pods: PodIndex, events: Events, grace
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let seen = store.agent_readiness().into_iter().map(|(node, agent)| Seen {
-            waiting: pods.pending_pods(&node).len(),
-            node,
-            agent,
-        });
+        let seen = store
+            .agent_readiness()
+            .into_iter()
+            .map(|(node, agent)| Seen {
+                waiting: pods.pending_pods(&node).len(),
+                node,
+                agent,
+            });
         for f in tracker.observe(SystemTime::now(), grace, seen) {
             let message = f.message();
             tracing::warn!(node = %f.seen.node, waiting = f.seen.waiting, %message, "pods wait on a node whose agent is not ready");
@@ -186,7 +191,10 @@ mod tests {
             .into_iter()
             .map(|s| {
                 let due = tracker.observe(t(s), GRACE, at(s));
-                (s, due.into_iter().map(|f| f.seen.node.to_string()).collect())
+                (
+                    s,
+                    due.into_iter().map(|f| f.seen.node.to_string()).collect(),
+                )
             })
             .filter(|(_, d): &(u64, Vec<String>)| !d.is_empty())
             .collect()
