@@ -8,14 +8,19 @@
 //! ```text
 //! cargo build -p tidepool-operator --bin tidepool-operator
 //! cargo bench -p tidepool-agent --bench ready
-//! # env: READY_PODS (100, the warm case's pods, one at a time), READY_BURST (200)
+//! # env: READY_PODS (100, the warm case's pods, one at a time), READY_BURST (200),
+//! #      READY_FRESH_NODES (10) × READY_FRESH_PODS (10)
 //! ```
 //!
 //! Cases:
 //! - warm: one node whose pool is pre-allocated; pods created one at a time;
-//! - fresh: a node added, one pod bound to it at once (its IPAMNode and first block
-//!   created on the way), repeated on new nodes;
-//! - burst: READY_BURST pods created at once on three warm nodes.
+//! - burst: READY_BURST pods created at once on three warm nodes;
+//! - fresh: issue 16's fresh node. READY_FRESH_PODS pods are bound to a node (its
+//!   kubelet stand-in ready) before its Node object exists, so the operator has granted it
+//!   nothing; then the Node is registered (kubectl) and its agent started at once, as its
+//!   DaemonSet pod would be. Each pod waits for the IPAMNode, the first block and the agent.
+//!   Repeated on READY_FRESH_NODES new nodes; also printed: how long the registration took
+//!   (kubectl, counted in the latency) and when each agent served.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -120,26 +125,93 @@ async fn bench() {
     let all = kubelet.record(|r| r.ready_latency.clone());
     row("warm node, one pod at a time", &all[1..]);
 
-    // fresh: each new node gets one pod at once (the scheduler prefers the empty node)
-    let mut fresh = Vec::new();
-    for (i, n) in ["node-b", "node-c"].into_iter().enumerate() {
+    // burst: many pods at once on three nodes (two more added and served first)
+    for n in ["node-b", "node-c"] {
         cluster.add_node(n).await;
         kubelet.add_node(cluster.nodes[n].rt.clone());
-        let before = kubelet.record(|r| r.ready_latency.len());
-        create_pod(&cluster.admin, &format!("fresh-{i}")).await;
-        until_ready(&kubelet, before + 1).await;
-        fresh.push(kubelet.record(|r| *r.ready_latency.last().expect("one")));
     }
-    row("fresh node, its first pod", &fresh);
-
-    // burst: many pods at once on the three nodes
     let before = kubelet.record(|r| r.ready_latency.len());
+    let failed_before = kubelet.record(|r| r.failed_adds);
     for i in 0..burst {
         create_pod(&cluster.admin, &format!("burst-{i}")).await;
     }
     until_ready(&kubelet, before + burst).await;
     let all = kubelet.record(|r| r.ready_latency.clone());
     row(&format!("burst of {burst} on 3 nodes"), &all[before..]);
-    let failed = kubelet.record(|r| r.failed_adds);
-    println!("failed ADDs (retried): {failed}");
+    let failed = kubelet.record(|r| r.failed_adds) - failed_before;
+    println!("burst: failed ADDs (retried): {failed}");
+
+    ensure_operator(&mut cluster).await;
+    fresh_nodes(&mut cluster, &kubelet).await;
+}
+
+/// Restarts the operator if it exited, as Kubernetes restarts its container, and waits
+/// until the new one leads: on 2 shared cores the burst can starve the one replica's Lease
+/// renewal (renew deadline 1 s), and a replica that loses the lead exits.
+async fn ensure_operator(cluster: &mut Cluster) {
+    if cluster.operators.iter_mut().any(|o| o.running()) {
+        return;
+    }
+    println!("the operator had exited (leader election lost under the burst's load): restarted");
+    cluster.start_operator();
+    let new = cluster.operators.len() - 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.leader().await != new {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted operator does not lead"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 16's fresh node (module docs), on READY_FRESH_NODES new nodes.
+async fn fresh_nodes(cluster: &mut Cluster, kubelet: &Kubelet) {
+    let nodes: usize = env_or("READY_FRESH_NODES", 10);
+    let per_node: usize = env_or("READY_FRESH_PODS", 10);
+    let failed_before = kubelet.record(|r| r.failed_adds);
+    let (mut lat, mut registering, mut serving) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..nodes {
+        let node = format!("fresh-{i}");
+        kubelet.add_node(cluster.wire_node_host(&node));
+        let before = kubelet.record(|r| r.ready_latency.len());
+        // bound before the Node object exists: the operator cannot have granted anything
+        let creates =
+            (0..per_node).map(|j| create_bound_pod(&cluster.admin, format!("{node}-{j}"), &node));
+        futures::future::join_all(creates).await;
+        let created = Instant::now();
+        cluster.register_node(&node).await;
+        registering.push(created.elapsed());
+        cluster.start_agent(&node);
+        cluster.until_serving(&node).await;
+        serving.push(created.elapsed());
+        until_ready(kubelet, before + per_node).await;
+        lat.extend(kubelet.record(|r| r.ready_latency[before..].to_vec()));
+    }
+    row(
+        &format!("fresh node, {per_node} pods bound before it registers"),
+        &lat,
+    );
+    let (r50, r99) = percentiles(registering);
+    let (s50, s99) = percentiles(serving);
+    let failed = kubelet.record(|r| r.failed_adds) - failed_before;
+    println!(
+        "fresh: {nodes} nodes; from the pods bound: Node registered (kubectl apply + status \
+         patch) p50 {r50:.0} ms, max {r99:.0} ms; its agent serving p50 {s50:.0} ms, max \
+         {s99:.0} ms; failed ADDs (retried): {failed}"
+    );
+}
+
+/// A pod bound to `node` at its creation (`spec.nodeName`, as after a Binding).
+async fn create_bound_pod(admin: &kube::Client, name: String, node: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create the pod");
 }

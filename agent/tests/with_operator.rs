@@ -34,6 +34,7 @@ fn operator_settings() -> OperatorSettings {
         health_addr: None,
         seed: 7,
         taint_exhausted_nodes: false,
+        agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
         election: None,
     }
 }

@@ -43,4 +43,8 @@ pub mod reason {
     pub const GARBAGE_COLLECTION_FAILED: &str = "IPAddressGarbageCollectionFailed";
     pub const DUPLICATE: &str = "IPAddressDuplicate";
     pub const INVALID_WATERMARKS: &str = "InvalidWatermarks";
+    /// On an IPAMNode (Warning): pods on its node have waited for an address longer than
+    /// `--agent-ready-grace` and its agent is not `AgentReady=True` (never started, or
+    /// not ready for the reason given).
+    pub const AGENT_NOT_READY: &str = "AgentNotReady";
 }

@@ -50,6 +50,10 @@ fn resync_interval(s: &str) -> Result<Duration, String> {
     interval(s, Duration::from_secs(1))
 }
 
+fn agent_ready_grace(s: &str) -> Result<Duration, String> {
+    interval(s, Duration::from_secs(1))
+}
+
 fn backoff_min(s: &str) -> Result<Duration, String> {
     interval(s, Duration::from_millis(10))
 }
@@ -282,6 +286,12 @@ pub struct RunCmd {
     /// again. Without it, such taints left by an earlier run are removed.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_TAINT_EXHAUSTED_NODES")]
     pub taint_exhausted_nodes: bool,
+    /// How long pods on a node may wait for an address while its agent is not ready (no
+    /// `AgentReady=True` condition on its IPAMNode: the tidepool-agent pod never started,
+    /// or is not ready) before a Warning event `AgentNotReady` on the IPAMNode says so,
+    /// naming the pods' count, since when and what to check (1s to 30 days).
+    #[arg(long, default_value = "1m", value_parser = agent_ready_grace, env = "TIDEPOOL_AGENT_READY_GRACE")]
+    pub agent_ready_grace: Duration,
     #[command(flatten)]
     pub leader: LeaderFlags,
 }

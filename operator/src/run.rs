@@ -48,6 +48,7 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
         health_addr: Some(f.health_addr),
         seed: rand_seed(),
         taint_exhausted_nodes: f.taint_exhausted_nodes,
+        agent_ready_grace: f.agent_ready_grace,
         election: leader.map(|leader| Election {
             config: leader,
             kube_config: config,

@@ -287,6 +287,7 @@ fn settings(o: &Opts) -> Settings {
         health_addr: None,
         seed: 7,
         taint_exhausted_nodes: false,
+        agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
         election: None,
     }
 }

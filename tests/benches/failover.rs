@@ -196,6 +196,7 @@ impl Replica {
             health_addr: None,
             seed: name.bytes().map(u64::from).sum(),
             taint_exhausted_nodes: false,
+            agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
             election: Some(Election {
                 config: o.leader_config(name),
                 kube_config,

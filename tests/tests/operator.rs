@@ -1127,3 +1127,107 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// The node side's `AgentReady` condition on `node`'s IPAMNode, applied as the agent does.
+async fn set_agent_ready(admin: &kube::Client, node: &str, ready: bool, reason: &str) {
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": node},
+        "status": {"conditions": [{
+            "type": "AgentReady", "status": if ready { "True" } else { "False" },
+            "reason": reason, "message": format!("{reason} for the test"),
+            "lastTransitionTime": "2026-11-25T10:00:00Z",
+        }]},
+    });
+    let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
+    ipamnodes
+        .patch_status(node, &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .expect("the node side's status apply");
+}
+
+/// Issue 16's bad input: pods wait on node-a, whose agent never wrote `AgentReady`, and on
+/// node-c, whose agent says `False`: each IPAMNode gets a Warning `AgentNotReady` event
+/// naming the node, its waiting pods and (node-c) the agent's reason; node-b, whose agent
+/// is ready, gets none although its pod waits as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_event() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.122.0.0/24"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    for n in ["node-a", "node-b", "node-c"] {
+        add_node(&admin, n).await;
+    }
+    let s = Settings {
+        agent_ready_grace: Duration::from_secs(1),
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the IPAMNodes", || {
+        let api = ipamnodes.clone();
+        async move {
+            let l = api.list(&ListParams::default()).await.ok()?;
+            (l.items.len() == 3).then_some(())
+        }
+    })
+    .await;
+    set_agent_ready(&admin, "node-b", true, "Serving").await;
+    set_agent_ready(&admin, "node-c", false, "NodeWait").await;
+    // node-b's pod first: had node-b been taken for stuck, its event would come first
+    add_pod(&admin, "p-b", "node-b").await;
+    add_pod(&admin, "p-a1", "node-a").await;
+    add_pod(&admin, "p-a2", "node-a").await;
+    add_pod(&admin, "p-c", "node-c").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    let on = |list: &[k8s_openapi::api::events::v1::Event], node: &str| {
+        list.iter()
+            .filter(|e| e.reason.as_deref() == Some("AgentNotReady"))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let list = eventually(
+        Duration::from_secs(30),
+        "AgentNotReady on node-a and node-c",
+        || {
+            let events = events.clone();
+            async move {
+                let l = events.list(&ListParams::default()).await.ok()?.items;
+                (!on(&l, "node-a").is_empty() && !on(&l, "node-c").is_empty()).then_some(l)
+            }
+        },
+    )
+    .await;
+    let a = on(&list, "node-a").remove(0);
+    assert_eq!(a.type_.as_deref(), Some("Warning"));
+    let r = a.regarding.as_ref().expect("regarding");
+    assert_eq!(r.kind.as_deref(), Some("IPAMNode"));
+    let note = a.note.clone().unwrap_or_default();
+    for words in [
+        "2 pod(s) on node node-a",
+        "no AgentReady condition",
+        "tidepool-agent DaemonSet pod on node node-a",
+    ] {
+        assert!(note.contains(words), "{words:?} not in {note:?}");
+    }
+    let c = on(&list, "node-c").remove(0).note.unwrap_or_default();
+    assert!(
+        c.contains("1 pod(s) on node node-c")
+            && c.contains("AgentReady=False, reason NodeWait: NodeWait for the test"),
+        "{c}"
+    );
+    let l = events.list(&ListParams::default()).await.expect("events");
+    assert_eq!(on(&l.items, "node-b"), vec![], "node-b's agent is ready");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

@@ -251,6 +251,9 @@ pub struct Tuning {
     pub reclaim_grace: &'static str,
     /// The agents' `--reconcile-interval`.
     pub reconcile_interval: &'static str,
+    /// The operator's `--agent-ready-grace` (its `AgentNotReady` event on a node whose
+    /// agent never starts).
+    pub agent_ready_grace: &'static str,
 }
 
 impl Default for Tuning {
@@ -259,6 +262,7 @@ impl Default for Tuning {
             reuse_cooldown: "2s",
             reclaim_grace: "1s",
             reconcile_interval: "1s",
+            agent_ready_grace: "2s",
         }
     }
 }
@@ -383,13 +387,29 @@ impl Cluster {
         self.add_node_with(name, Self::spawn_agent).await
     }
 
-    /// [`add_node`](Self::add_node) with the agent started by `spawn` (given the node and
-    /// the port of its forwarder to the API server), for agents run with other flags.
+    /// [`Cluster::add_node`] with the agent started by `spawn` (given the node and the port
+    /// of its forwarder to the API server), for agents run with other flags.
     pub async fn add_node_with(
         &mut self,
         name: &str,
         spawn: impl FnOnce(&Self, &NodeRuntime, u16) -> Proc,
     ) {
+        self.add_node_without_agent(name).await;
+        self.start_agent_with(name, spawn);
+        self.until_serving(name).await;
+    }
+
+    /// [`Cluster::add_node`] without starting the agent (a node whose agent DaemonSet pod
+    /// never started, or has not yet): [`Cluster::start_agent`] starts it.
+    pub async fn add_node_without_agent(&mut self, name: &str) {
+        self.wire_node_host(name);
+        self.register_node(name).await;
+    }
+
+    /// Node `name`'s namespace on the segment (InternalIP 192.168.77.(10 + i)) and its way
+    /// to the API server, with neither Node object nor agent yet ([`Cluster::register_node`],
+    /// [`Cluster::start_agent`]): a kubelet stand-in may take its runtime at once.
+    pub fn wire_node_host(&mut self, name: &str) -> NodeRuntime {
         let i = self.nodes.len();
         let rt = NodeRuntime {
             name: name.to_string(),
@@ -398,6 +418,22 @@ impl Cluster {
             dir: self.dir.path().join(name),
         };
         self.wire_node(&rt, i);
+        let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
+        self.nodes.insert(
+            name.to_string(),
+            NodeHost {
+                rt: rt.clone(),
+                agent: None,
+                forward,
+            },
+        );
+        rt
+    }
+
+    /// Creates wired node `name`'s Node object (kubectl; its addresses and `Ready` through
+    /// the status subresource).
+    pub async fn register_node(&self, name: &str) {
+        let ip = self.nodes[name].rt.ip.clone();
         self.kubectl
             .apply(
                 &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -410,23 +446,30 @@ impl Cluster {
                 name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {
-                    "addresses": [{"type": "InternalIP", "address": rt.ip}],
+                    "addresses": [{"type": "InternalIP", "address": ip}],
                     "conditions": [{"type": "Ready", "status": "True"}],
                 }})),
             )
             .await
             .expect("the Node's addresses");
-        let forward = Forwarder::start(&Path::new(NETNS_DIR).join(&rt.netns), self.server.addr());
-        let agent = spawn(self, &rt, forward.port);
-        self.nodes.insert(
-            name.to_string(),
-            NodeHost {
-                rt: rt.clone(),
-                agent: Some(agent),
-                forward,
-            },
-        );
-        self.until_serving(name).await;
+    }
+
+    /// Starts node `name`'s agent (added without one); returns at once, see
+    /// [`Cluster::until_serving`].
+    pub fn start_agent(&mut self, name: &str) {
+        self.start_agent_with(name, Self::spawn_agent)
+    }
+
+    /// [`Cluster::start_agent`] through `spawn`.
+    fn start_agent_with(
+        &mut self,
+        name: &str,
+        spawn: impl FnOnce(&Self, &NodeRuntime, u16) -> Proc,
+    ) {
+        let host = &self.nodes[name];
+        assert!(host.agent.is_none(), "{name}'s agent runs already");
+        let agent = spawn(self, &host.rt, host.forward.port);
+        self.nodes.get_mut(name).expect("a node").agent = Some(agent);
     }
 
     /// The node's namespace, `lo` up, forwarding on, `eth0` on the segment.
@@ -615,6 +658,7 @@ pub fn operator_command(name: &str, kubeconfig: &Path, t: &Tuning, metrics: &str
         .args(["--reclaim-min-age", t.reclaim_grace])
         .args(["--reuse-cooldown", t.reuse_cooldown])
         .args(["--node-reclaim-grace", "2s"])
+        .args(["--agent-ready-grace", t.agent_ready_grace])
         .args(["--kube-api-qps", "200", "--kube-api-burst", "200"])
         .env_clear()
         .env("POD_NAME", name)

@@ -22,7 +22,7 @@ mod time;
 mod uid;
 
 pub use block::block_from_api;
-pub use node::{Allocations, NodeView, node_from_api};
+pub use node::{AgentReady, Allocations, NodeView, node_from_api};
 pub use time::{from_system, to_system};
 pub use uid::parse_uid;
 

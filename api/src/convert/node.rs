@@ -33,6 +33,31 @@ pub struct NodeView {
     /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
     /// `default`).
     pub pools: tidepool_ipam::PerFamily<Option<String>>,
+    /// The node side's `AgentReady` condition (None: its agent never wrote one). The
+    /// operator only reads it, to tell why a node's pods wait.
+    pub agent_ready: Option<AgentReady>,
+}
+
+/// The node side's `AgentReady` condition as last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentReady {
+    pub ready: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// `status.conditions[type=AgentReady]`, if the agent wrote it.
+fn agent_ready(obj: &api::IPAMNode) -> Option<AgentReady> {
+    let c = obj
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .find(|c| c.type_ == condition::AGENT_READY)?;
+    Some(AgentReady {
+        ready: c.status == "True",
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+    })
 }
 
 /// The engine's view of an IPAMNode, with what could not be read.
@@ -77,6 +102,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
             v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),
         },
+        agent_ready: agent_ready(obj),
     };
     (view, r.finish())
 }
@@ -347,6 +373,10 @@ mod tests {
         // only the operator's condition types
         assert_eq!(n.operator.conditions.len(), 1);
         assert_eq!(n.operator.conditions[0].reason, "Exhausted");
+        // the agent's, kept apart for the operator to read
+        let ready = v.agent_ready.as_ref().expect("AgentReady read");
+        assert!(ready.ready);
+        assert_eq!(ready.reason, "Serving");
         // the address that is none and the used entry with a bad UID: reported, skipped
         let fields: Vec<&str> = bad.iter().map(|m| m.field.as_str()).collect();
         assert_eq!(
@@ -361,5 +391,25 @@ mod tests {
             v.allocations[&t.allocation],
             (Arc::from("c1"), Arc::from("eth0"))
         );
+    }
+
+    #[test]
+    fn agent_ready_is_none_until_the_agent_writes_it_and_false_keeps_its_reason() {
+        let mut obj = busy_node();
+        let conditions = &mut obj.status.as_mut().expect("a status").conditions;
+        conditions.retain(|c| c.type_ != condition::AGENT_READY);
+        let mut c = conditions[0].clone();
+        assert_eq!(node_from_api(&obj).0.agent_ready, None);
+        c.type_ = condition::AGENT_READY.into();
+        c.status = "False".into();
+        c.reason = "NodeWait".into();
+        c.message = "waiting".into();
+        obj.status.as_mut().expect("a status").conditions.push(c);
+        let want = AgentReady {
+            ready: false,
+            reason: "NodeWait".into(),
+            message: "waiting".into(),
+        };
+        assert_eq!(node_from_api(&obj).0.agent_ready, Some(want));
     }
 }

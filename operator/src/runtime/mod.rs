@@ -12,6 +12,7 @@
 //! they come: Nodes as node additions and deletions, Pods as pod events of their node,
 //! IPAMNodes and blocks as store events, IPPools as pool changes.
 
+mod agent_ready;
 mod pool_status;
 mod pools;
 mod taints;
@@ -61,6 +62,9 @@ pub struct Settings {
     pub seed: u64,
     /// Taint Nodes that cannot get more addresses while pods wait (`--taint-exhausted-nodes`).
     pub taint_exhausted_nodes: bool,
+    /// How long a node's pods may wait while its agent is not `AgentReady=True` before an
+    /// `AgentNotReady` event on its IPAMNode says so (`--agent-ready-grace`).
+    pub agent_ready_grace: Duration,
     /// Leader election (`--leader-elect`); None: this replica always leads.
     pub election: Option<Election>,
 }
@@ -291,8 +295,13 @@ pub async fn run(
     released
 }
 
-/// The engine's companions: deferred re-registrations, count refreshes, IPPool status and
-/// taints. Started once the engine runs; each writes only through the fence.
+/// The default of [`Settings::agent_ready_grace`] (`--agent-ready-grace`): an agent
+/// DaemonSet pod normally serves within seconds of its node's registration, so a minute of
+/// pods waiting with no ready agent is no start-up any more.
+pub const DEFAULT_AGENT_READY_GRACE: Duration = Duration::from_secs(60);
+
+/// The engine's companions: deferred re-registrations, count refreshes, IPPool status,
+/// taints and the `AgentNotReady` events. Started once the engine runs; each writes only through the fence.
 fn engine_tasks(
     client: &Client,
     parts: &Parts,
@@ -327,6 +336,12 @@ fn engine_tasks(
             s.taint_exhausted_nodes,
             engine.background(),
             fence,
+        )),
+        tokio::spawn(agent_ready::keep(
+            parts.store.clone(),
+            parts.pods.clone(),
+            events.clone(),
+            s.agent_ready_grace,
         )),
     ]
 }

@@ -188,6 +188,16 @@ impl KubeStore {
         self.cache.read().node(name).map(|v| v.pools.clone())
     }
 
+    /// Every IPAMNode that is not being deleted, with its agent's `AgentReady` condition as
+    /// the watch last showed it (read to tell why a node's pods wait).
+    pub fn agent_readiness(&self) -> Vec<(NodeName, Option<api::convert::AgentReady>)> {
+        let c = self.cache.read();
+        c.nodes()
+            .filter(|v| !v.terminating)
+            .map(|v| (v.node.name.clone(), v.agent_ready.clone()))
+            .collect()
+    }
+
     /// Both watches have completed their first list.
     pub fn ready(&self) -> (bool, bool) {
         let c = self.cache.read();

@@ -196,6 +196,7 @@ pub fn operator_settings() -> tidepool_operator::runtime::Settings {
         health_addr: None,
         seed: 7,
         taint_exhausted_nodes: false,
+        agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
         election: None,
     }
 }
