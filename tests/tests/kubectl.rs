@@ -1041,6 +1041,14 @@ async fn create_deployment_scenario(k: &Kubectl) {
         err.contains("deployments.apps \"web\" already exists"),
         "{err}"
     );
+    // a kind the decoder has no table for is refused, not stored half-read
+    let err = k
+        .fails(&["create", "service", "clusterip", "s", "--tcp=80:80"])
+        .await;
+    assert!(
+        err.contains("not v1 Service: send application/json"),
+        "{err}"
+    );
 }
 
 /// Refusals as kubectl prints them: namespace names, immortal namespaces, selectors.

@@ -9,6 +9,8 @@ pub(super) enum Ty {
     Bool,
     /// Any varint integer (`int32`, `int64`; negative ones are sign-extended to 64 bits).
     Int,
+    /// A nested message: written whenever it is on the wire, whatever its `Card` (Go's JSON
+    /// never omits a struct, and a nil pointer is not on the wire).
     Msg(&'static [Field]),
     /// `map<string, string>`.
     MapStr,
