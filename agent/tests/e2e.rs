@@ -208,9 +208,8 @@ async fn drain_removed(
 /// Deployment `web` (3 replicas) created and `api` (2) applied with kubectl; waits until
 /// their pods run.
 async fn create_deployments(cluster: &Cluster, kubelet: &Kubelet) {
-    // `kubectl create deployment` would send the object as protobuf, which the in-process
-    // server decodes for a few core kinds only: kubectl builds it, `create -f` sends JSON
-    let web = cluster
+    // `kubectl create deployment` sends the object as protobuf (the server decodes Deployments)
+    let out = cluster
         .kubectl
         .ok(
             &[
@@ -219,14 +218,11 @@ async fn create_deployments(cluster: &Cluster, kubelet: &Kubelet) {
                 "web",
                 "--image=pause",
                 "--replicas=3",
-                "--dry-run=client",
-                "-o",
-                "json",
             ],
             None,
         )
         .await;
-    cluster.kubectl.ok(&["create", "-f", "-"], Some(web)).await;
+    assert!(out.contains("deployment.apps/web created"), "{out}");
     cluster.kubectl.apply(&deployment("api", 2)).await;
     until_replicas(cluster, kubelet, &[("web", 3), ("api", 2)]).await;
 }

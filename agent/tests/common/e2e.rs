@@ -113,9 +113,10 @@ impl Kubectl {
     /// when kubectl fails. Returns stdout.
     pub async fn ok(&self, args: &[&str], stdin: Option<String>) -> String {
         let mut cmd = Command::new(&self.bin);
-        cmd.args(args)
-            .arg("--cache-dir")
+        // The cache flag goes first: after `args`, it would land behind a `--` (a command).
+        cmd.arg("--cache-dir")
             .arg(self.dir.join("cache"))
+            .args(args)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .env("HOME", &self.dir)
             .env_remove("KUBERNETES_SERVICE_HOST")
