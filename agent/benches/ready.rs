@@ -90,29 +90,13 @@ async fn bench() {
     let warm_pods: usize = env_or("READY_PODS", 100);
     let burst: usize = env_or("READY_BURST", 200);
     let mut cluster = Cluster::start("rdy", Tuning::default()).await;
-    cluster
-        .kubectl
-        .apply(
-            &json!({
-                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-                "metadata": {"name": "default"},
-                "spec": {"cidrs": ["10.77.0.0/18"], "blockSize": {"ipv4": 26}},
-            })
-            .to_string(),
-        )
-        .await;
+    cluster.apply_pool(&["10.77.0.0/18"], 26).await;
     cluster.start_operator();
     cluster.add_node("node-a").await;
-    let kubelet = Kubelet::start(
-        cluster.admin.clone(),
-        cluster.runtimes(),
-        cluster.ns.clone(),
-        &cluster.tag,
-        Backoff {
-            first: Duration::from_secs(1),
-            cap: Duration::from_secs(10),
-        },
-    );
+    let kubelet = cluster.start_kubelet(Backoff {
+        first: Duration::from_secs(1),
+        cap: Duration::from_secs(10),
+    });
     println!("| case | pods | p50 | p99 |\n|---|---|---|---|");
 
     // warm: one pod at a time on node-a

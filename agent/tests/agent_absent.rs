@@ -94,31 +94,15 @@ async fn agent_ready(ipamnodes: &Api<api::IPAMNode>, node: &str) -> Option<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_whose_agent_never_starts_waits_and_says_why_and_nothing_else_is_affected() {
     let mut cluster = Cluster::start("abs", Tuning::default()).await;
-    cluster
-        .kubectl
-        .apply(
-            &json!({
-                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-                "metadata": {"name": "default"},
-                "spec": {"cidrs": ["10.77.0.0/24"], "blockSize": {"ipv4": 28}},
-            })
-            .to_string(),
-        )
-        .await;
+    cluster.apply_pool(&["10.77.0.0/24"], 28).await;
     cluster.start_operator();
     cluster.add_node("node-a").await;
     cluster.add_node("node-b").await;
     cluster.add_node_without_agent(ABSENT).await;
-    let kubelet = Kubelet::start(
-        cluster.admin.clone(),
-        cluster.runtimes(),
-        cluster.ns.clone(),
-        &cluster.tag,
-        Backoff {
-            first: Duration::from_millis(500),
-            cap: Duration::from_secs(2),
-        },
-    );
+    let kubelet = cluster.start_kubelet(Backoff {
+        first: Duration::from_millis(500),
+        cap: Duration::from_secs(2),
+    });
     for node in [ABSENT, "node-a", "node-b"] {
         cluster.kubectl.apply(&pods_on(node, 3)).await;
     }

@@ -166,17 +166,7 @@ async fn the_rendered_bundle_installs_runs_and_enforces_least_privilege() {
         .split(',')
         .find(|c| !c.contains(':'))
         .expect("an IPv4 pod network");
-    cluster
-        .kubectl
-        .apply(
-            &json!({
-                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-                "metadata": {"name": "default"},
-                "spec": {"cidrs": [v4], "blockSize": {"ipv4": 28}},
-            })
-            .to_string(),
-        )
-        .await;
+    cluster.apply_pool(&[v4], 28).await;
     let replicas = operator.replicas.expect("the Deployment's replicas") as usize;
     for i in 0..replicas {
         deployed::spawn_operator(&mut cluster, &operator, i);
@@ -200,16 +190,10 @@ async fn the_rendered_bundle_installs_runs_and_enforces_least_privilege() {
     }
 
     // 3. the scenario: pods bound, given addresses, some deleted and their addresses freed
-    let kubelet = Kubelet::start(
-        cluster.admin.clone(),
-        cluster.runtimes(),
-        cluster.ns.clone(),
-        &cluster.tag,
-        Backoff {
-            first: Duration::from_millis(500),
-            cap: Duration::from_secs(4),
-        },
-    );
+    let kubelet = cluster.start_kubelet(Backoff {
+        first: Duration::from_millis(500),
+        cap: Duration::from_secs(4),
+    });
     cluster.kubectl.apply(&pods(0, PODS)).await;
     until(&cluster, "every pod running", 90, async || {
         running(&kubelet).len() == PODS

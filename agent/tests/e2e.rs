@@ -344,32 +344,16 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let mut cluster = Cluster::start("e2e", Tuning::default()).await;
     let tombstones = Tombstones::watch(cluster.admin.clone());
     // a /27: two /28 blocks for three nodes, so one node waits until the CIDR is added
-    cluster
-        .kubectl
-        .apply(
-            &json!({
-                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-                "metadata": {"name": "default"},
-                "spec": {"cidrs": ["10.77.0.0/27"], "blockSize": {"ipv4": 28}},
-            })
-            .to_string(),
-        )
-        .await;
+    cluster.apply_pool(&["10.77.0.0/27"], 28).await;
     cluster.start_operator();
     cluster.start_operator();
     for n in ["node-a", "node-b", "node-c"] {
         cluster.add_node(n).await;
     }
-    let kubelet = Kubelet::start(
-        cluster.admin.clone(),
-        cluster.runtimes(),
-        cluster.ns.clone(),
-        &cluster.tag,
-        Backoff {
-            first: Duration::from_millis(500),
-            cap: Duration::from_secs(4),
-        },
-    );
+    let kubelet = cluster.start_kubelet(Backoff {
+        first: Duration::from_millis(500),
+        cap: Duration::from_secs(4),
+    });
 
     // nine pods: two nodes' blocks hold theirs, the third node's wait for addresses
     cluster.kubectl.apply(&pods(0, 9)).await;

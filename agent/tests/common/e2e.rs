@@ -30,6 +30,7 @@ use tidepool_tests::{ADMIN, ApiServer, Config};
 
 use super::chain::{Namespaces, PLUGINS, output, run};
 use super::forward::Forwarder;
+use super::kubelet::{Backoff, Kubelet};
 use super::{KillOnDrop, OPERATOR, agent_on, blocking};
 
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_tidepool-agent");
@@ -364,6 +365,27 @@ impl Cluster {
         let cmd = operator_command(&name, &kubeconfig, &self.tuning, "127.0.0.1:0");
         let log = self.dir.path().join(format!("{name}.log"));
         self.operators.push(Proc::spawn(&name, cmd, log));
+    }
+
+    /// Applies the IPPool `default` (IPv4 `cidrs` in /`block` blocks) with kubectl.
+    pub async fn apply_pool(&self, cidrs: &[&str], block: u8) {
+        let pool = json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": block}},
+        });
+        self.kubectl.apply(&pool.to_string()).await;
+    }
+
+    /// The kubelet stand-in for the nodes added so far (more join with its `add_node`).
+    pub fn start_kubelet(&self, backoff: Backoff) -> Kubelet {
+        Kubelet::start(
+            self.admin.clone(),
+            self.runtimes(),
+            self.ns.clone(),
+            &self.tag,
+            backoff,
+        )
     }
 
     /// The replica holding the Lease (its index), once one does.
