@@ -305,10 +305,16 @@ async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (S
             (addr.clone(), e)
         })
         .collect();
+    apply_node_side(admin, node, json!({"used": entries})).await;
+}
+
+/// A server-side apply of `status` to `node`'s IPAMNode as the agent's field manager.
+async fn apply_node_side(admin: &kube::Client, node: &str, status: Value) {
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
     let body = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
         "metadata": {"name": node},
-        "status": {"used": entries},
+        "status": status,
     });
     let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
     ipamnodes
@@ -1130,21 +1136,12 @@ async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
 
 /// The node side's `AgentReady` condition on `node`'s IPAMNode, applied as the agent does.
 async fn set_agent_ready(admin: &kube::Client, node: &str, ready: bool, reason: &str) {
-    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    let body = json!({
-        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
-        "metadata": {"name": node},
-        "status": {"conditions": [{
-            "type": "AgentReady", "status": if ready { "True" } else { "False" },
-            "reason": reason, "message": format!("{reason} for the test"),
-            "lastTransitionTime": "2026-11-25T10:00:00Z",
-        }]},
+    let condition = json!({
+        "type": "AgentReady", "status": if ready { "True" } else { "False" },
+        "reason": reason, "message": format!("{reason} for the test"),
+        "lastTransitionTime": "2026-11-25T10:00:00Z",
     });
-    let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
-    ipamnodes
-        .patch_status(node, &pp, &kube::api::Patch::Apply(&body))
-        .await
-        .expect("the node side's status apply");
+    apply_node_side(admin, node, json!({"conditions": [condition]})).await;
 }
 
 /// Issue 16's bad input: pods wait on node-a, whose agent never wrote `AgentReady`, and on
