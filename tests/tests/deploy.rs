@@ -662,6 +662,13 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
         build.runs.iter().any(|r| r.contains("+crt-static")),
         "static binaries"
     );
+    assert!(
+        build
+            .runs
+            .iter()
+            .any(|r| r.contains("CARGO_PROFILE_RELEASE_STRIP=symbols")),
+        "stripped binaries (the release profile keeps debug line tables)"
+    );
     let docs = tools::documents(&tools::render(COMPONENTS));
     let mut checked = BTreeSet::new();
     for w in docs
