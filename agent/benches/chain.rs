@@ -16,14 +16,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::chain::*;
+use common::figures::{env_or, p50_p99_ms};
 use common::*;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -34,19 +28,9 @@ fn main() {
     rt.block_on(bench());
 }
 
-/// p50 and p99 in ms.
-fn percentiles(mut d: Vec<Duration>) -> (f64, f64) {
-    d.sort();
-    let at = |q: f64| {
-        let i = ((d.len() as f64 - 1.0) * q).round() as usize;
-        d[i].as_secs_f64() * 1000.0
-    };
-    (at(0.5), at(0.99))
-}
-
 fn row(what: &str, add: Vec<Duration>, del: Vec<Duration>) -> (f64, f64) {
-    let (a50, a99) = percentiles(add);
-    let (d50, d99) = percentiles(del);
+    let (a50, a99) = p50_p99_ms(add);
+    let (d50, d99) = p50_p99_ms(del);
     println!("| {what} | {a50:.2} / {a99:.2} ms | {d50:.2} / {d99:.2} ms |");
     (a50, d50)
 }

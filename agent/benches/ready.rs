@@ -28,17 +28,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::e2e::{Cluster, Tuning};
+use common::figures::{env_or, p50_p99_ms};
 use common::kubelet::{Backoff, Kubelet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -47,16 +41,6 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(bench());
-}
-
-/// p50 and p99 in ms.
-fn percentiles(mut d: Vec<Duration>) -> (f64, f64) {
-    d.sort();
-    let at = |q: f64| {
-        let i = ((d.len() as f64 - 1.0) * q).round() as usize;
-        d[i].as_secs_f64() * 1000.0
-    };
-    (at(0.5), at(0.99))
 }
 
 async fn create_pod(admin: &kube::Client, name: &str) {
@@ -82,7 +66,7 @@ async fn until_ready(k: &Kubelet, n: usize) {
 }
 
 fn row(case: &str, lat: &[Duration]) {
-    let (p50, p99) = percentiles(lat.to_vec());
+    let (p50, p99) = p50_p99_ms(lat.to_vec());
     println!("| {case} | {} | {p50:.0} ms | {p99:.0} ms |", lat.len());
 }
 
@@ -176,8 +160,8 @@ async fn fresh_nodes(cluster: &mut Cluster, kubelet: &Kubelet) {
         &format!("fresh node, {per_node} pods bound before it registers"),
         &lat,
     );
-    let (r50, r99) = percentiles(registering);
-    let (s50, s99) = percentiles(serving);
+    let (r50, r99) = p50_p99_ms(registering);
+    let (s50, s99) = p50_p99_ms(serving);
     let failed = kubelet.record(|r| r.failed_adds) - failed_before;
     println!(
         "fresh: {nodes} nodes; from the pods bound: Node registered (kubectl apply + status \

@@ -27,11 +27,11 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::chain::{PLUGINS, output};
 use common::deployed::{self, Role, Workload};
-use common::e2e::{Cluster, Tuning};
+use common::e2e::{Cluster, Tuning, until};
 use common::judge::Snapshot;
 use common::kubelet::{Backoff, Kubelet, Sandbox};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -52,19 +52,6 @@ fn cannot_run() -> Option<String> {
         return Some(format!("no ptp in {PLUGINS} (containernetworking-plugins)"));
     }
     None
-}
-
-/// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
-async fn until(cluster: &Cluster, what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A rendered flag's value (`--flag=value`).

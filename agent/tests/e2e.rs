@@ -20,7 +20,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use common::deployments::Deployments;
-use common::e2e::{Cluster, Tuning, reconcile_report};
+use common::e2e::{Cluster, Tuning, reconcile_report, until};
+use common::figures::quantile;
 use common::judge::{Crashes, Snapshot, Tombstones, violations};
 use common::kubelet::{Backoff, Kubelet, Sandbox};
 use ipnet::IpNet;
@@ -66,25 +67,6 @@ fn rounds() -> usize {
         .ok()
         .map(|r| r.parse().expect("TIDEPOOL_E2E_ROUNDS is a count"))
         .unwrap_or(1)
-}
-
-/// The `p`th percentile of the sorted `d` (nearest rank).
-fn percentile(d: &[Duration], p: usize) -> Option<Duration> {
-    let rank = (d.len() * p).div_ceil(100).max(1);
-    d.get(rank - 1).copied()
-}
-
-/// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
-async fn until(cluster: &Cluster, what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The running pods: (name, UID).
@@ -685,8 +667,8 @@ fn summary(
         per_path(true, true),
         crashes.nodes.values().map(BTreeSet::len).sum::<usize>(),
         tombstones.len(),
-        percentile(lat, 50),
-        percentile(lat, 99),
+        quantile(lat, 0.5),
+        quantile(lat, 0.99),
         lat.last(),
     );
 }
@@ -838,4 +820,17 @@ mod judge_can_fail {
             "a drained block without users is not settled"
         );
     }
+}
+
+/// The figures' quantiles are nearest-rank (no root needed).
+#[test]
+fn quantiles_are_nearest_rank() {
+    use common::figures::p50_p99_ms;
+    let d: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+    assert_eq!(quantile(&d, 0.5), Some(Duration::from_millis(50)));
+    assert_eq!(quantile(&d, 0.99), Some(Duration::from_millis(99)));
+    assert_eq!(quantile(&d, 1.0), Some(Duration::from_millis(100)));
+    assert_eq!(quantile(&d[..1], 0.99), Some(Duration::from_millis(1)));
+    assert_eq!(quantile(&[], 0.5), None);
+    assert_eq!(p50_p99_ms(d.into_iter().rev().collect()), (50.0, 99.0));
 }

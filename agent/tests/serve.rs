@@ -454,7 +454,7 @@ async fn latency_add_del_through_the_plugin() {
     ];
     for (name, v) in rows {
         v.sort();
-        let p = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+        let p = |q: f64| common::figures::quantile(v, q).expect("samples");
         println!(
             "{name:8} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
             p(0.50).as_secs_f64() * 1e3,

@@ -689,6 +689,19 @@ pub fn operator_command(name: &str, kubeconfig: &Path, t: &Tuning, metrics: &str
     cmd
 }
 
+/// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
+pub async fn until(cluster: &Cluster, what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The agent's reconcile report on node `rt` (`GET /v1/reconcile`), if it answers.
 pub async fn reconcile_report(rt: &NodeRuntime) -> Option<serde_json::Value> {
     let sock = rt.socket();

@@ -13,6 +13,7 @@ pub mod chain;
 pub mod deployed;
 pub mod deployments;
 pub mod e2e;
+pub mod figures;
 pub mod forward;
 pub mod judge;
 pub mod kubelet;
