@@ -242,42 +242,16 @@ impl Node {
     ) -> Output {
         let plugin_dir = Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
             .parent()
-            .expect("the plugin's directory")
-            .to_path_buf();
-        let args = vec![
-            "netns".to_string(),
-            "exec".into(),
-            self.name.clone(),
-            "env".into(),
-            "-i".into(),
-            format!("CNI_COMMAND={cmd}"),
-            format!("CNI_CONTAINERID={container}"),
-            format!("CNI_NETNS=/var/run/netns/{pod_ns}"),
-            "CNI_IFNAME=eth0".into(),
-            format!("CNI_PATH={}:{PLUGINS}", plugin_dir.display()),
-            format!(
-                "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={container};K8S_POD_UID={uid}"
-            ),
-            format!("{PLUGINS}/{}", main.split('+').next().unwrap_or(main)),
-        ];
-        let conf = self.conf(main);
-        blocking(move || {
-            let mut child = Command::new("ip")
-                .args(&args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start the main plugin");
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(conf.as_bytes())
-                .expect("write the config");
-            child.wait_with_output().expect("the main plugin")
-        })
-        .await
+            .expect("the plugin's directory");
+        let call = CniCall {
+            cmd,
+            netns: &format!("/var/run/netns/{pod_ns}"),
+            container,
+            pod: container,
+            uid,
+        };
+        let plugin = main.split('+').next().unwrap_or(main);
+        exec_plugin(&self.name, plugin, &call, plugin_dir, self.conf(main)).await
     }
 
     /// node-a's `status.used` (address → pod UID) and `status.cooldown` addresses.
@@ -331,4 +305,67 @@ impl Node {
 pub fn in_net(net: &str, addr: &str) -> bool {
     let net: ipnet::IpNet = net.parse().expect("net");
     net.contains(&addr.parse::<std::net::IpAddr>().expect("ip"))
+}
+
+/// What a runtime tells a CNI plugin in its environment.
+pub struct CniCall<'a> {
+    pub cmd: &'a str,
+    /// The pod's network namespace (a path).
+    pub netns: &'a str,
+    pub container: &'a str,
+    /// The pod's name (default namespace) and UID, in `CNI_ARGS` as the kubelet passes them.
+    pub pod: &'a str,
+    pub uid: &'a str,
+}
+
+/// Runs Debian's `plugin` inside network namespace `node_ns` with a clean `call`
+/// environment and `conf` on stdin, as a runtime runs it (off the runtime's threads);
+/// delegated plugins are found in `plugin_dir` (tidepool-cni), then in [`PLUGINS`].
+pub async fn exec_plugin(
+    node_ns: &str,
+    plugin: &str,
+    call: &CniCall<'_>,
+    plugin_dir: &Path,
+    conf: String,
+) -> Output {
+    let CniCall {
+        cmd,
+        netns,
+        container,
+        pod,
+        uid,
+    } = call;
+    let args = vec![
+        "netns".to_string(),
+        "exec".into(),
+        node_ns.to_string(),
+        "env".into(),
+        "-i".into(),
+        format!("CNI_COMMAND={cmd}"),
+        format!("CNI_CONTAINERID={container}"),
+        format!("CNI_NETNS={netns}"),
+        "CNI_IFNAME=eth0".into(),
+        format!("CNI_PATH={}:{PLUGINS}", plugin_dir.display()),
+        format!(
+            "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+        ),
+        format!("{PLUGINS}/{plugin}"),
+    ];
+    blocking(move || {
+        let mut child = Command::new("ip")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the plugin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(conf.as_bytes())
+            .expect("write the config");
+        child.wait_with_output().expect("the plugin")
+    })
+    .await
 }

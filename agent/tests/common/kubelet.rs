@@ -23,8 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::blocking;
-use super::chain::{Namespaces, PLUGINS};
+use super::chain::{CniCall, Namespaces, exec_plugin};
 use super::e2e::{CNI_BIN, NETNS_DIR, NETWORK, NodeRuntime};
 
 /// When a failed sandbox is tried again: `first`, doubling, at most `cap`. The kubelet's
@@ -522,39 +521,12 @@ pub async fn cni(
     uid: &str,
 ) -> Output {
     let plugin_dir = Path::new(CNI_BIN).parent().expect("the plugin's directory");
-    let args = vec![
-        "netns".to_string(),
-        "exec".into(),
-        rt.netns.clone(),
-        "env".into(),
-        "-i".into(),
-        format!("CNI_COMMAND={cmd}"),
-        format!("CNI_CONTAINERID={container}"),
-        format!("CNI_NETNS={NETNS_DIR}/{pod_ns}"),
-        "CNI_IFNAME=eth0".into(),
-        format!("CNI_PATH={}:{PLUGINS}", plugin_dir.display()),
-        format!(
-            "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
-        ),
-        format!("{PLUGINS}/ptp"),
-    ];
-    let conf = rt.conf();
-    blocking(move || {
-        use std::io::Write as _;
-        let mut child = Command::new("ip")
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start ptp");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(conf.as_bytes())
-            .expect("write the config");
-        child.wait_with_output().expect("ptp")
-    })
-    .await
+    let call = CniCall {
+        cmd,
+        netns: &format!("{NETNS_DIR}/{pod_ns}"),
+        container,
+        pod,
+        uid,
+    };
+    exec_plugin(&rt.netns, "ptp", &call, plugin_dir, rt.conf()).await
 }
