@@ -117,6 +117,11 @@ mod tests {
             vec![5 * S]
         );
         assert_eq!(w.len(), 0);
+        assert_eq!(
+            w.since.capacity(),
+            0,
+            "no pod waits: the map's memory is given back"
+        );
     }
 
     #[test]
