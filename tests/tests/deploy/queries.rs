@@ -1,7 +1,7 @@
 //! The PromQL the deploy bundle ships, read from deploy/: the Grafana dashboard's panels,
 //! their queries and its template variables, and the alert rules' expressions. Shared by
 //! the static checks (tests/tests/deploy.rs) and the live one against a real Prometheus
-//! (agent/tests/prometheus.rs includes this file by path: Cargo shares no test modules
+//! (agent/tests/live_prometheus.rs includes this file by path: Cargo shares no test modules
 //! between crates).
 // Each including test binary uses a part of it.
 #![allow(dead_code)]
