@@ -120,7 +120,12 @@ async fn ensure_operator(cluster: &mut Cluster) {
     if cluster.operators.iter_mut().any(|o| o.running()) {
         return;
     }
-    println!("the operator had exited (leader election lost under the burst's load): restarted");
+    let last = cluster
+        .operators
+        .last()
+        .map(|o| o.tail(12))
+        .unwrap_or_default();
+    println!("the operator had exited; the end of its log:\n{last}\nrestarted");
     cluster.start_operator();
     let new = cluster.operators.len() - 1;
     let deadline = Instant::now() + Duration::from_secs(60);
