@@ -69,6 +69,26 @@ fn rounds() -> usize {
         .unwrap_or(1)
 }
 
+/// Crashes pod `name` (`uid`): its sandbox's namespace goes without a DEL, and kubectl
+/// removes the object as a person would; recorded in `crashes`.
+async fn crash_pod(
+    cluster: &Cluster,
+    k: &Kubelet,
+    crashes: &mut Crashes,
+    name: String,
+    uid: String,
+) {
+    let addr = k.crash_pod(&uid);
+    cluster
+        .kubectl
+        .ok(
+            &["delete", "pod", &name, "--force", "--grace-period=0"],
+            None,
+        )
+        .await;
+    crashes.sandboxes.insert((addr, uid));
+}
+
 /// The running pods: (name, UID).
 fn running(k: &Kubelet) -> Vec<(String, String)> {
     running_on(k, None)
@@ -222,15 +242,7 @@ async fn churn(cluster: &Cluster, k: &Kubelet, crashes: &mut Crashes, round: usi
     cluster.kubectl.apply(&deployment("api", api)).await;
     until_replicas(cluster, k, &[("web", 6), ("api", api)]).await;
     let (name, uid) = running_of(k, "web").swap_remove(round % 6);
-    let addr = k.crash_pod(&uid);
-    cluster
-        .kubectl
-        .ok(
-            &["delete", "pod", &name, "--force", "--grace-period=0"],
-            None,
-        )
-        .await;
-    crashes.sandboxes.insert((addr, uid));
+    crash_pod(cluster, k, crashes, name, uid).await;
     let (_, uid) = running_of(k, "api").swap_remove(0);
     let addr = k.lose_sandbox(&uid);
     crashes.sandboxes.insert((addr, uid));
@@ -373,15 +385,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     // two pods crash (no DEL); kubectl removes their objects as a person would
     let mut crashes = Crashes::default();
     for (name, uid) in running(&kubelet).into_iter().take(2) {
-        let addr = kubelet.crash_pod(&uid);
-        cluster
-            .kubectl
-            .ok(
-                &["delete", "pod", &name, "--force", "--grace-period=0"],
-                None,
-            )
-            .await;
-        crashes.sandboxes.insert((addr, uid));
+        crash_pod(&cluster, &kubelet, &mut crashes, name, uid).await;
     }
     // the leader dies; the other replica takes over
     let leader = cluster.leader().await;
@@ -429,15 +433,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .into_iter()
         .filter(|(_, u)| *u != keeper_uid);
     let (name, uid) = victims.next().expect("a pod");
-    let addr = kubelet.crash_pod(&uid);
-    cluster
-        .kubectl
-        .ok(
-            &["delete", "pod", &name, "--force", "--grace-period=0"],
-            None,
-        )
-        .await;
-    crashes.sandboxes.insert((addr, uid));
+    crash_pod(&cluster, &kubelet, &mut crashes, name, uid).await;
     for (_, uid) in victims.take(2) {
         let addr = kubelet.lose_sandbox(&uid);
         crashes.sandboxes.insert((addr, uid));
