@@ -40,10 +40,16 @@ pub struct NodeManager<S, N, P> {
 struct Tasks {
     handles: Vec<JoinHandle<()>>,
     swept_len: usize,
+    /// Set by [`NodeManager::shutdown`]: no task is started any more.
+    closed: bool,
 }
 
 impl Tasks {
     fn push(&mut self, task: JoinHandle<()>) {
+        if self.closed {
+            task.abort();
+            return;
+        }
         if self.handles.len() >= 2 * self.swept_len.max(64) {
             self.handles.retain(|t| !t.is_finished());
             self.swept_len = self.handles.len();
@@ -127,6 +133,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
 
     /// A Node was added or changed (the Node informer).
     pub fn upsert_node(&self, info: NodeInfo) {
+        if self.tasks.lock().closed {
+            return; // shut down: a watch still running starts no maintainer
+        }
         self.shared.source.node_seen(&info);
         let mut nodes = self.shared.nodes.lock();
         if let Some(h) = nodes.get(&info.name) {
@@ -313,9 +322,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         self.shared.nodes.lock().keys().cloned().collect()
     }
 
-    /// Stops every task of this manager.
+    /// Stops every task of this manager; a node added later gets no maintainer.
     pub fn shutdown(&self) {
-        for t in self.tasks.lock().handles.drain(..) {
+        let mut tasks = self.tasks.lock();
+        tasks.closed = true;
+        for t in tasks.handles.drain(..) {
             t.abort();
         }
     }

@@ -37,18 +37,24 @@ const LEASES: &str = "leases.coordination.k8s.io";
 /// relist, the engine's start, a pass) on a loaded 2-core machine.
 const SERVE: Duration = Duration::from_secs(10);
 
-/// One operator replica; sending on (or dropping) `stop` is its SIGTERM.
+/// One operator replica; sending on (or dropping) `stop` is its SIGTERM. It runs on a
+/// runtime of its own, as a process would: [`Replica::kill`] ends every task it started
+/// at once (the elector, the watches, the maintainers, the kube client's workers). Aborting
+/// only `run`'s task would leave its spawned tasks running until their own aborts were
+/// processed: on busy cores a "killed" leader's watch then saw a new Node and its maintainer
+/// granted the block before its fence closed, so the new leader had nothing to write.
 struct Replica {
     name: String,
     /// Where its `/healthz` and `/readyz` answer.
     health: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), Error>>,
+    /// The replica's own runtime (None once killed).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Replica {
     async fn start(server: &ApiServer, name: &str) -> Replica {
-        let client = server.client(&operator_on(name)).await.expect("client");
         let kube_config = server
             .kube_config(&operator_on(name))
             .await
@@ -73,15 +79,41 @@ impl Replica {
             ..operator_settings()
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(runtime::run(client, s, async move {
-            let _ = stopped.await;
-        }));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("replica-{name}"))
+            .enable_all()
+            .build()
+            .expect("the replica's runtime");
+        // the client is made on the replica's runtime: its workers are the replica's tasks
+        let config = s
+            .election
+            .as_ref()
+            .expect("an election")
+            .kube_config
+            .clone();
+        let task = rt.spawn(async move {
+            let client = kube::Client::try_from(config).expect("client");
+            runtime::run(client, s, async move {
+                let _ = stopped.await;
+            })
+            .await
+        });
         Replica {
             name: name.into(),
             health,
             stop: Some(stop),
             task,
+            runtime: Some(rt),
         }
+    }
+
+    /// kill -9: every task of the replica ends now; what it already sent may still land.
+    async fn kill(mut self) {
+        let rt = self.runtime.take().expect("not killed yet");
+        tokio::task::spawn_blocking(move || rt.shutdown_timeout(Duration::from_secs(5)))
+            .await
+            .expect("the replica's runtime shut down");
     }
 
     /// The status `/readyz` answers with (None: no answer).
@@ -102,10 +134,20 @@ impl Replica {
     /// SIGTERM; returns how `run` ended.
     async fn shut_down(mut self) -> Result<(), Error> {
         drop(self.stop.take());
-        tokio::time::timeout(Duration::from_secs(10), self.task)
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
             .await
             .expect("run stops")
             .expect("run's task")
+    }
+}
+
+impl Drop for Replica {
+    /// A test that failed leaves no replica running (a runtime may not be dropped on a
+    /// runtime's thread, so its tasks are dropped in the background).
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -232,8 +274,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced() {
     }
 
     let i = replicas.iter().position(|r| r.name == first).unwrap();
-    let old = replicas.remove(i);
-    old.task.abort();
+    replicas.remove(i).kill().await;
     let killed = Instant::now();
     node_with_a_pod(&admin, "n2").await;
     let new = leader(&admin, Some(&first), LEASE + RETRY + Duration::from_secs(1)).await;
@@ -328,8 +369,8 @@ async fn deposed(latency: Duration) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     load.abort();
     let i = replicas.iter().position(|r| r.name == old).unwrap();
-    let deposed = replicas.remove(i);
-    let ended = tokio::time::timeout(Duration::from_secs(5), deposed.task)
+    let mut deposed = replicas.remove(i);
+    let ended = tokio::time::timeout(Duration::from_secs(5), &mut deposed.task)
         .await
         .expect("the deposed leader's run ends")
         .expect("its task");
