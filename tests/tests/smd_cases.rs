@@ -523,10 +523,8 @@ fn check_managed(live: &Value, want: &BTreeMap<String, Owned>) -> Result<(), Str
 /// (`.list[name="a"].value`, `.set[="x"]`).
 fn members(node: &Value, prefix: String, out: &mut BTreeSet<String>) {
     let Some(m) = node.as_object() else { return };
-    if m.is_empty() || m.contains_key(".") {
-        if !prefix.is_empty() {
-            out.insert(prefix.clone());
-        }
+    if (m.is_empty() || m.contains_key(".")) && !prefix.is_empty() {
+        out.insert(prefix.clone());
     }
     for (k, child) in m {
         let element = if let Some(f) = k.strip_prefix("f:") {
