@@ -87,7 +87,9 @@ impl FieldSet {
                 if schema.is_some_and(|s| is_map_entry(s, k)) {
                     child.me = true;
                 }
-                fs.children.insert(format!("f:{k}"), child);
+                if !child.is_empty() {
+                    fs.children.insert(format!("f:{k}"), child);
+                }
             }
         }
         fs
@@ -96,7 +98,12 @@ impl FieldSet {
     fn of_node(v: &Value, schema: Option<&Value>, key: &str) -> Self {
         match (child_shape(schema, key, v), v) {
             (Shape::Granular, Value::Object(m)) if !m.is_empty() => Self::of_object(v, schema),
-            (Shape::ListMap(keys), Value::Array(items)) if !items.is_empty() => {
+            // An associative list records its items only: an empty one records nothing
+            // (structured-merge-diff `typed/tofieldset.go`, `doList`/`visitListItems`).
+            (Shape::ListMap(_) | Shape::ListSet, Value::Array(items)) if items.is_empty() => {
+                FieldSet::default()
+            }
+            (Shape::ListMap(keys), Value::Array(items)) => {
                 let mut fs = FieldSet::default();
                 for item in items {
                     let mut child = Self::of_object(item, items_schema(schema));
@@ -105,7 +112,7 @@ impl FieldSet {
                 }
                 fs
             }
-            (Shape::ListSet, Value::Array(items)) if !items.is_empty() => {
+            (Shape::ListSet, Value::Array(items)) => {
                 let mut fs = FieldSet::default();
                 for item in items {
                     fs.children.insert(format!("v:{item}"), Self::leaf());
@@ -127,6 +134,7 @@ impl FieldSet {
             self.children.remove("f:status");
         }
         if let Some(md) = self.children.get_mut("f:metadata") {
+            md.me = false;
             md.children.retain(|k, _| {
                 matches!(
                     k.as_str(),
@@ -169,11 +177,6 @@ impl FieldSet {
         self.node(path).is_some_and(|n| n.me)
     }
 
-    /// True if `path` or anything below it is owned.
-    pub(crate) fn touches(&self, path: &[String]) -> bool {
-        self.node(path).is_some_and(|n| !n.is_empty())
-    }
-
     pub(crate) fn insert(&mut self, path: &[String]) {
         let mut cur = self;
         for p in path {
@@ -197,6 +200,57 @@ impl FieldSet {
             }
         }
         rec(self, path);
+    }
+
+    pub(crate) fn union(&self, other: &FieldSet) -> FieldSet {
+        let mut out = self.clone();
+        for p in other.members() {
+            out.insert(&p);
+        }
+        out
+    }
+
+    pub(crate) fn difference(&self, other: &FieldSet) -> FieldSet {
+        self.filtered(|p| !other.is_member(p))
+    }
+
+    pub(crate) fn intersection(&self, other: &FieldSet) -> FieldSet {
+        self.filtered(|p| other.is_member(p))
+    }
+
+    fn filtered(&self, keep: impl Fn(&[String]) -> bool) -> FieldSet {
+        let mut out = FieldSet::default();
+        for p in self.members().iter().filter(|p| keep(p)) {
+            out.insert(p);
+        }
+        out
+    }
+
+    /// structured-merge-diff `fieldpath.Set.EnsureNamedFieldsAreMembers`: a declared field
+    /// with owned fields below it becomes a member itself; map entries and list items do not.
+    /// The object's `metadata` never does: an applier always names the object in it.
+    fn ensure_named(&self, schema: Option<&Value>) -> FieldSet {
+        self.named_below(schema, true)
+    }
+
+    fn named_below(&self, schema: Option<&Value>, root: bool) -> FieldSet {
+        let mut out = FieldSet {
+            children: BTreeMap::new(),
+            me: self.me,
+        };
+        for (k, c) in &self.children {
+            let (cs, named) = match k.strip_prefix("f:") {
+                Some(f) => (
+                    schema.and_then(|s| prop(s, f)),
+                    !(root && f == "metadata") && schema.is_none_or(|s| !is_map_entry(s, f)),
+                ),
+                None => (items_schema(schema), false),
+            };
+            let mut nc = c.named_below(cs, false);
+            nc.me |= named && !c.children.is_empty();
+            out.children.insert(k.clone(), nc);
+        }
+        out
     }
 
     /// Keeps only members whose path exists in `obj`.
@@ -258,52 +312,9 @@ pub(crate) fn value_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
     Some(cur)
 }
 
-fn remove_value_at(v: &mut Value, path: &[String]) {
-    let Some((last, parent)) = path.split_last() else {
-        return;
-    };
-    let mut cur = v;
-    for p in parent {
-        let next = if let Some(f) = p.strip_prefix("f:") {
-            cur.get_mut(f)
-        } else if p.starts_with("k:") || p.starts_with("v:") {
-            let idx = find_index(cur, p);
-            match (idx, cur.as_array_mut()) {
-                (Some(i), Some(a)) => a.get_mut(i),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        match next {
-            Some(n) => cur = n,
-            None => return,
-        }
-    }
-    if let Some(f) = last.strip_prefix("f:") {
-        if let Some(m) = cur.as_object_mut() {
-            m.remove(f);
-        }
-    } else if let Some(i) = find_index(cur, last)
-        && let Some(a) = cur.as_array_mut()
-    {
-        a.remove(i);
-    }
-}
-
-fn find_index(list: &Value, p: &str) -> Option<usize> {
-    let a = list.as_array()?;
-    if let Some(k) = p.strip_prefix("k:") {
-        let key: Map<String, Value> = serde_json::from_str(k).ok()?;
-        a.iter()
-            .position(|item| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))
-    } else {
-        let val: Value = serde_json::from_str(p.strip_prefix("v:")?).ok()?;
-        a.iter().position(|i| *i == val)
-    }
-}
-
-/// Merges an apply configuration into the live object.
+/// Merges an apply configuration into the live object (structured-merge-diff
+/// `typed/merge.go`): granular maps key by key, associative lists item by item in the order
+/// `merge_items` gives, everything else replaced.
 pub(crate) fn apply_merge(live: &mut Value, config: &Value, schema: Option<&Value>) {
     let (Value::Object(l), Value::Object(c)) = (&mut *live, config) else {
         *live = config.clone();
@@ -317,27 +328,278 @@ pub(crate) fn apply_merge(live: &mut Value, config: &Value, schema: Option<&Valu
         }
         match (child_shape(cs, k, cv), l.get_mut(k)) {
             (Shape::Granular, Some(lv @ Value::Object(_))) => apply_merge(lv, cv, cs),
-            (Shape::ListMap(keys), Some(Value::Array(litems))) => {
-                for item in cv.as_array().into_iter().flatten() {
-                    let key = item_key(item, &keys);
-                    match litems.iter_mut().find(|li| item_key(li, &keys) == key) {
-                        Some(li) => apply_merge(li, item, items_schema(cs)),
-                        None => litems.push(item.clone()),
-                    }
-                }
-            }
-            (Shape::ListSet, Some(Value::Array(litems))) => {
-                for item in cv.as_array().into_iter().flatten() {
-                    if !litems.contains(item) {
-                        litems.push(item.clone());
-                    }
-                }
+            (shape @ (Shape::ListMap(_) | Shape::ListSet), Some(Value::Array(litems))) => {
+                let ritems = cv.as_array().map(Vec::as_slice).unwrap_or_default();
+                *litems = merge_items(litems, ritems, &shape, items_schema(cs));
             }
             _ => {
                 l.insert(k.clone(), cv.clone());
             }
         }
     }
+}
+
+/// The path element of a list item: `k:{...}` in a list-map, `v:...` in a set.
+fn item_element(item: &Value, shape: &Shape) -> String {
+    match shape {
+        Shape::ListMap(keys) => item_key(item, keys),
+        _ => format!("v:{item}"),
+    }
+}
+
+/// A list's items by path element, the first of duplicates only, in list order.
+fn index_items<'a>(items: &'a [Value], shape: &Shape) -> Vec<(String, &'a Value)> {
+    let mut out: Vec<(String, &Value)> = Vec::with_capacity(items.len());
+    for item in items {
+        let pe = item_element(item, shape);
+        if !out.iter().any(|(p, _)| *p == pe) {
+            out.push((pe, item));
+        }
+    }
+    out
+}
+
+fn find_item<'a>(index: &[(String, &'a Value)], pe: &str) -> Option<&'a Value> {
+    index.iter().find(|(p, _)| p == pe).map(|(_, v)| *v)
+}
+
+/// Merges the items of an associative list in structured-merge-diff's order
+/// (`typed/merge.go`, `visitListItems`): the live order, with the applied items that are new
+/// placed where they stand relative to the items both lists share.
+fn merge_items(lhs: &[Value], rhs: &[Value], shape: &Shape, schema: Option<&Value>) -> Vec<Value> {
+    let (l, r) = (index_items(lhs, shape), index_items(rhs, shape));
+    let merge_one = |pe: &str, rv: &Value| match find_item(&l, pe) {
+        Some(lv) if matches!(shape, Shape::ListMap(_)) => {
+            let mut m = lv.clone();
+            apply_merge(&mut m, rv, schema);
+            m
+        }
+        _ => rv.clone(),
+    };
+    let mut shared = r
+        .iter()
+        .filter(|(pe, _)| find_item(&l, pe).is_some())
+        .map(|(pe, _)| pe.as_str());
+    let mut next_shared = shared.next();
+    let mut merged: Vec<&str> = Vec::new();
+    let mut out = Vec::with_capacity(l.len().max(r.len()));
+    let (mut li, mut ri) = (0, 0);
+    while li < l.len() || ri < r.len() {
+        if li < l.len() && ri < r.len() {
+            let pe = l[li].0.as_str();
+            if pe == r[ri].0 {
+                merged.push(pe);
+                out.push(merge_one(pe, r[ri].1));
+                (li, ri) = (li + 1, ri + 1);
+                next_shared = shared.next();
+                continue;
+            }
+            if find_item(&r, pe).is_some() && next_shared.is_some_and(|n| n != pe) {
+                li += 1;
+                continue;
+            }
+        }
+        if li < l.len() {
+            let pe = l[li].0.as_str();
+            if find_item(&r, pe).is_none() {
+                out.push(l[li].1.clone());
+                li += 1;
+                continue;
+            } else if merged.contains(&pe) {
+                li += 1;
+            }
+        }
+        if ri < r.len() {
+            let pe = r[ri].0.as_str();
+            merged.push(pe);
+            out.push(merge_one(pe, r[ri].1));
+            ri += 1;
+            if next_shared == Some(pe) {
+                next_shared = shared.next();
+            }
+        }
+    }
+    out
+}
+
+/// structured-merge-diff `typed/remove.go` (`RemoveItems`): drops every node of `v` that is a
+/// member of `set`, whole, and descends where `set` owns something below. A map or list left
+/// empty becomes null.
+fn remove_items(v: &Value, set: &FieldSet, schema: Option<&Value>, key: &str) -> Value {
+    let emptied = |empty: bool, out: Value| if empty { Value::Null } else { out };
+    let keep = |c: &FieldSet, cv: &Value, cs: Option<&Value>, k: &str| {
+        if c.children.is_empty() {
+            cv.clone()
+        } else {
+            remove_items(cv, c, cs, k)
+        }
+    };
+    match (child_shape(schema, key, v), v) {
+        (Shape::Granular, Value::Object(m)) => {
+            let mut out = Map::new();
+            for (k, cv) in m {
+                match set.children.get(&format!("f:{k}")) {
+                    Some(c) if c.me => {}
+                    Some(c) => {
+                        out.insert(k.clone(), keep(c, cv, schema.and_then(|s| prop(s, k)), k));
+                    }
+                    None => {
+                        out.insert(k.clone(), cv.clone());
+                    }
+                }
+            }
+            emptied(out.is_empty(), Value::Object(out))
+        }
+        (shape @ (Shape::ListMap(_) | Shape::ListSet), Value::Array(items)) => {
+            let mut out = Vec::new();
+            for item in items {
+                match set.children.get(&item_element(item, &shape)) {
+                    Some(c) if c.me => {}
+                    Some(c) => out.push(keep(c, item, items_schema(schema), "")),
+                    None => out.push(item.clone()),
+                }
+            }
+            emptied(out.is_empty(), Value::Array(out))
+        }
+        (Shape::Atomic, Value::Object(_) | Value::Array(_)) => Value::Null,
+        _ => v.clone(),
+    }
+}
+
+/// What a write changed, as structured-merge-diff's `typed/compare.go` reports it: `changed`
+/// is its Modified ∪ Added, `removed` its Removed. A leaf (a scalar, an atomic list or map, an
+/// empty map or list) is modified when its value differs; a node on one side only is added
+/// or removed with every node below it.
+#[derive(Default)]
+struct Comparison {
+    changed: FieldSet,
+    removed: FieldSet,
+}
+
+impl Comparison {
+    fn of(old: &Value, new: &Value, schema: Option<&Value>) -> Self {
+        let mut c = Comparison::default();
+        c.node(Some(old), Some(new), schema, "", &mut Vec::new());
+        c
+    }
+
+    fn node(
+        &mut self,
+        old: Option<&Value>,
+        new: Option<&Value>,
+        schema: Option<&Value>,
+        key: &str,
+        path: &mut Vec<String>,
+    ) {
+        let (o, n) = match (old, new) {
+            (Some(o), Some(n)) => (o, n),
+            (None, Some(n)) => return every_node(n, schema, key, path, &mut self.changed),
+            (Some(o), None) => return every_node(o, schema, key, path, &mut self.removed),
+            (None, None) => return,
+        };
+        match (child_shape(schema, key, n), o, n) {
+            (Shape::Granular, Value::Object(lo), Value::Object(ln))
+                if !(lo.is_empty() && ln.is_empty()) =>
+            {
+                let keys: std::collections::BTreeSet<&String> =
+                    lo.keys().chain(ln.keys()).collect();
+                for k in keys {
+                    path.push(format!("f:{k}"));
+                    self.node(
+                        lo.get(k),
+                        ln.get(k),
+                        schema.and_then(|s| prop(s, k)),
+                        k,
+                        path,
+                    );
+                    path.pop();
+                }
+            }
+            (shape @ (Shape::ListMap(_) | Shape::ListSet), Value::Array(lo), Value::Array(ln))
+                if !(lo.is_empty() && ln.is_empty()) =>
+            {
+                let (li, ri) = (index_items(lo, &shape), index_items(ln, &shape));
+                let mut pes: Vec<&str> = li.iter().map(|(p, _)| p.as_str()).collect();
+                pes.extend(
+                    ri.iter()
+                        .map(|(p, _)| p.as_str())
+                        .filter(|p| find_item(&li, p).is_none()),
+                );
+                for pe in pes {
+                    path.push(pe.to_string());
+                    self.node(
+                        find_item(&li, pe),
+                        find_item(&ri, pe),
+                        items_schema(schema),
+                        "",
+                        path,
+                    );
+                    path.pop();
+                }
+            }
+            _ if o != n && !path.is_empty() => self.changed.insert(path),
+            _ => {}
+        }
+    }
+
+    /// Keeps only what `Writer::set_of` tracks (the reset fields of the endpoint aside).
+    fn strip(mut self, strip_status: bool, status_only: bool) -> Self {
+        self.changed.strip(strip_status, status_only);
+        self.removed.strip(strip_status, status_only);
+        self
+    }
+}
+
+/// Inserts `path` and every node below it that is not inside an atomic value.
+fn every_node(
+    v: &Value,
+    schema: Option<&Value>,
+    key: &str,
+    path: &mut Vec<String>,
+    set: &mut FieldSet,
+) {
+    set.insert(path);
+    match (child_shape(schema, key, v), v) {
+        (Shape::Granular, Value::Object(m)) => {
+            for (k, cv) in m {
+                path.push(format!("f:{k}"));
+                every_node(cv, schema.and_then(|s| prop(s, k)), k, path, set);
+                path.pop();
+            }
+        }
+        (shape @ (Shape::ListMap(_) | Shape::ListSet), Value::Array(items)) => {
+            for (pe, item) in index_items(items, &shape) {
+                path.push(pe);
+                every_node(item, items_schema(schema), "", path, set);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The applier's pruning (structured-merge-diff `merge/update.go`, `prune`,
+/// `addBackOwnedItems`, `addBackDanglingItems`): of what the applier applied last time
+/// (`last`), whatever no manager owns now (`owned`, the applier's new set included) goes.
+/// Declared fields count as owned when anything below them is, map entries and list items
+/// only when they are owned themselves, so an entry that its applier stops sending goes
+/// whole even where another manager owns a field inside it.
+fn prune(merged: &Value, last: &FieldSet, owned: &FieldSet, schema: Option<&Value>) -> Value {
+    if last.is_empty() {
+        return merged.clone();
+    }
+    let set_of = |v: &Value| FieldSet::of_object(v, schema).ensure_named(schema);
+    let last = last.ensure_named(schema);
+    let all = set_of(merged);
+    let kept = set_of(&remove_items(merged, &last, schema, ""));
+    let unowned = all.difference(&kept.union(&owned.ensure_named(schema)));
+    let pruned = set_of(&remove_items(merged, &unowned, schema, ""));
+    remove_items(
+        merged,
+        &all.difference(&pruned).intersection(&last),
+        schema,
+        "",
+    )
 }
 
 /// One `managedFields` entry.
@@ -441,31 +703,31 @@ impl Writer<'_> {
         e
     }
 
-    /// Records a non-apply write (create, update, patch) from `old` to `new`.
+    fn compare(&self, old: &Value, new: &Value) -> Comparison {
+        Comparison::of(old, new, self.schema).strip(self.strip_status, self.subresource == "status")
+    }
+
+    /// Records a non-apply write (create, update, patch) from `old` to `new`, as
+    /// structured-merge-diff's `Updater.Update` does (`merge/update.go`): the writer takes
+    /// every changed or added field from the other managers, and nobody keeps a removed one.
     pub(crate) fn record_update(&self, old: Option<&Value>, new: &mut Value) {
         let mut entries = old.map(read_managed).unwrap_or_default();
-        let all = self.set_of(new);
-        let changed: Vec<Vec<String>> = all
-            .members()
-            .into_iter()
-            .filter(|p| old.and_then(|o| value_at(o, p)) != value_at(new, p))
-            .collect();
-        if !changed.is_empty() {
-            for e in entries.iter_mut() {
-                for p in &changed {
-                    e.set.remove(p);
-                }
-            }
+        let c = self.compare(old.unwrap_or(&json!({})), new);
+        for e in entries.iter_mut() {
+            e.set = e.set.difference(&c.changed).difference(&c.removed);
+        }
+        if !c.changed.is_empty() {
             let e = self.entry(&mut entries, "Update");
-            for p in &changed {
-                e.set.insert(p);
-            }
+            e.set = e.set.union(&c.changed);
         }
         finish(&mut entries, new);
     }
 
-    /// Server-side apply of `config` onto `live` (an empty object for a create). Returns the
-    /// new object, or the list of conflicts `(manager, field path)` unless `force`.
+    /// Server-side apply of `config` onto `live` (an empty object for a create), as
+    /// structured-merge-diff's `Updater.Apply` does (`merge/update.go`): merge, prune what
+    /// the applier stopped sending, then conflict on the fields of other managers that the
+    /// result changes or adds. Returns the new object, or the list of conflicts
+    /// `(manager, field path)` unless `force`.
     pub(crate) fn apply(
         &self,
         live: &Value,
@@ -474,46 +736,33 @@ impl Writer<'_> {
     ) -> Result<Value, Vec<(String, String)>> {
         let mut entries = read_managed(live);
         let applied = self.set_of(config);
-        let mut conflicts = Vec::new();
-        for p in applied.members() {
-            let lv = value_at(live, &p);
-            if lv.is_none()
-                || lv == value_at(config, &p)
-                || p.last().is_some_and(|l| l.starts_with("k:"))
-            {
-                continue;
-            }
-            for e in entries.iter_mut() {
-                if e.same(self.manager, "Apply", self.subresource) || !e.set.is_member(&p) {
-                    continue;
-                }
-                if force {
-                    e.set.remove(&p);
-                } else {
-                    conflicts.push((e.manager.clone(), display_path(&p)));
-                }
-            }
-        }
-        if !conflicts.is_empty() {
-            return Err(conflicts);
-        }
-        let mut merged = live.clone();
-        apply_merge(&mut merged, config, self.schema);
-        let prev = entries
+        let mine = |e: &Managed| e.same(self.manager, "Apply", self.subresource);
+        let last = entries
             .iter()
-            .find(|e| e.same(self.manager, "Apply", self.subresource))
+            .find(|e| mine(e))
             .map(|e| e.set.clone())
             .unwrap_or_default();
-        for p in prev.members() {
-            if applied.is_member(&p) || applied.touches(&p) {
-                continue;
-            }
-            let owned_by_other = entries
-                .iter()
-                .any(|e| !e.same(self.manager, "Apply", self.subresource) && e.set.touches(&p));
-            if !owned_by_other {
-                remove_value_at(&mut merged, &p);
-            }
+        let owned = entries
+            .iter()
+            .filter(|e| !mine(e))
+            .fold(applied.clone(), |acc, e| acc.union(&e.set));
+        let mut merged = live.clone();
+        apply_merge(&mut merged, config, self.schema);
+        let mut merged = prune(&merged, &last, &owned, self.schema);
+        let c = self.compare(live, &merged);
+        let mut conflicts = Vec::new();
+        for e in entries.iter_mut().filter(|e| !mine(e)) {
+            let taken = e.set.intersection(&c.changed);
+            conflicts.extend(
+                taken
+                    .members()
+                    .iter()
+                    .map(|p| (e.manager.clone(), display_path(p))),
+            );
+            e.set = e.set.difference(&taken).difference(&c.removed);
+        }
+        if !force && !conflicts.is_empty() {
+            return Err(conflicts);
         }
         self.entry(&mut entries, "Apply").set = applied;
         finish(&mut entries, &mut merged);
@@ -537,8 +786,11 @@ pub(crate) fn display_path(p: &[String]) -> String {
             s.push('.');
             s.push_str(f);
         } else if let Some(k) = el.strip_prefix("k:") {
+            // `[name="a",port=80]`, as structured-merge-diff's `PathElement.String`.
+            let fields: Map<String, Value> = serde_json::from_str(k).unwrap_or_default();
+            let parts: Vec<String> = fields.iter().map(|(n, v)| format!("{n}={v}")).collect();
             s.push('[');
-            s.push_str(k);
+            s.push_str(&parts.join(","));
             s.push(']');
         } else if let Some(v) = el.strip_prefix("v:") {
             s.push_str("[=");
