@@ -841,7 +841,7 @@ fn watch(
 ) -> Result<Response<Body>, Error> {
     let rt = t.rt.clone();
     let include = q.get("includeObject").cloned().unwrap_or_default();
-    let gr = rt.gr();
+    let gr = rt.storage_gr();
     let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let from = match q.get("resourceVersion").map(String::as_str) {

@@ -1,5 +1,6 @@
-//! Per-kind rules of apps/v1 DaemonSet, networking.k8s.io/v1 NetworkPolicy and
-//! scheduling.k8s.io/v1 PriorityClass, as the real server (v1.33) has them: defaults
+//! Per-kind rules of apps/v1 DaemonSet, networking.k8s.io/v1 NetworkPolicy,
+//! scheduling.k8s.io/v1 PriorityClass, v1 ResourceQuota ([`quota`]) and
+//! flowcontrol.apiserver.k8s.io/v1 FlowSchema ([`flowschema`]), as the real server (v1.33) has them: defaults
 //! (`SetDefaults_*` of the v1 types), the validations a deploy bundle would trip on in the
 //! words and field paths of `pkg/apis/{apps,networking,scheduling}/validation`, immutable fields
 //! on update, the system priority classes the server pre-creates, and the `Table` columns of
@@ -8,6 +9,9 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
+
+mod flowschema;
+mod quota;
 
 type Causes = Vec<(String, String)>;
 
@@ -96,6 +100,7 @@ pub(crate) fn default(group: &str, kind: &str, obj: &mut Value) {
                 spec.insert("policyTypes".into(), Value::Array(types));
             }
         }
+        ("flowcontrol.apiserver.k8s.io", "FlowSchema") => flowschema::default(obj),
         ("scheduling.k8s.io", "PriorityClass") => {
             if let Some(o) = obj.as_object_mut() {
                 if o.get("preemptionPolicy").is_none_or(Value::is_null) {
@@ -117,6 +122,8 @@ pub(crate) fn validate(group: &str, kind: &str, obj: &Value, causes: &mut Causes
         ("apps", "DaemonSet") => daemonset(obj, causes),
         ("networking.k8s.io", "NetworkPolicy") => network_policy(obj, causes),
         ("scheduling.k8s.io", "PriorityClass") => priority_class(obj, causes),
+        ("", "ResourceQuota") => quota::validate(obj, causes),
+        ("flowcontrol.apiserver.k8s.io", "FlowSchema") => flowschema::validate(obj, causes),
         _ => {}
     }
 }
@@ -130,6 +137,9 @@ pub(crate) fn validate_update(
     new: &Value,
     causes: &mut Causes,
 ) {
+    if (group, kind) == ("", "ResourceQuota") {
+        quota::validate_update(old, new, causes);
+    }
     if (group, kind) == ("scheduling.k8s.io", "PriorityClass") {
         let mut new = new.clone();
         default(group, kind, &mut new);

@@ -12,6 +12,7 @@ mod admission_policy;
 mod crd_validation;
 mod discovery;
 mod error;
+mod events;
 mod fieldset;
 mod http;
 mod identity;

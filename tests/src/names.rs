@@ -19,6 +19,52 @@ fn subdomain_shape(s: &str) -> bool {
     s.split('.').all(label_shape)
 }
 
+const QUALIFIED_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, of any length.
+fn qualified_shape(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// `IsQualifiedName`: an optional DNS-1123 subdomain prefix and `/`, then a name part of at
+/// most 63 characters of the qualified shape.
+pub(crate) fn qualified_name(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    let parts: Vec<&str> = s.split('/').collect();
+    let name = match parts[..] {
+        [name] => name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push("prefix part must be non-empty".to_string());
+            } else {
+                errs.extend(
+                    dns1123_subdomain(prefix)
+                        .into_iter()
+                        .map(|m| format!("prefix part {m}")),
+                );
+            }
+            name
+        }
+        _ => {
+            return vec![format!(
+                "a qualified name {QUALIFIED_MSG} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )];
+        }
+    };
+    if name.is_empty() {
+        errs.push("name part must be non-empty".into());
+    } else if name.len() > 63 {
+        errs.push(format!("name part {}", max_len(63)));
+    }
+    if !qualified_shape(name) {
+        errs.push(format!("name part {QUALIFIED_MSG}"));
+    }
+    errs
+}
+
 fn max_len(n: usize) -> String {
     format!("must be no more than {n} characters")
 }
@@ -108,6 +154,15 @@ mod tests {
         assert_eq!(dns1123_subdomain("a..b"), vec![SUBDOMAIN_MSG]);
         assert_eq!(dns1123_label(&"a".repeat(64)), vec![max_len(63)]);
         assert_eq!(dns1123_label("a.b"), vec!["must not contain dots"]);
+        assert!(qualified_name("example.com/My_name.1").is_empty());
+        assert_eq!(
+            qualified_name(""),
+            vec![
+                "name part must be non-empty".to_string(),
+                format!("name part {QUALIFIED_MSG}")
+            ]
+        );
+        assert_eq!(qualified_name("/a"), vec!["prefix part must be non-empty"]);
         assert_eq!(dns1123_label("A"), vec![LABEL_MSG]);
         assert!(dns1123_label("0a").is_empty());
         assert_eq!(dns1035_label("0a"), vec![DNS1035_MSG]);

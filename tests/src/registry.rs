@@ -45,6 +45,16 @@ impl ResType {
         crate::error::qualified(&self.group, &self.plural)
     }
 
+    /// The key of the store this type's objects live in: events.k8s.io Events are core
+    /// Events (see [`crate::events`]).
+    pub fn storage_gr(&self) -> String {
+        if crate::events::is_events_api(self) {
+            crate::error::qualified("", &self.plural)
+        } else {
+            self.gr()
+        }
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
@@ -65,6 +75,7 @@ impl ResType {
                     | "CustomResourceDefinition"
                     | "Pod"
                     | "ValidatingAdmissionPolicy"
+                    | "FlowSchema"
             )
     }
 
@@ -231,6 +242,26 @@ pub(crate) fn builtins() -> Vec<ResType> {
             &[],
         ),
         builtin("", "v1", "Secret", "secrets", true, false, &[], &[]),
+        builtin(
+            "",
+            "v1",
+            "ResourceQuota",
+            "resourcequotas",
+            true,
+            true,
+            &["quota"],
+            &[],
+        ),
+        builtin(
+            "flowcontrol.apiserver.k8s.io",
+            "v1",
+            "FlowSchema",
+            "flowschemas",
+            false,
+            true,
+            &[],
+            &[],
+        ),
         builtin(
             "events.k8s.io",
             "v1",

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 
 use crate::admission_policy::Admission;
 use crate::error::Error;
+use crate::events;
 use crate::fieldset::Writer;
 use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
@@ -166,16 +167,6 @@ fn label_part(s: &str) -> bool {
         && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
-/// A label key: optional DNS-subdomain prefix and `/`, then a name part.
-fn qualified_name(k: &str) -> bool {
-    match k.split_once('/') {
-        Some((prefix, name)) => {
-            !prefix.is_empty() && names::dns1123_subdomain(prefix).is_empty() && label_part(name)
-        }
-        None => label_part(k),
-    }
-}
-
 fn spec_part(o: &Value, with_status: bool) -> Value {
     let mut c = o.clone();
     if let Some(m) = c.as_object_mut() {
@@ -318,15 +309,27 @@ impl Store {
         self.inner.lock().rv
     }
 
-    /// The object as seen through `rt`'s version.
+    /// The object as seen through `rt`'s version (a stored core Event converted for
+    /// events.k8s.io).
     pub(crate) fn present(rt: &ResType, obj: &Arc<Value>) -> Arc<Value> {
         let av = rt.api_version();
         if obj.get("apiVersion").and_then(Value::as_str) == Some(av.as_str()) {
             obj.clone()
+        } else if events::is_events_api(rt) {
+            Arc::new(events::from_core(obj))
         } else {
             let mut o = (**obj).clone();
             o["apiVersion"] = json!(av);
             Arc::new(o)
+        }
+    }
+
+    /// A written object (in `rt`'s shape) as it is stored: events.k8s.io Events as core ones.
+    fn to_storage(rt: &ResType, obj: Value) -> Value {
+        if events::is_events_api(rt) {
+            events::to_core(&obj)
+        } else {
+            obj
         }
     }
 
@@ -351,7 +354,7 @@ impl Store {
     pub(crate) fn get(&self, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
         let i = self.inner.lock();
         i.objects
-            .get(&rt.gr())
+            .get(&rt.storage_gr())
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
             .map(|o| Self::present(rt, o))
             .ok_or_else(|| Error::not_found(&rt.group, &rt.plural, name))
@@ -379,7 +382,7 @@ impl Store {
             None => {
                 let items: Vec<Arc<Value>> = i
                     .objects
-                    .get(&rt.gr())
+                    .get(&rt.storage_gr())
                     .map(|m| {
                         m.iter()
                             .filter(|((ons, _), o)| ns.is_none_or(|n| n == ons) && sel.matches(o))
@@ -429,7 +432,7 @@ impl Store {
         from: Option<u64>,
     ) -> Result<WatchStart, Error> {
         let i = self.inner.lock();
-        let gr = rt.gr();
+        let gr = rt.storage_gr();
         let rx = self.tx.subscribe();
         let first = match from {
             None | Some(0) => i
@@ -527,10 +530,12 @@ impl Store {
     }
 
     /// Validation, pruning and defaulting shared by all writes.
+    /// `old` is the stored object (in `rt`'s shape) on an update.
     fn admit(
         &self,
         rt: &ResType,
         obj: &mut Value,
+        old: Option<&Value>,
         strict: bool,
         warnings: &mut Vec<String>,
     ) -> Result<(), Error> {
@@ -596,42 +601,7 @@ impl Store {
             }
         }
         let mut causes = crate::admission_policy::check_object(rt, obj);
-        if rt.group == "events.k8s.io" {
-            let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
-            for (p, f) in [
-                ("/eventTime", "eventTime"),
-                ("/reportingController", "reportingController"),
-                ("/reportingInstance", "reportingInstance"),
-                ("/action", "action"),
-                ("/reason", "reason"),
-            ] {
-                if s(p).is_empty() {
-                    causes.push((f.into(), "Required value".into()));
-                }
-            }
-            for (p, f, max) in [
-                ("/reportingInstance", "reportingInstance", 128),
-                ("/action", "action", 128),
-                ("/reason", "reason", 128),
-                ("/note", "note", 1024),
-            ] {
-                if s(p).len() > max {
-                    causes.push((
-                        f.into(),
-                        format!("Too long: may not be more than {max} bytes"),
-                    ));
-                }
-            }
-            if !matches!(s("/type"), "Normal" | "Warning") {
-                causes.push((
-                    "type".into(),
-                    format!(
-                        "Unsupported value: \"{}\": supported values: \"Normal\", \"Warning\"",
-                        s("/type")
-                    ),
-                ));
-            }
-        }
+        events::validate(rt, obj, old, &mut causes);
         // DaemonSet, NetworkPolicy, PriorityClass: defaults, then their validations
         if !rt.crd {
             crate::kinds::default(&rt.group, &rt.kind, obj);
@@ -681,10 +651,10 @@ impl Store {
         }
         if let Some(labels) = meta(obj, "labels").and_then(Value::as_object) {
             for (k, v) in labels {
-                if !qualified_name(k) {
+                for m in names::qualified_name(k) {
                     causes.push((
                         "metadata.labels".into(),
-                        format!("Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"),
+                        format!("Invalid value: \"{k}\": {m}"),
                     ));
                 }
                 let v = v.as_str().unwrap_or("");
@@ -854,7 +824,7 @@ impl Store {
                     .collect(),
             ));
         }
-        let gr = rt.gr();
+        let gr = rt.storage_gr();
         if i.objects.get(&gr).is_some_and(|m| {
             m.contains_key(&(
                 if rt.namespaced {
@@ -881,7 +851,7 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         let mut warnings = Vec::new();
-        self.admit(rt, &mut obj, o.strict, &mut warnings)?;
+        self.admit(rt, &mut obj, None, o.strict, &mut warnings)?;
         if let Some(a) = &o.admission {
             let name = meta_str(&obj, "name").to_string();
             warnings.extend(a.check("CREATE", rt, "", ns, &name, Some(&obj), None, o.dry_run)?);
@@ -906,7 +876,7 @@ impl Store {
                 code: 201,
             });
         }
-        let stored = self.commit(i, &gr, "ADDED", obj, None);
+        let stored = self.commit(i, &gr, "ADDED", Self::to_storage(rt, obj), None);
         if gr == CRD_GR {
             self.crd_changed(i, &stored)?;
         }
@@ -1020,7 +990,7 @@ impl Store {
 
     fn lookup(i: &Inner, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
         i.objects
-            .get(&rt.gr())
+            .get(&rt.storage_gr())
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
             .cloned()
             .ok_or_else(|| Error::not_found(&rt.group, &rt.plural, name))
@@ -1037,6 +1007,8 @@ impl Store {
         o: &WriteOpts,
         owners: Owners,
     ) -> Result<Written, Error> {
+        let stored_old = old;
+        let old = &Self::present(rt, stored_old);
         let name = meta_str(old, "name").to_string();
         Self::check_type_meta_in(i, rt, &new)?;
         if !expect_rv.is_empty() && expect_rv != meta_str(old, "resourceVersion") {
@@ -1140,7 +1112,7 @@ impl Store {
             }
         }
         let mut warnings = Vec::new();
-        self.admit(rt, &mut new, o.strict, &mut warnings)?;
+        self.admit(rt, &mut new, Some(old.as_ref()), o.strict, &mut warnings)?;
         if let Some(a) = &o.admission {
             let ns = meta_str(old, "namespace");
             let (sub, dry) = (o.subresource.as_str(), o.dry_run);
@@ -1177,9 +1149,15 @@ impl Store {
                 code: 200,
             });
         }
-        let gr = rt.gr();
+        let gr = rt.storage_gr();
         if terminating && finalizers(&new).is_empty() {
-            let gone = self.commit(i, &gr, "DELETED", new, Some(old.clone()));
+            let gone = self.commit(
+                i,
+                &gr,
+                "DELETED",
+                Self::to_storage(rt, new),
+                Some(stored_old.clone()),
+            );
             self.after_delete(i, &gone);
             return Ok(Written {
                 obj: Self::present(rt, &gone),
@@ -1187,7 +1165,13 @@ impl Store {
                 code: 200,
             });
         }
-        let stored = self.commit(i, &gr, "MODIFIED", new, Some(old.clone()));
+        let stored = self.commit(
+            i,
+            &gr,
+            "MODIFIED",
+            Self::to_storage(rt, new),
+            Some(stored_old.clone()),
+        );
         if gr == CRD_GR {
             self.crd_changed(i, &stored)?;
         }
@@ -1213,7 +1197,7 @@ impl Store {
             return self.apply_locked(&mut i, rt, ns, name, body, o);
         }
         let old = Self::lookup(&i, rt, ns, name)?;
-        let mut new = (*old).clone();
+        let mut new = (*Self::present(rt, &old)).clone();
         match ptype {
             "merge" => crate::patch::merge_patch(&mut new, body),
             "json" => crate::patch::json_patch(&mut new, body)?,
@@ -1331,7 +1315,8 @@ impl Store {
                 if !expect.is_empty() && expect != meta_str(&old, "resourceVersion") {
                     return Err(Error::stale(&rt.group, &rt.plural, name));
                 }
-                let merged = w.apply(&old, &config, o.force).map_err(conflict_err)?;
+                let view = Self::present(rt, &old);
+                let merged = w.apply(&view, &config, o.force).map_err(conflict_err)?;
                 self.update_locked(i, rt, &old, merged, "", o, Owners::Precomputed)
             }
         }
@@ -1395,7 +1380,7 @@ impl Store {
                 code: 200,
             });
         }
-        let gr = rt.gr();
+        let gr = rt.storage_gr();
         if rt.kind == "Pod" && rt.group.is_empty() {
             // Graceful deletion: a pod bound to a node and not terminal stays, terminating,
             // until its kubelet deletes it with grace 0.
@@ -1677,7 +1662,7 @@ impl Store {
         let mut i = self.inner.lock();
         let victims: Vec<Arc<Value>> = i
             .objects
-            .get(&rt.gr())
+            .get(&rt.storage_gr())
             .map(|m| {
                 m.iter()
                     .filter(|((n, _), o)| ns.is_none_or(|x| x == n) && sel.matches(o))

@@ -3,7 +3,8 @@
 //! unknown fields too; otherwise unknown fields are dropped with a warning.
 
 use k8s_openapi::api::{
-    admissionregistration, apps, coordination, core, events, networking, policy, rbac, scheduling,
+    admissionregistration, apps, coordination, core, events, flowcontrol, networking, policy, rbac,
+    scheduling,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
@@ -30,6 +31,10 @@ pub(crate) fn decode(
         ("", "Service") => roundtrip::<core::v1::Service>(v),
         ("", "ConfigMap") => roundtrip::<core::v1::ConfigMap>(v),
         ("", "Secret") => roundtrip::<core::v1::Secret>(v),
+        ("", "ResourceQuota") => roundtrip::<core::v1::ResourceQuota>(v),
+        ("flowcontrol.apiserver.k8s.io", "FlowSchema") => {
+            roundtrip::<flowcontrol::v1::FlowSchema>(v)
+        }
         ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(v),
         ("coordination.k8s.io", "Lease") => roundtrip::<coordination::v1::Lease>(v),
         ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(v),

@@ -1107,3 +1107,97 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
         assert!(shown.contains(d.name), "{} has no panel", d.name);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What no test server can emulate: priority admission and API Priority and Fairness.
+
+/// Issue 25: the bundle ships (1) a ResourceQuota that admits the priority classes both
+/// workloads use, in their namespace, whose pod limit never caps the DaemonSet, and (2) a
+/// FlowSchema that sends the operator's Lease requests to the built-in `leader-election`
+/// priority level ahead of the `service-accounts` schema (precedence 9000) that would
+/// otherwise match them (kubernetes/kubernetes
+/// staging/src/k8s.io/apiserver/pkg/apis/flowcontrol/bootstrap/default.go,
+/// `SuggestedFlowSchemaWorkloadLeaderElection` and `SuggestedFlowSchemaServiceAccounts`).
+#[test]
+fn the_bundle_admits_its_critical_pods_and_gives_the_lease_the_leader_election_level() {
+    let docs = tools::documents(&tools::render(&[]));
+    let operator = find(&docs, "Deployment", "tidepool-operator");
+    let agent = find(&docs, "DaemonSet", "tidepool-agent");
+    let ns = operator["metadata"]["namespace"].as_str().unwrap();
+    assert_eq!(agent["metadata"]["namespace"], ns);
+
+    let quotas: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ResourceQuota")
+        .collect();
+    let [quota] = quotas[..] else {
+        panic!("one ResourceQuota expected, found {}", quotas.len())
+    };
+    assert_eq!(quota["metadata"]["namespace"], ns);
+    let exprs = quota["spec"]["scopeSelector"]["matchExpressions"]
+        .as_array()
+        .unwrap();
+    let [expr] = &exprs[..] else {
+        panic!("one scope expression expected: {exprs:?}")
+    };
+    assert_eq!(
+        (&expr["scopeName"], &expr["operator"]),
+        (&Value::from("PriorityClass"), &Value::from("In"))
+    );
+    let classes = strs(&expr["values"]);
+    for workload in [operator, agent] {
+        let class = pod(workload)["priorityClassName"].as_str().unwrap();
+        assert!(
+            classes.contains(&class),
+            "{class} not admitted by {classes:?}"
+        );
+    }
+    // Above the largest clusters (Kubernetes' tested 5,000 nodes; GKE's 65,000) with room for
+    // the operator's replicas: the DaemonSet is never capped.
+    let pods: u64 = quota["spec"]["hard"]["pods"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        pods >= 1_000_000,
+        "hard.pods {pods} could cap the DaemonSet"
+    );
+
+    let schemas: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "FlowSchema").collect();
+    let [schema] = schemas[..] else {
+        panic!("one FlowSchema expected, found {}", schemas.len())
+    };
+    let spec = &schema["spec"];
+    assert_eq!(
+        spec["priorityLevelConfiguration"]["name"],
+        "leader-election"
+    );
+    let precedence = spec["matchingPrecedence"].as_i64().unwrap();
+    assert!(
+        (2..9000).contains(&precedence),
+        "precedence {precedence} must come before service-accounts (9000)"
+    );
+    let rules = spec["rules"].as_array().unwrap();
+    let [rule] = &rules[..] else {
+        panic!("one rule expected: {rules:?}")
+    };
+    let account = pod(operator)["serviceAccountName"].as_str().unwrap();
+    assert_eq!(
+        rule["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount",
+            "serviceAccount": {"name": account, "namespace": ns}}])
+    );
+    let resource_rules = rule["resourceRules"].as_array().unwrap();
+    let [leases] = &resource_rules[..] else {
+        panic!("one resource rule expected: {resource_rules:?}")
+    };
+    assert_eq!(strs(&leases["apiGroups"]), ["coordination.k8s.io"]);
+    assert_eq!(strs(&leases["resources"]), ["leases"]);
+    // the Lease lives in the operator's namespace (POD_NAMESPACE)
+    assert_eq!(strs(&leases["namespaces"]), [ns]);
+    let verbs = strs(&leases["verbs"]);
+    for verb in ["get", "update", "create"] {
+        assert!(verbs.contains(&verb), "{verb} missing from {verbs:?}");
+    }
+}

@@ -768,3 +768,317 @@ async fn deployments_scale_through_the_scale_subresource() {
     .await;
     assert_eq!(code, 404, "config maps have no scale subresource");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Events (issue 25, "Events and kinds").
+
+const EVENTS_V1: &str = "/apis/events.k8s.io/v1/namespaces";
+const CORE_EVENTS: &str = "/api/v1/namespaces";
+
+/// An events.k8s.io/v1 Event as kube's `Recorder` writes it.
+fn new_event(name: &str, ns: &str, regarding: Value) -> Value {
+    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "eventTime": "2026-01-01T00:00:00.123456Z", "reportingController": "tidepool-operator",
+        "reportingInstance": "tidepool-operator-0", "action": "Act", "reason": "Reason",
+        "type": "Normal", "note": "first", "regarding": regarding})
+}
+
+/// Core v1 and events.k8s.io/v1 Events are one store, each read through either API with
+/// its own field names: events.k8s.io is served by the core Event storage
+/// (kubernetes/kubernetes pkg/registry/events/rest/storage_events.go, `NewRESTStorage` →
+/// pkg/registry/core/event/storage) and converted by pkg/apis/events/v1/conversion.go
+/// (`Convert_v1_Event_To_core_Event`, `Convert_core_Event_To_v1_Event`: note↔message,
+/// regarding↔involvedObject, deprecated*↔source/firstTimestamp/lastTimestamp/count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_and_events_k8s_io_events_are_one_store() {
+    let (server, _client) = start().await;
+    let pod = json!({"kind": "Pod", "namespace": "default", "name": "p", "apiVersion": "v1"});
+    let ev = new_event("written-new", "default", pod.clone());
+    let (code, _) = send(
+        &server,
+        "POST",
+        &format!("{EVENTS_V1}/default/events"),
+        Some(ev),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, core) = send(
+        &server,
+        "GET",
+        &format!("{CORE_EVENTS}/default/events/written-new"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{core}");
+    assert_eq!(core["apiVersion"], "v1");
+    assert_eq!(core["message"], "first");
+    assert_eq!(core["involvedObject"], pod);
+    assert_eq!(core["reportingComponent"], "tidepool-operator");
+    assert!(
+        core.get("note").is_none() && core.get("regarding").is_none(),
+        "{core}"
+    );
+
+    let old = json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "written-old", "namespace": "default"},
+        "involvedObject": pod, "reason": "Old", "message": "legacy", "type": "Normal",
+        "source": {"component": "kubelet"}, "count": 3,
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:01:00Z"});
+    let (code, _) = send(
+        &server,
+        "POST",
+        &format!("{CORE_EVENTS}/default/events"),
+        Some(old),
+        "application/json",
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, list) = send(
+        &server,
+        "GET",
+        &format!("{EVENTS_V1}/default/events"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{list}");
+    let legacy = items
+        .iter()
+        .find(|e| e["metadata"]["name"] == "written-old")
+        .unwrap();
+    assert_eq!(legacy["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(legacy["note"], "legacy");
+    assert_eq!(legacy["regarding"], pod);
+    assert_eq!(legacy["deprecatedSource"], json!({"component": "kubelet"}));
+    assert_eq!(legacy["deprecatedCount"], 3);
+    assert_eq!(legacy["deprecatedFirstTimestamp"], "2026-01-01T00:00:00Z");
+    assert!(
+        legacy.get("message").is_none() && legacy.get("source").is_none(),
+        "{legacy}"
+    );
+    let (_, core_list) = send(
+        &server,
+        "GET",
+        &format!("{CORE_EVENTS}/default/events"),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(
+        core_list["items"].as_array().unwrap().len(),
+        2,
+        "{core_list}"
+    );
+    server.shutdown();
+}
+
+/// The events.k8s.io rules of kubernetes/kubernetes pkg/apis/core/validation/events.go:
+/// `legacyValidateEvent` (an event about a cluster-scoped object lives in `default` or
+/// `kube-system`; lengths, in the core field names) for both APIs; `ValidateEventCreate`'s
+/// strict rules and `ValidateEventUpdate`'s immutable fields (eventTime compared to the
+/// microsecond, `MicroTime`) only through events.k8s.io/v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_k8s_io_rules_namespace_lengths_and_immutable_fields() {
+    let (server, client) = start().await;
+    Api::<Namespace>::all(client)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let node = json!({"kind": "Node", "name": "n", "apiVersion": "v1"});
+    let post = |ns: &str, ev: Value| {
+        let path = format!("{EVENTS_V1}/{ns}/events");
+        let server = &server;
+        async move { send(server, "POST", &path, Some(ev), "application/json").await }
+    };
+    let (code, v) = post("other", new_event("e", "other", node.clone())).await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        ["involvedObject.namespace: \"Invalid value: \\\"\\\": does not match event.namespace\""]
+    );
+    for ns in ["default", "kube-system"] {
+        let (code, v) = post(ns, new_event("e", ns, node.clone())).await;
+        assert_eq!(code, 201, "{ns}: {v}");
+    }
+    let mut bad = new_event("bad", "default", node.clone());
+    bad["note"] = json!("x".repeat(1025));
+    bad["type"] = json!("Weird");
+    bad["reportingController"] = json!("not a name");
+    let (code, v) = post("default", bad).await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        [
+            "reportingController: \"Invalid value: \\\"not a name\\\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')\"",
+            "message: \"Invalid value: \\\"\\\": can have at most 1024 characters\"",
+            "type: \"Invalid value: \\\"\\\": has invalid value: Weird\"",
+        ]
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Event.events.k8s.io \"bad\" is invalid: ["),
+        "{v}"
+    );
+
+    // Updates through events.k8s.io: the note and the event time are immutable, to the µs.
+    let path = format!("{EVENTS_V1}/default/events/e");
+    let (_, stored) = send(&server, "GET", &path, None, "").await;
+    let mut changed = stored.clone();
+    changed["note"] = json!("second");
+    changed["eventTime"] = json!("2026-01-01T00:00:00.123457Z");
+    let (code, v) = send(&server, "PUT", &path, Some(changed), "application/json").await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        [
+            "message: \"Invalid value: \\\"second\\\": field is immutable\"",
+            "eventTime: \"Invalid value: 2026-01-01 00:00:00.123457 +0000 UTC: field is immutable\"",
+        ]
+    );
+    // the same instant written with nanoseconds, and a new series, pass
+    let mut same = stored.clone();
+    same["eventTime"] = json!("2026-01-01T00:00:00.123456000Z");
+    same["series"] = json!({"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"});
+    let (code, v) = send(&server, "PUT", &path, Some(same), "application/json").await;
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        Some(json!({"series": {"count": 1}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        ["series.count: \"Invalid value: \\\"\\\": should be at least 2\""]
+    );
+    // Through core v1 only the legacy rules apply: the message may change.
+    let core = format!("{CORE_EVENTS}/default/events/e");
+    let (code, v) = send(
+        &server,
+        "PATCH",
+        &core,
+        Some(json!({"message": "third"})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!((code, &v["message"]), (200, &json!("third")), "{v}");
+    server.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ResourceQuota and FlowSchema (the deploy bundle ships one of each).
+
+/// v1 ResourceQuota and flowcontrol.apiserver.k8s.io/v1 FlowSchema are served (discovery,
+/// create, read) and validated: kubernetes/kubernetes pkg/apis/core/validation/validation.go
+/// (`ValidateResourceQuotaSpec`, `validateScopedResourceSelectorRequirement`,
+/// `ValidateResourceQuotaUpdate`) and pkg/apis/flowcontrol/validation/validation.go
+/// (`ValidateFlowSchemaSpec`), with the FlowSchema default of pkg/apis/flowcontrol/v1/defaults.go
+/// (`SetDefaults_FlowSchemaSpec`: matchingPrecedence 1000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_quotas_and_flow_schemas_are_served_and_validated() {
+    let (server, _client) = start().await;
+    let (_, core) = send(&server, "GET", "/api/v1", None, "").await;
+    assert!(
+        core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "resourcequotas" && r["shortNames"] == json!(["quota"])),
+        "{core}"
+    );
+    let (code, fc) = send(
+        &server,
+        "GET",
+        "/apis/flowcontrol.apiserver.k8s.io/v1",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(
+        fc["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "flowschemas" && r["namespaced"] == false),
+        "{fc}"
+    );
+
+    let quotas = "/api/v1/namespaces/default/resourcequotas";
+    let quota = |hard: Value, exprs: Value| {
+        json!({"apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "q"}, "spec": {"hard": hard, "scopeSelector": {"matchExpressions": exprs}}})
+    };
+    let (code, v) = send(&server, "POST", quotas, Some(quota(json!({"pods": "-1", "pots": "1"}),
+        json!([{"scopeName": "PriorityClass", "operator": "In"}, {"scopeName": "Nope", "operator": "Exists"}]))), "application/json").await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        [
+            "spec.hard[pods]: \"Invalid value: \\\"-1\\\": must be greater than or equal to 0\"",
+            "spec.hard[pots]: \"Invalid value: \\\"pots\\\": must be a standard resource type or fully qualified\"",
+            "spec.hard[pots]: \"Invalid value: \\\"pots\\\": must be a standard resource for quota\"",
+            "spec.scopeSelector.matchExpressions.values: \"Required value: must be at least one value when `operator` is 'In' or 'NotIn' for scope selector\"",
+            "spec.scopeSelector.matchExpressions.scopeName: \"Invalid value: \\\"Nope\\\": unsupported scope\"",
+        ]
+    );
+    let good = quota(
+        json!({"pods": "1000000"}),
+        json!([{"scopeName": "PriorityClass", "operator": "In",
+        "values": ["system-node-critical", "system-cluster-critical"]}]),
+    );
+    let (code, v) = send(&server, "POST", quotas, Some(good), "application/json").await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = send(
+        &server,
+        "PATCH",
+        &format!("{quotas}/q"),
+        Some(json!({"spec": {"scopes": ["BestEffort"]}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        [
+            "spec.scopes: \"Invalid value: []core.ResourceQuotaScope{\\\"BestEffort\\\"}: field is immutable\""
+        ]
+    );
+
+    let schemas = "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas";
+    let bad = json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": "fs"}, "spec": {"matchingPrecedence": 1, "priorityLevelConfiguration": {"name": ""},
+        "rules": [{"subjects": [], "resourceRules": [{"verbs": ["get"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}]}]}});
+    let (code, v) = send(&server, "POST", schemas, Some(bad), "application/json").await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        invalid_causes(&v),
+        [
+            "spec.matchingPrecedence: \"Invalid value: 1: only the schema named 'exempt' may have matchingPrecedence 1\"",
+            "spec.priorityLevelConfiguration.name: \"Required value: must reference a priority level\"",
+            "spec.rules[0].subjects: \"Required value: subjects must contain at least one value\"",
+            "spec.rules[0].resourceRules[0].namespaces: \"Required value: resource rules that are not cluster scoped must supply at least one namespace\"",
+        ]
+    );
+    let good = json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": "fs"}, "spec": {"priorityLevelConfiguration": {"name": "leader-election"},
+        "rules": [{"subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": "op", "namespace": "default"}}],
+            "resourceRules": [{"verbs": ["get", "update"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "namespaces": ["default"]}]}]}});
+    let (code, v) = send(&server, "POST", schemas, Some(good), "application/json").await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["spec"]["matchingPrecedence"], 1000, "defaulted: {v}");
+    server.shutdown();
+}

@@ -1751,7 +1751,9 @@ async fn events_recorder_and_builtin_decoding() {
     let e = &list.items[0];
     assert_eq!(e.reason.as_deref(), Some("PoolExhausted"));
     assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
-    // events.k8s.io validation: required fields and limits.
+    // events.k8s.io validation: required fields and limits, reported under the core Event's
+    // field names (kubernetes/kubernetes pkg/apis/core/validation/events.go validates the
+    // internal type: the note is `message`).
     let bad: K8sEvent = serde_json::from_value(json!({"metadata": {"name": "bad"}, "eventTime": "2026-01-01T00:00:00.000000Z",
         "reportingController": "c", "reportingInstance": "i", "action": "A", "reason": "R", "type": "Weird", "note": "x".repeat(2000)})).unwrap();
     let err = events
@@ -1768,7 +1770,7 @@ async fn events_recorder_and_builtin_decoding() {
         .collect();
     assert_eq!(
         (code(&err), fields),
-        (422, vec!["note".to_string(), "type".to_string()])
+        (422, vec!["message".to_string(), "type".to_string()])
     );
 
     // Built-in kinds are decoded as typed objects: wrong types are 400, unknown fields are

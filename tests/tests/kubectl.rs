@@ -1513,3 +1513,85 @@ async fn kubectl_scales_a_deployment() {
     .await;
     assert_eq!(replicas().await, "1");
 }
+
+/// `kubectl get events` shows what the operator's event recorder wrote (issue 25): the
+/// operator writes events.k8s.io/v1 Events and kubectl reads core v1 Events, which the real
+/// server keeps in one store (kubernetes/kubernetes pkg/registry/events/rest/storage_events.go
+/// serves the core Event storage; pkg/apis/events/v1/conversion.go converts note to message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_events_lists_the_operators_events() {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    let (server, client) = start().await;
+    let k = Kubectl::new(&server);
+    let rate = NonZeroU32::new(10).unwrap();
+    let events = tidepool_operator::store::Events::new(client, rate, rate);
+    events.emit(
+        "IPAMNode",
+        "node-a",
+        tidepool_ipam::EventType::Warning,
+        "AgentNotReady",
+        "its agent has never reported".into(),
+    );
+    // IPAMNodes are cluster-scoped: the event is in `default`
+    let name = eventually(Duration::from_secs(20), "an event in default", || async {
+        let out = k
+            .ok(&["get", "events", "-n", "default", "-o", "name"])
+            .await;
+        out.lines().next().map(str::to_string)
+    })
+    .await;
+    assert!(name.starts_with("event/node-a."), "{name}");
+    let out = k.ok(&["get", "events", "-n", "default"]).await;
+    assert!(out.contains(name.trim_start_matches("event/")), "{out}");
+    let fields = k
+        .ok(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.items[0].apiVersion} {.items[0].reason} {.items[0].involvedObject.kind}/{.items[0].involvedObject.name}: {.items[0].message}",
+        ])
+        .await;
+    assert_eq!(
+        fields,
+        "v1 AgentNotReady IPAMNode/node-a: its agent has never reported"
+    );
+    server.shutdown();
+}
+
+/// The shipped bundle applies to the server as documented (`kubectl apply -k deploy/crds`,
+/// then `kubectl apply -k deploy/`), its ResourceQuota and FlowSchema among the objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_shipped_bundle() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    k.ok(&["apply", "-k", &deploy.join("crds").display().to_string()])
+        .await;
+    for crd in ["ippools", "ipamnodes", "ipamblocks"] {
+        k.ok(&[
+            "wait",
+            "--for=condition=Established",
+            &format!("crd/{crd}.ipam.tidepool.dev"),
+            "--timeout=20s",
+        ])
+        .await;
+    }
+    let out = k.ok(&["apply", "-k", &deploy.display().to_string()]).await;
+    for what in [
+        "resourcequota/tidepool-critical-pods created",
+        "flowschema.flowcontrol.apiserver.k8s.io/tidepool-operator-leader-election created",
+        "deployment.apps/tidepool-operator created",
+        "daemonset.apps/tidepool-agent created",
+    ] {
+        assert!(out.contains(what), "missing {what:?} in:\n{out}");
+    }
+    let out = k
+        .ok(&["get", "quota", "-n", "tidepool", "-o", "name"])
+        .await;
+    assert_eq!(out.trim(), "resourcequota/tidepool-critical-pods");
+    server.shutdown();
+}

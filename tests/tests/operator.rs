@@ -1228,3 +1228,90 @@ async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_e
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// The notes of the operator's events (issue 25, "Events"), through kube's `Recorder` to the
+/// in-process server: a note over the server's 1024-byte limit (kubernetes/kubernetes
+/// pkg/apis/core/validation/events.go, `NoteLengthLimit`) is stored cut on a character
+/// boundary instead of being refused, and a new note with the same reason on the same object
+/// reaches the API (kube-runtime 5.0.0 src/events.rs keys its series on the reason, not the
+/// note), while the same note repeated still folds into one series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
+    use std::num::NonZeroU32;
+
+    use k8s_openapi::api::events::v1::Event;
+    use tidepool_ipam::EventType;
+    use tidepool_operator::store::Events;
+
+    let (server, client) = start().await;
+    let hundred = NonZeroU32::new(100).unwrap();
+    let events = Events::new(client.clone(), hundred, hundred);
+    let api: Api<Event> = Api::namespaced(client, "default");
+    let stored = |api: Api<Event>| async move {
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("AgentNotReady"))
+            .map(|e| {
+                let count = e.series.map_or(1, |s| s.count);
+                (e.note.unwrap_or_default(), count)
+            })
+            .collect::<Vec<_>>()
+    };
+    let emit = |note: String| {
+        events.emit(
+            "IPAMNode",
+            "node-a",
+            EventType::Warning,
+            "AgentNotReady",
+            note,
+        );
+    };
+
+    // "é" is two bytes: the note is 2,012 bytes long
+    let long = format!("agent: {}", "é".repeat(1000)) + "!";
+    emit(long.clone());
+    let notes = eventually(Duration::from_secs(10), "the long note stored", || {
+        let api = api.clone();
+        async move { Some(stored(api).await).filter(|n| !n.is_empty()) }
+    })
+    .await;
+    let cut = &notes[0].0;
+    assert!(cut.len() <= 1024, "{} bytes", cut.len());
+    assert!(long.starts_with(cut.trim_end_matches('…')), "{cut}");
+
+    emit("agent: ready soon".into());
+    eventually(Duration::from_secs(10), "the changed note stored", || {
+        let api = api.clone();
+        async move {
+            let notes = stored(api).await;
+            notes
+                .iter()
+                .any(|(n, _)| n == "agent: ready soon")
+                .then_some(())
+        }
+    })
+    .await;
+
+    // Sent again (until the Recorder has cached the first, which it does just after the
+    // create returns), it bumps that event's series.
+    eventually(
+        Duration::from_secs(10),
+        "the repeat folded into a series",
+        || {
+            emit("agent: ready soon".into());
+            let api = api.clone();
+            async move {
+                let notes = stored(api).await;
+                notes
+                    .iter()
+                    .any(|(n, count)| n == "agent: ready soon" && *count >= 2)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    server.shutdown();
+}

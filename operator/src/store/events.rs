@@ -1,6 +1,18 @@
 //! Kubernetes events through kube's `Recorder` (which folds repeats into a series), under a
 //! rate limit of ours: a storm of findings (a repair of thousands of leaked entries) must
 //! not become a storm of API writes. Events over the limit are dropped and logged.
+//!
+//! Two things the `Recorder` leaves to us:
+//! - **The note's length.** The API server refuses a note over 1024 bytes with 422
+//!   (`NoteLengthLimit`, kubernetes/kubernetes pkg/apis/core/validation/events.go,
+//!   `legacyValidateEvent`), and `AgentNotReady` quotes the agent's own message: notes are
+//!   cut to fit ([`fit_note`]).
+//! - **A changed note.** kube-runtime 5.0.0 `src/events.rs` keys its cache (`get_event_key`)
+//!   on type, action, reason, reporter, regarding and related, not on the note. A repeat of
+//!   a cached key only patches `series` onto the *cached* event, so a new note with the same
+//!   reason would never reach the API. The action is ours to choose, so it carries a digest
+//!   of the note ([`action`]): a changed note is a new key and the `Recorder` creates a new
+//!   event with it, while the same note repeated still folds into one series.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -12,6 +24,32 @@ use tidepool_api::names::{GROUP, VERSION};
 use tidepool_ipam::EventType;
 
 use crate::leader::Fence;
+
+/// The longest note the API server stores, in bytes (`NoteLengthLimit`; Go's `len`).
+pub const NOTE_LIMIT: usize = 1024;
+
+/// What ends a note that was cut.
+const CUT: &str = "…";
+
+/// `note` if it fits in [`NOTE_LIMIT`] bytes; else its longest prefix that ends on a
+/// character boundary and leaves room for "…", then "…".
+pub fn fit_note(mut note: String) -> String {
+    if note.len() > NOTE_LIMIT {
+        note.truncate(note.floor_char_boundary(NOTE_LIMIT - CUT.len()));
+        note.push_str(CUT);
+    }
+    note
+}
+
+/// The event's action: its reason and a digest of its note (FNV-1a, 64 bits), so that
+/// kube's `Recorder` keys a changed note apart (see the module's documentation). At most
+/// 128 bytes (`ActionLengthLimit`) for the reasons tidepool uses.
+fn action(reason: &str, note: &str) -> String {
+    let digest = note.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{reason}-{digest:016x}")
+}
 
 /// Publishes events on tidepool objects (cluster-scoped: the events land in `default`).
 #[derive(Clone)]
@@ -99,14 +137,15 @@ impl Events {
             tracing::warn!(?kind, ?name, %reason, %message, "event dropped: over the event rate limit");
             return;
         }
+        let note = fit_note(message);
         let event = Event {
             type_: match type_ {
                 EventType::Normal => KubeEventType::Normal,
                 EventType::Warning => KubeEventType::Warning,
             },
             reason: reason.into(),
-            note: Some(message),
-            action: reason.into(),
+            action: action(reason, &note),
+            note: Some(note),
             secondary: None,
         };
         let fence = self.fence.clone();
@@ -117,5 +156,32 @@ impl Events {
                 Err(e) => tracing::debug!(error = %e, "event not published"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_note_is_cut_on_a_character_boundary() {
+        assert_eq!(fit_note("short".into()), "short");
+        let exact = "x".repeat(NOTE_LIMIT);
+        assert_eq!(fit_note(exact.clone()), exact);
+        // "é" is two bytes: a cut at an odd byte would split one
+        let long = format!("x{}", "é".repeat(NOTE_LIMIT));
+        let cut = fit_note(long.clone());
+        assert!(cut.len() <= NOTE_LIMIT, "{}", cut.len());
+        assert!(cut.len() > NOTE_LIMIT - 2 * CUT.len());
+        assert!(cut.ends_with(CUT));
+        assert!(long.starts_with(cut.strip_suffix(CUT).unwrap()));
+    }
+
+    #[test]
+    fn the_action_tells_notes_apart_and_fits() {
+        let a = action("AgentNotReady", "one");
+        assert_eq!(a, action("AgentNotReady", "one"));
+        assert_ne!(a, action("AgentNotReady", "two"));
+        assert!(a.starts_with("AgentNotReady-") && a.len() <= 128, "{a}");
     }
 }
