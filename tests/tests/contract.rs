@@ -450,6 +450,15 @@ const DETAILS: &[Detail] = &[
         source: "kubernetes/apiserver pkg/storage/interfaces.go Preconditions.Check",
     },
     Detail {
+        what: "the answer to the last finalizer's removal is the patched object as sent",
+        row: "ipamnode-finalizer-patch-last",
+        holds: |r| {
+            let sent = &r["request"]["body"]["metadata"]["resourceVersion"];
+            body(r)["metadata"]["resourceVersion"] == *sent
+        },
+        source: "kubernetes/apiserver pkg/registry/generic/registry/store.go deleteWithoutFinalizers (returns the request's object: \"clients are expecting an updated object\")",
+    },
+    Detail {
         what: "the DELETED event after the last finalizer carries the last stored object",
         row: "ipamnode-watch-by-name",
         holds: |r| {
@@ -487,6 +496,10 @@ const DIVERGENT: &[(&str, &str)] = &[
     (
         "an empty list-map records no ownership",
         "`f:conditions` is owned",
+    ),
+    (
+        "the answer to the last finalizer's removal is the patched object as sent",
+        "the object at a new resourceVersion",
     ),
     (
         "the DELETED event after the last finalizer carries the last stored object",

@@ -305,14 +305,12 @@ async fn ipamnode_writes(r: &Recorder, n: &Names) -> anyhow::Result<()> {
         &Patch::Apply(&agent_status(name, json!({}))),
     )?;
     r.row("ipamnode-agent-status-withdraw", req).await?;
-    let missing = status(json!([]));
-    let mut missing_body = missing.clone();
-    missing_body["metadata"]["name"] = json!(n.missing);
+    let missing = operator_status(&n.missing, json!([]));
     let req = nodes().patch_subresource(
         "status",
         &n.missing,
         &operator_apply(),
-        &Patch::Apply(&missing_body),
+        &Patch::Apply(&missing),
     )?;
     r.row("ipamnode-status-apply-missing", req).await?;
     // A user's merge patch of the spec (kubectl patch), then the operator's applies.
