@@ -413,6 +413,28 @@ fn out_of_range_and_unknown_pool() {
     assert_eq!(r.exit_code(), 1);
 }
 
+/// Someone set an IPAMNode's `spec.nodeUID` to another UID than its Node's (the old
+/// overrides example did, with its placeholder): reported.
+#[test]
+fn an_ipamnode_whose_node_uid_is_not_its_nodes_is_reported() {
+    let mut w = World::clean();
+    w.ipam_node_mut("n2").spec.node_uid = uid(7);
+    let r = w.report();
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.kind == ProblemKind::NodeUid)
+        .unwrap_or_else(|| panic!("{:#?}", r.problems));
+    assert_eq!(p.objects, vec!["ipamnode/n2", "node/n2"]);
+    assert!(
+        p.detail.contains(&uid(7)) && p.detail.contains(&uid(2)),
+        "{}",
+        p.detail
+    );
+    assert_eq!(r.exit_code(), 1);
+    assert_eq!(r.summary.problems["node-uid"], 1);
+}
+
 #[test]
 fn blocks_of_gone_or_recreated_nodes_are_orphans() {
     let mut w = World::clean();
