@@ -167,7 +167,7 @@ fn a_clean_cluster_reports_nothing() {
         (1, 3, 2, 2, 2)
     );
     assert_eq!(s.addresses_in_use, 3);
-    assert!(s.problems.values().all(|n| *n == 0) && s.problems.len() == 7);
+    assert!(s.problems.values().all(|n| *n == 0) && s.problems.len() == ProblemKind::ALL.len());
     // usage per family: the /16 has 4096 /28s, its first and last address are not usable
     let v4 = &r.pools[0];
     assert_eq!((v4.pool.as_str(), v4.family), ("default", "ipv4"));
