@@ -97,10 +97,13 @@ pub fn status_body(to: Target<'_>, conditions: &[Condition], allocated: u64) -> 
             })
         })
         .collect();
-    body["status"] = json!({
-        "conditions": conditions,
-        "allocated": i64::try_from(allocated).unwrap_or(i64::MAX),
-    });
+    body["status"] = json!({ "allocated": i64::try_from(allocated).unwrap_or(i64::MAX) });
+    // none: no `conditions` key, which on a real server owns nothing either (an empty
+    // associative list records no ownership), and never claims the list the agent's
+    // `AgentReady` item is in
+    if !conditions.is_empty() {
+        body["status"]["conditions"] = Value::Array(conditions);
+    }
     body
 }
 
@@ -216,5 +219,7 @@ mod tests {
             json!("2026-11-24T10:00:00Z")
         );
         assert!(body.get("spec").is_none());
+        let none = status_body(to, &[], 3);
+        assert!(none["status"].get("conditions").is_none(), "{none}");
     }
 }
