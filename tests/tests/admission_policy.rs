@@ -364,10 +364,8 @@ async fn only_the_operator_changes_an_ipamnodes_node_uid() {
         .await
         .expect("the users' fields");
     let other = "6f1c2a9e-3b7d-4c1a-9e2f-0a1b2c3d4e5f";
-    let why = format!(
-        "ValidatingAdmissionPolicy 'tidepool-node-uid' with binding 'tidepool-node-uid' denied \
-         request: only the tidepool operator may change spec.nodeUID of ipamnode node-a"
-    );
+    let why = "ValidatingAdmissionPolicy 'tidepool-node-uid' with binding 'tidepool-node-uid' \
+        denied request: only the tidepool operator may change spec.nodeUID of ipamnode node-a";
     let by_patch = Patch::Merge(json!({"spec": {"nodeUID": other}}));
     let s = refused(nodes.patch("node-a", &pp, &by_patch).await, 403);
     assert_eq!(
@@ -384,7 +382,7 @@ async fn only_the_operator_changes_an_ipamnodes_node_uid() {
             .await,
         403,
     );
-    assert!(s.message.ends_with(&why), "{}", s.message);
+    assert!(s.message.ends_with(why), "{}", s.message);
     as_operator
         .patch("node-a", &pp, &by_patch)
         .await

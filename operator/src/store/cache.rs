@@ -15,6 +15,9 @@ use crate::convert::{Malformed, NodeView, block_from_api, node_from_api};
 /// How many of our own writes' resourceVersions are remembered to tell their echoes apart.
 const OWN_WRITES: usize = 4096;
 
+/// A block with its `metadata.uid`, when the server told it.
+type UidBlock = (Arc<IpamBlock>, Option<Arc<str>>);
+
 /// What one apply changed.
 #[derive(Debug, Default, PartialEq)]
 pub struct Applied {
@@ -34,7 +37,7 @@ pub struct Cache {
     block_set_changes: u64,
     changes: u64,
     node_relist: Option<Vec<NodeView>>,
-    block_relist: Option<Vec<(Arc<IpamBlock>, Option<Arc<str>>)>>,
+    block_relist: Option<Vec<UidBlock>>,
     pub nodes_ready: bool,
     pub blocks_ready: bool,
     /// Lists (watch relists) of IPAMNodes and of IPAMBlocks completed so far.
