@@ -47,4 +47,8 @@ pub mod reason {
     /// `--agent-ready-grace` and its agent is not `AgentReady=True` (never started, or
     /// not ready for the reason given).
     pub const AGENT_NOT_READY: &str = "AgentNotReady";
+    /// On an IPAMNode or IPAMBlock (Warning): the operator's apply was refused because
+    /// another field manager owns a field it writes. It is not retried until the object
+    /// changes (the operator forces its applies, so this means something else is wrong).
+    pub const APPLY_CONFLICT: &str = "ApplyConflict";
 }

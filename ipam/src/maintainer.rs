@@ -586,7 +586,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
             shared,
             h,
             kube_pass(shared, h, local),
-            node,
+            info.uid,
             to_write(&fields),
         )
         .await
@@ -947,12 +947,14 @@ async fn kube_place<S: IpSource, N: NodeStore, P: PodView>(
     admitted
 }
 
-/// The pass's one write of the operator's fields, on the pass's kube place.
+/// The pass's one write of the operator's fields, on the pass's kube place, with the UID of
+/// the Node it is for (an IPAMNode that names another, adopted or changed by someone else,
+/// gets the Node's).
 async fn write<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     kube: &mut Pass,
-    node: &IpamNode,
+    node_uid: u128,
     fields: OperatorFields,
 ) -> Result<(), IpamError> {
     // each of the write's requests (a spec and a status apply) on the pass's place
@@ -962,7 +964,7 @@ async fn write<S: IpSource, N: NodeStore, P: PodView>(
     };
     let r = shared
         .store
-        .apply_operator_gated(&h.name, node.node_uid, fields, &mut gate)
+        .apply_operator_gated(&h.name, node_uid, fields, &mut gate)
         .await;
     api_call("kube", "apply", r.is_ok());
     let written = r?;

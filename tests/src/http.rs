@@ -95,6 +95,22 @@ fn success_status() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
 }
 
+/// What a delete that removed a custom resource answers: the custom-resource store has no
+/// `ReturnDeletedObject`, so `finalizeDelete` answers a `Status` naming it
+/// (kubernetes/apiserver pkg/registry/generic/registry/store.go; kubernetes/apiextensions-apiserver
+/// pkg/registry/customresource/etcd.go).
+fn deleted_status(rt: &ResType, obj: &Value) -> Value {
+    let md = |k: &str| obj.pointer(&format!("/metadata/{k}")).cloned();
+    let mut s = success_status();
+    s["details"] =
+        json!({"name": md("name"), "group": rt.group, "kind": rt.plural, "uid": md("uid")});
+    s
+}
+
+fn is_empty_list(v: &Value) -> bool {
+    v.as_array().is_some_and(Vec::is_empty)
+}
+
 /// A parsed resource request.
 struct Target {
     rt: Arc<ResType>,
@@ -757,6 +773,11 @@ async fn serve(
                     .get("gracePeriodSeconds")
                     .and_then(Value::as_i64)
                     .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
+                orphan_dependents: b
+                    .get("orphanDependents")
+                    .and_then(Value::as_bool)
+                    .or_else(|| q.get("orphanDependents").map(|o| o == "true")),
+                crd_finalizer: st.config.crd_cleanup_interval.is_some(),
             };
             if verb == "deletecollection" {
                 store.delete_collection(rt, t.ns.as_deref(), &sel()?, &d)?;
@@ -764,6 +785,18 @@ async fn serve(
             }
             let w = store.delete(rt, &ns, &name, &d)?;
             record_write(st, t, verb, who, &w.obj, d.dry_run);
+            if let Some(every) = st.config.crd_cleanup_interval
+                && rt.kind == "CustomResourceDefinition"
+                && !d.dry_run
+                && w.obj.pointer("/metadata/deletionTimestamp").is_some()
+            {
+                let (st, name) = (st.clone(), name.clone());
+                tokio::spawn(async move {
+                    while !st.store.crd_cleanup_step(&name) {
+                        tokio::time::sleep(every).await;
+                    }
+                });
+            }
             if rt.kind == "Namespace"
                 && rt.group.is_empty()
                 && !d.dry_run
@@ -797,6 +830,13 @@ async fn serve(
                     tokio::time::sleep(delay).await;
                     st.store.kubelet_delete(&rt, &ns, &name, &uid);
                 });
+            }
+            if rt.crd
+                && w.obj
+                    .pointer("/metadata/finalizers")
+                    .is_none_or(is_empty_list)
+            {
+                return Ok(json_response(w.code, &deleted_status(rt, &w.obj), &[]));
             }
             Ok(json_response(w.code, &w.obj, &[]))
         }

@@ -40,6 +40,11 @@ pub struct Config {
     /// simulated kubelet then deletes them with grace 0 after this delay. `None`: no kubelet,
     /// they stay terminating until someone deletes them with `gracePeriodSeconds=0`.
     pub kubelet_delay: Option<Duration>,
+    /// A deleted CRD turns Terminating and its objects are deleted one by one, finalizers
+    /// honoured; the CRD goes once none is left, as kube-apiserver's CRD finalizer controller
+    /// does. This is how often that controller looks (the real one every 5 s). `None`: a
+    /// CRD's objects go at once with it.
+    pub crd_cleanup_interval: Option<Duration>,
     /// Authorize every request with RBAC (Role, ClusterRole, RoleBinding, ClusterRoleBinding
     /// objects; see `rbac.rs`). Off: every identity may do everything.
     pub rbac: bool,
@@ -56,6 +61,7 @@ impl Default for Config {
             min_request_timeout: Duration::from_secs(1800),
             namespace_finalize_delay: Duration::from_secs(1),
             kubelet_delay: Some(Duration::from_millis(100)),
+            crd_cleanup_interval: Some(Duration::from_millis(200)),
             rbac: false,
             tls: false,
         }

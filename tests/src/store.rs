@@ -119,7 +119,18 @@ pub(crate) struct DeleteOpts {
     pub grace: Option<i64>,
     /// Admission policies to check the delete against (`None`: the server's own deletes).
     pub admission: Option<Admission>,
+    /// `orphanDependents` of the DeleteOptions (deprecated; `false` makes a delete that
+    /// waits answer 202).
+    pub orphan_dependents: Option<bool>,
+    /// A deleted CRD turns Terminating and keeps a finalizer until its objects are gone
+    /// (the CRD finalizer controller, [`Store::crd_cleanup_step`]); false: its objects go at
+    /// once with it.
+    pub crd_finalizer: bool,
 }
+
+/// The finalizer the real server puts on a CRD being deleted (kubernetes/apiextensions-apiserver
+/// `pkg/apis/apiextensions/v1/types.go`, `CustomResourceCleanupFinalizer`).
+const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
 /// A list result.
 pub(crate) struct Listed {
@@ -191,6 +202,39 @@ fn without_managed(o: &Value) -> Value {
         }
     }
     c
+}
+
+/// `plural.group` of a CRD's objects.
+fn crd_resource(crd: &Value) -> String {
+    let s = |p: &str| crd.pointer(p).and_then(Value::as_str).unwrap_or("");
+    format!("{}.{}", s("/spec/names/plural"), s("/spec/group"))
+}
+
+/// Sets a condition of `status.conditions` (its transition time when its status changes).
+fn set_condition(o: &mut Value, type_: &str, status: &str, reason: &str, message: &str) {
+    if !o.get("status").is_some_and(Value::is_object) {
+        o["status"] = json!({});
+    }
+    let list = o["status"]
+        .as_object_mut()
+        .expect("status object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
+    let Some(list) = list.as_array_mut() else {
+        return;
+    };
+    let at = list.iter().position(|c| c["type"] == type_);
+    let since = at
+        .map(|n| &list[n])
+        .filter(|c| c["status"] == status)
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| json!(now()));
+    let c = json!({"type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": since});
+    match at {
+        Some(n) => list[n] = c,
+        None => list.push(c),
+    }
 }
 
 fn finalizers(o: &Value) -> Vec<String> {
@@ -727,6 +771,17 @@ impl Store {
         o: &WriteOpts,
     ) -> Result<Written, Error> {
         let mut i = self.inner.lock();
+        if rt.crd && Self::crd_terminating(&i, rt) {
+            // kubernetes/apiextensions-apiserver pkg/apiserver/customresource_handler.go
+            // `serveResource` (v0.31–v0.33; from v0.34 a 403 that an apply that creates gets too)
+            return Err(Error::Api {
+                code: 405,
+                reason: "MethodNotAllowed",
+                message: "create not allowed while custom resource definition is terminating"
+                    .into(),
+                details: Some(json!({"group": rt.group, "kind": rt.plural})),
+            });
+        }
         self.create_locked(&mut i, rt, ns, obj, o, Owners::Record)
     }
 
@@ -985,7 +1040,39 @@ impl Store {
                 )],
             ));
         }
+        // A PUT's body uid is a precondition (kubernetes/apiserver pkg/registry/rest/update.go,
+        // `defaultUpdatedObjectInfo.Preconditions`): a 409 before anything else.
+        let body_uid = meta_str(&body, "uid");
+        if !body_uid.is_empty() && body_uid != meta_str(&old, "uid") {
+            return Err(Error::conflict(
+                &rt.group,
+                &rt.plural,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
+                    meta_str(&old, "uid")
+                ),
+            ));
+        }
         self.update_locked(&mut i, rt, &old, body, &body_rv, o, Owners::Record)
+    }
+
+    /// A patch or an apply naming another uid than the object's changes an immutable field:
+    /// 422 (kubernetes/apiserver pkg/registry/rest/update.go `BeforeUpdate`, which validates
+    /// the object meta update: `ValidateImmutableField` of `metadata.uid`).
+    fn uid_unchanged(rt: &ResType, old: &Value, uid: &str) -> Result<(), Error> {
+        if uid.is_empty() || uid == meta_str(old, "uid") {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            &rt.group,
+            &rt.kind,
+            meta_str(old, "name"),
+            vec![(
+                "metadata.uid".into(),
+                format!("Invalid value: \"{uid}\": field is immutable"),
+            )],
+        ))
     }
 
     fn lookup(i: &Inner, rt: &ResType, ns: &str, name: &str) -> Result<Arc<Value>, Error> {
@@ -1020,18 +1107,7 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
-        let body_uid = meta_str(&new, "uid").to_string();
-        if !body_uid.is_empty() && body_uid != meta_str(old, "uid") {
-            return Err(Error::conflict(
-                &rt.group,
-                &rt.plural,
-                &name,
-                &format!(
-                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
-                    meta_str(old, "uid")
-                ),
-            ));
-        }
+        Self::uid_unchanged(rt, old, meta_str(&new, "uid"))?;
         new["apiVersion"] = old["apiVersion"].clone();
         new["kind"] = json!(rt.kind);
         if o.subresource == "status" {
@@ -1151,16 +1227,25 @@ impl Store {
         }
         let gr = rt.storage_gr();
         if terminating && finalizers(&new).is_empty() {
+            // `deleteWithoutFinalizers` (kubernetes/apiserver
+            // pkg/registry/generic/registry/store.go): the stored object is deleted, so the
+            // DELETED event carries its last stored state (finalizers still listed); the
+            // answer is the request's object at the version it was read at.
             let gone = self.commit(
                 i,
                 &gr,
                 "DELETED",
-                Self::to_storage(rt, new),
+                (**stored_old).clone(),
                 Some(stored_old.clone()),
             );
+            if gr == CRD_GR {
+                Self::crd_gone(i, &gone);
+            }
             self.after_delete(i, &gone);
+            let rv = meta_str(old, "resourceVersion").to_string();
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
             return Ok(Written {
-                obj: Self::present(rt, &gone),
+                obj: Self::present(rt, &Arc::new(new)),
                 warnings,
                 code: 200,
             });
@@ -1298,8 +1383,20 @@ impl Store {
                 if o.subresource == "status" {
                     return Err(Error::not_found(&rt.group, &rt.plural, name));
                 }
-                if !meta_str(&config, "resourceVersion").is_empty() {
-                    return Err(Error::not_found(&rt.group, &rt.plural, name));
+                // An apply that would create is refused when it names a uid
+                // (kubernetes/apiserver pkg/endpoints/handlers/patch.go `applyPatch`); its
+                // resourceVersion is not compared: the create-on-update path wipes it
+                // (pkg/registry/generic/registry/store.go `Update`).
+                let uid = meta_str(&config, "uid");
+                if !uid.is_empty() {
+                    return Err(Error::conflict(
+                        &rt.group,
+                        &rt.plural,
+                        name,
+                        &format!(
+                            "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                        ),
+                    ));
                 }
                 let mut live = json!({"apiVersion": config["apiVersion"], "kind": rt.kind, "metadata": {"name": name}});
                 if rt.namespaced {
@@ -1317,6 +1414,7 @@ impl Store {
                 }
                 let view = Self::present(rt, &old);
                 let merged = w.apply(&view, &config, o.force).map_err(conflict_err)?;
+                Self::uid_unchanged(rt, &old, meta_str(&config, "uid"))?;
                 self.update_locked(i, rt, &old, merged, "", o, Owners::Precomputed)
             }
         }
@@ -1430,23 +1528,30 @@ impl Store {
         if policy == "Foreground" {
             self.delete_dependents(i, meta_str(old, "uid"));
         }
+        if gr == CRD_GR && d.crd_finalizer {
+            return Ok(self.mark_crd_deleting(i, rt, old, warnings));
+        }
         if !finalizers(old).is_empty() {
+            // 200 with the object: 202 only for `orphanDependents: false`
+            // (kubernetes/apiserver pkg/endpoints/handlers/delete.go `DeleteResource`)
+            let code = if d.orphan_dependents == Some(false) {
+                202
+            } else {
+                200
+            };
             if meta(old, "deletionTimestamp").is_some() {
                 return Ok(Written {
                     obj: Self::present(rt, old),
                     warnings: warnings.clone(),
-                    code: 202,
+                    code,
                 });
             }
-            let mut next = (**old).clone();
-            let m = meta_mut(&mut next);
-            m.insert("deletionTimestamp".into(), json!(now()));
-            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            let next = Self::marked_deleting(old);
             let stored = self.commit(i, &gr, "MODIFIED", next, Some(old.clone()));
             return Ok(Written {
                 obj: Self::present(rt, &stored),
                 warnings: warnings.clone(),
-                code: 202,
+                code,
             });
         }
         if rt.kind == "Namespace" && rt.group.is_empty() {
@@ -1470,17 +1575,7 @@ impl Store {
             });
         }
         if gr == CRD_GR {
-            let group = old
-                .pointer("/spec/group")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let plural = old
-                .pointer("/spec/names/plural")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let cr_gr = format!("{plural}.{group}");
+            let cr_gr = crd_resource(old);
             let victims: Vec<Arc<Value>> = i
                 .objects
                 .get(&cr_gr)
@@ -1489,9 +1584,7 @@ impl Store {
             for o in victims {
                 self.commit(i, &cr_gr, "DELETED", (*o).clone(), Some(o.clone()));
             }
-            i.types
-                .retain(|(g, _, p), _| !(g == &group && p == &plural));
-            i.discovery_gen += 1;
+            Self::crd_gone(i, old);
         }
         let gone = self.commit(i, &gr, "DELETED", (**old).clone(), Some(old.clone()));
         self.after_delete(i, &gone);
@@ -1500,6 +1593,142 @@ impl Store {
             warnings: warnings.clone(),
             code: 200,
         })
+    }
+
+    /// The object with `deletionTimestamp` set, as `markAsDeleting` does
+    /// (kubernetes/apiserver pkg/registry/generic/registry/store.go): the generation is
+    /// bumped when the timestamp is first set.
+    fn marked_deleting(old: &Value) -> Value {
+        let mut next = old.clone();
+        let generation = meta(old, "generation").and_then(Value::as_i64).unwrap_or(0);
+        let m = meta_mut(&mut next);
+        if generation > 0 && !m.contains_key("deletionTimestamp") {
+            m.insert("generation".into(), json!(generation + 1));
+        }
+        m.entry("deletionTimestamp").or_insert_with(|| json!(now()));
+        m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        next
+    }
+
+    /// The first delete of a CRD: Terminating, with the cleanup finalizer, until its objects
+    /// are gone (kubernetes/apiextensions-apiserver pkg/registry/customresourcedefinition/etcd.go
+    /// `REST.Delete`). A later delete answers the object as it is.
+    fn mark_crd_deleting(
+        &self,
+        i: &mut Inner,
+        rt: &ResType,
+        old: &Arc<Value>,
+        warnings: Vec<String>,
+    ) -> Written {
+        if meta(old, "deletionTimestamp").is_some() {
+            return Written {
+                obj: Self::present(rt, old),
+                warnings,
+                code: 200,
+            };
+        }
+        let mut next = (**old).clone();
+        let m = meta_mut(&mut next);
+        m.insert("deletionTimestamp".into(), json!(now()));
+        let list = m.entry("finalizers").or_insert_with(|| json!([]));
+        if let Some(list) = list.as_array_mut()
+            && !list.iter().any(|f| f == CRD_CLEANUP_FINALIZER)
+        {
+            list.push(json!(CRD_CLEANUP_FINALIZER));
+        }
+        set_condition(
+            &mut next,
+            "Terminating",
+            "True",
+            "InstanceDeletionPending",
+            "CustomResourceDefinition marked for deletion; CustomResource deletion will begin soon",
+        );
+        let stored = self.commit(i, CRD_GR, "MODIFIED", next, Some(old.clone()));
+        Written {
+            obj: Self::present(rt, &stored),
+            warnings,
+            code: 200,
+        }
+    }
+
+    /// The kinds of a CRD that is gone leave discovery.
+    fn crd_gone(i: &mut Inner, crd: &Value) {
+        let gr = crd_resource(crd);
+        i.types.retain(|_, t| t.gr() != gr);
+        i.discovery_gen += 1;
+    }
+
+    /// The CRD of a custom resource type is being deleted: its `Terminating` condition is
+    /// True (kubernetes/apiextensions-apiserver pkg/apiserver/customresource_handler.go
+    /// `ServeHTTP`).
+    fn crd_terminating(i: &Inner, rt: &ResType) -> bool {
+        i.objects
+            .get(CRD_GR)
+            .and_then(|m| m.get(&(String::new(), rt.gr())))
+            .and_then(|c| c.pointer("/status/conditions"))
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Terminating" && c["status"] == "True")
+            })
+    }
+
+    /// One round of the CRD finalizer controller for a CRD being deleted
+    /// (kubernetes/apiextensions-apiserver pkg/controller/finalizer/crd_finalizer.go `sync`):
+    /// every object of the CRD is deleted (its finalizers honoured); once none is left the
+    /// cleanup finalizer comes off and the CRD goes. Returns whether the CRD is done (gone, or
+    /// no longer being deleted).
+    pub(crate) fn crd_cleanup_step(&self, name: &str) -> bool {
+        let mut i = self.inner.lock();
+        let Some(crd) = i
+            .objects
+            .get(CRD_GR)
+            .and_then(|m| m.get(&(String::new(), name.to_string())))
+            .cloned()
+        else {
+            return true;
+        };
+        let cleaning = finalizers(&crd).iter().any(|f| f == CRD_CLEANUP_FINALIZER);
+        if meta(&crd, "deletionTimestamp").is_none() || !cleaning {
+            return true;
+        }
+        let cr_gr = crd_resource(&crd);
+        let left: Vec<Arc<Value>> = i
+            .objects
+            .get(&cr_gr)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        let mut next = (*crd).clone();
+        if let Some(crt) = Self::type_for_gr(&i, &cr_gr).filter(|_| !left.is_empty()) {
+            let (reason, message) = (
+                "InstanceDeletionInProgress",
+                "CustomResource deletion is in progress",
+            );
+            set_condition(&mut next, "Terminating", "True", reason, message);
+            if next != *crd {
+                self.commit(&mut i, CRD_GR, "MODIFIED", next, Some(crd.clone()));
+            }
+            for obj in left {
+                let _ = self.delete_locked(&mut i, &crt, &obj, &DeleteOpts::default());
+            }
+            return false;
+        }
+        let (reason, message) = ("InstanceDeletionCompleted", "removed all instances");
+        set_condition(&mut next, "Terminating", "False", reason, message);
+        if let Some(list) = meta_mut(&mut next)
+            .get_mut("finalizers")
+            .and_then(Value::as_array_mut)
+        {
+            list.retain(|f| f != CRD_CLEANUP_FINALIZER);
+        }
+        if !finalizers(&next).is_empty() {
+            self.commit(&mut i, CRD_GR, "MODIFIED", next, Some(crd.clone()));
+            return true;
+        }
+        let gone = self.commit(&mut i, CRD_GR, "DELETED", (*crd).clone(), Some(crd.clone()));
+        Self::crd_gone(&mut i, &gone);
+        self.after_delete(&mut i, &gone);
+        true
     }
 
     /// What a kubelet does once a pod it runs is terminating: delete it with grace 0.

@@ -339,3 +339,52 @@ async fn admission_denials_are_recorded_as_refusals() {
         "an admission denial is a refusal whatever its code"
     );
 }
+
+/// The bundle's `tidepool-node-uid` policy (deploy/operator/rbac.yaml): only the operator's
+/// service account may change an IPAMNode's `spec.nodeUID`, by apply or by patch; anyone may
+/// still patch `spec.pools` and `spec.watermarks`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_operator_changes_an_ipamnodes_node_uid() {
+    let (server, admin) = operator_cluster().await;
+    let uid = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+    let operator = server.client(OPERATOR).await.unwrap();
+    let as_operator: Api<DynamicObject> = Api::all_with(operator, &ipamnode_resource());
+    let node = json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "node-a"}, "spec": {"nodeUID": uid}});
+    as_operator
+        .create(&PostParams::default(), &dynamic(node))
+        .await
+        .expect("the operator creates it");
+    let nodes: Api<DynamicObject> = Api::all_with(admin.clone(), &ipamnode_resource());
+    let pp = PatchParams::default();
+    let users =
+        Patch::Merge(json!({"spec": {"pools": {"ipv4": "gpu"}, "watermarks": {"preAllocate": 4}}}));
+    nodes
+        .patch("node-a", &pp, &users)
+        .await
+        .expect("the users' fields");
+    let other = "6f1c2a9e-3b7d-4c1a-9e2f-0a1b2c3d4e5f";
+    let why = "ValidatingAdmissionPolicy 'tidepool-node-uid' with binding 'tidepool-node-uid' \
+        denied request: only the tidepool operator may change spec.nodeUID of ipamnode node-a";
+    let by_patch = Patch::Merge(json!({"spec": {"nodeUID": other}}));
+    let s = refused(nodes.patch("node-a", &pp, &by_patch).await, 403);
+    assert_eq!(
+        s.message,
+        format!("ipamnodes.ipam.tidepool.dev \"node-a\" is forbidden: {why}")
+    );
+    let apply = Patch::Apply(
+        json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "node-a"}, "spec": {"nodeUID": other}}),
+    );
+    let s = refused(
+        nodes
+            .patch("node-a", &PatchParams::apply("kubectl").force(), &apply)
+            .await,
+        403,
+    );
+    assert!(s.message.ends_with(why), "{}", s.message);
+    as_operator
+        .patch("node-a", &pp, &by_patch)
+        .await
+        .expect("the operator may");
+}

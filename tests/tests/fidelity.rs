@@ -1082,3 +1082,390 @@ async fn resource_quotas_and_flow_schemas_are_served_and_validated() {
     assert_eq!(v["spec"]["matchingPrecedence"], 1000, "defaulted: {v}");
     server.shutdown();
 }
+
+const APPLY: &str = "application/apply-patch+yaml";
+const MERGE: &str = "application/merge-patch+json";
+
+/// `metadata.uid` in an apply body: with no object of that name the apply does not create,
+/// 409 "uid mismatch" (kubernetes/apiserver pkg/endpoints/handlers/patch.go `applyPatch`);
+/// with another object of that name, 422 "field is immutable" (pkg/registry/rest/update.go
+/// `BeforeUpdate`, the object meta update validation), as for a merge patch; a PUT's uid is
+/// a precondition, 409 (`defaultUpdatedObjectInfo.Preconditions`). A resourceVersion in an
+/// apply that creates is not compared (pkg/registry/generic/registry/store.go `Update`,
+/// create-on-update).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_in_an_apply_refuses_to_create_or_to_replace() {
+    let (server, _client) = start().await;
+    let path = |n: &str| format!("{CM_PATH}/{n}?fieldManager=op");
+    let cm = |n: &str, meta: Value| {
+        let mut m = json!({"name": n});
+        m.as_object_mut()
+            .unwrap()
+            .extend(meta.as_object().unwrap().clone());
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": m, "data": {"a": "1"}})
+    };
+    let ghost = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &path("gone"),
+        Some(cm("gone", json!({"uid": ghost}))),
+        APPLY,
+    )
+    .await;
+    assert_eq!(c, 409, "{v}");
+    assert_status(
+        &v,
+        409,
+        "Conflict",
+        &format!(
+            "Operation cannot be fulfilled on configmaps \"gone\": uid mismatch: the provided object specified uid {ghost}, and no existing object was found"
+        ),
+    );
+    let (c, _) = send(
+        &server,
+        "GET",
+        &format!("{CM_PATH}/gone"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 404, "nothing created");
+    // a resourceVersion does not stop an apply from creating
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &path("made"),
+        Some(cm("made", json!({"resourceVersion": "12345"}))),
+        APPLY,
+    )
+    .await;
+    assert_eq!(c, 201, "{v}");
+    let uid = v["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_ne!(v["metadata"]["resourceVersion"], "12345");
+    // its own uid: applied
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &path("made"),
+        Some(cm("made", json!({"uid": uid}))),
+        APPLY,
+    )
+    .await;
+    assert_eq!(c, 200, "{v}");
+    // another object's uid: an immutable field, by apply and by merge patch alike
+    let immutable = format!(
+        "ConfigMap \"made\" is invalid: metadata.uid: Invalid value: \"{ghost}\": field is immutable"
+    );
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &path("made"),
+        Some(cm("made", json!({"uid": ghost}))),
+        APPLY,
+    )
+    .await;
+    assert_eq!(c, 422, "{v}");
+    assert_status(&v, 422, "Invalid", &immutable);
+    assert_eq!(v["details"]["causes"][0]["field"], "metadata.uid", "{v}");
+    let patch = json!({"metadata": {"uid": ghost}});
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &format!("{CM_PATH}/made"),
+        Some(patch),
+        MERGE,
+    )
+    .await;
+    assert_eq!(c, 422, "{v}");
+    assert_status(&v, 422, "Invalid", &immutable);
+    // a PUT's uid is a precondition
+    let (_, mut cur) = send(
+        &server,
+        "GET",
+        &format!("{CM_PATH}/made"),
+        None,
+        "application/json",
+    )
+    .await;
+    cur["metadata"]["uid"] = json!(ghost);
+    let (c, v) = send(
+        &server,
+        "PUT",
+        &format!("{CM_PATH}/made"),
+        Some(cur),
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 409, "{v}");
+    assert_status(
+        &v,
+        409,
+        "Conflict",
+        &format!(
+            "Operation cannot be fulfilled on configmaps \"made\": Precondition failed: UID in precondition: {ghost}, UID in object meta: {uid}"
+        ),
+    );
+}
+
+const WIDGETS: &str = "/apis/example.com/v1/namespaces/default/widgets";
+
+async fn widgets_crd(server: &ApiServer) {
+    let (c, v) = send(
+        server,
+        "POST",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        Some(crd(|_| {})),
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 201, "{v}");
+    eventually(Duration::from_secs(10), "widgets served", || async {
+        let (c, _) = send(server, "GET", WIDGETS, None, "application/json").await;
+        (c == 200).then_some(())
+    })
+    .await;
+}
+
+fn widget(name: &str, finalizers: &[&str]) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "Widget",
+        "metadata": {"name": name, "finalizers": finalizers}, "spec": {"replicas": 1}})
+}
+
+/// DELETE as the generic registry store answers it (kubernetes/apiserver
+/// pkg/registry/generic/registry/store.go `Delete`, `markAsDeleting`, `finalizeDelete`,
+/// `deleteWithoutFinalizers`; pkg/endpoints/handlers/delete.go `DeleteResource`):
+/// - a delete that waits for a finalizer answers 200 with the object (202 only with
+///   `orphanDependents: false`), its generation bumped once, when deletionTimestamp is set;
+/// - the patch that removes the last finalizer answers the patched object at the version it
+///   was read at, and the DELETED event carries the last stored object (finalizers listed);
+/// - a custom resource deleted at once answers a `Status` naming it (the custom-resource
+///   store has no `ReturnDeletedObject`: kubernetes/apiextensions-apiserver
+///   pkg/registry/customresource/etcd.go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_answer_as_the_generic_store_does() {
+    let (server, _client) = start().await;
+    widgets_crd(&server).await;
+    let (c, created) = send(
+        &server,
+        "POST",
+        WIDGETS,
+        Some(widget("kept", &["example.com/hold"])),
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 201, "{created}");
+    assert_eq!(created["metadata"]["generation"], 1);
+    let (c, v) = send(
+        &server,
+        "DELETE",
+        &format!("{WIDGETS}/kept"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["kind"], "Widget", "{v}");
+    assert!(v["metadata"]["deletionTimestamp"].is_string(), "{v}");
+    assert_eq!(v["metadata"]["generation"], 2, "bumped as deletion starts");
+    let (c, again) = send(
+        &server,
+        "DELETE",
+        &format!("{WIDGETS}/kept"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 200, "{again}");
+    assert_eq!(again["metadata"]["generation"], 2, "bumped once");
+    let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "orphanDependents": false});
+    let (c, _) = send(
+        &server,
+        "DELETE",
+        &format!("{WIDGETS}/kept"),
+        Some(body),
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 202, "orphanDependents=false on a delete that waits");
+    // the last finalizer goes: a watch sees the last stored object deleted
+    let read_at = v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let client = server.client("tester").await.unwrap();
+    let widgets: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client,
+        "default",
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("example.com", "v1", "Widget"),
+            "widgets",
+        ),
+    );
+    use futures::{StreamExt, TryStreamExt};
+    let mut events = widgets
+        .watch(&kube::api::WatchParams::default().timeout(10), &read_at)
+        .await
+        .unwrap()
+        .boxed();
+    let patch = json!({"metadata": {"finalizers": null, "resourceVersion": read_at}});
+    let (c, answer) = send(
+        &server,
+        "PATCH",
+        &format!("{WIDGETS}/kept"),
+        Some(patch),
+        MERGE,
+    )
+    .await;
+    assert_eq!(c, 200, "{answer}");
+    assert_eq!(
+        answer["metadata"]["resourceVersion"],
+        read_at.as_str(),
+        "{answer}"
+    );
+    assert!(answer["metadata"].get("finalizers").is_none(), "{answer}");
+    let deleted = loop {
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .expect("an event")
+            .unwrap()
+            .expect("the watch goes on");
+        if let kube::api::WatchEvent::Deleted(o) = ev {
+            break o;
+        }
+    };
+    assert_eq!(
+        deleted.metadata.finalizers,
+        Some(vec!["example.com/hold".to_string()])
+    );
+    assert!(deleted.metadata.deletion_timestamp.is_some());
+    assert_ne!(
+        deleted.metadata.resource_version.as_deref(),
+        Some(read_at.as_str())
+    );
+    // no finalizer: gone at once, a Status answers
+    let (_, made) = send(
+        &server,
+        "POST",
+        WIDGETS,
+        Some(widget("brief", &[])),
+        "application/json",
+    )
+    .await;
+    let (c, v) = send(
+        &server,
+        "DELETE",
+        &format!("{WIDGETS}/brief"),
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": {"name": "brief", "group": "example.com", "kind": "widgets", "uid": made["metadata"]["uid"]}})
+    );
+}
+
+/// Deleting a CRD: it turns Terminating with the cleanup finalizer
+/// (kubernetes/apiextensions-apiserver pkg/registry/customresourcedefinition/etcd.go
+/// `REST.Delete`); its objects are deleted one by one, finalizers honoured, and the CRD goes
+/// once none is left (pkg/controller/finalizer/crd_finalizer.go `sync`, `deleteInstances`);
+/// meanwhile a create is 405 (pkg/apiserver/customresource_handler.go `serveResource`,
+/// v0.31–v0.33), while an apply may still create (v0.34 refuses both with 403).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_crd_deletes_its_objects_first() {
+    let (server, _client) = start().await;
+    widgets_crd(&server).await;
+    for w in [widget("held", &["example.com/hold"]), widget("free", &[])] {
+        let (c, v) = send(&server, "POST", WIDGETS, Some(w), "application/json").await;
+        assert_eq!(c, 201, "{v}");
+    }
+    let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+    let (c, v) = send(&server, "DELETE", crd_path, None, "application/json").await;
+    assert_eq!(c, 200, "{v}");
+    assert!(v["metadata"]["deletionTimestamp"].is_string(), "{v}");
+    assert_eq!(
+        v["metadata"]["finalizers"],
+        json!(["customresourcecleanup.apiextensions.k8s.io"])
+    );
+    let terminating = v["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Terminating")
+        .cloned()
+        .expect("Terminating");
+    assert_eq!(terminating["status"], "True", "{terminating}");
+    eventually(
+        Duration::from_secs(10),
+        "the free widget deleted, the held one terminating",
+        || async {
+            let (free, _) = send(
+                &server,
+                "GET",
+                &format!("{WIDGETS}/free"),
+                None,
+                "application/json",
+            )
+            .await;
+            let (_, held) = send(
+                &server,
+                "GET",
+                &format!("{WIDGETS}/held"),
+                None,
+                "application/json",
+            )
+            .await;
+            (free == 404 && held["metadata"]["deletionTimestamp"].is_string()).then_some(())
+        },
+    )
+    .await;
+    let (c, v) = send(
+        &server,
+        "POST",
+        WIDGETS,
+        Some(widget("late", &[])),
+        "application/json",
+    )
+    .await;
+    assert_eq!(c, 405, "{v}");
+    assert_status(
+        &v,
+        405,
+        "MethodNotAllowed",
+        "create not allowed while custom resource definition is terminating",
+    );
+    assert_eq!(
+        v["details"],
+        json!({"group": "example.com", "kind": "widgets"})
+    );
+    let late = format!("{WIDGETS}/applied?fieldManager=op");
+    let (c, v) = send(&server, "PATCH", &late, Some(widget("applied", &[])), APPLY).await;
+    assert_eq!(c, 201, "an apply still creates on 1.31–1.33: {v}");
+    // the CRD waits for the held widget's finalizer
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (c, _) = send(&server, "GET", crd_path, None, "application/json").await;
+    assert_eq!(c, 200, "the CRD waits for its objects");
+    let patch = json!({"metadata": {"finalizers": null}});
+    let (c, v) = send(
+        &server,
+        "PATCH",
+        &format!("{WIDGETS}/held"),
+        Some(patch),
+        MERGE,
+    )
+    .await;
+    assert_eq!(c, 200, "{v}");
+    eventually(
+        Duration::from_secs(10),
+        "the CRD gone, and its kind",
+        || async {
+            let (crd, _) = send(&server, "GET", crd_path, None, "application/json").await;
+            let (kind, _) = send(&server, "GET", WIDGETS, None, "application/json").await;
+            (crd == 404 && kind == 404).then_some(())
+        },
+    )
+    .await;
+}

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_ipam::{AddrSet, EngineConfig};
 use tidepool_operator::runtime::{self, Settings};
-use tidepool_tests::ApiServer;
+use tidepool_tests::{ApiServer, Config};
 
 fn settings() -> Settings {
     operator_settings()
@@ -772,7 +772,14 @@ async fn faults_from_the_server_lose_nothing() {
 /// same rule by which a cluster that already has addresses is adopted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
-    let (server, admin) = operator_cluster().await;
+    // the objects go at once with their CRDs, finalizers or not (as if an admin stripped
+    // them); the drain a terminating CRD gets is crd_deletion_drains_the_blocks'
+    let (server, admin) = operator_cluster_with(Config {
+        rbac: true,
+        crd_cleanup_interval: None,
+        ..fast_config()
+    })
+    .await;
     let pool = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
         "metadata": {"name": "default"},
@@ -1225,6 +1232,423 @@ async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_e
     );
     let l = events.list(&ListParams::default()).await.expect("events");
     assert_eq!(on(&l.items, "node-b"), vec![], "node-b's agent is ready");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+const IPAMNODES: &str = "ipamnodes.ipam.tidepool.dev";
+const IPAMBLOCKS: &str = "ipamblocks.ipam.tidepool.dev";
+
+/// Holds the operator's requests of `verbs` on `resource` for `latency`: its writes are in
+/// flight that long (a slow server, or a pass that built its write before a change).
+fn hold_operator(server: &ApiServer, resource: &str, verbs: &[&str], latency: Duration) {
+    server.update_faults(|f| {
+        f.targeted.push(tidepool_tests::TargetedFault {
+            identity: OPERATOR.into(),
+            resource: resource.into(),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            latency,
+            error_code: None,
+        })
+    });
+}
+
+/// Waits until the server has received one more `verb` on `resource` than `before` (the
+/// request is then in flight, held by [`hold_operator`]).
+async fn in_flight(server: &ApiServer, verb: &str, resource: &str, before: u64) {
+    eventually(
+        Duration::from_secs(20),
+        "the operator's request in flight",
+        || async { (server.request_count(verb, resource) > before).then_some(()) },
+    )
+    .await;
+}
+
+/// A force-delete: the finalizers stripped, then a delete that removes the object at once.
+async fn force_delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let strip = kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    api.patch(name, &kube::api::PatchParams::default(), &strip)
+        .await
+        .expect("strip the finalizers");
+    // (a deleted object without finalizers is gone already)
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(e) => assert_eq!(code(&e), 404, "delete: {e}"),
+    }
+}
+
+/// The operator's writes of `resource`'s object `name` stored after `since`, as verbs.
+fn operator_writes_since(
+    server: &ApiServer,
+    resource: &str,
+    name: &str,
+    since: std::time::Instant,
+) -> Vec<String> {
+    server
+        .accepted_writes()
+        .into_iter()
+        .filter(|w| w.at > since && w.identity == OPERATOR)
+        .filter(|w| w.resource == resource && w.name == name)
+        .map(|w| w.verb)
+        .collect()
+}
+
+/// An IPAMNode, then an IPAMBlock, force-deleted (finalizer stripped) while the operator's
+/// apply to it is in flight: the apply carries the object's uid, so it never brings the
+/// object back (409 "uid mismatch"); the IPAMNode of the Node, which still exists, is created
+/// again by POST with a new uid, the node side republishes its entries to it, and the
+/// deleted block's CIDR is not granted again while an entry of a running pod lies in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_deleted_objects_are_not_brought_back_by_a_late_apply() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            // four /28 blocks
+            "spec": {"cidrs": ["10.110.0.0/26"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let s = Settings {
+        engine: EngineConfig {
+            reclaim: tidepool_ipam::ReclaimConfig {
+                grace: Duration::from_millis(300),
+                min_age: Duration::from_millis(300),
+            },
+            ..settings().engine
+        },
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let first = eventually(Duration::from_secs(20), "node-a's block", || {
+        let blocks = blocks.clone();
+        async move {
+            let list = blocks.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|b| b.spec.node == "node-a")
+        }
+    })
+    .await;
+    let net: ipnet::IpNet = first.spec.cidr.0.parse().unwrap();
+    // two pods on addresses of the block; p1 runs and lists its address
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let addrs: Vec<String> = AddrSet::of_net(&net)
+        .iter()
+        .skip(1)
+        .take(2)
+        .map(|a| a.to_string())
+        .collect();
+    let mut used = BTreeMap::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let name = format!("p{i}");
+        add_pod(&admin, &name, "node-a").await;
+        let uid = pods.get(&name).await.unwrap().metadata.uid.unwrap();
+        used.insert(addr.clone(), (uid, name));
+    }
+    let running =
+        json!({"status": {"phase": "Running", "podIP": addrs[1], "podIPs": [{"ip": addrs[1]}]}});
+    pods.patch_status(
+        "p1",
+        &Default::default(),
+        &kube::api::Patch::Merge(&running),
+    )
+    .await
+    .unwrap();
+    write_used(&admin, "node-a", &used).await;
+
+    // p0 goes: the operator's tombstone apply is held in flight while the IPAMNode is
+    // force-deleted
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let old_uid = ipamnodes.get("node-a").await.unwrap().metadata.uid.unwrap();
+    hold_operator(
+        &server,
+        IPAMNODES,
+        &["apply", "create"],
+        Duration::from_secs(1),
+    );
+    let before = server.request_count("apply", IPAMNODES);
+    pods.delete("p0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    in_flight(&server, "apply", IPAMNODES, before).await;
+    force_delete(&ipamnodes, "node-a").await;
+    let deleted_at = std::time::Instant::now();
+    let again = eventually(Duration::from_secs(20), "node-a's IPAMNode again", || {
+        let ipamnodes = ipamnodes.clone();
+        async move { ipamnodes.get_opt("node-a").await.ok()? }
+    })
+    .await;
+    assert_ne!(
+        again.metadata.uid.as_deref(),
+        Some(old_uid.as_str()),
+        "a new object"
+    );
+    let writes = operator_writes_since(&server, IPAMNODES, "node-a", deleted_at);
+    assert_eq!(
+        writes.first().map(String::as_str),
+        Some("create"),
+        "created by POST, never by the late apply: {writes:?}"
+    );
+    // the node side republishes its entries to the new object; the operator keeps them
+    used.remove(&addrs[0]);
+    write_used(&admin, "node-a", &used).await;
+    eventually(
+        Duration::from_secs(20),
+        "the entries on the new IPAMNode",
+        || {
+            let (ipamnodes, kept) = (ipamnodes.clone(), addrs[1].clone());
+            async move {
+                let o = ipamnodes.get("node-a").await.ok()?;
+                let st = o.status?;
+                (st.used.contains_key(&kept) && o.metadata.finalizers.is_some()).then_some(())
+            }
+        },
+    )
+    .await;
+    server.set_faults(Default::default());
+
+    // the block: deleted, so the operator drains it; its mark apply is held in flight while
+    // the block is force-deleted
+    let name = first.metadata.name.clone().unwrap();
+    hold_operator(&server, IPAMBLOCKS, &["apply"], Duration::from_secs(1));
+    let before = server.request_count("apply", IPAMBLOCKS);
+    blocks
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    in_flight(&server, "apply", IPAMBLOCKS, before).await;
+    force_delete(&blocks, &name).await;
+    let deleted_at = std::time::Instant::now();
+    server.set_faults(Default::default());
+    // another node wants a block; the deleted one's CIDR holds p1's entry and podIP
+    add_node(&admin, "node-b").await;
+    eventually(Duration::from_secs(20), "node-b's block", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-b").await.0 >= 1).then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let list = blocks.list(&ListParams::default()).await.unwrap().items;
+    let over: Vec<String> = list
+        .iter()
+        .filter(|b| b.spec.cidr.0 == first.spec.cidr.0)
+        .map(|b| format!("{} for {}", b.spec.cidr.0, b.spec.node))
+        .collect();
+    assert!(over.is_empty(), "granted over a used address: {over:?}");
+    let writes = operator_writes_since(&server, IPAMBLOCKS, &name, deleted_at);
+    assert!(
+        writes.is_empty(),
+        "the late mark brought the block back: {writes:?}"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// The operator forces its applies and sends only its own fields: a user's `spec.pools`
+/// (a merge patch, as `kubectl patch` sends it) keeps its value and its owner through the
+/// operator's applies; and a `spec.nodeUID` someone else wrote (here on a cluster without
+/// the bundle's admission policy) is taken back, never a conflict retried for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_forces_its_own_fields_and_leaves_the_users() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.120.0.0/24"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    let node_uid = add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "node-a's IPAMNode", || {
+        let ipamnodes = ipamnodes.clone();
+        async move { ipamnodes.get_opt("node-a").await.ok()? }
+    })
+    .await;
+    let kubectl_patch = kube::api::PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..Default::default()
+    };
+    let pools = kube::api::Patch::Merge(json!({"spec": {"pools": {"ipv4": "default"}}}));
+    ipamnodes
+        .patch("node-a", &kubectl_patch, &pools)
+        .await
+        .unwrap();
+    // someone writes nodeUID (the old example did); the bundle's policy would refuse it
+    let vaps: Api<kube::api::DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    vaps.delete("tidepool-node-uid", &DeleteParams::default())
+        .await
+        .unwrap();
+    let placeholder = "6f1c2a9e-3b7d-4c1a-9e2f-0a1b2c3d4e5f";
+    let wrong = kube::api::Patch::Merge(json!({"spec": {"nodeUID": placeholder}}));
+    eventually(Duration::from_secs(10), "the policy binding gone", || {
+        let (ipamnodes, wrong) = (ipamnodes.clone(), wrong.clone());
+        let pp = kubectl_patch.clone();
+        async move { ipamnodes.patch("node-a", &pp, &wrong).await.ok() }
+    })
+    .await;
+    let fixed = eventually(Duration::from_secs(20), "the Node's UID back", || {
+        let (ipamnodes, node_uid) = (ipamnodes.clone(), node_uid.clone());
+        async move {
+            let o = ipamnodes.get("node-a").await.ok()?;
+            (o.spec.node_uid == node_uid).then_some(o)
+        }
+    })
+    .await;
+    assert_eq!(
+        fixed.spec.pools.as_ref().and_then(|p| p.ipv4.as_deref()),
+        Some("default"),
+        "the user's pools stay"
+    );
+    let owners = |field: &str| -> Vec<String> {
+        fixed
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer(&format!("/f:spec/f:{field}")).is_some())
+            })
+            .filter_map(|m| m.manager.clone())
+            .collect()
+    };
+    assert_eq!(
+        owners("pools"),
+        ["kubectl-patch"],
+        "{:?}",
+        fixed.metadata.managed_fields
+    );
+    assert_eq!(owners("nodeUID"), [api::names::OPERATOR_MANAGER]);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// Deleting the IPAMBlock CRD (DESIGN.md "Protection against deletion"): the server deletes
+/// each block, and a block deleted so drains like a removed CIDR. The operator keeps its
+/// finalizer while the node side answers do-not-release, takes it off after
+/// ready-for-release, and the CRD goes once its last block has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_deletion_drains_the_blocks() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.130.0.0/24"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let first = eventually(Duration::from_secs(20), "node-a's block", || {
+        let blocks = blocks.clone();
+        async move {
+            let list = blocks.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|b| b.spec.node == "node-a")
+        }
+    })
+    .await;
+    let name = first.metadata.name.clone().unwrap();
+    add_pod(&admin, "p0", "node-a").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let uid = pods.get("p0").await.unwrap().metadata.uid.unwrap();
+    let net: ipnet::IpNet = first.spec.cidr.0.parse().unwrap();
+    let addr = AddrSet::of_net(&net).iter().nth(1).unwrap().to_string();
+    write_used(
+        &admin,
+        "node-a",
+        &BTreeMap::from([(addr, (uid, "p0".into()))]),
+    )
+    .await;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let crd_name = IPAMBLOCKS.to_string();
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the block deleted and marked",
+        || {
+            let (blocks, name) = (blocks.clone(), name.clone());
+            async move {
+                let b = blocks.get_opt(&name).await.ok()??;
+                (b.metadata.deletion_timestamp.is_some() && b.spec.release.is_some()).then_some(())
+            }
+        },
+    )
+    .await;
+    let pp = kube::api::PatchParams::apply(api::names::AGENT_MANAGER);
+    let ack = |answer: &str| {
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+            "metadata": {"name": name},
+            "status": {"releaseAck": answer},
+        })
+    };
+    blocks
+        .patch_status(&name, &pp, &kube::api::Patch::Apply(&ack("do-not-release")))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = blocks
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .expect("in use: the block stays");
+    assert_eq!(
+        b.metadata.finalizers,
+        Some(vec![api::names::FINALIZER.to_string()])
+    );
+    assert!(
+        crds.get_opt(&crd_name).await.unwrap().is_some(),
+        "the CRD waits"
+    );
+    // meanwhile the operator's claims of other blocks are refused (405), not granted
+    let refused = server
+        .failed_requests()
+        .into_iter()
+        .filter(|f| f.identity == OPERATOR && f.verb == "create" && f.resource == IPAMBLOCKS)
+        .count();
+    assert!(refused > 0, "{:?}", server.failed_requests());
+    // the pod goes, the node side lets go: the block goes, then the CRD
+    write_used(&admin, "node-a", &BTreeMap::new()).await;
+    blocks
+        .patch_status(
+            &name,
+            &pp,
+            &kube::api::Patch::Apply(&ack("ready-for-release")),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "the CRD gone", || {
+        let (crds, crd_name) = (crds.clone(), crd_name.clone());
+        async move { crds.get_opt(&crd_name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }

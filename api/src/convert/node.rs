@@ -25,6 +25,9 @@ pub type Allocations = BTreeMap<AllocationId, (Arc<str>, Arc<str>)>;
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
     pub node: Arc<IpamNode>,
+    /// `metadata.uid`: every apply to the object carries it, so that an apply after the
+    /// object was deleted, or replaced by another of that name, is refused (never creates).
+    pub uid: Option<String>,
     pub allocations: Allocations,
     /// The object is being deleted (`deletionTimestamp` set).
     pub terminating: bool,
@@ -91,6 +94,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
     };
     let view = NodeView {
         node: Arc::new(node),
+        uid: obj.metadata.uid.clone(),
         allocations,
         terminating: obj.metadata.deletion_timestamp.is_some(),
         allocated: obj

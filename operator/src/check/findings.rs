@@ -6,7 +6,8 @@ use std::net::IpAddr;
 use tidepool_ipam::IpamNode;
 use tidepool_ipam::PodUid;
 use tidepool_ipam::pool::repair::{
-    BlockClaim, BlockRef, Conflict, RangeIssue, RangeSubject, RepairFinding, RepairReport, UsedRef,
+    BlockClaim, BlockRef, Conflict, LiveNodes, RangeIssue, RangeSubject, RepairFinding,
+    RepairReport, UsedRef,
 };
 use tidepool_ipam::pool::{FindingKind, RebuildReport};
 
@@ -96,6 +97,30 @@ pub(super) fn from_rebuild(
 
 /// Repair's findings. A `spec.addresses` address of the node that uses it is not leaked nor
 /// out of range for that node.
+/// IPAMNodes whose `spec.nodeUID` is not the UID of the Node of their name (a Node that
+/// is gone is whole-node reclaim's, not this).
+pub(super) fn node_uids(ipam_nodes: &[&IpamNode], nodes: &LiveNodes, out: &mut Vec<Problem>) {
+    for n in ipam_nodes {
+        let Some(uid) = nodes.uid(&n.name).filter(|u| *u != n.node_uid) else {
+            continue;
+        };
+        out.push(Problem {
+            kind: ProblemKind::NodeUid,
+            objects: vec![node_object(&n.name), format!("node/{}", n.name)],
+            address: None,
+            cidr: None,
+            pool: None,
+            detail: format!(
+                "spec.nodeUID is {}, but Node {} has UID {}: only the operator may set it \
+                 (the node side drops every block of another nodeUID)",
+                PodUid(n.node_uid),
+                n.name,
+                PodUid(uid)
+            ),
+        });
+    }
+}
+
 pub(super) fn from_repair(report: &RepairReport, holders: &Holders<'_>, out: &mut Vec<Problem>) {
     for f in &report.findings {
         let p = match f {

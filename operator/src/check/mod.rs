@@ -16,6 +16,8 @@
 //!     it is neither leaked nor out of range for it. Rebuild's findings repair does not
 //!     cover are added: overlapping blocks of one node (`duplicate`) and a block whose name
 //!     is not its CIDR's canonical name (`malformed`: the name is the claim's lock);
+//!   - `node-uid`: an IPAMNode whose `spec.nodeUID` is not its existing Node's UID (someone
+//!     else changed it; the node side then drops every block);
 //!   - `invalid-pool`: an IPPool the engine will not use (overlapping an older pool, a bad
 //!     block size, blocks of another size: [`PoolSet`]'s validity);
 //!   - `malformed`: what the operator cannot read and skips ([`crate::convert`]'s reports, an
@@ -237,6 +239,7 @@ pub fn check(inputs: &Inputs) -> Report {
         .map(|n| ((&*n.name, n.node_uid), *n))
         .collect();
     findings::from_repair(&repaired, &by_holder, &mut problems);
+    findings::node_uids(&readable, &inputs.nodes, &mut problems);
 
     for m in &inputs.malformed {
         problems.push(Problem {

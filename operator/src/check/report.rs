@@ -26,10 +26,13 @@ pub enum ProblemKind {
     InvalidPool,
     /// Something the operator cannot read and skips.
     Malformed,
+    /// An IPAMNode whose `spec.nodeUID` is not the UID of its Node (someone changed it):
+    /// the node side drops every block that does not carry its IPAMNode's nodeUID.
+    NodeUid,
 }
 
 impl ProblemKind {
-    pub const ALL: [ProblemKind; 7] = [
+    pub const ALL: [ProblemKind; 8] = [
         ProblemKind::Duplicate,
         ProblemKind::Leaked,
         ProblemKind::OrphanBlock,
@@ -37,6 +40,7 @@ impl ProblemKind {
         ProblemKind::UnknownPool,
         ProblemKind::InvalidPool,
         ProblemKind::Malformed,
+        ProblemKind::NodeUid,
     ];
 
     /// The label of the kind (as in the JSON form).
@@ -49,6 +53,7 @@ impl ProblemKind {
             ProblemKind::UnknownPool => "unknown-pool",
             ProblemKind::InvalidPool => "invalid-pool",
             ProblemKind::Malformed => "malformed",
+            ProblemKind::NodeUid => "node-uid",
         }
     }
 
@@ -74,6 +79,10 @@ impl ProblemKind {
             ),
             ProblemKind::InvalidPool => ("invalid IP pool", "invalid IP pools"),
             ProblemKind::Malformed => ("malformed entry", "malformed entries"),
+            ProblemKind::NodeUid => (
+                "IPAMNode whose nodeUID is not its Node's UID",
+                "IPAMNodes whose nodeUID is not their Node's UID",
+            ),
         };
         format!("{n} {}", if n == 1 { one } else { many })
     }

@@ -167,7 +167,7 @@ fn a_clean_cluster_reports_nothing() {
         (1, 3, 2, 2, 2)
     );
     assert_eq!(s.addresses_in_use, 3);
-    assert!(s.problems.values().all(|n| *n == 0) && s.problems.len() == 7);
+    assert!(s.problems.values().all(|n| *n == 0) && s.problems.len() == ProblemKind::ALL.len());
     // usage per family: the /16 has 4096 /28s, its first and last address are not usable
     let v4 = &r.pools[0];
     assert_eq!((v4.pool.as_str(), v4.family), ("default", "ipv4"));
@@ -411,6 +411,28 @@ fn out_of_range_and_unknown_pool() {
             .contains("names pool nope, which does not exist")
     );
     assert_eq!(r.exit_code(), 1);
+}
+
+/// Someone set an IPAMNode's `spec.nodeUID` to another UID than its Node's (the old
+/// overrides example did, with its placeholder): reported.
+#[test]
+fn an_ipamnode_whose_node_uid_is_not_its_nodes_is_reported() {
+    let mut w = World::clean();
+    w.ipam_node_mut("n2").spec.node_uid = uid(7);
+    let r = w.report();
+    let p = r
+        .problems
+        .iter()
+        .find(|p| p.kind == ProblemKind::NodeUid)
+        .unwrap_or_else(|| panic!("{:#?}", r.problems));
+    assert_eq!(p.objects, vec!["ipamnode/n2", "node/n2"]);
+    assert!(
+        p.detail.contains(&uid(7)) && p.detail.contains(&uid(2)),
+        "{}",
+        p.detail
+    );
+    assert_eq!(r.exit_code(), 1);
+    assert_eq!(r.summary.problems["node-uid"], 1);
 }
 
 #[test]

@@ -23,8 +23,10 @@ pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
 }
 
 /// The operator's server-side apply of a block's release mark (set or withdrawn), with
-/// the spec fields it created the block with, which it keeps owning.
-pub fn block_mark_body(b: &IpamBlock, release: bool) -> Value {
+/// the spec fields it created the block with, which it keeps owning, and the block's
+/// `metadata.uid` when known: an apply to a block that was deleted, or replaced by another
+/// of that name, is then refused instead of creating one.
+pub fn block_mark_body(b: &IpamBlock, uid: Option<&str>, release: bool) -> Value {
     let mut spec = json!({
         "pool": &*b.pool,
         "cidr": b.cidr.to_string(),
@@ -34,12 +36,16 @@ pub fn block_mark_body(b: &IpamBlock, release: bool) -> Value {
     if release {
         spec["release"] = json!("marked-for-release");
     }
-    json!({
+    let mut body = json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "IPAMBlock",
         "metadata": { "name": &*b.name, "finalizers": [FINALIZER] },
         "spec": spec,
-    })
+    });
+    if let Some(uid) = uid {
+        body["metadata"]["uid"] = json!(uid);
+    }
+    body
 }
 
 #[cfg(test)]
@@ -71,10 +77,15 @@ mod tests {
         assert_eq!(obj.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
         let back = block_from_api(&obj).unwrap();
         assert_eq!(back, b);
-        let body = block_mark_body(&b, false);
+        let body = block_mark_body(&b, None, false);
         assert!(body["spec"].get("release").is_none());
+        assert!(body["metadata"].get("uid").is_none());
         assert_eq!(
-            block_mark_body(&b, true)["spec"]["release"],
+            block_mark_body(&b, Some(UID), false)["metadata"]["uid"],
+            UID
+        );
+        assert_eq!(
+            block_mark_body(&b, None, true)["spec"]["release"],
             "marked-for-release"
         );
     }

@@ -6,20 +6,41 @@ use tidepool_api::convert::{Allocations, from_system};
 use tidepool_api::names::{FINALIZER, GROUP, VERSION};
 use tidepool_ipam::{Condition, OperatorFields, ReleaseState};
 
-fn type_meta(name: &str) -> Value {
-    json!({
+/// The object an apply is for: its name and, for an object that should exist, its uid
+/// (the server then refuses the apply when that object is gone or replaced, instead of
+/// creating one).
+fn type_meta(name: &str, uid: Option<&str>) -> Value {
+    let mut v = json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "IPAMNode",
         "metadata": { "name": name },
-    })
+    });
+    if let Some(uid) = uid {
+        v["metadata"]["uid"] = json!(uid);
+    }
+    v
+}
+
+/// Which IPAMNode a body is for: its name and its `metadata.uid` (None: the body creates it).
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub name: &'a str,
+    pub uid: Option<&'a str>,
 }
 
 /// The operator's server-side apply of an IPAMNode's spec (and its finalizer): every field
-/// the operator owns, so a field it stops applying goes. Tombstones whose allocation
-/// strings are unknown (the entry they name is gone from the object) are left out: the
-/// node side has nothing of them to take back.
-pub fn spec_body(name: &str, node_uid: u128, fields: &OperatorFields, all: &Allocations) -> Value {
-    let mut body = type_meta(name);
+/// the operator owns, so a field it stops applying goes. It is forced, so it holds only
+/// those (`nodeUID`, `addresses`, `release`, `reclaim`), never `pools` or `watermarks`,
+/// which are the users'. Tombstones whose allocation strings are unknown (the entry they
+/// name is gone from the object) are left out: the node side has nothing of them to take
+/// back.
+pub fn spec_body(
+    to: Target<'_>,
+    node_uid: u128,
+    fields: &OperatorFields,
+    all: &Allocations,
+) -> Value {
+    let mut body = type_meta(to.name, to.uid);
     body["metadata"]["finalizers"] = json!([FINALIZER]);
     let addresses: Vec<String> = fields.addresses.iter().map(|a| a.to_string()).collect();
     let release: serde_json::Map<String, Value> = fields
@@ -62,8 +83,8 @@ pub fn spec_body(name: &str, node_uid: u128, fields: &OperatorFields, all: &Allo
 
 /// The operator's apply of an IPAMNode's status (through `/status`): its conditions and
 /// the count of addresses the node holds (a printer column; `allocated` saturates).
-pub fn status_body(name: &str, conditions: &[Condition], allocated: u64) -> Value {
-    let mut body = type_meta(name);
+pub fn status_body(to: Target<'_>, conditions: &[Condition], allocated: u64) -> Value {
+    let mut body = type_meta(to.name, to.uid);
     let conditions: Vec<Value> = conditions
         .iter()
         .map(|c| {
@@ -76,10 +97,13 @@ pub fn status_body(name: &str, conditions: &[Condition], allocated: u64) -> Valu
             })
         })
         .collect();
-    body["status"] = json!({
-        "conditions": conditions,
-        "allocated": i64::try_from(allocated).unwrap_or(i64::MAX),
-    });
+    body["status"] = json!({ "allocated": i64::try_from(allocated).unwrap_or(i64::MAX) });
+    // none: no `conditions` key, which on a real server owns nothing either (an empty
+    // associative list records no ownership), and never claims the list the agent's
+    // `AgentReady` item is in
+    if !conditions.is_empty() {
+        body["status"]["conditions"] = Value::Array(conditions);
+    }
     body
 }
 
@@ -126,8 +150,19 @@ mod tests {
     #[test]
     fn the_spec_body_carries_the_operators_fields_and_round_trips() {
         let (v, _) = node_from_api(&busy_node());
-        let body = spec_body("n1", v.node.node_uid, &v.node.operator, &v.allocations);
+        let to = Target {
+            name: "n1",
+            uid: Some(UID),
+        };
+        let body = spec_body(to, v.node.node_uid, &v.node.operator, &v.allocations);
         assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+        assert_eq!(body["metadata"]["uid"], json!(UID));
+        let spec: Vec<&String> = body["spec"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            spec,
+            ["addresses", "nodeUID", "reclaim", "release"],
+            "never pools or watermarks"
+        );
         assert_eq!(body["spec"]["nodeUID"], json!(UID));
         assert_eq!(
             body["spec"]["release"]["10.0.0.2"],
@@ -158,7 +193,12 @@ mod tests {
                 reason: ReclaimReason::PodDeleted,
             },
         );
-        let body = spec_body("n1", 1, &fields, &v.allocations);
+        let to = Target {
+            name: "n1",
+            uid: None,
+        };
+        let body = spec_body(to, 1, &fields, &v.allocations);
+        assert!(body["metadata"].get("uid").is_none());
         assert!(body["spec"]["reclaim"].get("10.0.0.7").is_none());
         assert!(body["spec"]["reclaim"].get("10.0.0.1").is_some());
     }
@@ -166,7 +206,12 @@ mod tests {
     #[test]
     fn the_status_body_holds_conditions_and_the_count() {
         let (v, _) = node_from_api(&busy_node());
-        let body = status_body("n1", &v.node.operator.conditions, u64::MAX);
+        let to = Target {
+            name: "n1",
+            uid: Some(UID),
+        };
+        let body = status_body(to, &v.node.operator.conditions, u64::MAX);
+        assert_eq!(body["metadata"]["uid"], json!(UID));
         assert_eq!(body["status"]["allocated"], json!(i64::MAX));
         assert_eq!(body["status"]["conditions"][0]["type"], json!("Blocked"));
         assert_eq!(
@@ -174,5 +219,7 @@ mod tests {
             json!("2026-11-24T10:00:00Z")
         );
         assert!(body.get("spec").is_none());
+        let none = status_body(to, &[], 3);
+        assert!(none["status"].get("conditions").is_none(), "{none}");
     }
 }

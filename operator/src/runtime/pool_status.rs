@@ -107,7 +107,8 @@ pub async fn keep_written(
             if gate.request().await.is_err() {
                 break; // the lead is gone: write nothing more this round
             }
-            let pp = PatchParams::apply(OPERATOR_MANAGER);
+            // forced, as every apply of the operator's: it owns the status it writes
+            let pp = PatchParams::apply(OPERATOR_MANAGER).force();
             let patch = Patch::Apply(body(&name, &next));
             match fence.send(pools.patch_status(&name, &pp, &patch)).await {
                 Ok(Ok(_)) => {

@@ -15,6 +15,9 @@ use crate::convert::{Malformed, NodeView, block_from_api, node_from_api};
 /// How many of our own writes' resourceVersions are remembered to tell their echoes apart.
 const OWN_WRITES: usize = 4096;
 
+/// A block with its `metadata.uid`, when the server told it.
+type UidBlock = (Arc<IpamBlock>, Option<Arc<str>>);
+
 /// What one apply changed.
 #[derive(Debug, Default, PartialEq)]
 pub struct Applied {
@@ -26,13 +29,15 @@ pub struct Applied {
 pub struct Cache {
     nodes: HashMap<NodeName, NodeView>,
     blocks: BTreeMap<Arc<str>, Arc<IpamBlock>>,
+    /// Each block's `metadata.uid` (what its applies carry).
+    block_uids: HashMap<Arc<str>, Arc<str>>,
     blocks_by_node: HashMap<NodeName, BTreeSet<Arc<str>>>,
     /// Per node, a counter bumped whenever one of its blocks changes.
     node_block_changes: HashMap<NodeName, u64>,
     block_set_changes: u64,
     changes: u64,
     node_relist: Option<Vec<NodeView>>,
-    block_relist: Option<Vec<Arc<IpamBlock>>>,
+    block_relist: Option<Vec<UidBlock>>,
     pub nodes_ready: bool,
     pub blocks_ready: bool,
     /// Lists (watch relists) of IPAMNodes and of IPAMBlocks completed so far.
@@ -100,6 +105,11 @@ impl Cache {
         self.blocks.get(name)
     }
 
+    /// The block's `metadata.uid`, when the server told it.
+    pub fn block_uid(&self, name: &str) -> Option<Arc<str>> {
+        self.block_uids.get(name).cloned()
+    }
+
     pub fn blocks(&self) -> impl Iterator<Item = &Arc<IpamBlock>> {
         self.blocks.values()
     }
@@ -138,19 +148,36 @@ impl Cache {
         self.nodes.insert(view.node.name.clone(), view);
     }
 
-    pub fn put_block(&mut self, b: Arc<IpamBlock>) {
+    pub fn put_block(&mut self, b: Arc<IpamBlock>, uid: Option<Arc<str>>) {
         let seen = self.blocks.get(&b.name).map(|o| &o.resource_version);
         if seen != Some(&b.resource_version) {
             let rv = b.resource_version.clone();
             self.expect(ObjectKind::IpamBlock, b.name.clone(), rv.as_ref());
         }
-        self.upsert_block(b);
+        self.upsert_block(b, uid);
     }
 
-    /// Our delete of a block went through (its finalizer off): gone at once.
+    /// Our delete of a block went through (its finalizer off), or the server said the
+    /// block we hold is gone: gone at once, its late events skipped until its deletion's.
     pub fn drop_block(&mut self, name: &str) {
         self.expect(ObjectKind::IpamBlock, name.into(), None);
         self.remove_block(name);
+    }
+
+    /// The server said the IPAMNode we hold is gone: gone at once, its late events skipped
+    /// until its deletion's (the engine re-reads it and creates it anew by POST).
+    pub fn drop_node(&mut self, name: &str) {
+        self.expect(ObjectKind::IpamNode, name.into(), None);
+        self.nodes.remove(name);
+    }
+
+    /// A deletion event of `uid` is for the object held under its name: not for an older
+    /// object of that name, which a newer one replaced.
+    fn deletes_held(held: Option<&str>, uid: Option<&str>) -> bool {
+        match (held, uid) {
+            (Some(h), Some(u)) => h == u,
+            _ => true,
+        }
     }
 
     fn expect(&mut self, kind: ObjectKind, name: Arc<str>, rv: Option<&ResourceVersion>) {
@@ -204,9 +231,12 @@ impl Cache {
             }
             Event::Delete(o) => {
                 let name = o.metadata.name.as_deref().unwrap_or_default();
-                self.pending
-                    .remove(&(ObjectKind::IpamNode, Arc::from(name)));
-                self.node_gone(name, &mut out);
+                let held = self.nodes.get(name).and_then(|v| v.uid.as_deref());
+                if Self::deletes_held(held, o.metadata.uid.as_deref()) {
+                    self.pending
+                        .remove(&(ObjectKind::IpamNode, Arc::from(name)));
+                    self.node_gone(name, &mut out);
+                }
             }
             Event::Init => self.node_relist = Some(Vec::new()),
             Event::InitApply(o) => {
@@ -274,7 +304,7 @@ impl Cache {
     pub fn apply_block_event(&mut self, ev: &Event<api::IPAMBlock>) -> Applied {
         let mut out = Applied::default();
         let read = |o: &api::IPAMBlock, out: &mut Applied| match block_from_api(o) {
-            Ok(b) => Some(Arc::new(b)),
+            Ok(b) => Some((Arc::new(b), o.metadata.uid.as_deref().map(Arc::from))),
             Err(bad) => {
                 out.malformed.extend(bad);
                 None
@@ -282,22 +312,26 @@ impl Cache {
         };
         match ev {
             Event::Apply(o) => {
-                if let Some(b) = read(o, &mut out) {
+                if let Some((b, uid)) = read(o, &mut out) {
                     let rv = b.resource_version.clone();
                     match self.echo(ObjectKind::IpamBlock, &b.name, rv.as_ref()) {
-                        Echo::Apply => self.block_changed(b, &mut out),
+                        Echo::Apply => self.block_changed(b, uid, &mut out),
                         Echo::Skip => {}
                         Echo::Arrived(foreign) => {
                             if foreign {
                                 out.events.push(news(ObjectKind::IpamBlock, &b.node, rv));
                             }
-                            self.upsert_block(b);
+                            self.upsert_block(b, uid);
                         }
                     }
                 }
             }
             Event::Delete(o) => {
                 let name = o.metadata.name.as_deref().unwrap_or_default();
+                let held = self.block_uids.get(name).map(|u| &**u);
+                if !Self::deletes_held(held, o.metadata.uid.as_deref()) {
+                    return out;
+                }
                 let ours = self
                     .pending
                     .remove(&(ObjectKind::IpamBlock, Arc::from(name)));
@@ -317,7 +351,8 @@ impl Cache {
                 self.lists.1 += 1;
                 self.pending.retain(|(k, _), _| *k != ObjectKind::IpamBlock);
                 if let Some(list) = self.block_relist.take() {
-                    let keep: BTreeSet<Arc<str>> = list.iter().map(|b| b.name.clone()).collect();
+                    let keep: BTreeSet<Arc<str>> =
+                        list.iter().map(|(b, _)| b.name.clone()).collect();
                     let gone: Vec<Arc<str>> = self
                         .blocks
                         .keys()
@@ -327,8 +362,8 @@ impl Cache {
                     for n in gone {
                         self.block_gone(&n, &mut out);
                     }
-                    for b in list {
-                        self.block_changed(b, &mut out);
+                    for (b, uid) in list {
+                        self.block_changed(b, uid, &mut out);
                     }
                 }
             }
@@ -336,8 +371,8 @@ impl Cache {
         out
     }
 
-    fn block_changed(&mut self, b: Arc<IpamBlock>, out: &mut Applied) {
-        if self.blocks.get(&b.name) == Some(&b) {
+    fn block_changed(&mut self, b: Arc<IpamBlock>, uid: Option<Arc<str>>, out: &mut Applied) {
+        if self.blocks.get(&b.name) == Some(&b) && self.block_uids.get(&b.name) == uid.as_ref() {
             return;
         }
         let rv = b.resource_version.clone();
@@ -348,7 +383,7 @@ impl Cache {
             resource_version: rv.unwrap_or_else(|| ResourceVersion::counter(0)),
             deleted: false,
         });
-        self.upsert_block(b);
+        self.upsert_block(b, uid);
     }
 
     fn block_gone(&mut self, name: &str, out: &mut Applied) {
@@ -366,7 +401,11 @@ impl Cache {
         }
     }
 
-    fn upsert_block(&mut self, b: Arc<IpamBlock>) {
+    fn upsert_block(&mut self, b: Arc<IpamBlock>, uid: Option<Arc<str>>) {
+        match uid {
+            Some(u) => self.block_uids.insert(b.name.clone(), u),
+            None => self.block_uids.remove(&b.name),
+        };
         if self.blocks.get(&b.name) == Some(&b) {
             return;
         }
@@ -391,6 +430,7 @@ impl Cache {
 
     fn remove_block(&mut self, name: &str) -> Option<Arc<IpamBlock>> {
         let b = self.blocks.remove(name)?;
+        self.block_uids.remove(name);
         self.unlink(&b.node, &b.name);
         self.block_set_changes += 1;
         Some(b)
@@ -526,7 +566,7 @@ mod tests {
         c.apply_block_event(&Event::Apply(ipamblock("10.0.0.0/28", "a", "1")));
         let mut marked = ipamblock("10.0.0.0/28", "a", "3");
         marked.spec.release = Some(api::BlockRelease::MarkedForRelease);
-        c.put_block(Arc::new(block_from_api(&marked).unwrap()));
+        c.put_block(Arc::new(block_from_api(&marked).unwrap()), None);
         assert!(c.blocks_of("a")[0].release);
         // the node side's answer at 2, written before our mark: skipped, remembered
         let mut acked = ipamblock("10.0.0.0/28", "a", "2");

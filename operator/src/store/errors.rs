@@ -19,15 +19,18 @@ pub fn store_error(
     match (s.code, s.reason.as_str()) {
         (404, _) => IpamError::NotFound { name: name.into() },
         (409, "AlreadyExists") => IpamError::AlreadyExists { name: name.into() },
-        // server-side apply: another field manager owns a field we set
+        // server-side apply: another field manager owns a field we set. The operator
+        // forces its applies, so none should remain; one that does is reported, and not
+        // retried until the object changes (retrying the same apply would loop)
         (409, _) if manager_conflict(&s) => store(
             op,
             name,
-            ErrorClass::Transient,
-            format!("field-manager conflict: {}", s.message),
+            ErrorClass::Permanent,
+            format!("{MANAGER_CONFLICT}: {}", s.message),
         ),
-        // a lost race: the engine re-reads and re-plans
-        (409, _) => IpamError::Conflict {
+        // a lost race, or an apply whose uid names an object that is gone ("uid mismatch")
+        // or was replaced (422 below): the engine re-reads and re-plans
+        (code, _) if code == 409 || (code == 422 && uid_refused(&s)) => IpamError::Conflict {
             name: name.into(),
             expected: expected
                 .cloned()
@@ -49,6 +52,20 @@ pub fn store_error(
             format!("{} {}", s.code, s.message),
         ),
     }
+}
+
+const MANAGER_CONFLICT: &str = "field-manager conflict";
+
+/// The error of an apply that another field manager's ownership refused.
+pub fn is_manager_conflict(e: &IpamError) -> bool {
+    matches!(e, IpamError::Store { message, .. } if message.starts_with(MANAGER_CONFLICT))
+}
+
+/// A 422 for a `metadata.uid` that is not the object's: the object was replaced.
+fn uid_refused(s: &kube::core::Status) -> bool {
+    s.details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
 }
 
 fn manager_conflict(s: &kube::core::Status) -> bool {
@@ -102,6 +119,24 @@ mod tests {
         );
         let e = store_error("apply", "n", None, kube::Error::Api(s.boxed()));
         assert!(e.to_string().contains("field-manager conflict"), "{e}");
+        assert!(is_manager_conflict(&e));
+        assert_eq!(
+            e.class(),
+            ErrorClass::Permanent,
+            "reported, never looped on"
+        );
+        // an apply whose uid names a replaced object: re-read, not Permanent
+        let mut s = Status::failure("metadata.uid: field is immutable", "Invalid").with_code(422);
+        s.details = Some(
+            serde_json::from_value(serde_json::json!({
+                "causes": [{"reason": "FieldValueInvalid", "message": "field is immutable", "field": "metadata.uid"}]
+            }))
+            .expect("StatusDetails"),
+        );
+        assert!(matches!(
+            store_error("apply", "n", None, kube::Error::Api(s.boxed())),
+            IpamError::Conflict { .. }
+        ));
         // a 409 without such a cause is a lost race, whatever the request
         assert!(matches!(
             store_error("apply", "n", None, api(409, "Conflict")),

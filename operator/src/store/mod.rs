@@ -25,14 +25,14 @@ use kube::{Api, Client};
 use parking_lot::RwLock;
 use serde_json::json;
 use tidepool_api as api;
-use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
+use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER, reason};
 use tidepool_ipam::{
     BlockStore, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
     OperatorFields, ResourceVersion,
 };
 
 use crate::convert::{
-    NodeView, block_for_create, block_from_api, block_mark_body, node_from_api, spec_body,
+    NodeView, Target, block_for_create, block_from_api, block_mark_body, node_from_api, spec_body,
     status_body,
 };
 use crate::leader::{Fence, Fenced};
@@ -134,13 +134,73 @@ impl KubeStore {
         if same && !always {
             return Ok(None);
         }
-        let body = status_body(name, conditions, allocated);
+        let to = Target {
+            name,
+            uid: view.uid.as_deref(),
+        };
+        let body = status_body(to, conditions, allocated);
         let rv = view.node.resource_version.as_ref();
         let pp = Self::apply_params();
         let patch = Patch::Apply(&body);
         let request = self.nodes.patch_status(name, &pp, &patch);
-        let obj = self.send(gate, "apply-status", name, rv, request).await?;
+        let sent = self.send(gate, "apply-status", name, rv, request).await;
+        let obj = self.checked_node(name, sent).await?;
         Ok(Some(self.take_node(&obj)))
+    }
+
+    /// An apply's answer for the IPAMNode `name`. A refused uid (the object we hold was
+    /// deleted, or replaced by another of that name) re-reads it from the server into the
+    /// cache, so the retry plans from what is there (a gone IPAMNode is created again by
+    /// POST); a field-manager conflict (someone else owns a field we force) is reported.
+    async fn checked_node(
+        &self,
+        name: &str,
+        sent: Result<api::IPAMNode, IpamError>,
+    ) -> Result<api::IPAMNode, IpamError> {
+        match &sent {
+            Err(IpamError::Conflict { .. }) => match self.nodes.get_opt(name).await {
+                Ok(Some(obj)) => {
+                    self.take_node(&obj);
+                }
+                Ok(None) => self.cache.write().drop_node(name),
+                Err(e) => tracing::debug!(%name, error = %e, "re-read after a refused uid"),
+            },
+            Err(e) if errors::is_manager_conflict(e) => {
+                self.event(
+                    name,
+                    EventType::Warning,
+                    reason::APPLY_CONFLICT,
+                    e.to_string(),
+                );
+            }
+            _ => {}
+        }
+        sent
+    }
+
+    /// As [`Self::checked_node`], for the IPAMBlock `name`.
+    async fn checked_block(
+        &self,
+        name: &str,
+        sent: Result<api::IPAMBlock, IpamError>,
+    ) -> Result<api::IPAMBlock, IpamError> {
+        match &sent {
+            Err(IpamError::Conflict { .. }) => match self.blocks.get_opt(name).await {
+                Ok(Some(obj)) => {
+                    let _ = self.take_block(&obj, name);
+                }
+                Ok(None) => self.cache.write().drop_block(name),
+                Err(e) => tracing::debug!(%name, error = %e, "re-read after a refused uid"),
+            },
+            Err(e) if errors::is_manager_conflict(e) => {
+                let message = e.to_string();
+                let reason = reason::APPLY_CONFLICT;
+                self.events
+                    .emit("IPAMBlock", name, EventType::Warning, reason, message);
+            }
+            _ => {}
+        }
+        sent
     }
 
     /// One write request: admitted by `gate`, sent through the fence (refused once this
@@ -210,8 +270,11 @@ impl KubeStore {
         self.cache.read().lists
     }
 
+    /// The operator's applies are forced: it takes back the fields it owns from anyone who
+    /// wrote them (as the server-side apply documentation recommends for controllers), and
+    /// its bodies hold only those.
     fn apply_params() -> PatchParams {
-        PatchParams::apply(OPERATOR_MANAGER)
+        PatchParams::apply(OPERATOR_MANAGER).force()
     }
 
     fn take_node(&self, obj: &api::IPAMNode) -> Arc<IpamNode> {
@@ -237,7 +300,8 @@ impl KubeStore {
                     .join("; "),
             }
         })?);
-        self.cache.write().put_block(b.clone());
+        let uid = obj.metadata.uid.as_deref().map(Arc::from);
+        self.cache.write().put_block(b.clone(), uid);
         Ok(b)
     }
 
@@ -248,7 +312,8 @@ impl KubeStore {
         fields: &OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
-        let body = spec_body(name, node_uid, fields, &Default::default());
+        let to = Target { name, uid: None };
+        let body = spec_body(to, node_uid, fields, &Default::default());
         let obj: api::IPAMNode = serde_json::from_value(body).map_err(|e| IpamError::Store {
             op: "create",
             name: name.to_string(),
@@ -340,11 +405,16 @@ impl NodeStore for KubeStore {
             || !node.finalizer
             || fields.spec_differs(&view.node.operator);
         if spec_changed {
-            let body = spec_body(name, node_uid, &fields, &view.allocations);
+            let to = Target {
+                name,
+                uid: view.uid.as_deref(),
+            };
+            let body = spec_body(to, node_uid, &fields, &view.allocations);
             let pp = Self::apply_params();
             let patch = Patch::Apply(&body);
             let request = self.nodes.patch(name, &pp, &patch);
-            let obj = self.send(gate, "apply", name, None, request).await?;
+            let sent = self.send(gate, "apply", name, None, request).await;
+            let obj = self.checked_node(name, sent).await?;
             node = self.take_node(&obj);
         }
         if let Some(written) = self
@@ -434,11 +504,13 @@ impl BlockStore for KubeStore {
     ) -> Result<Arc<IpamBlock>, IpamError> {
         let cached = self.cache.read().block(name).cloned();
         let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
-        let body = block_mark_body(&b, release);
+        let uid = self.cache.read().block_uid(name);
+        let body = block_mark_body(&b, uid.as_deref(), release);
         let pp = Self::apply_params();
         let patch = Patch::Apply(&body);
         let request = self.blocks.patch(name, &pp, &patch);
-        let obj = self.send(gate, "mark", name, None, request).await?;
+        let sent = self.send(gate, "mark", name, None, request).await;
+        let obj = self.checked_block(name, sent).await?;
         self.take_block(&obj, name)
     }
 
