@@ -46,6 +46,19 @@ pub struct Config {
     /// Serve HTTPS with a self-signed certificate that the kubeconfigs trust (see `tls.rs`;
     /// kubectl sends its token only over TLS).
     pub tls: bool,
+    /// The `gitVersion` `/version` reports (major and minor follow it). Below `v1.31` the
+    /// server is a 1.30 one with its default feature gates: CustomResourceFieldSelectors is
+    /// off, so a CRD's `selectableFields` are dropped when it is written and a field selector
+    /// on such a field is answered 400 `field label not supported: …`.
+    pub git_version: String,
+}
+
+impl Config {
+    /// Whether CRD `selectableFields` are served (Kubernetes ≥ 1.31, where
+    /// CustomResourceFieldSelectors is on by default).
+    pub fn crd_field_selectors(&self) -> bool {
+        crate::discovery::major_minor(&self.git_version) >= (1, 31)
+    }
 }
 
 impl Default for Config {
@@ -58,6 +71,7 @@ impl Default for Config {
             kubelet_delay: Some(Duration::from_millis(100)),
             rbac: false,
             tls: false,
+            git_version: "v1.33.0-tidepool".into(),
         }
     }
 }
@@ -210,7 +224,7 @@ impl ApiServer {
             None
         };
         let state = Arc::new(State {
-            store: Store::new(config.watch_window),
+            store: Store::new(config.watch_window, config.crd_field_selectors()),
             config,
             faults: RwLock::new(Faults::default()),
             changes: watch::channel(0).0,

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::fieldset::Writer;
 use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
-use crate::schema::{Patterns, prune_and_default, validate};
+use crate::schema::{Patterns, prune_and_default, validate_update};
 use crate::selector::Selector;
 use crate::typemeta;
 
@@ -120,6 +120,31 @@ pub(crate) struct DeleteOpts {
     pub admission: Option<Admission>,
 }
 
+/// A CRD's `selectableFields` (top level and per version) are dropped unless the stored CRD
+/// uses them, as a server with CustomResourceFieldSelectors off does (kubernetes/
+/// apiextensions-apiserver `pkg/registry/customresourcedefinition/strategy.go`
+/// `dropDisabledFields`, 1.30).
+fn drop_selectable_fields(crd: &mut Value, old: Option<&Value>) {
+    let uses = |c: &Value| {
+        c.pointer("/spec/selectableFields").is_some()
+            || c.pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .is_some_and(|vs| vs.iter().any(|v| v.get("selectableFields").is_some()))
+    };
+    if old.is_some_and(uses) {
+        return;
+    }
+    if let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("selectableFields");
+    }
+    let versions = crd.pointer_mut("/spec/versions").and_then(Value::as_array_mut);
+    for v in versions.into_iter().flatten() {
+        if let Some(v) = v.as_object_mut() {
+            v.remove("selectableFields");
+        }
+    }
+}
+
 /// A list result.
 pub(crate) struct Listed {
     pub items: Vec<Arc<Value>>,
@@ -133,6 +158,9 @@ pub(crate) struct Store {
     pub tx: broadcast::Sender<Arc<WatchEvent>>,
     window: usize,
     pats: Patterns,
+    rules: crate::crd_rules::Rules,
+    /// CRD `selectableFields` are kept (CustomResourceFieldSelectors on: Kubernetes ≥ 1.31).
+    crd_field_selectors: bool,
     rng: AtomicU64,
 }
 
@@ -214,7 +242,7 @@ fn finalizers(o: &Value) -> Vec<String> {
 }
 
 impl Store {
-    pub(crate) fn new(window: usize) -> Self {
+    pub(crate) fn new(window: usize, crd_field_selectors: bool) -> Self {
         let (tx, _) = broadcast::channel(1 << 16);
         let mut types = BTreeMap::new();
         for rt in builtins() {
@@ -243,6 +271,8 @@ impl Store {
             tx,
             window: window.max(1),
             pats: Patterns::default(),
+            rules: crate::crd_rules::Rules::default(),
+            crd_field_selectors,
             rng: AtomicU64::new(seed),
         };
         let ns_type = store.resolve("", "v1", "namespaces").expect("namespaces");
@@ -526,11 +556,13 @@ impl Store {
             .cloned()
     }
 
-    /// Validation, pruning and defaulting shared by all writes.
+    /// Validation, pruning and defaulting shared by all writes; `old` is the stored object of
+    /// an update.
     fn admit(
         &self,
         rt: &ResType,
         obj: &mut Value,
+        old: Option<&Value>,
         strict: bool,
         warnings: &mut Vec<String>,
     ) -> Result<(), Error> {
@@ -556,7 +588,8 @@ impl Store {
                 warnings.extend(unknown.iter().map(|u| format!("unknown field \"{u}\"")));
             }
             let mut causes = Vec::new();
-            validate(schema, obj, "", &self.pats, &mut causes);
+            validate_update(schema, obj, old, "", &self.pats, &mut causes);
+            self.check_rules(schema, obj, old, &mut causes, warnings);
             if !causes.is_empty() {
                 return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
             }
@@ -662,7 +695,11 @@ impl Store {
                 }
             }
             "CustomResourceDefinition" => {
+                if !self.crd_field_selectors {
+                    drop_selectable_fields(obj, old);
+                }
                 from_crd(obj)?;
+                warnings.extend(crate::crd_validation::rule_warnings(obj));
             }
             _ => {}
         }
@@ -720,6 +757,39 @@ impl Store {
             ));
         }
         Ok(())
+    }
+
+    /// A custom resource's validation rules (`crd_rules`), unless the schema validation found
+    /// an error that blocks them (kubernetes/apiextensions-apiserver
+    /// `pkg/registry/customresource/strategy.go` `hasBlockingErr`: a type, required, enum or
+    /// length error).
+    fn check_rules(
+        &self,
+        schema: &Value,
+        obj: &Value,
+        old: Option<&Value>,
+        causes: &mut Vec<(String, String)>,
+        warnings: &mut Vec<String>,
+    ) {
+        if !crate::crd_rules::has_rules(schema) {
+            return;
+        }
+        let blocking = causes.iter().any(|(_, m)| {
+            ["Required value", "Unsupported value", "Too long", "Too many"]
+                .iter()
+                .any(|p| m.starts_with(p))
+                || m.contains(" in body must be of type ")
+        });
+        if blocking {
+            causes.push((
+                "<nil>".into(),
+                "Invalid value: \"null\": some validation rules were not checked because the \
+                 object was invalid; correct the existing errors to complete validation"
+                    .into(),
+            ));
+        } else {
+            self.rules.validate(schema, obj, old, causes, warnings);
+        }
     }
 
     /// NamespaceLifecycle: the namespace must exist and not be terminating.
@@ -881,7 +951,7 @@ impl Store {
             obj["status"] = json!({"phase": "Active"});
         }
         let mut warnings = Vec::new();
-        self.admit(rt, &mut obj, o.strict, &mut warnings)?;
+        self.admit(rt, &mut obj, None, o.strict, &mut warnings)?;
         if let Some(a) = &o.admission {
             let name = meta_str(&obj, "name").to_string();
             warnings.extend(a.check("CREATE", rt, "", ns, &name, Some(&obj), None, o.dry_run)?);
@@ -1140,7 +1210,7 @@ impl Store {
             }
         }
         let mut warnings = Vec::new();
-        self.admit(rt, &mut new, o.strict, &mut warnings)?;
+        self.admit(rt, &mut new, Some(old.as_ref()), o.strict, &mut warnings)?;
         if let Some(a) = &o.admission {
             let ns = meta_str(old, "namespace");
             let (sub, dry) = (o.subresource.as_str(), o.dry_run);
