@@ -38,7 +38,10 @@ impl fmt::Display for KubeVersion {
 /// `v1.31.4-eks-1234567`, `v1.31.4-gke.1200`, `v1.31.0+k3s1` are all 1.31.x. (Its `minor`
 /// field is no use: managed clusters report `31+`.)
 pub fn parse_git_version(git_version: &str) -> Option<KubeVersion> {
-    let core = git_version.trim().strip_prefix('v').unwrap_or(git_version.trim());
+    let core = git_version
+        .trim()
+        .strip_prefix('v')
+        .unwrap_or(git_version.trim());
     let core = core.split(['-', '+']).next()?;
     let mut parts = core.split('.').map(|p| {
         let digits = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
@@ -182,7 +185,10 @@ pub async fn check_agent_token(client: &kube::Client, node: &str) -> Result<(), 
     use k8s_openapi::api::authentication::v1::SelfSubjectReview;
     let reviews: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
     let review = reviews
-        .create(&kube::api::PostParams::default(), &SelfSubjectReview::default())
+        .create(
+            &kube::api::PostParams::default(),
+            &SelfSubjectReview::default(),
+        )
         .await
         .map_err(|e| Unmet::Unanswered {
             what: "asking the API server who the agent is (SelfSubjectReview)",
@@ -239,7 +245,16 @@ mod tests {
         ] {
             assert_eq!(parse_git_version(text), Some(want), "{text}");
         }
-        for bad in ["", "v1.31", "v1.31.x", "v1..0", "v1.31.0.1", "31+", "vx.y.z", "v-1.3.0"] {
+        for bad in [
+            "",
+            "v1.31",
+            "v1.31.x",
+            "v1..0",
+            "v1.31.0.1",
+            "31+",
+            "vx.y.z",
+            "v-1.3.0",
+        ] {
             assert_eq!(parse_git_version(bad), None, "{bad}");
         }
     }
@@ -249,9 +264,17 @@ mod tests {
         assert_eq!(check_version("v1.31.4-eks-1234abc"), Ok(v(1, 31, 4)));
         assert_eq!(check_version("v2.0.0"), Ok(v(2, 0, 0)));
         let old = check_version("v1.30.9-gke.100").unwrap_err();
-        assert_eq!(old, Unmet::OldServer { version: v(1, 30, 9) });
+        assert_eq!(
+            old,
+            Unmet::OldServer {
+                version: v(1, 30, 9)
+            }
+        );
         let text = old.to_string();
-        assert!(text.contains("Kubernetes 1.30.9") && text.contains("1.31 or later"), "{text}");
+        assert!(
+            text.contains("Kubernetes 1.30.9") && text.contains("1.31 or later"),
+            "{text}"
+        );
         assert!(text.contains("upgrade"), "{text}");
         assert!(matches!(
             check_version("31+"),
@@ -281,7 +304,10 @@ mod tests {
         let mut extra = BTreeMap::new();
         let none = check_node_extra("u", &extra, "n1").unwrap_err();
         assert!(none.to_string().contains(NODE_NAME_EXTRA), "{none}");
-        assert!(none.to_string().contains("ServiceAccountTokenPodNodeInfo"), "{none}");
+        assert!(
+            none.to_string().contains("ServiceAccountTokenPodNodeInfo"),
+            "{none}"
+        );
         extra.insert(NODE_NAME_EXTRA.to_string(), vec!["n2".to_string()]);
         let other = check_node_extra("u", &extra, "n1").unwrap_err();
         assert!(other.to_string().contains("bound to node n2"), "{other}");

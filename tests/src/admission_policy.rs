@@ -473,8 +473,12 @@ fn matcher(m: &Value) -> Matcher {
 /// Compiles one expression, refusing what the `cel` crate cannot evaluate (module docs), with
 /// the cause the real server gives a policy whose expression does not compile.
 fn compile(source: &str, path: &str) -> Result<Expr, (String, String)> {
-    Expr::compile(source, &VARIABLES)
-        .map_err(|e| (path.to_string(), format!("Invalid value: {source:?}: {}", e.detail())))
+    Expr::compile(source, &VARIABLES).map_err(|e| {
+        (
+            path.to_string(),
+            format!("Invalid value: {source:?}: {}", e.detail()),
+        )
+    })
 }
 
 /// The causes refusing a ValidatingAdmissionPolicy or Binding the server could not enforce.

@@ -217,13 +217,17 @@ mod tests {
             e.err(),
             Some(CompileError::Unsupported("lowerAscii".into()))
         );
-        let e = Expr::compile("params.x == 1", &["object"]).err().expect("refused");
+        let e = Expr::compile("params.x == 1", &["object"])
+            .err()
+            .expect("refused");
         assert!(
             e.detail()
                 .ends_with("undeclared reference to 'params' (in container '')"),
             "{e:?}"
         );
-        let e = Expr::compile("object.foo(", &["object"]).err().expect("refused");
+        let e = Expr::compile("object.foo(", &["object"])
+            .err()
+            .expect("refused");
         assert!(
             e.detail()
                 .starts_with("compilation failed: ERROR: <input>:1:12: Syntax error"),
@@ -235,6 +239,10 @@ mod tests {
         );
         let e = Expr::compile("self == oldSelf", &["self", "oldSelf"]).expect("compiles");
         assert!(e.reads("oldSelf"));
-        assert!(!Expr::compile("self > 1", &["self", "oldSelf"]).unwrap().reads("oldSelf"));
+        assert!(
+            !Expr::compile("self > 1", &["self", "oldSelf"])
+                .unwrap()
+                .reads("oldSelf")
+        );
     }
 }

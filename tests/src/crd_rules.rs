@@ -179,7 +179,10 @@ impl Walk<'_> {
         if let Some(o) = old {
             ctx.add_variable_from_value("oldSelf", to_cel(o));
         }
-        let ty = schema.get("type").and_then(Value::as_str).unwrap_or_default();
+        let ty = schema
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let at = path.map_or_else(|| "<nil>".to_string(), str::to_string);
         let detail = match expr.truth(&ctx) {
             Ok(true) => return,
@@ -367,7 +370,8 @@ mod tests {
 
     #[test]
     fn transition_rules_run_on_correlated_old_values_only() {
-        let old = json!({"spec": {"min": 1, "max": 2, "size": 4, "ports": [{"name": "a", "port": 1}]}});
+        let old =
+            json!({"spec": {"min": 1, "max": 2, "size": 4, "ports": [{"name": "a", "port": 1}]}});
         let new = json!({"spec": {"min": 1, "max": 2, "size": 5,
             "ports": [{"name": "b", "port": 9}, {"name": "a", "port": 2}]}});
         let (out, _) = run(&schema(), &new, Some(&old));
@@ -376,8 +380,7 @@ mod tests {
             vec![
                 (
                     "spec.ports[1].port".to_string(),
-                    "Invalid value: \"object\": failed rule: self.port == oldSelf.port"
-                        .to_string()
+                    "Invalid value: \"object\": failed rule: self.port == oldSelf.port".to_string()
                 ),
                 (
                     "spec.size".to_string(),
@@ -418,7 +421,10 @@ mod tests {
         assert_eq!(out[0].0, "p.x-kubernetes-validations[0].rule");
         assert!(out[1].1.starts_with("Invalid value: apiextensions.ValidationRule{Rule:\"self.x(\", Message:\"m\", MessageExpression:\"\", Reason:(*apiextensions.FieldValueErrorReason)(nil), FieldPath:\"\", OptionalOldSelf:(*bool)(nil)}: compilation failed: ERROR: <input>:1:"), "{out:?}");
         assert!(out[1].1.contains("Syntax error"), "{out:?}");
-        assert!(out[2].1.starts_with("Unsupported value: \"Nope\""), "{out:?}");
+        assert!(
+            out[2].1.starts_with("Unsupported value: \"Nope\""),
+            "{out:?}"
+        );
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("'lowerAscii'"), "{warnings:?}");
     }

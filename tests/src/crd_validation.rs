@@ -58,7 +58,13 @@ pub(crate) fn rule_warnings(crd: &Value) -> Vec<String> {
     for (i, v) in versions.into_iter().flatten().enumerate() {
         if let Some(root) = v.pointer("/schema/openAPIV3Schema") {
             let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
-            walk(root, &path, &Patterns::default(), &mut Vec::new(), &mut warnings);
+            walk(
+                root,
+                &path,
+                &Patterns::default(),
+                &mut Vec::new(),
+                &mut warnings,
+            );
         }
     }
     warnings
@@ -98,7 +104,13 @@ fn walk(node: &Value, path: &str, pats: &Patterns, out: &mut Causes, warnings: &
         }
     }
     if let Some(a @ Value::Object(_)) = m.get("additionalProperties") {
-        walk(a, &format!("{path}.additionalProperties"), pats, out, warnings);
+        walk(
+            a,
+            &format!("{path}.additionalProperties"),
+            pats,
+            out,
+            warnings,
+        );
     }
     if let Some(i) = m.get("items") {
         walk(i, &format!("{path}.items"), pats, out, warnings);

@@ -229,10 +229,19 @@ pub(crate) async fn handle(
                 Err(e) => error_response(&e),
             }
         }
-        ["apis", access_review::AUTHN_GROUP, "v1", access_review::SELF_REVIEW] => {
+        [
+            "apis",
+            access_review::AUTHN_GROUP,
+            "v1",
+            access_review::SELF_REVIEW,
+        ] => {
             st.count(
                 "create",
-                &format!("{}.{}", access_review::SELF_REVIEW, access_review::AUTHN_GROUP),
+                &format!(
+                    "{}.{}",
+                    access_review::SELF_REVIEW,
+                    access_review::AUTHN_GROUP
+                ),
             );
             let ctype = content_type(&req);
             match read_body(req).await {

@@ -137,7 +137,9 @@ fn drop_selectable_fields(crd: &mut Value, old: Option<&Value>) {
     if let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) {
         spec.remove("selectableFields");
     }
-    let versions = crd.pointer_mut("/spec/versions").and_then(Value::as_array_mut);
+    let versions = crd
+        .pointer_mut("/spec/versions")
+        .and_then(Value::as_array_mut);
     for v in versions.into_iter().flatten() {
         if let Some(v) = v.as_object_mut() {
             v.remove("selectableFields");
@@ -775,9 +777,14 @@ impl Store {
             return;
         }
         let blocking = causes.iter().any(|(_, m)| {
-            ["Required value", "Unsupported value", "Too long", "Too many"]
-                .iter()
-                .any(|p| m.starts_with(p))
+            [
+                "Required value",
+                "Unsupported value",
+                "Too long",
+                "Too many",
+            ]
+            .iter()
+            .any(|p| m.starts_with(p))
                 || m.contains(" in body must be of type ")
         });
         if blocking {

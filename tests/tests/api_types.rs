@@ -228,7 +228,11 @@ async fn an_ippools_block_size_cannot_change() {
     let apply = serde_json::json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
         "spec": {"cidrs": ["10.9.0.0/16"], "blockSize": {"ipv4": 26, "ipv6": 124}}});
     let err = pools
-        .patch("p", &PatchParams::apply("admin").force(), &Patch::Apply(&apply))
+        .patch(
+            "p",
+            &PatchParams::apply("admin").force(),
+            &Patch::Apply(&apply),
+        )
         .await
         .unwrap_err();
     assert_eq!(status(&err).message, says);

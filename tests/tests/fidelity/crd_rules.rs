@@ -26,7 +26,11 @@ async fn send(
         .filter(|(k, _)| k == "warning")
         .map(|(_, v)| v)
         .collect();
-    (code, warnings, serde_json::from_str(&out).unwrap_or(Value::String(out)))
+    (
+        code,
+        warnings,
+        serde_json::from_str(&out).unwrap_or(Value::String(out)),
+    )
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -42,8 +46,7 @@ fn ruled(spec: Value, status: Value) -> Value {
         let root = &mut v["schema"]["openAPIV3Schema"];
         root["properties"]["spec"] = spec;
         root["properties"]["status"] = status;
-        root["x-kubernetes-validations"] =
-            json!([{"rule": "self.metadata.name.startsWith('w')"}]);
+        root["x-kubernetes-validations"] = json!([{"rule": "self.metadata.name.startsWith('w')"}]);
     })
 }
 
@@ -76,7 +79,14 @@ async fn crd_validation_rules_are_enforced_in_the_real_servers_words() {
                  "messageExpression": "'name ' + self + ' must start with a'"}]}}});
     let status = json!({"type": "object", "properties": {"phase": {"type": "string",
         "x-kubernetes-validations": [{"rule": "self != 'Bad'"}]}}});
-    let (code, _, v) = send(&server, "POST", CRDS, &ruled(spec, status), "application/json").await;
+    let (code, _, v) = send(
+        &server,
+        "POST",
+        CRDS,
+        &ruled(spec, status),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 201, "{v}");
 
     // create: the root's rule (no message), an object's, a scalar's with a reason and a
@@ -126,7 +136,14 @@ async fn crd_validation_rules_are_enforced_in_the_real_servers_words() {
     assert_eq!(code, 201, "{v}");
     let path = format!("{WIDGETS}/w1");
     let resize = json!({"spec": {"size": 5}});
-    let (code, _, v) = send(&server, "PATCH", &path, &resize, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        &resize,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         v["message"],
@@ -139,14 +156,28 @@ async fn crd_validation_rules_are_enforced_in_the_real_servers_words() {
     // a status update runs the status's rules
     let phase = json!({"status": {"phase": "Bad"}});
     let status_path = format!("{path}/status");
-    let (code, _, v) = send(&server, "PATCH", &status_path, &phase, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &status_path,
+        &phase,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         v["message"],
         "Widget.example.com \"w1\" is invalid: status.phase: Invalid value: \"string\": failed rule: self != 'Bad'"
     );
     let phase = json!({"status": {"phase": "Good"}});
-    let (code, _, v) = send(&server, "PATCH", &status_path, &phase, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &status_path,
+        &phase,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 200, "{v}");
 }
 
@@ -161,12 +192,20 @@ async fn crd_rules_are_checked_when_the_crd_is_written() {
     let (server, _client) = start().await;
     let with_rule = |rule: Value| {
         crd(|c| {
-            c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-                ["x-kubernetes-validations"] = json!([rule]);
+            c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"] =
+                json!([rule]);
         })
     };
-    let spec_rules = "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0]";
-    let (code, _, v) = send(&server, "POST", CRDS, &with_rule(json!({"rule": "self.replicas >"})), "application/json").await;
+    let spec_rules =
+        "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0]";
+    let (code, _, v) = send(
+        &server,
+        "POST",
+        CRDS,
+        &with_rule(json!({"rule": "self.replicas >"})),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     let causes = invalid_causes(&v);
     assert_eq!(causes.len(), 1, "{v}");
@@ -174,18 +213,36 @@ async fn crd_rules_are_checked_when_the_crd_is_written() {
         causes[0].starts_with(&format!("{spec_rules}.rule: \"Invalid value: apiextensions.ValidationRule{{Rule:\\\"self.replicas >\\\", Message:\\\"\\\", MessageExpression:\\\"\\\", Reason:(*apiextensions.FieldValueErrorReason)(nil), FieldPath:\\\"\\\", OptionalOldSelf:(*bool)(nil)}}: compilation failed: ERROR: <input>:1:")),
         "{causes:?}"
     );
-    let (code, _, v) = send(&server, "POST", CRDS, &with_rule(json!({"rule": " "})), "application/json").await;
+    let (code, _, v) = send(
+        &server,
+        "POST",
+        CRDS,
+        &with_rule(json!({"rule": " "})),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         invalid_causes(&v),
-        [format!("{spec_rules}.rule: \"Required value: rule is not specified\"")]
+        [format!(
+            "{spec_rules}.rule: \"Required value: rule is not specified\""
+        )]
     );
 
     let library = json!({"rule": "self.tags.all(t, t.lowerAscii() == t)"});
-    let (code, warnings, v) = send(&server, "POST", CRDS, &with_rule(library), "application/json").await;
+    let (code, warnings, v) = send(
+        &server,
+        "POST",
+        CRDS,
+        &with_rule(library),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 201, "{v}");
     assert!(
-        warnings.iter().any(|w| w.contains(&format!("{spec_rules}.rule: not enforced by this test server: it calls 'lowerAscii'"))),
+        warnings.iter().any(|w| w.contains(&format!(
+            "{spec_rules}.rule: not enforced by this test server: it calls 'lowerAscii'"
+        ))),
         "{warnings:?}"
     );
     let upper = widget("w1", json!({"tags": ["A"]}));
@@ -221,24 +278,59 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
                     {"rule": "self <= 2", "message": "at most 2 replicas"}]},
                 "note": {"type": "string"},
                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}}}}}]}});
-    let (code, _, v) = send(&server, "PATCH", &crd_path, &tighten, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &crd_path,
+        &tighten,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 200, "{v}");
 
     let ratcheted = "299 - \"spec.replicas: Invalid value: \\\"integer\\\": at most 2 replicas\"";
     let path = format!("{WIDGETS}/w1");
     let note = json!({"spec": {"note": "unrelated"}});
-    let (code, warnings, v) = send(&server, "PATCH", &path, &note, "application/merge-patch+json").await;
+    let (code, warnings, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        &note,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 200, "unchanged invalid values pass: {v}");
     assert_eq!(v["spec"]["replicas"], 10);
-    assert_eq!(warnings, [ratcheted], "the ratcheted rule failure is a warning");
+    assert_eq!(
+        warnings,
+        [ratcheted],
+        "the ratcheted rule failure is a warning"
+    );
     let status = json!({"status": {"phase": "Running"}});
-    let (code, warnings, v) = send(&server, "PATCH", &format!("{path}/status"), &status, "application/merge-patch+json").await;
-    assert_eq!(code, 200, "a status update passes while the spec is invalid: {v}");
+    let (code, warnings, v) = send(
+        &server,
+        "PATCH",
+        &format!("{path}/status"),
+        &status,
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(
+        code, 200,
+        "a status update passes while the spec is invalid: {v}"
+    );
     assert_eq!(warnings, [ratcheted]);
 
     // changed invalid values are checked
     let more = json!({"spec": {"replicas": 11}});
-    let (code, _, v) = send(&server, "PATCH", &path, &more, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        &more,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         invalid_causes(&v),
@@ -250,7 +342,14 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
     // an atomic list's items do not correlate: a changed list is checked whole (and a length
     // error blocks the rules)
     let retag = json!({"spec": {"tags": ["long-tag", "also-long"]}});
-    let (code, _, v) = send(&server, "PATCH", &path, &retag, "application/merge-patch+json").await;
+    let (code, _, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        &retag,
+        "application/merge-patch+json",
+    )
+    .await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         invalid_causes(&v),

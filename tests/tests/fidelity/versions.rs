@@ -31,12 +31,18 @@ async fn a_1_30_server_drops_selectable_fields_and_refuses_the_field_selector() 
     .await
     .expect("start");
     let v = get(&server, "/version").await;
-    assert_eq!((&v["major"], &v["minor"]), (&json!("1"), &json!("30")), "{v}");
+    assert_eq!(
+        (&v["major"], &v["minor"]),
+        (&json!("1"), &json!("30")),
+        "{v}"
+    );
     assert_eq!(v["gitVersion"], "v1.30.4");
     let client = server.client(ADMIN).await.expect("client");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in tidepool_api::crds() {
-        crds.create(&PostParams::default(), &crd).await.expect("CRD");
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD");
     }
     let stored = crds.get("ipamblocks.ipam.tidepool.dev").await.expect("CRD");
     assert_eq!(stored.spec.versions[0].selectable_fields, None);
@@ -54,7 +60,9 @@ async fn a_1_30_server_drops_selectable_fields_and_refuses_the_field_selector() 
     assert_eq!(get(&now, "/version").await["minor"], "33");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in tidepool_api::crds() {
-        crds.create(&PostParams::default(), &crd).await.expect("CRD");
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD");
     }
     let stored = crds.get("ipamblocks.ipam.tidepool.dev").await.expect("CRD");
     assert!(stored.spec.versions[0].selectable_fields.is_some());
