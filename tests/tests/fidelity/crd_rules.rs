@@ -33,6 +33,11 @@ async fn send(
     )
 }
 
+/// A merge patch as `tester`, answered as [`send`] answers.
+async fn patch(server: &ApiServer, path: &str, body: &Value) -> (u16, Vec<String>, Value) {
+    send(server, "PATCH", path, body, "application/merge-patch+json").await
+}
+
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
@@ -136,48 +141,27 @@ async fn crd_validation_rules_are_enforced_in_the_real_servers_words() {
     assert_eq!(code, 201, "{v}");
     let path = format!("{WIDGETS}/w1");
     let resize = json!({"spec": {"size": 5}});
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &path,
-        &resize,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &path, &resize).await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         v["message"],
         "Widget.example.com \"w1\" is invalid: spec.size: Invalid value: \"integer\": size is immutable"
     );
     let ok = json!({"spec": {"max": 3}});
-    let (code, _, v) = send(&server, "PATCH", &path, &ok, "application/merge-patch+json").await;
+    let (code, _, v) = patch(&server, &path, &ok).await;
     assert_eq!(code, 200, "{v}");
 
     // a status update runs the status's rules
     let phase = json!({"status": {"phase": "Bad"}});
     let status_path = format!("{path}/status");
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &status_path,
-        &phase,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &status_path, &phase).await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         v["message"],
         "Widget.example.com \"w1\" is invalid: status.phase: Invalid value: \"string\": failed rule: self != 'Bad'"
     );
     let phase = json!({"status": {"phase": "Good"}});
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &status_path,
-        &phase,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &status_path, &phase).await;
     assert_eq!(code, 200, "{v}");
 }
 
@@ -278,27 +262,13 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
                     {"rule": "self <= 2", "message": "at most 2 replicas"}]},
                 "note": {"type": "string"},
                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}}}}}]}});
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &crd_path,
-        &tighten,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &crd_path, &tighten).await;
     assert_eq!(code, 200, "{v}");
 
     let ratcheted = "299 - \"spec.replicas: Invalid value: \\\"integer\\\": at most 2 replicas\"";
     let path = format!("{WIDGETS}/w1");
     let note = json!({"spec": {"note": "unrelated"}});
-    let (code, warnings, v) = send(
-        &server,
-        "PATCH",
-        &path,
-        &note,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, warnings, v) = patch(&server, &path, &note).await;
     assert_eq!(code, 200, "unchanged invalid values pass: {v}");
     assert_eq!(v["spec"]["replicas"], 10);
     assert_eq!(
@@ -307,14 +277,7 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
         "the ratcheted rule failure is a warning"
     );
     let status = json!({"status": {"phase": "Running"}});
-    let (code, warnings, v) = send(
-        &server,
-        "PATCH",
-        &format!("{path}/status"),
-        &status,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, warnings, v) = patch(&server, &format!("{path}/status"), &status).await;
     assert_eq!(
         code, 200,
         "a status update passes while the spec is invalid: {v}"
@@ -323,14 +286,7 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
 
     // changed invalid values are checked
     let more = json!({"spec": {"replicas": 11}});
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &path,
-        &more,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &path, &more).await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         invalid_causes(&v),
@@ -342,14 +298,7 @@ async fn validation_ratcheting_lets_unchanged_invalid_values_pass() {
     // an atomic list's items do not correlate: a changed list is checked whole (and a length
     // error blocks the rules)
     let retag = json!({"spec": {"tags": ["long-tag", "also-long"]}});
-    let (code, _, v) = send(
-        &server,
-        "PATCH",
-        &path,
-        &retag,
-        "application/merge-patch+json",
-    )
-    .await;
+    let (code, _, v) = patch(&server, &path, &retag).await;
     assert_eq!(code, 422, "{v}");
     assert_eq!(
         invalid_causes(&v),

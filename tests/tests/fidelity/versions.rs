@@ -16,6 +16,17 @@ async fn get(server: &ApiServer, path: &str) -> Value {
     serde_json::from_str(&body).expect("json")
 }
 
+/// tidepool's CRDs created; the ipamblocks CRD as stored.
+async fn install_blocks_crd(client: &kube::Client) -> CustomResourceDefinition {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in tidepool_api::crds() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD");
+    }
+    crds.get("ipamblocks.ipam.tidepool.dev").await.expect("CRD")
+}
+
 /// A server configured as Kubernetes 1.30 reports it at /version and behaves as 1.30 with its
 /// default gates, where CustomResourceFieldSelectors is alpha and off: a CRD's
 /// selectableFields are dropped when it is written (kubernetes/apiextensions-apiserver
@@ -38,13 +49,7 @@ async fn a_1_30_server_drops_selectable_fields_and_refuses_the_field_selector() 
     );
     assert_eq!(v["gitVersion"], "v1.30.4");
     let client = server.client(ADMIN).await.expect("client");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in tidepool_api::crds() {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("CRD");
-    }
-    let stored = crds.get("ipamblocks.ipam.tidepool.dev").await.expect("CRD");
+    let stored = install_blocks_crd(&client).await;
     assert_eq!(stored.spec.versions[0].selectable_fields, None);
     let blocks: Api<tidepool_api::IPAMBlock> = Api::all(client.clone());
     let err = blocks
@@ -58,13 +63,7 @@ async fn a_1_30_server_drops_selectable_fields_and_refuses_the_field_selector() 
     // the default server is 1.33: the field is kept and the selector served
     let (now, client) = start().await;
     assert_eq!(get(&now, "/version").await["minor"], "33");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in tidepool_api::crds() {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("CRD");
-    }
-    let stored = crds.get("ipamblocks.ipam.tidepool.dev").await.expect("CRD");
+    let stored = install_blocks_crd(&client).await;
     assert!(stored.spec.versions[0].selectable_fields.is_some());
     let blocks: Api<tidepool_api::IPAMBlock> = Api::all(client);
     let listed = blocks
