@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::agent_process::start_agent;
 use common::running::RunningAgent;
 use common::*;
 use kube::api::Api;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use tidepool_agent::run::{Settings, run};
 use tidepool_api as api;
+use tidepool_tests::{ApiServer, Config};
 
 const POD: &str = "0badc0de-0000-4000-8000-000000000001";
 
@@ -245,4 +247,53 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
     })
     .await;
     assert!(status.success(), "exit {status:?}");
+}
+
+/// The binary as `identity` against `server`, until it exits: its exit status and stderr.
+async fn agent_exit(server: &ApiServer, identity: &str) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(identity, &kubeconfig)
+        .expect("kubeconfig");
+    let loopback = || std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    start_agent(dir.path(), &kubeconfig, loopback(), loopback())
+        .exited()
+        .await
+}
+
+/// Preflight (README "Troubleshooting"): a token without the node-name extra (not a pod's
+/// projected token, or minted with ServiceAccountTokenPodNodeInfo off) stops the agent at
+/// start, naming the extra and the fix, before any write is denied; so does a server older
+/// than 1.31, whose CRDs have no field selectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_refuses_to_start_without_what_it_needs() {
+    let (server, _admin) = cluster().await;
+    let (status, stderr) =
+        agent_exit(&server, "system:serviceaccount:tidepool:tidepool-agent").await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("carry no authentication.kubernetes.io/node-name extra")
+            && stderr.contains("ServiceAccountTokenPodNodeInfo")
+            && stderr.contains("projected token"),
+        "{stderr}"
+    );
+    let (status, stderr) = agent_exit(&server, &agent_on("node-b")).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bound to node node-b, not to --node-name node-a"),
+        "{stderr}"
+    );
+
+    let (old, _admin) = empty_cluster_with(Config {
+        git_version: "v1.30.4".into(),
+        ..Config::default()
+    })
+    .await;
+    let (status, stderr) = agent_exit(&old, &agent_on("node-a")).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the API server is Kubernetes 1.30.4: tidepool needs 1.31 or later"),
+        "{stderr}"
+    );
 }

@@ -1,8 +1,9 @@
 //! tidepool's custom resources, group `ipam.tidepool.dev`, version `v1alpha1`, all
 //! cluster-scoped (DESIGN.md "Resources"): [`IPPool`], [`IPAMBlock`] and [`IPAMNode`] with
 //! their schemas generated from the types, and the names the operator and the agent share
-//! ([`names`]), and how both read the objects as the engine's types ([`convert`]). No I/O
-//! here.
+//! ([`names`]), how both read the objects as the engine's types ([`convert`]), and what both
+//! check of a cluster before they start ([`preflight`]). No I/O here but the preflight
+//! checks' requests (feature `client`).
 //!
 //! The schemas do the validation a schema can express (CIDR formats, prefix lengths in
 //! range, watermarks ≥ 0, enums for marks, answers and outcomes); the status subresource,
@@ -16,6 +17,7 @@ pub mod convert;
 pub mod names;
 mod node;
 mod pool;
+pub mod preflight;
 mod schema;
 
 pub use block::{BlockAck, BlockRelease, IPAMBlock, IPAMBlockSpec, IPAMBlockStatus};

@@ -50,9 +50,14 @@ pub struct IPPoolSpec {
     /// one drains its blocks (marked, released once free, never granted again).
     #[schemars(length(min = 1, max = 64))]
     pub cidrs: Vec<Cidr>,
-    /// Prefix length of the block granted to a node, per family. Immutable in effect: a pool
-    /// whose existing blocks do not match it is Invalid.
+    /// Prefix length of the block granted to a node, per family. Immutable: the API server
+    /// refuses a change (a CRD validation rule; the default makes sure the old value exists).
+    /// A pool whose existing blocks do not match it is Invalid.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == oldSelf",
+        "message": "blockSize is immutable: create a new pool for another block size",
+    }]))]
     pub block_size: BlockSize,
     /// CIDRs never granted (whole blocks overlapping them are left out).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

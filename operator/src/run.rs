@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tidepool_api::preflight;
 
 use crate::cli::RunCmd;
 use tidepool_operator::leader::LeaderConfig;
@@ -28,6 +29,9 @@ pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
 async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<()> {
     let config = config(f.kubeconfig.as_deref()).await?;
     let client = client_of(config.clone(), f.sync_timeout).await?;
+    // Kubernetes >= 1.31 and the spec.node field selector the agents' block watches use
+    let version = preflight::check_cluster(&client).await?;
+    tracing::info!(%version, "API server version");
     if let Some(l) = &leader {
         tracing::info!(identity = %l.identity, lease = %format!("{}/{}", l.namespace, l.name), "leader election on");
     }

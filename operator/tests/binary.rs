@@ -405,3 +405,94 @@ fn scenario(dir: &Dir) {
     assert!(log.contains("SIGTERM"), "{log}");
     assert_eq!(holder(), "", "the Lease is released");
 }
+
+/// `run` against `server` as the operator (leader election on, as deployed), until it exits
+/// (at most 60 s): its exit code and stderr.
+fn run_until_exit(server: &ApiServer) -> (Option<i32>, String) {
+    // not Dir's: the other test of this binary uses that one meanwhile
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "tidepool-operator-preflight-{}-{}",
+        std::process::id(),
+        server.addr().port()
+    ));
+    server.write_kubeconfig(OPERATOR, &kubeconfig).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tidepool-operator"))
+        .args(["run", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--leader-elect-resource-namespace", "tidepool"])
+        .env("POD_NAME", "operator-0")
+        .args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--sync-timeout", "20s"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tidepool-operator");
+    let mut op = Operator(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = op.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the operator did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    op.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let _ = std::fs::remove_file(&kubeconfig);
+    (status.code(), stderr)
+}
+
+/// Preflight (README "Troubleshooting"): below Kubernetes 1.31 by `gitVersion` (a 1.30 server
+/// also drops the CRDs' selectableFields), and on a 1.31 server whose ipamblocks CRD has no
+/// field selector (CustomResourceFieldSelectors off), `run` exits with status 2 at once,
+/// naming the cause and the fix, instead of failing later with a misleading message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_a_cluster_it_cannot_work_in_naming_the_cause() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, PostParams};
+    for (git_version, selectable, says) in [
+        (
+            "v1.30.4",
+            true,
+            "error: the API server is Kubernetes 1.30.4: tidepool needs 1.31 or later",
+        ),
+        (
+            "v1.31.4-eks-1234567",
+            false,
+            "error: the API server refuses the field selector spec.node= on ipamblocks (400: \
+             field label not supported: spec.node): CRD field selectors are off",
+        ),
+    ] {
+        let server = ApiServer::start_with(Config {
+            git_version: git_version.into(),
+            ..Config::default()
+        })
+        .await
+        .expect("start the API server");
+        let crds: Api<CustomResourceDefinition> =
+            Api::all(server.client(ADMIN).await.expect("client"));
+        for mut crd in tidepool_api::crds() {
+            if !selectable {
+                for v in &mut crd.spec.versions {
+                    v.selectable_fields = None;
+                }
+            }
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("a CRD");
+        }
+        let (code, stderr) = tokio::task::spawn_blocking(move || run_until_exit(&server))
+            .await
+            .expect("the operator");
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{git_version}: {stderr}");
+    }
+}

@@ -1,7 +1,11 @@
-//! `authorization.k8s.io/v1` self reviews, which `kubectl auth can-i` asks: a
+//! Self reviews. `authorization.k8s.io/v1`, which `kubectl auth can-i` asks: a
 //! SelfSubjectAccessReview answers whether the caller may do one thing, a
 //! SelfSubjectRulesReview lists what the caller may do in a namespace. Both are decided by the
 //! RBAC objects whether or not RBAC enforcement is on (the answer is what RBAC would say).
+//! `authentication.k8s.io/v1` SelfSubjectReview, which `kubectl auth whoami` asks, answers who
+//! the caller is: its user name, groups and extra (kubernetes/kubernetes
+//! `pkg/registry/authentication/selfsubjectreview/rest.go` `Create`). Every authenticated
+//! user may ask them (the bootstrap `system:basic-user` role).
 
 use serde_json::{Value, json};
 
@@ -11,6 +15,8 @@ use crate::rbac::{Attributes, Policy};
 use crate::server::State;
 
 pub(crate) const GROUP: &str = "authorization.k8s.io";
+pub(crate) const AUTHN_GROUP: &str = "authentication.k8s.io";
+pub(crate) const SELF_REVIEW: &str = "selfsubjectreviews";
 const ACCESS: &str = "selfsubjectaccessreviews";
 const RULES: &str = "selfsubjectrulesreviews";
 
@@ -38,6 +44,23 @@ pub(crate) fn review(
     obj["status"] = status;
     obj["metadata"]["creationTimestamp"] = Value::Null;
     Ok(obj)
+}
+
+/// Answers a SelfSubjectReview: the caller's user info, `uid` absent (our users have none).
+pub(crate) fn self_review(user: &UserInfo, body: &[u8], ctype: &str) -> Result<Value, Error> {
+    crate::media::builtin_body(body, ctype)?;
+    let mut info = json!({"username": user.name});
+    if !user.groups.is_empty() {
+        info["groups"] = json!(user.groups);
+    }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
+    Ok(json!({
+        "kind": "SelfSubjectReview", "apiVersion": format!("{AUTHN_GROUP}/v1"),
+        "metadata": {"creationTimestamp": crate::store::now()},
+        "status": {"userInfo": info},
+    }))
 }
 
 fn access(policy: &Policy, user: &UserInfo, spec: &Value) -> Result<Value, Error> {

@@ -5,17 +5,18 @@
 //! forbidden: ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request:
 //! {message}` (422 Invalid unless the validation names another reason).
 //!
-//! CEL is evaluated by the `cel` crate (cel-rust). What it cannot evaluate is refused when the
-//! policy is written, never passed silently: functions beyond [`FUNCTIONS`], variables beyond
+//! CEL is evaluated as `cel_expr` says. What it cannot evaluate is refused when the policy is
+//! written, never passed silently: functions beyond [`crate::cel_expr::FUNCTIONS`], variables beyond
 //! [`VARIABLES`], `paramKind`/`paramRef`, and namespace or object selectors.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use cel::{Context, Program};
+use cel::Context;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
+use crate::cel_expr::{Expr, to_cel};
 use crate::error::Error;
 use crate::identity::UserInfo;
 use crate::registry::ResType;
@@ -27,30 +28,6 @@ const BINDING: &str = "ValidatingAdmissionPolicyBinding";
 
 /// The variables a policy's expressions may read.
 pub(crate) const VARIABLES: [&str; 4] = ["object", "oldObject", "request", "variables"];
-
-/// The functions and operators of the CEL standard library that `cel` evaluates and policies
-/// may call (test `every_supported_function_evaluates`); `has`, `all`, `exists`,
-/// `exists_one`, `map` and `filter` are macros and always allowed.
-pub(crate) const FUNCTIONS: [&str; 12] = [
-    "size",
-    "contains",
-    "startsWith",
-    "endsWith",
-    "matches",
-    "int",
-    "uint",
-    "double",
-    "string",
-    "bool",
-    "bytes",
-    "type",
-];
-
-/// One compiled expression and its source (quoted in messages).
-struct Expr {
-    source: String,
-    program: Program,
-}
 
 struct Validation {
     expr: Expr,
@@ -207,27 +184,6 @@ impl Policies {
     }
 }
 
-/// JSON as CEL reads a Kubernetes object: integers are `int` (serde's conversion would make
-/// the non-negative ones `uint`, and CEL has no arithmetic mixing the two).
-fn to_cel(v: &Value) -> cel::Value {
-    match v {
-        Value::Null => cel::Value::Null,
-        Value::Bool(b) => cel::Value::Bool(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => cel::Value::Int(i),
-            (None, Some(u)) => cel::Value::UInt(u),
-            _ => cel::Value::Float(n.as_f64().unwrap_or_default()),
-        },
-        Value::String(s) => cel::Value::String(Arc::new(s.clone())),
-        Value::Array(a) => cel::Value::List(Arc::new(a.iter().map(to_cel).collect())),
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, v)| (k.clone(), to_cel(v)))
-            .collect::<HashMap<String, cel::Value>>()
-            .into(),
-    }
-}
-
 /// `admission.NewForbidden` with the validation's reason and code, and the message as a cause.
 fn refusal(req: &Request, reason: &str, message: &str) -> Error {
     let e = Error::forbidden(&req.rt.group, &req.rt.plural, req.name, message);
@@ -265,7 +221,7 @@ impl Bound {
     fn failure(&self, ctx: &Context) -> Option<(String, String)> {
         let mut scope = ctx.new_inner_scope();
         for (_, e) in &self.conditions {
-            match e.truth(&scope) {
+            match truth(e, &scope) {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(err) => return self.on_error(err),
@@ -275,12 +231,12 @@ impl Bound {
         for (name, e) in &self.variables {
             match e.program.execute(&scope) {
                 Ok(v) => vars.insert(name.clone(), v),
-                Err(err) => return self.on_error(e.error(&err)),
+                Err(err) => return self.on_error(eval_error(e, &err)),
             };
         }
         scope.add_variable_from_value("variables", vars);
         for v in &self.validations {
-            match v.expr.truth(&scope) {
+            match truth(&v.expr, &scope) {
                 Ok(true) => {}
                 Ok(false) => return Some((v.message(&scope), v.reason.clone())),
                 Err(err) => return self.on_error(err),
@@ -294,29 +250,20 @@ impl Bound {
     }
 }
 
-impl Expr {
-    /// The expression's boolean value, or the error message of an evaluation that failed or
-    /// gave something else.
-    fn truth(&self, ctx: &Context) -> Result<bool, String> {
-        match self.program.execute(ctx) {
-            Ok(cel::Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(self.error(&format!("{other:?} is not a bool"))),
-            Err(err) => Err(self.error(&err)),
-        }
-    }
+/// An expression's truth, or the error of an evaluation that failed, in the real server's
+/// words.
+fn truth(e: &Expr, ctx: &Context) -> Result<bool, String> {
+    e.truth(ctx).map_err(|err| eval_error(e, &err))
+}
 
-    fn error(&self, err: &dyn std::fmt::Display) -> String {
-        format!("expression '{}' resulted in error: {err}", self.source)
-    }
+fn eval_error(e: &Expr, err: &dyn std::fmt::Display) -> String {
+    format!("expression '{}' resulted in error: {err}", e.source)
 }
 
 impl Validation {
     fn message(&self, ctx: &Context) -> String {
-        if let Some(e) = &self.message_expr
-            && let Ok(cel::Value::String(s)) = e.program.execute(ctx)
-            && !s.trim().is_empty()
-        {
-            return s.to_string();
+        if let Some(m) = self.message_expr.as_ref().and_then(|e| e.message(ctx)) {
+            return m;
         }
         match &self.message {
             Some(m) if !m.is_empty() => m.clone(),
@@ -526,52 +473,12 @@ fn matcher(m: &Value) -> Matcher {
 /// Compiles one expression, refusing what the `cel` crate cannot evaluate (module docs), with
 /// the cause the real server gives a policy whose expression does not compile.
 fn compile(source: &str, path: &str) -> Result<Expr, (String, String)> {
-    let invalid = |why: String| {
+    Expr::compile(source, &VARIABLES).map_err(|e| {
         (
             path.to_string(),
-            format!("Invalid value: {source:?}: compilation failed: ERROR: <input>:{why}"),
+            format!("Invalid value: {source:?}: {}", e.detail()),
         )
-    };
-    let program = Program::compile(source).map_err(|e| {
-        let text = e.to_string();
-        invalid(
-            text.strip_prefix("ERROR: <input>:")
-                .unwrap_or(&text)
-                .trim()
-                .to_string(),
-        )
-    })?;
-    let refs = program.references();
-    let bound = comprehension_variables(source);
-    for f in refs.functions() {
-        let operator = f.starts_with('_') || f.starts_with('@') || f.starts_with('!');
-        if !operator && !FUNCTIONS.contains(&f) {
-            return Err(invalid(format!(
-                " undeclared reference to '{f}' (in container ''): this test server's CEL \
-                 evaluates only {FUNCTIONS:?}, the operators and the macros"
-            )));
-        }
-    }
-    for v in refs.variables() {
-        if !VARIABLES.contains(&v) && !bound.iter().any(|b| b == v) {
-            return Err(invalid(format!(
-                " undeclared reference to '{v}' (in container '')"
-            )));
-        }
-    }
-    Ok(Expr {
-        source: source.to_string(),
-        program,
     })
-}
-
-/// The names bound by comprehension macros (`list.all(x, …)`), which are variables inside them.
-fn comprehension_variables(source: &str) -> Vec<String> {
-    let re = regex::Regex::new(
-        r"\.(?:all|exists|exists_one|map|filter)\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,",
-    )
-    .expect("valid regex");
-    re.captures_iter(source).map(|c| c[1].to_string()).collect()
 }
 
 /// The causes refusing a ValidatingAdmissionPolicy or Binding the server could not enforce.
@@ -647,45 +554,6 @@ fn selectors(m: &Value, path: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn eval(src: &str) -> cel::Value {
-        let e = compile(src, "x").expect("compiles");
-        let mut ctx = Context::default();
-        let object = json!({"s": "abc", "l": [1, 2], "m": {"k": "v"}});
-        ctx.add_variable_from_value("object", to_cel(&object));
-        e.program.execute(&ctx).expect("evaluates")
-    }
-
-    #[test]
-    fn every_supported_function_evaluates() {
-        for (src, want) in [
-            ("size(object.s) == 3", true),
-            ("object.s.size() == 3 && size(object.l) == 2", true),
-            ("object.s.contains('b')", true),
-            ("object.s.startsWith('ab')", true),
-            ("object.s.endsWith('bc')", true),
-            ("object.s.matches('^a.c$')", true),
-            ("int('7') == 7 && uint(7) == 7u && double(1) == 1.0", true),
-            ("string(7) == '7' && bool('true')", true),
-            ("bytes('a') == b'a' && type(1) == type(2)", true),
-            (
-                "has(object.m.k) && !has(object.m.z) && 'k' in object.m",
-                true,
-            ),
-            ("object.l.all(x, x > 0) && object.l.exists(x, x == 2)", true),
-            (
-                "object.l.exists_one(x, x == 1) && object.l.map(x, x * 2) == [2, 4]",
-                true,
-            ),
-            ("object.l.filter(x, x > 1) == [2]", true),
-        ] {
-            assert_eq!(eval(src), cel::Value::Bool(want), "{src}");
-        }
-        // every name in FUNCTIONS is exercised above
-        let sources =
-            "size contains startsWith endsWith matches int uint double string bool bytes type";
-        assert_eq!(sources.split(' ').collect::<Vec<_>>(), FUNCTIONS);
-    }
 
     #[test]
     fn what_cannot_be_evaluated_is_refused_naming_it() {

@@ -1,9 +1,11 @@
 //! CustomResourceDefinition rules of apiextensions' validation beyond the structural checks in
-//! `schema`: the group, version names, the root type, array items, list-map keys and
-//! defaults, each as a `(field, message)` cause worded as the real server words it.
+//! `schema`: the group, version names, the root type, array items, list-map keys, defaults
+//! and validation rules (`crd_rules::check`), each as a `(field, message)` cause worded as the
+//! real server words it.
 
 use serde_json::Value;
 
+use crate::crd_rules;
 use crate::names;
 use crate::schema::{Patterns, validate};
 
@@ -49,6 +51,25 @@ pub(crate) fn version_names(versions: &[Value], out: &mut Causes) {
     }
 }
 
+/// The warnings of a CRD write: its validation rules this server does not enforce.
+pub(crate) fn rule_warnings(crd: &Value) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let versions = crd.pointer("/spec/versions").and_then(Value::as_array);
+    for (i, v) in versions.into_iter().flatten().enumerate() {
+        if let Some(root) = v.pointer("/schema/openAPIV3Schema") {
+            let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
+            walk(
+                root,
+                &path,
+                &Patterns::default(),
+                &mut Vec::new(),
+                &mut warnings,
+            );
+        }
+    }
+    warnings
+}
+
 /// The checks of one version's `openAPIV3Schema` at `path`.
 pub(crate) fn schema(root: &Value, path: &str, out: &mut Causes) {
     if let Some(t) = root.get("type").and_then(Value::as_str)
@@ -59,11 +80,12 @@ pub(crate) fn schema(root: &Value, path: &str, out: &mut Causes) {
             format!("Invalid value: {t:?}: must be object at the root"),
         ));
     }
-    walk(root, path, &Patterns::default(), out);
+    walk(root, path, &Patterns::default(), out, &mut Vec::new());
 }
 
-/// Every node: arrays need items, list-map keys need a map list, defaults must validate.
-fn walk(node: &Value, path: &str, pats: &Patterns, out: &mut Causes) {
+/// Every node: arrays need items, list-map keys need a map list, defaults must validate, rules
+/// must compile.
+fn walk(node: &Value, path: &str, pats: &Patterns, out: &mut Causes, warnings: &mut Vec<String>) {
     let Some(m) = node.as_object() else { return };
     if m.get("type").and_then(Value::as_str) == Some("array") && !m.contains_key("items") {
         out.push((
@@ -72,19 +94,26 @@ fn walk(node: &Value, path: &str, pats: &Patterns, out: &mut Causes) {
         ));
     }
     list_map_keys(node, path, out);
+    crd_rules::check(node, path, out, warnings);
     if let Some(d) = m.get("default") {
         validate(node, d, &format!("{path}.default"), pats, out);
     }
     if let Some(Value::Object(props)) = m.get("properties") {
         for (k, v) in props {
-            walk(v, &format!("{path}.properties[{k}]"), pats, out);
+            walk(v, &format!("{path}.properties[{k}]"), pats, out, warnings);
         }
     }
     if let Some(a @ Value::Object(_)) = m.get("additionalProperties") {
-        walk(a, &format!("{path}.additionalProperties"), pats, out);
+        walk(
+            a,
+            &format!("{path}.additionalProperties"),
+            pats,
+            out,
+            warnings,
+        );
     }
     if let Some(i) = m.get("items") {
-        walk(i, &format!("{path}.items"), pats, out);
+        walk(i, &format!("{path}.items"), pats, out, warnings);
     }
 }
 

@@ -8,14 +8,29 @@ use serde_json::{Value, json};
 
 use crate::registry::ResType;
 
-pub(crate) fn version() -> Value {
+/// `/version` of a server whose `gitVersion` is `git_version` (`v1.33.0-tidepool`): major and
+/// minor are its numbers (kubernetes/apimachinery `pkg/version` `Info`).
+pub(crate) fn version(git_version: &str) -> Value {
+    let (major, minor) = major_minor(git_version);
     json!({
-        "major": "1", "minor": "33", "emulationMajor": "1", "emulationMinor": "33",
-        "minCompatibilityMajor": "1", "minCompatibilityMinor": "32",
-        "gitVersion": "v1.33.0-tidepool", "gitCommit": "0000000000000000000000000000000000000000",
+        "major": major.to_string(), "minor": minor.to_string(),
+        "emulationMajor": major.to_string(), "emulationMinor": minor.to_string(),
+        "minCompatibilityMajor": major.to_string(),
+        "minCompatibilityMinor": minor.saturating_sub(1).to_string(),
+        "gitVersion": git_version, "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.2",
         "compiler": "gc", "platform": "linux/amd64",
     })
+}
+
+/// The major and minor numbers of a `gitVersion` (`v1.30.2-x` → (1, 30)); (0, 0) when it has
+/// none.
+pub(crate) fn major_minor(git_version: &str) -> (u32, u32) {
+    let mut parts = git_version
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 pub(crate) fn api_versions(addr: &str) -> Value {
@@ -23,9 +38,23 @@ pub(crate) fn api_versions(addr: &str) -> Value {
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": addr}]})
 }
 
+/// Resources served without storage, create only: `(group, version, plural, kind, singular)`.
+/// The singular name of SelfSubjectReview is what kubernetes/kubernetes
+/// `pkg/registry/authentication/selfsubjectreview/rest.go` `GetSingularName` returns.
+const REVIEWS: [(&str, &str, &str, &str, &str); 1] = [(
+    crate::access_review::AUTHN_GROUP,
+    "v1",
+    "selfsubjectreviews",
+    "SelfSubjectReview",
+    "selfsubjectrulesreview",
+)];
+
 /// group → versions (storage/preferred version first).
 fn groups(types: &[Arc<ResType>]) -> BTreeMap<String, Vec<String>> {
     let mut g: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (group, version, ..) in REVIEWS {
+        g.entry(group.into()).or_default().push(version.into());
+    }
     for t in types.iter().filter(|t| !t.group.is_empty()) {
         let vs = g.entry(t.group.clone()).or_default();
         if !vs.contains(&t.version) {
@@ -62,10 +91,18 @@ pub(crate) fn group(types: &[Arc<ResType>], name: &str) -> Option<Value> {
 }
 
 pub(crate) fn resource_list(types: &[Arc<ResType>], group: &str, version: &str) -> Option<Value> {
+    let reviews = REVIEWS
+        .iter()
+        .filter(|r| r.0 == group && r.1 == version)
+        .map(|r| {
+            json!({"name": r.2, "singularName": r.4, "namespaced": false, "kind": r.3,
+                "verbs": ["create"]})
+        });
     let rs: Vec<Value> = types
         .iter()
         .filter(|t| t.group == group && t.version == version)
         .flat_map(|t| t.discovery())
+        .chain(reviews)
         .collect();
     if rs.is_empty() {
         return None;

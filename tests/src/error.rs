@@ -134,6 +134,7 @@ impl Error {
                 "reason": if m.starts_with("Required value") { "FieldValueRequired" }
                     else if m.starts_with("Unsupported value") { "FieldValueNotSupported" }
                     else if m.starts_with("Forbidden") { "FieldValueForbidden" }
+                    else if m.starts_with("Duplicate value") { "FieldValueDuplicate" }
                     else { "FieldValueInvalid" },
                 "message": m, "field": f })).collect::<Vec<_>>(),
         });

@@ -216,7 +216,7 @@ pub(crate) async fn handle(
         }
     };
     let resp = match segs.as_slice() {
-        ["version"] => nonresource(Some(discovery::version())),
+        ["version"] => nonresource(Some(discovery::version(&st.config.git_version))),
         ["healthz" | "livez" | "readyz"] => {
             st.count("get", &path);
             Response::new(Full::new(Bytes::from_static(b"ok")).boxed())
@@ -239,6 +239,29 @@ pub(crate) async fn handle(
             let ctype = content_type(&req);
             match read_body(req).await {
                 Ok(body) => match access_review::review(&st, &user, &kind, &body, &ctype) {
+                    Ok(v) => json_response(201, &v, &[]),
+                    Err(e) => error_response(&e),
+                },
+                Err(e) => error_response(&e),
+            }
+        }
+        [
+            "apis",
+            access_review::AUTHN_GROUP,
+            "v1",
+            access_review::SELF_REVIEW,
+        ] => {
+            st.count(
+                "create",
+                &format!(
+                    "{}.{}",
+                    access_review::SELF_REVIEW,
+                    access_review::AUTHN_GROUP
+                ),
+            );
+            let ctype = content_type(&req);
+            match read_body(req).await {
+                Ok(body) => match access_review::self_review(&user, &body, &ctype) {
                     Ok(v) => json_response(201, &v, &[]),
                     Err(e) => error_response(&e),
                 },

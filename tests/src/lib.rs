@@ -9,6 +9,8 @@
 mod access_review;
 mod admission;
 mod admission_policy;
+mod cel_expr;
+mod crd_rules;
 mod crd_validation;
 mod discovery;
 mod error;

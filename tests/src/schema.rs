@@ -216,6 +216,40 @@ pub(crate) fn validate(
     pats: &Patterns,
     out: &mut Vec<(String, String)>,
 ) {
+    validate_update(schema, v, None, path, pats, out);
+}
+
+/// The item of an `x-kubernetes-list-type: map` list `old` with the keys of `item`: what an
+/// update correlates it with (no other list correlates its items).
+pub(crate) fn correlated_item<'a>(
+    schema: &Value,
+    item: &Value,
+    old: Option<&'a Value>,
+) -> Option<&'a Value> {
+    let Shape::ListMap(keys) = shape(Some(schema), &Value::Array(Vec::new())) else {
+        return None;
+    };
+    old?.as_array()?
+        .iter()
+        .find(|o| keys.iter().all(|k| o.get(k) == item.get(k)))
+}
+
+/// [`validate`] with ratcheting (CRDValidationRatcheting, on since Kubernetes 1.30; kubernetes/
+/// apiextensions-apiserver `pkg/apiserver/validation/ratcheting.go`): `old` is the value
+/// correlated with `v` in the stored object (object properties by name, list-map items by
+/// key), and a node equal to it passes whatever it holds, so an update that leaves an invalid
+/// value unchanged passes.
+pub(crate) fn validate_update(
+    schema: &Value,
+    v: &Value,
+    old: Option<&Value>,
+    path: &str,
+    pats: &Patterns,
+    out: &mut Vec<(String, String)>,
+) {
+    if old.is_some_and(|o| o == v) {
+        return;
+    }
     let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if v.is_null() {
         if schema.get("nullable") != Some(&Value::Bool(true))
@@ -353,7 +387,8 @@ pub(crate) fn validate(
             }
             if let Some(is) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
-                    validate(is, item, &format!("{path}[{i}]"), pats, out);
+                    let o = correlated_item(schema, item, old);
+                    validate_update(is, item, o, &format!("{path}[{i}]"), pats, out);
                 }
             }
             if let Shape::ListMap(keys) = shape(Some(schema), v) {
@@ -394,7 +429,8 @@ pub(crate) fn validate(
                             _ => None,
                         });
                 if let Some(cs) = cs {
-                    validate(cs, cv, &join(path, k), pats, out);
+                    let o = old.and_then(|o| o.get(k));
+                    validate_update(cs, cv, o, &join(path, k), pats, out);
                 }
             }
         }

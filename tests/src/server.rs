@@ -51,6 +51,19 @@ pub struct Config {
     /// Serve HTTPS with a self-signed certificate that the kubeconfigs trust (see `tls.rs`;
     /// kubectl sends its token only over TLS).
     pub tls: bool,
+    /// The `gitVersion` `/version` reports (major and minor follow it). Below `v1.31` the
+    /// server is a 1.30 one with its default feature gates: CustomResourceFieldSelectors is
+    /// off, so a CRD's `selectableFields` are dropped when it is written and a field selector
+    /// on such a field is answered 400 `field label not supported: …`.
+    pub git_version: String,
+}
+
+impl Config {
+    /// Whether CRD `selectableFields` are served (Kubernetes ≥ 1.31, where
+    /// CustomResourceFieldSelectors is on by default).
+    pub fn crd_field_selectors(&self) -> bool {
+        crate::discovery::major_minor(&self.git_version) >= (1, 31)
+    }
 }
 
 impl Default for Config {
@@ -64,6 +77,7 @@ impl Default for Config {
             crd_cleanup_interval: Some(Duration::from_millis(200)),
             rbac: false,
             tls: false,
+            git_version: "v1.33.0-tidepool".into(),
         }
     }
 }
@@ -216,7 +230,7 @@ impl ApiServer {
             None
         };
         let state = Arc::new(State {
-            store: Store::new(config.watch_window),
+            store: Store::new(config.watch_window, config.crd_field_selectors()),
             config,
             faults: RwLock::new(Faults::default()),
             changes: watch::channel(0).0,

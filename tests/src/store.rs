@@ -17,7 +17,7 @@ use crate::events;
 use crate::fieldset::Writer;
 use crate::names;
 use crate::registry::{ResType, builtins, from_crd};
-use crate::schema::{Patterns, prune_and_default, validate};
+use crate::schema::{Patterns, prune_and_default, validate_update};
 use crate::selector::Selector;
 use crate::typemeta;
 
@@ -132,6 +132,33 @@ pub(crate) struct DeleteOpts {
 /// `pkg/apis/apiextensions/v1/types.go`, `CustomResourceCleanupFinalizer`).
 const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
+/// A CRD's `selectableFields` (top level and per version) are dropped unless the stored CRD
+/// uses them, as a server with CustomResourceFieldSelectors off does (kubernetes/
+/// apiextensions-apiserver `pkg/registry/customresourcedefinition/strategy.go`
+/// `dropDisabledFields`, 1.30).
+fn drop_selectable_fields(crd: &mut Value, old: Option<&Value>) {
+    let uses = |c: &Value| {
+        c.pointer("/spec/selectableFields").is_some()
+            || c.pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .is_some_and(|vs| vs.iter().any(|v| v.get("selectableFields").is_some()))
+    };
+    if old.is_some_and(uses) {
+        return;
+    }
+    if let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("selectableFields");
+    }
+    let versions = crd
+        .pointer_mut("/spec/versions")
+        .and_then(Value::as_array_mut);
+    for v in versions.into_iter().flatten() {
+        if let Some(v) = v.as_object_mut() {
+            v.remove("selectableFields");
+        }
+    }
+}
+
 /// A list result.
 pub(crate) struct Listed {
     pub items: Vec<Arc<Value>>,
@@ -145,6 +172,9 @@ pub(crate) struct Store {
     pub tx: broadcast::Sender<Arc<WatchEvent>>,
     window: usize,
     pats: Patterns,
+    rules: crate::crd_rules::Rules,
+    /// CRD `selectableFields` are kept (CustomResourceFieldSelectors on: Kubernetes ≥ 1.31).
+    crd_field_selectors: bool,
     rng: AtomicU64,
 }
 
@@ -249,7 +279,7 @@ fn finalizers(o: &Value) -> Vec<String> {
 }
 
 impl Store {
-    pub(crate) fn new(window: usize) -> Self {
+    pub(crate) fn new(window: usize, crd_field_selectors: bool) -> Self {
         let (tx, _) = broadcast::channel(1 << 16);
         let mut types = BTreeMap::new();
         for rt in builtins() {
@@ -278,6 +308,8 @@ impl Store {
             tx,
             window: window.max(1),
             pats: Patterns::default(),
+            rules: crate::crd_rules::Rules::default(),
+            crd_field_selectors,
             rng: AtomicU64::new(seed),
         };
         let ns_type = store.resolve("", "v1", "namespaces").expect("namespaces");
@@ -605,7 +637,8 @@ impl Store {
                 warnings.extend(unknown.iter().map(|u| format!("unknown field \"{u}\"")));
             }
             let mut causes = Vec::new();
-            validate(schema, obj, "", &self.pats, &mut causes);
+            validate_update(schema, obj, old, "", &self.pats, &mut causes);
+            self.check_rules(schema, obj, old, &mut causes, warnings);
             if !causes.is_empty() {
                 return Err(Error::invalid(&rt.group, &rt.kind, &name, causes));
             }
@@ -676,7 +709,11 @@ impl Store {
                 }
             }
             "CustomResourceDefinition" => {
+                if !self.crd_field_selectors {
+                    drop_selectable_fields(obj, old);
+                }
                 from_crd(obj)?;
+                warnings.extend(crate::crd_validation::rule_warnings(obj));
             }
             _ => {}
         }
@@ -734,6 +771,44 @@ impl Store {
             ));
         }
         Ok(())
+    }
+
+    /// A custom resource's validation rules (`crd_rules`), unless the schema validation found
+    /// an error that blocks them (kubernetes/apiextensions-apiserver
+    /// `pkg/registry/customresource/strategy.go` `hasBlockingErr`: a type, required, enum or
+    /// length error).
+    fn check_rules(
+        &self,
+        schema: &Value,
+        obj: &Value,
+        old: Option<&Value>,
+        causes: &mut Vec<(String, String)>,
+        warnings: &mut Vec<String>,
+    ) {
+        if !crate::crd_rules::has_rules(schema) {
+            return;
+        }
+        let blocking = causes.iter().any(|(_, m)| {
+            [
+                "Required value",
+                "Unsupported value",
+                "Too long",
+                "Too many",
+            ]
+            .iter()
+            .any(|p| m.starts_with(p))
+                || m.contains(" in body must be of type ")
+        });
+        if blocking {
+            causes.push((
+                "<nil>".into(),
+                "Invalid value: \"null\": some validation rules were not checked because the \
+                 object was invalid; correct the existing errors to complete validation"
+                    .into(),
+            ));
+        } else {
+            self.rules.validate(schema, obj, old, causes, warnings);
+        }
     }
 
     /// NamespaceLifecycle: the namespace must exist and not be terminating.

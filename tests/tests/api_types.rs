@@ -192,3 +192,57 @@ async fn a_watch_on_a_selectable_field_sees_its_node_only() {
         s.message
     );
 }
+
+/// An IPPool's blockSize is immutable (issue 25, "Who may change spec.nodeUID"): the CRD's
+/// rule `self == oldSelf` refuses a change, in the real server's words (kubernetes/
+/// apiextensions-apiserver `pkg/apiserver/schema/cel/validation.go` `validateExpressions`),
+/// whoever writes it, by update, merge patch or apply; the schema default makes sure a pool
+/// created without one has an old value. Other changes pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ippools_block_size_cannot_change() {
+    let (_server, client) = start().await;
+    install(&client).await;
+    let pools: Api<IPPool> = Api::all(client.clone());
+    let spec: IPPoolSpec =
+        serde_json::from_value(serde_json::json!({"cidrs": ["10.9.0.0/16"]})).unwrap();
+    pools
+        .create(&PostParams::default(), &IPPool::new("p", spec))
+        .await
+        .unwrap();
+    let says = "IPPool.ipam.tidepool.dev \"p\" is invalid: spec.blockSize: Invalid value: \
+                \"object\": blockSize is immutable: create a new pool for another block size";
+    let mut changed = pools.get("p").await.unwrap();
+    changed.spec.block_size.ipv4 = 27;
+    let err = pools
+        .replace("p", &PostParams::default(), &changed)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 422, "{err}");
+    assert_eq!(status(&err).message, says);
+    let patch = serde_json::json!({"spec": {"blockSize": {"ipv6": 120}}});
+    let err = pools
+        .patch("p", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_err();
+    assert_eq!(status(&err).message, says);
+    let apply = serde_json::json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "spec": {"cidrs": ["10.9.0.0/16"], "blockSize": {"ipv4": 26, "ipv6": 124}}});
+    let err = pools
+        .patch(
+            "p",
+            &PatchParams::apply("admin").force(),
+            &Patch::Apply(&apply),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status(&err).message, says);
+    // the same block size, other changes: accepted
+    let grow = serde_json::json!({"spec": {"cidrs": ["10.9.0.0/16", "10.10.0.0/16"],
+        "blockSize": {"ipv4": 28}}});
+    let grown = pools
+        .patch("p", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    assert_eq!(grown.spec.cidrs.len(), 2);
+    assert_eq!(grown.spec.block_size.ipv4, 28);
+}

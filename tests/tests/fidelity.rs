@@ -2,6 +2,10 @@
 //! object names, namespace deletion, CRD validation, list parameters and error wording.
 
 mod common;
+mod fidelity {
+    pub mod crd_rules;
+    pub mod versions;
+}
 
 use std::time::Duration;
 

@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
 use tidepool_agent::{reconcile, routes};
+use tidepool_api::preflight::{self, Unmet};
 use tidepool_metrics::probes::{self, Readiness};
 
 /// The tidepool node agent: hands this node's pods their addresses from its pool.
@@ -146,6 +147,7 @@ fn main() -> anyhow::Result<()> {
         // up before the wait for the IPAMNode: the liveness probe must answer meanwhile
         serve_observability(&f, &settings.ready).await?;
         let client = client(f.kubeconfig.as_deref()).await?;
+        preflight(&client, &f).await?;
         run(client, settings, shutdown_signal()).await?;
         tracing::info!("stopped");
         anyhow::Ok(())
@@ -195,6 +197,32 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
             .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG")?,
     };
     kube::Client::try_from(config).context("building the API client")
+}
+
+/// The cluster and the agent's token offer what the agent needs (`tidepool_api::preflight`:
+/// Kubernetes 1.31 or later, the `spec.node` field selector on ipamblocks, a token bound to
+/// this node), or start-up fails naming what is missing and how to fix it. A request that
+/// fails is tried again, every second, until --node-wait has passed.
+async fn preflight(client: &kube::Client, f: &Flags) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + f.node_wait;
+    loop {
+        let checked = async {
+            let version = preflight::check_cluster(client).await?;
+            preflight::check_agent_token(client, &f.node_name).await?;
+            Ok(version)
+        };
+        match checked.await {
+            Ok(version) => {
+                tracing::info!(%version, "API server version");
+                return Ok(());
+            }
+            Err(e @ Unmet::Unanswered { .. }) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "preflight check unanswered: trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.

@@ -56,6 +56,22 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Waits for it to exit on its own (at most 60 s); the exit status and everything it
+    /// logged.
+    pub async fn exited(mut self) -> (std::process::ExitStatus, String) {
+        let status = super::eventually_within(
+            std::time::Duration::from_secs(60),
+            "the agent exited",
+            || {
+                let r = self.process.0.try_wait().expect("wait");
+                async move { r }
+            },
+        )
+        .await;
+        let log = self.log.take().expect("log").join().expect("log reader");
+        (status, log)
+    }
+
     /// SIGTERM; the exit status and everything it logged.
     pub async fn stop(mut self) -> (std::process::ExitStatus, String) {
         let pid = self.process.0.id().to_string();

@@ -84,10 +84,15 @@ pub async fn cluster() -> (ApiServer, kube::Client) {
 /// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
 /// policy created; no object of ours yet.
 pub async fn empty_cluster() -> (ApiServer, kube::Client) {
+    empty_cluster_with(Config::default()).await
+}
+
+/// [`empty_cluster`] on a server of `config` (RBAC and fast bookmarks set here).
+pub async fn empty_cluster_with(config: Config) -> (ApiServer, kube::Client) {
     let server = ApiServer::start_with(Config {
         rbac: true,
         bookmark_interval: Duration::from_millis(200),
-        ..Config::default()
+        ..config
     })
     .await
     .expect("start server");
