@@ -477,35 +477,7 @@ const DETAILS: &[Detail] = &[
 /// Rows and details this server does not yet answer as kube-apiserver does, with what it
 /// answers instead (issue 25, part 2, is fixing each). The tests below fail once one of
 /// them matches: then drop it from here and refresh the fixtures.
-const DIVERGENT: &[(&str, &str)] = &[
-    (
-        "ipamnode-agent-status-withdraw",
-        "422: a partial `used` entry is left, then refused",
-    ),
-    (
-        "ipamnode-spec-apply-other-uid",
-        "409 Conflict on the uid, not 422",
-    ),
-    (
-        "ipamnode-spec-apply-uid-no-object",
-        "201: the apply creates, its uid dropped",
-    ),
-    ("ipamnode-delete-finalizer-pending", "202"),
-    ("ipamblock-delete", "202"),
-    ("ipamblock-delete-immediate", "the IPAMBlock, not a Status"),
-    (
-        "an empty list-map records no ownership",
-        "`f:conditions` is owned",
-    ),
-    (
-        "the answer to the last finalizer's removal is the patched object as sent",
-        "the object at a new resourceVersion",
-    ),
-    (
-        "the DELETED event after the last finalizer carries the last stored object",
-        "the object without its finalizer",
-    ),
-];
+const DIVERGENT: &[(&str, &str)] = &[];
 
 /// Fails when `name` is divergent and now `matches`; returns the failure to report when it
 /// is not divergent and does not match.
