@@ -18,6 +18,7 @@ mod identity;
 mod kinds;
 mod media;
 mod names;
+mod paging;
 mod params;
 mod patch;
 mod protobuf;
