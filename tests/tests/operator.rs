@@ -755,7 +755,7 @@ async fn faults_from_the_server_lose_nothing() {
         "{sent} creates for {held} blocks: no fault was met"
     );
     let client = server.client(OPERATOR).await.unwrap();
-    let report = tidepool_operator::check::io::run(&client, Duration::from_secs(10))
+    let report = tidepool_operator::check::io::run(&client)
         .await
         .expect("check");
     assert!(
