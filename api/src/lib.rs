@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod block;
+pub mod client;
 pub mod convert;
 pub mod names;
 mod node;

@@ -36,7 +36,7 @@ fn report(f: &CheckCmd) -> anyhow::Result<Report> {
         .context("starting the runtime")?;
     rt.block_on(async {
         let client = crate::run::client(f.kubeconfig.as_deref(), f.timeout).await?;
-        Ok(check::io::run(&client, f.timeout).await?)
+        Ok(check::io::run(&client).await?)
     })
 }
 

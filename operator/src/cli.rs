@@ -277,8 +277,9 @@ pub struct RunCmd {
     /// comma-separated; empty: every Node).
     #[arg(long, default_value = "", value_parser = node_selector, env = "TIDEPOOL_NODE_SELECTOR")]
     pub node_selector: tidepool_operator::index::NodeSelector,
-    /// How long the API server may take to answer and the watches to list at start
-    /// (1s to 30 days) before start-up fails naming what did not sync.
+    /// How long the API server may take to answer at start, and each watch's first list
+    /// may go without progress (no page and no event) before start-up fails naming what did
+    /// not sync (1s to 30 days). A list that keeps advancing may take longer in all.
     #[arg(long, default_value = "60s", value_parser = sync_timeout, env = "TIDEPOOL_SYNC_TIMEOUT")]
     pub sync_timeout: Duration,
     /// Taint a Node `ipam.tidepool.dev/exhausted:NoSchedule` while it cannot get more
@@ -372,8 +373,8 @@ pub struct CheckCmd {
         env = "TIDEPOOL_CHECK_OUTPUT"
     )]
     pub output: CheckOutput,
-    /// How long the API server may take to answer at start, and each page of a list
-    /// (1s to 30 days).
+    /// How long the API server may take to answer at start, and may then go silent in the
+    /// middle of an answer (1s to 30 days).
     #[arg(long, default_value = "30s", value_parser = sync_timeout, env = "TIDEPOOL_CHECK_TIMEOUT")]
     pub timeout: Duration,
 }

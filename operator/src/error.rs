@@ -10,9 +10,9 @@ pub enum Error {
     /// whole input and the requirement at fault.
     #[error("invalid --node-selector {input:?}: {reason}")]
     NodeSelector { input: String, reason: String },
-    /// A watch did not complete its first list in time.
+    /// A watch made no progress on its first list for the sync timeout.
     #[error(
-        "{resources} did not sync within {after:?} (is the API server reachable, are the CRDs installed, may the operator list them?)"
+        "{resources} did not sync: no page or event for {after:?} (is the API server reachable, are the CRDs installed, may the operator list them?)"
     )]
     NotSynced { resources: String, after: Duration },
     /// A listener could not be bound.
@@ -30,12 +30,6 @@ pub enum Error {
         resource: &'static str,
         #[source]
         source: kube::Error,
-    },
-    /// `check`'s list of a resource did not finish in time.
-    #[error("listing {resource} did not finish within {after:?}")]
-    ListTimedOut {
-        resource: &'static str,
-        after: Duration,
     },
     /// The engine refused its configuration.
     #[error(transparent)]

@@ -9,6 +9,7 @@ use kube::{Client, Config};
 use tidepool_api::preflight;
 
 use crate::cli::RunCmd;
+use tidepool_api::client::READ_TIMEOUT;
 use tidepool_operator::leader::LeaderConfig;
 use tidepool_operator::runtime::{self, Election, Settings};
 
@@ -28,7 +29,7 @@ pub fn run(f: &RunCmd) -> anyhow::Result<bool> {
 
 async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<()> {
     let config = config(f.kubeconfig.as_deref()).await?;
-    let client = client_of(config.clone(), f.sync_timeout).await?;
+    let client = client_of(config.clone(), f.sync_timeout, READ_TIMEOUT).await?;
     // Kubernetes >= 1.31 and the spec.node field selector the agents' block watches use
     let version = preflight::check_cluster(&client).await?;
     tracing::info!(%version, "API server version");
@@ -63,10 +64,10 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
     Ok(())
 }
 
-/// The client from --kubeconfig, else in-cluster, else $KUBECONFIG; then the API server
-/// must answer within `timeout` (`run`'s --sync-timeout, `check`'s --timeout).
+/// `check`'s client, from --kubeconfig, else in-cluster, else $KUBECONFIG: the API server
+/// must answer within `timeout` (--timeout), and then never go silent for as long.
 pub(crate) async fn client(kubeconfig: Option<&Path>, timeout: Duration) -> anyhow::Result<Client> {
-    client_of(config(kubeconfig).await?, timeout).await
+    client_of(config(kubeconfig).await?, timeout, timeout).await
 }
 
 /// The client configuration from --kubeconfig, else in-cluster, else $KUBECONFIG.
@@ -85,10 +86,16 @@ async fn config(kubeconfig: Option<&Path>) -> anyhow::Result<Config> {
     })
 }
 
-/// A client of `config`, once the API server answers (at most `timeout`).
-async fn client_of(config: Config, timeout: Duration) -> anyhow::Result<Client> {
+/// A client of `config` whose requests, watches aside, fail after `read_timeout` of silence
+/// ([`tidepool_api::client`]), once the API server answers (at most `timeout`).
+async fn client_of(
+    config: Config,
+    timeout: Duration,
+    read_timeout: Duration,
+) -> anyhow::Result<Client> {
     let url = config.cluster_url.clone();
-    let client = Client::try_from(config).context("building the API client")?;
+    let client =
+        tidepool_api::client::client(config, read_timeout).context("building the API client")?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match client.apiserver_version().await {

@@ -184,7 +184,7 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     let operator = server.client(OPERATOR).await.expect("operator client");
     server.reset_counters();
 
-    let report = check::io::run(&operator, Duration::from_secs(10))
+    let report = check::io::run(&operator)
         .await
         .expect("the check runs with the operator's role");
 

@@ -18,6 +18,11 @@ pub enum Error {
         /// `details` of the Status (name, group, kind, causes, retryAfterSeconds).
         details: Option<Value>,
     },
+    /// A continue token whose snapshot expired (its etcd revision compacted): 410
+    /// `Expired` with kubernetes/apiserver's `inconsistentContinue` message and, in the
+    /// Status's `metadata.continue`, this token to go on from the latest state.
+    #[error("410 Expired: {}", crate::paging::INCONSISTENT_CONTINUE)]
+    ContinueExpired(String),
     /// I/O error (binding the listener, writing a kubeconfig).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -234,6 +239,7 @@ impl Error {
     pub fn code(&self) -> u16 {
         match self {
             Error::Api { code, .. } => *code,
+            Error::ContinueExpired(_) => 410,
             _ => 500,
         }
     }
@@ -247,6 +253,11 @@ impl Error {
                 message,
                 details,
             } => (*code, *reason, message.clone(), details.clone()),
+            Error::ContinueExpired(token) => {
+                let mut s = Error::gone(crate::paging::INCONSISTENT_CONTINUE).status();
+                s["metadata"]["continue"] = json!(token);
+                return s;
+            }
             other => (500, "InternalError", other.to_string(), None),
         };
         let mut s = json!({

@@ -320,9 +320,11 @@ async fn resource(
     if let Some(e) = injected {
         return failed(st, &t, verb, &res_name, who, &e);
     }
-    if let Some(e) = targeted_fault(st, who, &res_name, verb).await {
-        return failed(st, &t, verb, &res_name, who, &e);
-    }
+    let hang = match targeted_fault(st, who, &res_name, verb).await {
+        Targeted::Fail(e) => return failed(st, &t, verb, &res_name, who, &e),
+        Targeted::Hang(bytes) if verb != "watch" => Some(bytes),
+        _ => None,
+    };
     let accept = req
         .headers()
         .get(header::ACCEPT)
@@ -344,7 +346,10 @@ async fn resource(
     match result {
         Ok(r) => {
             tracing::debug!(verb, resource = %res_name, identity = who, code = r.status().as_u16(), "served");
-            r
+            match hang {
+                Some(bytes) => hung(r, bytes).await,
+                None => r,
+            }
         }
         Err(e) => {
             tracing::debug!(verb, resource = %res_name, identity = who, error = %e, "refused");
@@ -395,9 +400,17 @@ fn injected_error(code: u16, retry_after_secs: u64) -> Error {
     }
 }
 
+/// What a matching [`TargetedFault`](crate::TargetedFault) does once its latency passed.
+enum Targeted {
+    Serve,
+    Fail(Error),
+    /// Serve, but send only this many bytes of the body.
+    Hang(usize),
+}
+
 /// Applies the first [`TargetedFault`](crate::TargetedFault) matching this identity,
-/// resource and verb: its latency, then its error if it has one.
-async fn targeted_fault(st: &State, who: &str, resource: &str, verb: &str) -> Option<Error> {
+/// resource and verb: its latency, then its error or its hang if it has one.
+async fn targeted_fault(st: &State, who: &str, resource: &str, verb: &str) -> Targeted {
     let hit = {
         let f = st.faults.read();
         f.targeted
@@ -407,14 +420,50 @@ async fn targeted_fault(st: &State, who: &str, resource: &str, verb: &str) -> Op
                     && t.resource == resource
                     && (t.verbs.is_empty() || t.verbs.contains(verb))
             })
-            .map(|t| (t.latency, t.error_code, f.retry_after_secs))
+            .map(|t| {
+                (
+                    t.latency,
+                    t.error_code,
+                    t.hang_after_bytes,
+                    f.retry_after_secs,
+                )
+            })
     };
-    let (latency, code, retry_after) = hit?;
+    let Some((latency, code, hang, retry_after)) = hit else {
+        return Targeted::Serve;
+    };
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    tracing::debug!(identity = who, resource, verb, ?code, "targeted fault");
-    code.map(|c| injected_error(c, retry_after))
+    tracing::debug!(
+        identity = who,
+        resource,
+        verb,
+        ?code,
+        ?hang,
+        "targeted fault"
+    );
+    match (code, hang) {
+        (Some(c), _) => Targeted::Fail(injected_error(c, retry_after)),
+        (None, Some(bytes)) => Targeted::Hang(bytes),
+        (None, None) => Targeted::Serve,
+    }
+}
+
+/// The answer `r` cut after `bytes` bytes of its body, which then never ends (a hung
+/// response: the client has the headers and part of the body, then waits).
+async fn hung(r: Response<Body>, bytes: usize) -> Response<Body> {
+    let (mut parts, body) = r.into_parts();
+    let whole = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let head = whole.slice(..bytes.min(whole.len()));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let sent = futures::stream::iter([Ok::<_, Infallible>(Frame::data(head))]);
+    let stream = futures::StreamExt::chain(sent, futures::stream::pending());
+    Response::from_parts(parts, BodyExt::boxed(StreamBody::new(stream)))
 }
 
 /// Notes a write the store accepted (dry runs are not writes).
@@ -711,16 +760,27 @@ async fn serve(
             Ok(json_response(200, &o, &[]))
         }
         "list" => {
-            let limit = q.get("limit").and_then(|l| l.parse().ok());
-            let l = store.list(
-                rt,
-                t.ns.as_deref(),
-                &sel()?,
-                limit,
-                q.get("continue")
-                    .map(String::as_str)
-                    .filter(|c| !c.is_empty()),
-            )?;
+            let cont = q
+                .get("continue")
+                .map(String::as_str)
+                .filter(|c| !c.is_empty());
+            let rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+            if cont.is_some() && !matches!(rv, "" | "0") {
+                // kubernetes/apiserver pkg/storage/interfaces.go ValidateListOptions
+                return Err(Error::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            // resourceVersion=0 is served whole from the watch cache: its limit is ignored
+            // and no continue token is given (kubernetes/apiserver
+            // pkg/storage/cacher/cacher.go `computeListLimit`, v1.33)
+            let from_cache = rv == "0";
+            let limit = q
+                .get("limit")
+                .and_then(|l| l.parse().ok())
+                .filter(|_| !from_cache);
+            let max_age = st.config.continue_max_age;
+            let l = store.list(rt, t.ns.as_deref(), &sel()?, limit, cont, max_age)?;
             if as_table {
                 return Ok(json_response(
                     200,

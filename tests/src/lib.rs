@@ -21,6 +21,7 @@ mod identity;
 mod kinds;
 mod media;
 mod names;
+mod paging;
 mod params;
 mod patch;
 mod protobuf;

@@ -56,6 +56,10 @@ pub struct Config {
     /// off, so a CRD's `selectableFields` are dropped when it is written and a field selector
     /// on such a field is answered 400 `field label not supported: …`.
     pub git_version: String,
+    /// Continue tokens older than this are expired (410 with a token that goes on from the
+    /// latest state; see `paging.rs`), as after an etcd compaction: kube-apiserver
+    /// compacts every 5 minutes by default (`--etcd-compaction-interval`). `None`: never.
+    pub continue_max_age: Option<Duration>,
 }
 
 impl Config {
@@ -78,6 +82,7 @@ impl Default for Config {
             rbac: false,
             tls: false,
             git_version: "v1.33.0-tidepool".into(),
+            continue_max_age: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -118,11 +123,16 @@ pub struct TargetedFault {
     pub resource: String,
     /// Verbs hit (as [`Faults::error_verbs`]); empty means all.
     pub verbs: BTreeSet<String>,
-    /// Added before the request is served or refused.
+    /// Added before the request is served or refused (with `verbs` `list`: before each
+    /// page of a list, a slow LIST).
     pub latency: Duration,
     /// Answered instead of serving (as [`Faults::error_code`]: 429, 503, 504, else 500);
     /// None: served after the latency.
     pub error_code: Option<u16>,
+    /// A hung response: the answer's headers and its first this many bytes of body are
+    /// sent, then nothing more (the body never ends; the connection stays open). Not for
+    /// watches.
+    pub hang_after_bytes: Option<usize>,
 }
 
 /// A write the server accepted: stored, not a dry run (see [`ApiServer::accepted_writes`]).

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -16,6 +17,7 @@ use crate::error::Error;
 use crate::events;
 use crate::fieldset::Writer;
 use crate::names;
+use crate::paging::{Snapshot, Token, key_of, start_after};
 use crate::registry::{ResType, builtins, from_crd};
 use crate::schema::{Patterns, prune_and_default, validate_update};
 use crate::selector::Selector;
@@ -57,9 +59,6 @@ struct Log {
 
 type Key = (String, String);
 
-/// A list kept for `continue` tokens: its resourceVersion and items.
-type Snapshot = (u64, Arc<Vec<Arc<Value>>>);
-
 /// What a new watch starts with: events to send first, the live feed, the current version.
 pub(crate) type WatchStart = (
     Vec<Arc<WatchEvent>>,
@@ -80,6 +79,20 @@ struct Inner {
     snapshots: BTreeMap<u64, Snapshot>,
     next_snapshot: u64,
     discovery_gen: u64,
+}
+
+impl Inner {
+    /// Keeps a list for its continue tokens (the 64 newest lists); returns its id.
+    fn keep_snapshot(&mut self, rv: u64, items: Arc<Vec<Arc<Value>>>) -> u64 {
+        let id = self.next_snapshot;
+        self.next_snapshot += 1;
+        let taken = Instant::now();
+        self.snapshots.insert(id, Snapshot { rv, items, taken });
+        while self.snapshots.len() > 64 {
+            self.snapshots.pop_first();
+        }
+        id
+    }
 }
 
 /// How a write's `managedFields` are computed.
@@ -436,6 +449,8 @@ impl Store {
             .ok_or_else(|| Error::not_found(&rt.group, &rt.plural, name))
     }
 
+    /// One page of a list: from the current state, or from the snapshot a continue token
+    /// names (see [`crate::paging`]; a snapshot older than `max_age` is expired).
     pub(crate) fn list(
         &self,
         rt: &ResType,
@@ -443,19 +458,25 @@ impl Store {
         sel: &Selector,
         limit: Option<usize>,
         cont: Option<&str>,
+        max_age: Option<Duration>,
     ) -> Result<Listed, Error> {
         let mut i = self.inner.lock();
-        let (rv, all, offset, id) = match cont {
-            Some(c) => {
-                let mut parts = c.splitn(2, ':');
-                let id: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                let off: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                let (rv, snap) = i.snapshots.get(&id).cloned().ok_or_else(|| {
-                    Error::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
-                })?;
-                (rv, snap, off, Some(id))
-            }
-            None => {
+        let token = match cont {
+            Some(c) => Some(Token::parse(c).ok_or_else(|| {
+                Error::bad_request("invalid continue token: continue key is not valid")
+            })?),
+            None => None,
+        };
+        let (rv, all, id) = match &token {
+            Some(Token::Snapshot { id, after }) => match i.snapshots.get(id) {
+                Some(s) if !s.expired(max_age) => (s.rv, s.items.clone(), Some(*id)),
+                _ => {
+                    i.snapshots.remove(id);
+                    let after = after.clone();
+                    return Err(Error::ContinueExpired(Token::Latest { after }.encode()));
+                }
+            },
+            Some(Token::Latest { .. }) | None => {
                 let items: Vec<Arc<Value>> = i
                     .objects
                     .get(&rt.storage_gr())
@@ -466,28 +487,18 @@ impl Store {
                             .collect()
                     })
                     .unwrap_or_default();
-                (i.rv, Arc::new(items), 0, None)
+                (i.rv, Arc::new(items), None)
             }
         };
+        let offset = start_after(&all, token.as_ref().map(Token::after));
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let end = offset.saturating_add(limit).min(all.len());
         let items = all[offset.min(end)..end].to_vec();
         let mut next = None;
         if end < all.len() {
-            let id = match id {
-                Some(id) => id,
-                None => {
-                    let id = i.next_snapshot;
-                    i.next_snapshot += 1;
-                    i.snapshots.insert(id, (rv, all.clone()));
-                    while i.snapshots.len() > 64 {
-                        let first = *i.snapshots.keys().next().expect("non-empty");
-                        i.snapshots.remove(&first);
-                    }
-                    id
-                }
-            };
-            next = Some(format!("{id}:{end}"));
+            let id = id.unwrap_or_else(|| i.keep_snapshot(rv, all.clone()));
+            let after = key_of(&items[items.len() - 1]);
+            next = Some(Token::Snapshot { id, after }.encode());
         } else if let Some(id) = id {
             i.snapshots.remove(&id);
         }

@@ -1473,3 +1473,236 @@ async fn a_deleted_crd_deletes_its_objects_first() {
     )
     .await;
 }
+
+/// ConfigMaps `cm-00` … in `default`, created by `client`.
+async fn config_maps(client: &kube::Client, n: usize) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for i in 0..n {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("cm-{i:02}")}})).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+}
+
+/// The names of a list's items.
+fn names(v: &Value) -> Vec<String> {
+    v["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a list: {v}"))
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `resourceVersion=0` is served from the watch cache, which ignores `limit` and hands out
+/// no continue token: kubernetes/apiserver pkg/storage/cacher/cacher.go (v1.33)
+/// `computeListLimit` returns 0 when `opts.ResourceVersion == "0"`, and `Cacher.GetList`
+/// then selects every object; `delegator.ShouldDelegateList` keeps such lists (no
+/// continue, match "" or NotOlderThan) in the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_version_0_lists_are_whole() {
+    let (server, client) = start().await;
+    config_maps(&client, 7).await;
+    for q in [
+        "limit=3&resourceVersion=0",
+        "limit=3&resourceVersion=0&resourceVersionMatch=NotOlderThan",
+    ] {
+        let (code_, v) = send(&server, "GET", &format!("{CM_PATH}?{q}"), None, "").await;
+        assert_eq!(code_, 200, "{q}: {v}");
+        assert_eq!(names(&v).len(), 7, "{q}: every item, limit ignored: {v}");
+        assert!(v["metadata"].get("continue").is_none(), "{q}: {v}");
+        assert!(
+            v["metadata"].get("remainingItemCount").is_none(),
+            "{q}: {v}"
+        );
+    }
+    // without resourceVersion=0 the limit holds (a consistent list, paged from etcd)
+    let (_, v) = send(&server, "GET", &format!("{CM_PATH}?limit=3"), None, "").await;
+    assert_eq!(names(&v).len(), 3, "{v}");
+    assert!(v["metadata"]["continue"].is_string(), "{v}");
+}
+
+/// A continue token older than the server's compaction window is answered as
+/// kubernetes/apiserver pkg/storage/etcd3/errors.go `handleCompactedErrorForPaging` answers
+/// one whose revision etcd compacted: 410 `Expired`, the `inconsistentContinue` message, and
+/// a new token in the Status's `metadata.continue` (`EncodeContinue` with revision -1) that
+/// goes on after the last key returned, from the latest state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_continue_tokens_are_410_with_a_token_to_go_on() {
+    let server = ApiServer::start_with(Config {
+        continue_max_age: Some(Duration::from_secs(1)),
+        ..fast_config()
+    })
+    .await
+    .expect("start server");
+    let client = server.client("tester").await.expect("client");
+    config_maps(&client, 7).await;
+    let (_, first) = send(&server, "GET", &format!("{CM_PATH}?limit=3"), None, "").await;
+    assert_eq!(names(&first), ["cm-00", "cm-01", "cm-02"]);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    // a fresh token continues
+    let page = |t: &str| format!("{CM_PATH}?limit=3&continue={t}");
+    let (code_, second) = send(&server, "GET", &page(&token), None, "").await;
+    assert_eq!(code_, 200, "{second}");
+    assert_eq!(names(&second), ["cm-03", "cm-04", "cm-05"]);
+    let token = second["metadata"]["continue"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // meanwhile cm-05b is created (after the last key returned) and cm-06 deleted
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cm-05b"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    cms.delete("cm-06", &DeleteParams::default()).await.unwrap();
+    let (code_, v) = send(&server, "GET", &page(&token), None, "").await;
+    assert_eq!(code_, 410, "{v}");
+    assert_status(
+        &v,
+        410,
+        "Expired",
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+    );
+    let fresh = v["metadata"]["continue"]
+        .as_str()
+        .expect("a token in the Status");
+    let (code_, rest) = send(&server, "GET", &page(fresh), None, "").await;
+    assert_eq!(code_, 200, "{rest}");
+    assert_eq!(names(&rest), ["cm-05b"], "the rest, from the latest state");
+    assert!(rest["metadata"].get("continue").is_none(), "{rest}");
+    // kube's client sees the 410 as an API error
+    let e = cms
+        .list(
+            &kube::api::ListParams::default()
+                .limit(3)
+                .continue_token(&token),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 410, "{e}");
+    // a token this server never handed out, and a token with a resourceVersion: 400
+    // (pkg/storage/interfaces.go ValidateListOptions; the real message goes on with Go's
+    // base64 error)
+    let (code_, v) = send(&server, "GET", &page("garbage"), None, "").await;
+    assert_eq!(code_, 400, "{v}");
+    assert_eq!(v["reason"], "BadRequest", "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("invalid continue token: continue key is not valid"),
+        "{v}"
+    );
+    let (code_, v) = send(
+        &server,
+        "GET",
+        &format!("{}&resourceVersion=5", page(fresh)),
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code_, 400, "{v}");
+    assert_status(
+        &v,
+        400,
+        "BadRequest",
+        "specifying resource version is not allowed when using continue",
+    );
+}
+
+/// Slow and hung LIST pages. A targeted fault's latency on `list` delays every page. A
+/// hung response sends its headers and part of its body, then nothing: kube-apiserver
+/// streams a list's JSON item by item (kubernetes/apiserver pkg/features/kube_features.go
+/// `StreamingCollectionEncodingToJSON`, beta and on in v1.33; pkg/endpoints/handlers/
+/// responsewriters/writers.go `deferredResponseWriter` sends a first write longer than
+/// `firstWriteStreamingThresholdBytes` unbuffered), so a server or network that stalls
+/// mid-list leaves the client holding half a body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_can_be_slow_or_hang_mid_body() {
+    let (server, client) = start().await;
+    config_maps(&client, 7).await;
+    let slow = tidepool_tests::TargetedFault {
+        identity: "tester".into(),
+        resource: "configmaps".into(),
+        verbs: ["list".to_string()].into(),
+        latency: Duration::from_millis(300),
+        ..Default::default()
+    };
+    server.update_faults(|f| f.targeted = vec![slow.clone()]);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let t0 = std::time::Instant::now();
+    let mut params = kube::api::ListParams::default().limit(3);
+    let mut pages = 0;
+    loop {
+        let page = cms.list(&params).await.unwrap();
+        pages += 1;
+        match page.metadata.continue_ {
+            Some(t) if !t.is_empty() => params = params.continue_token(&t),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "each page waited"
+    );
+    // another identity is not slowed
+    let other = server.client("other").await.unwrap();
+    let t0 = std::time::Instant::now();
+    Api::<ConfigMap>::namespaced(other, "default")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_millis(300));
+    // a hung page: the headers and 40 bytes of body come, then nothing
+    server.update_faults(|f| {
+        f.targeted = vec![tidepool_tests::TargetedFault {
+            latency: Duration::ZERO,
+            hang_after_bytes: Some(40),
+            ..slow
+        }]
+    });
+    let got = hung_read(&server, &format!("{CM_PATH}?limit=3")).await;
+    let (head, body) = got.split_once("\r\n\r\n").expect("the headers came");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let body = dechunk(body);
+    assert_eq!(body.len(), 40, "{body}");
+    assert!(
+        body.starts_with("{\"apiVersion\":\"v1\",\"items\":["),
+        "{body}"
+    );
+    // through kube the list never completes
+    let params = kube::api::ListParams::default();
+    let stuck = tokio::time::timeout(Duration::from_millis(500), cms.list(&params)).await;
+    assert!(stuck.is_err(), "the hung list did not complete");
+}
+
+/// Sends a GET as "tester" and reads what comes until nothing more does for 500 ms.
+async fn hung_read(server: &ApiServer, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+        server.token("tester")
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(0)) => panic!("the connection closed: {}", String::from_utf8_lossy(&out)),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => panic!("read: {e}"),
+            Err(_) => return String::from_utf8_lossy(&out).into_owned(),
+        }
+    }
+}
+
+/// The data of a chunked body (its last chunk never came).
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size, 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

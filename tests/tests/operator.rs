@@ -755,7 +755,7 @@ async fn faults_from_the_server_lose_nothing() {
         "{sent} creates for {held} blocks: no fault was met"
     );
     let client = server.client(OPERATOR).await.unwrap();
-    let report = tidepool_operator::check::io::run(&client, Duration::from_secs(10))
+    let report = tidepool_operator::check::io::run(&client)
         .await
         .expect("check");
     assert!(
@@ -1248,7 +1248,7 @@ fn hold_operator(server: &ApiServer, resource: &str, verbs: &[&str], latency: Du
             resource: resource.into(),
             verbs: verbs.iter().map(|v| v.to_string()).collect(),
             latency,
-            error_code: None,
+            ..Default::default()
         })
     });
 }

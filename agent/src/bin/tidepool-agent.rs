@@ -182,7 +182,8 @@ async fn serve_observability(f: &Flags, ready: &Readiness) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The client from --kubeconfig, else in-cluster, else $KUBECONFIG.
+/// The client from --kubeconfig, else in-cluster, else $KUBECONFIG; its requests, watches
+/// aside, fail after [`READ_TIMEOUT`](tidepool_api::client::READ_TIMEOUT) of silence.
 async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
@@ -196,7 +197,8 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
             .await
             .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG")?,
     };
-    kube::Client::try_from(config).context("building the API client")
+    tidepool_api::client::client(config, tidepool_api::client::READ_TIMEOUT)
+        .context("building the API client")
 }
 
 /// The cluster and the agent's token offer what the agent needs (`tidepool_api::preflight`:

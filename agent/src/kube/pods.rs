@@ -1,5 +1,5 @@
-//! [`PodWatch`]: the pods bound to this node (field selector `spec.nodeName`), list then
-//! watch with kube's default backoff, kept as [`LivePods`] — only each pod's UID, whether it
+//! [`PodWatch`]: the pods bound to this node (field selector `spec.nodeName`), list (from
+//! the API server's watch cache) then watch with kube's default backoff, kept as [`LivePods`] — only each pod's UID, whether it
 //! is terminal, and its `status.podIPs` (DESIGN.md "Watches": a full Pod costs ~35 KB, the
 //! projection a few dozen bytes; each event is projected and the Pod dropped).
 
@@ -21,9 +21,6 @@ use super::running::Running;
 use super::view::Listed;
 use super::watch::on_event;
 use crate::pods::{LivePods, PodAddrs};
-
-/// A node's pods per list page (the operator's watches use about as many).
-const PAGE_SIZE: u32 = 100;
 
 struct Shared {
     node: String,
@@ -56,9 +53,15 @@ impl PodWatch {
             live: watch::Sender::new(None),
         });
         let pods: Api<Pod> = Api::all(client);
-        let on_node = watcher::Config::default()
-            .fields(&format!("spec.nodeName={node}"))
-            .page_size(PAGE_SIZE);
+        // from the API server's watch cache (resourceVersion=0), as the kubelet and
+        // client-go's informers list: one answer, no continue token to expire
+        // (no page size: kube sends no resourceVersion=0 with a limit)
+        let on_node = watcher::Config {
+            page_size: None,
+            ..watcher::Config::default()
+                .fields(&format!("spec.nodeName={node}"))
+                .any_semantic()
+        };
         let events = watch_objects(pods, on_node).default_backoff();
         let task = tokio::spawn(drive(shared.clone(), events));
         Self {

@@ -68,8 +68,8 @@ struct IpamNodeIn {
     uid_ok: bool,
 }
 
-/// The objects a check judges, taken one at a time (so a large Pod list is never held
-/// whole: each Pod is cut down to the engine's projection as it comes).
+/// The objects a check judges, taken one at a time (each Pod is cut down to the engine's
+/// projection as it is taken, so the index never holds whole Pods).
 pub struct Inputs {
     pools: Vec<api::IPPool>,
     blocks: Vec<IpamBlock>,

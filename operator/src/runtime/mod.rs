@@ -1,8 +1,13 @@
 //! `run`: the engine against an API server, one replica or several under leader election.
 //!
 //! Watches of IPPools, IPAMNodes, IPAMBlocks, Nodes and Pods feed the indexes and the
-//! kube-backed store (list, then watch, pages of 100, kube's default backoff). Nothing is
-//! granted until every watch has listed once (a synced standby is ready). Under leader
+//! kube-backed store (list, then watch, kube's default backoff). Pods and Nodes are listed
+//! with `resourceVersion=0`: served whole from the API server's watch cache, as client-go's
+//! informers list, so a large cluster's list is one answer and no chain of continue
+//! tokens that compaction can expire (data seconds stale is safe: a reclaim confirms by
+//! GET). IPPools, IPAMNodes and IPAMBlocks are consistent lists in pages of 100. Nothing is
+//! granted until every watch has listed once (a synced standby is ready); start-up fails
+//! when a watch not listed yet makes no progress (no page, no event) for the sync timeout. Under leader
 //! election the replica then waits to lead; a new leader relists IPAMNodes and IPAMBlocks
 //! from a quorum read before its first write, so it plans from what the old leader wrote,
 //! never from a lagging cache (an apply built from missing marks or tombstones would remove
@@ -15,6 +20,7 @@
 mod agent_ready;
 mod pool_status;
 mod pools;
+mod progress;
 mod taints;
 
 use std::collections::{HashMap, HashSet};
@@ -42,6 +48,7 @@ use crate::index::{NodeChange, NodeIndex, NodeSelector, PodIndex};
 use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
 pub use pools::Pools;
+use progress::Progress;
 pub use tidepool_metrics::probes::Readiness;
 
 type Source = ClusterPoolSource<KubeStore>;
@@ -54,7 +61,8 @@ pub struct Settings {
     pub kube_api_qps: f64,
     pub kube_api_burst: u32,
     pub node_selector: NodeSelector,
-    /// How long the watches may take to list before start-up fails naming the laggard.
+    /// How long a watch that has not listed yet may go without progress (a page or an
+    /// event) before start-up fails naming it.
     pub sync_timeout: Duration,
     /// Where `/healthz` and `/readyz` are served (None: not at all).
     pub health_addr: Option<SocketAddr>,
@@ -86,6 +94,8 @@ struct Parts {
     engine: Arc<Mutex<Option<Engine>>>,
     /// Node changes seen before the engine started, in order.
     backlog: Arc<Mutex<Vec<NodeChange>>>,
+    /// When each watch last made progress.
+    progress: Progress,
 }
 
 #[derive(Clone)]
@@ -243,6 +253,7 @@ pub async fn run(
         pools: Arc::default(),
         engine: Arc::default(),
         backlog: Arc::default(),
+        progress: Progress::default(),
     };
     let mut watches = Watches::spawn(&client, &parts);
     tokio::pin!(shutdown);
@@ -378,7 +389,7 @@ impl Watches {
         self.ipamblocks.abort();
         self.ipamnodes = watch_ipamnodes(client, parts);
         self.ipamblocks = watch_ipamblocks(client, parts);
-        wait_until_listed(timeout, || {
+        wait_until_listed(&parts.progress, timeout, || {
             let now = parts.store.lists();
             let waiting = [
                 (now.0 == before.0, "ipamnodes"),
@@ -410,6 +421,7 @@ fn watch_ipamnodes(client: &Client, parts: &Parts) -> tokio::task::JoinHandle<()
     drive(
         Api::<api::IPAMNode>::all(client.clone()),
         quorum(),
+        parts.progress.of("ipamnodes"),
         move |ev| {
             let applied = p.store.apply_node_event(ev);
             p.tell_store(applied);
@@ -423,6 +435,7 @@ fn watch_ipamblocks(client: &Client, parts: &Parts) -> tokio::task::JoinHandle<(
     drive(
         Api::<api::IPAMBlock>::all(client.clone()),
         quorum(),
+        parts.progress.of("ipamblocks"),
         move |ev| {
             let applied = p.store.apply_block_event(ev);
             p.tell_store(applied);
@@ -438,29 +451,52 @@ fn quorum() -> watcher::Config {
         .list_semantic(watcher::ListSemantic::MostRecent)
 }
 
+/// Lists from the API server's watch cache (`resourceVersion=0`, kube's
+/// [`ListSemantic::Any`](watcher::ListSemantic::Any)): one answer, no continue token. No
+/// page size: kube sends no `resourceVersion=0` with a `limit` (it would list from etcd).
+fn from_cache() -> watcher::Config {
+    watcher::Config {
+        page_size: None,
+        ..watcher::Config::default().any_semantic()
+    }
+}
+
 /// The Pod, Node and IPPool watches.
 fn watch_others(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<()>> {
     let p = parts.clone();
-    let pods = drive(Api::<Pod>::all(client.clone()), quorum(), move |ev| {
-        let touched = p.pods.apply(ev);
-        if let Some(e) = p.engine.lock().as_ref() {
-            for n in touched {
-                e.manager.on_pod_event(&n);
+    let progress = parts.progress.of("pods");
+    let pods = drive(
+        Api::<Pod>::all(client.clone()),
+        from_cache(),
+        progress,
+        move |ev| {
+            let touched = p.pods.apply(ev);
+            if let Some(e) = p.engine.lock().as_ref() {
+                for n in touched {
+                    e.manager.on_pod_event(&n);
+                }
             }
-        }
-    });
+        },
+    );
     let p = parts.clone();
-    let nodes = drive(Api::<Node>::all(client.clone()), quorum(), move |ev| {
-        let changes = p.nodes.apply(ev);
-        match p.engine.lock().as_ref() {
-            Some(e) => apply_node_changes(e, &p.nodes, changes),
-            None => p.backlog.lock().extend(changes),
-        }
-    });
+    let progress = parts.progress.of("nodes");
+    let nodes = drive(
+        Api::<Node>::all(client.clone()),
+        from_cache(),
+        progress,
+        move |ev| {
+            let changes = p.nodes.apply(ev);
+            match p.engine.lock().as_ref() {
+                Some(e) => apply_node_changes(e, &p.nodes, changes),
+                None => p.backlog.lock().extend(changes),
+            }
+        },
+    );
     let p = parts.clone();
     let ippools = drive(
         Api::<api::IPPool>::all(client.clone()),
         quorum(),
+        parts.progress.of("ippools"),
         move |ev| {
             let changed = p.pools.lock().apply(ev);
             if changed && let Some(e) = p.engine.lock().as_ref() {
@@ -503,10 +539,12 @@ impl Parts {
     }
 }
 
-/// List, then watch, with kube's default backoff on errors; `f` sees every event.
+/// List, then watch, with kube's default backoff on errors; `f` sees every event, and
+/// each one is progress.
 fn drive<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    progress: progress::Of,
     mut f: impl FnMut(&Event<K>) + Send + 'static,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -518,16 +556,20 @@ where
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
         while let Some(r) = stream.next().await {
             match r {
-                Ok(ev) => f(&ev),
+                Ok(ev) => {
+                    progress.made();
+                    f(&ev)
+                }
                 Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
             }
         }
     })
 }
 
-/// Waits until every watch has listed once, at most `timeout`.
+/// Waits until every watch has listed once, as long as each one not listed yet makes
+/// progress within `timeout`.
 async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
-    wait_until_listed(timeout, || {
+    wait_until_listed(&parts.progress, timeout, || {
         let (nodes_ok, blocks_ok) = parts.store.ready();
         let listed = [
             (parts.pools.lock().ready, "ippools"),
@@ -545,21 +587,23 @@ async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
     .await
 }
 
-/// Polls `laggards` (the resources not listed yet) until none is left, at most `timeout`;
-/// then fails naming them.
+/// Polls `laggards` (the resources not listed yet) until none is left; fails naming those
+/// that made no progress for `timeout` (counted from the wait's start at the earliest).
 async fn wait_until_listed(
+    progress: &Progress,
     timeout: Duration,
     laggards: impl Fn() -> Vec<&'static str>,
 ) -> Result<(), Error> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let start = tokio::time::Instant::now();
     loop {
         let left = laggards();
         if left.is_empty() {
             return Ok(());
         }
-        if tokio::time::Instant::now() >= deadline {
+        let stalled = progress.stalled(&left, start, timeout);
+        if !stalled.is_empty() {
             return Err(Error::NotSynced {
-                resources: left.join(", "),
+                resources: stalled.join(", "),
                 after: timeout,
             });
         }
