@@ -444,7 +444,9 @@ fn node_side_answers_a_changed_owner_stale() {
         since: SystemTime::UNIX_EPOCH,
     };
     side.used.insert(x, entry.clone());
-    let answers = node_side::reconcile(&node, &mut side, SystemTime::UNIX_EPOCH, secs(30));
+    let answers = node_side::reconcile(&node, &mut side, SystemTime::UNIX_EPOCH, secs(30), &|_| {
+        false
+    });
     assert!(answers.reclaimed.is_empty());
     assert_eq!(side.used.get(&x), Some(&entry));
     assert!(side.cooldown.is_empty());
