@@ -96,7 +96,7 @@ impl Settings {
 }
 
 /// The durable state as the publisher reads it: the whole node side, the agent serving.
-struct Published(Arc<Mutex<NodeState>>);
+pub struct Published(pub Arc<Mutex<NodeState>>);
 
 impl NodeSideSource for Published {
     async fn read(&self) -> Option<NodeSide> {

@@ -531,3 +531,166 @@ async fn the_pod_watch_sees_its_nodes_live_pods() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Polls the server's IPAMNode `node-a` until `f` holds of it (5 s at most).
+async fn until_published(admin: &kube::Client, what: &str, f: impl Fn(&api::IPAMNode) -> bool) {
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = nodes.get("node-a").await.unwrap();
+        if f(&n) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            n.status
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An admin's `kubectl patch` of the tombstone on `addr` (`None`: removed).
+async fn patch_tombstone(admin: &kube::Client, addr: &str, tomb: Option<serde_json::Value>) {
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let pp = PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..PatchParams::default()
+    };
+    let patch = json!({ "spec": { "reclaim": { addr: tomb } } });
+    nodes
+        .patch("node-a", &pp, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Issue 25: a tombstone written by hand on a running pod's exact allocation (as a
+/// lagging operator would) is answered `live` by the agent's rules (`ipam`'s
+/// `tombstone_outcome`): nothing is freed, and the address stays allocated and published.
+/// A tombstone on a replaced sandbox of the same pod is still reclaimed.
+#[tokio::test]
+async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
+    use tidepool_agent::kube::PodWatch;
+    use tidepool_agent::serve::{Agent, CniRequest, Config, PodNetworks};
+    use tidepool_agent::state::StateDir;
+
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, false).await;
+    let pod = create_object(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "pause"}]}}),
+    )
+    .await;
+    let uid = pod.metadata.uid.unwrap();
+    // the agent as `run` puts it together: node and pod watches, the state, the publisher
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = NodeWatch::start(client.clone(), "node-a");
+    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+    let pods = PodWatch::start(client.clone(), "node-a");
+    let live = pods.synced(Duration::from_secs(5)).await.unwrap();
+    assert!(live.has(tidepool_agent::state::parse_pod_uid(&uid).unwrap()));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = StateDir::open(tmp.path().join("state")).unwrap();
+    let loaded = dir
+        .load("boot-1", SystemTime::now(), Duration::from_secs(30))
+        .unwrap();
+    let state = Arc::new(tokio::sync::Mutex::new(loaded.state));
+    let publisher = Publisher::start(
+        client,
+        w.clone(),
+        tidepool_agent::run::Published(state.clone()),
+        PublishConfig::default(),
+    );
+    let config = Config {
+        pod_networks: PodNetworks::new(["10.0.0.0/16".parse().unwrap()]).unwrap(),
+        empty_pool_wait: Duration::from_millis(10),
+    };
+    let agent = Agent::with_pods(
+        state.clone(),
+        dir,
+        Arc::new(w.clone()),
+        Arc::new(pods),
+        Arc::new(publisher),
+        config,
+    );
+    let add = |cid: &str| {
+        let req: CniRequest = serde_json::from_value(json!({"containerID": cid,
+            "ifname": "eth0", "netns": "/var/run/netns/x", "podNamespace": "default",
+            "podName": "web", "podUID": uid, "cniVersion": "1.0.0", "config": {}}))
+        .unwrap();
+        let agent = agent.clone();
+        async move {
+            let r = agent.add(req).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let a = r.body["ips"][0]["address"].as_str().unwrap().to_owned();
+            a.split('/').next().unwrap().to_owned()
+        }
+    };
+    let first = add("c1").await;
+    let tomb = |reason: &str| json!({"podUID": uid, "containerID": "c1", "ifname": "eth0", "reason": reason});
+    let answer = || async {
+        until(&w, "the tombstone seen", |w| {
+            w.current().is_some_and(|n| !n.operator.reclaim.is_empty())
+        })
+        .await;
+        agent
+            .answer_operator(w.blocks(), w.allocations())
+            .await
+            .unwrap();
+    };
+
+    // the pod runs with its only sandbox: live, nothing freed, still published as used
+    patch_tombstone(&admin, &first, Some(tomb("pod-deleted"))).await;
+    answer().await;
+    let a: IpAddr = first.parse().unwrap();
+    {
+        let st = state.lock().await;
+        assert_eq!(st.reclaim_acks()[&a].outcome, ReclaimOutcome::Live);
+        assert!(st.owner(&a).is_some(), "still allocated");
+        assert!(st.cooldowns().is_empty());
+    }
+    until_published(&admin, "the live answer and the entry", |n| {
+        let st = n.status.clone().unwrap_or_default();
+        st.reclaim_ack
+            .get(&first)
+            .is_some_and(|r| r.outcome == api::ReclaimOutcome::Live)
+            && st.used.get(&first).is_some_and(|e| e.pod_uid == uid)
+    })
+    .await;
+
+    // the tombstone goes (the operator drops it); a new sandbox of the pod gets another
+    // address; a tombstone on the replaced sandbox's is reclaimed
+    patch_tombstone(&admin, &first, None).await;
+    until(&w, "the tombstone gone", |w| {
+        w.current().is_some_and(|n| n.operator.reclaim.is_empty())
+    })
+    .await;
+    agent
+        .answer_operator(w.blocks(), w.allocations())
+        .await
+        .unwrap();
+    let second = add("c2").await;
+    assert_ne!(first, second);
+    patch_tombstone(&admin, &first, Some(tomb("sandbox-replaced"))).await;
+    answer().await;
+    {
+        let st = state.lock().await;
+        assert_eq!(st.reclaim_acks()[&a].outcome, ReclaimOutcome::Reclaimed);
+        assert!(
+            st.owner(&a).is_none(),
+            "the replaced sandbox's address is freed"
+        );
+        assert!(st.owner(&second.parse().unwrap()).is_some());
+    }
+    until_published(&admin, "the reclaim", |n| {
+        let st = n.status.clone().unwrap_or_default();
+        st.reclaim_ack
+            .get(&first)
+            .is_some_and(|r| r.outcome == api::ReclaimOutcome::Reclaimed)
+            && !st.used.contains_key(&first)
+            && st.used.contains_key(&second)
+    })
+    .await;
+}

@@ -52,6 +52,11 @@ pub struct IPAMBlockSpec {
 pub enum BlockRelease {
     #[serde(rename = "marked-for-release")]
     MarkedForRelease,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// read as no mark. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 /// The node side's answer on a block.
@@ -70,4 +75,9 @@ pub enum BlockAck {
     ReadyForRelease,
     #[serde(rename = "do-not-release")]
     DoNotRelease,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// read as no answer yet. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }

@@ -99,6 +99,11 @@ pub enum AddressRelease {
     /// its answer.
     #[serde(rename = "released")]
     Released,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// read as no mark. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 /// A tombstone: the exact allocation to take back.
@@ -124,6 +129,12 @@ pub enum ReclaimReason {
     PodTerminal,
     SandboxReplaced,
     NodeDeleted,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// the tombstone is
+    /// left unanswered. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 /// The node side's records and answers.
@@ -187,6 +198,11 @@ pub enum ReleaseAnswer {
     ReadyForRelease,
     #[serde(rename = "do-not-release")]
     DoNotRelease,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// read as no answer yet. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 /// The node side's answer to a tombstone, naming the allocation it answers.
@@ -205,10 +221,17 @@ pub struct ReclaimAnswer {
 }
 
 /// `reclaimed`: the entry was that exact allocation and is gone (cooldown started);
-/// `stale`: it was not, nothing was removed.
+/// `stale`: it was not, nothing was removed; `live`: it was, but its pod runs on the node
+/// and this is its newest allocation in the family, nothing was removed.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReclaimOutcome {
     Reclaimed,
     Stale,
+    Live,
+    /// A value a later release writes, which this one does not know (`#[serde(other)]`):
+    /// read as no answer yet. Never written, and not in the schema.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }

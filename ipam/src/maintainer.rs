@@ -17,14 +17,14 @@ use crate::handshake;
 use crate::ip_wait::IpWaits;
 use crate::plan::{self, Blocked, NodeMemory, Snapshot};
 use crate::pods::PodView;
-use crate::reclaim::candidate_reason;
+use crate::reclaim::ReclaimGroup;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{
-    Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimOutcome, ReleaseState,
-    Tombstone,
+    AllocationId, Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimAck,
+    ReclaimOutcome, ReleaseState, Tombstone,
 };
 
 use tidepool_metrics as m;
@@ -406,56 +406,26 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 
     // Reclaim: tombstones the node side answered; groups observed twice, confirmed live.
     for (addr, ack) in &plan.answered_tombstones {
-        if ack.outcome == ReclaimOutcome::Reclaimed {
-            let reason = node
-                .operator
-                .reclaim
-                .get(addr)
-                .map_or("pod-deleted", |t| t.reason.as_str());
-            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => reason, "outcome" => "reclaimed")
-                .increment(1);
-            let message = format!(
-                "reclaimed {addr} from pod {} on node {}",
-                ack.pod_uid, h.name
-            );
-            let reason = "IPAddressGarbageCollected";
-            shared
-                .pods
-                .event(ack.pod_uid, EventType::Normal, reason, message.clone());
-            shared
-                .store
-                .event(&h.name, EventType::Normal, reason, message);
-        }
+        tombstone_answered(shared, h, &mut local.mem, node, addr, ack);
     }
     for g in &plan.reclaim.ready {
-        let live = shared.pods.pod_live(g.pod_uid).await?;
-        // each confirmed entry's allocation: the tombstone names exactly what was seen
-        let confirmed: Option<Vec<_>> = g
-            .addrs
-            .iter()
-            .map(|a| {
-                let e = node.node.used.get(a)?;
-                let candidate = e.pod_uid == g.pod_uid
-                    && candidate_reason(a, e, &node.node.used, live.as_ref()).is_some();
-                candidate.then_some((*a, e.allocation))
-            })
-            .collect();
-        if let Some(entries) = confirmed {
-            for (a, allocation) in entries {
-                fields.to_mut().reclaim.insert(
-                    a,
-                    Tombstone {
-                        pod_uid: g.pod_uid,
-                        allocation,
-                        reason: g.reason,
-                    },
-                );
-            }
-            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(
-                now.saturating_duration_since(g.first_observed)
-                    .as_secs_f64(),
+        let Some(entries) = confirm_live(shared, h, &mut local.mem, node, now, g).await else {
+            continue;
+        };
+        for (a, allocation) in entries {
+            fields.to_mut().reclaim.insert(
+                a,
+                Tombstone {
+                    pod_uid: g.pod_uid,
+                    allocation,
+                    reason: g.reason,
+                },
             );
         }
+        metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(
+            now.saturating_duration_since(g.first_observed)
+                .as_secs_f64(),
+        );
     }
 
     // Source calls wait for the source budget, but a maintainer waiting there must not
@@ -635,6 +605,84 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 
 /// Marks to place (marked now, not before) and to withdraw (marked before, gone now
 /// without having been released).
+/// The node side answered the tombstone on `addr`: `reclaimed` is counted and reported;
+/// `live` (the pod runs on the node: the operator's view of it lagged) is counted as
+/// refused, reported as a Warning naming the pod, and that allocation is not tombstoned
+/// again until a live lookup finds the pod gone. The tombstone goes either way (the plan
+/// dropped it).
+fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    mem: &mut NodeMemory,
+    node: &IpamNode,
+    addr: &std::net::IpAddr,
+    ack: &ReclaimAck,
+) {
+    let (outcome, type_, reason, verb) = match ack.outcome {
+        ReclaimOutcome::Reclaimed => (
+            m::reclaim_outcome::RECLAIMED,
+            EventType::Normal,
+            "IPAddressGarbageCollected",
+            "reclaimed",
+        ),
+        ReclaimOutcome::Live => {
+            mem.reclaim.refuse(ack.pod_uid, ack.allocation);
+            (
+                m::reclaim_outcome::REFUSED,
+                EventType::Warning,
+                "IPAddressGarbageCollectionFailed",
+                "did not reclaim",
+            )
+        }
+        ReclaimOutcome::Stale => return,
+    };
+    let tombstone = node.operator.reclaim.get(addr);
+    let label = tombstone.map_or("pod-deleted", |t| t.reason.as_str());
+    metrics::counter!(m::RECLAIMS_TOTAL, "reason" => label, "outcome" => outcome).increment(1);
+    let pod = match node.node.used.get(addr) {
+        Some(e) if ack.outcome == ReclaimOutcome::Live => {
+            format!("{}/{} ({})", e.namespace, e.pod, ack.pod_uid)
+        }
+        _ => ack.pod_uid.to_string(),
+    };
+    let why = if ack.outcome == ReclaimOutcome::Live {
+        ": the node side sees the pod running with it"
+    } else {
+        ""
+    };
+    let message = format!("{verb} {addr} from pod {pod} on node {}{why}", h.name);
+    shared
+        .pods
+        .event(ack.pod_uid, type_, reason, message.clone());
+    shared.store.event(&h.name, type_, reason, message);
+}
+
+/// Confirms a ready reclaim group with a GET of its pod by the namespace and name its
+/// `used` entry records (never an answer from the cache): the entries to tombstone. A
+/// lookup that fails, or confirms nothing, starts the group's observations again; the
+/// rest of the pass goes on.
+async fn confirm_live<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    mem: &mut NodeMemory,
+    node: &IpamNode,
+    now: Instant,
+    g: &ReclaimGroup,
+) -> Option<Vec<(std::net::IpAddr, AllocationId)>> {
+    let entry = g.addrs.iter().find_map(|a| node.node.used.get(a))?;
+    match (shared.pods)
+        .pod_live(g.pod_uid, &entry.namespace, &entry.pod)
+        .await
+    {
+        Ok(live) => mem.reclaim.confirm(now, g, &node.node, live.as_ref()),
+        Err(e) => {
+            tracing::debug!(node = %h.name, pod = %g.pod_uid, error = %e, "live lookup failed");
+            mem.reclaim.restart(now, &g.addrs);
+            None
+        }
+    }
+}
+
 fn mark_changes(
     before: &AddrMap<ReleaseState>,
     after: &AddrMap<ReleaseState>,

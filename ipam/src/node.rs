@@ -9,8 +9,9 @@
 //!   addresses it got the first time;
 //! - [`del`] frees only the exact allocation: idempotent, and a stale DEL (another
 //!   container ID) frees nothing (kuryr's rule; Calico #1406, Cilium #10065);
-//! - [`reconcile`] answers tombstones (`reclaimed` only for the exact allocation), address
-//!   marks, and ends cooldowns; [`answer_blocks`] answers block marks (cluster-pool).
+//! - [`reconcile`] answers tombstones (`reclaimed` only for the exact allocation, and
+//!   `live` for the running sandbox of a pod the node side sees: [`tombstone_outcome`]),
+//!   address marks, and ends cooldowns; [`answer_blocks`] answers block marks (cluster-pool).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::time::{Duration, SystemTime};
 use crate::addrs::{AddrSet, address};
 use crate::types::{
     AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
-    ReleaseState, UsedEntry,
+    ReleaseState, UsedEntry, UsedMap,
 };
 
 /// What a reconcile changed that the observer must know.
@@ -36,25 +37,67 @@ pub struct Answers {
 }
 
 /// Answers the operator: tombstones, release marks, stale acks, expired cooldowns.
+/// `live(uid)`: whether the node side sees a pod of that UID on its node, not Succeeded or
+/// Failed (see [`tombstone_outcome`]).
 pub fn reconcile(
     node: &IpamNode,
     side: &mut NodeSideFields,
     now: SystemTime,
     reuse_cooldown: Duration,
+    live: &impl Fn(PodUid) -> bool,
 ) -> Answers {
-    let mut out = answer_tombstones(node, side, now, reuse_cooldown);
+    let mut out = answer_tombstones(node, side, now, reuse_cooldown, live);
     answer_marks(node, side, now, &mut out);
     out.changed |= expire_cooldowns(node, side, now);
     out
 }
 
-/// Tombstones: `reclaimed` if the entry is still that exact allocation (pod UID,
-/// containerID, ifname), else `stale`; an ack goes once its tombstone is gone.
+/// The answer to a tombstone on `addr` naming allocation `allocation` of pod `pod_uid`,
+/// given the node's `used` entries and `live(uid)`: whether the node side sees a pod of
+/// that UID on its node, not Succeeded or Failed.
+/// - `stale`: the entry is not that exact allocation (pod UID, containerID, ifname);
+/// - `live`: it is, its pod is live, and the entry is the pod's newest allocation in the
+///   address's family: the pod's running sandbox (the operator saw the pod gone through a
+///   lagging watch). Nothing is freed;
+/// - `reclaimed`: it is, and its pod is gone or terminal, or a newer allocation of the pod in
+///   the family replaced it (a replaced sandbox).
+pub fn tombstone_outcome(
+    addr: &IpAddr,
+    pod_uid: PodUid,
+    allocation: AllocationId,
+    used: &UsedMap,
+    live: impl Fn(PodUid) -> bool,
+) -> ReclaimOutcome {
+    let exact = |e: &&UsedEntry| e.pod_uid == pod_uid && e.allocation == allocation;
+    let Some(entry) = used.get(addr).filter(exact) else {
+        return ReclaimOutcome::Stale;
+    };
+    if live(entry.pod_uid) && newest_in_family(addr, entry, used) {
+        ReclaimOutcome::Live
+    } else {
+        ReclaimOutcome::Reclaimed
+    }
+}
+
+/// Whether no other allocation of `entry`'s pod in `addr`'s family was made after it.
+fn newest_in_family(addr: &IpAddr, entry: &UsedEntry, used: &UsedMap) -> bool {
+    let family = Family::of(addr);
+    !used.iter().any(|(a, e)| {
+        Family::of(a) == family
+            && e.pod_uid == entry.pod_uid
+            && e.allocation != entry.allocation
+            && e.since > entry.since
+    })
+}
+
+/// Tombstones answered by [`tombstone_outcome`] (`reclaimed` frees the entry into
+/// cooldown); an ack goes once its tombstone is gone.
 pub fn answer_tombstones(
     node: &IpamNode,
     side: &mut NodeSideFields,
     now: SystemTime,
     reuse_cooldown: Duration,
+    live: &impl Fn(PodUid) -> bool,
 ) -> Answers {
     let op = &node.operator;
     let mut out = Answers::default();
@@ -62,15 +105,12 @@ pub fn answer_tombstones(
         if side.reclaim_ack.get(addr).is_some_and(|a| a.answers(t)) {
             continue;
         }
-        let exact = |e: &UsedEntry| e.pod_uid == t.pod_uid && e.allocation == t.allocation;
-        let outcome = if side.used.get(addr).is_some_and(exact) {
+        let outcome = tombstone_outcome(addr, t.pod_uid, t.allocation, &side.used, live);
+        if outcome == ReclaimOutcome::Reclaimed {
             side.used.remove(addr);
             side.cooldown.insert(*addr, now + reuse_cooldown);
             out.reclaimed.push((t.pod_uid, *addr));
-            ReclaimOutcome::Reclaimed
-        } else {
-            ReclaimOutcome::Stale
-        };
+        }
         // a new answer, or one for another pod replaced: a change either way
         side.reclaim_ack.insert(
             *addr,
@@ -364,7 +404,7 @@ mod tests {
         );
         // cooling down: not reusable yet
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_none());
-        reconcile(&n, &mut side, t + CD, CD);
+        reconcile(&n, &mut side, t + CD, CD, &|_| false);
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
     }
 
@@ -380,7 +420,7 @@ mod tests {
         n.operator
             .release
             .insert(ip("10.0.0.2"), ReleaseState::MarkedForRelease);
-        let a = reconcile(&n, &mut side, t, CD);
+        let a = reconcile(&n, &mut side, t, CD, &|_| false);
         assert_eq!(a.ready, set(&["10.0.0.2"]));
         assert_eq!(
             side.release_ack.get(&ip("10.0.0.1")),
@@ -400,11 +440,11 @@ mod tests {
         assert_eq!(out.ready, set(&["10.0.0.3"]));
         n.operator.release.remove(&ip("10.0.0.3"));
         Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.3"));
-        reconcile(&n, &mut side, t, CD);
+        reconcile(&n, &mut side, t, CD, &|_| false);
         assert!(!side.cooldown.contains_key(&ip("10.0.0.3")));
         // withdrawn: usable again, and the answer goes
         n.operator.release.remove(&ip("10.0.0.2"));
-        let a = reconcile(&n, &mut side, t, CD);
+        let a = reconcile(&n, &mut side, t, CD, &|_| false);
         assert_eq!(a.resumed, set(&["10.0.0.2"]));
         assert!(!side.release_ack.contains_key(&ip("10.0.0.2")));
         assert!(add(&n, &mut side, &[Family::V4], entry(2, 1)).is_some());
@@ -413,7 +453,7 @@ mod tests {
             .release
             .insert(ip("10.0.0.1"), ReleaseState::Released);
         Arc::make_mut(&mut n.operator.addresses).remove(&ip("10.0.0.1"));
-        reconcile(&n, &mut side, t, CD);
+        reconcile(&n, &mut side, t, CD, &|_| false);
         assert!(side.release_ack.is_empty());
     }
 
@@ -456,7 +496,7 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH;
         let check = |n: &IpamNode, side: &mut NodeSideFields, now| {
             let before = side.clone();
-            let a = reconcile(n, side, now, CD);
+            let a = reconcile(n, side, now, CD, &|_| false);
             assert_eq!(a.changed, before != *side, "{before:?} -> {side:?}");
         };
         check(&n, &mut side, t);
@@ -509,7 +549,7 @@ mod tests {
         n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1));
         // the entry of 10.0.0.2 changed owner: its tombstone names pod 9
         n.operator.reclaim.insert(ip("10.0.0.2"), tomb(9));
-        let a = reconcile(&n, &mut side, t, CD);
+        let a = reconcile(&n, &mut side, t, CD, &|_| false);
         assert_eq!(a.reclaimed, vec![(PodUid(1), ip("10.0.0.1"))]);
         assert_eq!(
             side.reclaim_ack[&ip("10.0.0.1")].outcome,
@@ -527,8 +567,57 @@ mod tests {
         assert!(side.cooldown.contains_key(&ip("10.0.0.1")));
         // acks go once the tombstones do
         n.operator.reclaim.clear();
-        reconcile(&n, &mut side, t, CD);
+        reconcile(&n, &mut side, t, CD, &|_| false);
         assert!(side.reclaim_ack.is_empty());
+    }
+
+    /// Issue 25: a tombstone on the running sandbox of a pod the node side sees live (the
+    /// operator's pod watch lagged) is answered `live` and frees nothing; once the pod has
+    /// a newer sandbox, or is terminal or gone, the same tombstone is reclaimed.
+    #[test]
+    fn a_live_pods_newest_allocation_is_answered_live() {
+        let mut n = node_with(&["10.0.0.1", "10.0.0.2", "fd00::1"]);
+        let mut side = NodeSideFields::default();
+        let t = SystemTime::UNIX_EPOCH;
+        let both = [Family::V4, Family::V6];
+        add(&n, &mut side, &both, entry(1, 1)).unwrap();
+        let tomb = Tombstone {
+            pod_uid: PodUid(1),
+            allocation: alloc(1),
+            reason: ReclaimReason::PodDeleted,
+        };
+        n.operator.reclaim.insert(ip("10.0.0.1"), tomb);
+        let live_1 = |uid: PodUid| uid == PodUid(1);
+        let a = reconcile(&n, &mut side, t, CD, &live_1);
+        assert!(a.reclaimed.is_empty() && a.changed);
+        assert_eq!(
+            side.reclaim_ack[&ip("10.0.0.1")].outcome,
+            ReclaimOutcome::Live
+        );
+        assert_eq!(side.used[&ip("10.0.0.1")].allocation, alloc(1), "kept");
+        assert!(side.cooldown.is_empty());
+        // a newer sandbox of the pod in the same family: the old one is reclaimed
+        let mut newer = entry(1, 2);
+        newer.since = t + Duration::from_secs(5);
+        side.used.insert(ip("10.0.0.2"), newer);
+        assert_eq!(
+            tombstone_outcome(&ip("10.0.0.1"), PodUid(1), alloc(1), &side.used, live_1),
+            ReclaimOutcome::Reclaimed
+        );
+        // a newer allocation in the other family only: still live
+        let mut v6 = entry(1, 3);
+        v6.since = t + Duration::from_secs(9);
+        side.used.remove(&ip("10.0.0.2"));
+        side.used.insert(ip("fd00::1"), v6);
+        assert_eq!(
+            tombstone_outcome(&ip("10.0.0.1"), PodUid(1), alloc(1), &side.used, live_1),
+            ReclaimOutcome::Live
+        );
+        // the pod not seen live (gone or terminal): reclaimed
+        assert_eq!(
+            tombstone_outcome(&ip("10.0.0.1"), PodUid(1), alloc(1), &side.used, |_| false),
+            ReclaimOutcome::Reclaimed
+        );
     }
 
     /// Issue 10's crash loop: a pod's first sandbox is tombstoned (it was replaced), its
@@ -555,13 +644,13 @@ mod tests {
         // ... but sandbox 1's DEL arrives first, and after the cooldown sandbox 3 gets the
         // same address back
         assert_eq!(del(&mut side, &v4, PodUid(1), alloc(1), t, CD).len(), 1);
-        reconcile(&n, &mut side, t + CD, CD);
+        reconcile(&n, &mut side, t + CD, CD, &|_| false);
         assert_eq!(
             add(&n, &mut side, &v4, entry(1, 3)).unwrap(),
             vec![ip("10.0.0.1")]
         );
         n.operator.reclaim.insert(ip("10.0.0.1"), tomb);
-        let a = reconcile(&n, &mut side, t + CD, CD);
+        let a = reconcile(&n, &mut side, t + CD, CD, &|_| false);
         assert!(a.reclaimed.is_empty(), "{a:?}");
         assert_eq!(
             side.reclaim_ack[&ip("10.0.0.1")].outcome,
@@ -689,11 +778,11 @@ mod tests {
                     Op::Mark { addr } => {
                         let a = ip(pool[usize::from(addr)]);
                         n.operator.release.insert(a, ReleaseState::MarkedForRelease);
-                        reconcile(&n, &mut side, now, CD);
+                        reconcile(&n, &mut side, now, CD, &|_| false);
                     }
                     Op::Tick => {
                         now += CD / 2;
-                        reconcile(&n, &mut side, now, CD);
+                        reconcile(&n, &mut side, now, CD, &|_| false);
                     }
                 }
                 // one address per family per allocation

@@ -154,9 +154,14 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn pod(&self, uid: PodUid) -> Option<PodInfo> {
         self.with_pod(uid, |p| p.cloned())
     }
+    /// The pod `namespace/name` (as a `used` entry records it) as the server has it now, a
+    /// consistent read that never answers from the cache: `Some` only when it has UID
+    /// `uid`; `None` when there is no such pod or it has another UID (this pod is gone).
     fn pod_live(
         &self,
         uid: PodUid,
+        namespace: &str,
+        name: &str,
     ) -> impl Future<Output = Result<Option<PodInfo>, IpamError>> + Send;
     /// Pods bound to `node`, not terminal, with no pod IPs yet (candidates for "waiting").
     fn pending_pods(&self, node: &str) -> Vec<PodUid>;

@@ -1,8 +1,9 @@
 //! Reclaiming the addresses of pods that went away without releasing them (DESIGN.md
 //! "Reclaim"): the candidate predicate and the two-observation tracker. Pure: the caller
-//! supplies time and pod lookups, and confirms ready groups with a live lookup.
+//! supplies time and pod lookups, and confirms ready groups with a live lookup
+//! ([`ReclaimTracker::confirm`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use tokio::time::Instant;
 
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
 use crate::types::{
-    Family, IpamNode, PodUid, ReclaimReason, ResourceVersion, Tombstone, UsedEntry, UsedMap,
+    AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimReason, ResourceVersion,
+    Tombstone, UsedEntry, UsedMap,
 };
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -105,6 +107,9 @@ pub struct ReclaimTracker {
     observed: BTreeMap<IpAddr, Observed>,
     /// What the last scan's answers depended on, when the next scan may reuse them.
     scanned: Option<Scanned>,
+    /// Allocations the node side answered `live` (its pod runs there): not tombstoned again
+    /// until a live lookup finds the pod gone or terminal.
+    refused: BTreeSet<(PodUid, AllocationId)>,
 }
 
 /// A `used` entry (address, pod UID) and when the operator first saw it: 48 bytes where
@@ -170,6 +175,68 @@ impl ReclaimTracker {
     /// Forgets everything (a new lead starts its clocks afresh).
     pub fn reset(&mut self) {
         *self = Self::default();
+    }
+
+    /// The node side answered a tombstone on this allocation `live`.
+    pub fn refuse(&mut self, uid: PodUid, allocation: AllocationId) {
+        self.refused.insert((uid, allocation));
+    }
+
+    /// Confirms a ready group with the live lookup's answer (`live`: the pod of the group's
+    /// UID as the server has it; `None`: deleted, or a pod of that name with another UID):
+    /// the entries to tombstone (address, allocation), each still the group's pod's and
+    /// still a candidate for that answer — and for an allocation the node side answered
+    /// `live`, only if the pod is gone or terminal now, and once that answer is gone from
+    /// `side` (it would answer the new tombstone). Otherwise nothing, and the group's
+    /// candidates start their two observations again.
+    pub fn confirm(
+        &mut self,
+        now: Instant,
+        g: &ReclaimGroup,
+        side: &NodeSideFields,
+        live: Option<&PodInfo>,
+    ) -> Option<Vec<(IpAddr, AllocationId)>> {
+        let used = &side.used;
+        let confirmed: Option<Vec<_>> = g
+            .addrs
+            .iter()
+            .map(|a| {
+                let e = used.get(a).filter(|e| e.pod_uid == g.pod_uid)?;
+                let reason = candidate_reason(a, e, used, live)?;
+                let key = (g.pod_uid, e.allocation);
+                if !self.refused.contains(&key) {
+                    return Some((*a, e.allocation));
+                }
+                let gone = matches!(
+                    reason,
+                    ReclaimReason::PodDeleted | ReclaimReason::PodTerminal
+                );
+                let answered = side
+                    .reclaim_ack
+                    .get(a)
+                    .is_some_and(|k| (k.pod_uid, k.allocation) == key);
+                (gone && !answered).then_some((*a, e.allocation))
+            })
+            .collect();
+        match &confirmed {
+            Some(entries) => {
+                for (_, allocation) in entries {
+                    self.refused.remove(&(g.pod_uid, *allocation));
+                }
+            }
+            None => self.restart(now, &g.addrs),
+        }
+        confirmed
+    }
+
+    /// The candidates at `addrs` start their two observations again at `now` (a live
+    /// lookup that confirmed nothing, or failed).
+    pub fn restart(&mut self, now: Instant, addrs: &[IpAddr]) {
+        for a in addrs {
+            if let Some(o) = self.observed.get_mut(a) {
+                o.first = now;
+            }
+        }
     }
 
     /// Refreshes the first sightings from the `used` map (address order) with one merge
@@ -425,6 +492,62 @@ mod tests {
             phase: PodPhase::Running,
             ips: PodIps::new(ips.iter().map(|s| ip(s))),
         }
+    }
+
+    /// Issue 25: a live lookup that finds the pod running confirms nothing and restarts
+    /// the observations; an allocation answered `live` is tombstoned again only once a
+    /// lookup finds its pod gone and the old answer has gone.
+    #[tokio::test(start_paused = true)]
+    async fn confirmations_restart_on_a_live_pod_and_respect_refusals() {
+        let cfg = ReclaimConfig {
+            grace: Duration::from_secs(30),
+            min_age: Duration::ZERO,
+        };
+        let mut t = ReclaimTracker::default();
+        let mut used = UsedMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 0));
+        used.insert(ip("10.0.0.2"), entry(1, 5));
+        let n = node(&used);
+        let none = BTreeMap::new();
+        let now = Instant::now();
+        let at = |s: u64| now + Duration::from_secs(s);
+        // the cache never saw pod 1
+        t.observe(now, &cfg, &n, &none, &FnPods(|_| None));
+        let s = t.observe(at(30), &cfg, &n, &none, &FnPods(|_| None));
+        let g = s.ready[0].clone();
+        // the GET finds it running with .2: only the replaced .1 would go, and a group
+        // goes whole or not at all
+        let p = running(1, &["10.0.0.2"]);
+        assert_eq!(t.confirm(at(30), &g, &n.node, Some(&p)), None);
+        let s = t.observe(at(31), &cfg, &n, &none, &FnPods(|_| None));
+        assert!(s.ready.is_empty(), "observed afresh from 30 s on");
+        assert_eq!(s.next_deadline, Some(at(60)));
+        // refused: a replaced sandbox, even confirmed, is not tombstoned again
+        let replaced = ReclaimGroup {
+            addrs: vec![ip("10.0.0.1")],
+            ..g.clone()
+        };
+        let old = used[&ip("10.0.0.1")].allocation;
+        assert_eq!(
+            t.confirm(at(60), &replaced, &n.node, Some(&p)),
+            Some(vec![(ip("10.0.0.1"), old)])
+        );
+        t.refuse(PodUid(1), old);
+        assert_eq!(t.confirm(at(61), &replaced, &n.node, Some(&p)), None);
+        // gone by GET, but the node side's `live` answer still stands: not yet
+        let mut answered = n.node.clone();
+        answered.reclaim_ack.insert(
+            ip("10.0.0.1"),
+            crate::types::ReclaimAck {
+                pod_uid: PodUid(1),
+                allocation: old,
+                outcome: crate::types::ReclaimOutcome::Live,
+            },
+        );
+        assert_eq!(t.confirm(at(62), &replaced, &answered, None), None);
+        // gone, the answer gone: tombstoned, and the refusal is lifted
+        assert!(t.confirm(at(63), &replaced, &n.node, None).is_some());
+        assert!(t.refused.is_empty());
     }
 
     #[test]

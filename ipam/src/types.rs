@@ -214,6 +214,10 @@ pub enum ReclaimOutcome {
     Reclaimed,
     /// The entry was another allocation (or gone): nothing was removed.
     Stale,
+    /// The entry was that allocation, but its pod runs on the node (not Succeeded or
+    /// Failed) and the entry is the pod's newest allocation in its family: nothing was
+    /// removed ([`crate::node::tombstone_outcome`]).
+    Live,
 }
 
 /// `status.reclaimAck[address]` (node side).

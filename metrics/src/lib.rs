@@ -246,12 +246,14 @@ pub mod reclaim_reason {
     pub const ALL: &[&str] = &[POD_DELETED, POD_TERMINAL, SANDBOX_REPLACED, NODE_DELETED];
 }
 
-/// Label `outcome` of [`crate::RECLAIMS_TOTAL`].
+/// Label `outcome` of [`crate::RECLAIMS_TOTAL`]: `refused` when the node side answered a
+/// tombstone `live` (the pod runs there with the address; nothing freed).
 pub mod reclaim_outcome {
     pub const KEY: &str = "outcome";
     pub const RECLAIMED: &str = "reclaimed";
     pub const FAILED: &str = "failed";
-    pub const ALL: &[&str] = &[RECLAIMED, FAILED];
+    pub const REFUSED: &str = "refused";
+    pub const ALL: &[&str] = &[RECLAIMED, FAILED, REFUSED];
 }
 
 /// Label `kind` of [`crate::REPAIR_ISSUES_TOTAL`].

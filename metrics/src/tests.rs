@@ -313,7 +313,7 @@ fn register_zero_registers_every_enumerated_series() {
         (IPS_RELEASED_TOTAL, 2),
         (ALLOCATION_DURATION_SECONDS, 2 * 2),
         (RECLAIM_CANDIDATES, 1),
-        (RECLAIMS_TOTAL, 4 * 2),
+        (RECLAIMS_TOTAL, 4 * 3),
         (RECLAIM_LATENCY_SECONDS, 1),
         (RESYNC_TOTAL, 1),
         (RESYNC_DURATION_SECONDS, 1),
@@ -370,7 +370,7 @@ fn register_zero_registers_every_enumerated_series() {
     );
     assert_eq!(
         values_of(RECLAIMS_TOTAL, "outcome"),
-        set(&["reclaimed", "failed"])
+        set(&["reclaimed", "failed", "refused"])
     );
     assert_eq!(
         values_of(REPAIR_ISSUES_TOTAL, "kind"),

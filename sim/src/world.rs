@@ -900,15 +900,19 @@ impl<S: SimSource> World<S> {
         } else {
             None
         };
+        // the node side sees the pods bound to it (its kubelet's), not Succeeded or Failed
+        let live = |uid: PodUid| {
+            (self.pods.truth(uid)).is_some_and(|p| p.node == *name && !p.phase.is_terminal())
+        };
         let written = self.store.update_node(name, |stored, side| {
             // sim-cloud: the object itself (its node-side fields are in `side`)
             let node = proj.as_ref().map_or(stored, |p| &p.view);
             let a = if blocks {
-                let mut a = node_side::answer_tombstones(node, side, utc, cd);
+                let mut a = node_side::answer_tombstones(node, side, utc, cd, &live);
                 a.changed |= node_side::expire_cooldowns(node, side, utc);
                 a
             } else {
-                node_side::reconcile(node, side, utc, cd)
+                node_side::reconcile(node, side, utc, cd, &live)
             };
             let mut changed = a.changed;
             answers.reclaimed = a.reclaimed;

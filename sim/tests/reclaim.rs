@@ -444,7 +444,9 @@ fn node_side_answers_a_changed_owner_stale() {
         since: SystemTime::UNIX_EPOCH,
     };
     side.used.insert(x, entry.clone());
-    let answers = node_side::reconcile(&node, &mut side, SystemTime::UNIX_EPOCH, secs(30));
+    let answers = node_side::reconcile(&node, &mut side, SystemTime::UNIX_EPOCH, secs(30), &|_| {
+        false
+    });
     assert!(answers.reclaimed.is_empty());
     assert_eq!(side.used.get(&x), Some(&entry));
     assert!(side.cooldown.is_empty());
@@ -560,7 +562,8 @@ async fn the_live_lookup_confirms_before_any_tombstone() {
 }
 
 /// The observer is a real judge: a tombstone naming the pod that still uses the address
-/// (a stale writer's mistake; the node side obeys it) is counted as a live reclaim.
+/// (a stale writer's mistake) is counted as a live reclaim. Since issue 25 the node side
+/// answers it `live` (the pod runs there): the entry stays.
 #[tokio::test(start_paused = true)]
 async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     let world = World::start(quiet_config()).unwrap();
@@ -585,7 +588,12 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
         .unwrap();
     advance(secs(1)).await;
     assert_eq!(world.observer.invariants().live_ip_reclaimed, 1);
-    assert!(!ipam_node(&world, "node1").node.used.contains_key(&x));
+    let node = ipam_node(&world, "node1");
+    assert!(node.node.used.contains_key(&x), "answered live: kept");
+    assert!(
+        node.operator.reclaim.is_empty(),
+        "the answered tombstone went"
+    );
 }
 
 /// A tombstone whose write fails: a warning event `IPAddressGarbageCollectionFailed`, the

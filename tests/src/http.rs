@@ -25,6 +25,7 @@ use crate::registry::ResType;
 use crate::selector::Selector;
 use crate::server::State;
 use crate::store::{DeleteOpts, Store, WatchEvent, WriteOpts, event_line};
+use crate::watch_lag::Outbox;
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -1018,9 +1019,11 @@ fn watch(
             headers_sent = true;
             event_line(et, &tbl)
         };
+        // every line goes through the watch's lag (held back for one identity, if asked)
+        let mut out = Outbox::new(st.clone(), &who, &gr);
         for ev in &first {
             if let Some(et) = filtered(ev, &sel)
-                && tx.send(render(ev, et)).await.is_err()
+                && !out.send(&tx, render(ev, et)).await
             {
                 return;
             }
@@ -1036,7 +1039,7 @@ fn watch(
                 &json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": md}),
             )
         };
-        if initial_events && bookmarks && tx.send(bookmark(start_rv, true)).await.is_err() {
+        if initial_events && bookmarks && !out.send(&tx, bookmark(start_rv, true)).await {
             return;
         }
         let mut tick = tokio::time::interval_at(
@@ -1046,6 +1049,7 @@ fn watch(
         let relevant = |ev: &WatchEvent| ev.gr == gr && ns.as_deref().is_none_or(|n| n == ev.ns);
         loop {
             let is_paused = *paused.borrow();
+            let due = out.next_due();
             tokio::select! {
                 biased;
                 _ = tx.closed() => return,
@@ -1054,29 +1058,37 @@ fn watch(
                     if *st.close_epoch.lock() != close_epoch || st.faults.read().refused.contains(&who) {
                         return;
                     }
+                    // the lag may have changed
+                    if !out.flush(&tx).await { return; }
                 }
                 _ = paused.changed() => {}
+                _ = tokio::time::sleep_until(due.unwrap_or(deadline)), if due.is_some() => {
+                    if !out.flush(&tx).await { return; }
+                }
                 _ = tick.tick(), if bookmarks && !is_paused => {
                     let now_rv = st.store.current_rv();
                     loop {
                         match rx.try_recv() {
                             Ok(ev) => {
                                 if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel)
-                                    && tx.send(render(&ev, et)).await.is_err() { return; }
+                                    && !out.send(&tx, render(&ev, et)).await { return; }
                                 last_rv = last_rv.max(ev.rv);
                             }
                             Err(broadcast::error::TryRecvError::Empty) => break,
                             Err(_) => return,
                         }
                     }
-                    last_rv = last_rv.max(now_rv);
-                    if tx.send(bookmark(last_rv, false)).await.is_err() { return; }
+                    // a bookmark never overtakes a held event
+                    if !out.holding() {
+                        last_rv = last_rv.max(now_rv);
+                        if tx.send(bookmark(last_rv, false)).await.is_err() { return; }
+                    }
                 }
                 ev = rx.recv(), if !is_paused => {
                     match ev {
                         Ok(ev) => {
                             if ev.rv > last_rv && relevant(&ev) && let Some(et) = filtered(&ev, &sel) {
-                                if tx.send(render(&ev, et)).await.is_err() { return; }
+                                if !out.send(&tx, render(&ev, et)).await { return; }
                                 last_rv = ev.rv;
                             }
                         }

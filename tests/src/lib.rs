@@ -35,7 +35,9 @@ mod store;
 mod tls;
 mod typed;
 mod typemeta;
+mod watch_lag;
 
 pub use error::{Error, Result};
 pub use identity::{ADMIN, NODE_NAME_EXTRA, NODE_UID_EXTRA, UserInfo};
 pub use server::{AcceptedWrite, ApiServer, Config, FailedRequest, Faults, TargetedFault};
+pub use watch_lag::{Hold, WatchLag};

@@ -20,6 +20,7 @@ use crate::identity::UserInfo;
 use crate::rbac::PolicyCache;
 use crate::store::Store;
 use crate::tls::Tls;
+use crate::watch_lag::{Hold, WatchLag};
 
 /// Server configuration.
 #[derive(Debug, Clone)]
@@ -109,6 +110,9 @@ pub struct Faults {
     pub watch_max: Option<Duration>,
     /// Faults of one identity's requests on one resource (the first match applies).
     pub targeted: Vec<TargetedFault>,
+    /// One identity's watches of one resource held back (the first match applies; see
+    /// [`ApiServer::lag_watch`]).
+    pub watch_lag: Vec<WatchLag>,
 }
 
 /// A fault of one identity's requests on one resource, applied after authentication and
@@ -398,6 +402,30 @@ impl ApiServer {
     /// Pauses (or resumes) the fan-out of events to every watch; events queue meanwhile.
     pub fn pause_watches(&self, paused: bool) {
         self.state.paused.send_replace(paused);
+    }
+
+    /// Holds back `identity`'s watch events of `resource` (`plural[.group]`) from now on:
+    /// [`Hold::Paused`] until [`ApiServer::resume_watch`], or each by a fixed delay. They
+    /// are delivered later, in order (a lagging watch, not a lost one); other identities'
+    /// watches, and this identity's other resources, flow as before.
+    pub fn lag_watch(&self, identity: &str, resource: &str, hold: Hold) {
+        self.update_faults(|f| {
+            f.watch_lag
+                .retain(|l| l.identity != identity || l.resource != resource);
+            f.watch_lag.push(WatchLag {
+                identity: identity.to_owned(),
+                resource: resource.to_owned(),
+                hold,
+            });
+        });
+    }
+
+    /// Ends [`ApiServer::lag_watch`]'s hold: what was held is delivered now, in order.
+    pub fn resume_watch(&self, identity: &str, resource: &str) {
+        self.update_faults(|f| {
+            f.watch_lag
+                .retain(|l| l.identity != identity || l.resource != resource)
+        });
     }
 
     /// Ends every open watch now (clients then resume from their last resourceVersion).

@@ -246,3 +246,114 @@ async fn an_ippools_block_size_cannot_change() {
     assert_eq!(grown.spec.cidrs.len(), 2);
     assert_eq!(grown.spec.block_size.ipv4, 28);
 }
+
+/// A value of an enum that a later release adds.
+const LATER: &str = "from-a-later-release";
+
+/// This release's CRDs with [`LATER`] added to every enum (a later release's CRDs: the
+/// change additive, as within v1alpha1 every change is).
+fn later_crds() -> Vec<CustomResourceDefinition> {
+    fn widen(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(e)) = m.get_mut("enum") {
+                    e.push(serde_json::json!(LATER));
+                }
+                m.values_mut().for_each(widen);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(widen),
+            _ => {}
+        }
+    }
+    tidepool_api::crds()
+        .into_iter()
+        .map(|crd| {
+            let mut v = serde_json::to_value(crd).unwrap();
+            widen(&mut v);
+            serde_json::from_value(v).unwrap()
+        })
+        .collect()
+}
+
+/// Version skew (issue 25): IPAMNodes and IPAMBlocks written by a later release, carrying
+/// enum values this build does not know, are listed (kube decodes a LIST page whole: one
+/// unreadable object would stop the watch) and read as "no answer yet": the unknown mark,
+/// tombstone, answers and block mark are left out; `live` is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_of_a_later_release_are_listed_and_read_as_no_answer_yet() {
+    use serde_json::json;
+    use tidepool_api::convert::{block_from_api, node_from_api};
+
+    let (_server, client) = start().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in later_crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .expect("established in time")
+        .unwrap();
+    }
+    const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
+    let tomb = |reason: &str| json!({"podUID": UID, "containerID": "c1", "ifname": "eth0", "reason": reason});
+    let ack = |outcome: &str| json!({"podUID": UID, "containerID": "c1", "ifname": "eth0", "outcome": outcome});
+    let node = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "n1"},
+        "spec": {"nodeUID": UID, "addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+            "release": {"10.0.0.1": LATER, "10.0.0.2": "marked-for-release"},
+            "reclaim": {"10.0.0.1": tomb(LATER), "10.0.0.2": tomb("pod-deleted")}},
+    });
+    let status = json!({"status": {
+        "releaseAck": {"10.0.0.1": LATER, "10.0.0.2": "do-not-release"},
+        "reclaimAck": {"10.0.0.1": ack(LATER), "10.0.0.2": ack("live")},
+    }});
+    let block = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+        "metadata": {"name": "v4-10-0-0-0-28"},
+        "spec": {"pool": "default", "cidr": "10.0.0.0/28", "node": "n1", "nodeUID": UID,
+            "release": LATER},
+    });
+    let pp = PatchParams::default();
+    let nodes: Api<IPAMNode> = Api::all(client.clone());
+    let blocks: Api<IPAMBlock> = Api::all(client.clone());
+    create_object(&client, node).await;
+    nodes
+        .patch_status("n1", &pp, &Patch::Merge(&status))
+        .await
+        .unwrap();
+    create_object(&client, block).await;
+    let block_status = json!({"status": {"releaseAck": LATER}});
+    blocks
+        .patch_status("v4-10-0-0-0-28", &pp, &Patch::Merge(&block_status))
+        .await
+        .unwrap();
+
+    // a LIST of each decodes whole
+    let n = nodes.list(&ListParams::default()).await.unwrap().items;
+    let b = blocks.list(&ListParams::default()).await.unwrap().items;
+    let (view, bad) = node_from_api(&n[0]);
+    assert!(bad.is_empty(), "{bad:?}");
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    let op = &view.node.operator;
+    assert_eq!(op.release.keys().total(), 1, "the known mark only");
+    assert!(op.release.get(&ip("10.0.0.2")).is_some());
+    assert_eq!(op.reclaim.keys().collect::<Vec<_>>(), vec![&ip("10.0.0.2")]);
+    let side = &view.node.node;
+    assert_eq!(side.release_ack.keys().total(), 1, "the known answer only");
+    assert_eq!(side.reclaim_ack.len(), 1);
+    assert_eq!(
+        side.reclaim_ack[&ip("10.0.0.2")].outcome,
+        tidepool_ipam::ReclaimOutcome::Live
+    );
+    let block = block_from_api(&b[0]).unwrap();
+    assert!(!block.release, "an unknown mark is no mark");
+    assert_eq!(block.ack, None, "an unknown answer is no answer yet");
+    // and through serde alone
+    let obj: IPAMBlock = serde_json::from_value(serde_json::to_value(&b[0]).unwrap()).unwrap();
+    assert_eq!(obj.spec.release, Some(BlockRelease::Unknown));
+    assert_eq!(obj.status.unwrap().release_ack, Some(BlockAck::Unknown));
+}

@@ -1706,3 +1706,111 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// The next ADDED/MODIFIED/DELETED object's name on a watch stream (bookmarks skipped),
+/// within 10 s.
+async fn next_name<S>(stream: &mut S) -> String
+where
+    S: futures::Stream<Item = kube::Result<kube::api::WatchEvent<ConfigMap>>> + Unpin,
+{
+    use futures::StreamExt;
+    use kube::api::WatchEvent;
+    let next = async {
+        loop {
+            match stream
+                .next()
+                .await
+                .expect("the watch goes on")
+                .expect("an event")
+            {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                    return o.metadata.name.unwrap_or_default();
+                }
+                WatchEvent::Bookmark(_) => {}
+                WatchEvent::Error(e) => panic!("watch error {e:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("an event in time")
+}
+
+/// One identity's watch of one resource can run behind everything else: each watch is its
+/// own HTTP stream, served from the watch cache of its resource (kubernetes/apiserver
+/// `pkg/storage/cacher/cacher.go`, one `Cacher` per resource with its own reflector; each
+/// client watch a `cacheWatcher` with its own buffer, `pkg/storage/cacher/cache_watcher.go`
+/// `cacheWatcher.processInterval`), and behind a load balancer each may reach another
+/// apiserver whose cache lags; a relist after 410 or a LIST throttled by API Priority and
+/// Fairness holds one resource's view back for minutes (fidelity-review.md B1). Held
+/// events come later, in order: a lagging watch, never a lost one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identitys_watch_of_one_resource_lags_while_the_rest_flows() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{ListParams, WatchParams};
+    use tidepool_tests::Hold;
+
+    let (server, admin) = start().await;
+    let slow = server.client("slow").await.unwrap();
+    let fast = server.client("fast").await.unwrap();
+    let cms = |c: &kube::Client| Api::<ConfigMap>::namespaced(c.clone(), "default");
+    let rv = cms(&admin)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let wp = WatchParams::default().timeout(60);
+    let mut slow_cms = cms(&slow).watch(&wp, &rv).await.unwrap().boxed();
+    let mut fast_cms = cms(&fast).watch(&wp, &rv).await.unwrap().boxed();
+    let mut slow_secrets = Api::<Secret>::namespaced(slow.clone(), "default")
+        .watch(&wp, &rv)
+        .await
+        .unwrap()
+        .boxed();
+    server.lag_watch("slow", "configmaps", Hold::Paused);
+    let create_cm = |name: &'static str| {
+        let api = cms(&admin);
+        async move {
+            let cm: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+    };
+    create_cm("cm1").await;
+    create_cm("cm2").await;
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s1"}})).unwrap();
+    Api::<Secret>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    // another identity's watch, and this identity's watch of another resource, flow
+    assert_eq!(next_name(&mut fast_cms).await, "cm1");
+    assert_eq!(next_name(&mut fast_cms).await, "cm2");
+    match tokio::time::timeout(Duration::from_secs(10), slow_secrets.next()).await {
+        Ok(Some(Ok(kube::api::WatchEvent::Added(s)))) => {
+            assert_eq!(s.metadata.name.as_deref(), Some("s1"))
+        }
+        other => panic!("the secret on the slow identity's watch: {other:?}"),
+    }
+    // the held watch has shown nothing of cm1 (created before s1, which it saw)
+    assert!(
+        futures::FutureExt::now_or_never(slow_cms.next()).is_none(),
+        "held back"
+    );
+    // resumed: the held events arrive, in order, then new ones as usual
+    server.resume_watch("slow", "configmaps");
+    assert_eq!(next_name(&mut slow_cms).await, "cm1");
+    assert_eq!(next_name(&mut slow_cms).await, "cm2");
+    // a fixed delay: each event reaches the slow identity that long after the others
+    let delay = Duration::from_millis(400);
+    server.lag_watch("slow", "configmaps", Hold::Delay(delay));
+    let t0 = std::time::Instant::now();
+    create_cm("cm3").await;
+    assert_eq!(next_name(&mut fast_cms).await, "cm3");
+    assert_eq!(next_name(&mut slow_cms).await, "cm3");
+    assert!(t0.elapsed() >= delay, "delivered after {:?}", t0.elapsed());
+    server.resume_watch("slow", "configmaps");
+}

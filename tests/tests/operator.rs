@@ -481,6 +481,194 @@ async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
     task.await.unwrap();
 }
 
+/// Reclaim timings short enough for a test: 300 ms of grace and of minimum age.
+fn fast_reclaim() -> Settings {
+    Settings {
+        engine: EngineConfig {
+            reclaim: tidepool_ipam::ReclaimConfig {
+                grace: Duration::from_millis(300),
+                min_age: Duration::from_millis(300),
+            },
+            ..settings().engine
+        },
+        ..settings()
+    }
+}
+
+/// A pool, node-a, the operator with [`fast_reclaim`], and node-a's block.
+async fn reclaim_cluster(cidr: &str) -> (ApiServer, kube::Client, Stop, AddrSet) {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 27}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let stop = start_operator(&server, fast_reclaim()).await;
+    let (_, pool) = eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move {
+            let (n, a) = blocks_of(&admin, "node-a").await;
+            (n >= 1).then_some((n, a))
+        }
+    })
+    .await;
+    (server, admin, stop, pool)
+}
+
+type Stop = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Issue 25: the operator's pod watch runs behind (held back by the server) while the node
+/// side records a new pod. Its index never saw the pod, but the live lookup is a GET by the
+/// entry's namespace and name: no tombstone is written, however long past min-age + grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_pod_watch_never_tombstones_a_live_pod() {
+    let (server, admin, (stop, task), pool) = reclaim_cluster("10.41.0.0/16").await;
+    server.lag_watch(OPERATOR, "pods", tidepool_tests::Hold::Paused);
+    add_pod(&admin, "late", "node-a").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let uid = pods.get("late").await.unwrap().metadata.uid.unwrap();
+    let gets = server.request_count("get", "pods");
+    let addr = pool.iter().nth(1).unwrap().to_string();
+    write_used(
+        &admin,
+        "node-a",
+        &BTreeMap::from([(addr.clone(), (uid, "late".into()))]),
+    )
+    .await;
+    // two rounds of observations past min-age + grace, each ending in a GET that finds the
+    // pod running
+    eventually(Duration::from_secs(20), "two live GETs of the pod", || {
+        let n = server.request_count("get", "pods");
+        async move { (n >= gets + 2).then_some(()) }
+    })
+    .await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let o = ipamnodes.get("node-a").await.unwrap();
+    assert!(o.spec.reclaim.is_empty(), "{:?}", o.spec.reclaim);
+    server.resume_watch(OPERATOR, "pods");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// The node side's `status.reclaimAck` (its own field manager: `used` stays as written).
+async fn apply_acks(admin: &kube::Client, acks: Value) {
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let body = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+        "metadata": {"name": "node-a"},
+        "status": {"reclaimAck": acks},
+    });
+    let pp = kube::api::PatchParams::apply("tidepool-agent-acks");
+    ipamnodes
+        .patch_status("node-a", &pp, &kube::api::Patch::Apply(&body))
+        .await
+        .expect("the node side's answers");
+}
+
+/// Issue 25: the node side answers a tombstone `live` (its pod runs there): the operator
+/// drops the tombstone, reports `IPAddressGarbageCollectionFailed` naming the pod, and
+/// tombstones that allocation again only after another GET finds the pod gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_answered_live_is_dropped_and_reported() {
+    let (server, admin, (stop, task), pool) = reclaim_cluster("10.42.0.0/16").await;
+    add_pod(&admin, "ghost", "node-a").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let uid = pods.get("ghost").await.unwrap().metadata.uid.unwrap();
+    let addr = pool.iter().nth(1).unwrap().to_string();
+    write_used(
+        &admin,
+        "node-a",
+        &BTreeMap::from([(addr.clone(), (uid.clone(), "ghost".into()))]),
+    )
+    .await;
+    // force-deleted from the API while its sandbox still runs on the node
+    pods.delete("ghost", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the tombstone", || {
+        let api = ipamnodes.clone();
+        let addr = addr.clone();
+        async move {
+            api.get("node-a")
+                .await
+                .ok()?
+                .spec
+                .reclaim
+                .get(&addr)
+                .cloned()
+        }
+    })
+    .await;
+    let gets = server.request_count("get", "pods");
+    let answer = json!({addr.clone(): {"podUID": uid, "containerID": "cid-ghost",
+        "ifname": "eth0", "outcome": "live"}});
+    apply_acks(&admin, answer).await;
+    eventually(Duration::from_secs(20), "the tombstone dropped", || {
+        let api = ipamnodes.clone();
+        let addr = addr.clone();
+        async move {
+            let o = api.get("node-a").await.ok()?;
+            (!o.spec.reclaim.contains_key(&addr)).then_some(())
+        }
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(
+        Duration::from_secs(20),
+        "IPAddressGarbageCollectionFailed",
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some(api::names::reason::GARBAGE_COLLECTION_FAILED)
+                            && e.type_.as_deref() == Some("Warning")
+                            && e.note
+                                .as_deref()
+                                .is_some_and(|n| n.contains("default/ghost"))
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // the node side drops its answer with the tombstone; the pod is still gone by GET: a
+    // new tombstone comes, but only after a new GET
+    apply_acks(&admin, json!({})).await;
+    eventually(Duration::from_secs(20), "the tombstone again", || {
+        let api = ipamnodes.clone();
+        let addr = addr.clone();
+        async move {
+            api.get("node-a")
+                .await
+                .ok()?
+                .spec
+                .reclaim
+                .get(&addr)
+                .cloned()
+        }
+    })
+    .await;
+    assert!(
+        server.request_count("get", "pods") > gets,
+        "a new GET first"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// Answers every release mark on the node's blocks `ready-for-release`, as a node side with
 /// none of their addresses in use does.
 async fn answer_marks(admin: &kube::Client, node: &str) {

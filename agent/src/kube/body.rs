@@ -123,6 +123,7 @@ pub fn node_status_body(
             let outcome = match r.outcome {
                 ReclaimOutcome::Reclaimed => "reclaimed",
                 ReclaimOutcome::Stale => "stale",
+                ReclaimOutcome::Live => "live",
             };
             let v = json!({
                 "podUID": r.pod_uid.to_string(),

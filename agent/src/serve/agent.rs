@@ -319,7 +319,8 @@ impl Agent {
 
     /// Answers what the operator asks of the node as `source` shows it now (tombstones,
     /// release marks, block marks; cooldowns ended): saved, then published. `keys` names the
-    /// tombstones' allocations; live pods' addresses count as busy for release marks.
+    /// tombstones' allocations; live pods' addresses count as busy for release marks, and a
+    /// live pod's newest allocation is answered `live` (tombstones wait for the pods' list).
     /// Nothing happens before the IPAMNode is read.
     pub async fn answer_operator(
         &self,
@@ -332,9 +333,8 @@ impl Agent {
         let live = self.inner.pods.live_pods();
         let run = self
             .locked(move |s, i| {
-                let busy = live.as_ref().map(|l| l.addresses().clone());
-                let busy = busy.unwrap_or_default();
-                super::answer::answer(s, &node, &blocks, &keys, &busy, SystemTime::now());
+                let now = SystemTime::now();
+                super::answer::answer(s, &node, &blocks, &keys, live.as_deref(), now);
                 match save_if_dirty(s, &i.dir, Some(Persist::ACK)) {
                     Ok(saved) => (Ok(()), saved),
                     Err(e) => (Err(e), false),

@@ -1,10 +1,11 @@
 //! The node side's answers to the operator (DESIGN.md "Release handshake" and reclaim), on
-//! the durable state: tombstones answered on their exact allocation (reclaimed: freed into
-//! cooldown; else stale), an answer dropped once its tombstone is gone; address release
-//! marks and block marks answered by `ipam`'s node rules — an address a live pod on the
-//! node lists counts as busy there, held or not (no checkpoint, or a corrupt one, must not
-//! let a running pod's block go); cooldowns ended with their time or when the address left
-//! the pool. The caller saves and then publishes.
+//! the durable state: tombstones answered by `ipam`'s rule on their exact allocation
+//! (reclaimed: freed into cooldown; live: the pod runs on the node with it, nothing freed;
+//! else stale), an answer dropped once its tombstone is gone; address release marks and
+//! block marks answered by `ipam`'s node rules — an address a live pod on the node lists
+//! counts as busy there, held or not (no checkpoint, or a corrupt one, must not let a
+//! running pod's block go); cooldowns ended with their time or when the address left the
+//! pool. The caller saves and then publishes.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -14,26 +15,37 @@ use tidepool_api::convert::Allocations;
 use tidepool_ipam::node::{Answers, BlockView, answer_blocks, reconcile};
 use tidepool_ipam::{IpamNode, NodeSideFields};
 
+use crate::pods::LivePods;
 use crate::state::{AllocKey, NodeState};
 
 /// Answers everything the operator asks of `node` (projected, with `blocks`); `keys` names
-/// the tombstones' allocations; `live` are the addresses live pods on the node list. A
-/// change leaves the state dirty (to be saved).
+/// the tombstones' allocations; `pods` are the live pods on the node (`None`: not listed
+/// yet, and tombstones wait: whether their pods run cannot be told). A change leaves the
+/// state dirty (to be saved).
 pub fn answer(
     state: &mut NodeState,
     node: &IpamNode,
     blocks: &[BlockView],
     keys: &Allocations,
-    live: &BTreeSet<IpAddr>,
+    pods: Option<&LivePods>,
     now: SystemTime,
 ) {
-    answer_tombstones(state, node, keys, now);
-    answer_marks(state, node, blocks, live, now);
+    if let Some(pods) = pods {
+        answer_tombstones(state, node, keys, pods, now);
+    }
+    let busy = pods.map(|p| p.addresses().clone()).unwrap_or_default();
+    answer_marks(state, node, blocks, &busy, now);
     state.expire_cooldowns(now);
     state.forget_cooldowns_outside(&node.operator.addresses);
 }
 
-fn answer_tombstones(state: &mut NodeState, node: &IpamNode, keys: &Allocations, now: SystemTime) {
+fn answer_tombstones(
+    state: &mut NodeState,
+    node: &IpamNode,
+    keys: &Allocations,
+    pods: &LivePods,
+    now: SystemTime,
+) {
     for (addr, t) in &node.operator.reclaim {
         // a tombstone whose allocation the IPAMNode does not name cannot be matched to a
         // key: answered at the next change (the operator writes both together)
@@ -44,7 +56,7 @@ fn answer_tombstones(state: &mut NodeState, node: &IpamNode, keys: &Allocations,
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),
         };
-        state.ack_reclaim(*addr, t.pod_uid, &key, now);
+        state.ack_reclaim(*addr, t.pod_uid, &key, |uid| pods.has(uid), now);
     }
     let gone: Vec<_> = state
         .reclaim_acks()
@@ -76,7 +88,7 @@ fn answer_marks(
         },
         ..node.clone()
     };
-    reconcile(&unmarked, &mut side, now, std::time::Duration::ZERO);
+    reconcile(&unmarked, &mut side, now, Duration::ZERO, &|_| false);
     state.ack_release(side.release_ack);
     let mut out = Answers::default();
     for (name, ack) in answer_blocks(&busy_side(state, live, now), blocks, now, &mut out) {
@@ -188,7 +200,14 @@ mod tests {
                 (k.container_id.as_str().into(), k.ifname.as_str().into()),
             );
         }
-        answer(&mut st, &node, &blocks, &keys, &BTreeSet::new(), now);
+        answer(
+            &mut st,
+            &node,
+            &blocks,
+            &keys,
+            Some(&LivePods::default()),
+            now,
+        );
         let acks = st.reclaim_acks();
         assert_eq!(acks[&ip].outcome, ReclaimOutcome::Reclaimed);
         assert_eq!(acks[&stranger].outcome, ReclaimOutcome::Stale);
@@ -201,12 +220,26 @@ mod tests {
         assert!(st.is_dirty());
         // the tombstones gone: their answers go
         let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &blocks);
-        answer(&mut st, &bare, &blocks, &keys, &BTreeSet::new(), now);
+        answer(
+            &mut st,
+            &bare,
+            &blocks,
+            &keys,
+            Some(&LivePods::default()),
+            now,
+        );
         assert!(st.reclaim_acks().is_empty());
         // block b released and deleted: its answer goes with it
         let left = [blocks[0].clone()];
         let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &left);
-        answer(&mut st, &bare, &left, &keys, &BTreeSet::new(), now);
+        answer(
+            &mut st,
+            &bare,
+            &left,
+            &keys,
+            Some(&LivePods::default()),
+            now,
+        );
         assert_eq!(
             st.block_release_acks().keys().collect::<Vec<_>>(),
             vec!["a"]
@@ -231,8 +264,20 @@ mod tests {
             .insert(mark, tidepool_ipam::ReleaseState::MarkedForRelease);
         let answered = |live: &[std::net::IpAddr]| {
             let mut st = NodeState::new("boot", Duration::from_secs(30));
-            let live: BTreeSet<std::net::IpAddr> = live.iter().copied().collect();
-            answer(&mut st, &node, &blocks, &Allocations::new(), &live, now);
+            let pod = crate::pods::PodAddrs {
+                uid: None,
+                terminal: false,
+                addrs: live.to_vec(),
+            };
+            let live = LivePods::new([&pod]);
+            answer(
+                &mut st,
+                &node,
+                &blocks,
+                &Allocations::new(),
+                Some(&live),
+                now,
+            );
             (
                 st.block_release_acks().get("a").copied(),
                 st.release_acks().get(&mark).copied(),

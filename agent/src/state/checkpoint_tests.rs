@@ -79,6 +79,7 @@ fn full_state() -> NodeState {
         ip("10.0.0.7"),
         PodUid(7),
         &AllocKey::new("c7", "eth0"),
+        |_| false,
         t0(),
     );
     let mut acks = AddrMap::new();
@@ -118,6 +119,7 @@ fn every_save_is_write_fsync_rename_fsync_dir() {
                 ip("10.0.0.2"),
                 PodUid(2),
                 &AllocKey::new("c2", "eth0"),
+                |_| false,
                 t0(),
             );
         }),

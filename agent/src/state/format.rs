@@ -145,12 +145,14 @@ impl From<Answer> for ReleaseAck {
     }
 }
 
-impl From<ReclaimOutcome> for Outcome {
-    fn from(o: ReclaimOutcome) -> Self {
-        match o {
-            ReclaimOutcome::Reclaimed => Outcome::Reclaimed,
-            ReclaimOutcome::Stale => Outcome::Stale,
-        }
+/// The outcome as the checkpoint keeps it. A `live` answer is not kept: the previous
+/// release's reader (the format is read by N and N−1) has no such outcome, and a `live`
+/// answer freed nothing, so after a restart the tombstone is simply answered again.
+fn stored(o: ReclaimOutcome) -> Option<Outcome> {
+    match o {
+        ReclaimOutcome::Reclaimed => Some(Outcome::Reclaimed),
+        ReclaimOutcome::Stale => Some(Outcome::Stale),
+        ReclaimOutcome::Live => None,
     }
 }
 
@@ -192,14 +194,14 @@ pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
     let reclaim_ack = state
         .reclaim_ack
         .iter()
-        .map(|(addr, r)| {
+        .filter_map(|(addr, r)| {
             let rec = ReclaimAckRecord {
                 pod_uid: r.pod_uid.to_string(),
                 container_id: r.key.container_id.clone(),
                 ifname: r.key.ifname.clone(),
-                outcome: r.outcome.into(),
+                outcome: stored(r.outcome)?,
             };
-            (*addr, rec)
+            Some((*addr, rec))
         })
         .collect();
     CheckpointFile {

@@ -11,9 +11,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tidepool_ipam::node::tombstone_outcome;
 use tidepool_ipam::{
     AddrMap, AddrSet, AllocationId, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
-    UsedEntry,
+    UsedEntry, UsedMap,
 };
 
 use super::error::{Result, StateError};
@@ -282,15 +283,18 @@ impl NodeState {
     }
 
     /// Answers the operator's tombstone on `addr` (`spec.reclaim`: take back allocation
-    /// `key` of pod `pod_uid`): `reclaimed` if `addr` is still exactly that allocation's
-    /// (it is freed into cooldown), else `stale` (nothing freed). The answer is recorded
-    /// for `status.reclaimAck`; answering the same tombstone again changes nothing. The
-    /// same rule as `ipam::node::answer_tombstones`, on the full key.
+    /// `key` of pod `pod_uid`) by `ipam::node::tombstone_outcome`, once `addr` is found to
+    /// be exactly that allocation's on the full key (else `stale`): `reclaimed` frees it
+    /// into cooldown; `live` (`live(uid)`: a pod of that UID runs on the node, not
+    /// Succeeded or Failed, and this is its newest allocation in the family) frees nothing.
+    /// The answer is recorded for `status.reclaimAck`; answering the same tombstone again
+    /// changes nothing.
     pub fn ack_reclaim(
         &mut self,
         addr: IpAddr,
         pod_uid: PodUid,
         key: &AllocKey,
+        live: impl Fn(PodUid) -> bool,
         now: SystemTime,
     ) -> ReclaimOutcome {
         if let Some(ack) = self.reclaim_ack.get(&addr)
@@ -303,11 +307,13 @@ impl NodeState {
             .owner(&addr)
             .is_some_and(|(k, a)| k == key && a.pod.uid == pod_uid);
         let outcome = if exact {
-            self.take_address(key, addr, now);
-            ReclaimOutcome::Reclaimed
+            tombstone_outcome(&addr, pod_uid, key.id(), &self.used(), live)
         } else {
             ReclaimOutcome::Stale
         };
+        if outcome == ReclaimOutcome::Reclaimed {
+            self.take_address(key, addr, now);
+        }
         let answer = ReclaimAnswer {
             pod_uid,
             key: key.clone(),
@@ -402,20 +408,7 @@ impl NodeState {
     /// allocation's hash), for `free_address`, `reconcile` and `answer_blocks`, and for
     /// publishing.
     pub fn node_side(&self) -> NodeSideFields {
-        let used = self
-            .allocations
-            .iter()
-            .flat_map(|(k, a)| {
-                let entry = UsedEntry {
-                    pod_uid: a.pod.uid,
-                    namespace: Arc::from(a.pod.namespace.as_str()),
-                    pod: Arc::from(a.pod.name.as_str()),
-                    allocation: k.id(),
-                    since: a.since,
-                };
-                a.addrs.iter().map(move |addr| (*addr, entry.clone()))
-            })
-            .collect();
+        let used = self.used();
         let reclaim_ack = self
             .reclaim_ack
             .iter()
@@ -434,6 +427,23 @@ impl NodeState {
             release_ack: self.release_ack.clone(),
             reclaim_ack,
         }
+    }
+
+    /// `status.used` as `ipam`'s node rules read it (keyed by the allocation's hash).
+    fn used(&self) -> UsedMap {
+        self.allocations
+            .iter()
+            .flat_map(|(k, a)| {
+                let entry = UsedEntry {
+                    pod_uid: a.pod.uid,
+                    namespace: Arc::from(a.pod.namespace.as_str()),
+                    pod: Arc::from(a.pod.name.as_str()),
+                    allocation: k.id(),
+                    since: a.since,
+                };
+                a.addrs.iter().map(move |addr| (*addr, entry.clone()))
+            })
+            .collect()
     }
 
     /// Writes the checkpoint durably: temp file, write, fsync, rename over the checkpoint,

@@ -134,12 +134,12 @@ fn a_reclaim_frees_only_the_exact_allocation_and_its_answer_is_kept() {
     add(&mut s, "c2", 2, &["10.0.0.2"]).expect("add");
 
     // a tombstone for an earlier sandbox of pod 2 that held 10.0.0.2: stale
-    let out = s.ack_reclaim(ip("10.0.0.2"), PodUid(2), &key("c0"), t0());
+    let out = s.ack_reclaim(ip("10.0.0.2"), PodUid(2), &key("c0"), |_| false, t0());
     assert_eq!(out, ReclaimOutcome::Stale);
     assert!(s.owner(&ip("10.0.0.2")).is_some());
 
     // the exact allocation: the address goes, the other family's stays until its own
-    let out = s.ack_reclaim(ip("10.0.0.1"), PodUid(1), &key("c1"), t0());
+    let out = s.ack_reclaim(ip("10.0.0.1"), PodUid(1), &key("c1"), |_| false, t0());
     assert_eq!(out, ReclaimOutcome::Reclaimed);
     assert_eq!(
         s.get(&key("c1")).map(|a| a.addrs.clone()),
@@ -149,11 +149,11 @@ fn a_reclaim_frees_only_the_exact_allocation_and_its_answer_is_kept() {
 
     // answering the same tombstone again changes nothing
     s.dirty = false;
-    let again = s.ack_reclaim(ip("10.0.0.1"), PodUid(1), &key("c1"), t0());
+    let again = s.ack_reclaim(ip("10.0.0.1"), PodUid(1), &key("c1"), |_| false, t0());
     assert_eq!(again, ReclaimOutcome::Reclaimed);
     assert!(!s.is_dirty());
 
-    let out = s.ack_reclaim(ip("fd00::1"), PodUid(1), &key("c1"), t0());
+    let out = s.ack_reclaim(ip("fd00::1"), PodUid(1), &key("c1"), |_| false, t0());
     assert_eq!(out, ReclaimOutcome::Reclaimed);
     assert!(
         s.get(&key("c1")).is_none(),
@@ -172,11 +172,15 @@ fn reclaim_answers_agree_with_ipams_rule() {
     let mut s = NodeState::new(BOOT, CD);
     add(&mut s, "c1", 1, &["10.0.0.1"]).expect("add");
     add(&mut s, "c2", 2, &["10.0.0.2"]).expect("add");
+    add(&mut s, "c4", 4, &["10.0.0.4"]).expect("add");
     let tombs = [
         (ip("10.0.0.1"), PodUid(1), key("c1")),
         (ip("10.0.0.2"), PodUid(2), key("c-old")),
         (ip("10.0.0.3"), PodUid(3), key("c3")),
+        (ip("10.0.0.4"), PodUid(4), key("c4")),
     ];
+    // pod 1 runs on the node (live), pod 4 is gone (reclaimed)
+    let live = |u: PodUid| u == PodUid(1);
     let mut node = IpamNode::new(Arc::from("n1"), 7);
     for (a, uid, k) in &tombs {
         let t = Tombstone {
@@ -187,11 +191,24 @@ fn reclaim_answers_agree_with_ipams_rule() {
         node.operator.reclaim.insert(*a, t);
     }
     let mut side = s.node_side();
-    answer_tombstones(&node, &mut side, t0(), CD);
+    answer_tombstones(&node, &mut side, t0(), CD, &live);
     for (a, uid, k) in &tombs {
-        s.ack_reclaim(*a, *uid, k, t0());
+        s.ack_reclaim(*a, *uid, k, live, t0());
     }
     assert_eq!(s.node_side(), side);
+    let outcomes: Vec<_> = tombs
+        .iter()
+        .map(|t| s.reclaim_acks()[&t.0].outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ReclaimOutcome::Live,
+            ReclaimOutcome::Stale,
+            ReclaimOutcome::Stale,
+            ReclaimOutcome::Reclaimed
+        ]
+    );
 }
 
 #[test]

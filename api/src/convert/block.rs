@@ -35,14 +35,16 @@ pub fn block_from_api(obj: &api::IPAMBlock) -> Result<IpamBlock, Vec<Malformed>>
         pool: Arc::from(obj.spec.pool.as_str()),
         node: NodeName::from(obj.spec.node.as_str()),
         node_uid,
-        release: obj.spec.release.is_some(),
+        release: obj.spec.release == Some(api::BlockRelease::MarkedForRelease),
         ack: obj
             .status
             .as_ref()
             .and_then(|s| s.release_ack)
-            .map(|a| match a {
-                api::BlockAck::ReadyForRelease => ReleaseAck::ReadyForRelease,
-                api::BlockAck::DoNotRelease => ReleaseAck::DoNotRelease,
+            .and_then(|a| match a {
+                api::BlockAck::ReadyForRelease => Some(ReleaseAck::ReadyForRelease),
+                api::BlockAck::DoNotRelease => Some(ReleaseAck::DoNotRelease),
+                // a later release's answer: no answer yet
+                api::BlockAck::Unknown => None,
             }),
         resource_version: obj
             .metadata

@@ -169,22 +169,23 @@ fn operator_fields(
         .collect();
     let mut release = AddrMap::new();
     for (k, v) in &spec.release {
-        if let Some(a) = addr(r, "spec.release", k) {
-            release.insert(a, release_state(*v));
+        if let (Some(a), Some(v)) = (addr(r, "spec.release", k), release_state(*v)) {
+            release.insert(a, v);
         }
     }
     let mut reclaim = BTreeMap::new();
     for (k, t) in &spec.reclaim {
-        let (Some(a), Some(uid)) = (
+        let (Some(a), Some(uid), Some(reason)) = (
             addr(r, "spec.reclaim", k),
             pod_uid(r, "spec.reclaim", k, &t.pod_uid),
+            reclaim_reason(t.reason),
         ) else {
             continue;
         };
         let tomb = Tombstone {
             pod_uid: uid,
             allocation: allocation(all, &t.container_id, &t.ifname),
-            reason: reclaim_reason(t.reason),
+            reason,
         };
         reclaim.insert(a, tomb);
     }
@@ -229,50 +230,63 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> 
         }
     }
     for (k, v) in &st.release_ack {
-        if let Some(a) = addr(r, "status.releaseAck", k) {
-            side.release_ack.insert(a, release_ack(*v));
+        if let (Some(a), Some(v)) = (addr(r, "status.releaseAck", k), release_ack(*v)) {
+            side.release_ack.insert(a, v);
         }
     }
     for (k, v) in &st.reclaim_ack {
-        let (Some(a), Some(uid)) = (
+        let (Some(a), Some(uid), Some(outcome)) = (
             addr(r, "status.reclaimAck", k),
             pod_uid(r, "status.reclaimAck", k, &v.pod_uid),
+            reclaim_outcome(v.outcome),
         ) else {
             continue;
         };
         let ack = ReclaimAck {
             pod_uid: uid,
             allocation: allocation(all, &v.container_id, &v.ifname),
-            outcome: match v.outcome {
-                api::ReclaimOutcome::Reclaimed => ReclaimOutcome::Reclaimed,
-                api::ReclaimOutcome::Stale => ReclaimOutcome::Stale,
-            },
+            outcome,
         };
         side.reclaim_ack.insert(a, ack);
     }
     side
 }
 
-fn release_state(v: api::AddressRelease) -> ReleaseState {
+// A value a later release writes (`Unknown`) is read as no mark, no answer, no tombstone:
+// the entry is left out, as if not written yet.
+
+fn release_state(v: api::AddressRelease) -> Option<ReleaseState> {
     match v {
-        api::AddressRelease::MarkedForRelease => ReleaseState::MarkedForRelease,
-        api::AddressRelease::Released => ReleaseState::Released,
+        api::AddressRelease::MarkedForRelease => Some(ReleaseState::MarkedForRelease),
+        api::AddressRelease::Released => Some(ReleaseState::Released),
+        api::AddressRelease::Unknown => None,
     }
 }
 
-fn release_ack(v: api::ReleaseAnswer) -> ReleaseAck {
+fn release_ack(v: api::ReleaseAnswer) -> Option<ReleaseAck> {
     match v {
-        api::ReleaseAnswer::ReadyForRelease => ReleaseAck::ReadyForRelease,
-        api::ReleaseAnswer::DoNotRelease => ReleaseAck::DoNotRelease,
+        api::ReleaseAnswer::ReadyForRelease => Some(ReleaseAck::ReadyForRelease),
+        api::ReleaseAnswer::DoNotRelease => Some(ReleaseAck::DoNotRelease),
+        api::ReleaseAnswer::Unknown => None,
     }
 }
 
-fn reclaim_reason(v: api::ReclaimReason) -> ReclaimReason {
+fn reclaim_reason(v: api::ReclaimReason) -> Option<ReclaimReason> {
     match v {
-        api::ReclaimReason::PodDeleted => ReclaimReason::PodDeleted,
-        api::ReclaimReason::PodTerminal => ReclaimReason::PodTerminal,
-        api::ReclaimReason::SandboxReplaced => ReclaimReason::SandboxReplaced,
-        api::ReclaimReason::NodeDeleted => ReclaimReason::NodeDeleted,
+        api::ReclaimReason::PodDeleted => Some(ReclaimReason::PodDeleted),
+        api::ReclaimReason::PodTerminal => Some(ReclaimReason::PodTerminal),
+        api::ReclaimReason::SandboxReplaced => Some(ReclaimReason::SandboxReplaced),
+        api::ReclaimReason::NodeDeleted => Some(ReclaimReason::NodeDeleted),
+        api::ReclaimReason::Unknown => None,
+    }
+}
+
+fn reclaim_outcome(v: api::ReclaimOutcome) -> Option<ReclaimOutcome> {
+    match v {
+        api::ReclaimOutcome::Reclaimed => Some(ReclaimOutcome::Reclaimed),
+        api::ReclaimOutcome::Stale => Some(ReclaimOutcome::Stale),
+        api::ReclaimOutcome::Live => Some(ReclaimOutcome::Live),
+        api::ReclaimOutcome::Unknown => None,
     }
 }
 
@@ -328,6 +342,41 @@ mod tests {
 
     const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
     const POD: &str = "11111111-2222-4333-8444-555555555555";
+
+    /// Version skew: values a later release writes decode (`Unknown`) and are read as
+    /// not written yet; `live` is read.
+    #[test]
+    fn values_of_a_later_release_are_read_as_no_answer_yet() {
+        let later = "from-a-later-release";
+        let entry =
+            |k: &str, v: &str| json!({"podUID": POD, "containerID": "c", "ifname": "eth0", k: v});
+        let obj = node(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": {"name": "n1"},
+            "spec": {"nodeUID": UID, "release": {"10.0.0.1": later},
+                "reclaim": {"10.0.0.1": entry("reason", later)}},
+            "status": {"releaseAck": {"10.0.0.1": later},
+                "reclaimAck": {"10.0.0.1": entry("outcome", later), "10.0.0.2": entry("outcome", "live")}},
+        }));
+        assert_eq!(obj.spec.release["10.0.0.1"], api::AddressRelease::Unknown);
+        assert_eq!(
+            obj.spec.reclaim["10.0.0.1"].reason,
+            api::ReclaimReason::Unknown
+        );
+        let (view, bad) = node_from_api(&obj);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert!(view.node.operator.release.is_empty());
+        assert!(view.node.operator.reclaim.is_empty());
+        assert!(view.node.node.release_ack.is_empty());
+        let acks: Vec<_> = view
+            .node
+            .node
+            .reclaim_ack
+            .values()
+            .map(|a| a.outcome)
+            .collect();
+        assert_eq!(acks, vec![ReclaimOutcome::Live]);
+    }
 
     fn busy_node() -> api::IPAMNode {
         node(json!({

@@ -308,7 +308,13 @@ impl PodCache for MemoryPodView {
 }
 
 impl PodView for MemoryPodView {
-    async fn pod_live(&self, uid: PodUid) -> Result<Option<PodInfo>, IpamError> {
+    /// The truth by UID (pods here have no names).
+    async fn pod_live(
+        &self,
+        uid: PodUid,
+        _namespace: &str,
+        _name: &str,
+    ) -> Result<Option<PodInfo>, IpamError> {
         Ok(self.truth(uid))
     }
 
@@ -335,7 +341,7 @@ mod tests {
         let uid = PodUid(1);
         v.add(uid, "n".into());
         assert!(v.pod(uid).is_none(), "not in the cache yet");
-        assert!(v.pod_live(uid).await.unwrap().is_some());
+        assert!(v.pod_live(uid, "ns", "p").await.unwrap().is_some());
         assert_eq!(v.pending_pods("n"), vec![uid]);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(v.pod(uid).is_some());
@@ -344,7 +350,7 @@ mod tests {
         assert_eq!(v.bound_pods("n"), 1);
         v.delete(uid);
         assert_eq!(v.bound_pods("n"), 0);
-        assert!(v.pod_live(uid).await.unwrap().is_none());
+        assert!(v.pod_live(uid, "ns", "p").await.unwrap().is_none());
         assert!(v.pod(uid).is_some(), "cache still shows it");
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(v.pod(uid).is_none());

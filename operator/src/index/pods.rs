@@ -136,17 +136,18 @@ impl PodCache for PodIndex {
 }
 
 impl PodView for PodIndex {
-    /// A GET of the pod by the name the index knows for its UID (also for a while after
-    /// the pod left the index); a pod of that name with another UID is not this pod.
-    /// A UID the index never held has no name to ask for: the pod was gone before the
-    /// watch began, and the answer is `None` without a request.
-    async fn pod_live(&self, uid: PodUid) -> Result<Option<PodInfo>, IpamError> {
-        let Some(key) = self.state.read().key(uid).map(str::to_owned) else {
-            return Ok(None);
-        };
-        let (namespace, name) = split_key(&key);
+    /// A GET of `namespace/name` (the names a `used` entry records), whether or not the
+    /// index holds the pod: a pods watch can run minutes behind the IPAMNode watch, and a
+    /// pod it has not shown yet is not gone. A pod of that name with another UID is not
+    /// this pod.
+    async fn pod_live(
+        &self,
+        uid: PodUid,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PodInfo>, IpamError> {
         let pod = (self.live.get(namespace, name).await)
-            .map_err(|e| IpamError::PodView(format!("GET pod {key}: {e}")))?;
+            .map_err(|e| IpamError::PodView(format!("GET pod {namespace}/{name}: {e}")))?;
         Ok(pod
             .filter(|p| p.metadata.uid.as_deref().and_then(super::parse_uid) == Some(uid.0))
             .map(|p| project(&p, uid, NodeName::from(bound_node(&p))).info))

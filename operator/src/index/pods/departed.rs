@@ -1,4 +1,4 @@
-//! The names of pods that left the index, kept for a while for `pod_live`.
+//! The names of pods that left the index, kept for a while for their reclaim events.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -7,11 +7,11 @@ use tidepool_ipam::PodUid;
 use tokio::time::Instant;
 
 /// How long a departed pod's name is kept: longer than any reclaim waits (grace, minimum
-/// age and the node grace are minutes by default) before it asks the server.
+/// age and the node grace are minutes by default) before it reports on the pod.
 const RETENTION: Duration = Duration::from_secs(15 * 60);
 
-/// `namespace/name` of pods deleted or not relisted, by UID: the reclaim's live GET comes
-/// after the pod left the cache, and a GET needs the name.
+/// `namespace/name` of pods deleted or not relisted, by UID: the reclaim's event on the
+/// pod comes after the pod left the cache, and an event needs the name.
 #[derive(Default)]
 pub(super) struct Departed {
     by_uid: HashMap<PodUid, (Instant, Box<str>)>,

@@ -53,7 +53,7 @@ impl State {
         self.upsert(project(pod, uid, name), touched);
     }
 
-    /// `Delete`: the pod is gone (its name is kept a while for `pod_live`).
+    /// `Delete`: the pod is gone (its name is kept a while for events).
     pub fn remove(&mut self, uid: PodUid, now: Instant, touched: &mut Touched) {
         self.departed.prune(now);
         if let Some(old) = self.pods.remove(&uid) {
