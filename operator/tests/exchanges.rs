@@ -38,6 +38,13 @@ const OTHER_FINALIZER: &str = "example.com/audit";
 const JSON: &str = "application/json";
 const APPLY: &str = "application/apply-patch+yaml";
 const MERGE: &str = "application/merge-patch+json";
+/// The query of the operator's applies: forced, since it sends only the fields it owns
+/// (the server-side apply docs' advice for controllers).
+/// The `metadata.uid` of the cached IPAMNode and IPAMBlock: every apply names the object it
+/// means, so a deleted one is not brought back.
+const NODE_OBJECT_UID: &str = "99999999-8888-4777-8666-555555555555";
+const BLOCK_OBJECT_UID: &str = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee";
+const FORCED: &[(&str, &str)] = &[("force", "true"), ("fieldManager", OPERATOR_MANAGER)];
 /// How long the server waits for a request the store should make.
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -219,7 +226,7 @@ fn block_object(rv: &str) -> Value {
         "apiVersion": API_VERSION, "kind": "IPAMBlock",
         "metadata": {
             "name": BLOCK, "resourceVersion": rv, "generation": 1,
-            "uid": "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee",
+            "uid": BLOCK_OBJECT_UID,
             "creationTimestamp": "2026-11-24T10:00:00Z",
             "finalizers": [FINALIZER],
         },
@@ -243,7 +250,7 @@ fn node_object(rv: &str) -> Value {
         "apiVersion": API_VERSION, "kind": "IPAMNode",
         "metadata": {
             "name": "n1", "resourceVersion": rv, "generation": 1,
-            "uid": "99999999-8888-4777-8666-555555555555",
+            "uid": NODE_OBJECT_UID,
             "creationTimestamp": "2026-11-24T10:00:00Z",
             "finalizers": [FINALIZER],
         },
@@ -279,7 +286,7 @@ static N1: LazyLock<NodeName> = LazyLock::new(|| NodeName::from("n1"));
 fn spec_apply(spec: Value) -> Value {
     json!({
         "apiVersion": API_VERSION, "kind": "IPAMNode",
-        "metadata": { "name": "n1", "finalizers": [FINALIZER] },
+        "metadata": { "name": "n1", "finalizers": [FINALIZER], "uid": NODE_OBJECT_UID },
         "spec": spec,
     })
 }
@@ -442,7 +449,7 @@ async fn a_release_of_a_block_already_gone_makes_no_patch() {
         let gone = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
             "details": { "name": BLOCK, "group": "ipam.tidepool.dev", "kind": "ipamblocks",
-                         "uid": "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee" },
+                         "uid": BLOCK_OBJECT_UID },
         });
         answer(reply, 200, gone);
     })
@@ -552,15 +559,11 @@ async fn an_ipamnode_the_cache_lacks_is_created_by_post() {
             // a create drops status: the count (and any conditions) follow at once
             let (req, reply) = server.next().await;
             let path = format!("{NODES}/n1/status");
-            req.expect(
-                Method::PATCH,
-                &path,
-                &[("fieldManager", OPERATOR_MANAGER)],
-                APPLY,
-            );
+            req.expect(Method::PATCH, &path, FORCED, APPLY);
             assert_eq!(
                 req.body["status"],
-                json!({ "conditions": [], "allocated": 0 })
+                json!({ "allocated": 0 }),
+                "no conditions yet: none sent (an empty list would own nothing anyway)"
             );
             created["metadata"]["resourceVersion"] = json!("2");
             created["status"] = json!({ "allocated": 0 });
@@ -613,12 +616,7 @@ async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
         let (req, reply) = server.next().await;
         assert_eq!(admitted.count(), 2, "and the status apply");
         let path = format!("{NODES}/n1/status");
-        req.expect(
-            Method::PATCH,
-            &path,
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &path, FORCED, APPLY);
         assert_eq!(
             req.body["status"],
             json!({ "conditions": [blocked()], "allocated": 2 })
@@ -644,12 +642,7 @@ async fn a_spec_change_is_one_apply_of_the_spec() {
     let path = format!("{NODES}/n1");
     let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &path,
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &path, FORCED, APPLY);
         let spec = json!({
             "nodeUID": UID,
             "addresses": ["10.0.0.1", "10.0.0.2"],
@@ -687,12 +680,7 @@ async fn a_spec_and_count_change_is_a_spec_apply_then_a_status_apply() {
     fields.addresses = Arc::new(three);
     let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &format!("{NODES}/n1"),
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
         let spec = json!({ "nodeUID": UID, "addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3"] });
         assert_eq!(req.body, spec_apply(spec.clone()));
         let mut obj = node_object("11");
@@ -700,17 +688,12 @@ async fn a_spec_and_count_change_is_a_spec_apply_then_a_status_apply() {
         answer(reply, 200, obj.clone());
 
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &format!("{NODES}/n1/status"),
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
         assert_eq!(
             req.body,
             json!({
                 "apiVersion": API_VERSION, "kind": "IPAMNode",
-                "metadata": { "name": "n1" },
+                "metadata": { "name": "n1", "uid": NODE_OBJECT_UID },
                 "status": { "conditions": [pool_ready()], "allocated": 3 },
             }),
             "the operator's status fields only: no spec, no finalizers"
@@ -733,12 +716,7 @@ async fn a_condition_change_is_one_apply_of_the_status() {
     fields.conditions.push(blocked_condition());
     let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &format!("{NODES}/n1/status"),
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
         let status = json!({ "conditions": [pool_ready(), blocked()], "allocated": 2 });
         assert_eq!(req.body["status"], status);
         assert!(req.body.get("spec").is_none());
@@ -767,9 +745,10 @@ async fn an_unchanged_ipamnode_makes_no_request() {
 // ---------------------------------------------------------------------------------------
 // 4. Conflicts, throttling and the retry
 
-/// A 409 with a FieldManagerConflict cause on the spec apply is an ownership problem: a
-/// store error that says so (retried after the backoff, not re-read at once), and no
-/// status apply follows the failed spec apply.
+/// A 409 with a FieldManagerConflict cause on the spec apply (forced, so only a conflict the
+/// force could not settle) is an ownership problem: a Permanent store error that says so
+/// (reported, not retried, not re-read at once), and no status apply follows the failed
+/// spec apply.
 #[tokio::test]
 async fn a_field_manager_conflict_on_the_spec_apply_is_reported_as_such() {
     let (store, mut server) = store_with_node();
@@ -779,12 +758,7 @@ async fn a_field_manager_conflict_on_the_spec_apply_is_reported_as_such() {
         .insert(addr("10.0.0.2"), ReleaseState::MarkedForRelease);
     let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &format!("{NODES}/n1"),
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
         let msg = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using \
                    ipam.tidepool.dev/v1alpha1: .spec.release";
         let details = json!({
@@ -805,7 +779,11 @@ async fn a_field_manager_conflict_on_the_spec_apply_is_reported_as_such() {
     );
     assert!(e.to_string().contains("field-manager conflict"), "{e}");
     assert!(e.to_string().contains(".spec.release"), "{e}");
-    assert_eq!(e.class(), ErrorClass::Transient);
+    assert_eq!(
+        e.class(),
+        ErrorClass::Permanent,
+        "reported, never looped on"
+    );
     assert_eq!(
         store.cached("n1").expect("cached").resource_version,
         Some(ResourceVersion::server("10")),
@@ -824,12 +802,7 @@ async fn a_throttled_apply_carries_its_retry_after() {
         .insert(addr("10.0.0.2"), ReleaseState::MarkedForRelease);
     let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &format!("{NODES}/n1"),
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
         let details = json!({ "retryAfterSeconds": 7 });
         let res = Response::builder()
             .status(429)
@@ -945,7 +918,7 @@ async fn a_mark_is_an_apply_of_the_blocks_spec() {
     let body = |spec: &Value| {
         json!({
             "apiVersion": API_VERSION, "kind": "IPAMBlock",
-            "metadata": { "name": BLOCK, "finalizers": [FINALIZER] },
+            "metadata": { "name": BLOCK, "finalizers": [FINALIZER], "uid": BLOCK_OBJECT_UID },
             "spec": spec,
         })
     };
@@ -954,12 +927,7 @@ async fn a_mark_is_an_apply_of_the_blocks_spec() {
 
     let r = exchange(store.mark_block(BLOCK, true), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &path,
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &path, FORCED, APPLY);
         assert_eq!(req.body, body(&marked_spec));
         let mut obj = block_object("18");
         obj["spec"] = marked_spec.clone();
@@ -973,12 +941,7 @@ async fn a_mark_is_an_apply_of_the_blocks_spec() {
 
     let r = exchange(store.mark_block(BLOCK, false), async {
         let (req, reply) = server.next().await;
-        req.expect(
-            Method::PATCH,
-            &path,
-            &[("fieldManager", OPERATOR_MANAGER)],
-            APPLY,
-        );
+        req.expect(Method::PATCH, &path, FORCED, APPLY);
         assert_eq!(
             req.body,
             body(&spec),
