@@ -311,22 +311,8 @@ async fn examples_validate_against_the_generated_crd_schemas() {
         Api::<DynamicObject>::all_with(client.clone(), &ar)
     };
     let mut seen = 0;
-    let mut dir: Vec<_> = std::fs::read_dir(tools::repo().join("deploy/examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    dir.sort();
-    for path in dir {
+    for path in example_files() {
         for obj in tools::documents(&std::fs::read_to_string(&path).unwrap()) {
-            if obj.get("kind").is_none() {
-                // a merge patch of an IPAMNode (its file says so), checked below
-                assert!(
-                    path.ends_with("ipamnode-overrides.yaml"),
-                    "{}",
-                    path.display()
-                );
-                continue;
-            }
             let typed: DynamicObject = serde_json::from_value(obj.clone()).unwrap();
             if let Err(e) = api_of(&obj).create(&dry, &typed).await {
                 panic!("{} refused: {e}", path.display());
@@ -338,8 +324,10 @@ async fn examples_validate_against_the_generated_crd_schemas() {
     // the overrides example, patched onto an IPAMNode as its comment says: pools and
     // watermarks set, the operator's nodeUID untouched
     let overrides = tools::documents(
-        &std::fs::read_to_string(tools::repo().join("deploy/examples/ipamnode-overrides.yaml"))
-            .unwrap(),
+        &std::fs::read_to_string(
+            tools::repo().join("deploy/examples/patches/ipamnode-overrides.yaml"),
+        )
+        .unwrap(),
     )
     .remove(0);
     let spec_keys: Vec<&String> = overrides["spec"].as_object().unwrap().keys().collect();
@@ -602,8 +590,8 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
         .split(',')
         .map(|n| n.parse().unwrap())
         .collect();
-    for entry in std::fs::read_dir(tools::repo().join("deploy/examples")).unwrap() {
-        for obj in tools::documents(&std::fs::read_to_string(entry.unwrap().path()).unwrap()) {
+    for path in example_files() {
+        for obj in tools::documents(&std::fs::read_to_string(path).unwrap()) {
             for cidr in strs(&obj["spec"]["cidrs"]) {
                 let cidr: ipnet::IpNet = cidr.parse().unwrap();
                 assert!(
@@ -1238,4 +1226,17 @@ fn the_bundle_admits_its_critical_pods_and_gives_the_lease_the_leader_election_l
     for verb in ["get", "update", "create"] {
         assert!(verbs.contains(&verb), "{verb} missing from {verbs:?}");
     }
+}
+
+/// The example objects, `deploy/examples/*.yaml` in name order: what
+/// `kubectl apply -f deploy/examples/` applies. Its `patches/` holds merge patches, not
+/// objects, and kubectl does not descend into it.
+fn example_files() -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(tools::repo().join("deploy/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
 }

@@ -806,10 +806,41 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
     for made in [
         "ippool.ipam.tidepool.dev/default created",
         "ippool.ipam.tidepool.dev/gpu created",
-        "ipamnode.ipam.tidepool.dev/worker-1 created",
     ] {
         assert!(out.contains(made), "{out}");
     }
+    // the per-node overrides: README's `kubectl patch` of an IPAMNode (which the operator
+    // creates; here by hand) sets pools and watermarks and leaves nodeUID alone
+    let node = k.dir.join("worker-1.yaml");
+    std::fs::write(
+        &node,
+        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPAMNode\nmetadata:\n  name: worker-1\nspec:\n  nodeUID: uid-worker-1\n",
+    )
+    .unwrap();
+    k.ok(&["create", "-f", node.to_str().unwrap()]).await;
+    let patch = format!("{DEPLOY}/examples/patches/ipamnode-overrides.yaml");
+    let patch_args = [
+        "patch",
+        "ipamnode",
+        "worker-1",
+        "--type",
+        "merge",
+        "--patch-file",
+    ];
+    let out = k.ok(&[&patch_args[..], &[patch.as_str()]].concat()).await;
+    assert!(
+        out.contains("ipamnode.ipam.tidepool.dev/worker-1 patched"),
+        "{out}"
+    );
+    let spec = k
+        .ok(&["get", "ipamnode", "worker-1", "-o", "jsonpath={.spec}"])
+        .await;
+    let spec: Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(spec["nodeUID"], "uid-worker-1", "{spec}");
+    assert!(
+        spec["pools"].is_object() && spec["watermarks"].is_object(),
+        "{spec}"
+    );
     // the schema's default filled the gpu pool's IPv6 block size
     let gpu = k
         .ok(&["get", "ippool", "gpu", "-o", "jsonpath={.spec.blockSize}"])
