@@ -15,12 +15,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use common::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -357,21 +355,7 @@ async fn install(client: &kube::Client, test: &str, schema: &Value) {
             "versions": [version("v1"), version("v2"), version("v3")]},
     }))
     .expect("crd");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .expect("create crd");
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        await_condition(
-            crds,
-            &format!("{}.{GROUP}", r.plural),
-            conditions::is_crd_established(),
-        ),
-    )
-    .await
-    .expect("crd established in time")
-    .expect("await condition");
+    create_established(client, &crd).await;
 }
 
 struct Target<'a> {

@@ -75,22 +75,24 @@ pub fn ipamnode_resource() -> ApiResource {
 /// Creates the IPAMNode CRD, waits for Established, returns the CR api.
 pub async fn install_crd(client: &kube::Client) -> Api<DynamicObject> {
     let crd: CustomResourceDefinition = serde_saphyr::from_str(CRD_YAML).expect("crd yaml");
+    create_established(client, &crd).await;
+    Api::all_with(client.clone(), &ipamnode_resource())
+}
+
+/// Creates `crd` and waits until it is Established.
+pub async fn create_established(client: &kube::Client, crd: &CustomResourceDefinition) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &crd)
+    crds.create(&PostParams::default(), crd)
         .await
         .expect("create crd");
+    let name = crd.metadata.name.as_deref().expect("a CRD name");
     tokio::time::timeout(
         Duration::from_secs(10),
-        await_condition(
-            crds,
-            "ipamnodes.ipam.tidepool.dev",
-            conditions::is_crd_established(),
-        ),
+        await_condition(crds, name, conditions::is_crd_established()),
     )
     .await
     .expect("crd established in time")
     .expect("await condition");
-    Api::all_with(client.clone(), &ipamnode_resource())
 }
 
 pub fn dynamic(v: serde_json::Value) -> DynamicObject {
