@@ -12,18 +12,30 @@ use std::ops::Index;
 
 use crate::types::UsedEntry;
 
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct UsedMap {
+/// Address → entry, in address order. `E` is the engine's [`UsedEntry`] for `status.used`,
+/// and the node side's own entry in [`crate::node::NodeSide`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct UsedMap<E = UsedEntry> {
     /// Sorted, no duplicates.
     addrs: Vec<IpAddr>,
     /// `entries[i]` is the entry of `addrs[i]`.
-    entries: Vec<UsedEntry>,
+    entries: Vec<E>,
+}
+
+impl<E> Default for UsedMap<E> {
+    fn default() -> Self {
+        UsedMap {
+            addrs: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
 }
 
 /// The entries in address order.
-pub type Iter<'a> = std::iter::Zip<std::slice::Iter<'a, IpAddr>, std::slice::Iter<'a, UsedEntry>>;
+pub type Iter<'a, E = UsedEntry> =
+    std::iter::Zip<std::slice::Iter<'a, IpAddr>, std::slice::Iter<'a, E>>;
 
-impl UsedMap {
+impl<E> UsedMap<E> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -36,7 +48,7 @@ impl UsedMap {
         self.addrs.is_empty()
     }
 
-    pub fn get(&self, addr: &IpAddr) -> Option<&UsedEntry> {
+    pub fn get(&self, addr: &IpAddr) -> Option<&E> {
         self.addrs
             .binary_search(addr)
             .ok()
@@ -48,7 +60,7 @@ impl UsedMap {
     }
 
     /// Sets the entry of `addr`; returns the one it replaced.
-    pub fn insert(&mut self, addr: IpAddr, entry: UsedEntry) -> Option<UsedEntry> {
+    pub fn insert(&mut self, addr: IpAddr, entry: E) -> Option<E> {
         // addresses are mostly handed out in order: appending needs no search
         if self.addrs.last().is_none_or(|last| *last < addr) {
             self.addrs.push(addr);
@@ -65,7 +77,7 @@ impl UsedMap {
         }
     }
 
-    pub fn remove(&mut self, addr: &IpAddr) -> Option<UsedEntry> {
+    pub fn remove(&mut self, addr: &IpAddr) -> Option<E> {
         let i = self.addrs.binary_search(addr).ok()?;
         self.addrs.remove(i);
         Some(self.entries.remove(i))
@@ -75,33 +87,32 @@ impl UsedMap {
         self.addrs.iter()
     }
 
-    pub fn values(&self) -> std::slice::Iter<'_, UsedEntry> {
+    pub fn values(&self) -> std::slice::Iter<'_, E> {
         self.entries.iter()
     }
 
-    pub fn iter(&self) -> Iter<'_> {
+    pub fn iter(&self) -> Iter<'_, E> {
         self.addrs.iter().zip(self.entries.iter())
     }
 
     /// Heap bytes held (for the simulator's memory estimate).
     pub fn heap_bytes(&self) -> usize {
-        self.addrs.capacity() * size_of::<IpAddr>()
-            + self.entries.capacity() * size_of::<UsedEntry>()
+        self.addrs.capacity() * size_of::<IpAddr>() + self.entries.capacity() * size_of::<E>()
     }
 }
 
-impl<'a> IntoIterator for &'a UsedMap {
-    type Item = (&'a IpAddr, &'a UsedEntry);
-    type IntoIter = Iter<'a>;
+impl<'a, E> IntoIterator for &'a UsedMap<E> {
+    type Item = (&'a IpAddr, &'a E);
+    type IntoIter = Iter<'a, E>;
 
-    fn into_iter(self) -> Iter<'a> {
+    fn into_iter(self) -> Iter<'a, E> {
         self.iter()
     }
 }
 
 /// Like a map built by inserting in order: a later entry for the same address wins.
-impl FromIterator<(IpAddr, UsedEntry)> for UsedMap {
-    fn from_iter<T: IntoIterator<Item = (IpAddr, UsedEntry)>>(iter: T) -> Self {
+impl<E> FromIterator<(IpAddr, E)> for UsedMap<E> {
+    fn from_iter<T: IntoIterator<Item = (IpAddr, E)>>(iter: T) -> Self {
         let mut m = UsedMap::new();
         for (a, e) in iter {
             m.insert(a, e);
@@ -110,16 +121,16 @@ impl FromIterator<(IpAddr, UsedEntry)> for UsedMap {
     }
 }
 
-impl Index<&IpAddr> for UsedMap {
-    type Output = UsedEntry;
+impl<E> Index<&IpAddr> for UsedMap<E> {
+    type Output = E;
 
     /// Panics when `addr` has no entry, like a map's index.
-    fn index(&self, addr: &IpAddr) -> &UsedEntry {
+    fn index(&self, addr: &IpAddr) -> &E {
         self.get(addr).expect("no entry for this address")
     }
 }
 
-impl fmt::Debug for UsedMap {
+impl<E: fmt::Debug> fmt::Debug for UsedMap<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }

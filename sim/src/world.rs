@@ -19,9 +19,10 @@ use tidepool_ipam::BlockStore;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::addrs::Run;
 use tidepool_ipam::node as node_side;
+use tidepool_ipam::node::NodeSide;
 use tidepool_ipam::uid_table::{Keyed, UidTable};
 use tidepool_ipam::{
-    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
+    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid,
     WatermarkOverrides,
 };
 use tidepool_ipam::{Api, Budget, SchedulingMode};
@@ -650,15 +651,11 @@ impl<S: SimSource> World<S> {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
                 self.store.update_node(&p.node, |_, side| {
-                    !node_side::del(
-                        side,
-                        &self.cfg.families,
-                        uid,
-                        allocation(p.container_id),
-                        utc,
-                        cd,
-                    )
-                    .is_empty()
+                    let mut ns = NodeSide::from_published(side, cd);
+                    let key = allocation(p.container_id);
+                    let freed = !ns.del(&key, Some(uid), utc).freed().is_empty();
+                    publish(&ns, side);
+                    freed
                 });
                 self.inner.lock().wake_at(&p.node, now + cd);
                 self.wake.notify_one();
@@ -741,9 +738,12 @@ impl<S: SimSource> World<S> {
         let mut got = None;
         let utc = self.clock.utc();
         let families = &self.cfg.families;
+        let cd = self.cfg.reuse_cooldown;
         let written = self.store.update_node(&node, |stored, side| {
             let n = proj.as_ref().map_or(stored, |p| &p.view);
-            got = node_side::add(n, side, families, entry(uid, cid, utc));
+            let mut ns = NodeSide::from_published(side, cd);
+            got = add(&mut ns, n, families, uid, cid, utc);
+            publish(&ns, side);
             got.as_ref().is_some_and(|a| !a.is_empty())
         });
         if let Some(p) = proj {
@@ -889,9 +889,9 @@ impl<S: SimSource> World<S> {
                     .filter(|b| b.release || b.ack.is_some())
                     .map(|b| self.block_view(b, true))
                     .collect();
-                for (block, ack) in
-                    node_side::answer_blocks(&node.node, &answering, utc, &mut answers)
-                {
+                let mut ns = NodeSide::from_published(&node.node, cd);
+                let none = AddrSet::new();
+                for (block, ack) in ns.answer_blocks(&answering, &none, utc, &mut answers) {
                     self.store.ack_block(&block, ack);
                 }
             }
@@ -907,19 +907,17 @@ impl<S: SimSource> World<S> {
         let written = self.store.update_node(name, |stored, side| {
             // sim-cloud: the object itself (its node-side fields are in `side`)
             let node = proj.as_ref().map_or(stored, |p| &p.view);
-            let a = if blocks {
-                let mut a = node_side::answer_tombstones(node, side, utc, cd, &live);
-                a.changed |= node_side::expire_cooldowns(node, side, utc);
-                a
-            } else {
-                node_side::reconcile(node, side, utc, cd, &live)
-            };
-            let mut changed = a.changed;
-            answers.reclaimed = a.reclaimed;
-            answers.ready.union_with(&a.ready);
-            answers.resumed.union_with(&a.resumed);
+            let mut ns = NodeSide::from_published(side, cd);
+            let ops = &node.operator;
+            answers.reclaimed = ns.answer_tombstones(&ops.reclaim, Some, live, utc);
+            if !blocks {
+                ns.answer_marks(node, &AddrSet::new(), utc, &mut answers);
+            }
+            ns.expire_cooldowns(utc);
+            ns.forget_outside(&ops.addresses);
+            let mut changed = ns.is_dirty();
             for (uid, cid) in &queue {
-                match node_side::add(node, side, families, entry(*uid, *cid, utc)) {
+                match add(&mut ns, node, families, *uid, *cid, utc) {
                     Some(addrs) => {
                         changed |= !addrs.is_empty();
                         started.push((*uid, addrs));
@@ -927,7 +925,8 @@ impl<S: SimSource> World<S> {
                     None => break,
                 }
             }
-            next_cd = node_side::next_cooldown_end(side);
+            next_cd = ns.next_cooldown_end();
+            publish(&ns, side);
             changed
         });
         if let Some(p) = proj {
@@ -1141,17 +1140,31 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
     node_side::project(&slim, blocks)
 }
 
-fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
+/// A simulated pod's ADD on the node side: its addresses (the ones it holds, for a
+/// repeated ADD), or `None` when the pool has no free address of some family.
+fn add(
+    ns: &mut NodeSide<AllocationId>,
+    node: &IpamNode,
+    families: &[Family],
+    uid: PodUid,
+    container_id: u64,
+    now: SystemTime,
+) -> Option<Vec<IpAddr>> {
+    let none = AddrSet::new();
+    let key = allocation(container_id);
+    ns.add(node, families, &none, key, uid, now)
+        .ok()
+        .map(|a| a.addrs)
+}
+
+/// Writes the node side's record back into the store's object, if it changed.
+fn publish(ns: &NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields) {
     // every simulated pod lives in one namespace: its name is shared, not copied per entry;
     // the pod name is shared too (identity is the UID, nothing reads the name)
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
     static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
-    UsedEntry {
-        pod_uid: uid,
-        namespace: NAMESPACE.clone(),
-        pod: POD.clone(),
-        allocation: allocation(container_id),
-        since,
+    if ns.is_dirty() {
+        *side = ns.published(|_| (NAMESPACE.clone(), POD.clone()));
     }
 }
 

@@ -1,0 +1,85 @@
+//! [`NodeSide`] as the IPAMNode's node-side fields carry it (`status.used`, `.cooldown`,
+//! `.releaseAck`, `.reclaimAck`), and back (the simulator's node side lives in its store's
+//! objects, keyed by the 64-bit [`AllocationId`]).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::side::{Held, Key, NodeSide, ReclaimAnswer};
+use crate::types::{AllocationId, NodeSideFields, ReclaimAck, UsedEntry};
+
+impl<K: Key> NodeSide<K> {
+    /// The record as the node-side fields publish it; `names(key)` gives the namespace and
+    /// name of the pod holding `key` (not kept here).
+    pub fn published(&self, names: impl Fn(&K) -> (Arc<str>, Arc<str>)) -> NodeSideFields {
+        let used = self
+            .used
+            .iter()
+            .map(|(addr, h)| {
+                let (namespace, pod) = names(&h.key);
+                let entry = UsedEntry {
+                    pod_uid: h.pod_uid,
+                    namespace,
+                    pod,
+                    allocation: h.key.id(),
+                    since: h.since,
+                };
+                (*addr, entry)
+            })
+            .collect();
+        let reclaim_ack = self
+            .reclaim_ack
+            .iter()
+            .map(|(addr, r)| {
+                let ack = ReclaimAck {
+                    pod_uid: r.pod_uid,
+                    allocation: r.key.id(),
+                    outcome: r.outcome,
+                };
+                (*addr, ack)
+            })
+            .collect();
+        NodeSideFields {
+            used,
+            cooldown: self.cooldown.clone(),
+            release_ack: self.release_ack.clone(),
+            reclaim_ack,
+        }
+    }
+}
+
+impl NodeSide<AllocationId> {
+    /// The record the node-side fields `side` publish, clean (nothing to write yet).
+    pub fn from_published(side: &NodeSideFields, reuse_cooldown: Duration) -> Self {
+        let held = |e: &UsedEntry| Held {
+            pod_uid: e.pod_uid,
+            key: e.allocation,
+            since: e.since,
+        };
+        let reclaim_ack = side
+            .reclaim_ack
+            .iter()
+            .map(|(addr, a)| {
+                let answer = ReclaimAnswer {
+                    pod_uid: a.pod_uid,
+                    key: a.allocation,
+                    outcome: a.outcome,
+                };
+                (*addr, answer)
+            })
+            .collect();
+        NodeSide {
+            used: side.used.iter().map(|(a, e)| (*a, held(e))).collect(),
+            by_key: side
+                .used
+                .iter()
+                .map(|(a, e)| (e.allocation, *a))
+                .collect::<BTreeSet<_>>(),
+            cooldown: side.cooldown.clone(),
+            release_ack: side.release_ack.clone(),
+            reclaim_ack,
+            ..NodeSide::new(reuse_cooldown)
+        }
+    }
+}
