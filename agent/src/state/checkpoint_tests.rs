@@ -489,3 +489,70 @@ fn a_state_dir_on_disk_locks_saves_and_loads() {
     assert_eq!(loaded.origin, Origin::Restored { version: 2 });
     assert_eq!(loaded.state, s);
 }
+
+/// The previous release (format 2, before the node side moved into `ipam`) reads what this
+/// build writes, and this build reads what the previous release wrote: nothing is lost
+/// either way.
+#[test]
+fn the_previous_release_reads_this_checkpoint_and_the_other_way_round() {
+    use crate::state::format_prev as prev;
+    let fs = RecordingFs::new();
+    let mut state = full_state();
+    state.save(&fs, dir()).expect("save");
+    let bytes = fs.get(&ckpt()).expect("written");
+    let read = prev::read(&bytes).expect("the previous release reads it");
+    let allocs: Vec<_> = read
+        .allocations
+        .iter()
+        .map(|a| {
+            (
+                a.container_id.as_str(),
+                a.ifname.as_str(),
+                a.addresses.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        allocs,
+        vec![
+            ("c1", "eth0", vec![ip("10.0.0.1")]),
+            ("c2", "net1", vec![ip("10.0.0.2"), ip("fd00::2")]),
+        ]
+    );
+    let c1 = &read.allocations[0];
+    assert_eq!(
+        (c1.pod_uid.as_str(), c1.namespace.as_str(), c1.pod.as_str()),
+        ("00000000-0000-0000-0000-000000000001", "default", "web-1")
+    );
+    assert_eq!(
+        (c1.boot_id.as_str(), c1.netns.as_deref()),
+        ("boot-1", Some("/var/run/netns/c1"))
+    );
+    assert_eq!(c1.since, format::to_ms(t0()));
+    assert_eq!(
+        read.cooldown.keys().collect::<Vec<_>>(),
+        vec![&ip("10.0.0.3")]
+    );
+    assert_eq!(read.release_ack.len(), 2, "a run of three and one");
+    assert_eq!(
+        read.block_release_ack.get("node-a-10-0-2-0-28"),
+        Some(&prev::Answer::DoNotRelease)
+    );
+    let r = &read.reclaim_ack[&ip("10.0.0.7")];
+    assert_eq!(
+        (r.container_id.as_str(), r.outcome),
+        ("c7", prev::Outcome::Stale)
+    );
+
+    // the previous release writes what it read; this build reads the same state back
+    let written = serde_json::to_vec(&read).expect("encode");
+    assert_eq!(
+        (read.version, read.min_reader_version),
+        (prev::FORMAT_VERSION, prev::MIN_READER_VERSION)
+    );
+    let fs = RecordingFs::new();
+    fs.put(ckpt(), written);
+    let loaded = load_at(&fs, "boot-1", t0());
+    assert_eq!(loaded.origin, Origin::Restored { version: 2 });
+    assert_eq!(loaded.state, state, "nothing lost");
+}

@@ -33,6 +33,8 @@ mod checkpoint;
 mod dir;
 mod error;
 mod format;
+#[cfg(test)]
+mod format_prev;
 mod fs;
 mod lock;
 mod model;
