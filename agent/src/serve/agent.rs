@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 use tidepool_api::convert::Allocations;
 use tidepool_ipam::node::{BlockView, Refused};
-use tidepool_ipam::{Family, PodUid};
+use tidepool_ipam::PodUid;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
 use crate::reconcile::Tracker;
-use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
+use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError, pool_families};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
 pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
@@ -400,11 +400,7 @@ fn try_add(
     if let Some(live) = i.pods.live_pods() {
         exclude.union_with(&live.addresses().iter().copied().collect());
     }
-    let families: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| node.operator.addresses.len(*f) > 0)
-        .collect();
-    if families.is_empty() {
+    if pool_families(&node).is_empty() {
         return (Attempt::Empty("the node has no block yet".into()), false);
     }
     let pod = PodRef {
@@ -413,7 +409,7 @@ fn try_add(
         name: req.pod_name.clone().unwrap_or_default(),
     };
     let netns = req.netns.clone();
-    let addrs = match s.add(&node, &families, &exclude, key.clone(), pod, netns, now) {
+    let addrs = match s.add(&node, &exclude, key.clone(), pod, netns, now) {
         Ok(added) => added.addrs,
         Err(Refused::NoFreeAddress { family }) => {
             let why = format!("no free {} address in the node's blocks", family.as_str());

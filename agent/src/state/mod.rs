@@ -51,7 +51,9 @@ pub use error::{Result, StateError};
 pub use format::{FORMAT_VERSION, MIN_READER_VERSION};
 pub use fs::{Fs, FsFile, StdFs};
 pub use lock::{DirLock, LOCK_FILE};
-pub use model::{AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid};
+pub use model::{
+    AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid, pool_families,
+};
 pub use recording::{Op, OpKind, RecordingFs};
 pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool};
 pub use tidepool_ipam::node::{Added, DelOutcome};

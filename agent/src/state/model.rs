@@ -179,21 +179,22 @@ impl NodeState {
     }
 
     /// CNI ADD of `key` for `pod` by `ipam`'s [`NodeSide::add`]: one free address per
-    /// family of `node`'s pool, never one of `exclude` (gateways, live pods' addresses);
-    /// a repeated ADD of the key by the same pod returns what it got the first time.
+    /// family of `node`'s pool ([`pool_families`]), never one of `exclude` (gateways, live
+    /// pods' addresses); a repeated ADD of the key by the same pod returns what it got the
+    /// first time.
     pub fn add(
         &mut self,
         node: &IpamNode,
-        families: &[Family],
         exclude: &AddrSet,
         key: AllocKey,
         pod: PodRef,
         netns: Option<String>,
         now: SystemTime,
     ) -> Result<Added, Refused<AllocKey>> {
+        let families = pool_families(node);
         let added = self
             .side
-            .add(node, families, exclude, key.clone(), pod.uid, now)?;
+            .add(node, &families, exclude, key.clone(), pod.uid, now)?;
         self.own_new(&added, key, pod, netns);
         Ok(added)
     }
@@ -315,6 +316,14 @@ impl NodeState {
         self.side.mark_clean();
         Ok(())
     }
+}
+
+/// The families `node`'s pool has addresses of (an ADD takes one address of each).
+pub fn pool_families(node: &IpamNode) -> Vec<Family> {
+    Family::ALL
+        .into_iter()
+        .filter(|f| node.operator.addresses.len(*f) > 0)
+        .collect()
 }
 
 /// A pod UID as the API server writes it (a UUID, either case) as the engine's number;
