@@ -48,6 +48,12 @@ impl<E> UsedMap<E> {
         self.addrs.is_empty()
     }
 
+    /// Removes every entry, keeping the storage.
+    pub fn clear(&mut self) {
+        self.addrs.clear();
+        self.entries.clear();
+    }
+
     pub fn get(&self, addr: &IpAddr) -> Option<&E> {
         self.addrs
             .binary_search(addr)

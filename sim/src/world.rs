@@ -1164,7 +1164,7 @@ fn publish(ns: &NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
     static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
     if ns.is_dirty() {
-        *side = ns.published(|_| (NAMESPACE.clone(), POD.clone()));
+        ns.publish_into(|_| (NAMESPACE.clone(), POD.clone()), side);
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::node::{BlockView, Refused};
 use tidepool_ipam::PodUid;
+use tidepool_ipam::node::{BlockView, Refused};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 

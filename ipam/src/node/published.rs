@@ -13,22 +13,32 @@ impl<K: Key> NodeSide<K> {
     /// The record as the node-side fields publish it; `names(key)` gives the namespace and
     /// name of the pod holding `key` (not kept here).
     pub fn published(&self, names: impl Fn(&K) -> (Arc<str>, Arc<str>)) -> NodeSideFields {
-        let used = self
-            .used
-            .iter()
-            .map(|(addr, h)| {
-                let (namespace, pod) = names(&h.key);
-                let entry = UsedEntry {
-                    pod_uid: h.pod_uid,
-                    namespace,
-                    pod,
-                    allocation: h.key.id(),
-                    since: h.since,
-                };
-                (*addr, entry)
-            })
-            .collect();
-        let reclaim_ack = self
+        let mut side = NodeSideFields::default();
+        self.publish_into(names, &mut side);
+        side
+    }
+
+    /// [`NodeSide::published`] written over `side`, reusing its `used` map's storage.
+    pub fn publish_into(
+        &self,
+        names: impl Fn(&K) -> (Arc<str>, Arc<str>),
+        side: &mut NodeSideFields,
+    ) {
+        side.used.clear();
+        for (addr, h) in self.used.iter() {
+            let (namespace, pod) = names(&h.key);
+            let entry = UsedEntry {
+                pod_uid: h.pod_uid,
+                namespace,
+                pod,
+                allocation: h.key.id(),
+                since: h.since,
+            };
+            side.used.insert(*addr, entry);
+        }
+        side.cooldown.clone_from(&self.cooldown);
+        side.release_ack.clone_from(&self.release_ack);
+        side.reclaim_ack = self
             .reclaim_ack
             .iter()
             .map(|(addr, r)| {
@@ -40,12 +50,6 @@ impl<K: Key> NodeSide<K> {
                 (*addr, ack)
             })
             .collect();
-        NodeSideFields {
-            used,
-            cooldown: self.cooldown.clone(),
-            release_ack: self.release_ack.clone(),
-            reclaim_ack,
-        }
     }
 }
 
