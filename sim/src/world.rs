@@ -651,10 +651,10 @@ impl<S: SimSource> World<S> {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
                 self.store.update_node(&p.node, |_, side| {
-                    let mut ns = NodeSide::from_published(side, cd);
+                    let mut ns = NodeSide::take_published(side, cd);
                     let key = allocation(p.container_id);
                     let freed = !ns.del(&key, Some(uid), utc).freed().is_empty();
-                    publish(&ns, side);
+                    publish(ns, side);
                     freed
                 });
                 self.inner.lock().wake_at(&p.node, now + cd);
@@ -741,9 +741,9 @@ impl<S: SimSource> World<S> {
         let cd = self.cfg.reuse_cooldown;
         let written = self.store.update_node(&node, |stored, side| {
             let n = proj.as_ref().map_or(stored, |p| &p.view);
-            let mut ns = NodeSide::from_published(side, cd);
+            let mut ns = NodeSide::take_published(side, cd);
             got = add(&mut ns, n, families, uid, cid, utc);
-            publish(&ns, side);
+            publish(ns, side);
             got.as_ref().is_some_and(|a| !a.is_empty())
         });
         if let Some(p) = proj {
@@ -907,7 +907,7 @@ impl<S: SimSource> World<S> {
         let written = self.store.update_node(name, |stored, side| {
             // sim-cloud: the object itself (its node-side fields are in `side`)
             let node = proj.as_ref().map_or(stored, |p| &p.view);
-            let mut ns = NodeSide::from_published(side, cd);
+            let mut ns = NodeSide::take_published(side, cd);
             let ops = &node.operator;
             answers.reclaimed = ns.answer_tombstones(&ops.reclaim, Some, live, utc);
             if !blocks {
@@ -926,7 +926,7 @@ impl<S: SimSource> World<S> {
                 }
             }
             next_cd = ns.next_cooldown_end();
-            publish(&ns, side);
+            publish(ns, side);
             changed
         });
         if let Some(p) = proj {
@@ -1157,15 +1157,13 @@ fn add(
         .map(|a| a.addrs)
 }
 
-/// Writes the node side's record back into the store's object, if it changed.
-fn publish(ns: &NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields) {
+/// Gives the node side's record back to the store's object (rewritten if it changed).
+fn publish(ns: NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields) {
     // every simulated pod lives in one namespace: its name is shared, not copied per entry;
     // the pod name is shared too (identity is the UID, nothing reads the name)
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
     static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
-    if ns.is_dirty() {
-        ns.publish_into(|_| (NAMESPACE.clone(), POD.clone()), side);
-    }
+    ns.return_published(|_| (NAMESPACE.clone(), POD.clone()), side);
 }
 
 /// A simulated sandbox's allocation: its container ID as the runtime would spell it (64 hex

@@ -2,7 +2,8 @@
 //! `.releaseAck`, `.reclaimAck`), and back (the simulator's node side lives in its store's
 //! objects, keyed by the 64-bit [`AllocationId`]).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,34 +57,63 @@ impl<K: Key> NodeSide<K> {
 impl NodeSide<AllocationId> {
     /// The record the node-side fields `side` publish, clean (nothing to write yet).
     pub fn from_published(side: &NodeSideFields, reuse_cooldown: Duration) -> Self {
+        let mut ns = Self::with_used(side, reuse_cooldown);
+        ns.cooldown.clone_from(&side.cooldown);
+        ns.release_ack.clone_from(&side.release_ack);
+        ns.reclaim_ack = reclaim_answers(side);
+        ns
+    }
+
+    /// [`NodeSide::from_published`] taking the maps out of `side` instead of copying them
+    /// (`used` is copied); [`NodeSide::return_published`] gives them back.
+    pub fn take_published(side: &mut NodeSideFields, reuse_cooldown: Duration) -> Self {
+        let mut ns = Self::with_used(side, reuse_cooldown);
+        ns.cooldown = std::mem::take(&mut side.cooldown);
+        ns.release_ack = std::mem::take(&mut side.release_ack);
+        ns.reclaim_ack = reclaim_answers(side);
+        ns
+    }
+
+    /// Writes the record back into the `side` it was taken from: the maps go back, `used`
+    /// and the reclaim answers are rewritten if anything changed.
+    pub fn return_published(
+        mut self,
+        names: impl Fn(&AllocationId) -> (Arc<str>, Arc<str>),
+        side: &mut NodeSideFields,
+    ) {
+        if self.dirty {
+            self.publish_into(names, side);
+        }
+        side.cooldown = std::mem::take(&mut self.cooldown);
+        side.release_ack = std::mem::take(&mut self.release_ack);
+    }
+
+    fn with_used(side: &NodeSideFields, reuse_cooldown: Duration) -> Self {
         let held = |e: &UsedEntry| Held {
             pod_uid: e.pod_uid,
             key: e.allocation,
             since: e.since,
         };
-        let reclaim_ack = side
-            .reclaim_ack
-            .iter()
-            .map(|(addr, a)| {
-                let answer = ReclaimAnswer {
-                    pod_uid: a.pod_uid,
-                    key: a.allocation,
-                    outcome: a.outcome,
-                };
-                (*addr, answer)
-            })
-            .collect();
+        let mut by_key: Vec<_> = side.used.iter().map(|(a, e)| (e.allocation, *a)).collect();
+        by_key.sort_unstable();
         NodeSide {
             used: side.used.iter().map(|(a, e)| (*a, held(e))).collect(),
-            by_key: side
-                .used
-                .iter()
-                .map(|(a, e)| (e.allocation, *a))
-                .collect::<BTreeSet<_>>(),
-            cooldown: side.cooldown.clone(),
-            release_ack: side.release_ack.clone(),
-            reclaim_ack,
+            by_key,
             ..NodeSide::new(reuse_cooldown)
         }
     }
+}
+
+fn reclaim_answers(side: &NodeSideFields) -> BTreeMap<IpAddr, ReclaimAnswer<AllocationId>> {
+    side.reclaim_ack
+        .iter()
+        .map(|(addr, a)| {
+            let answer = ReclaimAnswer {
+                pod_uid: a.pod_uid,
+                key: a.allocation,
+                outcome: a.outcome,
+            };
+            (*addr, answer)
+        })
+        .collect()
 }

@@ -2,7 +2,7 @@
 //! and the rules that change it for CNI ADD and DEL. Its maps are private: a caller
 //! changes them only through these methods and those of `answers.rs`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
@@ -97,8 +97,10 @@ impl DelOutcome {
 pub struct NodeSide<K> {
     pub(super) reuse_cooldown: Duration,
     pub(super) used: UsedMap<Held<K>>,
-    /// (key, address) for every `used` entry: an allocation's addresses in address order.
-    pub(super) by_key: BTreeSet<(K, IpAddr)>,
+    /// (key, address) for every `used` entry, sorted: an allocation's addresses in address
+    /// order. A sorted vector: a node holds a few hundred entries at most, and the
+    /// simulator builds it on every call (see `published.rs`).
+    pub(super) by_key: Vec<(K, IpAddr)>,
     /// Address → end of its reuse cooldown.
     pub(super) cooldown: BTreeMap<IpAddr, SystemTime>,
     pub(super) release_ack: AddrMap<ReleaseAck>,
@@ -114,7 +116,7 @@ impl<K: Key> NodeSide<K> {
         NodeSide {
             reuse_cooldown,
             used: UsedMap::default(),
-            by_key: BTreeSet::new(),
+            by_key: Vec::new(),
             cooldown: BTreeMap::new(),
             release_ack: AddrMap::new(),
             reclaim_ack: BTreeMap::new(),
@@ -152,10 +154,12 @@ impl<K: Key> NodeSide<K> {
         self.of_key(key).collect()
     }
 
-    fn of_key<'a>(&'a self, key: &K) -> impl Iterator<Item = IpAddr> + 'a {
-        let lo = (key.clone(), IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        let hi = (key.clone(), address(Family::V6, u128::MAX));
-        self.by_key.range(lo..=hi).map(|(_, a)| *a)
+    fn of_key<'a>(&'a self, key: &'a K) -> impl Iterator<Item = IpAddr> + 'a {
+        let from = self.by_key.partition_point(|(k, _)| k < key);
+        self.by_key[from..]
+            .iter()
+            .take_while(move |(k, _)| k == key)
+            .map(|(_, a)| *a)
     }
 
     /// `key`'s allocation: its entry (of its first address) and its addresses.
@@ -268,7 +272,10 @@ impl<K: Key> NodeSide<K> {
                 since,
             };
             self.used.insert(*addr, held);
-            self.by_key.insert((key.clone(), *addr));
+            let pair = (key.clone(), *addr);
+            if let Err(i) = self.by_key.binary_search(&pair) {
+                self.by_key.insert(i, pair);
+            }
         }
         self.dirty = true;
         Ok(Added {
@@ -354,7 +361,9 @@ impl<K: Key> NodeSide<K> {
     /// Removes `addr` from `key`'s allocation; it cools down from `now`.
     pub(super) fn take_address(&mut self, key: &K, addr: IpAddr, now: SystemTime) {
         self.used.remove(&addr);
-        self.by_key.remove(&(key.clone(), addr));
+        if let Ok(i) = self.by_key.binary_search(&(key.clone(), addr)) {
+            self.by_key.remove(i);
+        }
         self.cool(addr, now);
         self.dirty = true;
     }

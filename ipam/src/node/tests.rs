@@ -679,6 +679,18 @@ fn the_record_is_published_and_read_back() {
     );
     back.del(&alloc(1), None, T);
     assert_eq!(back.published(names).used.len(), 0);
+    // taken out of the fields and given back: unchanged, or rewritten with the change
+    let mut fields = published.clone();
+    let taken = Side::take_published(&mut fields, CD);
+    assert_eq!(taken, s);
+    taken.return_published(names, &mut fields);
+    assert_eq!(fields, published);
+    let mut taken = Side::take_published(&mut fields, CD);
+    taken.del(&alloc(1), None, T);
+    let want = taken.published(names);
+    taken.return_published(names, &mut fields);
+    assert_eq!(fields, want);
+    assert!(fields.used.is_empty() && fields.cooldown.contains_key(&ip("fd00::1")));
 }
 
 #[path = "props.rs"]
