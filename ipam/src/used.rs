@@ -101,6 +101,52 @@ impl<E> UsedMap<E> {
         self.addrs.iter().zip(self.entries.iter())
     }
 
+    /// The same addresses with each entry converted by `f`.
+    pub fn map<F>(&self, f: impl FnMut(&E) -> F) -> UsedMap<F> {
+        UsedMap {
+            addrs: self.addrs.clone(),
+            entries: self.entries.iter().map(f).collect(),
+        }
+    }
+
+    /// Makes this map hold `other`'s addresses with their entries converted by `make`,
+    /// in place: an entry `same` as its counterpart in `other` is kept as it is (not
+    /// converted again), the storage is reused.
+    pub fn update_from<H>(
+        &mut self,
+        other: &UsedMap<H>,
+        same: impl Fn(&E, &H) -> bool,
+        make: impl Fn(&H) -> E,
+    ) {
+        if self.addrs == other.addrs {
+            for (e, h) in self.entries.iter_mut().zip(&other.entries) {
+                if !same(e, h) {
+                    *e = make(h);
+                }
+            }
+            return;
+        }
+        // keep the entries still there, in order, then insert the new ones
+        let mut kept = 0;
+        for i in 0..self.addrs.len() {
+            let stays = other
+                .get(&self.addrs[i])
+                .is_some_and(|h| same(&self.entries[i], h));
+            if stays {
+                self.addrs.swap(kept, i);
+                self.entries.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.addrs.truncate(kept);
+        self.entries.truncate(kept);
+        for (a, h) in other.iter() {
+            if !self.contains_key(a) {
+                self.insert(*a, make(h));
+            }
+        }
+    }
+
     /// Heap bytes held (for the simulator's memory estimate).
     pub fn heap_bytes(&self) -> usize {
         self.addrs.capacity() * size_of::<IpAddr>() + self.entries.capacity() * size_of::<E>()
@@ -223,6 +269,30 @@ mod tests {
             let rebuilt: UsedMap = b.clone().into_iter().collect();
             prop_assert_eq!(&rebuilt, &m);
             prop_assert_eq!(format!("{m:?}"), format!("{b:?}"));
+        }
+    }
+
+    proptest! {
+        /// `update_from` leaves what converting `other` anew gives, keeps the entries
+        /// that were the same (their names stay), and `map` converts every entry.
+        #[test]
+        fn update_from_equals_a_new_conversion(
+            before in prop::collection::btree_map(any::<u8>(), 0..4u8, 0..40),
+            after in prop::collection::btree_map(any::<u8>(), 0..4u8, 0..40),
+        ) {
+            let named = |uid: u8, pod: &str| UsedEntry { pod: pod.into(), ..entry(u128::from(uid)) };
+            let mut m: UsedMap = before.iter().map(|(a, u)| (addr(*a), named(*u, "old"))).collect();
+            let other: UsedMap<u8> = after.iter().map(|(a, u)| (addr(*a), *u)).collect();
+            m.update_from(&other, |e, u| e.pod_uid == PodUid(u128::from(*u)), |u| named(*u, "new"));
+            prop_assert_eq!(m.len(), other.len());
+            for (a, u) in other.iter() {
+                prop_assert_eq!(m[a].pod_uid, PodUid(u128::from(*u)));
+                let kept = before.iter().any(|(b, v)| addr(*b) == *a && v == u);
+                prop_assert_eq!(&*m[a].pod, if kept { "old" } else { "new" });
+            }
+            prop_assert!(m.keys().eq(other.keys()));
+            let back = m.map(|e| u8::try_from(e.pod_uid.0).unwrap());
+            prop_assert_eq!(back, other);
         }
     }
 

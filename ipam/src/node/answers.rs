@@ -41,7 +41,7 @@ impl<K: Key> NodeSide<K> {
             };
             let outcome = self.tombstone_outcome(addr, t.pod_uid, &key, &live);
             if outcome == ReclaimOutcome::Reclaimed {
-                self.take_address(&key, *addr, now);
+                self.take_address(*addr, now);
                 reclaimed.push((t.pod_uid, *addr));
             }
             // a new answer, or one for another pod replaced: a change either way

@@ -19,24 +19,27 @@ impl<K: Key> NodeSide<K> {
         side
     }
 
-    /// [`NodeSide::published`] written over `side`, reusing its `used` map's storage.
+    /// [`NodeSide::published`] written over `side` in place: its `used` entries that
+    /// still hold are kept (with their names), its maps' storage is reused.
     pub fn publish_into(
         &self,
         names: impl Fn(&K) -> (Arc<str>, Arc<str>),
         side: &mut NodeSideFields,
     ) {
-        side.used.clear();
-        for (addr, h) in self.used.iter() {
+        let same = |e: &UsedEntry, h: &Held<K>| {
+            e.pod_uid == h.pod_uid && e.allocation == h.key.id() && e.since == h.since
+        };
+        let entry = |h: &Held<K>| {
             let (namespace, pod) = names(&h.key);
-            let entry = UsedEntry {
+            UsedEntry {
                 pod_uid: h.pod_uid,
                 namespace,
                 pod,
                 allocation: h.key.id(),
                 since: h.since,
-            };
-            side.used.insert(*addr, entry);
-        }
+            }
+        };
+        side.used.update_from(&self.used, same, entry);
         side.cooldown.clone_from(&self.cooldown);
         side.release_ack.clone_from(&self.release_ack);
         side.reclaim_ack = self
@@ -94,11 +97,8 @@ impl NodeSide<AllocationId> {
             key: e.allocation,
             since: e.since,
         };
-        let mut by_key: Vec<_> = side.used.iter().map(|(a, e)| (e.allocation, *a)).collect();
-        by_key.sort_unstable();
         NodeSide {
-            used: side.used.iter().map(|(a, e)| (*a, held(e))).collect(),
-            by_key,
+            used: side.used.map(held),
             ..NodeSide::new(reuse_cooldown)
         }
     }

@@ -90,17 +90,15 @@ impl DelOutcome {
     }
 }
 
-/// The node side's record: `used` (address → pod UID, key, since) with its index by key,
-/// cooldowns, the answers to address marks, tombstones and block marks, and whether any
+/// The node side's record: `used` (address → pod UID, key, since), cooldowns, the answers to address marks, tombstones and block marks, and whether any
 /// of it changed since the caller last saved or wrote it (`dirty`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSide<K> {
     pub(super) reuse_cooldown: Duration,
+    /// No index by key: a node holds a few hundred entries at most, an ADD or DEL scans
+    /// them, and the simulator builds a `NodeSide` on every call (see `published.rs`),
+    /// where building an index cost more than the scans it saved.
     pub(super) used: UsedMap<Held<K>>,
-    /// (key, address) for every `used` entry, sorted: an allocation's addresses in address
-    /// order. A sorted vector: a node holds a few hundred entries at most, and the
-    /// simulator builds it on every call (see `published.rs`).
-    pub(super) by_key: Vec<(K, IpAddr)>,
     /// Address → end of its reuse cooldown.
     pub(super) cooldown: BTreeMap<IpAddr, SystemTime>,
     pub(super) release_ack: AddrMap<ReleaseAck>,
@@ -116,7 +114,6 @@ impl<K: Key> NodeSide<K> {
         NodeSide {
             reuse_cooldown,
             used: UsedMap::default(),
-            by_key: Vec::new(),
             cooldown: BTreeMap::new(),
             release_ack: AddrMap::new(),
             reclaim_ack: BTreeMap::new(),
@@ -155,11 +152,10 @@ impl<K: Key> NodeSide<K> {
     }
 
     fn of_key<'a>(&'a self, key: &'a K) -> impl Iterator<Item = IpAddr> + 'a {
-        let from = self.by_key.partition_point(|(k, _)| k < key);
-        self.by_key[from..]
+        self.used
             .iter()
-            .take_while(move |(k, _)| k == key)
-            .map(|(_, a)| *a)
+            .filter(move |(_, h)| h.key == *key)
+            .map(|(a, _)| *a)
     }
 
     /// `key`'s allocation: its entry (of its first address) and its addresses.
@@ -171,11 +167,14 @@ impl<K: Key> NodeSide<K> {
 
     /// Every allocation: its entry (of its first address) and its addresses, by key.
     pub fn allocations(&self) -> impl Iterator<Item = (&Held<K>, Vec<IpAddr>)> + '_ {
-        let mut it = self.by_key.iter().peekable();
+        // `used` is in address order: a stable sort by key keeps each key's in it
+        let mut by_key: Vec<(&K, &IpAddr)> = self.used.iter().map(|(a, h)| (&h.key, a)).collect();
+        by_key.sort_by(|x, y| x.0.cmp(y.0));
+        let mut it = by_key.into_iter().peekable();
         std::iter::from_fn(move || {
             let (key, first) = it.next()?;
             let mut addrs = vec![*first];
-            while let Some((_, a)) = it.next_if(|(k, _)| k == key) {
+            while let Some((_, a)) = it.next_if(|(k, _)| *k == key) {
                 addrs.push(*a);
             }
             Some((&self.used[first], addrs))
@@ -272,10 +271,6 @@ impl<K: Key> NodeSide<K> {
                 since,
             };
             self.used.insert(*addr, held);
-            let pair = (key.clone(), *addr);
-            if let Err(i) = self.by_key.binary_search(&pair) {
-                self.by_key.insert(i, pair);
-            }
         }
         self.dirty = true;
         Ok(Added {
@@ -353,17 +348,14 @@ impl<K: Key> NodeSide<K> {
     fn free(&mut self, key: &K, now: SystemTime) -> Vec<IpAddr> {
         let addrs = self.addrs_of(key);
         for addr in &addrs {
-            self.take_address(key, *addr, now);
+            self.take_address(*addr, now);
         }
         addrs
     }
 
-    /// Removes `addr` from `key`'s allocation; it cools down from `now`.
-    pub(super) fn take_address(&mut self, key: &K, addr: IpAddr, now: SystemTime) {
+    /// Removes `addr` from its allocation; it cools down from `now`.
+    pub(super) fn take_address(&mut self, addr: IpAddr, now: SystemTime) {
         self.used.remove(&addr);
-        if let Ok(i) = self.by_key.binary_search(&(key.clone(), addr)) {
-            self.by_key.remove(i);
-        }
         self.cool(addr, now);
         self.dirty = true;
     }
