@@ -19,8 +19,9 @@ impl<K: Key> NodeSide<K> {
         side
     }
 
-    /// [`NodeSide::published`] written over `side` in place: its `used` entries that
-    /// still hold are kept (with their names), its maps' storage is reused.
+    /// [`NodeSide::published`] written over `side` in place: only the span of its `used`
+    /// that changed is rewritten (the entries around it keep their names), its maps'
+    /// storage is reused.
     pub fn publish_into(
         &self,
         names: impl Fn(&K) -> (Arc<str>, Arc<str>),
