@@ -1,6 +1,7 @@
 //! The simulated world the engine is judged in (cargo feature `sim`): node sides,
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
 
+pub mod alloc;
 pub mod cloud;
 mod heap;
 pub mod observer;
