@@ -10,7 +10,7 @@
 //! # env: CHAIN_ROUNDS (200), CHAIN_PODS (200), CHAIN_STATE=disk|tmpfs (disk)
 //! ```
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -8,6 +8,7 @@
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test agent_absent`.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

@@ -15,6 +15,7 @@
 //! every namespace is removed on every exit path, and no address is ever configured outside
 //! them.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::chain::*;

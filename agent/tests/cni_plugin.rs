@@ -2,6 +2,7 @@
 //! a clean environment of `CNI_*` variables, the network config on stdin, the answer on stdout.
 //! A fake agent on a unix socket in a temp dir records each request and answers as scripted.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::{BIN, Run, plugin_with};

@@ -21,6 +21,7 @@
 //! rename → directory fsync → reply through the agent's filesystem trait (the state tests
 //! check the save itself, and the publish's place after it).
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -23,6 +23,7 @@
 //! with a printed reason otherwise. Run: `cargo build -p tidepool-operator --bin
 //! tidepool-operator && cargo test -p tidepool-agent --test deploy_live -- --nocapture`.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

@@ -13,6 +13,7 @@
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::*;

@@ -9,6 +9,7 @@
 //! namespace is removed on every exit path (the [`Namespaces`] guard), the managers stop
 //! when dropped, and no address or route is ever configured outside the namespaces.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

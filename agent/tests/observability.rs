@@ -6,6 +6,7 @@
 //! exactly what was done, and the address gauge follows the allocations. With Debian's
 //! `prometheus` installed, promtool accepts the exposition and a real Prometheus scrapes it.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -12,6 +12,7 @@
 //!   same key gets its address back, no other key gets an adopted or cooling address, and
 //!   the rebuild is saved.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -5,6 +5,7 @@
 //! cooldown; a DEL spooled while it was down is replayed at start before anything is
 //! published.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::agent_process::start_agent;

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::*;

@@ -4,6 +4,7 @@
 //! entry, and once the pod is deleted the operator's tombstone is answered by the agent:
 //! the entry goes, the address cools down, and the operator's tombstone goes after it.
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::time::Duration;

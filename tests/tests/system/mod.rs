@@ -1,10 +1,15 @@
-//! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
-//! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
-//! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
-//! a temp dir, pods on its node and its socket read ([`running`]); the agent binary
-//! ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the whole system with
-//! stand-ins for the scheduler, the kubelets and the Deployment controller, and its
-//! judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
+//! The system harness: set-ups the agent's integration tests and benches share, included by
+//! path (`#[path = "../../tests/tests/system/mod.rs"] mod common;`). It lives here, next to
+//! the API server it starts, but only the agent package compiles it: it runs the
+//! `tidepool-cni` and `tidepool-agent` binaries through `env!("CARGO_BIN_EXE_…")`, which
+//! Cargo sets only for the tests and benches of the package that builds them.
+//!
+//! What it holds: an in-process API server with RBAC, the CRDs, both roles and the agent's
+//! own-node policy; objects as the operator creates them; the plugin binary run as a runtime
+//! runs it; the agent run in a temp dir, pods on its node and its socket read ([`running`]);
+//! the agent binary ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the
+//! whole system with stand-ins for the scheduler, the kubelets and the Deployment controller,
+//! and its judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
 //! rendered workloads ([`deployed`]).
 #![allow(dead_code)]
 
