@@ -15,7 +15,7 @@ use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
 use crate::handshake;
 use crate::ip_wait::IpWaits;
-use crate::plan::{self, Blocked, NodeMemory, Snapshot};
+use crate::plan::{self, NodeMemory, Snapshot};
 use crate::pods::PodView;
 use crate::reclaim::ReclaimGroup;
 use crate::shared::{NodeHandle, Shared};
@@ -26,6 +26,7 @@ use crate::types::{
     AllocationId, Condition, Family, IpamNode, NodeName, OperatorFields, PerFamily, ReclaimAck,
     ReclaimOutcome, ReleaseState, Tombstone,
 };
+use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 
 use tidepool_metrics as m;
 
@@ -570,7 +571,7 @@ async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
                     "could not write the tombstone for {addr} of pod {}: {e}",
                     t.pod_uid
                 );
-                let reason = "IPAddressGarbageCollectionFailed";
+                let reason = EventReason::GarbageCollectionFailed;
                 shared
                     .pods
                     .event(t.pod_uid, EventType::Warning, reason, message.clone());
@@ -622,7 +623,7 @@ fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
         ReclaimOutcome::Reclaimed => (
             m::reclaim_outcome::RECLAIMED,
             EventType::Normal,
-            "IPAddressGarbageCollected",
+            EventReason::GarbageCollected,
             "reclaimed",
         ),
         ReclaimOutcome::Live => {
@@ -630,7 +631,7 @@ fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
             (
                 m::reclaim_outcome::REFUSED,
                 EventType::Warning,
-                "IPAddressGarbageCollectionFailed",
+                EventReason::GarbageCollectionFailed,
                 "did not reclaim",
             )
         }
@@ -696,20 +697,8 @@ fn mark_changes(
     (mark, withdraw)
 }
 
-const WATERMARKS_VALID: &str = "WatermarksValid";
-const BLOCKED: &str = "Blocked";
-
-/// The `Blocked` condition's reason for each way a node is blocked.
-fn blocked_reason(b: Blocked) -> &'static str {
-    match b {
-        Blocked::Exhausted => "Exhausted",
-        Blocked::AtCap => "AtCapacity",
-        Blocked::Cordoned => "Cordoned",
-        Blocked::Terminating => "Terminating",
-        Blocked::InvalidSpec => "InvalidSpec",
-        Blocked::Duplicate => "Duplicate",
-    }
-}
+const WATERMARKS_VALID: ConditionType = ConditionType::WatermarksValid;
+const BLOCKED: ConditionType = ConditionType::Blocked;
 
 /// Sets `Blocked` (status True, with the reason) while the node needs addresses it cannot
 /// get, and drops it once it can grow again or needs none; a pool exhausted for the node
@@ -727,7 +716,7 @@ fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
         }
         return;
     };
-    let reason = blocked_reason(b);
+    let reason = ConditionReason::Blocked(b);
     if current.is_some_and(|c| c.reason == reason) {
         return;
     }
@@ -742,13 +731,16 @@ fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
         last_transition: shared.clock.utc(),
     });
     if b == Blocked::Exhausted {
-        shared
-            .store
-            .event(&h.name, EventType::Warning, "PoolExhausted", message);
+        shared.store.event(
+            &h.name,
+            EventType::Warning,
+            EventReason::PoolExhausted,
+            message,
+        );
     }
 }
 
-fn drop_condition(fields: &mut OperatorFields, type_: &str) {
+fn drop_condition(fields: &mut OperatorFields, type_: ConditionType) {
     fields.conditions.retain(|c| c.type_ != type_);
 }
 
@@ -772,13 +764,16 @@ fn set_invalid_condition<S: IpSource, N: NodeStore, P: PodView>(
     fields.conditions.push(Condition {
         type_: WATERMARKS_VALID,
         status: false,
-        reason: "InvalidWatermarks",
+        reason: ConditionReason::InvalidWatermarks,
         message: message.clone(),
         last_transition: shared.clock.utc(),
     });
-    shared
-        .store
-        .event(&h.name, EventType::Warning, "InvalidWatermarks", message);
+    shared.store.event(
+        &h.name,
+        EventType::Warning,
+        EventReason::InvalidWatermarks,
+        message,
+    );
 }
 
 /// The source's truth repairs our fields after a call whose reply was lost: addresses it
@@ -1067,7 +1062,7 @@ async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
             shared.store.event(
                 &h.name,
                 EventType::Normal,
-                "IPAddressGarbageCollected",
+                EventReason::GarbageCollected,
                 format!("reclaimed {n} addresses of deleted node {}", h.name),
             );
         }

@@ -20,36 +20,8 @@ use crate::types::{
     Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseAck,
     ReleaseState, Tombstone,
 };
+use crate::vocab::Blocked;
 use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
-
-/// Why a node gets no new addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blocked {
-    /// The source has nothing left for it (woken when the pool frees).
-    Exhausted,
-    /// Its cap (max_allocate or allocatable pods) leaves no room.
-    AtCap,
-    Cordoned,
-    Terminating,
-    /// Its watermarks are invalid (no retry until the spec changes).
-    InvalidSpec,
-    /// Repair found one of its addresses held by another live node too (never fixed
-    /// automatically; blocked until an operator resolves it).
-    Duplicate,
-}
-
-impl Blocked {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Blocked::Exhausted => "exhausted",
-            Blocked::AtCap => "at-capacity",
-            Blocked::Cordoned => "cordoned",
-            Blocked::Terminating => "terminating",
-            Blocked::InvalidSpec => "invalid-spec",
-            Blocked::Duplicate => "duplicate",
-        }
-    }
-}
 
 /// What the maintainer remembers of a node between passes.
 #[derive(Debug, Default)]

@@ -16,10 +16,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use tidepool_ipam::BackoffConfig;
+use tidepool_ipam::Blocked;
 use tidepool_ipam::EngineConfig;
 use tidepool_ipam::ReclaimConfig;
 use tidepool_ipam::ReleaseConfig;
-use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::{Family, NodeName, PerFamily, WatermarkOverrides};
 use tidepool_ipam::{Faults, IpSource};
 use tidepool_sim::{SimSource, World, WorldConfig};
