@@ -3,7 +3,13 @@
 //! ([`crate::maintainer`]) executes the plan's calls and writes its fields once.
 //!
 //! Order (DESIGN.md): reclaim; advance release handshakes; compute needed/excess; claim or
-//! mark.
+//! mark. The decisions the executor takes as it runs a plan (hold-back, what it writes,
+//! the marks a source that keeps them gets, the tombstones of a confirmed reclaim, how an
+//! answered tombstone is reported, the `Blocked` reason) are pure too: [`execution`].
+
+mod execution;
+
+pub(crate) use execution::{Answered, WriteRule, marks_to_send, tombstone};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -170,6 +176,8 @@ pub struct Plan<'a> {
     pub marks: Vec<Marks>,
     pub summary: NodeSummary,
     pub next_deadline: Option<Instant>,
+    /// Why the node gets nothing new whatever it needs (`Plan::hold_back`).
+    pub held_back: Option<Blocked>,
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
