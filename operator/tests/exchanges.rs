@@ -831,7 +831,7 @@ async fn a_throttled_apply_carries_its_retry_after() {
     server.expect_no_more(store).await;
 }
 
-/// The store's side of the engine's retry on a lost race. The engine (ipam/src/maintainer.rs,
+/// The store's side of the engine's retry on a lost race. The engine (ipam/src/maintainer/mod.rs,
 /// `pass`) retries a pass that returned `Conflict` up to `conflict_retries` (3) times, each
 /// time re-reading the IPAMNode from the server (`NodeStore::get`, a GET, not the cache)
 /// and re-planning; a fresh look at a block is `get_block`, also a GET. Here: the DELETE at
