@@ -34,6 +34,7 @@ mod trigger;
 mod types;
 pub mod uid_table;
 mod used;
+mod vocab;
 mod watermarks;
 
 pub use addrs::{AddrMap, AddrSet};
@@ -64,4 +65,5 @@ pub use types::{
     OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
     ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
 };
+pub use vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 pub use watermarks::Watermarks;

@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::error::IpamError;
 use crate::gate::Background;
 use crate::maintainer;
-use crate::plan::{Blocked, NodeSummary};
+use crate::plan::NodeSummary;
 use crate::pods::PodView;
 use crate::shared::{NodeHandle, NodeState, Shared};
 use crate::source::IpSource;
@@ -26,6 +26,7 @@ use crate::stats::Stats;
 use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
 use crate::trigger::{self, Reason};
 use crate::types::{NodeInfo, NodeName};
+use crate::vocab::Blocked;
 
 /// The NodeManager. Cheap to clone.
 pub struct NodeManager<S, N, P> {

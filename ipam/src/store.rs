@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::error::IpamError;
 use crate::gate::{Gate, Ungated};
 use crate::types::{IpamBlock, IpamNode, NodeName, OperatorFields, ResourceVersion};
+use crate::vocab::EventReason;
 
 /// Who wrote a change (the field manager).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +90,7 @@ pub trait NodeStore: Send + Sync + 'static {
         gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
     /// Records a Kubernetes event on the named object.
-    fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String);
+    fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String);
 }
 
 /// Sees every write, with the object before and after, in order (the node side's IPAMNode

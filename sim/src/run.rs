@@ -1348,11 +1348,10 @@ fn build_report<S: SimSource>(
     for (_, s) in &summaries {
         nodes.total += 1;
         nodes.in_deficit += u64::from(s.needed() > 0 || s.waiting() > 0);
-        nodes.at_capacity += u64::from(matches!(
-            s.blocked,
-            Some(tidepool_ipam::plan::Blocked::AtCap)
-                | Some(tidepool_ipam::plan::Blocked::Exhausted)
-        ));
+        nodes.at_capacity += u64::from(
+            s.blocked
+                .is_some_and(tidepool_ipam::Blocked::out_of_addresses),
+        );
         nodes.blocked += u64::from(s.blocked.is_some());
     }
     // Addresses from the store (the truth the node sides see), not from engine counters.

@@ -14,10 +14,10 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
+use tidepool_ipam::Blocked;
 use tidepool_ipam::IpSource;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::Watermarks;
-use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::{AddrSet, ErrorClass};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};

@@ -1562,7 +1562,7 @@ async fn kubectl_get_events_lists_the_operators_events() {
         "IPAMNode",
         "node-a",
         tidepool_ipam::EventType::Warning,
-        "AgentNotReady",
+        tidepool_ipam::EventReason::AgentNotReady,
         "its agent has never reported".into(),
     );
     // IPAMNodes are cluster-scoped: the event is in `default`

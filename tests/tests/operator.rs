@@ -1857,7 +1857,7 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
             "IPAMNode",
             "node-a",
             EventType::Warning,
-            "AgentNotReady",
+            tidepool_ipam::EventReason::AgentNotReady,
             note,
         );
     };

@@ -25,9 +25,9 @@ use kube::{Api, Client};
 use parking_lot::RwLock;
 use serde_json::json;
 use tidepool_api as api;
-use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER, reason};
+use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    BlockStore, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
+    BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
     OperatorFields, ResourceVersion,
 };
 
@@ -169,7 +169,7 @@ impl KubeStore {
                 self.event(
                     name,
                     EventType::Warning,
-                    reason::APPLY_CONFLICT,
+                    EventReason::ApplyConflict,
                     e.to_string(),
                 );
             }
@@ -194,7 +194,7 @@ impl KubeStore {
             },
             Err(e) if errors::is_manager_conflict(e) => {
                 let message = e.to_string();
-                let reason = reason::APPLY_CONFLICT;
+                let reason = EventReason::ApplyConflict;
                 self.events
                     .emit("IPAMBlock", name, EventType::Warning, reason, message);
             }
@@ -443,7 +443,7 @@ impl NodeStore for KubeStore {
         }
     }
 
-    fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String) {
+    fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String) {
         self.events.emit("IPAMNode", object, type_, reason, message);
     }
 }
