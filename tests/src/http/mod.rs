@@ -311,19 +311,8 @@ async fn resource(
         Targeted::Hang(bytes) if verb != "watch" => Some(bytes),
         _ => None,
     };
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let as_table = accept.contains("as=Table");
-    let ua = req
-        .headers()
-        .get(header::USER_AGENT)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let as_table = header_text(&req, header::ACCEPT).contains("as=Table");
+    let ua = header_text(&req, header::USER_AGENT);
     let body = match read_body(req).await {
         Ok(b) => b,
         Err(e) => return failed(st, &t, verb, &res_name, who, &e),
@@ -487,6 +476,15 @@ fn record_write(st: &State, t: &Target, verb: &str, who: &str, obj: &Value, dry_
         name: md("name").unwrap_or_default().to_string(),
         resource_version: md("resourceVersion").unwrap_or_default().to_string(),
     });
+}
+
+/// A request header's text ("" when it is missing or not text).
+fn header_text(req: &Request<Incoming>, name: header::HeaderName) -> String {
+    req.headers()
+        .get(name)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn content_type(req: &Request<Incoming>) -> String {
