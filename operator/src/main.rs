@@ -1,5 +1,6 @@
 //! tidepool-operator: `run` (against a cluster, one replica), `simulate` (the real engine on
 //! a simulated cluster), `check` (a read-only report) and `crds`.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod check_cmd;
 mod cli;

@@ -3,6 +3,7 @@
 //! reflector. Run alone to see the figures:
 //! `cargo test -p tidepool-operator --test pod_index_memory -- --nocapture`.
 //! (One test in this binary, so nothing else allocates while it counts.)
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;

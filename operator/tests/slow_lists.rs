@@ -9,6 +9,7 @@
 //! - a large cluster (5,000 pods here, 100,000 in the ignored test) with per-page latency
 //!   and continue tokens that expire after 3 s: the operator binary starts (its peak RSS is
 //!   printed) and `check` completes.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/common/mod.rs"]
 mod common;

@@ -2,6 +2,7 @@
 //! pods) and per address, measured with a counting allocator.
 //!
 //! `cargo bench -p tidepool-sim --bench memory`
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

@@ -26,6 +26,7 @@
 //!    allocator; the heap freed when the operator stops); then a PodIndex and a store
 //!    cache are built from the listed objects under that allocator (heap per pod, per
 //!    IPAMNode, per block).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../tests/common/mod.rs"]
 mod common;
