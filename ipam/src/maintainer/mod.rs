@@ -14,7 +14,7 @@ mod pass;
 mod place;
 mod reclaim;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -9,19 +9,19 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::budget::{Api, Budget};
 use crate::clock::TokioClock;
 use crate::config::EngineConfig;
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
+use crate::maintainer::tests::info;
 use crate::manager::{EngineDeps, NodeManager};
 use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, Writer};
-use crate::types::{
-    Family, IpamNode, NodeInfo, NodeName, OperatorFields, PerFamily, ResourceVersion,
-};
+use crate::types::{Family, IpamNode, NodeName, OperatorFields, PerFamily, ResourceVersion};
 use crate::vocab::EventReason;
 
 /// A store that records counts: the in-memory one, with every call counted and the stale
@@ -35,7 +35,7 @@ struct CountingStore {
     /// Count writes to fail before one succeeds.
     failing: Arc<AtomicU32>,
     /// Each count write tried: the node and when.
-    tries: Arc<Mutex<Vec<(NodeName, tokio::time::Instant)>>>,
+    tries: Arc<Mutex<Vec<(NodeName, Instant)>>>,
 }
 
 impl CountingStore {
@@ -98,9 +98,7 @@ impl NodeStore for CountingStore {
     async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
         self.call();
         gate.request().await?;
-        self.tries
-            .lock()
-            .push((name.into(), tokio::time::Instant::now()));
+        self.tries.lock().push((name.into(), Instant::now()));
         let fail = self
             .failing
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -146,16 +144,6 @@ fn source() -> MemorySource {
     MemorySource::new(&[Family::V4], PerFamily { v4: 64, v6: 0 }, 1)
 }
 
-fn info(name: &str) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        uid: 7,
-        allocatable_pods: 110,
-        cordoned: false,
-        terminating: false,
-    }
-}
-
 /// Someone else changed `node`'s blocks.
 fn block_event(node: &str) -> StoreEvent {
     StoreEvent {
@@ -196,44 +184,45 @@ async fn the_count_refresh_sleeps_while_nothing_changes() {
     assert!(store.stale.lock().is_empty());
 }
 
+type Manager = NodeManager<MemorySource, CountingStore, MemoryPodView>;
+
+/// A started count refresh, settled; then `b`'s count goes stale, its first `failing`
+/// writes to fail, and a store event says its blocks changed. Returns when.
+async fn stale_count(failing: u32) -> (CountingStore, Manager, watch::Sender<bool>, Instant) {
+    let store = CountingStore::default();
+    let (mgr, leader) = manager(&source(), store.clone());
+    mgr.spawn_count_refresh();
+    sleep_ms(5_000).await;
+    store.stale.lock().insert("b".into());
+    store.failing.store(failing, Ordering::Relaxed);
+    mgr.on_store_event(&block_event("b"));
+    (store, mgr, leader, Instant::now())
+}
+
+/// How long after `changed` each count write was tried.
+fn tries_after(store: &CountingStore, changed: Instant) -> Vec<Duration> {
+    let tries = store.tries.lock();
+    tries.iter().map(|(_, t)| *t - changed).collect()
+}
+
 /// A stale count is rewritten a second after the store event that made it so, once; an
 /// IPAMNode the engine does not manage too.
 #[tokio::test(start_paused = true)]
 async fn a_changed_count_is_refreshed_a_second_after_the_change() {
-    let store = CountingStore::default();
-    let (mgr, _leader) = manager(&source(), store.clone());
-    mgr.spawn_count_refresh();
-    sleep_ms(5_000).await;
-    store.stale.lock().insert("b".into());
-    mgr.on_store_event(&block_event("b"));
-    sleep_ms(900).await;
-    assert!(store.tries().is_empty(), "written before the second passed");
-    sleep_ms(200).await;
-    assert_eq!(store.tries(), ["b"]);
+    let (store, _mgr, _leader, changed) = stale_count(0).await;
     sleep_ms(60_000).await;
-    assert_eq!(store.tries(), ["b"], "written once");
+    assert_eq!(tries_after(&store, changed), [Duration::from_secs(1)]);
+    assert_eq!(store.tries(), ["b"]);
+    assert!(store.stale.lock().is_empty());
 }
 
 /// A count whose write fails is tried again each second until it is written, then no more.
 #[tokio::test(start_paused = true)]
 async fn a_failed_count_refresh_is_retried_each_second() {
-    let store = CountingStore::default();
-    let (mgr, _leader) = manager(&source(), store.clone());
-    mgr.spawn_count_refresh();
-    sleep_ms(5_000).await;
-    store.stale.lock().insert("b".into());
-    store.failing.store(2, Ordering::Relaxed);
-    let changed = tokio::time::Instant::now();
-    mgr.on_store_event(&block_event("b"));
+    let (store, _mgr, _leader, changed) = stale_count(2).await;
     sleep_ms(3_500).await;
-    let at: Vec<Duration> = store
-        .tries
-        .lock()
-        .iter()
-        .map(|(_, t)| *t - changed)
-        .collect();
     let secs = |s| Duration::from_secs(s);
-    assert_eq!(at, [secs(1), secs(2), secs(3)]);
+    assert_eq!(tries_after(&store, changed), [secs(1), secs(2), secs(3)]);
     assert!(store.stale.lock().is_empty(), "the third try wrote");
     sleep_ms(3600 * 1000).await;
     assert_eq!(store.tries.lock().len(), 3, "no try once written");
