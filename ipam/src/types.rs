@@ -365,6 +365,12 @@ pub struct NodeInfo {
     pub terminating: bool,
 }
 
+impl NodeInfo {
+    /// Allocatable pods when a Node reports none (or a quantity that is not a plain count,
+    /// or no Node is there at all): the kubelet's default `maxPods`.
+    pub const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

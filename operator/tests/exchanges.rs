@@ -584,7 +584,7 @@ async fn an_ipamnode_the_cache_lacks_is_created_by_post() {
 /// if missing. A POST cannot set `status` (an object with a status subresource drops it on
 /// create), so a node created with conditions needs its status apply in the same call;
 /// otherwise the engine believes them written (its own write's echo wakes nobody), and
-/// the count refresh (`refresh_allocated`) later writes only the count, with the cached,
+/// the count refresh (`NodeStore::refresh_count`) later writes only the count, with the cached,
 /// empty conditions.
 #[tokio::test]
 async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {

@@ -14,7 +14,7 @@ mod pass;
 mod place;
 mod reclaim;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -112,6 +112,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         local.ticket.begin_pass();
         local.kube.begin_pass();
         let result = pass(&shared, &h, &mut local).await;
+        shared.counts_may_change();
         rx.finished(&run);
         local.ticket.end_pass(result.is_ok());
         local.kube.end_pass(result.is_ok());

@@ -76,7 +76,8 @@ fn rig(capacity: u64) -> Rig {
     }
 }
 
-fn info(name: &str) -> NodeInfo {
+/// A schedulable Node of `name`.
+pub(crate) fn info(name: &str) -> NodeInfo {
     NodeInfo {
         name: name.into(),
         uid: 7,

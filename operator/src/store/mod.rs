@@ -84,33 +84,6 @@ impl KubeStore {
         locks.entry(NodeName::from(name)).or_default().clone()
     }
 
-    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
-    pub fn stale_counts(&self) -> Vec<NodeName> {
-        let c = self.cache.read();
-        c.nodes()
-            .filter(|v| v.node.resource_version.is_some())
-            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
-            .map(|v| v.node.name.clone())
-            .collect()
-    }
-
-    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
-    /// released since), keeping the operator's conditions as they are, its request admitted
-    /// by `gate`. Returns whether it wrote.
-    pub async fn refresh_allocated<G: Gate>(
-        &self,
-        name: &str,
-        gate: &mut G,
-    ) -> Result<bool, IpamError> {
-        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
-            return Ok(false);
-        };
-        Ok(self
-            .write_status(name, &conditions, false, gate)
-            .await?
-            .is_some())
-    }
-
     /// The operator's status apply (its conditions and the count), when either differs
     /// from the object's or `always`; one status writer per IPAMNode at a time, each with
     /// the latest count. Returns the written object, None when nothing was due.
@@ -375,6 +348,29 @@ fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> u64 {
 }
 
 impl NodeStore for KubeStore {
+    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
+    fn stale_counts(&self) -> Vec<NodeName> {
+        let c = self.cache.read();
+        c.nodes()
+            .filter(|v| v.node.resource_version.is_some())
+            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
+            .map(|v| v.node.name.clone())
+            .collect()
+    }
+
+    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
+    /// released since), keeping the operator's conditions as they are, its request admitted
+    /// by `gate`. Returns whether it wrote.
+    async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
+        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
+            return Ok(false);
+        };
+        Ok(self
+            .write_status(name, &conditions, false, gate)
+            .await?
+            .is_some())
+    }
+
     fn cached(&self, name: &str) -> Option<Arc<IpamNode>> {
         self.cache.read().node(name).map(|v| v.node.clone())
     }
