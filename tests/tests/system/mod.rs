@@ -222,21 +222,8 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     eventually_within(Duration::from_secs(30), what, f).await
 }
 
-/// Polls `f` until it gives `Some` (`timeout` at most).
-pub async fn eventually_within<T, F: std::future::Future<Output = Option<T>>>(
-    timeout: Duration,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// Polls `f` until it gives `Some` (`timeout` at most): `tests/tests/common`'s `eventually`.
+pub use server::eventually as eventually_within;
 
 /// Whether `path` exists (the restored marker), for [`eventually`].
 pub fn marker(path: &Path) -> Option<()> {
