@@ -9,8 +9,9 @@
 //! sudo cargo bench -p tidepool-agent --bench chain
 //! # env: CHAIN_ROUNDS (200), CHAIN_PODS (200), CHAIN_STATE=disk|tmpfs (disk)
 //! ```
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -25,6 +25,7 @@
 //! - [`failpoint`]: named points where the crash tests stop the agent and kill it
 //!   (`TIDEPOOL_FAILPOINTS`; for tests only, inert unless set): before and after each
 //!   save of an ADD, a DEL and an answer to the operator, and before each publish.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod cni;
 pub mod error;

@@ -7,7 +7,9 @@
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test agent_absent`.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

@@ -14,7 +14,9 @@
 //! Needs root, iproute2, ping and /usr/lib/cni/{ptp,bridge} (the test command installs them);
 //! every namespace is removed on every exit path, and no address is ever configured outside
 //! them.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::chain::*;

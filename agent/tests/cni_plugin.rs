@@ -1,7 +1,9 @@
 //! The built `tidepool-cni` binary, run the way a runtime (or a main plugin like ptp) runs it:
 //! a clean environment of `CNI_*` variables, the network config on stdin, the answer on stdout.
 //! A fake agent on a unix socket in a temp dir records each request and answers as scripted.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use common::{BIN, Run, plugin_with};

@@ -20,7 +20,9 @@
 //! power loss: [`replies_come_after_the_directory_fsync`] checks the order write → fsync →
 //! rename → directory fsync → reply through the agent's filesystem trait (the state tests
 //! check the save itself, and the publish's place after it).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

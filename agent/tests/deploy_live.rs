@@ -22,7 +22,9 @@
 //! Needs root (network namespaces) and Debian's containernetworking-plugins (ptp); skips
 //! with a printed reason otherwise. Run: `cargo build -p tidepool-operator --bin
 //! tidepool-operator && cargo test -p tidepool-agent --test deploy_live -- --nocapture`.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

@@ -12,7 +12,9 @@
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;

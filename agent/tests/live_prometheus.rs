@@ -18,7 +18,9 @@
 //!
 //! Nothing needs root: the agent runs without `--node-routes` and the plugin is called for
 //! IPAM only. Every process is stopped when the test ends, also on failure.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 // The PromQL helpers and the bundle's queries live with the deploy checks (tests crate);
 // Cargo shares no test modules between crates, so they are included by path.

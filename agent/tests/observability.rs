@@ -5,7 +5,9 @@
 //! and none of the operator's; the CNI requests the real plugin makes move the counters by
 //! exactly what was done, and the address gauge follows the allocations. With Debian's
 //! `prometheus` installed, promtool accepts the exposition and a real Prometheus scrapes it.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -11,7 +11,9 @@
 //! - after a corrupt checkpoint the published `status.used` and cooldowns are adopted: the
 //!   same key gets its address back, no other key gets an adopted or cooling address, and
 //!   the rebuild is saved.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -3,7 +3,9 @@
 //! agent (`tidepool_agent::run`) serves the real plugin from it and publishes the pod's
 //! entry, and once the pod is deleted the operator's tombstone is answered by the agent:
 //! the entry goes, the address cools down, and the operator's tombstone goes after it.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
+#[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -10,6 +10,7 @@
 //! granular address-keyed maps and conditions as a list-map keyed by `type` are declared so
 //! server-side apply merges them per entry. `deploy/crds/` holds [`crds_yaml`]'s output; a
 //! test fails when the two drift.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 #![forbid(unsafe_code)]
 
 mod block;

@@ -20,35 +20,38 @@ pub const FINALIZER: &str = "ipam.tidepool.dev/in-use";
 /// of IP capacity otherwise.
 pub const EXHAUSTED_TAINT: &str = "ipam.tidepool.dev/exhausted";
 
-/// Condition types.
+/// Condition types, spelled by the engine's [`ConditionType`] (one source of truth: a reader
+/// that matches on the enum sees a rename at once).
 pub mod condition {
+    use tidepool_ipam::ConditionType;
+
     /// IPAMNode (operator): the pool meets its watermarks.
-    pub const POOL_READY: &str = "PoolReady";
+    pub const POOL_READY: &str = ConditionType::PoolReady.as_str();
     /// IPAMNode (operator): no new addresses for a reason (exhausted, at its cap, duplicate,
-    /// invalid watermarks, cordoned, terminating).
-    pub const BLOCKED: &str = "Blocked";
+    /// invalid watermarks, cordoned, terminating: [`tidepool_ipam::Blocked`]).
+    pub const BLOCKED: &str = ConditionType::Blocked.as_str();
     /// IPAMNode (operator): the per-node watermark overrides are valid (`False` stops claims
     /// and marks until `spec.watermarks` changes).
-    pub const WATERMARKS_VALID: &str = "WatermarksValid";
+    pub const WATERMARKS_VALID: &str = ConditionType::WatermarksValid.as_str();
     /// IPAMNode (node side): the agent serves its node.
-    pub const AGENT_READY: &str = "AgentReady";
+    pub const AGENT_READY: &str = ConditionType::AgentReady.as_str();
     /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes
     /// fit).
-    pub const VALID: &str = "Valid";
+    pub const VALID: &str = ConditionType::Valid.as_str();
 }
 
-/// Event reasons.
+/// Event reasons, spelled by the engine's [`EventReason`](tidepool_ipam::EventReason).
 pub mod reason {
-    pub const GARBAGE_COLLECTED: &str = "IPAddressGarbageCollected";
-    pub const GARBAGE_COLLECTION_FAILED: &str = "IPAddressGarbageCollectionFailed";
-    pub const DUPLICATE: &str = "IPAddressDuplicate";
-    pub const INVALID_WATERMARKS: &str = "InvalidWatermarks";
-    /// On an IPAMNode (Warning): pods on its node have waited for an address longer than
-    /// `--agent-ready-grace` and its agent is not `AgentReady=True` (never started, or
-    /// not ready for the reason given).
-    pub const AGENT_NOT_READY: &str = "AgentNotReady";
-    /// On an IPAMNode or IPAMBlock (Warning): the operator's apply was refused because
-    /// another field manager owns a field it writes. It is not retried until the object
-    /// changes (the operator forces its applies, so this means something else is wrong).
-    pub const APPLY_CONFLICT: &str = "ApplyConflict";
+    use tidepool_ipam::EventReason;
+
+    pub const GARBAGE_COLLECTED: &str = EventReason::GarbageCollected.as_str();
+    pub const GARBAGE_COLLECTION_FAILED: &str = EventReason::GarbageCollectionFailed.as_str();
+    pub const DUPLICATE: &str = EventReason::Duplicate.as_str();
+    pub const INVALID_WATERMARKS: &str = EventReason::InvalidWatermarks.as_str();
+    pub const POOL_EXHAUSTED: &str = EventReason::PoolExhausted.as_str();
+    pub const INVALID_POOL: &str = EventReason::InvalidPool.as_str();
+    /// See [`EventReason::AgentNotReady`].
+    pub const AGENT_NOT_READY: &str = EventReason::AgentNotReady.as_str();
+    /// See [`EventReason::ApplyConflict`].
+    pub const APPLY_CONFLICT: &str = EventReason::ApplyConflict.as_str();
 }

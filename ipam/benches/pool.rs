@@ -10,6 +10,7 @@
 //!
 //! Run: `cargo bench -p tidepool-ipam --bench pool` (needs the `[[bench]] name = "pool"
 //! harness = false` entry in ipam/Cargo.toml).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::hint::black_box;

@@ -65,3 +65,17 @@ impl Gate for Background {
         }
     }
 }
+
+/// A gate that counts the requests it admitted: whether a call wrote anything.
+pub(crate) struct Counted<G> {
+    pub inner: G,
+    pub admitted: u64,
+}
+
+impl<G: Gate> Gate for Counted<G> {
+    async fn request(&mut self) -> Result<(), IpamError> {
+        self.inner.request().await?;
+        self.admitted += 1;
+        Ok(())
+    }
+}

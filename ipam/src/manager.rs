@@ -1,7 +1,9 @@
 //! The NodeManager: one maintainer task per node, a periodic resync over all nodes with a
 //! bounded worker pool, incremental aggregate stats, leadership as a signal, and parking
-//! of exhausted nodes until the pool frees. No lock is held across an await or for a
-//! whole resync.
+//! of exhausted nodes until the pool frees, and the node-lifecycle rules ([`lifecycle`]).
+//! No lock is held across an await or for a whole resync.
+
+mod lifecycle;
 
 pub use crate::config::EngineConfig;
 
@@ -16,9 +18,9 @@ use tokio::time::Instant;
 use crate::budget::{Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::error::IpamError;
-use crate::gate::Background;
+use crate::gate::{Background, Counted};
 use crate::maintainer;
-use crate::plan::{Blocked, NodeSummary};
+use crate::plan::NodeSummary;
 use crate::pods::PodView;
 use crate::shared::{NodeHandle, NodeState, Shared};
 use crate::source::IpSource;
@@ -26,6 +28,7 @@ use crate::stats::Stats;
 use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
 use crate::trigger::{self, Reason};
 use crate::types::{NodeInfo, NodeName};
+use crate::vocab::Blocked;
 
 /// The NodeManager. Cheap to clone.
 pub struct NodeManager<S, N, P> {
@@ -110,6 +113,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             nodes: Mutex::default(),
             stats: Mutex::default(),
             parked: Mutex::default(),
+            counts: tokio::sync::Notify::new(),
         });
         let mgr = Self {
             shared,
@@ -181,8 +185,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         }
     }
 
-    /// The IPAMNode changed (its informer). The echo of our own write is ignored.
+    /// The IPAMNode or one of its blocks changed (their informers): the node's pass runs
+    /// unless it is the echo of our own write, and the count refresh looks.
     pub fn on_store_event(&self, ev: &StoreEvent) {
+        self.shared.counts_may_change();
         if let Some(h) = self.shared.nodes.lock().get(&ev.name) {
             // the echo of our own write is not news; an operator's block write is made
             // by a pass of that very node
@@ -218,8 +224,14 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         let started = std::time::Instant::now();
         if self.shared.is_leader() {
             let budget = self.shared.call_budget().clone();
-            let mut gate = Background::new(budget, self.shared.leader.clone());
+            let mut gate = Counted {
+                inner: Background::new(budget, self.shared.leader.clone()),
+                admitted: 0,
+            };
             self.shared.source.resync(&mut gate).await;
+            if gate.admitted > 0 {
+                self.shared.counts_may_change(); // a repair or drain wrote
+            }
         }
         let nodes: Vec<Arc<NodeHandle>> = self.shared.nodes.lock().values().cloned().collect();
         let workers = self.shared.cfg.parallel_workers.max(1);

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::error::IpamError;
 use crate::store::EventType;
 use crate::types::{NodeName, PodUid};
+use crate::vocab::EventReason;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodPhase {
@@ -169,7 +170,7 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn bound_pods(&self, node: &str) -> usize;
     /// Records a Kubernetes event on the pod (also after it left the cache, while its
     /// name is known); a view that cannot name it records nothing.
-    fn event(&self, _uid: PodUid, _type: EventType, _reason: &'static str, _message: String) {}
+    fn event(&self, _uid: PodUid, _type: EventType, _reason: EventReason, _message: String) {}
 }
 
 mod memory;

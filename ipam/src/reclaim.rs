@@ -167,6 +167,9 @@ struct Scanned {
     tombstones: Vec<IpAddr>,
 }
 
+/// A candidate of one scan: its address and entry, when it was first sighted, and why.
+type Reasoned<'n> = (IpAddr, &'n UsedEntry, Instant, ReclaimReason);
+
 /// Group key: a gone or terminal pod's addresses go together; a replaced sandbox's too.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct GroupKey(PodUid, bool);
@@ -316,75 +319,24 @@ impl ReclaimTracker {
         tombstones: &BTreeMap<IpAddr, Tombstone>,
         pods: &impl PodCache,
     ) -> ReclaimStep {
-        let used = &node.node.used;
         let last = self.scanned.take();
         let changes = pods.pod_changes(&node.name, last.as_ref().map(|s| s.pods));
+        let same_object = last
+            .as_ref()
+            .is_some_and(|l| node.resource_version.is_some() && l.node == node.resource_version);
         // the pods to look up: None = all of them
-        let mut dirty: Option<Vec<PodUid>> = match (&last, &changes) {
+        let dirty: Option<Vec<PodUid>> = match (&last, &changes) {
             (Some(l), Some(c)) if l.tombstones.iter().eq(tombstones.keys()) => {
                 Some(c.changed.clone())
             }
             _ => None,
         };
-        let same_object = last
-            .as_ref()
-            .is_some_and(|l| node.resource_version.is_some() && l.node == node.resource_version);
-        if !same_object {
-            let moved = self.merge_first_seen(now, used);
-            if let Some(d) = &mut dirty {
-                d.extend(moved);
-            }
-        }
-        if let Some(d) = &mut dirty {
-            d.sort_unstable();
-            d.dedup();
-        }
-        let mut reasons: Vec<(IpAddr, &UsedEntry, Instant, ReclaimReason)> = Vec::new();
-        let mut own_pods = true;
-        match &dirty {
+        let dirty = self.merge_sightings(now, node, same_object, dirty);
+        let (reasons, own_pods) = match &dirty {
             // nothing changed: the last scan's candidates stand
-            Some(d) if d.is_empty() && same_object => {
-                for (addr, o) in &self.observed {
-                    if let (Some(entry), Ok(i)) = (
-                        used.get(addr),
-                        self.first_seen.binary_search_by(|s| s.addr.cmp(addr)),
-                    ) {
-                        reasons.push((*addr, entry, self.seen(&self.first_seen[i]), o.reason));
-                    }
-                }
-            }
-            _ => {
-                let look =
-                    |uid: &PodUid| dirty.as_ref().is_none_or(|d| d.binary_search(uid).is_ok());
-                let entries = used
-                    .iter()
-                    .zip(&self.first_seen)
-                    .filter(|((addr, _), _)| !tombstones.contains_key(addr));
-                // the others keep the last scan's answer
-                for ((addr, entry), seen) in entries.clone() {
-                    if !look(&entry.pod_uid)
-                        && let Some(o) = self.observed.get(addr).filter(|o| o.uid == entry.pod_uid)
-                    {
-                        reasons.push((*addr, entry, self.seen(seen), o.reason));
-                    }
-                }
-                // one batch of cache lookups; the answers are reusable only if every pod
-                // found is bound to this node (its changes say nothing about the others)
-                pods.with_pods(
-                    entries.filter(|((_, entry), _)| look(&entry.pod_uid)),
-                    |((_, entry), _)| entry.pod_uid,
-                    |((addr, entry), seen), pod| {
-                        if let Some(p) = pod {
-                            own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
-                        }
-                        if let Some(r) = candidate_reason(addr, entry, used, pod) {
-                            reasons.push((*addr, entry, self.seen(seen), r));
-                        }
-                    },
-                );
-                reasons.sort_unstable_by_key(|r| r.0);
-            }
-        }
+            Some(d) if d.is_empty() && same_object => (self.last_reasons(node), true),
+            _ => self.look_up(node, tombstones, pods, dirty.as_deref()),
+        };
         self.scanned = changes.filter(|_| own_pods).map(|c| Scanned {
             pods: Since {
                 seq: c.seq,
@@ -393,18 +345,106 @@ impl ReclaimTracker {
             node: node.resource_version.clone(),
             tombstones: tombstones.keys().copied().collect(),
         });
+        let groups = self.record(now, reasons);
+        self.ready(now, cfg, groups)
+    }
+
+    /// Merges the entries' sightings unless the IPAMNode is the same object; the pods of
+    /// entries added or gone join `dirty`, which comes back sorted and deduplicated.
+    fn merge_sightings(
+        &mut self,
+        now: Instant,
+        node: &IpamNode,
+        same_object: bool,
+        mut dirty: Option<Vec<PodUid>>,
+    ) -> Option<Vec<PodUid>> {
+        if !same_object {
+            let moved = self.merge_first_seen(now, &node.node.used);
+            if let Some(d) = &mut dirty {
+                d.extend(moved);
+            }
+        }
+        if let Some(d) = &mut dirty {
+            d.sort_unstable();
+            d.dedup();
+        }
+        dirty
+    }
+
+    /// The last scan's candidates, for the entries still in `used`.
+    fn last_reasons<'n>(&self, node: &'n IpamNode) -> Vec<Reasoned<'n>> {
+        let used = &node.node.used;
+        let mut reasons = Vec::new();
+        for (addr, o) in &self.observed {
+            if let (Some(entry), Ok(i)) = (
+                used.get(addr),
+                self.first_seen.binary_search_by(|s| s.addr.cmp(addr)),
+            ) {
+                reasons.push((*addr, entry, self.seen(&self.first_seen[i]), o.reason));
+            }
+        }
+        reasons
+    }
+
+    /// The candidates among the untombstoned entries, looking up the pods in `dirty` (all
+    /// when None) and keeping the last answer for the others; and whether every pod found
+    /// is bound to this node (only then are the answers reusable: its changes say nothing
+    /// about the others).
+    fn look_up<'n>(
+        &self,
+        node: &'n IpamNode,
+        tombstones: &BTreeMap<IpAddr, Tombstone>,
+        pods: &impl PodCache,
+        dirty: Option<&[PodUid]>,
+    ) -> (Vec<Reasoned<'n>>, bool) {
+        let used = &node.node.used;
+        let mut reasons = Vec::new();
+        let mut own_pods = true;
+        let look = |uid: &PodUid| dirty.is_none_or(|d| d.binary_search(uid).is_ok());
+        let entries = used
+            .iter()
+            .zip(&self.first_seen)
+            .filter(|((addr, _), _)| !tombstones.contains_key(addr));
+        for ((addr, entry), seen) in entries.clone() {
+            if !look(&entry.pod_uid)
+                && let Some(o) = self.observed.get(addr).filter(|o| o.uid == entry.pod_uid)
+            {
+                reasons.push((*addr, entry, self.seen(seen), o.reason));
+            }
+        }
+        // one batch of cache lookups
+        pods.with_pods(
+            entries.filter(|((_, entry), _)| look(&entry.pod_uid)),
+            |((_, entry), _)| entry.pod_uid,
+            |((addr, entry), seen), pod| {
+                if let Some(p) = pod {
+                    own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
+                }
+                if let Some(r) = candidate_reason(addr, entry, used, pod) {
+                    reasons.push((*addr, entry, self.seen(seen), r));
+                }
+            },
+        );
+        reasons.sort_unstable_by_key(|r| r.0);
+        (reasons, own_pods)
+    }
+
+    /// Records this scan's candidates (each keeps its first observation while its pod and
+    /// reason stay), grouped by pod and by whether their sandbox was replaced.
+    fn record(
+        &mut self,
+        now: Instant,
+        reasons: Vec<Reasoned<'_>>,
+    ) -> BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> {
         let mut groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>> = BTreeMap::new();
-        let mut step = ReclaimStep::default();
         let mut still = BTreeMap::new();
         for (addr, entry, seen, reason) in reasons {
-            let addr = &addr;
-            let seen = &seen;
-            let first = match self.observed.get(addr) {
+            let first = match self.observed.get(&addr) {
                 Some(o) if o.uid == entry.pod_uid && o.reason == reason => o.first,
                 _ => now,
             };
             still.insert(
-                *addr,
+                addr,
                 Observed {
                     uid: entry.pod_uid,
                     reason,
@@ -412,10 +452,23 @@ impl ReclaimTracker {
                 },
             );
             let key = GroupKey(entry.pod_uid, reason == ReclaimReason::SandboxReplaced);
-            groups.entry(key).or_default().push((*addr, *seen));
+            groups.entry(key).or_default().push((addr, seen));
         }
         self.observed = still;
-        step.candidates = self.observed.len();
+        groups
+    }
+
+    /// The groups past their grace and min-age, and when the next one will be.
+    fn ready(
+        &self,
+        now: Instant,
+        cfg: &ReclaimConfig,
+        groups: BTreeMap<GroupKey, Vec<(IpAddr, Instant)>>,
+    ) -> ReclaimStep {
+        let mut step = ReclaimStep {
+            candidates: self.observed.len(),
+            ..ReclaimStep::default()
+        };
         for (GroupKey(uid, _), members) in groups {
             let mut ready_at = now;
             let mut grace_at = now;

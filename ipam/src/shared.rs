@@ -56,6 +56,9 @@ pub(crate) struct Shared<S, N, P> {
     pub nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
     pub stats: Mutex<Stats>,
     pub parked: Mutex<BTreeSet<NodeName>>,
+    /// Wakes the count refresh ([`crate::NodeManager::spawn_count_refresh`]); poked by
+    /// whatever may change what an IPAMNode holds: a pass, a store event, a resync that wrote.
+    pub counts: tokio::sync::Notify,
 }
 
 impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
@@ -88,6 +91,12 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
             waiting_pods: summary.waiting().min(u32::MAX as u64) as u32,
             needed: summary.needed().min(u32::MAX as u64) as u32,
         });
+    }
+
+    /// What an IPAMNode holds may have changed: the count refresh looks (at most one
+    /// wake-up is kept while it works).
+    pub fn counts_may_change(&self) {
+        self.counts.notify_one();
     }
 
     /// The node waits for the pool to free (no polling).

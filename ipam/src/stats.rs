@@ -1,8 +1,9 @@
 //! Aggregate statistics over all nodes, kept incrementally: each pass replaces its node's
 //! contribution, so reading them never walks the nodes.
 
-use crate::plan::{Blocked, NodeSummary};
+use crate::plan::NodeSummary;
 use crate::types::{Family, PerFamily};
+use crate::vocab::Blocked;
 
 /// Totals over one family. A node's counts reach u64::MAX (a /64 block), so the sums over
 /// many nodes are kept in i128.
@@ -49,11 +50,7 @@ impl Stats {
         }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
-        self.at_capacity += sign
-            * i64::from(matches!(
-                s.blocked,
-                Some(Blocked::AtCap) | Some(Blocked::Exhausted)
-            ));
+        self.at_capacity += sign * i64::from(s.blocked.is_some_and(Blocked::out_of_addresses));
         self.releasing += sign * i64::from(s.releasing());
         self.blocked += sign * i64::from(s.blocked.is_some());
         self.reclaim_candidates += sign * s.reclaim_candidates as i64;

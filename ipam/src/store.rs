@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::error::IpamError;
 use crate::gate::{Gate, Ungated};
 use crate::types::{IpamBlock, IpamNode, NodeName, OperatorFields, ResourceVersion};
+use crate::vocab::EventReason;
 
 /// Who wrote a change (the field manager).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +90,21 @@ pub trait NodeStore: Send + Sync + 'static {
         gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
     /// Records a Kubernetes event on the named object.
-    fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String);
+    fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String);
+    /// IPAMNodes whose recorded count of held addresses no longer matches what they hold
+    /// (a block came or went since it was written). A store that records no count: none.
+    fn stale_counts(&self) -> Vec<NodeName> {
+        Vec::new()
+    }
+    /// Rewrites the IPAMNode's recorded count when it is stale, its request admitted by
+    /// `gate`; whether it wrote.
+    fn refresh_count<G: Gate>(
+        &self,
+        _name: &str,
+        _gate: &mut G,
+    ) -> impl Future<Output = Result<bool, IpamError>> + Send {
+        async { Ok(false) }
+    }
 }
 
 /// Sees every write, with the object before and after, in order (the node side's IPAMNode

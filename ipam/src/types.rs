@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::addrs::{AddrMap, AddrSet};
+use crate::vocab::{ConditionReason, ConditionType};
 
 pub use crate::used::UsedMap;
 
@@ -248,9 +249,9 @@ pub struct WatermarkOverrides {
 /// A status condition (operator): `type` is the list-map key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Condition {
-    pub type_: &'static str,
+    pub type_: ConditionType,
     pub status: bool,
-    pub reason: &'static str,
+    pub reason: ConditionReason,
     pub message: String,
     pub last_transition: SystemTime,
 }
@@ -362,6 +363,12 @@ pub struct NodeInfo {
     pub allocatable_pods: u32,
     pub cordoned: bool,
     pub terminating: bool,
+}
+
+impl NodeInfo {
+    /// Allocatable pods when a Node reports none (or a quantity that is not a plain count,
+    /// or no Node is there at all): the kubelet's default `maxPods`.
+    pub const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
 }
 
 #[cfg(test)]

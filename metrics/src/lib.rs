@@ -14,6 +14,7 @@
 //! Label values live in one module per label (`family::IPV4`, `family::ALL`, `family::KEY`).
 //! Labels whose values are not enumerable (`pool`, `node`) have only a `KEY`; their series are not
 //! registered at zero.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 #![forbid(unsafe_code)]
 
 use metrics::{Label, Unit};

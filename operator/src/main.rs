@@ -1,67 +1,26 @@
 //! tidepool-operator: `run` (against a cluster, one replica), `simulate` (the real engine on
 //! a simulated cluster), `check` (a read-only report) and `crds`.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod check_cmd;
 mod cli;
 mod run;
 mod simulate;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::Parser;
 
 use cli::{Cli, Command, LogFormat};
+use tidepool_sim::alloc::CountingAllocator;
 
-/// The system allocator, counting live heap bytes for the simulate report's memory figures
-/// (`tidepool_sim::run::LIVE_HEAP_BYTES`). One relaxed atomic add per call.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is System's.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as above.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: as above.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
+/// Counts live heap bytes for the simulate report's memory figures
+/// (`tidepool_sim::run::LIVE_HEAP_BYTES`); only `simulate` starts it.
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 fn live_heap_bytes() -> usize {
-    LIVE.load(Ordering::Relaxed)
+    usize::try_from(ALLOCATOR.live_bytes()).unwrap_or(0)
 }
 
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
@@ -78,8 +37,11 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let _ = tidepool_sim::run::LIVE_HEAP_BYTES.set(live_heap_bytes);
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Simulate(_)) {
+        ALLOCATOR.start();
+        let _ = tidepool_sim::run::LIVE_HEAP_BYTES.set(live_heap_bytes);
+    }
     if let Err(e) = init_logging(&cli) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);

@@ -22,48 +22,7 @@ use crate::cli::{self, ReportFormat, SimulateFlags, SourceArg, WarmUpArg};
 
 /// Builds the simulation from the flags; bad combinations fail here, before anything runs.
 pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
-    let cluster_pool_only = [
-        ("--pool-cidr", !f.pool_cidrs.is_empty()),
-        ("--block-size", f.block_size != 28),
-        ("--block-size-v6", f.block_size_v6 != 124),
-    ];
-    if f.source != SourceArg::ClusterPool
-        && let Some((flag, _)) = cluster_pool_only.iter().find(|(_, set)| *set)
-    {
-        anyhow::bail!("{flag} needs --source cluster-pool");
-    }
-    let source = match f.source {
-        SourceArg::Memory => SourceChoice::Memory,
-        SourceArg::ClusterPool => {
-            if f.pool_cidrs.is_empty() {
-                anyhow::bail!("--source cluster-pool needs at least one --pool-cidr");
-            }
-            SourceChoice::ClusterPool(PoolChoice {
-                cidrs: f.pool_cidrs.clone(),
-                block_size: PerFamily {
-                    v4: f.block_size,
-                    v6: f.block_size_v6,
-                },
-            })
-        }
-        SourceArg::SimCloud => {
-            if f.dual_stack {
-                anyhow::bail!("--dual-stack: sim-cloud serves IPv4 only");
-            }
-            if f.cloud_burst.is_some() && f.cloud_qps.is_none() {
-                anyhow::bail!("--cloud-burst needs --cloud-qps");
-            }
-            let instance_type = InstanceType::by_name(&f.instance_type)
-                .with_context(|| format!("--instance-type {}", f.instance_type))?;
-            SourceChoice::SimCloud(CloudChoice {
-                instance_type,
-                subnet_size: f.subnet_size,
-                rate_limit: f
-                    .cloud_qps
-                    .map(|q| (q, f.cloud_burst.unwrap_or_else(|| q.ceil().max(1.0) as u32))),
-            })
-        }
-    };
+    let source = source(f)?;
     // sim-cloud nodes can hold what their instance type can address
     let max_pods = match &source {
         SourceChoice::SimCloud(c) => {
@@ -85,19 +44,7 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
         // the scenario's own errors, named by file and phase, before anything runs
         s.check(duration, nodes, max_pods, &f.run.engine().watermarks)?;
     }
-    let families = match &source {
-        // the pods need the families the pool serves: an IPv6-only pool makes an IPv6-only
-        // cluster; --dual-stack then only insists on both
-        SourceChoice::ClusterPool(p) if !f.dual_stack => {
-            let spec = p.spec(&[]).context("invalid simulation")?;
-            Family::ALL
-                .into_iter()
-                .filter(|&f| spec.serves(f))
-                .collect()
-        }
-        _ if f.dual_stack => vec![Family::V4, Family::V6],
-        _ => vec![Family::V4],
-    };
+    let families = families(f, &source)?;
     let cfg = SimConfig {
         world: WorldConfig {
             families,
@@ -147,6 +94,68 @@ pub fn config(f: &SimulateFlags) -> anyhow::Result<SimConfig> {
     };
     cfg.validate().context("invalid simulation")?;
     Ok(cfg)
+}
+
+/// The IP source the flags choose, with the flags that belong to it checked.
+fn source(f: &SimulateFlags) -> anyhow::Result<SourceChoice> {
+    let cluster_pool_only = [
+        ("--pool-cidr", !f.pool_cidrs.is_empty()),
+        ("--block-size", f.block_size != 28),
+        ("--block-size-v6", f.block_size_v6 != 124),
+    ];
+    if f.source != SourceArg::ClusterPool
+        && let Some((flag, _)) = cluster_pool_only.iter().find(|(_, set)| *set)
+    {
+        anyhow::bail!("{flag} needs --source cluster-pool");
+    }
+    Ok(match f.source {
+        SourceArg::Memory => SourceChoice::Memory,
+        SourceArg::ClusterPool => {
+            if f.pool_cidrs.is_empty() {
+                anyhow::bail!("--source cluster-pool needs at least one --pool-cidr");
+            }
+            SourceChoice::ClusterPool(PoolChoice {
+                cidrs: f.pool_cidrs.clone(),
+                block_size: PerFamily {
+                    v4: f.block_size,
+                    v6: f.block_size_v6,
+                },
+            })
+        }
+        SourceArg::SimCloud => {
+            if f.dual_stack {
+                anyhow::bail!("--dual-stack: sim-cloud serves IPv4 only");
+            }
+            if f.cloud_burst.is_some() && f.cloud_qps.is_none() {
+                anyhow::bail!("--cloud-burst needs --cloud-qps");
+            }
+            let instance_type = InstanceType::by_name(&f.instance_type)
+                .with_context(|| format!("--instance-type {}", f.instance_type))?;
+            SourceChoice::SimCloud(CloudChoice {
+                instance_type,
+                subnet_size: f.subnet_size,
+                rate_limit: f
+                    .cloud_qps
+                    .map(|q| (q, f.cloud_burst.unwrap_or_else(|| q.ceil().max(1.0) as u32))),
+            })
+        }
+    })
+}
+
+/// The pods' address families: a cluster pool's serve them (an IPv6-only pool makes an
+/// IPv6-only cluster, and --dual-stack then only insists on both), else --dual-stack.
+fn families(f: &SimulateFlags, source: &SourceChoice) -> anyhow::Result<Vec<Family>> {
+    Ok(match source {
+        SourceChoice::ClusterPool(p) if !f.dual_stack => {
+            let spec = p.spec(&[]).context("invalid simulation")?;
+            Family::ALL
+                .into_iter()
+                .filter(|&f| spec.serves(f))
+                .collect()
+        }
+        _ if f.dual_stack => vec![Family::V4, Family::V6],
+        _ => vec![Family::V4],
+    })
 }
 
 /// Runs the simulation (or the seeds, or the comparison) and prints the report. Returns

@@ -8,6 +8,7 @@
 //! addresses and drops a deleted node's series; a pod bound without an address is counted
 //! waiting, and the `used` entry written for it (kubectl standing in for the agent) ends its
 //! wait in `tidepool_ipam_pod_ip_wait_seconds`; the pool's blocks are counted by fill.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -7,6 +7,7 @@
 //! The kube-rs controller-rs pattern (`src/fixtures.rs`, `ApiServerVerifier`), written out
 //! per exchange. Real time, a short timeout on every wait: a missing request fails, it
 //! never hangs.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +21,8 @@ use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    AddrSet, BlockStore, Condition, ErrorClass, Gate, IpamBlock, IpamError, NodeName, NodeStore,
-    OperatorFields, ReleaseState, ResourceVersion,
+    AddrSet, BlockStore, Blocked, Condition, ConditionReason, ConditionType, ErrorClass, Gate,
+    IpamBlock, IpamError, NodeName, NodeStore, OperatorFields, ReleaseState, ResourceVersion,
 };
 use tidepool_operator::index::parse_uid;
 use tidepool_operator::store::{Events, KubeStore};
@@ -309,9 +310,9 @@ fn blocked() -> Value {
 fn blocked_condition() -> Condition {
     let at: k8s_openapi::jiff::Timestamp = "2026-11-24T10:00:00Z".parse().expect("a time");
     Condition {
-        type_: "Blocked",
+        type_: ConditionType::Blocked,
         status: true,
-        reason: "Exhausted",
+        reason: ConditionReason::Blocked(Blocked::Exhausted),
         message: "no ipv4 address left".into(),
         last_transition: SystemTime::from(at),
     }
@@ -583,7 +584,7 @@ async fn an_ipamnode_the_cache_lacks_is_created_by_post() {
 /// if missing. A POST cannot set `status` (an object with a status subresource drops it on
 /// create), so a node created with conditions needs its status apply in the same call;
 /// otherwise the engine believes them written (its own write's echo wakes nobody), and
-/// the count refresh (`refresh_allocated`) later writes only the count, with the cached,
+/// the count refresh (`NodeStore::refresh_count`) later writes only the count, with the cached,
 /// empty conditions.
 #[tokio::test]
 async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
@@ -831,7 +832,7 @@ async fn a_throttled_apply_carries_its_retry_after() {
     server.expect_no_more(store).await;
 }
 
-/// The store's side of the engine's retry on a lost race. The engine (ipam/src/maintainer.rs,
+/// The store's side of the engine's retry on a lost race. The engine (ipam/src/maintainer/mod.rs,
 /// `pass`) retries a pass that returned `Conflict` up to `conflict_retries` (3) times, each
 /// time re-reading the IPAMNode from the server (`NodeStore::get`, a GET, not the cache)
 /// and re-planning; a fresh look at a block is `get_block`, also a GET. Here: the DELETE at

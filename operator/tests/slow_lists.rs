@@ -9,6 +9,7 @@
 //! - a large cluster (5,000 pods here, 100,000 in the ignored test) with per-page latency
 //!   and continue tokens that expire after 3 s: the operator binary starts (its peak RSS is
 //!   printed) and `check` completes.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/common/mod.rs"]
 mod common;
@@ -53,23 +54,27 @@ async fn add_node(admin: &kube::Client, name: &str) {
 
 /// IPPools `pool-0` … of /24s in 10.0.0.0/8.
 async fn add_pools(admin: &kube::Client, n: usize) {
-    let pools: Api<api::IPPool> = Api::all(admin.clone());
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let pools = pools.clone();
-            async move {
-                let pool = from(json!({
-                    "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-                    "metadata": {"name": format!("pool-{i}")},
-                    "spec": {"cidrs": [format!("10.{}.{}.0/24", i / 256, i % 256)], "blockSize": {"ipv4": 28}},
-                }));
-                pools.create(&PostParams::default(), &pool).await.map(|_| ())
-            }
-        })
-        .buffer_unordered(16)
+    let pools = (0..n).map(|i| {
+        from(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": format!("pool-{i}")},
+            "spec": {"cidrs": [format!("10.{}.{}.0/24", i / 256, i % 256)], "blockSize": {"ipv4": 28}},
+        }))
+    });
+    create_all(&Api::<api::IPPool>::all(admin.clone()), pools).await;
+}
+
+/// Creates every object through `api`, 32 requests at a time.
+async fn create_all<K>(api: &Api<K>, objects: impl Iterator<Item = K>)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    futures::stream::iter(objects)
+        .map(|o| async move { api.create(&PostParams::default(), &o).await.map(|_| ()) })
+        .buffer_unordered(32)
         .try_collect::<()>()
         .await
-        .expect("pools");
+        .expect("create");
 }
 
 /// Runs the operator's runtime through `client` until the returned sender is dropped.
@@ -283,25 +288,16 @@ async fn large_cluster(admin: &kube::Client, pods: usize) {
     for n in 0..nodes {
         add_node(admin, &format!("node-{n}")).await;
     }
-    let api: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    futures::stream::iter(0..pods)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let pod = from(json!({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": format!("p-{i}"), "namespace": "default",
-                        "labels": {"app": format!("app-{}", i % 50)}},
-                    "spec": {"nodeName": format!("node-{}", i % nodes),
-                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-                }));
-                api.create(&PostParams::default(), &pod).await.map(|_| ())
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<()>()
-        .await
-        .expect("pods");
+    let all = (0..pods).map(|i| {
+        from(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("p-{i}"), "namespace": "default",
+                "labels": {"app": format!("app-{}", i % 50)}},
+            "spec": {"nodeName": format!("node-{}", i % nodes),
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        }))
+    });
+    create_all(&Api::<Pod>::namespaced(admin.clone(), "default"), all).await;
 }
 
 /// `pods` pods, 100 ms per LIST page of the operator's, continue tokens that expire after

@@ -7,6 +7,7 @@
 //! address: `benches/memory.rs`.
 //!
 //! `cargo bench -p tidepool-sim --bench engine`
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -2,42 +2,24 @@
 //! pods) and per address, measured with a counting allocator.
 //!
 //! `cargo bench -p tidepool-sim --bench memory`
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use tidepool_ipam::EngineConfig;
+use tidepool_sim::alloc::CountingAllocator;
 use tidepool_sim::{World, WorldConfig};
 
 mod common;
 use tidepool_ipam::IpamNode;
 use tidepool_ipam::Watermarks;
 
-/// Counts live heap bytes.
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 fn main() {
+    ALLOCATOR.start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -58,13 +40,13 @@ fn main() {
             };
             let w = World::start(cfg).expect("world");
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let before = LIVE.load(Ordering::Relaxed);
+            let before = ALLOCATOR.live_bytes();
             for i in 0..nodes {
                 w.add_node(&format!("n{i:05}"));
             }
             tokio::time::sleep(Duration::from_secs(5)).await;
             assert!(w.all_settled(), "nodes must reach their pools");
-            let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / nodes as f64;
+            let per = (ALLOCATOR.live_bytes() - before) as f64 / nodes as f64;
             w.shutdown();
             per
         })
@@ -74,7 +56,7 @@ fn main() {
     // The engine's own per-address state is the IPAMNode's address set (the informer
     // copy); the rest of the world's figure is the simulated source's and observer's books.
     let object = |addresses: u32| -> f64 {
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = ALLOCATOR.live_bytes();
         let objs: Vec<IpamNode> = (0..nodes)
             .map(|i| {
                 let mut n = IpamNode::new(format!("n{i:05}").into(), i as u128);
@@ -86,7 +68,7 @@ fn main() {
                 n
             })
             .collect();
-        let per = (LIVE.load(Ordering::Relaxed) - before) as f64 / nodes as f64;
+        let per = (ALLOCATOR.live_bytes() - before) as f64 / nodes as f64;
         drop(objs);
         per
     };

@@ -4,6 +4,7 @@
 //! `tidepool_ipam_trigger_latency_seconds{trigger="pool-maintainer"}` recorded meanwhile.
 //!
 //! `cargo bench -p tidepool-sim --bench trigger_latency`
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::time::Duration;
 

@@ -1734,10 +1734,10 @@ mod tests {
 
     // ---- the real engine on the simulated cloud ----
 
+    use tidepool_ipam::Blocked;
     use tidepool_ipam::MemoryNodeStore;
     use tidepool_ipam::MemoryPodView;
     use tidepool_ipam::TokioClock;
-    use tidepool_ipam::plan::Blocked;
     use tidepool_ipam::{Api, Budget};
     use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
     use tidepool_ipam::{NodeInfo, PodUid};

@@ -1,6 +1,8 @@
 //! The simulated world the engine is judged in (cargo feature `sim`): node sides,
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
+pub mod alloc;
 pub mod cloud;
 mod heap;
 pub mod observer;

@@ -510,6 +510,31 @@ struct Workload {
 }
 
 impl Workload {
+    fn new(cfg: &SimConfig, scenario: Option<&Scenario>) -> Workload {
+        let groups = scenario.map_or_else(|| vec![DEFAULT_GROUP.to_string()], |s| s.groups());
+        Workload {
+            rng: SmallRng::seed_from_u64(cfg.world.seed ^ 0x5eed),
+            heap: BinaryHeap::new(),
+            evs: Vec::new(),
+            seq: 0,
+            next_node: 0,
+            rates: Rates {
+                churn: cfg.churn,
+                crash_rate: cfg.crash_rate,
+                node_churn: cfg.node_churn,
+            },
+            churn_gen: 0,
+            churn_stalled: false,
+            unschedulable: 0,
+            loss_gen: 0,
+            group_pods: vec![cfg.pods_per_node; groups.len()],
+            groups,
+            group_of: BTreeMap::new(),
+            settings: BTreeSet::new(),
+            pending_watermarks: BTreeSet::new(),
+        }
+    }
+
     fn push(&mut self, at: Instant, ev: Ev) {
         self.seq += 1;
         self.evs.push(Some(ev));
@@ -689,31 +714,8 @@ async fn drive<S: SimSource>(
     let cfg = cfg.clone();
     let scenario = cfg.scenario.clone();
     let phases = scenario.as_ref().map_or(&[][..], |s| &s.phases[..]);
-    let start = Instant::now();
-    let mut wl = Workload {
-        rng: SmallRng::seed_from_u64(cfg.world.seed ^ 0x5eed),
-        heap: BinaryHeap::new(),
-        evs: Vec::new(),
-        seq: 0,
-        next_node: 0,
-        rates: Rates {
-            churn: cfg.churn,
-            crash_rate: cfg.crash_rate,
-            node_churn: cfg.node_churn,
-        },
-        churn_gen: 0,
-        churn_stalled: false,
-        unschedulable: 0,
-        loss_gen: 0,
-        groups: scenario
-            .as_ref()
-            .map_or_else(|| vec![DEFAULT_GROUP.to_string()], |s| s.groups()),
-        group_pods: Vec::new(),
-        group_of: BTreeMap::new(),
-        settings: BTreeSet::new(),
-        pending_watermarks: BTreeSet::new(),
-    };
-    wl.group_pods = vec![cfg.pods_per_node; wl.groups.len()];
+    let times = Times::new(&cfg, scenario.as_deref());
+    let mut wl = Workload::new(&cfg, scenario.as_deref());
     let has_watermarks = phases
         .iter()
         .any(|p| matches!(p.action, Action::WatermarkChange(_)));
@@ -723,25 +725,186 @@ async fn drive<S: SimSource>(
     for _ in 0..cfg.nodes {
         add_node(&world, &mut wl, 0);
     }
-    let warm = match cfg.warm_up {
-        WarmUp::None => Duration::ZERO,
-        WarmUp::Steady => cfg.drain_tail(),
-    };
-    // the measured period starts at m0; t0 is the start of the last phase that changed
-    // demand (or m0)
-    let m0 = start + warm;
-    let t0 = m0
-        + scenario
-            .as_ref()
-            .and_then(|s| s.last_demand_change())
-            .unwrap_or_default();
-    let active_end = m0 + cfg.duration;
-    let tail_end = active_end + cfg.drain_tail();
     // past the tail the run goes on in steps while work is still queued (see `drain_limit`)
-    let mut end = tail_end;
-    let mut lost_at_end: bool;
-    let total = end - start;
-    if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
+    let mut end = times.tail_end;
+    let total = end - times.start;
+    schedule(&world, &mut wl, phases, &times);
+    let mut m = Measures::new(&times);
+    let lost_at_end = loop {
+        let now = Instant::now();
+        m.tick(&world, &cfg, &times, now);
+        if now.duration_since(m.last_progress) >= Duration::from_secs(1) {
+            progress(now - times.start, total);
+            m.last_progress = now;
+        }
+        if now >= end {
+            let lost = (world.observer).any_lost(world.source.granted_sets(), &world.store.list());
+            if !lost || now >= times.tail_end + cfg.drain_limit {
+                break lost;
+            }
+            end = now + DRAIN_STEP;
+        }
+        let wake = m.wake(
+            &times,
+            end,
+            now,
+            wl.heap.peek().map(|Reverse((t, _, _))| *t),
+        );
+        match store_events.as_mut() {
+            Some(rx) if !wl.pending_watermarks.is_empty() => {
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep_until(wake) => {}
+                    _ = rx.recv() => {}
+                }
+            }
+            _ => tokio::time::sleep_until(wake).await,
+        }
+        if let Some(rx) = store_events.as_mut() {
+            while rx.try_recv().is_ok() {}
+            apply_pending_watermarks(&world, phases, &mut wl);
+        }
+        run_due(&world, &cfg, phases, &mut wl, &mut m, &times, &set_faults);
+    };
+    progress(total, total);
+    let oracle = (m.oracle).unwrap_or_else(|| {
+        minimum_calls(&world, &cfg, m.at_t0.as_ref().unwrap_or(&AtT0::default()))
+    });
+    let mut report = build_report(
+        &world,
+        lost_at_end,
+        &cfg,
+        times.t0,
+        m.settled_since,
+        wall,
+        cpu0,
+        &oracle,
+    );
+    report.drain_extra_seconds = (Instant::now() - times.tail_end).as_secs_f64();
+    report.pods.unschedulable = wl.unschedulable;
+    report.pods.waiting_at_start = m.waiting_at_start;
+    world.shutdown();
+    Ok(report)
+}
+
+/// A run's instants: its start; `m0`, where the measured period starts (after the
+/// warm-up); `t0`, the start of the last phase that changed demand (or `m0`); the ends of
+/// the active period and of the drain tail.
+struct Times {
+    start: Instant,
+    m0: Instant,
+    t0: Instant,
+    active_end: Instant,
+    tail_end: Instant,
+}
+
+impl Times {
+    fn new(cfg: &SimConfig, scenario: Option<&Scenario>) -> Times {
+        let start = Instant::now();
+        let warm = match cfg.warm_up {
+            WarmUp::None => Duration::ZERO,
+            WarmUp::Steady => cfg.drain_tail(),
+        };
+        let m0 = start + warm;
+        let t0 = m0
+            + scenario
+                .and_then(|s| s.last_demand_change())
+                .unwrap_or_default();
+        let active_end = m0 + cfg.duration;
+        Times {
+            start,
+            m0,
+            t0,
+            active_end,
+            tail_end: active_end + cfg.drain_tail(),
+        }
+    }
+}
+
+/// What a run measures as it goes.
+struct Measures {
+    /// The measured period began, with this many pods waiting.
+    measuring: bool,
+    waiting_at_start: u64,
+    /// Each node's state at t0.
+    at_t0: Option<AtT0>,
+    /// The call oracle at the end of the active period.
+    oracle: Option<Oracle>,
+    /// Since when every node is settled, sampled each second from t0.
+    settled_since: Option<Instant>,
+    next_sample: Instant,
+    last_progress: Instant,
+}
+
+impl Measures {
+    fn new(times: &Times) -> Measures {
+        Measures {
+            measuring: times.m0 == times.start,
+            waiting_at_start: 0,
+            at_t0: None,
+            oracle: None,
+            settled_since: Some(times.t0),
+            next_sample: times.t0,
+            last_progress: times.start,
+        }
+    }
+
+    /// One turn's bookkeeping at `now`.
+    fn tick<S: SimSource>(
+        &mut self,
+        world: &World<S>,
+        cfg: &SimConfig,
+        times: &Times,
+        now: Instant,
+    ) {
+        if !self.measuring && now >= times.m0 {
+            world.start_measuring();
+            self.waiting_at_start = world.waiting() as u64;
+            self.measuring = true;
+        }
+        if self.at_t0.is_none() && now >= times.t0 {
+            self.at_t0 = Some(snapshot(world));
+        }
+        if self.oracle.is_none() && now >= times.active_end {
+            let at_t0 = self.at_t0.as_ref();
+            self.oracle = Some(minimum_calls(world, cfg, at_t0.unwrap_or(&AtT0::default())));
+        }
+        if now >= self.next_sample && now <= times.active_end {
+            if world.all_settled() {
+                self.settled_since.get_or_insert(now);
+            } else {
+                self.settled_since = None;
+            }
+            self.next_sample += Duration::from_secs(1);
+        }
+    }
+
+    /// When the run must look again: at its end, at the next sample (at least 1 ms on), at
+    /// m0 and t0 until they are reached, and at the next event.
+    fn wake(&self, times: &Times, end: Instant, now: Instant, next_ev: Option<Instant>) -> Instant {
+        let mut wake = end.min(self.next_sample.max(now + Duration::from_millis(1)));
+        if !self.measuring {
+            wake = wake.min(times.m0);
+        }
+        if self.at_t0.is_none() {
+            wake = wake.min(times.t0);
+        }
+        if let Some(t) = next_ev {
+            wake = wake.min(t);
+        }
+        wake
+    }
+}
+
+/// Queues the first pod churn and node loss, and every scenario phase's events.
+fn schedule<S: SimSource>(
+    world: &World<S>,
+    wl: &mut Workload,
+    phases: &[crate::scenario::Phase],
+    times: &Times,
+) {
+    let (start, m0) = (times.start, times.m0);
+    if let Some(d) = next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
         wl.push(start + d, Ev::Churn(0));
     }
     if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
@@ -755,7 +918,7 @@ async fn drive<S: SimSource>(
                 (Some(e), _) => Some(m0 + e),
                 // watermarks are configuration: they stay to the end of the run
                 (None, Action::WatermarkChange(_)) => None,
-                (None, _) => Some(active_end),
+                (None, _) => Some(times.active_end),
             };
             if let Some(off) = off {
                 wl.push(off, Ev::SettingOff(i));
@@ -788,181 +951,138 @@ async fn drive<S: SimSource>(
             }
         }
     }
-    let mut measuring = warm.is_zero();
-    let mut waiting_at_start = 0;
-    // each node's state at t0, and the call oracle at the end of the active period
-    let mut at_t0: Option<AtT0> = None;
-    let mut oracle: Option<Oracle> = None;
-    let mut settled_since: Option<Instant> = Some(t0);
-    let mut next_sample = t0;
-    let mut last_progress = start;
-    loop {
-        let now = Instant::now();
-        if !measuring && now >= m0 {
-            world.start_measuring();
-            waiting_at_start = world.waiting() as u64;
-            measuring = true;
+}
+
+/// Sets the watermark overrides that waited for their node's IPAMNode (the store changed).
+fn apply_pending_watermarks<S: SimSource>(
+    world: &World<S>,
+    phases: &[crate::scenario::Phase],
+    wl: &mut Workload,
+) {
+    if wl.pending_watermarks.is_empty() {
+        return;
+    }
+    let pending = std::mem::take(&mut wl.pending_watermarks);
+    for n in pending {
+        let g = wl.group_of.get(&n).copied().unwrap_or(0);
+        let w = watermarks_for(phases, wl, g);
+        if world.store.set_watermarks(&n, w).is_none() && wl.group_of.contains_key(&n) {
+            wl.pending_watermarks.insert(n);
         }
-        if at_t0.is_none() && now >= t0 {
-            at_t0 = Some(snapshot(&world));
+    }
+}
+
+/// Runs every event due by now, in order.
+fn run_due<S: SimSource>(
+    world: &World<S>,
+    cfg: &SimConfig,
+    phases: &[crate::scenario::Phase],
+    wl: &mut Workload,
+    m: &mut Measures,
+    times: &Times,
+    set_faults: &impl Fn(&S, &SourceFaults),
+) {
+    while let Some(Reverse((t, _, i))) = wl.heap.peek().copied() {
+        if t > Instant::now() {
+            break;
         }
-        if oracle.is_none() && now >= active_end {
-            oracle = Some(minimum_calls(
-                &world,
-                &cfg,
-                at_t0.as_ref().unwrap_or(&AtT0::default()),
-            ));
+        if m.at_t0.is_none() && t >= times.t0 {
+            m.at_t0 = Some(snapshot(world));
         }
-        if now >= next_sample && now <= active_end {
-            if world.all_settled() {
-                settled_since.get_or_insert(now);
-            } else {
-                settled_since = None;
-            }
-            next_sample += Duration::from_secs(1);
-        }
-        if now.duration_since(last_progress) >= Duration::from_secs(1) {
-            progress(now - start, total);
-            last_progress = now;
-        }
-        if now >= end {
-            lost_at_end = world
-                .observer
-                .any_lost(world.source.granted_sets(), &world.store.list());
-            if !lost_at_end || now >= tail_end + cfg.drain_limit {
-                break;
-            }
-            end = now + DRAIN_STEP;
-        }
-        let next_ev = wl.heap.peek().map(|Reverse((t, _, _))| *t);
-        let mut wake = end.min(next_sample.max(now + Duration::from_millis(1)));
-        if !measuring {
-            wake = wake.min(m0);
-        }
-        if at_t0.is_none() {
-            wake = wake.min(t0);
-        }
-        if let Some(t) = next_ev {
-            wake = wake.min(t);
-        }
-        match store_events.as_mut() {
-            Some(rx) if !wl.pending_watermarks.is_empty() => {
-                tokio::select! {
-                    biased;
-                    _ = tokio::time::sleep_until(wake) => {}
-                    _ = rx.recv() => {}
-                }
-            }
-            _ => tokio::time::sleep_until(wake).await,
-        }
-        if let Some(rx) = store_events.as_mut() {
-            while rx.try_recv().is_ok() {}
-            if !wl.pending_watermarks.is_empty() {
-                let pending = std::mem::take(&mut wl.pending_watermarks);
-                for n in pending {
-                    let g = wl.group_of.get(&n).copied().unwrap_or(0);
-                    let w = watermarks_for(phases, &wl, g);
-                    if world.store.set_watermarks(&n, w).is_none() && wl.group_of.contains_key(&n) {
-                        wl.pending_watermarks.insert(n);
-                    }
-                }
-            }
-        }
-        while let Some(Reverse((t, _, i))) = wl.heap.peek().copied() {
-            if t > Instant::now() {
-                break;
-            }
-            if at_t0.is_none() && t >= t0 {
-                at_t0 = Some(snapshot(&world));
-            }
-            wl.heap.pop();
-            let ev = wl.evs[i].take().expect("each event runs once");
-            let active = t < active_end;
-            match ev {
-                Ev::Churn(g) if active && g == wl.churn_gen => {
-                    churn(&world, &mut wl);
-                    match next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
-                        Some(d) => wl.push(t + d, Ev::Churn(g)),
-                        // every node lost: churn resumes when one joins (below)
-                        None => wl.churn_stalled = wl.rates.churn > 0.0,
-                    }
-                }
-                Ev::NodeLoss(g) if active && g == wl.loss_gen => {
-                    let live = world.live_count();
-                    if live > 1 {
-                        let i = wl.rng.random_range(0..live);
-                        let n = world.live_node(i).expect("in range");
-                        lose_node(&world, &mut wl, n, t, true);
-                    }
-                    if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
-                        wl.push(t + d, Ev::NodeLoss(g));
-                    }
-                }
-                Ev::NodeDelete { node, replace } => {
-                    world.delete_node_object(&node);
-                    let g = wl.group_of.remove(&node).unwrap_or(0);
-                    wl.pending_watermarks.remove(&node);
-                    if active && replace {
-                        let n = add_node(&world, &mut wl, g);
-                        joined(phases, &mut wl, n, g);
-                    }
-                }
-                Ev::Act(p) if active => act(&world, phases, &mut wl, p, t, false),
-                Ev::RampStep(p) if active => act(&world, phases, &mut wl, p, t, true),
-                Ev::RampDeletions(p) if active => {
-                    let (group, d) = (&phases[p].group, phases[p].duration.unwrap_or_default());
-                    let Action::MassDeletion { share, crash_rate } = phases[p].action else {
-                        continue;
-                    };
-                    let g = wl.group_index(group.as_deref());
-                    let victims = pick_deletions(&world, &mut wl, g, share, crash_rate);
-                    let n = victims.len().max(1) as f64;
-                    for (k, (uid, crash)) in victims.into_iter().enumerate() {
-                        wl.push(t + d.mul_f64(k as f64 / n), Ev::DeletePod(uid, crash));
-                    }
-                }
-                Ev::DeletePod(uid, crash) if active => world.delete_pod(uid, crash),
-                Ev::SettingOn(p) => {
-                    wl.settings.insert((phases[p].at, p));
-                    setting_changed(&world, &cfg, phases, &mut wl, p, t, active_end, &set_faults);
-                }
-                Ev::SettingOff(p) => {
-                    wl.settings.remove(&(phases[p].at, p));
-                    setting_changed(&world, &cfg, phases, &mut wl, p, t, active_end, &set_faults);
-                }
-                Ev::Churn(_)
-                | Ev::NodeLoss(_)
-                | Ev::Act(_)
-                | Ev::RampStep(_)
-                | Ev::RampDeletions(_)
-                | Ev::DeletePod(..) => {}
-            }
-            if wl.churn_stalled && active && world.live_count() > 0 {
-                wl.churn_stalled = false;
-                if let Some(d) = next_after(&mut wl.rng, churn_rate(&world, &wl.rates)) {
-                    wl.push(t + d, Ev::Churn(wl.churn_gen));
-                }
+        wl.heap.pop();
+        let ev = wl.evs[i].take().expect("each event runs once");
+        let active = t < times.active_end;
+        run_event(world, cfg, phases, wl, ev, t, times.active_end, set_faults);
+        if wl.churn_stalled && active && world.live_count() > 0 {
+            wl.churn_stalled = false;
+            if let Some(d) = next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
+                wl.push(t + d, Ev::Churn(wl.churn_gen));
             }
         }
     }
-    progress(total, total);
-    let oracle = oracle
-        .unwrap_or_else(|| minimum_calls(&world, &cfg, at_t0.as_ref().unwrap_or(&AtT0::default())));
-    let mut report = build_report(
-        &world,
-        lost_at_end,
-        &cfg,
-        t0,
-        settled_since,
-        wall,
-        cpu0,
-        &oracle,
-    );
-    report.drain_extra_seconds = (Instant::now() - tail_end).as_secs_f64();
-    report.pods.unschedulable = wl.unschedulable;
-    report.pods.waiting_at_start = waiting_at_start;
-    world.shutdown();
-    Ok(report)
+}
+
+/// One event at `t`; the workload's events do nothing after the active period.
+#[allow(clippy::too_many_arguments)]
+fn run_event<S: SimSource>(
+    world: &World<S>,
+    cfg: &SimConfig,
+    phases: &[crate::scenario::Phase],
+    wl: &mut Workload,
+    ev: Ev,
+    t: Instant,
+    active_end: Instant,
+    set_faults: &impl Fn(&S, &SourceFaults),
+) {
+    let active = t < active_end;
+    match ev {
+        Ev::Churn(g) if active && g == wl.churn_gen => {
+            churn(world, wl);
+            match next_after(&mut wl.rng, churn_rate(world, &wl.rates)) {
+                Some(d) => wl.push(t + d, Ev::Churn(g)),
+                // every node lost: churn resumes when one joins (`run_due`)
+                None => wl.churn_stalled = wl.rates.churn > 0.0,
+            }
+        }
+        Ev::NodeLoss(g) if active && g == wl.loss_gen => {
+            let live = world.live_count();
+            if live > 1 {
+                let i = wl.rng.random_range(0..live);
+                let n = world.live_node(i).expect("in range");
+                lose_node(world, wl, n, t, true);
+            }
+            if let Some(d) = next_after(&mut wl.rng, wl.rates.node_churn / 3600.0) {
+                wl.push(t + d, Ev::NodeLoss(g));
+            }
+        }
+        Ev::NodeDelete { node, replace } => {
+            world.delete_node_object(&node);
+            let g = wl.group_of.remove(&node).unwrap_or(0);
+            wl.pending_watermarks.remove(&node);
+            if active && replace {
+                let n = add_node(world, wl, g);
+                joined(phases, wl, n, g);
+            }
+        }
+        Ev::Act(p) if active => act(world, phases, wl, p, t, false),
+        Ev::RampStep(p) if active => act(world, phases, wl, p, t, true),
+        Ev::RampDeletions(p) if active => ramp_deletions(world, phases, wl, p, t),
+        Ev::DeletePod(uid, crash) if active => world.delete_pod(uid, crash),
+        Ev::SettingOn(p) => {
+            wl.settings.insert((phases[p].at, p));
+            setting_changed(world, cfg, phases, wl, p, t, active_end, set_faults);
+        }
+        Ev::SettingOff(p) => {
+            wl.settings.remove(&(phases[p].at, p));
+            setting_changed(world, cfg, phases, wl, p, t, active_end, set_faults);
+        }
+        Ev::Churn(_)
+        | Ev::NodeLoss(_)
+        | Ev::Act(_)
+        | Ev::RampStep(_)
+        | Ev::RampDeletions(_)
+        | Ev::DeletePod(..) => {}
+    }
+}
+
+/// A mass deletion spread over its phase: the victims chosen now, deleted one by one.
+fn ramp_deletions<S: SimSource>(
+    world: &World<S>,
+    phases: &[crate::scenario::Phase],
+    wl: &mut Workload,
+    p: usize,
+    t: Instant,
+) {
+    let (group, d) = (&phases[p].group, phases[p].duration.unwrap_or_default());
+    let Action::MassDeletion { share, crash_rate } = phases[p].action else {
+        return;
+    };
+    let g = wl.group_index(group.as_deref());
+    let victims = pick_deletions(world, wl, g, share, crash_rate);
+    let n = victims.len().max(1) as f64;
+    for (k, (uid, crash)) in victims.into_iter().enumerate() {
+        wl.push(t + d.mul_f64(k as f64 / n), Ev::DeletePod(uid, crash));
+    }
 }
 
 fn churn_rate<S: SimSource>(world: &World<S>, rates: &Rates) -> f64 {
@@ -1348,11 +1468,10 @@ fn build_report<S: SimSource>(
     for (_, s) in &summaries {
         nodes.total += 1;
         nodes.in_deficit += u64::from(s.needed() > 0 || s.waiting() > 0);
-        nodes.at_capacity += u64::from(matches!(
-            s.blocked,
-            Some(tidepool_ipam::plan::Blocked::AtCap)
-                | Some(tidepool_ipam::plan::Blocked::Exhausted)
-        ));
+        nodes.at_capacity += u64::from(
+            s.blocked
+                .is_some_and(tidepool_ipam::Blocked::out_of_addresses),
+        );
         nodes.blocked += u64::from(s.blocked.is_some());
     }
     // Addresses from the store (the truth the node sides see), not from engine counters.

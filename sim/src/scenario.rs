@@ -528,6 +528,254 @@ fn share_ok(v: f64) -> bool {
     (0.0..=1.0).contains(&v)
 }
 
+/// The phase a YAML error is in (its number and kind), when the file can be read loosely.
+fn phase_of_error(text: &str, e: &serde_saphyr::Error) -> Option<(usize, String)> {
+    let line = e.location().map(|l| l.line()).unwrap_or(0);
+    if line == 0 {
+        return None;
+    }
+    phase_lines(text)
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, (l, _))| *l <= line)
+        .map(|(i, (_, k))| (i + 1, k.clone().unwrap_or_else(|| "?".into())))
+}
+
+/// The `start:` section's checks.
+fn check_start(s: RawStart) -> Result<Start, String> {
+    for (name, v) in [("start.churn", s.churn), ("start.node_churn", s.node_churn)] {
+        rate(name, v)?;
+    }
+    if let Some(v) = s.crash_rate
+        && !share_ok(v)
+    {
+        return Err(format!("start.crash_rate = {v}: must be within 0..=1"));
+    }
+    if s.nodes == Some(0) {
+        return Err("start.nodes = 0: must be at least 1".into());
+    }
+    Ok(Start {
+        nodes: s.nodes,
+        pods_per_node: s.pods_per_node,
+        churn: s.churn,
+        crash_rate: s.crash_rate,
+        node_churn: s.node_churn,
+    })
+}
+
+/// A rate: a finite number ≥ 0.
+fn rate(name: &str, v: Option<f64>) -> Result<Option<f64>, String> {
+    match v {
+        Some(v) if !v.is_finite() || v < 0.0 => {
+            Err(format!("{name} = {v}: must be a finite number ≥ 0"))
+        }
+        v => Ok(v),
+    }
+}
+
+/// A share: within 0..=1.
+fn share(name: &str, v: Option<f64>) -> Result<Option<f64>, String> {
+    match v {
+        Some(v) if !share_ok(v) => Err(format!("{name} = {v}: must be within 0..=1")),
+        v => Ok(v),
+    }
+}
+
+/// One phase's checks (the messages name no phase: the caller adds it).
+fn check_phase(p: RawPhase, kind: &str) -> Result<Phase, String> {
+    if !KINDS.contains(&kind) {
+        return Err(format!(
+            "unknown kind {kind:?} (one of {})",
+            KINDS.join(", ")
+        ));
+    }
+    let ok = allowed(kind);
+    if let Some(f) = p.present().into_iter().find(|f| !ok.contains(f)) {
+        return Err(format!(
+            "field `{f}` does not apply to {kind} (it takes at, duration, group, {})",
+            ok.join(", ")
+        ));
+    }
+    let Some(at) = p.at else {
+        return Err("missing `at` (when the phase starts, like 5m)".into());
+    };
+    let duration = p.duration.map(|d| d.0);
+    let every = p.every.map(|d| d.0);
+    check_window(duration, every)?;
+    if let Some(g) = &p.group
+        && (g.is_empty() || g.len() > 63)
+    {
+        return Err("group: a name of 1 to 63 characters".into());
+    }
+    for (name, v) in [("nodes", p.nodes), ("pods", p.pods)] {
+        if let Some(v) = v
+            && v > MAX_UNITS
+        {
+            return Err(format!("{name} = {v}: at most {MAX_UNITS} per phase"));
+        }
+    }
+    let action = match kind {
+        "scale-up" => scale_up(&p, duration.is_some() && every.is_none())?,
+        "mass-deletion" => mass_deletion(&p)?,
+        "node-loss" => node_loss(&p)?,
+        "churn" => churn(&p)?,
+        "brown-out" => brown_out(&p)?,
+        "watermark-change" => watermark_change(&p)?,
+        _ => unreachable!("kinds checked above"),
+    };
+    Ok(Phase {
+        at: at.0,
+        duration,
+        every,
+        group: p.group,
+        action,
+    })
+}
+
+/// A phase's `duration` and `every`: positive, and `every` repeats within the duration, at
+/// most [`MAX_REPEATS`] times.
+fn check_window(duration: Option<Duration>, every: Option<Duration>) -> Result<(), String> {
+    if duration.is_some_and(|d| d.is_zero()) {
+        return Err("duration = 0: must be positive".into());
+    }
+    let Some(e) = every else {
+        return Ok(());
+    };
+    if e.is_zero() {
+        return Err("every = 0: must be positive".into());
+    }
+    match duration {
+        None => Err("`every` needs a `duration` (the window it repeats in)".into()),
+        Some(d) if e > d => Err(format!("every {e:?} is longer than the duration {d:?}")),
+        Some(d) if d.as_secs_f64() / e.as_secs_f64() > MAX_REPEATS as f64 => Err(format!(
+            "repeats {:.0} times (every {e:?} for {d:?}); at most {MAX_REPEATS}",
+            (d.as_secs_f64() / e.as_secs_f64()).ceil()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `scale-up`; `ramp`: a duration without `every`.
+fn scale_up(p: &RawPhase, ramp: bool) -> Result<Action, String> {
+    let nodes = p.nodes.unwrap_or(0);
+    let pods = p.pods.unwrap_or(0);
+    if nodes == 0 && pods == 0 {
+        return Err(
+            "adds nothing: give `nodes` (new nodes) or `pods` (pods per existing node)".into(),
+        );
+    }
+    if p.pods_per_node.is_some() && nodes == 0 {
+        return Err("`pods_per_node` needs `nodes` (the new nodes' pods)".into());
+    }
+    if p.share.is_some() && pods == 0 {
+        return Err("`share` needs `pods` (which nodes get them)".into());
+    }
+    if nodes > 0 && pods > 0 && ramp {
+        return Err(
+            "a ramp (duration without every) spreads either nodes or pods, not both".into(),
+        );
+    }
+    let share = share("share", p.share)?.unwrap_or(1.0);
+    if pods > 0 && share <= 0.0 {
+        return Err("share = 0: no node would get the pods".into());
+    }
+    Ok(Action::ScaleUp {
+        nodes,
+        pods_per_node: p.pods_per_node,
+        pods,
+        share,
+    })
+}
+
+fn mass_deletion(p: &RawPhase) -> Result<Action, String> {
+    let Some(s) = share("share", p.share)? else {
+        return Err("missing `share` (of the pods to delete, 0..=1)".into());
+    };
+    if s <= 0.0 {
+        return Err("share = 0: deletes nothing".into());
+    }
+    Ok(Action::MassDeletion {
+        share: s,
+        crash_rate: share("crash_rate", p.crash_rate)?.unwrap_or(0.0),
+    })
+}
+
+fn node_loss(p: &RawPhase) -> Result<Action, String> {
+    let nodes = p.nodes.unwrap_or(0);
+    if nodes == 0 {
+        return Err("missing `nodes` (how many machines vanish, ≥ 1)".into());
+    }
+    Ok(Action::NodeLoss {
+        nodes,
+        replace: p.replace.unwrap_or(false),
+    })
+}
+
+fn churn(p: &RawPhase) -> Result<Action, String> {
+    if p.group.is_some() {
+        return Err("churn applies to the whole cluster: no `group`".into());
+    }
+    let a = Action::Churn {
+        churn: rate("churn", p.churn)?,
+        crash_rate: share("crash_rate", p.crash_rate)?,
+        node_churn: rate("node_churn", p.node_churn)?,
+    };
+    if p.churn.is_none() && p.crash_rate.is_none() && p.node_churn.is_none() {
+        return Err("sets nothing: give churn, crash_rate or node_churn".into());
+    }
+    Ok(a)
+}
+
+fn brown_out(p: &RawPhase) -> Result<Action, String> {
+    if p.group.is_some() {
+        return Err("the source is shared by all nodes: no `group`".into());
+    }
+    let f = FaultSettings {
+        error_rate: share("error_rate", p.error_rate)?.unwrap_or(0.0),
+        lost_reply_rate: share("lost_reply_rate", p.lost_reply_rate)?.unwrap_or(0.0),
+        throttle_rate: share("throttle_rate", p.throttle_rate)?.unwrap_or(0.0),
+        retry_after: p.retry_after.map_or(Duration::from_secs(1), |d| d.0),
+        outage: p.outage.unwrap_or(false),
+    };
+    let sum = f.error_rate + f.lost_reply_rate + f.throttle_rate;
+    if sum > 1.0 {
+        return Err("error_rate + lost_reply_rate + throttle_rate above 1".into());
+    }
+    if sum <= 0.0 && !f.outage {
+        return Err(
+            "injects nothing: give error_rate, lost_reply_rate, throttle_rate or outage: true"
+                .into(),
+        );
+    }
+    if p.retry_after.is_some() && f.throttle_rate <= 0.0 {
+        return Err("`retry_after` needs a `throttle_rate`".into());
+    }
+    Ok(Action::BrownOut(f))
+}
+
+fn watermark_change(p: &RawPhase) -> Result<Action, String> {
+    let w = WatermarkOverrides {
+        pre_allocate: p.pre_allocate,
+        min_allocate: p.min_allocate,
+        max_allocate: p.max_allocate,
+        max_above_watermark: p.max_above_watermark,
+    };
+    if w == WatermarkOverrides::default() {
+        return Err(
+            "sets nothing: give pre_allocate, min_allocate, max_allocate or max_above_watermark"
+                .into(),
+        );
+    }
+    if let (Some(min), Some(max)) = (w.min_allocate, w.max_allocate)
+        && max > 0
+        && min > max
+    {
+        return Err(format!("min_allocate {min} above max_allocate {max}"));
+    }
+    Ok(Action::WatermarkChange(w))
+}
+
 impl Scenario {
     /// Reads and checks a scenario file.
     pub fn load(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
@@ -547,57 +795,10 @@ impl Scenario {
             phase,
             message,
         };
-        let raw: RawFile = match serde_saphyr::from_str(text) {
-            Ok(r) => r,
-            Err(e) => {
-                // name the phase the error is in, when the file can be read loosely
-                let line = e.location().map(|l| l.line()).unwrap_or(0);
-                let phase = if line > 0 {
-                    phase_lines(text)
-                        .iter()
-                        .enumerate()
-                        .rev()
-                        .find(|(_, (l, _))| *l <= line)
-                        .map(|(i, (_, k))| (i + 1, k.clone().unwrap_or_else(|| "?".into())))
-                } else {
-                    None
-                };
-                return Err(err(phase, yaml_error(file, &e)));
-            }
-        };
-        let start = match raw.start {
-            None => Start::default(),
-            Some(s) => {
-                for (name, v) in [("start.churn", s.churn), ("start.node_churn", s.node_churn)] {
-                    if let Some(v) = v
-                        && (!v.is_finite() || v < 0.0)
-                    {
-                        return Err(err(
-                            None,
-                            format!("{name} = {v}: must be a finite number ≥ 0"),
-                        ));
-                    }
-                }
-                if let Some(v) = s.crash_rate
-                    && !share_ok(v)
-                {
-                    return Err(err(
-                        None,
-                        format!("start.crash_rate = {v}: must be within 0..=1"),
-                    ));
-                }
-                if s.nodes == Some(0) {
-                    return Err(err(None, "start.nodes = 0: must be at least 1".into()));
-                }
-                Start {
-                    nodes: s.nodes,
-                    pods_per_node: s.pods_per_node,
-                    churn: s.churn,
-                    crash_rate: s.crash_rate,
-                    node_churn: s.node_churn,
-                }
-            }
-        };
+        let raw: RawFile = serde_saphyr::from_str(text)
+            .map_err(|e| err(phase_of_error(text, &e), yaml_error(file, &e)))?;
+        let start = raw.start.map_or(Ok(Start::default()), check_start);
+        let start = start.map_err(|m| err(None, m))?;
         if let Some(d) = raw.duration
             && d.0.is_zero()
         {
@@ -619,220 +820,7 @@ impl Scenario {
                     format!("missing `kind` (one of {})", KINDS.join(", ")),
                 ));
             };
-            let perr = |m: String| err(Some((n, kind.clone())), m);
-            if !KINDS.contains(&kind.as_str()) {
-                return Err(perr(format!(
-                    "unknown kind {kind:?} (one of {})",
-                    KINDS.join(", ")
-                )));
-            }
-            let ok = allowed(&kind);
-            for f in p.present() {
-                if !ok.contains(&f) {
-                    return Err(perr(format!(
-                        "field `{f}` does not apply to {kind} (it takes at, duration, group, {})",
-                        ok.join(", ")
-                    )));
-                }
-            }
-            let Some(at) = p.at else {
-                return Err(perr("missing `at` (when the phase starts, like 5m)".into()));
-            };
-            let at = at.0;
-            let duration = p.duration.map(|d| d.0);
-            let every = p.every.map(|d| d.0);
-            if duration.is_some_and(|d| d.is_zero()) {
-                return Err(perr("duration = 0: must be positive".into()));
-            }
-            if let Some(e) = every {
-                if e.is_zero() {
-                    return Err(perr("every = 0: must be positive".into()));
-                }
-                match duration {
-                    None => {
-                        return Err(perr(
-                            "`every` needs a `duration` (the window it repeats in)".into(),
-                        ));
-                    }
-                    Some(d) if e > d => {
-                        return Err(perr(format!(
-                            "every {e:?} is longer than the duration {d:?}"
-                        )));
-                    }
-                    Some(d) if d.as_secs_f64() / e.as_secs_f64() > MAX_REPEATS as f64 => {
-                        return Err(perr(format!(
-                            "repeats {:.0} times (every {e:?} for {d:?}); at most {MAX_REPEATS}",
-                            (d.as_secs_f64() / e.as_secs_f64()).ceil()
-                        )));
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(g) = &p.group
-                && (g.is_empty() || g.len() > 63)
-            {
-                return Err(perr("group: a name of 1 to 63 characters".into()));
-            }
-            for (name, v) in [("nodes", p.nodes), ("pods", p.pods)] {
-                if let Some(v) = v
-                    && v > MAX_UNITS
-                {
-                    return Err(perr(format!("{name} = {v}: at most {MAX_UNITS} per phase")));
-                }
-            }
-            let rate = |name: &str, v: Option<f64>| -> Result<Option<f64>, ScenarioError> {
-                match v {
-                    Some(v) if !v.is_finite() || v < 0.0 => {
-                        Err(perr(format!("{name} = {v}: must be a finite number ≥ 0")))
-                    }
-                    v => Ok(v),
-                }
-            };
-            let share = |name: &str, v: Option<f64>| -> Result<Option<f64>, ScenarioError> {
-                match v {
-                    Some(v) if !share_ok(v) => {
-                        Err(perr(format!("{name} = {v}: must be within 0..=1")))
-                    }
-                    v => Ok(v),
-                }
-            };
-            let action = match kind.as_str() {
-                "scale-up" => {
-                    let nodes = p.nodes.unwrap_or(0);
-                    let pods = p.pods.unwrap_or(0);
-                    if nodes == 0 && pods == 0 {
-                        return Err(perr(
-                            "adds nothing: give `nodes` (new nodes) or `pods` (pods per existing node)"
-                                .into(),
-                        ));
-                    }
-                    if p.pods_per_node.is_some() && nodes == 0 {
-                        return Err(perr(
-                            "`pods_per_node` needs `nodes` (the new nodes' pods)".into(),
-                        ));
-                    }
-                    if p.share.is_some() && pods == 0 {
-                        return Err(perr("`share` needs `pods` (which nodes get them)".into()));
-                    }
-                    if nodes > 0 && pods > 0 && duration.is_some() && every.is_none() {
-                        return Err(perr(
-                            "a ramp (duration without every) spreads either nodes or pods, not both"
-                                .into(),
-                        ));
-                    }
-                    let share = share("share", p.share)?.unwrap_or(1.0);
-                    if pods > 0 && share <= 0.0 {
-                        return Err(perr("share = 0: no node would get the pods".into()));
-                    }
-                    Action::ScaleUp {
-                        nodes,
-                        pods_per_node: p.pods_per_node,
-                        pods,
-                        share,
-                    }
-                }
-                "mass-deletion" => {
-                    let Some(s) = share("share", p.share)? else {
-                        return Err(perr(
-                            "missing `share` (of the pods to delete, 0..=1)".into(),
-                        ));
-                    };
-                    if s <= 0.0 {
-                        return Err(perr("share = 0: deletes nothing".into()));
-                    }
-                    Action::MassDeletion {
-                        share: s,
-                        crash_rate: share("crash_rate", p.crash_rate)?.unwrap_or(0.0),
-                    }
-                }
-                "node-loss" => {
-                    let nodes = p.nodes.unwrap_or(0);
-                    if nodes == 0 {
-                        return Err(perr(
-                            "missing `nodes` (how many machines vanish, ≥ 1)".into(),
-                        ));
-                    }
-                    Action::NodeLoss {
-                        nodes,
-                        replace: p.replace.unwrap_or(false),
-                    }
-                }
-                "churn" => {
-                    if p.group.is_some() {
-                        return Err(perr(
-                            "churn applies to the whole cluster: no `group`".into(),
-                        ));
-                    }
-                    let a = Action::Churn {
-                        churn: rate("churn", p.churn)?,
-                        crash_rate: share("crash_rate", p.crash_rate)?,
-                        node_churn: rate("node_churn", p.node_churn)?,
-                    };
-                    if p.churn.is_none() && p.crash_rate.is_none() && p.node_churn.is_none() {
-                        return Err(perr(
-                            "sets nothing: give churn, crash_rate or node_churn".into(),
-                        ));
-                    }
-                    a
-                }
-                "brown-out" => {
-                    if p.group.is_some() {
-                        return Err(perr("the source is shared by all nodes: no `group`".into()));
-                    }
-                    let f = FaultSettings {
-                        error_rate: share("error_rate", p.error_rate)?.unwrap_or(0.0),
-                        lost_reply_rate: share("lost_reply_rate", p.lost_reply_rate)?
-                            .unwrap_or(0.0),
-                        throttle_rate: share("throttle_rate", p.throttle_rate)?.unwrap_or(0.0),
-                        retry_after: p.retry_after.map_or(Duration::from_secs(1), |d| d.0),
-                        outage: p.outage.unwrap_or(false),
-                    };
-                    if f.error_rate + f.lost_reply_rate + f.throttle_rate > 1.0 {
-                        return Err(perr(
-                            "error_rate + lost_reply_rate + throttle_rate above 1".into(),
-                        ));
-                    }
-                    if f.error_rate + f.lost_reply_rate + f.throttle_rate <= 0.0 && !f.outage {
-                        return Err(perr(
-                            "injects nothing: give error_rate, lost_reply_rate, throttle_rate or outage: true"
-                                .into(),
-                        ));
-                    }
-                    if p.retry_after.is_some() && f.throttle_rate <= 0.0 {
-                        return Err(perr("`retry_after` needs a `throttle_rate`".into()));
-                    }
-                    Action::BrownOut(f)
-                }
-                "watermark-change" => {
-                    let w = WatermarkOverrides {
-                        pre_allocate: p.pre_allocate,
-                        min_allocate: p.min_allocate,
-                        max_allocate: p.max_allocate,
-                        max_above_watermark: p.max_above_watermark,
-                    };
-                    if w == WatermarkOverrides::default() {
-                        return Err(perr(
-                            "sets nothing: give pre_allocate, min_allocate, max_allocate or max_above_watermark"
-                                .into(),
-                        ));
-                    }
-                    if let (Some(min), Some(max)) = (w.min_allocate, w.max_allocate)
-                        && max > 0
-                        && min > max
-                    {
-                        return Err(perr(format!("min_allocate {min} above max_allocate {max}")));
-                    }
-                    Action::WatermarkChange(w)
-                }
-                _ => unreachable!("kinds checked above"),
-            };
-            phases.push(Phase {
-                at,
-                duration,
-                every,
-                group: p.group,
-                action,
-            });
+            phases.push(check_phase(p, &kind).map_err(|m| err(Some((n, kind)), m))?);
         }
         Ok(Scenario {
             file: file.to_string(),

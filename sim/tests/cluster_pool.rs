@@ -3,6 +3,7 @@
 //! in-memory store: AlreadyExists adoption, blocks taken by others, the resourceVersion
 //! precondition of a release, and property tests of its bookkeeping. (Two engines on one
 //! store: tests/two_engines.rs.)
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 
@@ -14,10 +15,10 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
+use tidepool_ipam::Blocked;
 use tidepool_ipam::IpSource;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::Watermarks;
-use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::{AddrSet, ErrorClass};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};

@@ -1,6 +1,7 @@
 //! Engine scenarios on the simulated world: claims sized by waiting pods, leadership,
 //! failure isolation and repair, and bad input. Pool sizes are read from the IPAMNode in
 //! the store; every scenario ends with the observer's checks.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 
@@ -13,9 +14,9 @@ use parking_lot::Mutex;
 use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryPodView;
-use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::{AddrSet, BackoffConfig};
 use tidepool_ipam::{Api, Budget, SchedulingMode};
+use tidepool_ipam::{Blocked, ConditionReason, ConditionType, EventReason};
 use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
@@ -541,18 +542,18 @@ async fn invalid_watermark_override_blocks_only_that_node() {
         .operator
         .conditions
         .iter()
-        .filter(|c| c.type_ == "WatermarksValid")
+        .filter(|c| c.type_ == ConditionType::WatermarksValid)
         .collect();
     assert_eq!(cond.len(), 1, "conditions: {:?}", node.operator.conditions);
     assert!(!cond[0].status);
-    assert_eq!(cond[0].reason, "InvalidWatermarks");
+    assert_eq!(cond[0].reason, ConditionReason::InvalidWatermarks);
     assert!(
         cond[0].message.contains("min_allocate"),
         "{}",
         cond[0].message
     );
     assert_eq!(
-        world.store.event_count("InvalidWatermarks"),
+        world.store.event_count(EventReason::InvalidWatermarks),
         1,
         "one event, no retries"
     );
@@ -586,10 +587,10 @@ async fn invalid_watermark_override_blocks_only_that_node() {
         node.operator
             .conditions
             .iter()
-            .all(|c| c.type_ != "WatermarksValid"),
+            .all(|c| c.type_ != ConditionType::WatermarksValid),
         "condition cleared"
     );
-    assert_eq!(world.store.event_count("InvalidWatermarks"), 1);
+    assert_eq!(world.store.event_count(EventReason::InvalidWatermarks), 1);
     assert_eq!(world.manager.summary("bad").unwrap().blocked, None);
     assert_pools_match_source(&world);
     assert_finish_clean(&world);

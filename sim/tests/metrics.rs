@@ -4,6 +4,7 @@
 //! exporter) and `tidepool_ipam_pool_blocks`. Each test records into a recorder of its own
 //! (the tests' runtimes are single-threaded, so the thread's default recorder sees every
 //! task).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 

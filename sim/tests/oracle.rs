@@ -2,6 +2,7 @@
 //! (issue 11: dual-stack runs made more calls than their "minimum", or fewer). Property: in
 //! a pure scale-up (no churn, crashes or node losses) that converges, the engine's calls
 //! equal the minimum; the minimum is never above them.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::time::Duration;
 

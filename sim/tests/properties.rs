@@ -7,6 +7,7 @@
 //!
 //! Each case builds its own current-thread runtime with paused time, so a case is
 //! deterministic and shrinks reproducibly. `PROPTEST_CASES` sets the case count (256).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -16,10 +17,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use tidepool_ipam::BackoffConfig;
+use tidepool_ipam::Blocked;
 use tidepool_ipam::EngineConfig;
 use tidepool_ipam::ReclaimConfig;
 use tidepool_ipam::ReleaseConfig;
-use tidepool_ipam::plan::Blocked;
 use tidepool_ipam::{Family, NodeName, PerFamily, WatermarkOverrides};
 use tidepool_ipam::{Faults, IpSource};
 use tidepool_sim::{SimSource, World, WorldConfig};
@@ -452,7 +453,7 @@ fn regression_crashed_pod_is_reclaimed() {
 }
 
 /// A node parked on an exhausted source kept no deadline: its crashed pod's second reclaim
-/// observation never came (fixed in maintainer.rs: a failed pass keeps its deadline).
+/// observation never came (fixed in the maintainer: a failed pass keeps its deadline).
 #[test]
 fn regression_exhausted_node_still_reclaims() {
     regression(
@@ -465,7 +466,7 @@ fn regression_exhausted_node_still_reclaims() {
 }
 
 /// Concurrent claims all prepared against the same freed addresses; the losers were
-/// refused as exhausted and parked although addresses were left (fixed in maintainer.rs:
+/// refused as exhausted and parked although addresses were left (fixed in the maintainer:
 /// park, then look whether the source has something for the exhausted family).
 #[test]
 fn regression_claims_racing_for_a_freed_pool() {
@@ -508,7 +509,7 @@ fn regression_waiting_at_max_allocate_is_blocked_at_cap() {
 }
 
 /// Whole-node reclaim's release lost its reply: the retry found nothing to release and
-/// never woke the node parked on the exhausted source (fixed in maintainer.rs: wake after
+/// never woke the node parked on the exhausted source (fixed in the maintainer: wake after
 /// a failed release too).
 #[test]
 fn regression_node_reclaim_with_a_lost_reply_wakes_parked_nodes() {
@@ -537,7 +538,7 @@ fn regression_node_reclaim_with_a_lost_reply_wakes_parked_nodes() {
 }
 
 /// A release whose reply was lost returned addresses to the source that only the next
-/// describe noticed, and nothing woke the parked nodes (fixed in maintainer.rs: a repair
+/// describe noticed, and nothing woke the parked nodes (fixed in the maintainer: a repair
 /// that finds addresses gone wakes them).
 #[test]
 fn regression_release_with_a_lost_reply_wakes_parked_nodes() {
@@ -567,7 +568,7 @@ fn regression_release_with_a_lost_reply_wakes_parked_nodes() {
 
 /// A repair from the source (addresses released by a call whose reply was lost) was
 /// compared with itself and never written; a later withdrawal of the stale mark let the
-/// node side resume addresses the source had taken back (fixed in maintainer.rs: the
+/// node side resume addresses the source had taken back (fixed in the maintainer: the
 /// write is judged against the stored fields).
 #[test]
 fn regression_repair_after_a_lost_release_reply_is_written() {

@@ -4,14 +4,15 @@
 //! nothing; a deleted Node keeps its addresses while pods are bound to it and until the
 //! node grace has passed. Times are exact under paused time: defaults are grace 30 s,
 //! min-age 2 m, reuse cooldown 30 s, node grace 5 m, pod cache lag 100 ms.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
-use tidepool_ipam::NodeStore;
 use tidepool_ipam::PodPhase;
+use tidepool_ipam::{EventReason, NodeStore};
 use tidepool_ipam::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
 use tidepool_sim::{World, WorldConfig};
 
@@ -86,7 +87,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
         "ack deleted after the tombstone"
     );
     assert!(node.node.cooldown.contains_key(&x), "cooling down");
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 1);
     assert_eq!(
         node.operator.addresses.total(),
         2,
@@ -176,7 +177,7 @@ async fn a_pod_slow_to_appear_in_the_cache_is_never_reclaimed() {
     for p in &pods {
         assert!(node.node.used.values().any(|e| e.pod_uid == *p));
     }
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 0);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 0);
     assert_eq!(world.observer.reclaimed(), 0);
     assert_finish_clean(&world);
 }
@@ -216,7 +217,7 @@ async fn a_succeeded_pods_addresses_are_reclaimed() {
         node.node.used.values().any(|e| e.pod_uid == b),
         "b untouched"
     );
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 1);
     // a Failed pod too
     world.finish_pod(b, PodPhase::Failed);
     advance(secs(31)).await;
@@ -337,7 +338,7 @@ async fn both_families_of_a_pod_go_together() {
     assert_eq!(node.node.used.len(), 2, "b's two entries remain");
     assert!(node.node.used.values().all(|e| e.pod_uid == b));
     assert_eq!(world.observer.reclaimed(), 2);
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 2);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 2);
     assert_pools_match_source(&world);
     assert_finish_clean(&world);
 }
@@ -408,7 +409,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
         "the node side dropped its answer"
     );
     assert!(node.operator.addresses.contains(&x));
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 0);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 0);
     assert_eq!(world.observer.reclaimed(), 0);
     assert_eq!(source_calls(&world), calls);
     advance(secs(300)).await;
@@ -524,7 +525,7 @@ async fn a_deleted_node_waits_for_the_node_grace() {
     assert!(granted_to(&world, "node1").is_empty());
     assert!(world.node("node1").is_none());
     assert!(world.manager.summary("node1").is_none());
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 1);
     assert_eq!(pool(&world, "node2"), 9);
     assert_finish_clean(&world);
 }
@@ -613,23 +614,27 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
     world.delete_pod(a, true);
     advance(secs(29)).await;
     assert_eq!(
-        world.store.event_count("IPAddressGarbageCollectionFailed"),
+        world
+            .store
+            .event_count(EventReason::GarbageCollectionFailed),
         0
     );
     world.store.fail_next_operator_writes(1);
     advance(secs(2)).await;
     assert_eq!(
-        world.store.event_count("IPAddressGarbageCollectionFailed"),
+        world
+            .store
+            .event_count(EventReason::GarbageCollectionFailed),
         1
     );
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 0);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 0);
     assert_eq!(
         ipam_node(&world, "node1").node.used[&x].pod_uid,
         a,
         "still recorded"
     );
     advance(secs(10)).await; // the backoff's retry (1 s min, jittered)
-    assert_eq!(world.store.event_count("IPAddressGarbageCollected"), 1);
+    assert_eq!(world.store.event_count(EventReason::GarbageCollected), 1);
     assert!(ipam_node(&world, "node1").node.used.is_empty());
     assert_finish_clean(&world);
 }

@@ -26,13 +26,13 @@
 //!    allocator; the heap freed when the operator stops); then a PodIndex and a store
 //!    cache are built from the listed objects under that allocator (heap per pod, per
 //!    IPAMNode, per block).
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -47,6 +47,7 @@ use tidepool_ipam::{AddrSet, EngineConfig, ReclaimConfig, SchedulingMode};
 use tidepool_operator::index::{PodGetter, PodIndex};
 use tidepool_operator::runtime::{self, Settings};
 use tidepool_operator::store::Cache;
+use tidepool_sim::alloc::CountingAllocator;
 use tidepool_tests::{ApiServer, Config};
 
 const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
@@ -64,39 +65,11 @@ const WRITE_VERBS: &[&str] = &["create", "update", "patch", "apply", "delete"];
 
 // ---- a counting allocator: live heap bytes ----
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 fn live_heap() -> isize {
-    LIVE.load(Ordering::Relaxed)
+    ALLOCATOR.live_bytes()
 }
 
 /// A field of /proc/self/status in KiB (VmHWM: peak RSS, VmRSS: now).
@@ -980,6 +953,7 @@ fn print_memory(m: &Memory) {
 // ---- main ----
 
 fn main() {
+    ALLOCATOR.start();
     let o = opts();
     init_tracing();
     let recorder = DebuggingRecorder::new();

@@ -39,6 +39,7 @@
 //!   accepted Lease write (target 3 s), and whether the holder was cleared on the way (a
 //!   watch of the Lease sees the old holder, then none, then the new one) with the old
 //!   leader's `run` ending Ok.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../tests/common/mod.rs"]
 mod common;

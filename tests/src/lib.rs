@@ -5,6 +5,7 @@
 //! status and (Deployments') scale subresources, CRDs with schema validation, server-side apply with field ownership,
 //! finalizers and garbage collection, discovery and OpenAPI v3), plus runtime fault injection
 //! and per-verb request counters. See `tests/README.md` for what it does not emulate.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod access_review;
 mod admission;

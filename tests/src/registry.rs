@@ -164,237 +164,84 @@ impl ResType {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn builtin(
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-    namespaced: bool,
-    status: bool,
-    short: &[&str],
-    categories: &[&str],
-) -> ResType {
-    ResType {
-        group: group.into(),
-        version: version.into(),
-        kind: kind.into(),
-        list_kind: format!("{kind}List"),
-        plural: plural.into(),
-        singular: kind.to_lowercase(),
-        namespaced,
-        status,
-        short_names: short.iter().map(|s| s.to_string()).collect(),
-        categories: categories.iter().map(|s| s.to_string()).collect(),
-        schema: None,
-        columns: Vec::new(),
-        selectable: Vec::new(),
-        crd: false,
-        storage_version: version.into(),
-    }
+/// Whether a resource's objects live in namespaces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Namespaced,
+    Cluster,
 }
+
+use Scope::{Cluster, Namespaced};
+
+/// A built-in kind, served at v1: group, kind, plural, scope, whether it has a status
+/// subresource, short names, categories.
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Scope,
+    bool,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+const ADMISSION: &str = "admissionregistration.k8s.io";
+
+#[rustfmt::skip]
+const BUILTINS: &[Builtin] = &[
+    ("",                             "Namespace",                        "namespaces",                        Cluster,    true,  &["ns"],          &[]),
+    ("",                             "Node",                             "nodes",                             Cluster,    true,  &["no"],          &[]),
+    ("",                             "Pod",                              "pods",                              Namespaced, true,  &["po"],          &["all"]),
+    ("",                             "Event",                            "events",                            Namespaced, false, &["ev"],          &[]),
+    ("",                             "ServiceAccount",                   "serviceaccounts",                   Namespaced, false, &["sa"],          &[]),
+    ("",                             "Service",                          "services",                          Namespaced, true,  &["svc"],         &["all"]),
+    ("",                             "ConfigMap",                        "configmaps",                        Namespaced, false, &["cm"],          &[]),
+    ("",                             "Secret",                           "secrets",                           Namespaced, false, &[],              &[]),
+    ("",                             "ResourceQuota",                    "resourcequotas",                    Namespaced, true,  &["quota"],       &[]),
+    ("flowcontrol.apiserver.k8s.io", "FlowSchema",                       "flowschemas",                       Cluster,    true,  &[],              &[]),
+    ("events.k8s.io",                "Event",                            "events",                            Namespaced, false, &["ev"],          &[]),
+    ("coordination.k8s.io",          "Lease",                            "leases",                            Namespaced, false, &[],              &[]),
+    ("apps",                         "Deployment",                       "deployments",                       Namespaced, true,  &["deploy"],      &["all"]),
+    ("apps",                         "DaemonSet",                        "daemonsets",                        Namespaced, true,  &["ds"],          &["all"]),
+    // No status subresource: NetworkPolicyStatus was removed in 1.28.
+    ("networking.k8s.io",            "NetworkPolicy",                    "networkpolicies",                   Namespaced, false, &["netpol"],      &[]),
+    ("scheduling.k8s.io",            "PriorityClass",                    "priorityclasses",                   Cluster,    false, &["pc"],          &[]),
+    (RBAC,                           "Role",                             "roles",                             Namespaced, false, &[],              &[]),
+    (RBAC,                           "RoleBinding",                      "rolebindings",                      Namespaced, false, &[],              &[]),
+    (RBAC,                           "ClusterRole",                      "clusterroles",                      Cluster,    false, &[],              &[]),
+    (RBAC,                           "ClusterRoleBinding",               "clusterrolebindings",               Cluster,    false, &[],              &[]),
+    (ADMISSION,                      "ValidatingAdmissionPolicy",        "validatingadmissionpolicies",       Cluster,    true,  &[],              &["api-extensions"]),
+    (ADMISSION,                      "ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings", Cluster,    false, &[],              &["api-extensions"]),
+    ("policy",                       "PodDisruptionBudget",              "poddisruptionbudgets",              Namespaced, true,  &["pdb"],         &[]),
+    ("apiextensions.k8s.io",         "CustomResourceDefinition",         "customresourcedefinitions",         Cluster,    true,  &["crd", "crds"], &["api-extensions"]),
+];
 
 /// The built-in kinds.
 pub(crate) fn builtins() -> Vec<ResType> {
-    let rbac = "rbac.authorization.k8s.io";
-    vec![
-        builtin(
-            "",
-            "v1",
-            "Namespace",
-            "namespaces",
-            false,
-            true,
-            &["ns"],
-            &[],
-        ),
-        builtin("", "v1", "Node", "nodes", false, true, &["no"], &[]),
-        builtin("", "v1", "Pod", "pods", true, true, &["po"], &["all"]),
-        builtin("", "v1", "Event", "events", true, false, &["ev"], &[]),
-        builtin(
-            "",
-            "v1",
-            "ServiceAccount",
-            "serviceaccounts",
-            true,
-            false,
-            &["sa"],
-            &[],
-        ),
-        builtin(
-            "",
-            "v1",
-            "Service",
-            "services",
-            true,
-            true,
-            &["svc"],
-            &["all"],
-        ),
-        builtin(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            true,
-            false,
-            &["cm"],
-            &[],
-        ),
-        builtin("", "v1", "Secret", "secrets", true, false, &[], &[]),
-        builtin(
-            "",
-            "v1",
-            "ResourceQuota",
-            "resourcequotas",
-            true,
-            true,
-            &["quota"],
-            &[],
-        ),
-        builtin(
-            "flowcontrol.apiserver.k8s.io",
-            "v1",
-            "FlowSchema",
-            "flowschemas",
-            false,
-            true,
-            &[],
-            &[],
-        ),
-        builtin(
-            "events.k8s.io",
-            "v1",
-            "Event",
-            "events",
-            true,
-            false,
-            &["ev"],
-            &[],
-        ),
-        builtin(
-            "coordination.k8s.io",
-            "v1",
-            "Lease",
-            "leases",
-            true,
-            false,
-            &[],
-            &[],
-        ),
-        builtin(
-            "apps",
-            "v1",
-            "Deployment",
-            "deployments",
-            true,
-            true,
-            &["deploy"],
-            &["all"],
-        ),
-        builtin(
-            "apps",
-            "v1",
-            "DaemonSet",
-            "daemonsets",
-            true,
-            true,
-            &["ds"],
-            &["all"],
-        ),
-        // No status subresource: NetworkPolicyStatus was removed in 1.28.
-        builtin(
-            "networking.k8s.io",
-            "v1",
-            "NetworkPolicy",
-            "networkpolicies",
-            true,
-            false,
-            &["netpol"],
-            &[],
-        ),
-        builtin(
-            "scheduling.k8s.io",
-            "v1",
-            "PriorityClass",
-            "priorityclasses",
-            false,
-            false,
-            &["pc"],
-            &[],
-        ),
-        builtin(rbac, "v1", "Role", "roles", true, false, &[], &[]),
-        builtin(
-            rbac,
-            "v1",
-            "RoleBinding",
-            "rolebindings",
-            true,
-            false,
-            &[],
-            &[],
-        ),
-        builtin(
-            rbac,
-            "v1",
-            "ClusterRole",
-            "clusterroles",
-            false,
-            false,
-            &[],
-            &[],
-        ),
-        builtin(
-            rbac,
-            "v1",
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-            false,
-            false,
-            &[],
-            &[],
-        ),
-        builtin(
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicy",
-            "validatingadmissionpolicies",
-            false,
-            true,
-            &[],
-            &["api-extensions"],
-        ),
-        builtin(
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicyBinding",
-            "validatingadmissionpolicybindings",
-            false,
-            false,
-            &[],
-            &["api-extensions"],
-        ),
-        builtin(
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-            true,
-            true,
-            &["pdb"],
-            &[],
-        ),
-        builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-            false,
-            true,
-            &["crd", "crds"],
-            &["api-extensions"],
-        ),
-    ]
+    let owned = |s: &[&str]| s.iter().map(|s| s.to_string()).collect();
+    BUILTINS
+        .iter()
+        .map(
+            |&(group, kind, plural, scope, status, short, categories)| ResType {
+                group: group.into(),
+                version: "v1".into(),
+                kind: kind.into(),
+                list_kind: format!("{kind}List"),
+                plural: plural.into(),
+                singular: kind.to_lowercase(),
+                namespaced: scope == Namespaced,
+                status,
+                short_names: owned(short),
+                categories: owned(categories),
+                schema: None,
+                columns: Vec::new(),
+                selectable: Vec::new(),
+                crd: false,
+                storage_version: "v1".into(),
+            },
+        )
+        .collect()
 }
 
 fn strs(v: Option<&Value>) -> Vec<String> {
@@ -407,85 +254,83 @@ fn strs(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The names a CRD's spec gives its resource.
+struct CrdNames {
+    group: String,
+    plural: String,
+    kind: String,
+    scope: String,
+    singular: String,
+    list_kind: String,
+}
+
+impl CrdNames {
+    fn of(crd: &Value) -> Self {
+        let s = |p: &str| {
+            crd.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        CrdNames {
+            group: s("/spec/group"),
+            plural: s("/spec/names/plural"),
+            kind: s("/spec/names/kind"),
+            scope: s("/spec/scope"),
+            singular: s("/spec/names/singular"),
+            list_kind: s("/spec/names/listKind"),
+        }
+    }
+
+    /// The causes against the names: group, plural and kind required, the object named
+    /// `plural.group`, a known scope.
+    fn check(&self, name: &str, causes: &mut Vec<(String, String)>) {
+        let (group, plural, kind, scope) = (&self.group, &self.plural, &self.kind, &self.scope);
+        if group.is_empty() {
+            causes.push(("spec.group".to_string(), "Required value".to_string()));
+        } else {
+            crd_validation::group(group, causes);
+        }
+        if plural.is_empty() {
+            causes.push(("spec.names.plural".into(), "Required value".into()));
+        }
+        if kind.is_empty() {
+            causes.push(("spec.names.kind".into(), "Required value".into()));
+        }
+        if !group.is_empty() && !plural.is_empty() && name != format!("{plural}.{group}") {
+            causes.push((
+                "metadata.name".into(),
+                format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"),
+            ));
+        }
+        if scope != "Namespaced" && scope != "Cluster" {
+            causes.push((
+                "spec.scope".into(),
+                format!(
+                    "Unsupported value: \"{scope}\": supported values: \"Cluster\", \"Namespaced\""
+                ),
+            ));
+        }
+    }
+}
+
 /// Validates a CRD object (422 causes) and returns the resource types it defines.
 pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
     let name = crd
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let s = |p: &str| {
-        crd.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let (group, plural, kind, scope) = (
-        s("/spec/group"),
-        s("/spec/names/plural"),
-        s("/spec/names/kind"),
-        s("/spec/scope"),
-    );
+    let names = CrdNames::of(crd);
     let mut causes = Vec::new();
-    if group.is_empty() {
-        causes.push(("spec.group".to_string(), "Required value".to_string()));
-    } else {
-        crd_validation::group(&group, &mut causes);
-    }
-    if plural.is_empty() {
-        causes.push(("spec.names.plural".into(), "Required value".into()));
-    }
-    if kind.is_empty() {
-        causes.push(("spec.names.kind".into(), "Required value".into()));
-    }
-    if !group.is_empty() && !plural.is_empty() && name != format!("{plural}.{group}") {
-        causes.push((
-            "metadata.name".into(),
-            format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"),
-        ));
-    }
-    if scope != "Namespaced" && scope != "Cluster" {
-        causes.push((
-            "spec.scope".into(),
-            format!(
-                "Unsupported value: \"{scope}\": supported values: \"Cluster\", \"Namespaced\""
-            ),
-        ));
-    }
+    names.check(name, &mut causes);
     let versions = crd
         .pointer("/spec/versions")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    if versions.is_empty() {
-        causes.push((
-            "spec.versions".into(),
-            "Invalid value: null: must have exactly one version marked as storage version".into(),
-        ));
-    }
-    crd_validation::version_names(&versions, &mut causes);
-    let storage: Vec<&Value> = versions
-        .iter()
-        .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
-        .collect();
-    if !versions.is_empty() && storage.len() != 1 {
-        causes.push((
-            "spec.versions".into(),
-            "Invalid value: []apiextensions.CustomResourceDefinitionVersion{...}: must have exactly one version marked as storage version".to_string(),
-        ));
-    }
-    let storage_version = storage
-        .first()
-        .and_then(|v| v.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let storage_version = storage_version(&versions, &mut causes);
     let mut out = Vec::new();
     for (i, v) in versions.iter().enumerate() {
-        let vname = v
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
         let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
         let schema = v.pointer("/schema/openAPIV3Schema").cloned();
         match &schema {
@@ -495,72 +340,9 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
                 crd_validation::schema(sch, &path, &mut causes);
             }
         }
-        if v.get("served") != Some(&Value::Bool(true)) {
-            continue;
+        if v.get("served") == Some(&Value::Bool(true)) {
+            out.push(served_version(crd, &names, v, schema, &storage_version));
         }
-        let columns = v
-            .get("additionalPrinterColumns")
-            .and_then(Value::as_array)
-            .map(|cols| {
-                cols.iter()
-                    .map(|c| Column {
-                        name: c.get("name").and_then(Value::as_str).unwrap_or("").into(),
-                        ty: c
-                            .get("type")
-                            .and_then(Value::as_str)
-                            .unwrap_or("string")
-                            .into(),
-                        json_path: c
-                            .get("jsonPath")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .into(),
-                        priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                        description: c
-                            .get("description")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .into(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let singular = s("/spec/names/singular");
-        let list_kind = s("/spec/names/listKind");
-        out.push(ResType {
-            group: group.clone(),
-            version: vname,
-            kind: kind.clone(),
-            list_kind: if list_kind.is_empty() {
-                format!("{kind}List")
-            } else {
-                list_kind
-            },
-            plural: plural.clone(),
-            singular: if singular.is_empty() {
-                kind.to_lowercase()
-            } else {
-                singular
-            },
-            namespaced: scope == "Namespaced",
-            status: v.pointer("/subresources/status").is_some(),
-            short_names: strs(crd.pointer("/spec/names/shortNames")),
-            categories: strs(crd.pointer("/spec/names/categories")),
-            schema,
-            columns,
-            selectable: v
-                .get("selectableFields")
-                .and_then(Value::as_array)
-                .map(|f| {
-                    f.iter()
-                        .filter_map(|x| x.get("jsonPath").and_then(Value::as_str))
-                        .map(|p| p.trim_start_matches('.').to_string())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            crd: true,
-            storage_version: storage_version.clone(),
-        });
     }
     if !causes.is_empty() {
         return Err(Error::invalid(
@@ -571,4 +353,105 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResType>, Error> {
         ));
     }
     Ok(out)
+}
+
+/// The one version marked as storage version, with the causes against the version list
+/// (none, names, not exactly one storage version).
+fn storage_version(versions: &[Value], causes: &mut Vec<(String, String)>) -> String {
+    if versions.is_empty() {
+        causes.push((
+            "spec.versions".into(),
+            "Invalid value: null: must have exactly one version marked as storage version".into(),
+        ));
+    }
+    crd_validation::version_names(versions, causes);
+    let storage: Vec<&Value> = versions
+        .iter()
+        .filter(|v| v.get("storage") == Some(&Value::Bool(true)))
+        .collect();
+    if !versions.is_empty() && storage.len() != 1 {
+        causes.push((
+            "spec.versions".into(),
+            "Invalid value: []apiextensions.CustomResourceDefinitionVersion{...}: must have exactly one version marked as storage version".to_string(),
+        ));
+    }
+    storage
+        .first()
+        .and_then(|v| v.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The resource type of one served version `v` of a CRD.
+fn served_version(
+    crd: &Value,
+    names: &CrdNames,
+    v: &Value,
+    schema: Option<Value>,
+    storage_version: &str,
+) -> ResType {
+    let kind = &names.kind;
+    ResType {
+        group: names.group.clone(),
+        version: v
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        kind: kind.clone(),
+        list_kind: if names.list_kind.is_empty() {
+            format!("{kind}List")
+        } else {
+            names.list_kind.clone()
+        },
+        plural: names.plural.clone(),
+        singular: if names.singular.is_empty() {
+            kind.to_lowercase()
+        } else {
+            names.singular.clone()
+        },
+        namespaced: names.scope == "Namespaced",
+        status: v.pointer("/subresources/status").is_some(),
+        short_names: strs(crd.pointer("/spec/names/shortNames")),
+        categories: strs(crd.pointer("/spec/names/categories")),
+        schema,
+        columns: columns(v),
+        selectable: v
+            .get("selectableFields")
+            .and_then(Value::as_array)
+            .map(|f| {
+                f.iter()
+                    .filter_map(|x| x.get("jsonPath").and_then(Value::as_str))
+                    .map(|p| p.trim_start_matches('.').to_string())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        crd: true,
+        storage_version: storage_version.to_string(),
+    }
+}
+
+/// The `additionalPrinterColumns` of a CRD version.
+fn columns(v: &Value) -> Vec<Column> {
+    let text = |c: &Value, k: &str, default: &str| {
+        c.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or(default)
+            .to_string()
+    };
+    v.get("additionalPrinterColumns")
+        .and_then(Value::as_array)
+        .map(|cols| {
+            cols.iter()
+                .map(|c| Column {
+                    name: text(c, "name", ""),
+                    ty: text(c, "type", "string"),
+                    json_path: text(c, "jsonPath", ""),
+                    priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
+                    description: text(c, "description", ""),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

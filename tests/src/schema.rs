@@ -250,40 +250,8 @@ pub(crate) fn validate_update(
     if old.is_some_and(|o| o == v) {
         return;
     }
-    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
-    if v.is_null() {
-        if schema.get("nullable") != Some(&Value::Bool(true))
-            && let Some(t) = schema.get("type").and_then(Value::as_str)
-        {
-            out.push((
-                path.into(),
-                format!("Invalid value: \"null\": {path} in body must be of type {t}: \"null\""),
-            ));
-        }
+    if !type_ok(schema, v, path, out) {
         return;
-    }
-    if int_or_string && !matches!(type_of(v), "integer" | "string") {
-        let got = type_of(v);
-        out.push((
-            path.into(),
-            format!(
-                "Invalid value: \"{got}\": {path} in body must be of type integer,string: \"{got}\""
-            ),
-        ));
-        return;
-    }
-    if let Some(t) = schema.get("type").and_then(Value::as_str) {
-        let got = type_of(v);
-        let ok = got == t
-            || (t == "number" && got == "integer")
-            || (int_or_string && (got == "integer" || got == "string"));
-        if !ok {
-            out.push((
-                path.into(),
-                format!("Invalid value: \"{got}\": {path} in body must be of type {t}: \"{got}\""),
-            ));
-            return;
-        }
     }
     if let Some(e) = schema.get("enum").and_then(Value::as_array)
         && !e.contains(v)
@@ -299,92 +267,10 @@ pub(crate) fn validate_update(
         ));
     }
     match v {
-        Value::Number(n) => {
-            let x = n.as_f64().unwrap_or(0.0);
-            let excl_min = schema.get("exclusiveMinimum") == Some(&Value::Bool(true));
-            let excl_max = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
-            if let Some(m) = schema.get("minimum").and_then(Value::as_f64) {
-                if excl_min && x <= m {
-                    out.push((
-                        path.into(),
-                        format!("Invalid value: {v}: {path} in body should be greater than {m}"),
-                    ));
-                } else if x < m {
-                    out.push((path.into(), format!("Invalid value: {v}: {path} in body should be greater than or equal to {m}")));
-                }
-            }
-            if let Some(m) = schema.get("maximum").and_then(Value::as_f64) {
-                if excl_max && x >= m {
-                    out.push((
-                        path.into(),
-                        format!("Invalid value: {v}: {path} in body should be less than {m}"),
-                    ));
-                } else if x > m {
-                    out.push((
-                        path.into(),
-                        format!(
-                            "Invalid value: {v}: {path} in body should be less than or equal to {m}"
-                        ),
-                    ));
-                }
-            }
-        }
-        Value::String(s) => {
-            if let Some(f) = schema.get("format").and_then(Value::as_str)
-                && !format_ok(f, s)
-            {
-                out.push((
-                    path.into(),
-                    format!("Invalid value: {v}: {path} in body must be of type {f}: {v}"),
-                ));
-            }
-            if let Some(p) = schema.get("pattern").and_then(Value::as_str)
-                && let Some(re) = pats.get(p)
-                && !re.is_match(s)
-            {
-                out.push((
-                    path.into(),
-                    format!("Invalid value: {v}: {path} in body should match '{p}'"),
-                ));
-            }
-            let len = s.chars().count() as u64;
-            if let Some(m) = schema.get("minLength").and_then(Value::as_u64)
-                && len < m
-            {
-                out.push((
-                    path.into(),
-                    format!("Invalid value: {v}: {path} in body should be at least {m} chars long"),
-                ));
-            }
-            if let Some(m) = schema.get("maxLength").and_then(Value::as_u64)
-                && len > m
-            {
-                out.push((
-                    path.into(),
-                    format!("Too long: may not be more than {m} bytes"),
-                ));
-            }
-        }
+        Value::Number(n) => number_bounds(schema, v, n.as_f64().unwrap_or(0.0), path, out),
+        Value::String(s) => string_checks(schema, v, s, path, pats, out),
         Value::Array(items) => {
-            if let Some(m) = schema.get("minItems").and_then(Value::as_u64)
-                && (items.len() as u64) < m
-            {
-                out.push((
-                    path.into(),
-                    format!(
-                        "Invalid value: {}: {path} in body should have at least {m} items",
-                        items.len()
-                    ),
-                ));
-            }
-            if let Some(m) = schema.get("maxItems").and_then(Value::as_u64)
-                && (items.len() as u64) > m
-            {
-                out.push((
-                    path.into(),
-                    format!("Too many: {}: must have at most {m} items", items.len()),
-                ));
-            }
+            item_counts(schema, items, path, out);
             if let Some(is) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
                     let o = correlated_item(schema, item, old);
@@ -392,20 +278,7 @@ pub(crate) fn validate_update(
                 }
             }
             if let Shape::ListMap(keys) = shape(Some(schema), v) {
-                let mut seen = Vec::new();
-                for (i, item) in items.iter().enumerate() {
-                    let k: Vec<Value> = keys
-                        .iter()
-                        .map(|k| item.get(k).cloned().unwrap_or(Value::Null))
-                        .collect();
-                    if seen.contains(&k) {
-                        out.push((
-                            format!("{path}[{i}]"),
-                            format!("Duplicate value: {}", Value::Array(k.clone())),
-                        ));
-                    }
-                    seen.push(k);
-                }
+                duplicate_keys(&keys, items, path, out);
             }
         }
         Value::Object(map) => {
@@ -435,6 +308,168 @@ pub(crate) fn validate_update(
             }
         }
         _ => {}
+    }
+}
+
+/// Whether `v` is null where the schema allows it or has the schema's type (an
+/// `x-kubernetes-int-or-string` node takes an integer or a string); false, with the cause,
+/// when the node is checked no further.
+fn type_ok(schema: &Value, v: &Value, path: &str, out: &mut Vec<(String, String)>) -> bool {
+    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    if v.is_null() {
+        if schema.get("nullable") != Some(&Value::Bool(true))
+            && let Some(t) = schema.get("type").and_then(Value::as_str)
+        {
+            out.push((
+                path.into(),
+                format!("Invalid value: \"null\": {path} in body must be of type {t}: \"null\""),
+            ));
+        }
+        return false;
+    }
+    if int_or_string && !matches!(type_of(v), "integer" | "string") {
+        let got = type_of(v);
+        out.push((
+            path.into(),
+            format!(
+                "Invalid value: \"{got}\": {path} in body must be of type integer,string: \"{got}\""
+            ),
+        ));
+        return false;
+    }
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        let got = type_of(v);
+        let ok = got == t
+            || (t == "number" && got == "integer")
+            || (int_or_string && (got == "integer" || got == "string"));
+        if !ok {
+            out.push((
+                path.into(),
+                format!("Invalid value: \"{got}\": {path} in body must be of type {t}: \"{got}\""),
+            ));
+            return false;
+        }
+    }
+    true
+}
+
+/// `minimum` and `maximum` (exclusive or not) of a number `x` (the value `v`).
+fn number_bounds(schema: &Value, v: &Value, x: f64, path: &str, out: &mut Vec<(String, String)>) {
+    let excl_min = schema.get("exclusiveMinimum") == Some(&Value::Bool(true));
+    let excl_max = schema.get("exclusiveMaximum") == Some(&Value::Bool(true));
+    if let Some(m) = schema.get("minimum").and_then(Value::as_f64) {
+        if excl_min && x <= m {
+            out.push((
+                path.into(),
+                format!("Invalid value: {v}: {path} in body should be greater than {m}"),
+            ));
+        } else if x < m {
+            out.push((
+                path.into(),
+                format!(
+                    "Invalid value: {v}: {path} in body should be greater than or equal to {m}"
+                ),
+            ));
+        }
+    }
+    if let Some(m) = schema.get("maximum").and_then(Value::as_f64) {
+        if excl_max && x >= m {
+            out.push((
+                path.into(),
+                format!("Invalid value: {v}: {path} in body should be less than {m}"),
+            ));
+        } else if x > m {
+            out.push((
+                path.into(),
+                format!("Invalid value: {v}: {path} in body should be less than or equal to {m}"),
+            ));
+        }
+    }
+}
+
+/// `format`, `pattern`, `minLength` and `maxLength` of a string `s` (the value `v`).
+fn string_checks(
+    schema: &Value,
+    v: &Value,
+    s: &str,
+    path: &str,
+    pats: &Patterns,
+    out: &mut Vec<(String, String)>,
+) {
+    if let Some(f) = schema.get("format").and_then(Value::as_str)
+        && !format_ok(f, s)
+    {
+        out.push((
+            path.into(),
+            format!("Invalid value: {v}: {path} in body must be of type {f}: {v}"),
+        ));
+    }
+    if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+        && let Some(re) = pats.get(p)
+        && !re.is_match(s)
+    {
+        out.push((
+            path.into(),
+            format!("Invalid value: {v}: {path} in body should match '{p}'"),
+        ));
+    }
+    let len = s.chars().count() as u64;
+    if let Some(m) = schema.get("minLength").and_then(Value::as_u64)
+        && len < m
+    {
+        out.push((
+            path.into(),
+            format!("Invalid value: {v}: {path} in body should be at least {m} chars long"),
+        ));
+    }
+    if let Some(m) = schema.get("maxLength").and_then(Value::as_u64)
+        && len > m
+    {
+        out.push((
+            path.into(),
+            format!("Too long: may not be more than {m} bytes"),
+        ));
+    }
+}
+
+/// `minItems` and `maxItems` of a list.
+fn item_counts(schema: &Value, items: &[Value], path: &str, out: &mut Vec<(String, String)>) {
+    if let Some(m) = schema.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < m
+    {
+        out.push((
+            path.into(),
+            format!(
+                "Invalid value: {}: {path} in body should have at least {m} items",
+                items.len()
+            ),
+        ));
+    }
+    if let Some(m) = schema.get("maxItems").and_then(Value::as_u64)
+        && (items.len() as u64) > m
+    {
+        out.push((
+            path.into(),
+            format!("Too many: {}: must have at most {m} items", items.len()),
+        ));
+    }
+}
+
+/// The items of an `x-kubernetes-list-type: map` list whose keys an earlier item has.
+fn duplicate_keys(keys: &[String], items: &[Value], path: &str, out: &mut Vec<(String, String)>) {
+    let mut seen = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let k: Vec<Value> = keys
+            .iter()
+            .map(|k| item.get(k).cloned().unwrap_or(Value::Null))
+            .collect();
+        if seen.contains(&k) {
+            out.push((
+                format!("{path}[{i}]"),
+                format!("Duplicate value: {}", Value::Array(k.clone())),
+            ));
+        }
+        seen.push(k);
     }
 }
 
@@ -505,61 +540,7 @@ pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String
         .and_then(Value::as_str)
         .unwrap_or("");
     match list_type {
-        Some("map") => {
-            if item_ty != "object" {
-                out.push((
-                    format!("{path}.items.type"),
-                    "Invalid value: must be object if parent array's x-kubernetes-list-type is map"
-                        .into(),
-                ));
-            }
-            let keys: Vec<&str> = m
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if keys.is_empty() {
-                out.push((
-                    format!("{path}.x-kubernetes-list-map-keys"),
-                    "Required value: must not be empty if x-kubernetes-list-type is map".into(),
-                ));
-            }
-            let required: Vec<&str> = items
-                .and_then(|i| i.get("required"))
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            for k in keys {
-                let prop = items
-                    .and_then(|i| i.get("properties"))
-                    .and_then(|p| p.get(k));
-                match prop {
-                    None => out.push((
-                        format!("{path}.x-kubernetes-list-map-keys"),
-                        format!(
-                            "Invalid value: \"{k}\": entries must all be names of item properties"
-                        ),
-                    )),
-                    Some(p) => {
-                        if !required.contains(&k) && p.get("default").is_none() {
-                            out.push((
-                                format!("{path}.items.properties[{k}]"),
-                                "Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property".into(),
-                            ));
-                        }
-                        if matches!(
-                            p.get("type").and_then(Value::as_str),
-                            Some("object" | "array")
-                        ) {
-                            out.push((
-                                format!("{path}.items.properties[{k}].type"),
-                                "Invalid value: must be a scalar type if parent array's x-kubernetes-list-type is map".into(),
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        Some("map") => list_map_causes(m, path, out),
         Some("set")
             if matches!(item_ty, "object" | "array")
                 && items
@@ -579,6 +560,70 @@ pub(crate) fn check_structural(schema: &Value, path: &str, out: &mut Vec<(String
                 "Unsupported value: \"{other}\": supported values: \"atomic\", \"map\", \"set\""
             ),
         )),
+    }
+}
+
+/// The causes against an `x-kubernetes-list-type: map` list schema: object items, and
+/// map keys that are scalar item properties, each required or defaulted.
+fn list_map_causes(
+    m: &serde_json::Map<String, Value>,
+    path: &str,
+    out: &mut Vec<(String, String)>,
+) {
+    let items = m.get("items");
+    let item_ty = items
+        .and_then(|i| i.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if item_ty != "object" {
+        out.push((
+            format!("{path}.items.type"),
+            "Invalid value: must be object if parent array's x-kubernetes-list-type is map".into(),
+        ));
+    }
+    let keys: Vec<&str> = m
+        .get("x-kubernetes-list-map-keys")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if keys.is_empty() {
+        out.push((
+            format!("{path}.x-kubernetes-list-map-keys"),
+            "Required value: must not be empty if x-kubernetes-list-type is map".into(),
+        ));
+    }
+    let required: Vec<&str> = items
+        .and_then(|i| i.get("required"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for k in keys {
+        let prop = items
+            .and_then(|i| i.get("properties"))
+            .and_then(|p| p.get(k));
+        match prop {
+            None => out.push((
+                format!("{path}.x-kubernetes-list-map-keys"),
+                format!("Invalid value: \"{k}\": entries must all be names of item properties"),
+            )),
+            Some(p) => {
+                if !required.contains(&k) && p.get("default").is_none() {
+                    out.push((
+                        format!("{path}.items.properties[{k}]"),
+                        "Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property".into(),
+                    ));
+                }
+                if matches!(
+                    p.get("type").and_then(Value::as_str),
+                    Some("object" | "array")
+                ) {
+                    out.push((
+                        format!("{path}.items.properties[{k}].type"),
+                        "Invalid value: must be a scalar type if parent array's x-kubernetes-list-type is map".into(),
+                    ));
+                }
+            }
+        }
     }
 }
 

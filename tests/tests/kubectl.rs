@@ -1,5 +1,6 @@
 //! kubectl as an independent client of the in-process API server. These tests FAIL when
 //! kubectl is missing: run them with `cargo test -p tidepool-tests kubectl`.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 
@@ -1562,7 +1563,7 @@ async fn kubectl_get_events_lists_the_operators_events() {
         "IPAMNode",
         "node-a",
         tidepool_ipam::EventType::Warning,
-        "AgentNotReady",
+        tidepool_ipam::EventReason::AgentNotReady,
         "its agent has never reported".into(),
     );
     // IPAMNodes are cluster-scoped: the event is in `default`

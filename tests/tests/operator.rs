@@ -2,6 +2,7 @@
 //! operator's own role (`deploy/operator/rbac.yaml`): Nodes get IPAMNodes and blocks, waiting
 //! pods are served, and deleting a Node gives its blocks back. Real time, short intervals,
 //! poll-until-deadline.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 
@@ -205,11 +206,7 @@ async fn a_deleted_node_gives_its_blocks_back() {
     })
     .await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    eventually(Duration::from_secs(20), "node-a's IPAMNode gone", || {
-        let api = ipamnodes.clone();
-        async move { api.get_opt("node-a").await.unwrap().is_none().then_some(()) }
-    })
-    .await;
+    gone(&ipamnodes, "node-a", Duration::from_secs(20)).await;
     let pods: Api<Pod> = Api::all(admin.clone());
     assert!(
         pods.list(&ListParams::default())
@@ -269,11 +266,7 @@ async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
     })
     .await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    eventually(Duration::from_secs(20), "node-a's IPAMNode gone", || {
-        let api = ipamnodes.clone();
-        async move { api.get_opt("node-a").await.unwrap().is_none().then_some(()) }
-    })
-    .await;
+    gone(&ipamnodes, "node-a", Duration::from_secs(20)).await;
     assert!(
         blocks_of(&admin, "node-b").await.0 >= 1,
         "node-b keeps its block"
@@ -826,11 +819,7 @@ async fn a_deleted_block_in_use_stays_until_it_is_free() {
         .patch_status(&name, &pp, &kube::api::Patch::Apply(&body))
         .await
         .unwrap();
-    eventually(Duration::from_secs(20), "the free block gone", || {
-        let (blocks, name) = (blocks.clone(), name.clone());
-        async move { blocks.get_opt(&name).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    gone(&blocks, &name, Duration::from_secs(20)).await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }
@@ -1008,11 +997,7 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
     for crd in api::crds() {
         let name = crd.metadata.name.clone().unwrap();
         crds.delete(&name, &DeleteParams::default()).await.unwrap();
-        eventually(Duration::from_secs(10), "the CRD gone", || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move { crds.get_opt(&name).await.ok()?.is_none().then_some(()) }
-        })
-        .await;
+        gone(&crds, &name, Duration::from_secs(10)).await;
     }
     for crd in api::crds() {
         let name = crd.metadata.name.clone().unwrap();
@@ -1832,11 +1817,7 @@ async fn crd_deletion_drains_the_blocks() {
         )
         .await
         .unwrap();
-    eventually(Duration::from_secs(30), "the CRD gone", || {
-        let (crds, crd_name) = (crds.clone(), crd_name.clone());
-        async move { crds.get_opt(&crd_name).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    gone(&crds, &crd_name, Duration::from_secs(30)).await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }
@@ -1877,7 +1858,7 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
             "IPAMNode",
             "node-a",
             EventType::Warning,
-            "AgentNotReady",
+            tidepool_ipam::EventReason::AgentNotReady,
             note,
         );
     };

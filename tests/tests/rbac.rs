@@ -1,5 +1,6 @@
 //! RBAC enforcement (`Config::rbac`) through the kube client: per rule a request it allows and
 //! one it refuses, each refusal checked against the real server's words.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 

@@ -11,6 +11,7 @@
 //! object does not exist). The server's answers then go through its store and `fieldset.rs`, the
 //! code path of every apply the operator and the agent send. tests/README.md lists, per file, the
 //! cases re-expressed and why the others are left out.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
 

@@ -327,22 +327,10 @@ pub fn pool_families(node: &IpamNode) -> Vec<Family> {
 }
 
 /// A pod UID as the API server writes it (a UUID, either case) as the engine's number;
-/// the inverse of `PodUid`'s `Display`.
+/// the inverse of `PodUid`'s `Display` (`tidepool_api::convert::parse_uid`, the one parser).
 pub fn parse_pod_uid(s: &str) -> Result<PodUid> {
-    let bad = || StateError::BadPodUid(s.to_owned());
-    let mut groups = s.split('-');
-    let mut v: u128 = 0;
-    for len in [8, 4, 4, 4, 12] {
-        let g = groups.next().ok_or_else(bad)?;
-        if g.len() != len || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        v = v << (4 * len) | u128::from_str_radix(g, 16).map_err(|_| bad())?;
-    }
-    match groups.next() {
-        None => Ok(PodUid(v)),
-        Some(_) => Err(bad()),
-    }
+    (tidepool_api::convert::parse_uid(s).map(PodUid))
+        .ok_or_else(|| StateError::BadPodUid(s.to_owned()))
 }
 
 #[cfg(test)]

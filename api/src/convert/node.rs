@@ -8,9 +8,9 @@ use std::sync::Arc;
 use crate as api;
 use crate::names::{FINALIZER, condition};
 use tidepool_ipam::{
-    AddrMap, AddrSet, AllocationId, Condition, IpamNode, NodeName, NodeSideFields, OperatorFields,
-    PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion,
-    Tombstone, UsedEntry, WatermarkOverrides,
+    AddrMap, AddrSet, AllocationId, Condition, ConditionReason, ConditionType, IpamNode, NodeName,
+    NodeSideFields, OperatorFields, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
+    ReleaseState, ResourceVersion, Tombstone, UsedEntry, WatermarkOverrides,
 };
 
 use super::time::to_system;
@@ -290,45 +290,22 @@ fn reclaim_outcome(v: api::ReclaimOutcome) -> Option<ReclaimOutcome> {
     }
 }
 
-/// The condition types the operator writes, with the reasons it gives them (the engine
-/// keeps both as static strings); other conditions (the agent's) are not the operator's.
-const OPERATOR_CONDITIONS: [&str; 3] = [
-    condition::POOL_READY,
-    condition::BLOCKED,
-    condition::WATERMARKS_VALID,
-];
-
+/// A condition of a type the operator writes, with its reason as the engine types it (an
+/// unknown one, written by an older operator, reads as `Unknown` and the next write
+/// replaces it); other conditions (the agent's) are not the operator's.
 fn operator_condition(
     c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
 ) -> Option<Condition> {
-    let type_ = *OPERATOR_CONDITIONS.iter().find(|t| **t == c.type_)?;
+    let type_ = ConditionType::OPERATOR
+        .into_iter()
+        .find(|t| t.as_str() == c.type_)?;
     Some(Condition {
         type_,
         status: c.status == "True",
-        reason: static_reason(&c.reason),
+        reason: ConditionReason::parse(&c.reason),
         message: c.message.clone(),
         last_transition: to_system(&c.last_transition_time),
     })
-}
-
-/// The engine's reasons are static strings; an unknown one read back (written by an older
-/// operator) becomes "Unknown", and the next write replaces it.
-fn static_reason(s: &str) -> &'static str {
-    const KNOWN: [&str; 8] = [
-        "InvalidWatermarks",
-        "Exhausted",
-        "AtCapacity",
-        "Cordoned",
-        "Terminating",
-        "Duplicate",
-        "InvalidSpec",
-        "AtTarget",
-    ];
-    KNOWN
-        .iter()
-        .find(|k| **k == s)
-        .copied()
-        .unwrap_or("Unknown")
 }
 
 #[cfg(test)]
@@ -425,7 +402,10 @@ mod tests {
         );
         // only the operator's condition types
         assert_eq!(n.operator.conditions.len(), 1);
-        assert_eq!(n.operator.conditions[0].reason, "Exhausted");
+        assert_eq!(
+            n.operator.conditions[0].reason,
+            ConditionReason::Blocked(tidepool_ipam::Blocked::Exhausted)
+        );
         // the agent's, kept apart for the operator to read
         let ready = v.agent_ready.as_ref().expect("AgentReady read");
         assert!(ready.ready);

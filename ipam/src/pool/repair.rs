@@ -366,27 +366,48 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
     ipam_nodes: &[N],
     nodes: &LiveNodes,
 ) -> RepairReport {
-    let mut found: BTreeSet<RepairFinding> = BTreeSet::new();
-    let live = |h: Holder<'_>| nodes.is_live(h.0, h.1);
-    let pool_names: BTreeSet<&str> = pools.validity().map(|(n, _)| n).collect();
-
-    // Blocks on their own: orphan (rule 1), pool checks (rules 4 and 5).
-    let mut in_pool = vec![true; blocks.len()];
-    for (i, b) in blocks.iter().enumerate() {
-        if !live(b.holder()) {
-            found.insert(RepairFinding::OrphanBlock {
-                block: BlockRef::of(b),
-                current_uid: nodes.uid(&b.node),
-            });
-        }
-        if let Some(f) = check_pool(pools, &pool_names, b) {
-            found.insert(f);
-            in_pool[i] = false;
-        }
+    let (spans, max_hi) = sorted_spans(blocks);
+    let mut c = Checker {
+        pools,
+        blocks,
+        nodes,
+        spans,
+        max_hi,
+        in_pool: vec![true; blocks.len()],
+        overlapped: vec![false; blocks.len()],
+        found: BTreeSet::new(),
+    };
+    c.check_blocks();
+    c.check_overlaps();
+    let uses = c.check_used(ipam_nodes);
+    c.check_shared_addresses(uses);
+    RepairReport {
+        findings: c.found.into_iter().collect(),
     }
+}
 
-    // Blocks sorted by family and span, with the running maximum end per family, so the blocks
-    // holding an address are found by a short backward walk.
+/// An address in use by a holder, with whether that holder's Node is live.
+type Use = (IpAddr, UsedRef, bool);
+
+/// One check's inputs, what it learned of the blocks, and its findings.
+struct Checker<'a> {
+    pools: &'a PoolSet,
+    blocks: &'a [BlockClaim],
+    nodes: &'a LiveNodes,
+    /// The blocks sorted by family and span ([`sorted_spans`]).
+    spans: Vec<Span>,
+    /// The running maximum end of `spans` per family.
+    max_hi: Vec<u128>,
+    /// Per block: its pool serves it (rules 4 and 5 hold).
+    in_pool: Vec<bool>,
+    /// Per block: it overlaps a block of another holder.
+    overlapped: Vec<bool>,
+    found: BTreeSet<RepairFinding>,
+}
+
+/// The blocks sorted by family and span, with the running maximum end per family, so the
+/// blocks holding an address are found by a short backward walk.
+fn sorted_spans(blocks: &[BlockClaim]) -> (Vec<Span>, Vec<u128>) {
     let mut spans: Vec<Span> = blocks
         .iter()
         .enumerate()
@@ -413,68 +434,241 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
         };
         max_hi.push(m);
     }
-    // the blocks holding an address (indices into `blocks`)
-    let holding = |addr: IpAddr| {
+    (spans, max_hi)
+}
+
+impl<'a> Checker<'a> {
+    fn live(&self, h: Holder<'_>) -> bool {
+        self.nodes.is_live(h.0, h.1)
+    }
+
+    /// In its pool and shared with no other holder: an entry in it needs no further look.
+    fn clean(&self, block: usize) -> bool {
+        self.in_pool[block] && !self.overlapped[block]
+    }
+
+    /// The blocks holding an address (indices into `blocks`).
+    fn holding(&self, addr: IpAddr) -> Vec<usize> {
         let (family, a) = addr_num(addr);
-        let end = spans.partition_point(|s| (s.family, s.lo) <= (family, a));
+        let end = (self.spans).partition_point(|s| (s.family, s.lo) <= (family, a));
         let mut out: Vec<usize> = Vec::new();
         for i in (0..end).rev() {
-            if spans[i].family != family || max_hi[i] < a {
+            if self.spans[i].family != family || self.max_hi[i] < a {
                 break;
             }
-            if spans[i].hi >= a {
-                out.push(spans[i].block);
+            if self.spans[i].hi >= a {
+                out.push(self.spans[i].block);
             }
         }
         out
-    };
+    }
 
-    // Overlapping blocks of two holders (rule 3): a sweep over the sorted spans.
-    let mut overlapped = vec![false; blocks.len()];
-    let mut active: Vec<usize> = Vec::new();
-    for (i, s) in spans.iter().enumerate() {
-        active.retain(|&j| spans[j].family == s.family && spans[j].hi >= s.lo);
-        let b = &blocks[s.block];
-        for &j in &active {
-            let o = &blocks[spans[j].block];
-            if o.holder() != b.holder() {
-                overlapped[s.block] = true;
-                overlapped[spans[j].block] = true;
+    /// Blocks on their own: orphan (rule 1), pool checks (rules 4 and 5).
+    fn check_blocks(&mut self) {
+        let pool_names: BTreeSet<&str> = self.pools.validity().map(|(n, _)| n).collect();
+        for (i, b) in self.blocks.iter().enumerate() {
+            if !self.live(b.holder()) {
+                self.found.insert(RepairFinding::OrphanBlock {
+                    block: BlockRef::of(b),
+                    current_uid: self.nodes.uid(&b.node),
+                });
             }
-            if o.holder() != b.holder() && live(o.holder()) && live(b.holder()) {
-                let (x, y) = if o <= b { (o, b) } else { (b, o) };
-                found.insert(RepairFinding::Duplicate(Conflict::OverlappingBlocks {
-                    first: BlockRef::of(x),
-                    second: BlockRef::of(y),
-                }));
+            if let Some(f) = check_pool(self.pools, &pool_names, b) {
+                self.found.insert(f);
+                self.in_pool[i] = false;
             }
-            // A gone holder's block is already an orphan block (rule 1).
         }
-        active.push(i);
     }
 
-    // `used` entries: outside the node's blocks (rule 2), out of range (rule 4).
-    // An address two holders use is outside the blocks of at least one of them, unless
-    // blocks of two holders overlap: so only such entries are gathered, and each one's
-    // address is completed with the holders of the blocks holding it that use it too.
-    // (hash maps: asked once per node and per block, iterated never)
-    let by_holder: std::collections::HashMap<Holder<'_>, &IpamNode> = ipam_nodes
-        .iter()
-        .map(|n| n.borrow())
-        .map(|n| ((&*n.name, n.node_uid), n))
-        .collect();
-    let mut own_blocks: std::collections::HashMap<Holder<'_>, Vec<usize>> =
-        std::collections::HashMap::new();
-    for (i, b) in blocks.iter().enumerate() {
-        own_blocks.entry(b.holder()).or_default().push(i);
+    /// Overlapping blocks of two holders (rule 3): a sweep over the sorted spans.
+    fn check_overlaps(&mut self) {
+        let mut active: Vec<usize> = Vec::new();
+        for i in 0..self.spans.len() {
+            let s = self.spans[i];
+            active.retain(|&j| self.spans[j].family == s.family && self.spans[j].hi >= s.lo);
+            let b = &self.blocks[s.block];
+            for &j in &active {
+                let o = &self.blocks[self.spans[j].block];
+                if o.holder() != b.holder() {
+                    self.overlapped[s.block] = true;
+                    self.overlapped[self.spans[j].block] = true;
+                }
+                if o.holder() != b.holder() && self.live(o.holder()) && self.live(b.holder()) {
+                    let (x, y) = if o <= b { (o, b) } else { (b, o) };
+                    self.found
+                        .insert(RepairFinding::Duplicate(Conflict::OverlappingBlocks {
+                            first: BlockRef::of(x),
+                            second: BlockRef::of(y),
+                        }));
+                }
+                // A gone holder's block is already an orphan block (rule 1).
+            }
+            active.push(i);
+        }
     }
-    let mut uses: Vec<(IpAddr, UsedRef, bool)> = Vec::new();
-    for n in ipam_nodes.iter().map(|n| n.borrow()) {
+
+    /// `used` entries: outside the node's blocks (rule 2), out of range (rule 4).
+    /// An address two holders use is outside the blocks of at least one of them, unless
+    /// blocks of two holders overlap: so only such entries are gathered, and each one's
+    /// address is completed with the holders of the blocks holding it that use it too.
+    fn check_used<N: std::borrow::Borrow<IpamNode>>(&mut self, ipam_nodes: &'a [N]) -> Vec<Use> {
+        // (hash maps: asked once per node and per block, iterated never)
+        let by_holder: std::collections::HashMap<Holder<'a>, &IpamNode> = ipam_nodes
+            .iter()
+            .map(|n| n.borrow())
+            .map(|n| ((&*n.name, n.node_uid), n))
+            .collect();
+        let mut own_blocks: std::collections::HashMap<Holder<'_>, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            own_blocks.entry(b.holder()).or_default().push(i);
+        }
+        let mut uses: Vec<Use> = Vec::new();
+        for n in ipam_nodes.iter().map(|n| n.borrow()) {
+            let mine = (own_blocks.get(&(&*n.name, n.node_uid))).map_or(&[][..], Vec::as_slice);
+            self.check_node_used(n, mine, &by_holder, &mut uses);
+        }
+        uses
+    }
+
+    /// One IPAMNode's `used` entries ([`Checker::check_used`]); `mine` are its blocks.
+    fn check_node_used(
+        &mut self,
+        n: &IpamNode,
+        mine: &[usize],
+        by_holder: &std::collections::HashMap<Holder<'_>, &IpamNode>,
+        uses: &mut Vec<Use>,
+    ) {
         let holder: Holder<'_> = (&*n.name, n.node_uid);
-        let node_live = live(holder);
-        let mine = own_blocks.get(&holder).map_or(&[][..], Vec::as_slice);
-        // its blocks in address order; when they do not overlap (the normal case), the
-        // entries (in address order too) find their block with one walk along them
+        let node_live = self.live(holder);
+        let mut own = OwnBlocks::new(self.blocks, mine);
+        for (&address, e) in &n.node.used {
+            if own.only(address).is_some_and(|i| self.clean(i)) {
+                continue;
+            }
+            let held = self.holding(address);
+            let in_own = held.iter().find(|&&i| self.blocks[i].holder() == holder);
+            if in_own.is_some_and(|&i| self.clean(i)) {
+                continue; // the common case: in its own block, in its pool, not shared
+            }
+            let used = UsedRef {
+                node: n.name.clone(),
+                node_uid: n.node_uid,
+                pod_uid: e.pod_uid,
+            };
+            if in_own.is_none() {
+                self.outside_own_blocks(address, &used, node_live, &held);
+            }
+            if self.pools.locate(address).is_none() {
+                self.found.insert(RepairFinding::OutOfRange {
+                    subject: RangeSubject::Address {
+                        address,
+                        used: used.clone(),
+                    },
+                    issue: RangeIssue::OutsideEveryPool,
+                });
+            }
+            // the holders of the blocks holding it that use it too
+            for &i in &held {
+                let h = self.blocks[i].holder();
+                if h == holder {
+                    continue;
+                }
+                if let Some(other) = by_holder.get(&h)
+                    && let Some(oe) = other.node.used.get(&address)
+                {
+                    let user = UsedRef {
+                        node: other.name.clone(),
+                        node_uid: other.node_uid,
+                        pod_uid: oe.pod_uid,
+                    };
+                    uses.push((address, user, self.live(h)));
+                }
+            }
+            uses.push((address, used, node_live));
+        }
+    }
+
+    /// An entry outside its node's blocks (rule 2): in a live holder's block it is that
+    /// block's duplicate, else it is leaked.
+    fn outside_own_blocks(
+        &mut self,
+        address: IpAddr,
+        used: &UsedRef,
+        node_live: bool,
+        held: &[usize],
+    ) {
+        let owner = held
+            .iter()
+            .map(|&i| &self.blocks[i])
+            .filter(|b| node_live && self.live(b.holder()))
+            .min();
+        self.found.insert(match owner {
+            Some(o) => RepairFinding::Duplicate(Conflict::ForeignAddress {
+                address,
+                user: used.clone(),
+                owner: BlockRef::of(o),
+            }),
+            None => RepairFinding::Leaked {
+                address,
+                used: used.clone(),
+                node_live,
+            },
+        });
+    }
+
+    /// The same address used by two holders (rule 3).
+    fn check_shared_addresses(&mut self, mut uses: Vec<Use>) {
+        uses.sort();
+        uses.dedup();
+        for group in uses.chunk_by(|x, y| x.0 == y.0) {
+            for (i, x) in group.iter().enumerate() {
+                for y in &group[i + 1..] {
+                    self.shared_address(x, y);
+                }
+            }
+        }
+    }
+
+    fn shared_address(&mut self, x: &Use, y: &Use) {
+        if (&x.1.node, x.1.node_uid) == (&y.1.node, y.1.node_uid) {
+            return;
+        }
+        if x.2 && y.2 {
+            self.found
+                .insert(RepairFinding::Duplicate(Conflict::SameAddress {
+                    address: x.0,
+                    first: x.1.clone(),
+                    second: y.1.clone(),
+                }));
+            return;
+        }
+        // The gone holder's claim is the orphan; the live one keeps its own.
+        for z in [x, y] {
+            if !z.2 {
+                self.found.insert(RepairFinding::Leaked {
+                    address: z.0,
+                    used: z.1.clone(),
+                    node_live: false,
+                });
+            }
+        }
+    }
+}
+
+/// One node's blocks in address order, for the fast path of its `used` entries (in address
+/// order too): when the blocks do not overlap (the normal case), the entries find their
+/// block with one walk along them.
+struct OwnBlocks<'a> {
+    blocks: &'a [BlockClaim],
+    mine: &'a [usize],
+    spans: Vec<(Family, u128, u128, usize)>,
+    disjoint: bool,
+    at: usize,
+}
+
+impl<'a> OwnBlocks<'a> {
+    fn new(blocks: &'a [BlockClaim], mine: &'a [usize]) -> Self {
         let mut spans: Vec<(Family, u128, u128, usize)> = mine
             .iter()
             .map(|&i| {
@@ -486,129 +680,36 @@ pub fn check<N: std::borrow::Borrow<IpamNode>>(
         let disjoint = spans
             .windows(2)
             .all(|w| w[0].0 != w[1].0 || w[0].2 < w[1].1);
-        let mut at = 0;
-        for (&address, e) in &n.node.used {
-            // fast path: in exactly one block of its own, in its pool, shared with nobody
-            let only = if disjoint {
-                let (family, a) = addr_num(address);
-                while at < spans.len() && (spans[at].0, spans[at].2) < (family, a) {
-                    at += 1;
-                }
-                spans
-                    .get(at)
-                    .filter(|&&(f, lo, _, _)| f == family && lo <= a)
-                    .map(|&(.., i)| i)
-            } else {
-                let mut own_iter = mine.iter().filter(|&&i| blocks[i].cidr.contains(&address));
-                match (own_iter.next(), own_iter.next()) {
-                    (Some(&i), None) => Some(i),
-                    _ => None,
-                }
-            };
-            if let Some(i) = only
-                && in_pool[i]
-                && !overlapped[i]
-            {
-                continue;
-            }
-            let held = holding(address);
-            let own = held.iter().find(|&&i| blocks[i].holder() == holder);
-            if let Some(&i) = own
-                && in_pool[i]
-                && !overlapped[i]
-            {
-                continue; // the common case: in its own block, in its pool, not shared
-            }
-            let used = UsedRef {
-                node: n.name.clone(),
-                node_uid: n.node_uid,
-                pod_uid: e.pod_uid,
-            };
-            if own.is_none() {
-                let owner = held
-                    .iter()
-                    .map(|&i| &blocks[i])
-                    .filter(|b| node_live && live(b.holder()))
-                    .min();
-                found.insert(match owner {
-                    Some(o) => RepairFinding::Duplicate(Conflict::ForeignAddress {
-                        address,
-                        user: used.clone(),
-                        owner: BlockRef::of(o),
-                    }),
-                    None => RepairFinding::Leaked {
-                        address,
-                        used: used.clone(),
-                        node_live,
-                    },
-                });
-            }
-            if pools.locate(address).is_none() {
-                found.insert(RepairFinding::OutOfRange {
-                    subject: RangeSubject::Address {
-                        address,
-                        used: used.clone(),
-                    },
-                    issue: RangeIssue::OutsideEveryPool,
-                });
-            }
-            // the holders of the blocks holding it that use it too
-            for &i in &held {
-                let h = blocks[i].holder();
-                if h == holder {
-                    continue;
-                }
-                if let Some(other) = by_holder.get(&h)
-                    && let Some(oe) = other.node.used.get(&address)
-                {
-                    uses.push((
-                        address,
-                        UsedRef {
-                            node: other.name.clone(),
-                            node_uid: other.node_uid,
-                            pod_uid: oe.pod_uid,
-                        },
-                        live(h),
-                    ));
-                }
-            }
-            uses.push((address, used, node_live));
+        OwnBlocks {
+            blocks,
+            mine,
+            spans,
+            disjoint,
+            at: 0,
         }
     }
 
-    // The same address used by two holders (rule 3).
-    uses.sort();
-    uses.dedup();
-    for group in uses.chunk_by(|x, y| x.0 == y.0) {
-        for (i, x) in group.iter().enumerate() {
-            for y in &group[i + 1..] {
-                if (&x.1.node, x.1.node_uid) == (&y.1.node, y.1.node_uid) {
-                    continue;
-                }
-                if x.2 && y.2 {
-                    found.insert(RepairFinding::Duplicate(Conflict::SameAddress {
-                        address: x.0,
-                        first: x.1.clone(),
-                        second: y.1.clone(),
-                    }));
-                    continue;
-                }
-                // The gone holder's claim is the orphan; the live one keeps its own.
-                for z in [x, y] {
-                    if !z.2 {
-                        found.insert(RepairFinding::Leaked {
-                            address: z.0,
-                            used: z.1.clone(),
-                            node_live: false,
-                        });
-                    }
-                }
+    /// The one block of the node's own holding `address`, if exactly one does; called with
+    /// addresses in increasing order.
+    fn only(&mut self, address: IpAddr) -> Option<usize> {
+        if self.disjoint {
+            let (family, a) = addr_num(address);
+            let spans = &self.spans;
+            while self.at < spans.len() && (spans[self.at].0, spans[self.at].2) < (family, a) {
+                self.at += 1;
+            }
+            spans
+                .get(self.at)
+                .filter(|&&(f, lo, _, _)| f == family && lo <= a)
+                .map(|&(.., i)| i)
+        } else {
+            let blocks = self.blocks;
+            let mut own_iter = (self.mine.iter()).filter(|&&i| blocks[i].cidr.contains(&address));
+            match (own_iter.next(), own_iter.next()) {
+                (Some(&i), None) => Some(i),
+                _ => None,
             }
         }
-    }
-
-    RepairReport {
-        findings: found.into_iter().collect(),
     }
 }
 

@@ -198,6 +198,21 @@ impl PoolSet {
         })
     }
 
+    /// Marks an unclaimed record's range occupied in every valid pool serving its family, so
+    /// that nothing is granted over it; true when it overlapped a pool's range.
+    fn occupy(&mut self, cidr: &IpNet) -> bool {
+        let (lo, hi) = span(cidr);
+        let mut overlapped = false;
+        for e in &mut self.entries {
+            if let Ok(p) = &mut e.state
+                && let Some(idx) = p.family_mut(family_of(cidr))
+            {
+                overlapped |= idx.occupy(lo, hi).1 > 0;
+            }
+        }
+        overlapped
+    }
+
     /// Frees every block of every valid pool, then indexes `records` (see the module
     /// documentation for the rules): the index is then the records' alone, whatever was
     /// claimed before.
@@ -278,21 +293,10 @@ impl PoolSet {
                     }
                 }
             }
-            if !claimed {
-                let (lo, hi) = span(&r.cidr);
-                let mut overlapped = false;
-                for e in &mut self.entries {
-                    if let Ok(p) = &mut e.state
-                        && let Some(idx) = p.family_mut(family)
-                    {
-                        overlapped |= idx.occupy(lo, hi).1 > 0;
-                    }
-                }
-                if overlapped {
-                    report
-                        .findings
-                        .push(finding(FindingKind::Overlap { other: None }));
-                }
+            if !claimed && self.occupy(&r.cidr) {
+                report
+                    .findings
+                    .push(finding(FindingKind::Overlap { other: None }));
             }
         }
         for (i, block, expected) in mismatch {

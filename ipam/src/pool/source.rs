@@ -48,6 +48,7 @@ use crate::store::{BlockStore, EventType, NodeStore};
 use crate::types::{
     Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
 };
+use crate::vocab::EventReason;
 
 use tidepool_metrics as m;
 
@@ -620,7 +621,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                         self.store.event(
                             node,
                             EventType::Warning,
-                            "IPAddressDuplicate",
+                            EventReason::Duplicate,
                             format!("{c:?}"),
                         );
                     }

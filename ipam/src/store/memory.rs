@@ -16,6 +16,7 @@ use crate::gate::Gate;
 use crate::types::{
     IpamNode, NodeName, NodeSideFields, OperatorFields, ResourceVersion, WatermarkOverrides,
 };
+use crate::vocab::EventReason;
 
 #[derive(Default)]
 struct Inner {
@@ -23,7 +24,7 @@ struct Inner {
     blocks: blocks::Blocks,
     resource_version: u64,
     subscribers: Vec<mpsc::UnboundedSender<StoreEvent>>,
-    events: BTreeMap<&'static str, u64>,
+    events: BTreeMap<EventReason, u64>,
     /// Operator writes to fail (transient) before taking effect, for tests.
     fail_operator_writes: u32,
     operator_writes: u64,
@@ -63,8 +64,8 @@ impl MemoryNodeStore {
     }
 
     /// How many events of `reason` were recorded.
-    pub fn event_count(&self, reason: &str) -> u64 {
-        self.inner.lock().events.get(reason).copied().unwrap_or(0)
+    pub fn event_count(&self, reason: EventReason) -> u64 {
+        self.inner.lock().events.get(&reason).copied().unwrap_or(0)
     }
 
     /// Operator write requests received (applies and deletes).
@@ -290,7 +291,7 @@ impl NodeStore for MemoryNodeStore {
         Ok(())
     }
 
-    fn event(&self, _object: &str, _type: EventType, reason: &'static str, _message: String) {
+    fn event(&self, _object: &str, _type: EventType, reason: EventReason, _message: String) {
         *self.inner.lock().events.entry(reason).or_default() += 1;
     }
 }
@@ -461,9 +462,9 @@ mod tests {
         );
         assert_eq!(charged(f.clone()).await, 1, "spec only");
         f.conditions.push(crate::types::Condition {
-            type_: "Blocked",
+            type_: crate::vocab::ConditionType::Blocked,
             status: true,
-            reason: "Exhausted",
+            reason: crate::vocab::ConditionReason::Blocked(crate::vocab::Blocked::Exhausted),
             message: String::new(),
             last_transition: std::time::UNIX_EPOCH,
         });

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::report::{PoolState, ProblemKind, Report};
+use super::report::{PoolState, PoolUsage, ProblemKind, Report};
 
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -39,10 +39,28 @@ fn grid(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
 
 /// The report as text.
 pub fn table(r: &Report) -> String {
-    let s = &r.summary;
     let mut out = String::new();
     out.push_str("Checking IPAM for inconsistencies...\n\n");
+    pools_section(&mut out, r);
+    counts_section(&mut out, r);
+    candidates_section(&mut out, r);
+    problems_section(&mut out, r);
+    let n = r.problems.len();
+    if n == 0 {
+        out.push_str("Check complete; found 0 problems.\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "Check complete; found {} that {} a person.",
+            plural(n, "problem", "problems"),
+            if n == 1 { "needs" } else { "need" }
+        );
+    }
+    out
+}
 
+/// The IP pools: how many are valid, and a row per pool and family.
+fn pools_section(out: &mut String, r: &Report) {
     out.push_str("Loading all IP pools...\n");
     let valid = {
         let mut names: Vec<&str> = r
@@ -57,44 +75,12 @@ pub fn table(r: &Report) -> String {
     let _ = writeln!(
         out,
         "Found {} ({valid} valid).",
-        plural(s.ippools, "IP pool", "IP pools")
+        plural(r.summary.ippools, "IP pool", "IP pools")
     );
     if !r.pools.is_empty() {
-        let na = || "-".to_string();
-        let rows: Vec<Vec<String>> = r
-            .pools
-            .iter()
-            .map(|p| {
-                let (cap, alloc, free) = match &p.addresses {
-                    Some(c) => (c.capacity.clone(), c.allocated.clone(), c.free.clone()),
-                    None => (na(), na(), na()),
-                };
-                let blocks = match &p.blocks {
-                    Some(b) => format!("{}/{}", b.allocated, b.capacity),
-                    None => na(),
-                };
-                let cidrs: Vec<String> = p.cidrs.iter().map(ToString::to_string).collect();
-                let state = match (&p.state, &p.reason) {
-                    (PoolState::Valid, _) => "valid".to_string(),
-                    (PoolState::Invalid, Some(why)) => format!("invalid: {why}"),
-                    (PoolState::Invalid, None) => "invalid".to_string(),
-                };
-                vec![
-                    p.pool.clone(),
-                    p.family.to_string(),
-                    cidrs.join(","),
-                    format!("/{}", p.block_size),
-                    cap,
-                    alloc,
-                    free,
-                    blocks,
-                    p.in_use.to_string(),
-                    state,
-                ]
-            })
-            .collect();
+        let rows: Vec<Vec<String>> = r.pools.iter().map(pool_row).collect();
         grid(
-            &mut out,
+            out,
             &[
                 "POOL",
                 "FAMILY",
@@ -111,7 +97,41 @@ pub fn table(r: &Report) -> String {
         );
     }
     out.push('\n');
+}
 
+fn pool_row(p: &PoolUsage) -> Vec<String> {
+    let na = || "-".to_string();
+    let (cap, alloc, free) = match &p.addresses {
+        Some(c) => (c.capacity.clone(), c.allocated.clone(), c.free.clone()),
+        None => (na(), na(), na()),
+    };
+    let blocks = match &p.blocks {
+        Some(b) => format!("{}/{}", b.allocated, b.capacity),
+        None => na(),
+    };
+    let cidrs: Vec<String> = p.cidrs.iter().map(ToString::to_string).collect();
+    let state = match (&p.state, &p.reason) {
+        (PoolState::Valid, _) => "valid".to_string(),
+        (PoolState::Invalid, Some(why)) => format!("invalid: {why}"),
+        (PoolState::Invalid, None) => "invalid".to_string(),
+    };
+    vec![
+        p.pool.clone(),
+        p.family.to_string(),
+        cidrs.join(","),
+        format!("/{}", p.block_size),
+        cap,
+        alloc,
+        free,
+        blocks,
+        p.in_use.to_string(),
+        state,
+    ]
+}
+
+/// How many blocks, IPAM nodes, addresses in use, Nodes and Pods were read.
+fn counts_section(out: &mut String, r: &Report) {
+    let s = &r.summary;
     out.push_str("Loading all IPAM blocks, IPAM nodes, Nodes and Pods...\n");
     let _ = writeln!(
         out,
@@ -123,13 +143,16 @@ pub fn table(r: &Report) -> String {
         plural(s.pods, "Pod", "Pods"),
     );
     out.push('\n');
+}
 
+/// The reclaim candidates (informational), a row each.
+fn candidates_section(out: &mut String, r: &Report) {
     out.push_str("Scanning for addresses in use whose pod is gone, terminal or replaced...\n");
     let _ = writeln!(
         out,
         "Found {} (informational: the operator reclaims these itself once they stay candidates for its reclaim grace; they are not problems).",
         plural(
-            s.reclaim_candidates,
+            r.summary.reclaim_candidates,
             "reclaim candidate",
             "reclaim candidates"
         )
@@ -155,13 +178,16 @@ pub fn table(r: &Report) -> String {
             })
             .collect();
         grid(
-            &mut out,
+            out,
             &["NODE", "ADDRESS", "POD", "POD UID", "REASON", "STATE"],
             &rows,
         );
     }
     out.push('\n');
+}
 
+/// The problems: a count per kind, then a row each.
+fn problems_section(out: &mut String, r: &Report) {
     out.push_str(
         "Scanning for duplicates, leaks, orphan blocks, out-of-range and unknown-pool blocks and addresses, invalid pools and malformed entries...\n",
     );
@@ -187,23 +213,10 @@ pub fn table(r: &Report) -> String {
             })
             .collect();
         grid(
-            &mut out,
+            out,
             &["PROBLEM", "OBJECTS", "ADDRESS/CIDR", "DETAIL"],
             &rows,
         );
     }
     out.push('\n');
-
-    let n = r.problems.len();
-    if n == 0 {
-        out.push_str("Check complete; found 0 problems.\n");
-    } else {
-        let _ = writeln!(
-            out,
-            "Check complete; found {} that {} a person.",
-            plural(n, "problem", "problems"),
-            if n == 1 { "needs" } else { "need" }
-        );
-    }
-    out
 }

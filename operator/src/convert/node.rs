@@ -89,9 +89,9 @@ pub fn status_body(to: Target<'_>, conditions: &[Condition], allocated: u64) -> 
         .iter()
         .map(|c| {
             json!({
-                "type": c.type_,
+                "type": c.type_.as_str(),
                 "status": if c.status { "True" } else { "False" },
-                "reason": c.reason,
+                "reason": c.reason.as_str(),
                 "message": c.message,
                 "lastTransitionTime": from_system(c.last_transition),
             })

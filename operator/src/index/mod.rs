@@ -9,7 +9,6 @@
 mod nodes;
 mod pods;
 
-pub(crate) use nodes::DEFAULT_ALLOCATABLE_PODS;
 pub use nodes::{NodeChange, NodeIndex, NodeSelector};
 pub use pods::{PodGetter, PodIndex};
 /// Shared with the agent: [`tidepool_api::convert::parse_uid`].

@@ -12,7 +12,6 @@ use kube::runtime::watcher::Event;
 use parking_lot::Mutex;
 use tidepool_ipam::{NodeInfo, NodeName};
 
-pub(crate) use project::DEFAULT_ALLOCATABLE_PODS;
 use project::{NodeRecord, project};
 pub use selector::NodeSelector;
 

@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use parking_lot::RwLock;
 use tidepool_ipam::{
-    EventType, IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView, Since,
+    EventReason, EventType, IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView,
+    Since,
 };
 use tokio::time::Instant;
 
@@ -161,7 +162,7 @@ impl PodView for PodIndex {
         self.state.read().bound(node)
     }
 
-    fn event(&self, uid: PodUid, type_: EventType, reason: &'static str, message: String) {
+    fn event(&self, uid: PodUid, type_: EventType, reason: EventReason, message: String) {
         let Some(key) = self.state.read().key(uid).map(str::to_owned) else {
             return;
         };

@@ -18,8 +18,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use tidepool_api::convert::AgentReady;
-use tidepool_api::names::reason;
-use tidepool_ipam::{EventType, NodeName, PodView};
+use tidepool_ipam::{EventReason, EventType, NodeName, PodView};
 
 use crate::index::PodIndex;
 use crate::store::{Events, KubeStore};
@@ -152,7 +151,7 @@ pub(super) async fn keep(store: KubeStore, pods: PodIndex, events: Events, grace
                 "IPAMNode",
                 &f.seen.node,
                 EventType::Warning,
-                reason::AGENT_NOT_READY,
+                EventReason::AgentNotReady,
                 message,
             );
         }

@@ -311,8 +311,10 @@ pub async fn run(
 /// pods waiting with no ready agent is no start-up any more.
 pub const DEFAULT_AGENT_READY_GRACE: Duration = Duration::from_secs(60);
 
-/// The engine's companions: deferred re-registrations, count refreshes, IPPool status,
-/// taints and the `AgentNotReady` events. Started once the engine runs; each writes only through the fence.
+/// The engine's companions: deferred re-registrations, IPPool status, taints and the
+/// `AgentNotReady` events; and the engine's own resync and count refresh, and its orphans
+/// (IPAMNodes without a Node, [`NodeManager::nodes_synced`]). Started once the engine runs;
+/// each writes only through the fence.
 fn engine_tasks(
     client: &Client,
     parts: &Parts,
@@ -327,11 +329,14 @@ fn engine_tasks(
     *parts.engine.lock() = Some(engine.clone());
     let backlog = std::mem::take(&mut *parts.backlog.lock());
     apply_node_changes(engine, &parts.nodes, backlog);
-    apply_node_changes(engine, &parts.nodes, orphans(parts));
+    let orphans = engine
+        .manager
+        .nodes_synced(|n| parts.nodes.get(n).is_some());
+    engine.removed.lock().extend(orphans);
     engine.manager.spawn_resync_loop();
+    engine.manager.spawn_count_refresh();
     vec![
         tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone())),
-        tokio::spawn(refresh_counts(parts.store.clone(), engine.background())),
         tokio::spawn(pool_status::keep_written(
             Api::all(client.clone()),
             engine.source.clone(),
@@ -705,30 +710,6 @@ fn add_node(e: &Engine, nodes: &NodeIndex, info: tidepool_ipam::NodeInfo) {
     e.manager.upsert_node(info);
 }
 
-/// IPAMNodes whose Node is not selected (deleted while no replica led, or relabelled out of
-/// `--node-selector`): the engine hears of each as a Node added and removed, so its
-/// whole-node reclaim runs under DESIGN.md's rule (no pod bound, the node grace passed)
-/// instead of its blocks staying held for ever.
-fn orphans(parts: &Parts) -> Vec<NodeChange> {
-    let mut out = Vec::new();
-    for n in tidepool_ipam::BlockStore::list_nodes(&parts.store) {
-        if parts.nodes.get(&n.name).is_some() {
-            continue;
-        }
-        tracing::info!(node = %n.name, "an IPAMNode without its Node: reclaimed after the node grace");
-        let info = tidepool_ipam::NodeInfo {
-            name: n.name.clone(),
-            uid: n.node_uid,
-            allocatable_pods: crate::index::DEFAULT_ALLOCATABLE_PODS,
-            cordoned: false,
-            terminating: true,
-        };
-        out.push(NodeChange::Added(info.clone()));
-        out.push(NodeChange::Removed(info));
-    }
-    out
-}
-
 /// Each second: a removed Node the engine has let go of (its whole-node reclaim done) is
 /// no longer held back; a re-registered one under its name starts afresh.
 async fn retry_deferred(e: Engine, nodes: NodeIndex) {
@@ -749,20 +730,6 @@ async fn retry_deferred(e: Engine, nodes: NodeIndex) {
         for info in ready {
             tracing::info!(node = %info.name, "a re-registered Node starts afresh");
             add_node(&e, &nodes, info);
-        }
-    }
-}
-
-/// Each second: IPAMNodes whose `status.allocated` is stale (a block came or went since the
-/// last write) get it rewritten, so `kubectl get ipamnodes` shows what each node holds;
-/// each write admitted by `gate`.
-async fn refresh_counts(store: KubeStore, mut gate: Background) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        for name in store.stale_counts() {
-            if let Err(e) = store.refresh_allocated(&name, &mut gate).await {
-                tracing::warn!(node = %name, error = %e, "could not write the allocated count");
-            }
         }
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{GROUP, OPERATOR_MANAGER, VERSION, condition};
 use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
-use tidepool_ipam::{Background, EventType, Gate, PerFamily};
+use tidepool_ipam::{Background, EventReason, EventType, Gate, PerFamily};
 
 use crate::leader::Fence;
 use crate::store::{Events, KubeStore};
@@ -100,7 +100,7 @@ pub async fn keep_written(
                     "IPPool",
                     &name,
                     EventType::Warning,
-                    "InvalidPool",
+                    EventReason::InvalidPool,
                     e.clone(),
                 );
             }

@@ -15,22 +15,21 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
-use tidepool_api::names::{EXHAUSTED_TAINT, condition};
-use tidepool_ipam::{Background, Gate, IpamNode, NodeStore};
+use tidepool_api::names::EXHAUSTED_TAINT;
+use tidepool_ipam::{Background, ConditionReason, ConditionType, Gate, IpamNode, NodeStore};
 
 use crate::index::NodeIndex;
 use crate::leader::Fence;
 use crate::store::KubeStore;
 
-/// The `Blocked` reasons that mean "cannot get more addresses".
-const EXHAUSTED_REASONS: [&str; 2] = ["Exhausted", "AtCapacity"];
-
-/// Whether the IPAMNode says its node cannot get the addresses its pods need.
+/// Whether the IPAMNode says its node cannot get the addresses its pods need: `Blocked`
+/// for a reason that is [`tidepool_ipam::Blocked::out_of_addresses`].
 pub(super) fn exhausted(node: &IpamNode) -> bool {
-    node.operator
-        .conditions
-        .iter()
-        .any(|c| c.type_ == condition::BLOCKED && c.status && EXHAUSTED_REASONS.contains(&c.reason))
+    node.operator.conditions.iter().any(|c| {
+        c.type_ == ConditionType::Blocked
+            && c.status
+            && matches!(c.reason, ConditionReason::Blocked(b) if b.out_of_addresses())
+    })
 }
 
 /// The Node's taints with ours added (`want`) or removed, every other taint kept in
@@ -106,7 +105,7 @@ async fn set(nodes: &Api<Node>, name: &str, want: bool) -> Result<bool, kube::Er
 mod tests {
     use std::time::UNIX_EPOCH;
 
-    use tidepool_ipam::{Condition, NodeName};
+    use tidepool_ipam::{Blocked, Condition, NodeName};
 
     use super::*;
 
@@ -138,24 +137,56 @@ mod tests {
         assert_eq!(taints_after(&edited, false), Some(vec![]));
     }
 
+    /// A node `Blocked` (status as given) for `reason`.
+    fn blocked(status: bool, reason: ConditionReason) -> IpamNode {
+        let mut n = IpamNode::new(NodeName::from("n"), 1);
+        n.operator.conditions.push(Condition {
+            type_: ConditionType::Blocked,
+            status,
+            reason,
+            message: String::new(),
+            last_transition: UNIX_EPOCH,
+        });
+        n
+    }
+
     #[test]
     fn only_a_node_that_cannot_get_addresses_is_exhausted() {
-        let with = |status: bool, reason: &'static str| {
-            let mut n = IpamNode::new(NodeName::from("n"), 1);
-            n.operator.conditions.push(Condition {
-                type_: condition::BLOCKED,
-                status,
-                reason,
-                message: String::new(),
-                last_transition: UNIX_EPOCH,
-            });
-            n
-        };
-        assert!(exhausted(&with(true, "Exhausted")));
-        assert!(exhausted(&with(true, "AtCapacity")));
-        assert!(!exhausted(&with(false, "Exhausted")));
-        assert!(!exhausted(&with(true, "Cordoned")));
-        assert!(!exhausted(&with(true, "InvalidSpec")));
+        use ConditionReason::Blocked as B;
+        assert!(exhausted(&blocked(true, B(Blocked::Exhausted))));
+        assert!(exhausted(&blocked(true, B(Blocked::AtCap))));
+        assert!(!exhausted(&blocked(false, B(Blocked::Exhausted))));
+        assert!(!exhausted(&blocked(true, B(Blocked::Cordoned))));
+        assert!(!exhausted(&blocked(true, B(Blocked::InvalidSpec))));
+        assert!(!exhausted(&blocked(true, ConditionReason::Unknown)));
         assert!(!exhausted(&IpamNode::new(NodeName::from("n"), 1)));
+    }
+
+    /// Each `Blocked` reason as the engine writes it reaches the taint through the object
+    /// the API server holds (the operator's status body, read back as the store reads it),
+    /// so a renamed reason cannot silently stop tainting: the two that mean "out of
+    /// addresses" taint, the others do not.
+    #[test]
+    fn a_blocked_reason_maps_to_its_taint_through_the_object() {
+        use crate::convert::{Target, node_from_api, status_body};
+        for b in Blocked::ALL {
+            let written = blocked(true, ConditionReason::Blocked(b));
+            let target = Target {
+                name: "n",
+                uid: None,
+            };
+            let mut obj = status_body(target, &written.operator.conditions, 0);
+            obj["spec"] = serde_json::json!({ "nodeUID": "00000000-0000-0000-0000-000000000001" });
+            let obj = serde_json::from_value(obj).expect("an IPAMNode");
+            let (read, bad) = node_from_api(&obj);
+            assert!(bad.is_empty(), "{bad:?}");
+            let want = matches!(b, Blocked::Exhausted | Blocked::AtCap);
+            assert_eq!(exhausted(&read.node), want, "{b:?}");
+            assert_eq!(
+                taints_after(&[], exhausted(&read.node)).is_some(),
+                want,
+                "{b:?}: the taint follows"
+            );
+        }
     }
 }

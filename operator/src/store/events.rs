@@ -21,7 +21,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
 use tidepool_api::names::{GROUP, VERSION};
-use tidepool_ipam::EventType;
+use tidepool_ipam::{EventReason, EventType};
 
 use crate::leader::Fence;
 
@@ -93,7 +93,14 @@ impl Events {
 
     /// Sends one event on the tidepool object `kind/name` in the background (never blocks
     /// the caller).
-    pub fn emit(&self, kind: &str, name: &str, type_: EventType, reason: &str, message: String) {
+    pub fn emit(
+        &self,
+        kind: &str,
+        name: &str,
+        type_: EventType,
+        reason: EventReason,
+        message: String,
+    ) {
         let reference = ObjectReference {
             api_version: Some(format!("{GROUP}/{VERSION}")),
             kind: Some(kind.into()),
@@ -111,7 +118,7 @@ impl Events {
         name: &str,
         uid: &str,
         type_: EventType,
-        reason: &str,
+        reason: EventReason,
         message: String,
     ) {
         let reference = ObjectReference {
@@ -125,7 +132,13 @@ impl Events {
         self.publish(reference, type_, reason, message);
     }
 
-    fn publish(&self, reference: ObjectReference, type_: EventType, reason: &str, message: String) {
+    fn publish(
+        &self,
+        reference: ObjectReference,
+        type_: EventType,
+        reason: EventReason,
+        message: String,
+    ) {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
@@ -143,8 +156,8 @@ impl Events {
                 EventType::Normal => KubeEventType::Normal,
                 EventType::Warning => KubeEventType::Warning,
             },
-            reason: reason.into(),
-            action: action(reason, &note),
+            reason: reason.as_str().into(),
+            action: action(reason.as_str(), &note),
             note: Some(note),
             secondary: None,
         };

@@ -25,9 +25,9 @@ use kube::{Api, Client};
 use parking_lot::RwLock;
 use serde_json::json;
 use tidepool_api as api;
-use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER, reason};
+use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    BlockStore, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
+    BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
     OperatorFields, ResourceVersion,
 };
 
@@ -82,33 +82,6 @@ impl KubeStore {
     fn status_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.status_locks.lock();
         locks.entry(NodeName::from(name)).or_default().clone()
-    }
-
-    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
-    pub fn stale_counts(&self) -> Vec<NodeName> {
-        let c = self.cache.read();
-        c.nodes()
-            .filter(|v| v.node.resource_version.is_some())
-            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
-            .map(|v| v.node.name.clone())
-            .collect()
-    }
-
-    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
-    /// released since), keeping the operator's conditions as they are, its request admitted
-    /// by `gate`. Returns whether it wrote.
-    pub async fn refresh_allocated<G: Gate>(
-        &self,
-        name: &str,
-        gate: &mut G,
-    ) -> Result<bool, IpamError> {
-        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
-            return Ok(false);
-        };
-        Ok(self
-            .write_status(name, &conditions, false, gate)
-            .await?
-            .is_some())
     }
 
     /// The operator's status apply (its conditions and the count), when either differs
@@ -169,7 +142,7 @@ impl KubeStore {
                 self.event(
                     name,
                     EventType::Warning,
-                    reason::APPLY_CONFLICT,
+                    EventReason::ApplyConflict,
                     e.to_string(),
                 );
             }
@@ -194,7 +167,7 @@ impl KubeStore {
             },
             Err(e) if errors::is_manager_conflict(e) => {
                 let message = e.to_string();
-                let reason = reason::APPLY_CONFLICT;
+                let reason = EventReason::ApplyConflict;
                 self.events
                     .emit("IPAMBlock", name, EventType::Warning, reason, message);
             }
@@ -375,6 +348,29 @@ fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> u64 {
 }
 
 impl NodeStore for KubeStore {
+    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
+    fn stale_counts(&self) -> Vec<NodeName> {
+        let c = self.cache.read();
+        c.nodes()
+            .filter(|v| v.node.resource_version.is_some())
+            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
+            .map(|v| v.node.name.clone())
+            .collect()
+    }
+
+    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
+    /// released since), keeping the operator's conditions as they are, its request admitted
+    /// by `gate`. Returns whether it wrote.
+    async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
+        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
+            return Ok(false);
+        };
+        Ok(self
+            .write_status(name, &conditions, false, gate)
+            .await?
+            .is_some())
+    }
+
     fn cached(&self, name: &str) -> Option<Arc<IpamNode>> {
         self.cache.read().node(name).map(|v| v.node.clone())
     }
@@ -443,7 +439,7 @@ impl NodeStore for KubeStore {
         }
     }
 
-    fn event(&self, object: &str, type_: EventType, reason: &'static str, message: String) {
+    fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String) {
         self.events.emit("IPAMNode", object, type_, reason, message);
     }
 }

@@ -28,6 +28,18 @@ where
     }
 }
 
+/// Polls until a GET of `name` answers 404 or `timeout` passes (then panics naming it).
+pub async fn gone<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let what = format!("{name} gone");
+    eventually(timeout, &what, || async move {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
 pub fn fast_config() -> Config {
     Config {
         watch_window: 50,

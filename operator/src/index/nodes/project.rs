@@ -8,10 +8,6 @@ use tidepool_ipam::{NodeInfo, NodeName};
 
 use crate::index::parse_uid;
 
-/// Allocatable pods when a Node reports none (or a quantity that is not a plain count):
-/// the kubelet's default `maxPods`.
-pub(crate) const DEFAULT_ALLOCATABLE_PODS: u32 = 110;
-
 /// What the index keeps of a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct NodeRecord {
@@ -54,15 +50,15 @@ fn allocatable_pods(node: &Node, name: &str) -> u32 {
     let status = node.status.as_ref();
     let quantity = status.and_then(|s| s.allocatable.as_ref()?.get("pods"));
     let Some(q) = quantity else {
-        return DEFAULT_ALLOCATABLE_PODS;
+        return NodeInfo::DEFAULT_ALLOCATABLE_PODS;
     };
     q.0.trim().parse().unwrap_or_else(|_| {
         tracing::warn!(
             node = name,
             pods = q.0,
-            default = DEFAULT_ALLOCATABLE_PODS,
+            default = NodeInfo::DEFAULT_ALLOCATABLE_PODS,
             "allocatable pods is not a plain count; using the default"
         );
-        DEFAULT_ALLOCATABLE_PODS
+        NodeInfo::DEFAULT_ALLOCATABLE_PODS
     })
 }

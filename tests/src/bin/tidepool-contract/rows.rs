@@ -11,7 +11,7 @@ use kube::api::{
 use serde_json::{Value, json};
 use tidepool_api::names::{AGENT_MANAGER, EXHAUSTED_TAINT, FINALIZER, OPERATOR_MANAGER};
 
-use crate::{Recorder, at, poll};
+use crate::{Answer, Recorder, at, poll};
 
 const IPAM: &str = "/apis/ipam.tidepool.dev/v1alpha1";
 const API_VERSION: &str = "ipam.tidepool.dev/v1alpha1";
@@ -239,7 +239,13 @@ fn agent_status(name: &str, used: Value) -> Value {
 /// The operator's POST, spec and status applies, the agent's status applies, a user's
 /// edits, and the applies the uid guard and forcing are about.
 async fn ipamnode_writes(r: &Recorder, n: &Names) -> anyhow::Result<()> {
-    let name = &n.ipamnode;
+    let created = ipamnode_create(r, &n.ipamnode).await?;
+    ipamnode_status_writes(r, n).await?;
+    ipamnode_spec_writes(r, n, &created).await
+}
+
+/// The operator's POST (missing, then existing) and its spec applies.
+async fn ipamnode_create(r: &Recorder, name: &str) -> anyhow::Result<Answer> {
     let nodes = || ipam("ipamnodes");
     r.row(
         "ipamnode-get-missing",
@@ -263,6 +269,14 @@ async fn ipamnode_writes(r: &Recorder, n: &Names) -> anyhow::Result<()> {
     let req = nodes().patch(name, &operator_apply(), &Patch::Apply(&spec))?;
     r.row_after("ipamnode-spec-apply-unchanged", req, before)
         .await?;
+    Ok(created)
+}
+
+/// The operator's and the agent's status applies, a user's edit of the status, and the
+/// operator's status apply to an IPAMNode that does not exist.
+async fn ipamnode_status_writes(r: &Recorder, n: &Names) -> anyhow::Result<()> {
+    let name = &n.ipamnode;
+    let nodes = || ipam("ipamnodes");
     let status = |c| operator_status(name, c);
     let req = nodes().patch_subresource(
         "status",
@@ -313,6 +327,15 @@ async fn ipamnode_writes(r: &Recorder, n: &Names) -> anyhow::Result<()> {
         &Patch::Apply(&missing),
     )?;
     r.row("ipamnode-status-apply-missing", req).await?;
+    Ok(())
+}
+
+/// A user's spec patch, then the operator's spec applies: the conflict, forcing with the
+/// object's uid and another one, and the applies that find no object or create one.
+async fn ipamnode_spec_writes(r: &Recorder, n: &Names, created: &Answer) -> anyhow::Result<()> {
+    let name = &n.ipamnode;
+    let nodes = || ipam("ipamnodes");
+    let spec = ipamnode_spec(name, None);
     // A user's merge patch of the spec (kubectl patch), then the operator's applies.
     let user = json!({ "spec": { "nodeUID": OTHER_UID, "pools": { "ipv4": "gpu" } } });
     let pp = PatchParams {

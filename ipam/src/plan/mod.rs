@@ -3,7 +3,13 @@
 //! ([`crate::maintainer`]) executes the plan's calls and writes its fields once.
 //!
 //! Order (DESIGN.md): reclaim; advance release handshakes; compute needed/excess; claim or
-//! mark.
+//! mark. The decisions the executor takes as it runs a plan (hold-back, what it writes,
+//! the marks a source that keeps them gets, the tombstones of a confirmed reclaim, how an
+//! answered tombstone is reported, the `Blocked` reason) are pure too: [`execution`].
+
+mod execution;
+
+pub(crate) use execution::{Answered, WriteRule, marks_to_send, tombstone};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,36 +26,8 @@ use crate::types::{
     Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseAck,
     ReleaseState, Tombstone,
 };
+use crate::vocab::Blocked;
 use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
-
-/// Why a node gets no new addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blocked {
-    /// The source has nothing left for it (woken when the pool frees).
-    Exhausted,
-    /// Its cap (max_allocate or allocatable pods) leaves no room.
-    AtCap,
-    Cordoned,
-    Terminating,
-    /// Its watermarks are invalid (no retry until the spec changes).
-    InvalidSpec,
-    /// Repair found one of its addresses held by another live node too (never fixed
-    /// automatically; blocked until an operator resolves it).
-    Duplicate,
-}
-
-impl Blocked {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Blocked::Exhausted => "exhausted",
-            Blocked::AtCap => "at-capacity",
-            Blocked::Cordoned => "cordoned",
-            Blocked::Terminating => "terminating",
-            Blocked::InvalidSpec => "invalid-spec",
-            Blocked::Duplicate => "duplicate",
-        }
-    }
-}
 
 /// What the maintainer remembers of a node between passes.
 #[derive(Debug, Default)]
@@ -198,6 +176,8 @@ pub struct Plan<'a> {
     pub marks: Vec<Marks>,
     pub summary: NodeSummary,
     pub next_deadline: Option<Instant>,
+    /// Why the node gets nothing new whatever it needs (`Plan::hold_back`).
+    pub held_back: Option<Blocked>,
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {

@@ -1,10 +1,15 @@
-//! Set-ups the agent's integration tests share (included with `mod common;`): an in-process
-//! API server with RBAC, the CRDs, both roles and the agent's own-node policy; objects as
-//! the operator creates them; the plugin binary run as a runtime runs it; the agent run in
-//! a temp dir, pods on its node and its socket read ([`running`]); the agent binary
-//! ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the whole system with
-//! stand-ins for the scheduler, the kubelets and the Deployment controller, and its
-//! judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
+//! The system harness: set-ups the agent's integration tests and benches share, included by
+//! path (`#[path = "../../tests/tests/system/mod.rs"] mod common;`). It lives here, next to
+//! the API server it starts, but only the agent package compiles it: it runs the
+//! `tidepool-cni` and `tidepool-agent` binaries through `env!("CARGO_BIN_EXE_…")`, which
+//! Cargo sets only for the tests and benches of the package that builds them.
+//!
+//! What it holds: an in-process API server with RBAC, the CRDs, both roles and the agent's
+//! own-node policy; objects as the operator creates them; the plugin binary run as a runtime
+//! runs it; the agent run in a temp dir, pods on its node and its socket read ([`running`]);
+//! the agent binary ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the
+//! whole system with stand-ins for the scheduler, the kubelets and the Deployment controller,
+//! and its judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
 //! rendered workloads ([`deployed`]).
 #![allow(dead_code)]
 
@@ -24,43 +29,28 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tidepool_agent::run::Settings;
 use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
-use tidepool_tests::{ADMIN, ApiServer, Config};
+use tidepool_tests::{ApiServer, Config};
 
 pub mod running;
+/// The operator tests' helpers (`tests/tests/common`): the server set-up both share.
+#[path = "../common/mod.rs"]
+pub mod server;
+pub use server::{OPERATOR, create_object};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tidepool-cni");
 
-pub const OPERATOR_RBAC: &str = include_str!("../../../deploy/operator/rbac.yaml");
 pub const AGENT_RBAC: &str = include_str!("../../../deploy/agent/rbac.yaml");
 pub const UID_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
 pub const UID_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
 pub const UID_OLD: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
-pub const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 
 pub fn agent_on(node: &str) -> String {
     format!("system:serviceaccount:tidepool:tidepool-agent@{node}")
-}
-
-pub async fn create_object(client: &kube::Client, v: Value) -> DynamicObject {
-    let obj: DynamicObject = serde_json::from_value(v).unwrap();
-    let gvk = kube::api::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
-    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.clone()) {
-        (kube::discovery::Scope::Namespaced, Some(ns)) => {
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        }
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
 }
 
 /// RBAC on, the CRDs established, the operator's and the agent's RBAC and the agent's
@@ -89,28 +79,13 @@ pub async fn empty_cluster() -> (ApiServer, kube::Client) {
 
 /// [`empty_cluster`] on a server of `config` (RBAC and fast bookmarks set here).
 pub async fn empty_cluster_with(config: Config) -> (ApiServer, kube::Client) {
-    let server = ApiServer::start_with(Config {
+    let (server, admin) = server::operator_cluster_with(Config {
         rbac: true,
         bookmark_interval: Duration::from_millis(200),
         ..config
     })
-    .await
-    .expect("start server");
-    let admin = server.client(ADMIN).await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in tidepool_api::crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .expect("established in time")
-            .unwrap();
-    }
-    for doc in OPERATOR_RBAC
-        .split("\n---\n")
-        .chain(AGENT_RBAC.split("\n---\n"))
-    {
+    .await;
+    for doc in AGENT_RBAC.split("\n---\n") {
         create_object(&admin, serde_saphyr::from_str(doc).expect("yaml")).await;
     }
     (server, admin)
@@ -247,21 +222,8 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     eventually_within(Duration::from_secs(30), what, f).await
 }
 
-/// Polls `f` until it gives `Some` (`timeout` at most).
-pub async fn eventually_within<T, F: std::future::Future<Output = Option<T>>>(
-    timeout: Duration,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// Polls `f` until it gives `Some` (`timeout` at most): `tests/tests/common`'s `eventually`.
+pub use server::eventually as eventually_within;
 
 /// Whether `path` exists (the restored marker), for [`eventually`].
 pub fn marker(path: &Path) -> Option<()> {

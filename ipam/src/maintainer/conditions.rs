@@ -1,0 +1,113 @@
+//! The conditions a pass sets on the operator's fields: `Blocked` with the plan's reason,
+//! `WatermarksValid` while the overrides are invalid; each new one with its event.
+
+use std::borrow::Cow;
+
+use crate::error::IpamError;
+use crate::pods::PodView;
+use crate::shared::{NodeHandle, Shared};
+use crate::source::IpSource;
+use crate::store::{EventType, NodeStore};
+use crate::types::{Condition, OperatorFields};
+use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
+
+const WATERMARKS_VALID: ConditionType = ConditionType::WatermarksValid;
+const BLOCKED: ConditionType = ConditionType::Blocked;
+
+/// Sets `Blocked` (status True, with the reason) while the node needs addresses it cannot
+/// get, and drops it once it can grow again or needs none; a pool exhausted for the node
+/// also gets a `PoolExhausted` warning event when the condition appears.
+pub(super) fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    fields: &mut Cow<'_, OperatorFields>,
+    blocked: Option<Blocked>,
+) {
+    let current = fields.conditions.iter().find(|c| c.type_ == BLOCKED);
+    let Some(b) = blocked else {
+        if current.is_some() {
+            drop_condition(fields.to_mut(), BLOCKED);
+        }
+        return;
+    };
+    let reason = ConditionReason::Blocked(b);
+    if current.is_some_and(|c| c.reason == reason) {
+        return;
+    }
+    let message = format!("the node needs addresses and gets none: {}", b.as_str());
+    let fields = fields.to_mut();
+    drop_condition(fields, BLOCKED);
+    fields.conditions.push(Condition {
+        type_: BLOCKED,
+        status: true,
+        reason,
+        message: message.clone(),
+        last_transition: shared.clock.utc(),
+    });
+    if b == Blocked::Exhausted {
+        shared.store.event(
+            &h.name,
+            EventType::Warning,
+            EventReason::PoolExhausted,
+            message,
+        );
+    }
+}
+
+fn drop_condition(fields: &mut OperatorFields, type_: ConditionType) {
+    fields.conditions.retain(|c| c.type_ != type_);
+}
+
+/// `WatermarksValid`: dropped once the overrides are valid (`invalid` none); with invalid
+/// overrides, set ([`set_invalid_condition`]).
+pub(super) fn set_watermarks_condition<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    fields: &mut Cow<'_, OperatorFields>,
+    invalid: Option<&IpamError>,
+) {
+    match invalid {
+        None => {
+            if fields
+                .conditions
+                .iter()
+                .any(|c| c.type_ == WATERMARKS_VALID)
+            {
+                drop_condition(fields.to_mut(), WATERMARKS_VALID);
+            }
+        }
+        Some(e) => set_invalid_condition(shared, h, fields.to_mut(), e),
+    }
+}
+
+/// Invalid watermarks: a condition (and, when it is new, a warning event). The node gets no
+/// new addresses until the spec changes; reclaim and handshakes go on.
+fn set_invalid_condition<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    fields: &mut OperatorFields,
+    e: &IpamError,
+) {
+    let message = e.to_string();
+    let already = fields
+        .conditions
+        .iter()
+        .any(|c| c.type_ == WATERMARKS_VALID && c.message == message);
+    if already {
+        return;
+    }
+    drop_condition(fields, WATERMARKS_VALID);
+    fields.conditions.push(Condition {
+        type_: WATERMARKS_VALID,
+        status: false,
+        reason: ConditionReason::InvalidWatermarks,
+        message: message.clone(),
+        last_transition: shared.clock.utc(),
+    });
+    shared.store.event(
+        &h.name,
+        EventType::Warning,
+        EventReason::InvalidWatermarks,
+        message,
+    );
+}

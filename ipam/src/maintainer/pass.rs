@@ -1,0 +1,451 @@
+//! One attempt of a maintenance pass: read what the node holds, plan, then run the plan in
+//! phases, each a method of the pass's context ([`PassCtx`]): confirm reclaims, release,
+//! claim, mark, write. What each phase decides is the plan's ([`crate::plan`]); the phases
+//! make its calls.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::calls::{self, Requests};
+use super::{Local, Outcome, conditions, reclaim};
+use crate::addrs::{AddrMap, AddrSet};
+use crate::budget::Api;
+use crate::error::{ErrorClass, IpamError};
+use crate::handshake;
+use crate::plan::{self, Claim, Marks, Plan, Snapshot, WriteRule};
+use crate::pods::PodView;
+use crate::shared::{NodeHandle, Shared};
+use crate::source::IpSource;
+use crate::store::{EventType, NodeStore};
+use crate::trigger::Reason;
+use crate::types::{
+    Family, IpamNode, NodeInfo, NodeName, OperatorFields, PerFamily, ReleaseAck, ReleaseState,
+};
+use crate::vocab::EventReason;
+
+use tidepool_metrics as m;
+
+/// What the phases of one pass share.
+struct PassCtx<'p, S, N, P> {
+    shared: &'p Shared<S, N, P>,
+    h: &'p NodeHandle,
+    local: &'p mut Local,
+    now: Instant,
+    /// The node as planned from (repaired from the source after a lost reply).
+    node: &'p IpamNode,
+    rule: WriteRule<'p>,
+    /// The operator's fields as the phases change them.
+    fields: Cow<'p, OperatorFields>,
+    /// The plan's next deadline: a wait for the source budget ends there.
+    deadline: Option<Instant>,
+    /// A call waits for the next pass, which is triggered already.
+    deferred: bool,
+    /// The first call that failed; the phases after it place no new claim or mark.
+    failure: Option<IpamError>,
+    /// Addresses went back to the source.
+    freed: bool,
+}
+
+/// One attempt of a pass over `stored` (the IPAMNode as the store holds it) for the Node
+/// `info`.
+pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+    stored: &IpamNode,
+    info: &NodeInfo,
+) -> Result<Outcome, IpamError> {
+    let now = Instant::now();
+    local.exhausted = None;
+    local.deadline = None;
+    // A source that keeps the node's addresses and handshakes (cluster-pool's blocks) is
+    // the truth each pass; the others' are repaired from `describe` when a reply was lost.
+    let holdings = shared.source.holdings(&h.name);
+    // boxed: held across the awaits below, it would otherwise make every node's task
+    // future an IpamNode larger, for a copy made only after a lost reply
+    let repaired = if local.needs_describe && holdings.is_none() {
+        Some(Box::new(repair(shared, h, stored).await?))
+    } else {
+        None
+    };
+    local.needs_describe = false;
+    let node = repaired.as_deref().unwrap_or(stored);
+    let held = holdings.is_some();
+    let (operator, release_ack): (Cow<'_, OperatorFields>, Cow<'_, AddrMap<ReleaseAck>>) =
+        match holdings {
+            Some(hd) => {
+                let fields = OperatorFields {
+                    addresses: hd.addresses,
+                    release: hd.release,
+                    ..node.operator.clone()
+                };
+                (Cow::Owned(fields), Cow::Owned(hd.acks))
+            }
+            None => (
+                Cow::Borrowed(&node.operator),
+                Cow::Borrowed(&node.node.release_ack),
+            ),
+        };
+    let pending = shared.pods.pending_pods(&h.name);
+    observe_waits(shared, local, node, &pending, now);
+    let (snap, invalid) = snapshot(shared, node, &operator, &release_ack, info, &pending, now);
+    let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);
+    // the plan's summary of its own fields, before a hold-back changes it
+    let planned = plan.summary;
+    conditions::set_watermarks_condition(shared, h, &mut plan.fields, invalid.as_ref());
+    plan.hold_back(invalid.is_some(), shared.source.node_blocked(&h.name));
+    shared.publish(h, plan.summary);
+    let rule = WriteRule::new(stored, &node.operator, info.uid, held);
+    if !take_kube_place(shared, h, local, &plan, &rule, &operator.release).await {
+        local.deadline = plan.next_deadline;
+        return Ok(Outcome::Idle(plan.next_deadline));
+    }
+    let fields = std::mem::replace(&mut plan.fields, Cow::Borrowed(&*operator));
+    let mut ctx = PassCtx {
+        shared,
+        h,
+        local,
+        now,
+        node,
+        rule,
+        fields,
+        deadline: plan.next_deadline,
+        deferred: false,
+        failure: None,
+        freed: false,
+    };
+    ctx.confirm_reclaims(&plan).await;
+    ctx.release(&plan.release_now).await;
+    ctx.claim(&plan.claims).await;
+    ctx.mark(&plan.marks);
+    ctx.send_marks(&operator.release).await;
+    ctx.write(&plan, info.uid).await?;
+    ctx.finish(&plan, &snap, planned)
+}
+
+/// The node as the source has it, after a call whose reply was lost: addresses the source
+/// took back freed the pool, and nodes parked on an exhausted pool must hear it.
+async fn repair<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    stored: &IpamNode,
+) -> Result<IpamNode, IpamError> {
+    let mut base = stored.operator.clone();
+    if repair_from_source(shared, &h.name, &mut base).await? {
+        shared.pool_freed();
+    }
+    Ok(IpamNode {
+        operator: base,
+        ..stored.clone()
+    })
+}
+
+/// The source's truth repairs our fields after a call whose reply was lost: addresses it
+/// granted that we do not show are added; addresses we show that it no longer grants
+/// were released (a marked one completes its handshake). Returns whether any were.
+async fn repair_from_source<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    name: &NodeName,
+    fields: &mut OperatorFields,
+) -> Result<bool, IpamError> {
+    let truth = shared.source.describe(name).await?;
+    let mut gone = (*fields.addresses).clone();
+    gone.subtract(&truth);
+    // a marked address gone completes its handshake
+    let released = gone.intersection(&fields.release.keys());
+    fields.release.insert_set(&released, ReleaseState::Released);
+    fields.addresses = Arc::new(truth);
+    Ok(!gone.is_empty())
+}
+
+/// Pods seen waiting for an address, for `tidepool_ipam_pod_ip_wait_seconds`.
+fn observe_waits<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    local: &mut Local,
+    node: &IpamNode,
+    pending: &[crate::types::PodUid],
+    now: Instant,
+) {
+    let alive = |uid| {
+        shared
+            .pods
+            .with_pod(uid, |p| p.is_some_and(|p| !p.phase.is_terminal()))
+    };
+    for wait in local.waits.look(now, pending, &node.node.used, alive) {
+        metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(wait.as_secs_f64());
+    }
+}
+
+/// What the pass plans from, and the error of invalid watermark overrides: then it plans
+/// with the flags' watermarks so reclaim and handshakes go on (the plan holds the rest
+/// back).
+fn snapshot<'a, S: IpSource, N: NodeStore, P: PodView>(
+    shared: &'a Shared<S, N, P>,
+    node: &'a IpamNode,
+    operator: &'a OperatorFields,
+    release_ack: &'a AddrMap<ReleaseAck>,
+    info: &'a NodeInfo,
+    pending: &'a [crate::types::PodUid],
+    now: Instant,
+) -> (Snapshot<'a>, Option<IpamError>) {
+    let cfg = &shared.cfg;
+    let (watermarks, invalid) = match cfg.watermarks.with_overrides(&node.watermarks) {
+        Ok(w) => (w, None),
+        Err(e) => (cfg.watermarks, Some(e)),
+    };
+    let grant_size = PerFamily {
+        v4: shared.source.grant_size(Family::V4),
+        v6: shared.source.grant_size(Family::V6),
+    };
+    let snap = Snapshot {
+        now,
+        node,
+        operator,
+        release_ack,
+        info,
+        watermarks,
+        families: shared.source.families(),
+        grant_size,
+        pending,
+        release: cfg.release,
+        reclaim: cfg.reclaim,
+    };
+    (snap, invalid)
+}
+
+/// A source whose calls are API server writes (cluster-pool's block creates, deletes and
+/// marks): all of this pass's writes, the IPAMNode apply included, share one place in the
+/// kube budget's queue, taken before the first of them. While the node waits for it, it
+/// still sees new work and its deadline: then this pass writes nothing (and reports
+/// nothing), keeps the place, and the next pass plans again with the new work, and writes
+/// it all when the place comes up. Returns false then.
+async fn take_kube_place<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &mut Local,
+    plan: &Plan<'_>,
+    rule: &WriteRule<'_>,
+    planned_release: &AddrMap<ReleaseState>,
+) -> bool {
+    if shared.source.api() != Api::Kube {
+        return true;
+    }
+    if !plan.writes(rule, planned_release) {
+        local.kube.clear();
+        return true;
+    }
+    calls::kube_place(shared, h, local, plan.next_deadline).await
+}
+
+impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
+    /// Reclaim: tombstones the node side answered are reported; groups observed twice are
+    /// confirmed live and tombstoned.
+    async fn confirm_reclaims(&mut self, plan: &Plan<'_>) {
+        for (addr, ack) in &plan.answered_tombstones {
+            reclaim::tombstone_answered(
+                self.shared,
+                self.h,
+                &mut self.local.mem,
+                self.node,
+                addr,
+                ack,
+            );
+        }
+        for g in &plan.reclaim.ready {
+            let mem = &mut self.local.mem;
+            let confirmed = reclaim::confirm_live(self.shared, self.h, mem, self.node, self.now, g);
+            let Some(entries) = confirmed.await else {
+                continue;
+            };
+            plan::tombstone(self.fields.to_mut(), g, entries);
+            let latency = self.now.saturating_duration_since(g.first_observed);
+            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(latency.as_secs_f64());
+        }
+    }
+
+    /// A source budget token for the next call (see [`calls::source_token`]): the changes
+    /// this pass made already are written at once unless a token is free right now.
+    async fn source_token(&mut self) -> bool {
+        let pending = self.rule.changed(&self.fields);
+        let (shared, h) = (self.shared, self.h);
+        calls::source_token(
+            shared,
+            h,
+            self.local,
+            pending,
+            self.deadline,
+            &mut self.deferred,
+        )
+        .await
+    }
+
+    /// The gate of the next call's API requests.
+    fn requests(&mut self) -> Requests<'_> {
+        calls::requests(self.shared, self.h, self.local)
+    }
+
+    /// Release handshakes: addresses answered ready-for-release go back to the source.
+    async fn release(&mut self, release_now: &AddrSet) {
+        if release_now.is_empty() || !self.source_token().await {
+            return;
+        }
+        let (shared, h) = (self.shared, self.h);
+        match calls::source_release(shared, h, release_now, &mut self.requests()).await {
+            Ok(()) => {
+                handshake::released(self.fields.to_mut(), release_now);
+                self.freed = true;
+            }
+            Err(e) => {
+                self.local.needs_describe = true;
+                self.failure = Some(e);
+            }
+        }
+    }
+
+    /// Claims, each for what the source can give; none after a failure. A claim the source
+    /// has nothing for leaves the node exhausted (blocked, parked).
+    async fn claim(&mut self, claims: &[Claim]) {
+        let (shared, h) = (self.shared, self.h);
+        for c in claims {
+            if self.failure.is_some() {
+                break;
+            }
+            let n = shared
+                .source
+                .prepare_allocation(&h.name, c.family, c.count, c.limit);
+            if n == 0 {
+                self.local.exhausted = Some(c.family);
+                self.failure = Some(IpamError::Source {
+                    op: "allocate",
+                    node: h.name.to_string(),
+                    class: ErrorClass::Exhausted,
+                    message: format!("no {} address left", c.family.as_str()),
+                });
+                break;
+            }
+            if !self.source_token().await {
+                break;
+            }
+            match calls::source_allocate(shared, h, c.family, n, &mut self.requests()).await {
+                Ok(addrs) => {
+                    // The source had less than the claim: look again at once, so a node
+                    // still short is seen exhausted (blocked, parked) now, not at the next
+                    // resync.
+                    if n < c.count {
+                        h.trigger.trigger(Reason::Retry);
+                    }
+                    Arc::make_mut(&mut self.fields.to_mut().addresses).union_with(&addrs);
+                }
+                Err(e) => {
+                    self.local.needs_describe = true;
+                    if e.class() == ErrorClass::Exhausted {
+                        self.local.exhausted = Some(c.family);
+                    }
+                    self.failure = Some(e);
+                }
+            }
+        }
+    }
+
+    /// New marks, on the free addresses the source chooses.
+    fn mark(&mut self, marks: &[Marks]) {
+        for mk in marks {
+            let chosen = self
+                .shared
+                .source
+                .prepare_release(&self.h.name, &mk.free, mk.count);
+            if !chosen.is_empty() {
+                let release = &mut self.fields.to_mut().release;
+                release.insert_set(&chosen, ReleaseState::MarkedForRelease);
+            }
+        }
+    }
+
+    /// Marks kept by the source ([`WriteRule`]'s `held`): the new ones placed and the
+    /// dropped ones withdrawn there ([`plan::marks_to_send`]), `before` being the marks
+    /// planned from.
+    async fn send_marks(&mut self, before: &AddrMap<ReleaseState>) {
+        if !self.rule.held() {
+            return;
+        }
+        let failed = self.failure.is_some();
+        let (mark, withdraw) = plan::marks_to_send(before, &self.fields.release, failed);
+        if mark.is_empty() && withdraw.is_empty() {
+            return;
+        }
+        let (shared, h) = (self.shared, self.h);
+        let r = if shared.is_leader() {
+            let mut gate = self.requests();
+            shared
+                .source
+                .set_marks_gated(&h.name, &mark, &withdraw, &mut gate)
+                .await
+        } else {
+            Err(IpamError::NotLeader)
+        };
+        calls::api_call("kube", "mark", r.is_ok());
+        if let Err(e) = r {
+            self.failure.get_or_insert(e);
+        }
+    }
+
+    /// The `Blocked` condition, then the one coalesced write (also when nothing changed
+    /// for an IPAMNode that does not exist yet, or names another Node's UID: the operator
+    /// creates or adopts it). A failed write reports the tombstones it lost.
+    async fn write(&mut self, plan: &Plan<'_>, node_uid: u128) -> Result<(), IpamError> {
+        let reason = plan.condition_reason(self.local.exhausted.is_some());
+        conditions::set_blocked_condition(self.shared, self.h, &mut self.fields, reason);
+        if !self.rule.due(&self.fields) {
+            return Ok(());
+        }
+        let body = self.rule.body(&self.fields);
+        let kube = calls::kube_pass(self.shared, self.h, self.local);
+        let Err(e) = calls::write(self.shared, self.h, kube, node_uid, body).await else {
+            return Ok(());
+        };
+        self.local.needs_describe |= self.rule.unsure_after_failure(&self.fields);
+        for (addr, t) in self.rule.new_tombstones(&self.fields) {
+            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => t.reason.as_str(), "outcome" => "failed")
+                .increment(1);
+            let message = format!(
+                "could not write the tombstone for {addr} of pod {}: {e}",
+                t.pod_uid
+            );
+            let (warning, reason) = (EventType::Warning, EventReason::GarbageCollectionFailed);
+            (self.shared.pods).event(t.pod_uid, warning, reason, message.clone());
+            (self.shared.store).event(&self.h.name, warning, reason, message);
+        }
+        Err(e)
+    }
+
+    /// After the write: parked nodes hear of freed addresses; the node's summary as the
+    /// pass left it is published; the pass ends with its first failure, or idle until its
+    /// next deadline.
+    fn finish(
+        self,
+        plan: &Plan<'_>,
+        snap: &Snapshot<'_>,
+        planned: plan::NodeSummary,
+    ) -> Result<Outcome, IpamError> {
+        if self.freed {
+            self.shared.pool_freed();
+        }
+        // fields nothing changed since the plan summarized them need no second count
+        let mut summary = match &self.fields {
+            Cow::Borrowed(_) => planned,
+            Cow::Owned(f) => {
+                let candidates = plan.summary.reclaim_candidates;
+                plan::summarize(&mut self.local.mem, snap, f, candidates)
+            }
+        };
+        summary.blocked = plan.blocked(&summary, self.local.exhausted.is_some());
+        self.shared.publish(self.h, summary);
+        self.local.deadline = plan.next_deadline;
+        match self.failure {
+            Some(e) => Err(e),
+            None => Ok(Outcome::Idle(plan.next_deadline)),
+        }
+    }
+}
