@@ -738,23 +738,20 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     task.await.unwrap();
 }
 
-/// `kubectl delete ipamblock` of a block in use: the block stays Terminating (the operator's
-/// finalizer) and is marked for release; the node gets another block meanwhile; once the
-/// node side lets go (the pod gone, ready-for-release), the block goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_block_in_use_stays_until_it_is_free() {
-    let (server, admin) = operator_cluster().await;
+/// The operator serving node-a from an IPPool of `cidr`, and node-a's first block with an
+/// address a pod uses (in node-a's `status.used`): the block's name.
+async fn a_block_in_use(server: &ApiServer, admin: &kube::Client, cidr: &str) -> (String, Stop) {
     create_object(
-        &admin,
+        admin,
         json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
             "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.60.0.0/24"], "blockSize": {"ipv4": 28}},
+            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
         }),
     )
     .await;
-    add_node(&admin, "node-a").await;
-    let (stop, task) = start_operator(&server, settings()).await;
+    add_node(admin, "node-a").await;
+    let stop = start_operator(server, settings()).await;
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
     let first = eventually(Duration::from_secs(20), "node-a's block", || {
         let blocks = blocks.clone();
@@ -764,15 +761,24 @@ async fn a_deleted_block_in_use_stays_until_it_is_free() {
         }
     })
     .await;
-    let name = first.metadata.name.clone().unwrap();
-    // a pod uses an address of it
-    add_pod(&admin, "p0", "node-a").await;
+    add_pod(admin, "p0", "node-a").await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let uid = pods.get("p0").await.unwrap().metadata.uid.unwrap();
     let net: ipnet::IpNet = first.spec.cidr.0.parse().unwrap();
     let addr = AddrSet::of_net(&net).iter().nth(1).unwrap().to_string();
     let used = BTreeMap::from([(addr, (uid, "p0".to_string()))]);
-    write_used(&admin, "node-a", &used).await;
+    write_used(admin, "node-a", &used).await;
+    (first.metadata.name.unwrap(), stop)
+}
+
+/// `kubectl delete ipamblock` of a block in use: the block stays Terminating (the operator's
+/// finalizer) and is marked for release; the node gets another block meanwhile; once the
+/// node side lets go (the pod gone, ready-for-release), the block goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_block_in_use_stays_until_it_is_free() {
+    let (server, admin) = operator_cluster().await;
+    let (name, (stop, task)) = a_block_in_use(&server, &admin, "10.60.0.0/24").await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
 
     blocks
         .delete(&name, &DeleteParams::default())
@@ -1724,38 +1730,8 @@ async fn the_operator_forces_its_own_fields_and_leaves_the_users() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_deletion_drains_the_blocks() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.130.0.0/24"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
-    add_node(&admin, "node-a").await;
-    let (stop, task) = start_operator(&server, settings()).await;
+    let (name, (stop, task)) = a_block_in_use(&server, &admin, "10.130.0.0/24").await;
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
-    let first = eventually(Duration::from_secs(20), "node-a's block", || {
-        let blocks = blocks.clone();
-        async move {
-            let list = blocks.list(&ListParams::default()).await.ok()?;
-            list.items.into_iter().find(|b| b.spec.node == "node-a")
-        }
-    })
-    .await;
-    let name = first.metadata.name.clone().unwrap();
-    add_pod(&admin, "p0", "node-a").await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let uid = pods.get("p0").await.unwrap().metadata.uid.unwrap();
-    let net: ipnet::IpNet = first.spec.cidr.0.parse().unwrap();
-    let addr = AddrSet::of_net(&net).iter().nth(1).unwrap().to_string();
-    write_used(
-        &admin,
-        "node-a",
-        &BTreeMap::from([(addr, (uid, "p0".into()))]),
-    )
-    .await;
 
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let crd_name = IPAMBLOCKS.to_string();
