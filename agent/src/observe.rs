@@ -94,7 +94,7 @@ pub fn ip_counts(
     let of_family = |a: &std::net::IpAddr| Family::of(a) == f;
     let used = state
         .allocations()
-        .flat_map(|(_, a)| a.addrs.iter())
+        .flat_map(|(_, a)| a.addrs)
         .filter(|a| of_family(a))
         .count();
     let cooling = state.cooldowns().keys().filter(|a| of_family(a)).count();

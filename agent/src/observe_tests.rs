@@ -29,7 +29,7 @@ fn t0() -> SystemTime {
 fn dual_stack() -> (NodeState, IpamNode) {
     let mut s = NodeState::new("boot", Duration::from_secs(30));
     let now = t0();
-    s.add(
+    s.adopt_allocation(
         AllocKey::new("c1", "eth0"),
         pod(1),
         &[ip("10.0.0.2"), ip("fd00::2")],
@@ -37,7 +37,7 @@ fn dual_stack() -> (NodeState, IpamNode) {
         now,
     )
     .expect("add c1");
-    s.add(
+    s.adopt_allocation(
         AllocKey::new("c2", "eth0"),
         pod(2),
         &[ip("10.0.0.3")],
@@ -45,7 +45,7 @@ fn dual_stack() -> (NodeState, IpamNode) {
         now,
     )
     .expect("add c2");
-    s.add(
+    s.adopt_allocation(
         AllocKey::new("c3", "eth0"),
         pod(3),
         &[ip("10.0.0.4")],

@@ -30,6 +30,8 @@ use std::time::{Duration, SystemTime};
 
 use tidepool_metrics::probes::Readiness;
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::kube::{
@@ -160,25 +162,56 @@ pub async fn run(
     mark_restored(&s.restored_marker)?;
     let server = Server::bind(&s.socket)?;
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
-    let answering = tokio::spawn(answer_loop(agent.clone(), watch));
-    let refreshing = tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh));
-    let reconciling = tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone()));
-    let task = server.spawn(agent);
-    let tasks = [task, answering, refreshing, reconciling];
+    let serving = Serving::start(agent, watch, server, &s);
     let node_routes = match start_node_routes(client, &s).await {
         Ok(r) => r,
         Err(e) => {
-            tasks.iter().for_each(|t| t.abort());
+            serving.stop().await;
             return Err(e);
         }
     };
     s.ready.set(true);
     shutdown.await;
     s.ready.set(false);
-    tasks.iter().for_each(|t| t.abort());
+    serving.stop().await;
     // stops the route manager; its routes stay (pods keep reaching the other nodes)
     drop(node_routes);
     Ok(())
+}
+
+/// The agent's tasks once it serves: the socket server and the loops beside it.
+struct Serving {
+    stop: CancellationToken,
+    server: JoinHandle<()>,
+    loops: [JoinHandle<()>; 3],
+}
+
+impl Serving {
+    fn start(agent: Agent, watch: NodeWatch, server: Server, s: &Settings) -> Self {
+        let stop = CancellationToken::new();
+        let loops = [
+            tokio::spawn(answer_loop(agent.clone(), watch)),
+            tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh)),
+            tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone())),
+        ];
+        let server = server.spawn(agent, stop.clone());
+        Serving {
+            stop,
+            server,
+            loops,
+        }
+    }
+
+    /// Stops every task and waits until each is gone: then no clone of the agent is left,
+    /// and its state directory's lock is free when `run` returns.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.loops.iter().for_each(JoinHandle::abort);
+        let _ = self.server.await;
+        for t in self.loops {
+            let _ = t.await;
+        }
+    }
 }
 
 /// With `--node-routes`: the routes to the other nodes' blocks, kept from now on.

@@ -897,7 +897,10 @@ async fn replies_come_after_the_directory_fsync() {
         config,
     );
     let sock = tmp.path().join("run/agent.sock");
-    let server = Server::bind(&sock).expect("bind").spawn(agent);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = Server::bind(&sock)
+        .expect("bind")
+        .spawn(agent, stop.clone());
     let conf = format!(
         r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}"}}}}"#,
         sock.display(),
@@ -930,5 +933,6 @@ async fn replies_come_after_the_directory_fsync() {
             "{verb}: write, fsync, rename, fsync of the directory, then the reply"
         );
     }
-    server.abort();
+    stop.cancel();
+    server.await.expect("the server stops");
 }

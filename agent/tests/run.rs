@@ -187,6 +187,39 @@ async fn a_second_agent_on_the_same_state_dir_refuses_to_start() {
     first.abort();
 }
 
+/// When `run` returns, the agent has let go of its node: nothing of it runs on, so its
+/// state directory's lock is free and the next agent (a restart in the same process, or the
+/// next process) starts at once. A plugin connection still open at the stop (a plugin hung
+/// mid-request) is closed with it, not left holding the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_lets_go_of_its_state_dir_at_once() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let agent = RunningAgent::start(client.clone(), &s).await;
+    let mut open = tokio::net::UnixStream::connect(&s.socket)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut open, b"POST /v1/cni/ADD HTTP/1.1\r\n")
+        .await
+        .expect("half a request");
+    agent.stop().await;
+    let again = run(client.clone(), s.clone(), std::future::ready(())).await;
+    assert!(again.is_ok(), "the next agent could not start: {again:?}");
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut open, &mut rest),
+    )
+    .await;
+    assert!(
+        read.is_ok(),
+        "the open connection was closed with the agent"
+    );
+}
+
 /// The `tidepool-agent` binary itself, started with `--kubeconfig` as the agent's service
 /// account: it serves the plugin from its node's block and stops with exit status 0 on
 /// SIGTERM.

@@ -23,6 +23,7 @@ use tidepool_agent::serve::{
 };
 use tidepool_agent::state::StateDir;
 use tidepool_ipam::AddrSet;
+use tokio_util::sync::CancellationToken;
 
 const COOLDOWN: Duration = Duration::from_secs(60);
 
@@ -44,7 +45,7 @@ struct Node {
     source: Arc<MemoryNodeSource>,
     publish: Arc<CountingPublish>,
     agent: Agent,
-    server: Option<tokio::task::JoinHandle<()>>,
+    server: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
 impl Node {
@@ -86,13 +87,14 @@ impl Node {
 
     fn serve(&mut self) {
         let server = Server::bind(&self.sock()).expect("bind");
-        self.server = Some(server.spawn(self.agent.clone()));
+        let stop = CancellationToken::new();
+        self.server = Some((stop.clone(), server.spawn(self.agent.clone(), stop)));
     }
 
     async fn stop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.abort();
-            let _ = s.await;
+        if let Some((stop, server)) = self.server.take() {
+            stop.cancel();
+            server.await.expect("the server stops");
         }
     }
 

@@ -217,7 +217,7 @@ pub enum ReclaimOutcome {
     Stale,
     /// The entry was that allocation, but its pod runs on the node (not Succeeded or
     /// Failed) and the entry is the pod's newest allocation in its family: nothing was
-    /// removed ([`crate::node::tombstone_outcome`]).
+    /// removed ([`crate::node::NodeSide::tombstone_outcome`]).
     Live,
 }
 

@@ -12,18 +12,30 @@ use std::ops::Index;
 
 use crate::types::UsedEntry;
 
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct UsedMap {
+/// Address → entry, in address order. `E` is the engine's [`UsedEntry`] for `status.used`,
+/// and the node side's own entry in [`crate::node::NodeSide`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct UsedMap<E = UsedEntry> {
     /// Sorted, no duplicates.
     addrs: Vec<IpAddr>,
     /// `entries[i]` is the entry of `addrs[i]`.
-    entries: Vec<UsedEntry>,
+    entries: Vec<E>,
+}
+
+impl<E> Default for UsedMap<E> {
+    fn default() -> Self {
+        UsedMap {
+            addrs: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
 }
 
 /// The entries in address order.
-pub type Iter<'a> = std::iter::Zip<std::slice::Iter<'a, IpAddr>, std::slice::Iter<'a, UsedEntry>>;
+pub type Iter<'a, E = UsedEntry> =
+    std::iter::Zip<std::slice::Iter<'a, IpAddr>, std::slice::Iter<'a, E>>;
 
-impl UsedMap {
+impl<E> UsedMap<E> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -36,7 +48,13 @@ impl UsedMap {
         self.addrs.is_empty()
     }
 
-    pub fn get(&self, addr: &IpAddr) -> Option<&UsedEntry> {
+    /// Removes every entry, keeping the storage.
+    pub fn clear(&mut self) {
+        self.addrs.clear();
+        self.entries.clear();
+    }
+
+    pub fn get(&self, addr: &IpAddr) -> Option<&E> {
         self.addrs
             .binary_search(addr)
             .ok()
@@ -48,7 +66,7 @@ impl UsedMap {
     }
 
     /// Sets the entry of `addr`; returns the one it replaced.
-    pub fn insert(&mut self, addr: IpAddr, entry: UsedEntry) -> Option<UsedEntry> {
+    pub fn insert(&mut self, addr: IpAddr, entry: E) -> Option<E> {
         // addresses are mostly handed out in order: appending needs no search
         if self.addrs.last().is_none_or(|last| *last < addr) {
             self.addrs.push(addr);
@@ -65,7 +83,7 @@ impl UsedMap {
         }
     }
 
-    pub fn remove(&mut self, addr: &IpAddr) -> Option<UsedEntry> {
+    pub fn remove(&mut self, addr: &IpAddr) -> Option<E> {
         let i = self.addrs.binary_search(addr).ok()?;
         self.addrs.remove(i);
         Some(self.entries.remove(i))
@@ -75,33 +93,69 @@ impl UsedMap {
         self.addrs.iter()
     }
 
-    pub fn values(&self) -> std::slice::Iter<'_, UsedEntry> {
+    pub fn values(&self) -> std::slice::Iter<'_, E> {
         self.entries.iter()
     }
 
-    pub fn iter(&self) -> Iter<'_> {
+    pub fn iter(&self) -> Iter<'_, E> {
         self.addrs.iter().zip(self.entries.iter())
+    }
+
+    /// The same addresses with each entry converted by `f`.
+    pub fn map<F>(&self, f: impl FnMut(&E) -> F) -> UsedMap<F> {
+        UsedMap {
+            addrs: self.addrs.clone(),
+            entries: self.entries.iter().map(f).collect(),
+        }
+    }
+
+    /// Makes this map hold `other`'s addresses with their entries converted by `make`,
+    /// in place: only the span between the longest common start and end (equal addresses,
+    /// entries `same`) is replaced, the rest is kept as it is; the storage is reused.
+    pub fn update_from<H>(
+        &mut self,
+        other: &UsedMap<H>,
+        same: impl Fn(&E, &H) -> bool,
+        make: impl Fn(&H) -> E,
+    ) {
+        let alike = |(a, e): (&IpAddr, &E), (b, h): (&IpAddr, &H)| a == b && same(e, h);
+        let start = self
+            .iter()
+            .zip(other.iter())
+            .take_while(|(x, y)| alike(*x, *y))
+            .count();
+        let end = self.iter().rev().zip(other.iter().rev());
+        let end = end.take_while(|(x, y)| alike(*x, *y)).count();
+        let end = end.min(self.len().min(other.len()) - start);
+        let mine = start..self.len() - end;
+        self.addrs.drain(mine.clone());
+        self.entries.drain(mine);
+        // inserted one at a time: the storage grows as `insert`'s does (the simulator's
+        // memory estimate counts it)
+        for (i, j) in (start..other.len() - end).enumerate() {
+            self.addrs.insert(start + i, other.addrs[j]);
+            self.entries.insert(start + i, make(&other.entries[j]));
+        }
     }
 
     /// Heap bytes held (for the simulator's memory estimate).
     pub fn heap_bytes(&self) -> usize {
-        self.addrs.capacity() * size_of::<IpAddr>()
-            + self.entries.capacity() * size_of::<UsedEntry>()
+        self.addrs.capacity() * size_of::<IpAddr>() + self.entries.capacity() * size_of::<E>()
     }
 }
 
-impl<'a> IntoIterator for &'a UsedMap {
-    type Item = (&'a IpAddr, &'a UsedEntry);
-    type IntoIter = Iter<'a>;
+impl<'a, E> IntoIterator for &'a UsedMap<E> {
+    type Item = (&'a IpAddr, &'a E);
+    type IntoIter = Iter<'a, E>;
 
-    fn into_iter(self) -> Iter<'a> {
+    fn into_iter(self) -> Iter<'a, E> {
         self.iter()
     }
 }
 
 /// Like a map built by inserting in order: a later entry for the same address wins.
-impl FromIterator<(IpAddr, UsedEntry)> for UsedMap {
-    fn from_iter<T: IntoIterator<Item = (IpAddr, UsedEntry)>>(iter: T) -> Self {
+impl<E> FromIterator<(IpAddr, E)> for UsedMap<E> {
+    fn from_iter<T: IntoIterator<Item = (IpAddr, E)>>(iter: T) -> Self {
         let mut m = UsedMap::new();
         for (a, e) in iter {
             m.insert(a, e);
@@ -110,16 +164,16 @@ impl FromIterator<(IpAddr, UsedEntry)> for UsedMap {
     }
 }
 
-impl Index<&IpAddr> for UsedMap {
-    type Output = UsedEntry;
+impl<E> Index<&IpAddr> for UsedMap<E> {
+    type Output = E;
 
     /// Panics when `addr` has no entry, like a map's index.
-    fn index(&self, addr: &IpAddr) -> &UsedEntry {
+    fn index(&self, addr: &IpAddr) -> &E {
         self.get(addr).expect("no entry for this address")
     }
 }
 
-impl fmt::Debug for UsedMap {
+impl<E: fmt::Debug> fmt::Debug for UsedMap<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }
@@ -206,6 +260,35 @@ mod tests {
             let rebuilt: UsedMap = b.clone().into_iter().collect();
             prop_assert_eq!(&rebuilt, &m);
             prop_assert_eq!(format!("{m:?}"), format!("{b:?}"));
+        }
+    }
+
+    proptest! {
+        /// `update_from` leaves what converting `other` anew gives: an entry it kept (its
+        /// name stays) was the same, and the entries before the first change are kept.
+        #[test]
+        fn update_from_equals_a_new_conversion(
+            before in prop::collection::btree_map(any::<u8>(), 0..4u8, 0..40),
+            after in prop::collection::btree_map(any::<u8>(), 0..4u8, 0..40),
+        ) {
+            let named = |uid: u8, pod: &str| UsedEntry { pod: pod.into(), ..entry(u128::from(uid)) };
+            let mut m: UsedMap = before.iter().map(|(a, u)| (addr(*a), named(*u, "old"))).collect();
+            let other: UsedMap<u8> = after.iter().map(|(a, u)| (addr(*a), *u)).collect();
+            let unchanged = m.keys().zip(other.iter()).take_while(|(a, (b, u))| {
+                *a == *b && m[*a].pod_uid == PodUid(u128::from(**u))
+            }).count();
+            m.update_from(&other, |e, u| e.pod_uid == PodUid(u128::from(*u)), |u| named(*u, "new"));
+            prop_assert_eq!(m.len(), other.len());
+            for (i, (a, u)) in other.iter().enumerate() {
+                prop_assert_eq!(m[a].pod_uid, PodUid(u128::from(*u)));
+                let was = before.iter().any(|(b, v)| addr(*b) == *a && v == u);
+                let kept = &*m[a].pod == "old";
+                prop_assert!(was || !kept);
+                prop_assert!(i >= unchanged || kept);
+            }
+            prop_assert!(m.keys().eq(other.keys()));
+            let back = m.map(|e| u8::try_from(e.pod_uid.0).unwrap());
+            prop_assert_eq!(back, other);
         }
     }
 

@@ -19,9 +19,10 @@ use tidepool_ipam::BlockStore;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::addrs::Run;
 use tidepool_ipam::node as node_side;
+use tidepool_ipam::node::NodeSide;
 use tidepool_ipam::uid_table::{Keyed, UidTable};
 use tidepool_ipam::{
-    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, UsedEntry,
+    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid,
     WatermarkOverrides,
 };
 use tidepool_ipam::{Api, Budget, SchedulingMode};
@@ -347,6 +348,15 @@ pub struct World<S = MemorySource> {
     projections: Arc<Mutex<HashMap<NodeName, Projection>>>,
 }
 
+/// What one write of the node side did: whether it wrote, the pods it served with their
+/// addresses, and when its next cooldown ends.
+#[derive(Default)]
+struct Served {
+    written: bool,
+    started: Vec<(PodUid, Vec<IpAddr>)>,
+    next_cooldown_end: Option<SystemTime>,
+}
+
 /// A node as its blocks make it (cluster-pool: [`node_side::project`]), kept so that a
 /// reconcile rebuilds it only when the node's blocks or the pools changed. Its identity and
 /// tombstones are refreshed from the IPAMNode before each use.
@@ -650,15 +660,11 @@ impl<S: SimSource> World<S> {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
                 self.store.update_node(&p.node, |_, side| {
-                    !node_side::del(
-                        side,
-                        &self.cfg.families,
-                        uid,
-                        allocation(p.container_id),
-                        utc,
-                        cd,
-                    )
-                    .is_empty()
+                    let mut ns = NodeSide::take_published(side, cd);
+                    let key = allocation(p.container_id);
+                    let freed = !ns.del(&key, Some(uid), utc).freed().is_empty();
+                    publish(ns, side);
+                    freed
                 });
                 self.inner.lock().wake_at(&p.node, now + cd);
                 self.wake.notify_one();
@@ -741,9 +747,12 @@ impl<S: SimSource> World<S> {
         let mut got = None;
         let utc = self.clock.utc();
         let families = &self.cfg.families;
+        let cd = self.cfg.reuse_cooldown;
         let written = self.store.update_node(&node, |stored, side| {
             let n = proj.as_ref().map_or(stored, |p| &p.view);
-            got = node_side::add(n, side, families, entry(uid, cid, utc));
+            let mut ns = NodeSide::take_published(side, cd);
+            got = add(&mut ns, n, families, uid, cid, utc);
+            publish(ns, side);
             got.as_ref().is_some_and(|a| !a.is_empty())
         });
         if let Some(p) = proj {
@@ -853,93 +862,30 @@ impl<S: SimSource> World<S> {
     }
 
     /// The node side answers the operator and serves waiting pods.
-    #[allow(clippy::too_many_lines)] // split when the node side becomes `NodeSide` (issue 26)
     fn reconcile(&self, name: &NodeName) {
-        let queue: Vec<(PodUid, u64)> = {
-            let g = self.inner.lock();
-            match g.agents.get(name) {
-                Some(a) if a.alive => a.queue.iter().copied().collect(),
-                _ => return,
-            }
+        let Some(queue) = self.waiting_queue(name) else {
+            return;
         };
         let utc = self.clock.utc();
-        let cd = self.cfg.reuse_cooldown;
-        let families = &self.cfg.families;
         let mut answers = node_side::Answers::default();
-        let mut started: Vec<(PodUid, Vec<IpAddr>)> = Vec::new();
-        let mut next_cd = None;
-        let blocks = self.source.grants_blocks();
-        let proj = if blocks {
-            // cluster-pool: the pool is the union of the node's blocks, and the release
-            // marks and answers live on them
-            let Some(node) = self.store.cached(name) else {
+        let proj = if self.source.grants_blocks() {
+            let Some(p) = self.answer_blocks(name, utc, &mut answers) else {
                 return;
             };
-            // blocks as the kept projection saw them, none marked: nothing to answer
-            let at = self.store.node_blocks_changes(name);
-            let quiet = self
-                .projections
-                .lock()
-                .get(name)
-                .is_some_and(|p| p.blocks_at == at && !p.marked);
-            if !quiet {
-                let answering: Vec<node_side::BlockView> = self
-                    .store
-                    .blocks_of(name)
-                    .iter()
-                    .filter(|b| b.release || b.ack.is_some())
-                    .map(|b| self.block_view(b, true))
-                    .collect();
-                for (block, ack) in
-                    node_side::answer_blocks(&node.node, &answering, utc, &mut answers)
-                {
-                    self.store.ack_block(&block, ack);
-                }
-            }
-            // read, then let go of the object: the write below changes it in place
-            Some(self.projection(&node))
+            Some(p)
         } else {
             None
         };
-        // the node side sees the pods bound to it (its kubelet's), not Succeeded or Failed
-        let live = |uid: PodUid| {
-            (self.pods.truth(uid)).is_some_and(|p| p.node == *name && !p.phase.is_terminal())
-        };
-        let written = self.store.update_node(name, |stored, side| {
-            // sim-cloud: the object itself (its node-side fields are in `side`)
-            let node = proj.as_ref().map_or(stored, |p| &p.view);
-            let a = if blocks {
-                let mut a = node_side::answer_tombstones(node, side, utc, cd, &live);
-                a.changed |= node_side::expire_cooldowns(node, side, utc);
-                a
-            } else {
-                node_side::reconcile(node, side, utc, cd, &live)
-            };
-            let mut changed = a.changed;
-            answers.reclaimed = a.reclaimed;
-            answers.ready.union_with(&a.ready);
-            answers.resumed.union_with(&a.resumed);
-            for (uid, cid) in &queue {
-                match node_side::add(node, side, families, entry(*uid, *cid, utc)) {
-                    Some(addrs) => {
-                        changed |= !addrs.is_empty();
-                        started.push((*uid, addrs));
-                    }
-                    None => break,
-                }
-            }
-            next_cd = node_side::next_cooldown_end(side);
-            changed
-        });
+        let served = self.serve_node_side(name, proj.as_ref(), &queue, utc, &mut answers);
         if let Some(p) = proj {
             self.projections.lock().insert(name.clone(), p);
         }
         let now = Instant::now();
-        if let Some(t) = next_cd {
+        if let Some(t) = served.next_cooldown_end {
             let at = now + t.duration_since(utc).unwrap_or_default();
             self.inner.lock().wake_at(name, at);
         }
-        if written.is_none() {
+        if !served.written {
             return;
         }
         self.observer.node_answers(
@@ -948,44 +894,139 @@ impl<S: SimSource> World<S> {
             &answers.resumed,
             answers.reclaimed.len(),
         );
-        if started.is_empty() {
+        if served.started.is_empty() {
             return;
         }
-        {
-            let mut g = self.inner.lock();
-            let (measure_from, base) = (g.measure_from, g.base);
-            for (uid, _) in &started {
-                if let Some(a) = g.agents.get_mut(name) {
-                    // the pods served are the first in the queue, in order
-                    if a.queue.front().is_some_and(|(u, _)| u == uid) {
-                        a.queue.pop_front();
-                    } else {
-                        a.queue.retain(|(u, _)| u != uid);
-                    }
-                    if a.queue.is_empty() && a.queue.capacity() > 8 {
-                        // a drained burst (the warm-up's) gives its room back
-                        a.queue = VecDeque::new();
-                    }
-                }
-                let p = g.pods.get_mut(uid).expect("queued pods exist");
-                p.started_ns = ns_since(base, now);
-                let (at, measured) = (p.scheduled_at(base), p.measured);
-                if measured && at >= measure_from {
-                    let wait = now.saturating_duration_since(at).as_secs_f64();
-                    g.stats.started += 1;
-                    g.stats.wait_seconds.push(wait);
-                    if wait > 0.0 {
-                        g.stats.waited_for_ip += 1;
-                    }
-                }
-                g.stats.events += 1;
-            }
-        }
-        for (uid, addrs) in started {
+        self.count_started(name, &served.started, now);
+        for (uid, addrs) in served.started {
             self.observer.pod_started(name, uid, &addrs);
             self.pods.set_running(uid, addrs);
         }
         self.manager.on_pod_event(name);
+    }
+
+    /// The pods waiting on a live machine (pod UID, container ID), in order; None when the
+    /// machine is gone or not running.
+    fn waiting_queue(&self, name: &NodeName) -> Option<Vec<(PodUid, u64)>> {
+        let g = self.inner.lock();
+        match g.agents.get(name) {
+            Some(a) if a.alive => Some(a.queue.iter().copied().collect()),
+            _ => None,
+        }
+    }
+
+    /// Cluster-pool: the pool is the union of the node's blocks, and the release marks and
+    /// answers live on them. Answers the marked blocks and returns the node's projection;
+    /// None when the IPAMNode is not in the cache.
+    fn answer_blocks(
+        &self,
+        name: &NodeName,
+        utc: SystemTime,
+        answers: &mut node_side::Answers,
+    ) -> Option<Projection> {
+        let node = self.store.cached(name)?;
+        // blocks as the kept projection saw them, none marked: nothing to answer
+        let at = self.store.node_blocks_changes(name);
+        let quiet = self
+            .projections
+            .lock()
+            .get(name)
+            .is_some_and(|p| p.blocks_at == at && !p.marked);
+        if !quiet {
+            let answering: Vec<node_side::BlockView> = self
+                .store
+                .blocks_of(name)
+                .iter()
+                .filter(|b| b.release || b.ack.is_some())
+                .map(|b| self.block_view(b, true))
+                .collect();
+            let cd = self.cfg.reuse_cooldown;
+            let mut ns = NodeSide::from_published(&node.node, cd);
+            let none = AddrSet::new();
+            for (block, ack) in ns.answer_blocks(&answering, &none, utc, answers) {
+                self.store.ack_block(&block, ack);
+            }
+        }
+        // read, then let go of the object: the write below changes it in place
+        Some(self.projection(&node))
+    }
+
+    /// One write of the node side: answers tombstones (and, off the cluster pool, address
+    /// marks), ends cooldowns, forgets what left the pool, then serves `queue` in order
+    /// until the pool runs dry.
+    fn serve_node_side(
+        &self,
+        name: &NodeName,
+        proj: Option<&Projection>,
+        queue: &[(PodUid, u64)],
+        utc: SystemTime,
+        answers: &mut node_side::Answers,
+    ) -> Served {
+        // the node side sees the pods bound to it (its kubelet's), not Succeeded or Failed
+        let live = |uid: PodUid| {
+            (self.pods.truth(uid)).is_some_and(|p| p.node == *name && !p.phase.is_terminal())
+        };
+        let (cd, families) = (self.cfg.reuse_cooldown, &self.cfg.families);
+        let mut served = Served::default();
+        let written = self.store.update_node(name, |stored, side| {
+            // sim-cloud: the object itself (its node-side fields are in `side`)
+            let node = proj.map_or(stored, |p| &p.view);
+            let mut ns = NodeSide::take_published(side, cd);
+            let ops = &node.operator;
+            answers.reclaimed = ns.answer_tombstones(&ops.reclaim, Some, live, utc);
+            if proj.is_none() {
+                ns.answer_marks(node, &AddrSet::new(), utc, answers);
+            }
+            ns.expire_cooldowns(utc);
+            ns.forget_outside(&ops.addresses);
+            let mut changed = ns.is_dirty();
+            for (uid, cid) in queue {
+                match add(&mut ns, node, families, *uid, *cid, utc) {
+                    Some(addrs) => {
+                        changed |= !addrs.is_empty();
+                        served.started.push((*uid, addrs));
+                    }
+                    None => break,
+                }
+            }
+            served.next_cooldown_end = ns.next_cooldown_end();
+            publish(ns, side);
+            changed
+        });
+        served.written = written.is_some();
+        served
+    }
+
+    /// The pods just served leave the queue; their wait for an address is counted.
+    fn count_started(&self, name: &NodeName, started: &[(PodUid, Vec<IpAddr>)], now: Instant) {
+        let mut g = self.inner.lock();
+        let (measure_from, base) = (g.measure_from, g.base);
+        for (uid, _) in started {
+            if let Some(a) = g.agents.get_mut(name) {
+                // the pods served are the first in the queue, in order
+                if a.queue.front().is_some_and(|(u, _)| u == uid) {
+                    a.queue.pop_front();
+                } else {
+                    a.queue.retain(|(u, _)| u != uid);
+                }
+                if a.queue.is_empty() && a.queue.capacity() > 8 {
+                    // a drained burst (the warm-up's) gives its room back
+                    a.queue = VecDeque::new();
+                }
+            }
+            let p = g.pods.get_mut(uid).expect("queued pods exist");
+            p.started_ns = ns_since(base, now);
+            let (at, measured) = (p.scheduled_at(base), p.measured);
+            if measured && at >= measure_from {
+                let wait = now.saturating_duration_since(at).as_secs_f64();
+                g.stats.started += 1;
+                g.stats.wait_seconds.push(wait);
+                if wait > 0.0 {
+                    g.stats.waited_for_ip += 1;
+                }
+            }
+            g.stats.events += 1;
+        }
     }
 
     /// A node's pool as its node side sees it: its blocks' addresses (cluster-pool), or
@@ -1142,18 +1183,30 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
     node_side::project(&slim, blocks)
 }
 
-fn entry(uid: PodUid, container_id: u64, since: SystemTime) -> UsedEntry {
+/// A simulated pod's ADD on the node side: its addresses (the ones it holds, for a
+/// repeated ADD), or `None` when the pool has no free address of some family.
+fn add(
+    ns: &mut NodeSide<AllocationId>,
+    node: &IpamNode,
+    families: &[Family],
+    uid: PodUid,
+    container_id: u64,
+    now: SystemTime,
+) -> Option<Vec<IpAddr>> {
+    let none = AddrSet::new();
+    let key = allocation(container_id);
+    ns.add(node, families, &none, key, uid, now)
+        .ok()
+        .map(|a| a.addrs)
+}
+
+/// Gives the node side's record back to the store's object (rewritten if it changed).
+fn publish(ns: NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields) {
     // every simulated pod lives in one namespace: its name is shared, not copied per entry;
     // the pod name is shared too (identity is the UID, nothing reads the name)
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
     static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
-    UsedEntry {
-        pod_uid: uid,
-        namespace: NAMESPACE.clone(),
-        pod: POD.clone(),
-        allocation: allocation(container_id),
-        since,
-    }
+    ns.return_published(|_| (NAMESPACE.clone(), POD.clone()), side);
 }
 
 /// A simulated sandbox's allocation: its container ID as the runtime would spell it (64 hex

@@ -423,7 +423,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
 #[test]
 fn node_side_answers_a_changed_owner_stale() {
     use std::time::SystemTime;
-    use tidepool_ipam::node as node_side;
+    use tidepool_ipam::node::NodeSide;
     use tidepool_ipam::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
     let mut node = IpamNode::new("n".into(), 1);
@@ -445,10 +445,15 @@ fn node_side_answers_a_changed_owner_stale() {
         since: SystemTime::UNIX_EPOCH,
     };
     side.used.insert(x, entry.clone());
-    let answers = node_side::reconcile(&node, &mut side, SystemTime::UNIX_EPOCH, secs(30), &|_| {
-        false
-    });
-    assert!(answers.reclaimed.is_empty());
+    let mut ns = NodeSide::from_published(&side, secs(30));
+    let reclaimed = ns.answer_tombstones(
+        &node.operator.reclaim,
+        Some,
+        |_| false,
+        SystemTime::UNIX_EPOCH,
+    );
+    assert!(reclaimed.is_empty());
+    let side = ns.published(|_| ("ns".into(), "b".into()));
     assert_eq!(side.used.get(&x), Some(&entry));
     assert!(side.cooldown.is_empty());
     assert_eq!(

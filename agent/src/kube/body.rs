@@ -279,7 +279,7 @@ mod tests {
             name: "p".into(),
         };
         let key = AllocKey::new("containerd://abc", "eth0");
-        st.add(key.clone(), pod, &[ip("10.0.0.2")], None, at(1))
+        st.adopt_allocation(key.clone(), pod, &[ip("10.0.0.2")], None, at(1))
             .unwrap();
         let side = NodeSide::from_state(&st, Some(AgentReady::serving()));
         assert_eq!(side.fields, st.node_side());

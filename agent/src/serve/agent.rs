@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::node::{BlockView, free_address};
-use tidepool_ipam::{Family, PodUid};
+use tidepool_ipam::PodUid;
+use tidepool_ipam::node::{BlockView, Refused};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
 use crate::reconcile::Tracker;
-use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError};
+use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError, pool_families};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
 pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
@@ -392,40 +392,36 @@ fn try_add(
             false,
         );
     };
-    s.expire_cooldowns(now);
-    let mut side = s.node_side();
-    // the reserved addresses (gateways) look busy to free_address, forever
-    let never = now + Duration::from_secs(100 * 365 * 24 * 3600);
-    for a in networks.reserved().iter() {
-        side.cooldown.insert(a, never);
-    }
-    // and so do live pods' addresses the state does not hold (no checkpoint, or a corrupt
-    // one: a running pod's address is never given to another; aws-vpc-cni#711)
+    s.expire_cooldowns(None, now);
+    // the reserved addresses (gateways) are never handed out, and neither are live pods'
+    // addresses the state does not hold (no checkpoint, or a corrupt one: a running pod's
+    // address is never given to another; aws-vpc-cni#711)
+    let mut exclude = networks.reserved().clone();
     if let Some(live) = i.pods.live_pods() {
-        for a in live.addresses() {
-            side.cooldown.entry(*a).or_insert(never);
-        }
+        exclude.union_with(&live.addresses().iter().copied().collect());
     }
-    let families: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| node.operator.addresses.len(*f) > 0)
-        .collect();
-    if families.is_empty() {
+    if pool_families(&node).is_empty() {
         return (Attempt::Empty("the node has no block yet".into()), false);
     }
-    let mut addrs = Vec::with_capacity(families.len());
-    for f in families {
-        match free_address(&node, &side, f) {
-            Some(a) => addrs.push(a),
-            None => {
-                let why = format!("no free {} address in the node's blocks", f.as_str());
-                return (Attempt::Empty(why), false);
-            }
+    let pod = PodRef {
+        uid,
+        namespace: req.pod_namespace.clone().unwrap_or_default(),
+        name: req.pod_name.clone().unwrap_or_default(),
+    };
+    let netns = req.netns.clone();
+    let addrs = match s.add(&node, &exclude, key.clone(), pod, netns, now) {
+        Ok(added) => added.addrs,
+        Err(Refused::NoFreeAddress { family }) => {
+            let why = format!("no free {} address in the node's blocks", family.as_str());
+            return (Attempt::Empty(why), false);
         }
-    }
+        Err(e) => return done(refused(&e.into()), false),
+    };
     let result = match networks.result(&req.cni_version, &addrs) {
         Ok(r) => r,
         Err(e) => {
+            // an address in no pod network: given back (it cools down), the ADD fails
+            s.del(&key, Some(uid), now);
             let reply = Reply::error(
                 code::INVALID_CONFIG,
                 "no result shape for the address",
@@ -434,14 +430,6 @@ fn try_add(
             return done(reply, false);
         }
     };
-    let pod = PodRef {
-        uid,
-        namespace: req.pod_namespace.clone().unwrap_or_default(),
-        name: req.pod_name.clone().unwrap_or_default(),
-    };
-    if let Err(e) = s.add(key, pod, &addrs, req.netns.clone(), now) {
-        return done(refused(&e), false);
-    }
     match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
         Ok(_) => done(Reply::ok(result), true),
         Err(e) => done(not_durable(e), false),

@@ -2,21 +2,19 @@
 //! the durable state: tombstones answered by `ipam`'s rule on their exact allocation
 //! (reclaimed: freed into cooldown; live: the pod runs on the node with it, nothing freed;
 //! else stale), an answer dropped once its tombstone is gone; address release marks and
-//! block marks answered by `ipam`'s node rules — an address a live pod on the node lists
-//! counts as busy there, held or not (no checkpoint, or a corrupt one, must not let a
+//! block marks answered by `ipam`'s [`tidepool_ipam::node::NodeSide`] — an address a live
+//! pod on the node lists counts as busy there, held or not (no checkpoint, or a corrupt one, must not let a
 //! running pod's block go); cooldowns ended with their time or when the address left the
 //! pool. The caller saves and then publishes.
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::node::{Answers, BlockView, answer_blocks, reconcile};
-use tidepool_ipam::{IpamNode, NodeSideFields};
+use tidepool_ipam::node::BlockView;
+use tidepool_ipam::{AddrSet, IpamNode};
 
 use crate::pods::LivePods;
-use crate::state::{AllocKey, NodeState};
+use crate::state::NodeState;
 
 /// Answers everything the operator asks of `node` (projected, with `blocks`); `keys` names
 /// the tombstones' allocations; `pods` are the live pods on the node (`None`: not listed
@@ -31,55 +29,12 @@ pub fn answer(
     now: SystemTime,
 ) {
     if let Some(pods) = pods {
-        answer_tombstones(state, node, keys, pods, now);
+        state.answer_tombstones(&node.operator.reclaim, keys, |uid| pods.has(uid), now);
     }
-    let busy = pods.map(|p| p.addresses().clone()).unwrap_or_default();
-    answer_marks(state, node, blocks, &busy, now);
-    state.expire_cooldowns(now);
-    state.forget_cooldowns_outside(&node.operator.addresses);
-}
-
-fn answer_tombstones(
-    state: &mut NodeState,
-    node: &IpamNode,
-    keys: &Allocations,
-    pods: &LivePods,
-    now: SystemTime,
-) {
-    for (addr, t) in &node.operator.reclaim {
-        // a tombstone whose allocation the IPAMNode does not name cannot be matched to a
-        // key: answered at the next change (the operator writes both together)
-        let Some((container_id, ifname)) = keys.get(&t.allocation) else {
-            continue;
-        };
-        let key = AllocKey {
-            container_id: container_id.to_string(),
-            ifname: ifname.to_string(),
-        };
-        state.ack_reclaim(*addr, t.pod_uid, &key, |uid| pods.has(uid), now);
-    }
-    let gone: Vec<_> = state
-        .reclaim_acks()
-        .keys()
-        .filter(|a| !node.operator.reclaim.contains_key(a))
-        .copied()
-        .collect();
-    for a in gone {
-        state.forget_reclaim_ack(&a);
-    }
-}
-
-/// Address marks (`spec.release`) by `ipam::node::reconcile` over the node side as the
-/// state has it (its tombstone and cooldown parts are done above, on the full keys), and
-/// block marks by `answer_blocks`.
-fn answer_marks(
-    state: &mut NodeState,
-    node: &IpamNode,
-    blocks: &[BlockView],
-    live: &BTreeSet<IpAddr>,
-    now: SystemTime,
-) {
-    let mut side = busy_side(state, live, now);
+    // a live pod's address counts as busy, held or not
+    let busy: AddrSet = pods
+        .map(|p| p.addresses().iter().copied().collect())
+        .unwrap_or_default();
     let unmarked = IpamNode {
         operator: tidepool_ipam::OperatorFields {
             release: address_marks(node, blocks),
@@ -88,35 +43,9 @@ fn answer_marks(
         },
         ..node.clone()
     };
-    reconcile(&unmarked, &mut side, now, Duration::ZERO, &|_| false);
-    state.ack_release(side.release_ack);
-    let mut out = Answers::default();
-    for (name, ack) in answer_blocks(&busy_side(state, live, now), blocks, now, &mut out) {
-        state.ack_block(&name, ack);
-    }
-    // a block that went (released and deleted) takes its answer with it
-    let gone: Vec<String> = state
-        .block_release_acks()
-        .keys()
-        .filter(|b| !blocks.iter().any(|v| &*v.name == b.as_str()))
-        .cloned()
-        .collect();
-    for b in gone {
-        state.ack_block(&b, None);
-    }
-}
-
-/// The node side as the release answers read it: live pods' addresses the state does not
-/// hold count as cooling down for as long as anyone can see.
-fn busy_side(state: &NodeState, live: &BTreeSet<IpAddr>, now: SystemTime) -> NodeSideFields {
-    let mut side = state.node_side();
-    let never = now + Duration::from_secs(100 * 365 * 24 * 3600);
-    for a in live {
-        if !side.used.contains_key(a) {
-            side.cooldown.entry(*a).or_insert(never);
-        }
-    }
-    side
+    state.answer_marks(&unmarked, &busy, now);
+    state.answer_blocks(blocks, &busy, now);
+    state.expire_cooldowns(Some(&node.operator.addresses), now);
 }
 
 /// The address-level marks alone: the projection also marks a marked block's addresses,
@@ -142,7 +71,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::state::PodRef;
+    use crate::state::{AllocKey, PodRef};
 
     fn block(name: &str, cidr: &str, release: bool) -> BlockView {
         let all = AddrSet::of_net(&cidr.parse().expect("net"));
@@ -168,7 +97,8 @@ mod tests {
             name: "p".into(),
         };
         let ip: std::net::IpAddr = "10.0.0.2".parse().expect("ip");
-        st.add(key.clone(), pod, &[ip], None, now).expect("add");
+        st.adopt_allocation(key.clone(), pod, &[ip], None, now)
+            .expect("add");
         let blocks = [
             block("a", "10.0.0.0/28", true),
             block("b", "10.0.0.16/28", true),

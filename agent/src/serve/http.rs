@@ -12,7 +12,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::agent::Agent;
 use super::request::{CniRequest, Reply};
@@ -60,37 +62,48 @@ impl Server {
         &self.path
     }
 
-    /// Serves until the task is dropped or aborted; each connection on its own task.
-    pub async fn serve(self, agent: Agent) {
+    /// Serves until `stop` is cancelled; each connection on its own task. Then it closes
+    /// every open connection and returns once their tasks are gone, so nothing of the agent
+    /// runs on (a connection held open by a hung plugin must not keep the agent, and with it
+    /// its state directory's lock, alive).
+    pub async fn serve(self, agent: Agent, stop: CancellationToken) {
+        let mut connections = JoinSet::new();
         loop {
-            let stream = match self.listener.accept().await {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // out of descriptors and the like: back off a little, keep serving
-                    tracing::warn!(error = %e, socket = %self.path.display(), "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
+            let stream = tokio::select! {
+                () = stop.cancelled() => break,
+                Some(_) = connections.join_next() => continue,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // out of descriptors and the like: back off a little, keep serving
+                        tracing::warn!(error = %e, socket = %self.path.display(), "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
             };
-            let agent = agent.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let agent = agent.clone();
-                    async move { Ok::<_, Infallible>(route(&agent, req).await) }
-                });
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
+            connections.spawn(connection(agent.clone(), stream));
         }
+        connections.shutdown().await;
     }
 
     /// [`Server::serve`] on a task of its own.
-    pub fn spawn(self, agent: Agent) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(self.serve(agent))
+    pub fn spawn(self, agent: Agent, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.serve(agent, stop))
+    }
+}
+
+/// One plugin connection, served until the plugin closes it.
+async fn connection(agent: Agent, stream: UnixStream) {
+    let svc = service_fn(move |req| {
+        let agent = agent.clone();
+        async move { Ok::<_, Infallible>(route(&agent, req).await) }
+    });
+    if let Err(e) = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), svc)
+        .await
+    {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

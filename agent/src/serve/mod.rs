@@ -15,8 +15,9 @@
 //! # ADD
 //! Repeated ADD of a (containerID, ifname) by the same pod returns what it got. Otherwise
 //! one address per family the node's pool has (dual-stack: one of each, all or none), the
-//! lowest free one by `ipam::node::free_address` — never an address a live pod on the node
-//! lists ([`PodSource`]), whether or not the state holds it. An empty pool (or no IPAMNode read yet)
+//! lowest free one by `ipam`'s `NodeSide::add` — never a gateway, nor an address a live pod
+//! on the node lists ([`PodSource`]), whether or not the state holds it (both are its
+//! `exclude` set). An empty pool (or no IPAMNode read yet)
 //! waits up to [`Config::empty_pool_wait`] for [`NodeSource::changes`] to bring an address,
 //! then answers code 11. An ADD without a pod UID (a UUID) is refused: the UID is the
 //! allocation's identity.

@@ -23,8 +23,9 @@ impl Agent {
         let decided = self
             .locked(move |s, i| {
                 let mut tracker = i.reconcile.lock().unwrap_or_else(|e| e.into_inner());
-                let d =
-                    reconcile::decide(s.allocations(), &evidence, &mut tracker.memory, max_frees);
+                let held: Vec<_> = s.allocations().collect();
+                let held = held.iter().map(|(k, a)| (*k, a));
+                let d = reconcile::decide(held, &evidence, &mut tracker.memory, max_frees);
                 let now = SystemTime::now();
                 let mut freed = false;
                 for f in &d.free {

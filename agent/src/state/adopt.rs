@@ -41,13 +41,9 @@ impl NodeState {
             }
         }
         for (addr, until) in &side.cooldown {
-            if *until <= now || self.owners.contains_key(addr) {
-                continue;
+            if self.side.adopt_cooldown(*addr, *until, now) {
+                out.cooldowns += 1;
             }
-            let e = self.cooldown.entry(*addr).or_insert(*until);
-            *e = (*e).max(*until);
-            self.dirty = true;
-            out.cooldowns += 1;
         }
         out
     }
@@ -79,9 +75,9 @@ impl NodeState {
             name: first.pod.to_string(),
         };
         let key = AllocKey::new(container_id.as_ref(), ifname.as_ref());
-        self.add(key, pod, &addrs, None, since)
+        self.adopt_allocation(key, pod, &addrs, None, since)
             .map(|_| ())
-            .map_err(|e| format!("{addrs:?}: {e}"))
+            .map_err(|e| format!("{addrs:?}: {}", super::StateError::from(e)))
     }
 }
 
@@ -166,12 +162,12 @@ mod tests {
         // an ADD of the same key by the same pod gets the same addresses back; another key
         // cannot take them
         let again = st
-            .add(dual.clone(), a_pod(1), &[ip("10.0.0.99")], None, at(101))
+            .adopt_allocation(dual.clone(), a_pod(1), &[ip("10.0.0.99")], None, at(101))
             .expect("repeated");
         assert!(again.repeated);
         assert_eq!(again.addrs, vec![ip("10.0.0.5"), ip("fd00::5")]);
         assert!(
-            st.add(
+            st.adopt_allocation(
                 AllocKey::new("c9", "eth0"),
                 a_pod(9),
                 &[ip("10.0.0.6")],

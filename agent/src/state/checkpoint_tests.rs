@@ -6,7 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
-use tidepool_ipam::{AddrMap, PodUid, ReleaseAck};
+use tidepool_api::convert::Allocations;
+use tidepool_ipam::node::BlockView;
+use tidepool_ipam::{
+    AddrSet, IpamNode, PodUid, ReclaimReason, ReleaseAck, ReleaseState, Tombstone,
+};
 
 use super::*;
 use crate::state::format::{self, readable};
@@ -41,7 +45,7 @@ fn pod(n: u128) -> PodRef {
 }
 
 fn add(s: &mut NodeState, c: &str, p: u128, a: &str) {
-    s.add(
+    s.adopt_allocation(
         AllocKey::new(c, "eth0"),
         pod(p),
         &[ip(a)],
@@ -49,6 +53,45 @@ fn add(s: &mut NodeState, c: &str, p: u128, a: &str) {
         t0(),
     )
     .expect("add");
+}
+
+/// Answers a tombstone on `addr` for allocation (`c`, eth0) of pod `p` (its pod gone).
+fn reclaim(s: &mut NodeState, addr: &str, p: u128, c: &str) {
+    let key = AllocKey::new(c, "eth0");
+    let t = Tombstone {
+        pod_uid: PodUid(p),
+        allocation: key.id(),
+        reason: ReclaimReason::PodDeleted,
+    };
+    let mut names = Allocations::new();
+    names.insert(key.id(), (Arc::from(c), Arc::from("eth0")));
+    s.answer_tombstones(&BTreeMap::from([(ip(addr), t)]), &names, |_| false, t0());
+}
+
+/// Answers marks on `ready` (free) and `busy` (a live pod's) addresses.
+fn mark(s: &mut NodeState, ready: &[&str], busy: &[&str]) {
+    let mut node = IpamNode::new(Arc::from("n"), 1);
+    for a in ready.iter().chain(busy) {
+        node.operator
+            .release
+            .insert(ip(a), ReleaseState::MarkedForRelease);
+    }
+    let busy: AddrSet = busy.iter().map(|a| ip(a)).collect();
+    s.answer_marks(&node, &busy, t0());
+}
+
+/// Answers a mark on block `name` (holding 10.0.2.1), busy or not.
+fn mark_block(s: &mut NodeState, name: &str, busy: bool) {
+    let addrs: AddrSet = [ip("10.0.2.1")].into_iter().collect();
+    let block = BlockView {
+        name: Arc::from(name),
+        addrs: addrs.clone(),
+        all: addrs.clone(),
+        release: true,
+        ack: None,
+    };
+    let busy = if busy { addrs } else { AddrSet::new() };
+    s.answer_blocks(&[block], &busy, t0());
 }
 
 fn keys(s: &NodeState) -> Vec<String> {
@@ -65,7 +108,7 @@ fn load_at(fs: &RecordingFs, boot: &str, now: SystemTime) -> Loaded {
 fn full_state() -> NodeState {
     let mut s = NodeState::new("boot-1", CD);
     add(&mut s, "c1", 1, "10.0.0.1");
-    s.add(
+    s.adopt_allocation(
         AllocKey::new("c2", "net1"),
         pod(2),
         &[ip("10.0.0.2"), ip("fd00::2")],
@@ -75,20 +118,13 @@ fn full_state() -> NodeState {
     .expect("add");
     add(&mut s, "c3", 3, "10.0.0.3");
     s.del(&AllocKey::new("c3", "eth0"), Some(PodUid(3)), t0());
-    s.ack_reclaim(
-        ip("10.0.0.7"),
-        PodUid(7),
-        &AllocKey::new("c7", "eth0"),
-        |_| false,
-        t0(),
+    reclaim(&mut s, "10.0.0.7", 7, "c7");
+    mark(&mut s, &["10.0.1.0", "10.0.1.1", "10.0.1.2"], &["10.0.1.9"]);
+    mark_block(&mut s, "node-a-10-0-2-0-28", true);
+    assert_eq!(
+        s.block_release_acks().get("node-a-10-0-2-0-28"),
+        Some(&ReleaseAck::DoNotRelease)
     );
-    let mut acks = AddrMap::new();
-    for a in ["10.0.1.0", "10.0.1.1", "10.0.1.2"] {
-        acks.insert(ip(a), ReleaseAck::ReadyForRelease);
-    }
-    acks.insert(ip("10.0.1.9"), ReleaseAck::DoNotRelease);
-    s.ack_release(acks);
-    s.ack_block("node-a-10-0-2-0-28", Some(ReleaseAck::DoNotRelease));
     s
 }
 
@@ -114,25 +150,11 @@ fn every_save_is_write_fsync_rename_fsync_dir() {
         Box::new(move |s| {
             s.del(&k, Some(PodUid(1)), t0());
         }),
+        Box::new(|s| reclaim(s, "10.0.0.2", 2, "c2")),
+        Box::new(|s| mark(s, &["10.0.0.9"], &[])),
+        Box::new(|s| mark_block(s, "b1", false)),
         Box::new(|s| {
-            s.ack_reclaim(
-                ip("10.0.0.2"),
-                PodUid(2),
-                &AllocKey::new("c2", "eth0"),
-                |_| false,
-                t0(),
-            );
-        }),
-        Box::new(|s| {
-            let mut acks = AddrMap::new();
-            acks.insert(ip("10.0.0.9"), ReleaseAck::ReadyForRelease);
-            s.ack_release(acks);
-        }),
-        Box::new(|s| {
-            s.ack_block("b1", Some(ReleaseAck::ReadyForRelease));
-        }),
-        Box::new(|s| {
-            s.expire_cooldowns(t0() + CD);
+            s.expire_cooldowns(None, t0() + CD);
         }),
     ];
     for (i, change) in changes.iter().enumerate() {
@@ -466,4 +488,71 @@ fn a_state_dir_on_disk_locks_saves_and_loads() {
     let loaded = sd.load("boot-1", t0(), CD).expect("load");
     assert_eq!(loaded.origin, Origin::Restored { version: 2 });
     assert_eq!(loaded.state, s);
+}
+
+/// The previous release (format 2, before the node side moved into `ipam`) reads what this
+/// build writes, and this build reads what the previous release wrote: nothing is lost
+/// either way.
+#[test]
+fn the_previous_release_reads_this_checkpoint_and_the_other_way_round() {
+    use crate::state::format_prev as prev;
+    let fs = RecordingFs::new();
+    let mut state = full_state();
+    state.save(&fs, dir()).expect("save");
+    let bytes = fs.get(&ckpt()).expect("written");
+    let read = prev::read(&bytes).expect("the previous release reads it");
+    let allocs: Vec<_> = read
+        .allocations
+        .iter()
+        .map(|a| {
+            (
+                a.container_id.as_str(),
+                a.ifname.as_str(),
+                a.addresses.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        allocs,
+        vec![
+            ("c1", "eth0", vec![ip("10.0.0.1")]),
+            ("c2", "net1", vec![ip("10.0.0.2"), ip("fd00::2")]),
+        ]
+    );
+    let c1 = &read.allocations[0];
+    assert_eq!(
+        (c1.pod_uid.as_str(), c1.namespace.as_str(), c1.pod.as_str()),
+        ("00000000-0000-0000-0000-000000000001", "default", "web-1")
+    );
+    assert_eq!(
+        (c1.boot_id.as_str(), c1.netns.as_deref()),
+        ("boot-1", Some("/var/run/netns/c1"))
+    );
+    assert_eq!(c1.since, format::to_ms(t0()));
+    assert_eq!(
+        read.cooldown.keys().collect::<Vec<_>>(),
+        vec![&ip("10.0.0.3")]
+    );
+    assert_eq!(read.release_ack.len(), 2, "a run of three and one");
+    assert_eq!(
+        read.block_release_ack.get("node-a-10-0-2-0-28"),
+        Some(&prev::Answer::DoNotRelease)
+    );
+    let r = &read.reclaim_ack[&ip("10.0.0.7")];
+    assert_eq!(
+        (r.container_id.as_str(), r.outcome),
+        ("c7", prev::Outcome::Stale)
+    );
+
+    // the previous release writes what it read; this build reads the same state back
+    let written = serde_json::to_vec(&read).expect("encode");
+    assert_eq!(
+        (read.version, read.min_reader_version),
+        (prev::FORMAT_VERSION, prev::MIN_READER_VERSION)
+    );
+    let fs = RecordingFs::new();
+    fs.put(ckpt(), written);
+    let loaded = load_at(&fs, "boot-1", t0());
+    assert_eq!(loaded.origin, Origin::Restored { version: 2 });
+    assert_eq!(loaded.state, state, "nothing lost");
 }

@@ -1,10 +1,11 @@
 //! The one error type of the node state.
 
 use std::io;
-use std::net::IpAddr;
 use std::path::PathBuf;
 
-use tidepool_ipam::PodUid;
+use tidepool_ipam::node::Refused;
+
+use super::model::AllocKey;
 
 /// What can go wrong with the node's durable state. A corrupt checkpoint is not an error
 /// (it is set aside and reported in [`super::Loaded`]); a checkpoint of a format this agent
@@ -52,26 +53,9 @@ pub enum StateError {
     #[error("encode the checkpoint: {0}")]
     Encode(#[source] serde_json::Error),
 
-    #[error("allocation ({container_id}, {ifname}) belongs to pod {owner}, not {pod}")]
-    KeyHeldByOtherPod {
-        container_id: String,
-        ifname: String,
-        owner: PodUid,
-        pod: PodUid,
-    },
-
-    #[error("address {addr} is held by allocation ({container_id}, {ifname})")]
-    AddressInUse {
-        addr: IpAddr,
-        container_id: String,
-        ifname: String,
-    },
-
-    #[error("address {addr} is cooling down")]
-    AddressCooling { addr: IpAddr },
-
-    #[error("an allocation needs one address or more, each once")]
-    BadAddresses,
+    /// `ipam`'s node side refused an allocation (see `tidepool_ipam::node::Refused`).
+    #[error("{0}")]
+    Refused(String),
 
     #[error("{0:?} is not a pod UID (a UUID)")]
     BadPodUid(String),
@@ -81,6 +65,27 @@ impl StateError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
         let path = path.into();
         move |source| StateError::Io { op, path, source }
+    }
+}
+
+impl From<Refused<AllocKey>> for StateError {
+    fn from(r: Refused<AllocKey>) -> Self {
+        let why = match r {
+            Refused::KeyHeldByOtherPod { owner } => {
+                format!("the allocation belongs to pod {owner}")
+            }
+            Refused::NoFreeAddress { family } => {
+                format!("no free {} address in the node's pool", family.as_str())
+            }
+            Refused::BadAddresses => "an allocation needs one address or more, each once".into(),
+            Refused::KeyRecordedTwice => "an allocation is recorded twice".into(),
+            Refused::AddressInUse { addr, holder } => format!(
+                "address {addr} is held by allocation ({}, {})",
+                holder.container_id, holder.ifname
+            ),
+            Refused::AddressCooling { addr } => format!("address {addr} is cooling down"),
+        };
+        StateError::Refused(why)
     }
 }
 

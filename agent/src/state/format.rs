@@ -16,9 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tidepool_ipam::addrs::{address, number};
+use tidepool_ipam::node::{NodeSide, Record, RecordedAllocation, Refused};
 use tidepool_ipam::{AddrMap, ReclaimOutcome, ReleaseAck};
 
-use super::model::{AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid};
+use super::model::{AllocKey, NodeState, Own, ReclaimAnswer, parse_pod_uid};
 
 /// The format this agent writes.
 pub const FORMAT_VERSION: u32 = 2;
@@ -168,22 +169,21 @@ impl From<Outcome> for ReclaimOutcome {
 /// The file for `state`, in the current format.
 pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
     let allocations = state
-        .allocations
-        .iter()
+        .allocations()
         .map(|(k, a)| AllocationRecord {
             container_id: k.container_id.clone(),
             ifname: k.ifname.clone(),
             pod_uid: a.pod.uid.to_string(),
-            namespace: a.pod.namespace.clone(),
-            pod: a.pod.name.clone(),
-            addresses: a.addrs.clone(),
+            namespace: a.pod.namespace,
+            pod: a.pod.name,
+            addresses: a.addrs,
             since: to_ms(a.since),
-            boot_id: a.boot_id.clone(),
-            netns: a.netns.clone(),
+            boot_id: a.boot_id,
+            netns: a.netns,
         })
         .collect();
     let release_ack = state
-        .release_ack
+        .release_acks()
         .runs()
         .map(|(f, run, ack)| ReleaseAckRun {
             first: address(f, *run.start()),
@@ -192,7 +192,7 @@ pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
         })
         .collect();
     let reclaim_ack = state
-        .reclaim_ack
+        .reclaim_acks()
         .iter()
         .filter_map(|(addr, r)| {
             let rec = ReclaimAckRecord {
@@ -209,13 +209,13 @@ pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
         min_reader_version: MIN_READER_VERSION,
         allocations,
         cooldown: state
-            .cooldown
+            .cooldowns()
             .iter()
             .map(|(a, t)| (*a, to_ms(*t)))
             .collect(),
         release_ack,
         block_release_ack: state
-            .block_release_ack
+            .block_release_acks()
             .iter()
             .map(|(b, a)| (b.clone(), (*a).into()))
             .collect(),
@@ -230,58 +230,65 @@ pub(crate) fn decode(
     boot_id: &str,
     reuse_cooldown: Duration,
 ) -> Result<NodeState, String> {
-    let mut s = NodeState::new(boot_id, reuse_cooldown);
+    let mut own = BTreeMap::new();
+    let mut allocations = Vec::with_capacity(file.allocations.len());
     for r in file.allocations {
         let key = AllocKey::new(r.container_id, r.ifname);
-        let uid = parse_pod_uid(&r.pod_uid).map_err(|e| e.to_string())?;
-        let unique = r
-            .addresses
-            .iter()
-            .enumerate()
-            .all(|(i, a)| !r.addresses[..i].contains(a));
-        if r.addresses.is_empty() || !unique {
-            return Err(format!("allocation {key:?}: addresses {:?}", r.addresses));
+        let pod_uid = parse_pod_uid(&r.pod_uid).map_err(|e| e.to_string())?;
+        let mut addrs = r.addresses;
+        if addrs.is_empty() {
+            return Err(format!("allocation {key:?}: no addresses"));
         }
-        for addr in &r.addresses {
-            if let Some(other) = s.owners.insert(*addr, key.clone()) {
-                return Err(format!("{addr} held by both {other:?} and {key:?}"));
-            }
-        }
-        let a = Allocation {
-            pod: PodRef {
-                uid,
-                namespace: r.namespace,
-                name: r.pod,
-            },
-            addrs: r.addresses,
-            since: from_ms(r.since),
+        addrs.sort();
+        let o = Own {
+            namespace: r.namespace,
+            name: r.pod,
             boot_id: r.boot_id,
             netns: r.netns,
         };
-        if s.allocations.insert(key.clone(), a).is_some() {
-            return Err(format!("allocation {key:?} recorded twice"));
-        }
+        own.insert(key.clone(), o);
+        allocations.push(RecordedAllocation {
+            key,
+            pod_uid,
+            addrs,
+            since: from_ms(r.since),
+        });
     }
-    s.cooldown = file
-        .cooldown
-        .into_iter()
-        .map(|(a, ms)| (a, from_ms(ms)))
-        .collect();
-    s.release_ack = release_acks(&file.release_ack)?;
-    s.block_release_ack = file
-        .block_release_ack
-        .into_iter()
-        .map(|(b, a)| (b, a.into()))
-        .collect();
+    let mut reclaim_ack = BTreeMap::new();
     for (addr, r) in file.reclaim_ack {
         let answer = ReclaimAnswer {
             pod_uid: parse_pod_uid(&r.pod_uid).map_err(|e| e.to_string())?,
             key: AllocKey::new(r.container_id, r.ifname),
             outcome: r.outcome.into(),
         };
-        s.reclaim_ack.insert(addr, answer);
+        reclaim_ack.insert(addr, answer);
     }
-    Ok(s)
+    let record = Record {
+        allocations,
+        cooldown: file
+            .cooldown
+            .into_iter()
+            .map(|(a, ms)| (a, from_ms(ms)))
+            .collect(),
+        release_ack: release_acks(&file.release_ack)?,
+        reclaim_ack,
+        block_ack: file
+            .block_release_ack
+            .into_iter()
+            .map(|(b, a)| (b, a.into()))
+            .collect(),
+    };
+    let side = NodeSide::from_record(record, reuse_cooldown).map_err(|e| match e {
+        Refused::AddressInUse { addr, holder } => {
+            format!("{addr} held by both {holder:?} and a later allocation")
+        }
+        e => super::error::StateError::from(e).to_string(),
+    })?;
+    Ok(NodeState {
+        boot_id: boot_id.to_owned(),
+        side,
+        own,
+    })
 }
 
 fn release_acks(runs: &[ReleaseAckRun]) -> Result<AddrMap<ReleaseAck>, String> {

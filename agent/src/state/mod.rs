@@ -3,8 +3,9 @@
 //!
 //! - [`StateDir`] locks `--state-dir` before anything else ([`DirLock`]) and loads and
 //!   saves the checkpoint there;
-//! - [`NodeState`] is the node's allocations keyed by (containerID, ifname), cooldowns and
-//!   acks, with the rules that change them (pure; time passed in);
+//! - [`NodeState`] is `ipam`'s node side keyed by (containerID, ifname) — allocations,
+//!   cooldowns and acks, with the rules that change them, the simulator's too — and the
+//!   agent's own part: boot IDs, netns paths, pod names (pure; time passed in);
 //! - the checkpoint (`checkpoint.json`, format below) is saved through [`Fs`] as temp
 //!   file, fsync, rename, fsync of the directory; [`RecordingFs`] records those calls and models a power loss for the tests;
 //! - [`drain_spool`] reads the DELs the plugin spooled while the agent was down;
@@ -32,6 +33,8 @@ mod checkpoint;
 mod dir;
 mod error;
 mod format;
+#[cfg(test)]
+mod format_prev;
 mod fs;
 mod lock;
 mod model;
@@ -49,7 +52,8 @@ pub use format::{FORMAT_VERSION, MIN_READER_VERSION};
 pub use fs::{Fs, FsFile, StdFs};
 pub use lock::{DirLock, LOCK_FILE};
 pub use model::{
-    Added, AllocKey, Allocation, DelOutcome, NodeState, PodRef, ReclaimAnswer, parse_pod_uid,
+    AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid, pool_families,
 };
 pub use recording::{Op, OpKind, RecordingFs};
 pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool};
+pub use tidepool_ipam::node::{Added, DelOutcome};

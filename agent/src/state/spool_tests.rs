@@ -94,7 +94,7 @@ fn a_replayed_del_is_removed_only_after_the_save_and_replays_safely() {
     };
     for (c, n, a) in [("c1", 1, "10.0.0.1"), ("c2", 1, "10.0.0.2")] {
         let addr = a.parse().expect("ip");
-        s.add(AllocKey::new(c, "eth0"), pod(n), &[addr], None, t)
+        s.adopt_allocation(AllocKey::new(c, "eth0"), pod(n), &[addr], None, t)
             .expect("add");
     }
     s.save(&fs, dir).expect("save");

@@ -15,10 +15,9 @@ use kube::api::Api;
 use tidepool_agent::run::Settings;
 use tidepool_api as api;
 use tidepool_tests::ApiServer;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use super::{UID_A, agent_on, blocking, cluster, create_block, eventually, settings};
+use super::running::RunningAgent;
+use super::{UID_A, agent_on, blocking, cluster, create_block, settings};
 
 pub const PLUGINS: &str = "/usr/lib/cni";
 
@@ -108,10 +107,7 @@ pub struct Node {
     pub server: ApiServer,
     pub admin: kube::Client,
     pub settings: Settings,
-    agent: Option<(
-        oneshot::Sender<()>,
-        JoinHandle<tidepool_agent::error::Result<()>>,
-    )>,
+    agent: Option<RunningAgent>,
 }
 
 impl Node {
@@ -169,27 +165,11 @@ impl Node {
             .client(&agent_on("node-a"))
             .await
             .expect("client");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tidepool_agent::run::run(
-            client,
-            self.settings.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        self.agent = Some((stop, task));
-        let marker = self.settings.restored_marker.clone();
-        eventually("the agent serving", || {
-            let m = marker.exists().then_some(());
-            async move { m }
-        })
-        .await;
+        self.agent = Some(RunningAgent::start(client, &self.settings).await);
     }
 
     pub async fn stop_agent(&mut self) {
-        let (stop, task) = self.agent.take().expect("the agent runs");
-        stop.send(()).expect("the agent runs");
-        task.await.expect("join").expect("the agent stops cleanly");
+        self.agent.take().expect("the agent runs").stop().await;
     }
 
     /// A new pod namespace.
