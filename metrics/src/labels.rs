@@ -1,57 +1,105 @@
-//! Labels and their enumerated values: one module per label (`family::KEY`,
-//! `family::IPV4`, `family::ALL`).
+//! Labels and their values. Each enumerated label is spelled once, in a `label!` below,
+//! which makes two things of it:
+//!
+//! - a module of strings (`family::KEY`, `family::IPV4`, `family::ALL`), which the table
+//!   ([`crate::OPERATOR`], [`crate::AGENT`]) and its registration at zero read;
+//! - an enum of its values (`Family::Ipv4`), which the [`crate::record`] functions take, so a
+//!   caller names neither a label nor a value by its string. `as_str` is the module's
+//!   constant.
+//!
+//! Labels whose values are not enumerable (`pool`, `node`) have only a module with a `KEY`.
 
-/// Label `family`.
-pub mod family {
-    pub const KEY: &str = "family";
-    pub const IPV4: &str = "ipv4";
-    pub const IPV6: &str = "ipv6";
-    pub const ALL: &[&str] = &[IPV4, IPV6];
+/// Defines one enumerated label: `module, Enum = "key" { CONST, Variant = "value"; ... }`,
+/// then any further items of the module.
+macro_rules! label {
+    (
+        $(#[$doc:meta])*
+        $module:ident, $Enum:ident = $key:literal {
+            $( $(#[$vdoc:meta])* $CONST:ident, $Variant:ident = $value:literal; )+
+        }
+        $($extra:item)*
+    ) => {
+        $(#[$doc])*
+        pub mod $module {
+            pub const KEY: &str = $key;
+            $( $(#[$vdoc])* pub const $CONST: &str = $value; )+
+            pub const ALL: &[&str] = &[$($CONST),+];
+            $($extra)*
+        }
+
+        $(#[$doc])*
+        #[doc = ""]
+        #[doc = concat!("A value of label `", $key, "`; its string is [`", stringify!($module), "`]'s.")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $Enum {
+            $( $(#[$vdoc])* $Variant, )+
+        }
+
+        impl $Enum {
+            #[doc = concat!("Every value, in the order of [`", stringify!($module), "::ALL`].")]
+            pub const ALL: &'static [$Enum] = &[$($Enum::$Variant),+];
+
+            /// The label value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( $Enum::$Variant => $module::$CONST, )+
+                }
+            }
+        }
+    };
 }
 
-/// Label `state` of [`crate::IPS`] and [`crate::NODE_IPS`].
-pub mod ips_state {
-    pub const KEY: &str = "state";
-    pub const ALLOCATED: &str = "allocated";
-    pub const USED: &str = "used";
-    pub const FREE: &str = "free";
-    pub const COOLDOWN: &str = "cooldown";
-    pub const NEEDED: &str = "needed";
-    pub const EXCESS: &str = "excess";
-    pub const ALL: &[&str] = &[ALLOCATED, USED, FREE, COOLDOWN, NEEDED, EXCESS];
+label! {
+    /// Label `family`.
+    family, Family = "family" {
+        IPV4, Ipv4 = "ipv4";
+        IPV6, Ipv6 = "ipv6";
+    }
 }
 
-/// Label `category` of [`crate::NODES`].
-pub mod node_category {
-    pub const KEY: &str = "category";
-    pub const TOTAL: &str = "total";
-    pub const IN_DEFICIT: &str = "in-deficit";
-    pub const AT_CAPACITY: &str = "at-capacity";
-    pub const RELEASING: &str = "releasing";
-    pub const BLOCKED: &str = "blocked";
-    pub const ALL: &[&str] = &[TOTAL, IN_DEFICIT, AT_CAPACITY, RELEASING, BLOCKED];
+label! {
+    /// Label `state` of [`crate::IPS`] and [`crate::NODE_IPS`].
+    ips_state, IpsState = "state" {
+        ALLOCATED, Allocated = "allocated";
+        USED, Used = "used";
+        FREE, Free = "free";
+        COOLDOWN, Cooldown = "cooldown";
+        NEEDED, Needed = "needed";
+        EXCESS, Excess = "excess";
+    }
 }
 
-/// Label `state` of [`crate::POOL_IPS`].
-pub mod pool_state {
-    pub const KEY: &str = "state";
-    pub const CAPACITY: &str = "capacity";
-    pub const ALLOCATED: &str = "allocated";
-    pub const FREE: &str = "free";
-    pub const ALL: &[&str] = &[CAPACITY, ALLOCATED, FREE];
+label! {
+    /// Label `category` of [`crate::NODES`].
+    node_category, NodeCategory = "category" {
+        TOTAL, Total = "total";
+        IN_DEFICIT, InDeficit = "in-deficit";
+        AT_CAPACITY, AtCapacity = "at-capacity";
+        RELEASING, Releasing = "releasing";
+        BLOCKED, Blocked = "blocked";
+    }
 }
 
-/// Label `state` of [`crate::POOL_BLOCKS`]: a claimed block by how many of its usable
-/// addresses have a `used` entry of the node holding it.
-pub mod block_state {
-    pub const KEY: &str = "state";
-    /// Every usable address used.
-    pub const FULL: &str = "full";
-    /// Some used, some not.
-    pub const PARTIAL: &str = "partial";
-    /// None used (releasable once past the node's watermarks).
-    pub const EMPTY: &str = "empty";
-    pub const ALL: &[&str] = &[FULL, PARTIAL, EMPTY];
+label! {
+    /// Label `state` of [`crate::POOL_IPS`].
+    pool_state, PoolState = "state" {
+        CAPACITY, Capacity = "capacity";
+        ALLOCATED, Allocated = "allocated";
+        FREE, Free = "free";
+    }
+}
+
+label! {
+    /// Label `state` of [`crate::POOL_BLOCKS`]: a claimed block by how many of its usable
+    /// addresses have a `used` entry of the node holding it.
+    block_state, BlockState = "state" {
+        /// Every usable address used.
+        FULL, Full = "full";
+        /// Some used, some not.
+        PARTIAL, Partial = "partial";
+        /// None used (releasable once past the node's watermarks).
+        EMPTY, Empty = "empty";
+    }
 }
 
 /// Label `pool` (an IPPool's name; not enumerable).
@@ -64,62 +112,85 @@ pub mod node {
     pub const KEY: &str = "node";
 }
 
-/// Label `source` of the allocation and release op counters: the IP source implementation.
-pub mod source {
-    pub const KEY: &str = "source";
-    pub const CLUSTER_POOL: &str = "cluster-pool";
-    pub const SIM_CLOUD: &str = "sim-cloud";
-    /// `simulate`'s default source: an in-memory address range.
-    pub const MEMORY: &str = "memory";
-    pub const ALL: &[&str] = &[CLUSTER_POOL, SIM_CLOUD, MEMORY];
+label! {
+    /// Label `source` of the allocation and release op counters: the IP source implementation.
+    source, Source = "source" {
+        CLUSTER_POOL, ClusterPool = "cluster-pool";
+        SIM_CLOUD, SimCloud = "sim-cloud";
+        /// `simulate`'s default source: an in-memory address range.
+        MEMORY, Memory = "memory";
+    }
 }
 
-/// Label `outcome` of the op counters, the allocation duration and the trigger runs.
-pub mod outcome {
-    pub const KEY: &str = "outcome";
-    pub const SUCCESS: &str = "success";
-    pub const FAILURE: &str = "failure";
-    pub const ALL: &[&str] = &[SUCCESS, FAILURE];
+label! {
+    /// Label `outcome` of the op counters, the allocation duration and the trigger runs.
+    outcome, Outcome = "outcome" {
+        SUCCESS, Success = "success";
+        FAILURE, Failure = "failure";
+    }
 }
 
-/// Label `op` of [`crate::ALLOCATION_DURATION_SECONDS`] and of
-/// [`crate::API_REQUESTS_TOTAL`] with `api="source"`: the source's mutating
-/// calls.
-pub mod source_op {
-    pub const KEY: &str = "op";
-    pub const ALLOCATE: &str = "allocate";
-    pub const RELEASE: &str = "release";
-    pub const ALL: &[&str] = &[ALLOCATE, RELEASE];
+impl Outcome {
+    /// The outcome of a call by its result.
+    pub fn of<T, E>(result: &Result<T, E>) -> Self {
+        if result.is_ok() {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        }
+    }
 }
 
-/// Label `op` of [`crate::API_REQUESTS_TOTAL`] with `api="kube"`: API
-/// server writes (cluster-pool block claims are `create`, block releases `delete`, IPAMNode
-/// server-side applies `apply`).
-pub mod kube_op {
-    pub const KEY: &str = "op";
-    pub const CREATE: &str = "create";
-    pub const DELETE: &str = "delete";
-    pub const APPLY: &str = "apply";
-    pub const ALL: &[&str] = &[CREATE, DELETE, APPLY];
+label! {
+    /// Label `op` of [`crate::ALLOCATION_DURATION_SECONDS`] and of
+    /// [`crate::API_REQUESTS_TOTAL`] with `api="source"`: the source's mutating
+    /// calls.
+    source_op, SourceOp = "op" {
+        ALLOCATE, Allocate = "allocate";
+        RELEASE, Release = "release";
+    }
 }
 
-/// Label `outcome` of [`crate::API_REQUESTS_TOTAL`]: finer than
-/// [`crate::outcome`] so conflicts (409) and throttling (429) can be alerted on.
-pub mod api_outcome {
-    pub const KEY: &str = "outcome";
-    pub const SUCCESS: &str = "success";
-    pub const CONFLICT: &str = "conflict";
-    pub const THROTTLED: &str = "throttled";
-    pub const FAILURE: &str = "failure";
-    pub const ALL: &[&str] = &[SUCCESS, CONFLICT, THROTTLED, FAILURE];
+label! {
+    /// Label `op` of [`crate::API_REQUESTS_TOTAL`] with `api="kube"`: API
+    /// server writes (cluster-pool block claims are `create`, block releases `delete`, IPAMNode
+    /// server-side applies `apply`).
+    kube_op, KubeOp = "op" {
+        CREATE, Create = "create";
+        DELETE, Delete = "delete";
+        APPLY, Apply = "apply";
+    }
 }
 
-/// Label `api`: the budget a call draws on.
-pub mod api {
-    pub const KEY: &str = "api";
-    pub const SOURCE: &str = "source";
-    pub const KUBE: &str = "kube";
-    pub const ALL: &[&str] = &[SOURCE, KUBE];
+label! {
+    /// Label `outcome` of [`crate::API_REQUESTS_TOTAL`]: finer than
+    /// [`crate::outcome`] so conflicts (409) and throttling (429) can be alerted on.
+    api_outcome, ApiOutcome = "outcome" {
+        SUCCESS, Success = "success";
+        CONFLICT, Conflict = "conflict";
+        THROTTLED, Throttled = "throttled";
+        FAILURE, Failure = "failure";
+    }
+}
+
+impl From<Outcome> for ApiOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Success => ApiOutcome::Success,
+            Outcome::Failure => ApiOutcome::Failure,
+        }
+    }
+}
+
+label! {
+    /// Label `api`: the budget a call draws on.
+    api, Api = "api" {
+        SOURCE, Source = "source";
+        KUBE, Kube = "kube";
+    }
+
+    /// Label `op` of [`crate::API_REQUESTS_TOTAL`]: its values depend on `api` ([`ops`]).
+    pub const OP_KEY: &str = "op";
 
     /// The `op` values of one API.
     pub fn ops(api: &str) -> &'static [&'static str] {
@@ -131,67 +202,93 @@ pub mod api {
     }
 }
 
-/// Label `reason` of [`crate::RECLAIMS_TOTAL`].
-pub mod reclaim_reason {
-    pub const KEY: &str = "reason";
-    pub const POD_DELETED: &str = "pod-deleted";
-    pub const POD_TERMINAL: &str = "pod-terminal";
-    pub const SANDBOX_REPLACED: &str = "sandbox-replaced";
-    pub const NODE_DELETED: &str = "node-deleted";
-    pub const ALL: &[&str] = &[POD_DELETED, POD_TERMINAL, SANDBOX_REPLACED, NODE_DELETED];
+/// Labels `api` and `op` of [`crate::API_REQUESTS_TOTAL`] together: an op of its API, as
+/// [`api::ops`] pairs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ApiOp {
+    Source(SourceOp),
+    Kube(KubeOp),
 }
 
-/// Label `outcome` of [`crate::RECLAIMS_TOTAL`]: `refused` when the node side answered a
-/// tombstone `live` (the pod runs there with the address; nothing freed).
-pub mod reclaim_outcome {
-    pub const KEY: &str = "outcome";
-    pub const RECLAIMED: &str = "reclaimed";
-    pub const FAILED: &str = "failed";
-    pub const REFUSED: &str = "refused";
-    pub const ALL: &[&str] = &[RECLAIMED, FAILED, REFUSED];
+impl ApiOp {
+    /// The API the op is of.
+    pub const fn api(self) -> Api {
+        match self {
+            ApiOp::Source(_) => Api::Source,
+            ApiOp::Kube(_) => Api::Kube,
+        }
+    }
+
+    /// The `op` label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ApiOp::Source(op) => op.as_str(),
+            ApiOp::Kube(op) => op.as_str(),
+        }
+    }
 }
 
-/// Label `kind` of [`crate::REPAIR_ISSUES_TOTAL`].
-pub mod repair_kind {
-    pub const KEY: &str = "kind";
-    pub const DUPLICATE: &str = "duplicate";
-    pub const OUT_OF_RANGE: &str = "out-of-range";
-    pub const UNKNOWN_POOL: &str = "unknown-pool";
-    pub const ORPHAN_BLOCK: &str = "orphan-block";
-    pub const LEAKED: &str = "leaked";
-    pub const ALL: &[&str] = &[DUPLICATE, OUT_OF_RANGE, UNKNOWN_POOL, ORPHAN_BLOCK, LEAKED];
+label! {
+    /// Label `reason` of [`crate::RECLAIMS_TOTAL`].
+    reclaim_reason, ReclaimReason = "reason" {
+        POD_DELETED, PodDeleted = "pod-deleted";
+        POD_TERMINAL, PodTerminal = "pod-terminal";
+        SANDBOX_REPLACED, SandboxReplaced = "sandbox-replaced";
+        NODE_DELETED, NodeDeleted = "node-deleted";
+    }
 }
 
-/// Label `trigger` of the trigger metrics: the trigger's name (one per kind, not per node, so
-/// the cardinality stays fixed).
-pub mod trigger {
-    pub const KEY: &str = "trigger";
-    pub const POOL_MAINTAINER: &str = "pool-maintainer";
-    pub const RESYNC: &str = "resync";
-    pub const ALL: &[&str] = &[POOL_MAINTAINER, RESYNC];
+label! {
+    /// Label `outcome` of [`crate::RECLAIMS_TOTAL`]: `refused` when the node side answered a
+    /// tombstone `live` (the pod runs there with the address; nothing freed).
+    reclaim_outcome, ReclaimOutcome = "outcome" {
+        RECLAIMED, Reclaimed = "reclaimed";
+        FAILED, Failed = "failed";
+        REFUSED, Refused = "refused";
+    }
 }
 
-/// Label `verb` of the agent's CNI metrics: the CNI command the plugin forwarded.
-pub mod cni_verb {
-    pub const KEY: &str = "verb";
-    pub const ADD: &str = "add";
-    pub const DEL: &str = "del";
-    pub const CHECK: &str = "check";
-    pub const GC: &str = "gc";
-    pub const STATUS: &str = "status";
-    pub const ALL: &[&str] = &[ADD, DEL, CHECK, GC, STATUS];
+label! {
+    /// Label `kind` of [`crate::REPAIR_ISSUES_TOTAL`].
+    repair_kind, RepairKind = "kind" {
+        DUPLICATE, Duplicate = "duplicate";
+        OUT_OF_RANGE, OutOfRange = "out-of-range";
+        UNKNOWN_POOL, UnknownPool = "unknown-pool";
+        ORPHAN_BLOCK, OrphanBlock = "orphan-block";
+        LEAKED, Leaked = "leaked";
+    }
 }
 
-/// Label `outcome` of [`crate::AGENT_CNI_REQUESTS_TOTAL`]: `ok` and `error` for every verb; a
-/// DEL that succeeded without freeing is `stale` (the key is another pod's) or `unknown` (no
-/// allocation has the key).
-pub mod cni_outcome {
-    pub const KEY: &str = "outcome";
-    pub const OK: &str = "ok";
-    pub const ERROR: &str = "error";
-    pub const STALE: &str = "stale";
-    pub const UNKNOWN: &str = "unknown";
-    pub const ALL: &[&str] = &[OK, ERROR, STALE, UNKNOWN];
+label! {
+    /// Label `trigger` of the trigger metrics: the trigger's name (one per kind, not per node, so
+    /// the cardinality stays fixed).
+    trigger, Trigger = "trigger" {
+        POOL_MAINTAINER, PoolMaintainer = "pool-maintainer";
+        RESYNC, Resync = "resync";
+    }
+}
+
+label! {
+    /// Label `verb` of the agent's CNI metrics: the CNI command the plugin forwarded.
+    cni_verb, CniVerb = "verb" {
+        ADD, Add = "add";
+        DEL, Del = "del";
+        CHECK, Check = "check";
+        GC, Gc = "gc";
+        STATUS, Status = "status";
+    }
+}
+
+label! {
+    /// Label `outcome` of [`crate::AGENT_CNI_REQUESTS_TOTAL`]: `ok` and `error` for every verb; a
+    /// DEL that succeeded without freeing is `stale` (the key is another pod's) or `unknown` (no
+    /// allocation has the key).
+    cni_outcome, CniOutcome = "outcome" {
+        OK, Ok = "ok";
+        ERROR, Error = "error";
+        STALE, Stale = "stale";
+        UNKNOWN, Unknown = "unknown";
+    }
 
     /// The outcomes one verb can have (only DEL is stale or unknown).
     pub fn of_verb(verb: &str) -> &'static [&'static str] {
@@ -202,45 +299,45 @@ pub mod cni_outcome {
     }
 }
 
-/// Label `state` of [`crate::AGENT_IPS`].
-pub mod agent_ips_state {
-    pub const KEY: &str = "state";
-    /// In the node's pool (its blocks' or its source's addresses).
-    pub const POOL: &str = "pool";
-    /// Held by a pod.
-    pub const USED: &str = "used";
-    /// Freed, not yet reusable.
-    pub const COOLDOWN: &str = "cooldown";
-    /// Marked for release by the operator.
-    pub const MARKED: &str = "marked";
-    pub const ALL: &[&str] = &[POOL, USED, COOLDOWN, MARKED];
+label! {
+    /// Label `state` of [`crate::AGENT_IPS`].
+    agent_ips_state, AgentIpsState = "state" {
+        /// In the node's pool (its blocks' or its source's addresses).
+        POOL, Pool = "pool";
+        /// Held by a pod.
+        USED, Used = "used";
+        /// Freed, not yet reusable.
+        COOLDOWN, Cooldown = "cooldown";
+        /// Marked for release by the operator.
+        MARKED, Marked = "marked";
+    }
 }
 
-/// Label `outcome` of [`crate::AGENT_STATUS_WRITES_TOTAL`]: what the API server answered.
-pub mod status_write_outcome {
-    pub const KEY: &str = "outcome";
-    pub const OK: &str = "ok";
-    /// 409: a conflict (the applies are forced, so only a stale object or a hand edit).
-    pub const CONFLICT: &str = "conflict";
-    /// 404: the object is gone (a released block, a deleted IPAMNode).
-    pub const GONE: &str = "gone";
-    /// Anything else: refused, throttled, unreachable.
-    pub const ERROR: &str = "error";
-    pub const ALL: &[&str] = &[OK, CONFLICT, GONE, ERROR];
+label! {
+    /// Label `outcome` of [`crate::AGENT_STATUS_WRITES_TOTAL`]: what the API server answered.
+    status_write_outcome, StatusWriteOutcome = "outcome" {
+        OK, Ok = "ok";
+        /// 409: a conflict (the applies are forced, so only a stale object or a hand edit).
+        CONFLICT, Conflict = "conflict";
+        /// 404: the object is gone (a released block, a deleted IPAMNode).
+        GONE, Gone = "gone";
+        /// Anything else: refused, throttled, unreachable.
+        ERROR, Error = "error";
+    }
 }
 
-/// Label `op` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`].
-pub mod route_op {
-    pub const KEY: &str = "op";
-    pub const ADD: &str = "add";
-    pub const DELETE: &str = "delete";
-    pub const ALL: &[&str] = &[ADD, DELETE];
+label! {
+    /// Label `op` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`].
+    route_op, RouteOp = "op" {
+        ADD, Add = "add";
+        DELETE, Delete = "delete";
+    }
 }
 
-/// Label `outcome` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`]: what the kernel answered.
-pub mod route_outcome {
-    pub const KEY: &str = "outcome";
-    pub const OK: &str = "ok";
-    pub const ERROR: &str = "error";
-    pub const ALL: &[&str] = &[OK, ERROR];
+label! {
+    /// Label `outcome` of [`crate::AGENT_NODE_ROUTE_OPS_TOTAL`]: what the kernel answered.
+    route_outcome, RouteOutcome = "outcome" {
+        OK, Ok = "ok";
+        ERROR, Error = "error";
+    }
 }

@@ -1,8 +1,9 @@
 //! Every tidepool metric in one place: name, type, unit, help text, label keys and their
 //! enumerated values, and the histogram buckets (DESIGN.md, "Metrics").
 //!
-//! The engine and the node agent record through the [`metrics`] facade with the names and
-//! label values defined here; each binary installs a recorder. The table is split by the
+//! The engine and the node agent record through [`record`], one function per metric, which
+//! takes the labels' values typed and sets them under the keys defined here (no caller
+//! spells a label); each binary installs a recorder. The table is split by the
 //! binary that exports a metric ([`Binary`]: [`OPERATOR`], [`AGENT`]): each binary describes
 //! and registers only its own series, so neither exports the other's at zero. With feature
 //! `exporter`, [`install_exporter`] builds the Prometheus recorder with every histogram's
@@ -11,9 +12,10 @@
 //! see them before the first event. With feature `probes`, [`probes`] serves `/healthz` and
 //! `/readyz` (both binaries' Kubernetes probes).
 //!
-//! Label values live in one module per label (`family::IPV4`, `family::ALL`, `family::KEY`).
-//! Labels whose values are not enumerable (`pool`, `node`) have only a `KEY`; their series are not
-//! registered at zero.
+//! Label values live in one module per label (`family::IPV4`, `family::ALL`, `family::KEY`),
+//! and as an enum per label ([`Family`]) that [`record`]'s functions take. Labels whose values
+//! are not enumerable (`pool`, `node`) have only a `KEY`; their series are not registered at
+//! zero.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 #![forbid(unsafe_code)]
 
@@ -31,6 +33,7 @@ pub mod probes;
 mod buckets;
 mod labels;
 mod names;
+pub mod record;
 mod register;
 mod table;
 

@@ -251,7 +251,7 @@ pub const OPERATOR: &[Def] = &[
         labels: &[
             (api::KEY, E(api::ALL)),
             (
-                "op",
+                api::OP_KEY,
                 Values::DependsOn {
                     key: api::KEY,
                     values: api::ops,
