@@ -160,6 +160,11 @@ label! {
         DELETE, Delete = "delete";
         APPLY, Apply = "apply";
     }
+
+    /// A cluster-pool source's release marks written to its blocks ([`crate::ApiOp::KubeMark`]).
+    /// Not in [`ALL`]: the table does not list it, so its series are not registered at zero
+    /// and appear with the first mark.
+    pub const MARK: &str = "mark";
 }
 
 label! {
@@ -203,11 +208,14 @@ label! {
 }
 
 /// Labels `api` and `op` of [`crate::API_REQUESTS_TOTAL`] together: an op of its API, as
-/// [`api::ops`] pairs them.
+/// [`api::ops`] pairs them (and the kube op `mark`, which it does not list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApiOp {
     Source(SourceOp),
     Kube(KubeOp),
+    /// `api="kube"`, `op="mark"`: not one of [`api::ops`], so not registered at zero
+    /// ([`kube_op::MARK`]).
+    KubeMark,
 }
 
 impl ApiOp {
@@ -215,7 +223,7 @@ impl ApiOp {
     pub const fn api(self) -> Api {
         match self {
             ApiOp::Source(_) => Api::Source,
-            ApiOp::Kube(_) => Api::Kube,
+            ApiOp::Kube(_) | ApiOp::KubeMark => Api::Kube,
         }
     }
 
@@ -224,6 +232,7 @@ impl ApiOp {
         match self {
             ApiOp::Source(op) => op.as_str(),
             ApiOp::Kube(op) => op.as_str(),
+            ApiOp::KubeMark => kube_op::MARK,
         }
     }
 }
