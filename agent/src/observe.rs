@@ -1,7 +1,8 @@
 //! The agent's metrics (DESIGN.md "Metrics", the `tidepool_agent_*` rows; names, labels and
 //! buckets are tidepool-metrics'): what the socket server, the node state and the publisher
-//! record, kept here so the handlers stay readable. Recording goes through the `metrics`
-//! facade: with no recorder installed (the library's tests) it does nothing.
+//! record, kept here so the handlers stay readable. Recording goes through
+//! `tidepool_metrics::record`, which sets the labels: with no recorder installed (the
+//! library's tests) it does nothing.
 //!
 //! - [`cni_request`]: each CNI request by verb and [`CniOutcome`], and its time from receipt
 //!   to reply (the durable write, and an ADD's wait for an address, included);
@@ -13,7 +14,7 @@
 use std::time::Duration;
 
 use tidepool_ipam::{Family, IpamNode, ReleaseState};
-use tidepool_metrics as m;
+use tidepool_metrics::{self as m, record};
 
 use crate::cni::proto::Verb;
 use crate::serve::Reply;
@@ -51,37 +52,31 @@ impl CniOutcome {
         }
     }
 
-    fn label(self) -> &'static str {
+    fn label(self) -> m::CniOutcome {
         match self {
-            CniOutcome::Ok => m::cni_outcome::OK,
-            CniOutcome::Error => m::cni_outcome::ERROR,
-            CniOutcome::Stale => m::cni_outcome::STALE,
-            CniOutcome::Unknown => m::cni_outcome::UNKNOWN,
+            CniOutcome::Ok => m::CniOutcome::Ok,
+            CniOutcome::Error => m::CniOutcome::Error,
+            CniOutcome::Stale => m::CniOutcome::Stale,
+            CniOutcome::Unknown => m::CniOutcome::Unknown,
         }
     }
 }
 
-fn verb_label(verb: Verb) -> &'static str {
+fn verb_label(verb: Verb) -> m::CniVerb {
     match verb {
-        Verb::Add => m::cni_verb::ADD,
-        Verb::Del => m::cni_verb::DEL,
-        Verb::Check => m::cni_verb::CHECK,
-        Verb::Gc => m::cni_verb::GC,
-        Verb::Status => m::cni_verb::STATUS,
+        Verb::Add => m::CniVerb::Add,
+        Verb::Del => m::CniVerb::Del,
+        Verb::Check => m::CniVerb::Check,
+        Verb::Gc => m::CniVerb::Gc,
+        Verb::Status => m::CniVerb::Status,
     }
 }
 
 /// One answered CNI request: counted by verb and outcome; `took` from its receipt to its reply.
 pub fn cni_request(verb: Verb, outcome: CniOutcome, took: Duration) {
     let verb = verb_label(verb);
-    metrics::counter!(
-        m::AGENT_CNI_REQUESTS_TOTAL,
-        m::cni_verb::KEY => verb,
-        m::cni_outcome::KEY => outcome.label(),
-    )
-    .increment(1);
-    metrics::histogram!(m::AGENT_CNI_DURATION_SECONDS, m::cni_verb::KEY => verb)
-        .record(took.as_secs_f64());
+    record::agent_cni_requests(verb, outcome.label());
+    record::agent_cni_duration(verb, took);
 }
 
 /// The node's addresses of one family by state (pool, used, cooldown, marked), from the
@@ -90,7 +85,7 @@ pub fn ip_counts(
     state: &NodeState,
     node: Option<&IpamNode>,
     f: Family,
-) -> [(&'static str, u64); 4] {
+) -> [(m::AgentIpsState, u64); 4] {
     let of_family = |a: &std::net::IpAddr| Family::of(a) == f;
     let used = state
         .allocations()
@@ -106,16 +101,16 @@ pub fn ip_counts(
         (n.operator.addresses.count(f), marked)
     });
     [
-        (m::agent_ips_state::POOL, pool),
+        (m::AgentIpsState::Pool, pool),
         (
-            m::agent_ips_state::USED,
+            m::AgentIpsState::Used,
             u64::try_from(used).unwrap_or(u64::MAX),
         ),
         (
-            m::agent_ips_state::COOLDOWN,
+            m::AgentIpsState::Cooldown,
             u64::try_from(cooling).unwrap_or(u64::MAX),
         ),
-        (m::agent_ips_state::MARKED, marked),
+        (m::AgentIpsState::Marked, marked),
     ]
 }
 
@@ -123,53 +118,39 @@ pub fn ip_counts(
 pub fn ips(state: &NodeState, node: Option<&IpamNode>) {
     for f in Family::ALL {
         for (state_label, n) in ip_counts(state, node, f) {
-            metrics::gauge!(
-                m::AGENT_IPS,
-                m::family::KEY => f.as_str(),
-                m::agent_ips_state::KEY => state_label,
-            )
-            .set(n as f64);
+            record::agent_ips(f.into(), state_label, n as f64);
         }
     }
 }
 
 /// What the API server answered one status write: ok, conflict (409), gone (404), error.
-pub fn write_outcome<T>(result: &Result<T, kube::Error>) -> &'static str {
+pub fn write_outcome<T>(result: &Result<T, kube::Error>) -> m::StatusWriteOutcome {
     match result {
-        Ok(_) => m::status_write_outcome::OK,
-        Err(kube::Error::Api(s)) if s.code == 409 => m::status_write_outcome::CONFLICT,
-        Err(kube::Error::Api(s)) if s.code == 404 => m::status_write_outcome::GONE,
-        Err(_) => m::status_write_outcome::ERROR,
+        Ok(_) => m::StatusWriteOutcome::Ok,
+        Err(kube::Error::Api(s)) if s.code == 409 => m::StatusWriteOutcome::Conflict,
+        Err(kube::Error::Api(s)) if s.code == 404 => m::StatusWriteOutcome::Gone,
+        Err(_) => m::StatusWriteOutcome::Error,
     }
 }
 
 /// Counts one server-side apply of the node side's fields by its outcome.
 pub fn status_write<T>(result: &Result<T, kube::Error>) {
-    metrics::counter!(
-        m::AGENT_STATUS_WRITES_TOTAL,
-        m::status_write_outcome::KEY => write_outcome(result),
-    )
-    .increment(1);
+    record::agent_status_writes(write_outcome(result));
 }
 
 /// Counts one route add or delete of `--node-routes` by whether the kernel accepted it.
-pub fn route_op(op: &'static str, ok: bool) {
+pub fn route_op(op: m::RouteOp, ok: bool) {
     let outcome = if ok {
-        m::route_outcome::OK
+        m::RouteOutcome::Ok
     } else {
-        m::route_outcome::ERROR
+        m::RouteOutcome::Error
     };
-    metrics::counter!(
-        m::AGENT_NODE_ROUTE_OPS_TOTAL,
-        m::route_op::KEY => op,
-        m::route_outcome::KEY => outcome,
-    )
-    .increment(1);
+    record::agent_node_route_ops(op, outcome);
 }
 
 /// Sets `tidepool_agent_node_routes`: the routes `--node-routes` owns now.
 pub fn node_routes(owned: usize) {
-    metrics::gauge!(m::AGENT_NODE_ROUTES).set(owned as f64);
+    record::agent_node_routes(owned as f64);
 }
 
 #[cfg(test)]

@@ -70,19 +70,20 @@ fn dual_stack() -> (NodeState, IpamNode) {
 
 #[test]
 fn ip_counts_come_from_the_state_and_the_node_per_family() {
+    use m::AgentIpsState::{Cooldown, Marked, Pool, Used};
     let (s, node) = dual_stack();
     assert_eq!(
         ip_counts(&s, Some(&node), Family::V4),
-        [("pool", 16), ("used", 2), ("cooldown", 1), ("marked", 4)]
+        [(Pool, 16), (Used, 2), (Cooldown, 1), (Marked, 4)]
     );
     assert_eq!(
         ip_counts(&s, Some(&node), Family::V6),
-        [("pool", 16), ("used", 1), ("cooldown", 0), ("marked", 0)]
+        [(Pool, 16), (Used, 1), (Cooldown, 0), (Marked, 0)]
     );
     // before the IPAMNode is read: no pool, nothing marked; the state still counts
     assert_eq!(
         ip_counts(&s, None, Family::V4),
-        [("pool", 0), ("used", 2), ("cooldown", 1), ("marked", 0)]
+        [(Pool, 0), (Used, 2), (Cooldown, 1), (Marked, 0)]
     );
 }
 
@@ -120,13 +121,13 @@ fn status_writes_are_told_apart_by_the_api_servers_answer() {
                 .boxed(),
         ))
     };
-    assert_eq!(write_outcome(&Ok::<_, kube::Error>(())), "ok");
-    assert_eq!(write_outcome(&api(409)), "conflict");
-    assert_eq!(write_outcome(&api(404)), "gone");
-    assert_eq!(write_outcome(&api(500)), "error");
-    assert_eq!(write_outcome(&api(429)), "error");
+    assert_eq!(write_outcome(&Ok::<_, kube::Error>(())).as_str(), "ok");
+    assert_eq!(write_outcome(&api(409)).as_str(), "conflict");
+    assert_eq!(write_outcome(&api(404)).as_str(), "gone");
+    assert_eq!(write_outcome(&api(500)).as_str(), "error");
+    assert_eq!(write_outcome(&api(429)).as_str(), "error");
     let other: Result<(), kube::Error> = Err(kube::Error::LinesCodecMaxLineLengthExceeded);
-    assert_eq!(write_outcome(&other), "error");
+    assert_eq!(write_outcome(&other).as_str(), "error");
 }
 
 /// Name, labels (sorted), value of one recorded series.

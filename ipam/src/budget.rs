@@ -87,10 +87,6 @@ use tokio::time::{Instant, Sleep};
 
 use crate::IpamError;
 
-/// The histogram recorded once per admitted [`Budget::acquire`].
-use tidepool_metrics::API_WAIT_SECONDS;
-use tidepool_metrics::api as api_label;
-
 /// Boost of any node with at least one pod waiting for an address.
 pub const POD_CLASS_BOOST: Duration = Duration::from_secs(30);
 /// Boost per waiting pod, up to [`MAX_COUNTED_PODS`] pods.
@@ -126,10 +122,7 @@ pub enum Api {
 impl Api {
     /// The `api` label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Api::Source => api_label::SOURCE,
-            Api::Kube => api_label::KUBE,
-        }
+        tidepool_metrics::Api::from(self).as_str()
     }
 
     fn qps_flag(self) -> &'static str {
@@ -143,6 +136,16 @@ impl Api {
         match self {
             Api::Source => "api-burst",
             Api::Kube => "kube-api-burst",
+        }
+    }
+}
+
+/// The metrics' `api` label.
+impl From<Api> for tidepool_metrics::Api {
+    fn from(api: Api) -> Self {
+        match api {
+            Api::Source => tidepool_metrics::Api::Source,
+            Api::Kube => tidepool_metrics::Api::Kube,
         }
     }
 }
@@ -628,9 +631,9 @@ impl Budget {
         }
     }
 
+    /// Records one admitted [`Budget::acquire`]'s wait.
     fn record(&self, wait: Duration) {
-        metrics::histogram!(API_WAIT_SECONDS, api_label::KEY => self.0.api.as_str())
-            .record(wait.as_secs_f64());
+        tidepool_metrics::record::api_wait(self.0.api.into(), wait);
     }
 
     /// How many callers are queued and not yet admitted (parked places included).
@@ -1337,7 +1340,7 @@ mod tests {
 
         let mut seen = std::collections::HashMap::new();
         for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            assert_eq!(key.key().name(), API_WAIT_SECONDS);
+            assert_eq!(key.key().name(), tidepool_metrics::API_WAIT_SECONDS);
             let api = key.key().labels().next().unwrap().value().to_owned();
             let DebugValue::Histogram(v) = value else {
                 panic!("not a histogram")

@@ -30,6 +30,8 @@ use crate::trigger::{self, Reason};
 use crate::types::{NodeInfo, NodeName};
 use crate::vocab::Blocked;
 
+use tidepool_metrics::record;
+
 /// The NodeManager. Cheap to clone.
 pub struct NodeManager<S, N, P> {
     shared: Arc<Shared<S, N, P>>,
@@ -122,10 +124,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         let watcher = mgr.clone();
         let mut rx = mgr.shared.leader.clone();
         mgr.tasks.lock().push(tokio::spawn(async move {
-            metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(*rx.borrow())));
+            record::leader(*rx.borrow());
             while rx.changed().await.is_ok() {
                 let leading = *rx.borrow_and_update();
-                metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(leading)));
+                record::leader(leading);
                 if leading {
                     watcher.shared.leader_epoch.fetch_add(1, Ordering::Relaxed);
                 }
@@ -150,7 +152,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             h.work.notify_waiters();
             return;
         }
-        let (trigger, rx) = trigger::trigger("pool-maintainer", self.shared.cfg.min_pass_interval);
+        let (trigger, rx) = trigger::trigger(
+            tidepool_metrics::Trigger::PoolMaintainer,
+            self.shared.cfg.min_pass_interval,
+        );
         let h = Arc::new(NodeHandle {
             name: info.name.clone(),
             trigger,
@@ -267,15 +272,14 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         for (_, h) in &due {
             h.trigger.trigger(Reason::Resync);
         }
-        metrics::counter!(tidepool_metrics::RESYNC_TOTAL).increment(1);
-        metrics::histogram!(tidepool_metrics::RESYNC_DURATION_SECONDS)
-            .record(started.elapsed().as_secs_f64());
+        record::resync();
+        record::resync_duration(started.elapsed());
         self.shared.stats.lock().publish();
         // Every operator gauge is set at each resync, so with the exporter's idle timeout
         // (`--per-node-metrics`) only the series nobody sets any more expire: a deleted
         // node's `tidepool_ipam_node_ips` (set here only for managed nodes, and only while
         // this replica leads: a follower's copies would be stale).
-        metrics::gauge!(tidepool_metrics::LEADER).set(f64::from(u8::from(self.shared.is_leader())));
+        record::leader(self.shared.is_leader());
         if self.shared.cfg.per_node_metrics && self.shared.is_leader() {
             for h in nodes.iter().filter(|h| !h.removed.load(Ordering::Relaxed)) {
                 let summary = h.state.lock().summary;

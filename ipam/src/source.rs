@@ -26,7 +26,7 @@ pub struct Quota {
 /// `describe` and `quota` are reads.
 pub trait IpSource: Send + Sync + 'static {
     /// The `source` metric label.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> tidepool_metrics::Source;
     /// Families this source serves.
     fn families(&self) -> &[Family];
     /// Addresses per grant unit (1 for per-address sources, 16 for a /28 block, 2^64 for

@@ -70,33 +70,32 @@ impl Stats {
 
     /// Sets the aggregate gauges.
     pub fn publish(&self) {
-        use tidepool_metrics as m;
+        use tidepool_metrics::{IpsState as St, NodeCategory as Cat, record};
         for f in Family::ALL {
             let t = self.ips.get(f);
             for (state, v) in [
-                ("allocated", t.allocated),
-                ("used", t.used),
-                ("free", t.free),
-                ("cooldown", t.cooldown),
-                ("needed", t.needed),
-                ("excess", t.excess),
+                (St::Allocated, t.allocated),
+                (St::Used, t.used),
+                (St::Free, t.free),
+                (St::Cooldown, t.cooldown),
+                (St::Needed, t.needed),
+                (St::Excess, t.excess),
             ] {
-                metrics::gauge!(m::IPS, "family" => f.as_str(), "state" => state).set(v as f64);
+                record::ips(f.into(), state, v as f64);
             }
         }
         for (category, v) in [
-            ("total", self.nodes),
-            ("in-deficit", self.in_deficit),
-            ("at-capacity", self.at_capacity),
-            ("releasing", self.releasing),
-            ("blocked", self.blocked),
+            (Cat::Total, self.nodes),
+            (Cat::InDeficit, self.in_deficit),
+            (Cat::AtCapacity, self.at_capacity),
+            (Cat::Releasing, self.releasing),
+            (Cat::Blocked, self.blocked),
         ] {
-            metrics::gauge!(m::NODES, "category" => category).set(v as f64);
+            record::nodes(category, v as f64);
         }
-        metrics::gauge!(m::RECLAIM_CANDIDATES).set(self.reclaim_candidates as f64);
+        record::reclaim_candidates(self.reclaim_candidates as f64);
         for f in Family::ALL {
-            metrics::gauge!(m::PODS_WAITING, m::family::KEY => f.as_str())
-                .set(*self.pods_waiting.get(f) as f64);
+            record::pods_waiting(f.into(), *self.pods_waiting.get(f) as f64);
         }
     }
 }
@@ -104,21 +103,19 @@ impl Stats {
 /// Sets one node's `tidepool_ipam_node_ips` gauges (`--per-node-metrics`), both families,
 /// the same states as the cluster-wide `tidepool_ipam_ips`.
 pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
-    use tidepool_metrics as m;
-    use tidepool_metrics::ips_state as st;
+    use tidepool_metrics::{IpsState as St, record};
     for f in Family::ALL {
         let c = s.counts.get(f);
         let z = s.sizing.get(f);
         for (state, v) in [
-            (st::ALLOCATED, c.allocated),
-            (st::USED, c.used),
-            (st::FREE, c.free()),
-            (st::COOLDOWN, c.cooldown),
-            (st::NEEDED, z.needed),
-            (st::EXCESS, z.excess),
+            (St::Allocated, c.allocated),
+            (St::Used, c.used),
+            (St::Free, c.free()),
+            (St::Cooldown, c.cooldown),
+            (St::Needed, z.needed),
+            (St::Excess, z.excess),
         ] {
-            metrics::gauge!(m::NODE_IPS, m::node::KEY => name.to_string(), m::family::KEY => f.as_str(), st::KEY => state)
-                .set(v as f64);
+            record::node_ips(name, f.into(), state, v as f64);
         }
     }
 }

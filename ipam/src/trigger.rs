@@ -36,6 +36,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use tidepool_metrics as m;
+use tidepool_metrics::record;
 
 /// Why a run was asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -176,7 +177,7 @@ impl fmt::Display for Reasons {
 
 /// State shared by the handles and the receiver.
 struct Shared {
-    name: &'static str,
+    name: m::Trigger,
     state: Mutex<State>,
     notify: Notify,
     /// Live [`Trigger`] handles.
@@ -228,9 +229,9 @@ pub struct Run {
 }
 
 /// A trigger named `name` (the metrics label `trigger`, e.g.
-/// [`tidepool_metrics::trigger::POOL_MAINTAINER`]; one name per kind, not per node) whose runs
+/// [`tidepool_metrics::Trigger::PoolMaintainer`]; one name per kind, not per node) whose runs
 /// start at least `min_interval` apart.
-pub fn trigger(name: &'static str, min_interval: Duration) -> (Trigger, TriggerRx) {
+pub fn trigger(name: m::Trigger, min_interval: Duration) -> (Trigger, TriggerRx) {
     let shared = Arc::new(Shared {
         name,
         state: Mutex::new(State::default()),
@@ -260,7 +261,7 @@ impl Shared {
             st.first_queued.get_or_insert_with(Instant::now);
             !std::mem::replace(&mut st.pending, true)
         };
-        metrics::counter!(m::TRIGGER_QUEUED_TOTAL, m::trigger::KEY => self.name).increment(1);
+        record::trigger_queued(self.name);
         if was_idle {
             // A stored permit if the receiver is not waiting yet: no wake-up is lost.
             self.notify.notify_one();
@@ -319,7 +320,7 @@ impl Drop for Trigger {
 impl fmt::Debug for Trigger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Trigger")
-            .field("name", &self.shared.name)
+            .field("name", &self.shared.name.as_str())
             .finish_non_exhaustive()
     }
 }
@@ -327,7 +328,7 @@ impl fmt::Debug for Trigger {
 impl fmt::Debug for TriggerRx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TriggerRx")
-            .field("name", &self.shared.name)
+            .field("name", &self.shared.name.as_str())
             .field("min_interval", &self.min_interval)
             .field("last_start", &self.last_start)
             .finish_non_exhaustive()
@@ -383,10 +384,9 @@ impl TriggerRx {
     pub fn finished(&mut self, run: &Run) {
         let name = self.shared.name;
         let duration = Instant::now().saturating_duration_since(run.started);
-        metrics::histogram!(m::TRIGGER_DURATION_SECONDS, m::trigger::KEY => name).record(duration);
-        metrics::histogram!(m::TRIGGER_FOLDS, m::trigger::KEY => name).record(f64::from(run.folds));
-        metrics::histogram!(m::TRIGGER_LATENCY_SECONDS, m::trigger::KEY => name)
-            .record(run.latency);
+        record::trigger_duration(name, duration);
+        record::trigger_folds(name, run.folds);
+        record::trigger_latency(name, run.latency);
     }
 
     #[cfg(test)]
@@ -404,7 +404,7 @@ impl TriggerRx {
 }
 
 /// Takes the pending state for a run starting `now`.
-fn take_run(name: &'static str, st: &mut State, now: Instant) -> Run {
+fn take_run(name: m::Trigger, st: &mut State, now: Instant) -> Run {
     let mut reasons = std::mem::take(&mut st.reasons);
     let mut folds = std::mem::take(&mut st.folds);
     let mut first = st.first_queued.take();
@@ -414,7 +414,7 @@ fn take_run(name: &'static str, st: &mut State, now: Instant) -> Run {
         reasons = reasons.union(std::mem::take(&mut st.deadline_reasons));
         folds = folds.saturating_add(1);
         first = Some(first.map_or(d, |f| f.min(d)));
-        metrics::counter!(m::TRIGGER_QUEUED_TOTAL, m::trigger::KEY => name).increment(1);
+        record::trigger_queued(name);
     }
     Run {
         reasons,
@@ -430,7 +430,7 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use tokio::time::{sleep, timeout};
 
-    const NAME: &str = m::trigger::POOL_MAINTAINER;
+    const NAME: m::Trigger = m::Trigger::PoolMaintainer;
     const MS: Duration = Duration::from_millis(1);
 
     /// No run within an hour of virtual time.
@@ -829,7 +829,7 @@ mod tests {
             let ok = key.name() == name
                 && key
                     .labels()
-                    .any(|l| l.key() == m::trigger::KEY && l.value() == NAME);
+                    .any(|l| l.key() == m::trigger::KEY && l.value() == NAME.as_str());
             ok.then_some(v)
         })
     }

@@ -38,6 +38,16 @@ impl Family {
     }
 }
 
+/// The metrics' `family` label.
+impl From<Family> for tidepool_metrics::Family {
+    fn from(f: Family) -> Self {
+        match f {
+            Family::V4 => tidepool_metrics::Family::Ipv4,
+            Family::V6 => tidepool_metrics::Family::Ipv6,
+        }
+    }
+}
+
 /// One value per family.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PerFamily<T> {
@@ -196,6 +206,19 @@ impl ReclaimReason {
             ReclaimReason::PodTerminal => "pod-terminal",
             ReclaimReason::SandboxReplaced => "sandbox-replaced",
             ReclaimReason::NodeDeleted => "node-deleted",
+        }
+    }
+}
+
+/// The reclaim metrics' `reason` label.
+impl From<ReclaimReason> for tidepool_metrics::ReclaimReason {
+    fn from(r: ReclaimReason) -> Self {
+        use tidepool_metrics::ReclaimReason as L;
+        match r {
+            ReclaimReason::PodDeleted => L::PodDeleted,
+            ReclaimReason::PodTerminal => L::PodTerminal,
+            ReclaimReason::SandboxReplaced => L::SandboxReplaced,
+            ReclaimReason::NodeDeleted => L::NodeDeleted,
         }
     }
 }
@@ -374,6 +397,22 @@ impl NodeInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The metrics' labels of a family and a reclaim reason are the strings the engine
+    /// recorded before it recorded through their enums.
+    #[test]
+    fn metric_labels_spell_as_the_engine_does() {
+        for f in Family::ALL {
+            assert_eq!(tidepool_metrics::Family::from(f).as_str(), f.as_str());
+        }
+        use ReclaimReason::*;
+        for r in [PodDeleted, PodTerminal, SandboxReplaced, NodeDeleted] {
+            assert_eq!(
+                tidepool_metrics::ReclaimReason::from(r).as_str(),
+                r.as_str()
+            );
+        }
+    }
 
     /// resourceVersions are compared for equality only: a store's counter and a server's
     /// string are different versions even when they spell the same.

@@ -86,8 +86,6 @@ use tidepool_ipam::{ErrorClass, IpamError};
 use tidepool_ipam::{Family, NodeName, PerFamily};
 use tidepool_ipam::{TokioGovernorClock, TokioInstant};
 
-/// The `source` metric label of the simulated cloud.
-pub const SOURCE_NAME: &str = tidepool_metrics::source::SIM_CLOUD;
 /// Nodes per subnet by default (DESIGN.md: a /16 per 1,000 nodes).
 pub const NODES_PER_SUBNET: u64 = 1_000;
 /// Default subnet prefix length.
@@ -880,8 +878,8 @@ impl SimCloud {
 }
 
 impl IpSource for SimCloud {
-    fn name(&self) -> &'static str {
-        SOURCE_NAME
+    fn name(&self) -> tidepool_metrics::Source {
+        tidepool_metrics::Source::SimCloud
     }
 
     fn families(&self) -> &[Family] {

@@ -212,8 +212,8 @@ impl FailFor {
 }
 
 impl IpSource for FailFor {
-    fn name(&self) -> &'static str {
-        "fail-for"
+    fn name(&self) -> tidepool_metrics::Source {
+        self.inner.name()
     }
     fn families(&self) -> &[Family] {
         self.inner.families()

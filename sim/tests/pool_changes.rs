@@ -13,6 +13,7 @@ use tidepool_ipam::IpamBlock;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::{Blocked, EventReason};
+use tidepool_metrics::RepairKind;
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pool_spec, pool_world};
@@ -148,7 +149,7 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         src.resync(&mut tidepool_ipam::Ungated).await;
         assert!(store.cached_block(&orphan.name).is_some(), "pass {pass}");
         let report = src.last_repair().unwrap();
-        assert_eq!(report.counts().get("orphan-block"), Some(&1));
+        assert_eq!(report.counts().get(&RepairKind::OrphanBlock), Some(&1));
     }
     src.resync(&mut tidepool_ipam::Ungated).await;
     assert!(
@@ -228,7 +229,11 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         src.resync(&mut tidepool_ipam::Ungated).await;
     }
     let report = src.last_repair().unwrap();
-    assert_eq!(report.counts().get("duplicate"), Some(&1), "{report:?}");
+    assert_eq!(
+        report.counts().get(&RepairKind::Duplicate),
+        Some(&1),
+        "{report:?}"
+    );
     assert_eq!(
         store.event_count(EventReason::Duplicate),
         2,

@@ -89,7 +89,7 @@ impl Recorded {
 }
 
 impl IpSource for Recorded {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> tidepool_metrics::Source {
         self.cloud.name()
     }
 

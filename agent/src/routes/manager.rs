@@ -105,7 +105,7 @@ async fn apply(table: &RouteTable, d: &Diff) -> (usize, usize) {
     let mut deleted = 0;
     for r in &d.delete {
         let done = table.delete(*r).await;
-        observe::route_op(m::route_op::DELETE, done.is_ok());
+        observe::route_op(m::RouteOp::Delete, done.is_ok());
         match done {
             Ok(()) => {
                 deleted += 1;
@@ -117,7 +117,7 @@ async fn apply(table: &RouteTable, d: &Diff) -> (usize, usize) {
     let mut added = 0;
     for r in &d.add {
         let done = table.add(*r).await;
-        observe::route_op(m::route_op::ADD, done.is_ok());
+        observe::route_op(m::RouteOp::Add, done.is_ok());
         match done {
             Ok(()) => {
                 added += 1;

@@ -18,14 +18,7 @@ use crate::store::NodeStore;
 use crate::trigger::Reason;
 use crate::types::{Family, OperatorFields};
 
-use tidepool_metrics as m;
-
-/// Records one API call's outcome.
-pub(super) fn api_call(api: &'static str, op: &'static str, ok: bool) {
-    let outcome = if ok { "success" } else { "failure" };
-    metrics::counter!(m::API_REQUESTS_TOTAL, "api" => api, "op" => op, "outcome" => outcome)
-        .increment(1);
-}
+use tidepool_metrics::{ApiOp, KubeOp, Outcome, SourceOp, record};
 
 /// A source budget token for one call of this pass. `pending`: the pass has changes of its
 /// own to write. Returns false when the call must wait for the next pass, which is then
@@ -143,15 +136,12 @@ pub(super) async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
         .source
         .allocate_gated(&h.name, family, count, gate)
         .await;
-    let src = shared.source.name();
-    let outcome = if r.is_ok() { "success" } else { "failure" };
-    api_call("source", "allocate", r.is_ok());
-    metrics::counter!(m::ALLOCATION_OPS_TOTAL, "source" => src, "outcome" => outcome).increment(1);
-    metrics::histogram!(m::ALLOCATION_DURATION_SECONDS, "op" => "allocate", "outcome" => outcome)
-        .record(started.elapsed().as_secs_f64());
+    let outcome = Outcome::of(&r);
+    record::api_requests(ApiOp::Source(SourceOp::Allocate), outcome.into());
+    record::allocation_ops(shared.source.name(), outcome);
+    record::allocation_duration(SourceOp::Allocate, outcome, started.elapsed());
     if let Ok(addrs) = &r {
-        metrics::counter!(m::IPS_ALLOCATED_TOTAL, "family" => family.as_str())
-            .increment(addrs.count(family));
+        record::ips_allocated(family.into(), addrs.count(family));
     }
     r
 }
@@ -167,17 +157,15 @@ pub(super) async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
     }
     let started = Instant::now();
     let r = shared.source.release_gated(&h.name, addrs, gate).await;
-    let outcome = if r.is_ok() { "success" } else { "failure" };
-    api_call("source", "release", r.is_ok());
-    metrics::counter!(m::RELEASE_OPS_TOTAL, "source" => shared.source.name(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!(m::ALLOCATION_DURATION_SECONDS, "op" => "release", "outcome" => outcome)
-        .record(started.elapsed().as_secs_f64());
+    let outcome = Outcome::of(&r);
+    record::api_requests(ApiOp::Source(SourceOp::Release), outcome.into());
+    record::release_ops(shared.source.name(), outcome);
+    record::allocation_duration(SourceOp::Release, outcome, started.elapsed());
     if r.is_ok() {
         for f in Family::ALL {
             let n = addrs.count(f);
             if n > 0 {
-                metrics::counter!(m::IPS_RELEASED_TOTAL, "family" => f.as_str()).increment(n);
+                record::ips_released(f.into(), n);
             }
         }
     }
@@ -249,7 +237,7 @@ pub(super) async fn write<S: IpSource, N: NodeStore, P: PodView>(
         .store
         .apply_operator_gated(&h.name, node_uid, fields, &mut gate)
         .await;
-    api_call("kube", "apply", r.is_ok());
+    record::api_requests(ApiOp::Kube(KubeOp::Apply), Outcome::of(&r).into());
     let written = r?;
     if let Some(rv) = &written.resource_version {
         h.own_write.store(rv.fingerprint(), Ordering::Relaxed);

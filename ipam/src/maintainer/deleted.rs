@@ -3,7 +3,7 @@
 use tokio::time::Instant;
 
 use super::Outcome;
-use super::calls::{Requests, api_call, source_release};
+use super::calls::{Requests, source_release};
 use crate::budget::Api;
 use crate::error::IpamError;
 use crate::pods::PodView;
@@ -12,7 +12,7 @@ use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::vocab::EventReason;
 
-use tidepool_metrics as m;
+use tidepool_metrics::{ApiOp, ApiOutcome, KubeOp, ReclaimOutcome, ReclaimReason, record};
 
 /// Whole-node reclaim (DESIGN.md): only when no non-terminal pod is bound to the node
 /// name and either the source says the machine is gone or `node_reclaim_grace` has passed
@@ -54,8 +54,7 @@ pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     if let Some(node) = shared.store.get(&h.name).await? {
         let n = node.node.used.len() as u64;
         if n > 0 {
-            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => "node-deleted", "outcome" => "reclaimed")
-                .increment(n);
+            record::reclaims(ReclaimReason::NodeDeleted, ReclaimOutcome::Reclaimed, n);
             shared.store.event(
                 &h.name,
                 EventType::Normal,
@@ -69,6 +68,6 @@ pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
         leader: &shared.leader,
     };
     shared.store.remove_gated(&h.name, &mut gate).await?;
-    api_call("kube", "delete", true);
+    record::api_requests(ApiOp::Kube(KubeOp::Delete), ApiOutcome::Success);
     Ok(Outcome::Finished)
 }

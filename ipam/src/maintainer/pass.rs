@@ -174,7 +174,7 @@ fn observe_waits<S: IpSource, N: NodeStore, P: PodView>(
             .with_pod(uid, |p| p.is_some_and(|p| !p.phase.is_terminal()))
     };
     for wait in local.waits.look(now, pending, &node.node.used, alive) {
-        metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(wait.as_secs_f64());
+        m::record::pod_ip_wait(wait);
     }
 }
 
@@ -261,7 +261,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             };
             plan::tombstone(self.fields.to_mut(), g, entries);
             let latency = self.now.saturating_duration_since(g.first_observed);
-            metrics::histogram!(m::RECLAIM_LATENCY_SECONDS).record(latency.as_secs_f64());
+            m::record::reclaim_latency(latency);
         }
     }
 
@@ -385,7 +385,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
         } else {
             Err(IpamError::NotLeader)
         };
-        calls::api_call("kube", "mark", r.is_ok());
+        m::record::api_requests(m::ApiOp::KubeMark, m::Outcome::of(&r).into());
         if let Err(e) = r {
             self.failure.get_or_insert(e);
         }
@@ -407,8 +407,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
         };
         self.local.needs_describe |= self.rule.unsure_after_failure(&self.fields);
         for (addr, t) in self.rule.new_tombstones(&self.fields) {
-            metrics::counter!(m::RECLAIMS_TOTAL, "reason" => t.reason.as_str(), "outcome" => "failed")
-                .increment(1);
+            m::record::reclaims(t.reason.into(), m::ReclaimOutcome::Failed, 1);
             let message = format!(
                 "could not write the tombstone for {addr} of pod {}: {e}",
                 t.pod_uid

@@ -13,7 +13,7 @@ use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::types::{AllocationId, IpamNode, ReclaimAck};
 
-use tidepool_metrics as m;
+use tidepool_metrics::record;
 
 /// The node side answered the tombstone on `addr` ([`Answered::of`]): counted and reported
 /// on the pod and the IPAMNode; a `live` answer is refused, so that allocation is not
@@ -33,7 +33,7 @@ pub(super) fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
     if a.refused {
         mem.reclaim.refuse(ack.pod_uid, ack.allocation);
     }
-    metrics::counter!(m::RECLAIMS_TOTAL, "reason" => a.label, "outcome" => a.outcome).increment(1);
+    record::reclaims(a.label, a.outcome, 1);
     (shared.pods).event(ack.pod_uid, a.type_, a.reason, a.message.clone());
     shared.store.event(&h.name, a.type_, a.reason, a.message);
 }

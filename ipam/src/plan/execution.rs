@@ -188,8 +188,8 @@ pub(crate) fn tombstone(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Answered {
     /// The reclaim metric's `reason` and `outcome` labels.
-    pub label: &'static str,
-    pub outcome: &'static str,
+    pub label: m::ReclaimReason,
+    pub outcome: m::ReclaimOutcome,
     pub type_: EventType,
     pub reason: EventReason,
     pub message: String,
@@ -205,13 +205,13 @@ impl Answered {
         let live = ack.outcome == ReclaimOutcome::Live;
         let (outcome, type_, reason, verb) = match ack.outcome {
             ReclaimOutcome::Reclaimed => (
-                m::reclaim_outcome::RECLAIMED,
+                m::ReclaimOutcome::Reclaimed,
                 EventType::Normal,
                 EventReason::GarbageCollected,
                 "reclaimed",
             ),
             ReclaimOutcome::Live => (
-                m::reclaim_outcome::REFUSED,
+                m::ReclaimOutcome::Refused,
                 EventType::Warning,
                 EventReason::GarbageCollectionFailed,
                 "did not reclaim",
@@ -219,7 +219,7 @@ impl Answered {
             ReclaimOutcome::Stale => return None,
         };
         let tombstone = node.operator.reclaim.get(addr);
-        let label = tombstone.map_or("pod-deleted", |t| t.reason.as_str());
+        let label = tombstone.map_or(m::ReclaimReason::PodDeleted, |t| t.reason.into());
         let pod = match node.node.used.get(addr) {
             Some(e) if live => format!("{}/{} ({})", e.namespace, e.pod, ack.pod_uid),
             _ => ack.pod_uid.to_string(),

@@ -255,8 +255,8 @@ fn answers_are_reported_by_outcome_and_a_live_one_names_the_pod_and_is_refused()
     assert!(live.refused);
     assert_eq!(live.type_, EventType::Warning);
     assert_eq!(live.reason, EventReason::GarbageCollectionFailed);
-    assert_eq!(live.label, ReclaimReason::PodTerminal.as_str());
-    assert_eq!(live.outcome, m::reclaim_outcome::REFUSED);
+    assert_eq!(live.label.as_str(), ReclaimReason::PodTerminal.as_str());
+    assert_eq!(live.outcome.as_str(), m::reclaim_outcome::REFUSED);
     assert!(live.message.contains("ns/web"), "{}", live.message);
     assert!(
         live.message
@@ -266,7 +266,7 @@ fn answers_are_reported_by_outcome_and_a_live_one_names_the_pod_and_is_refused()
     let done = Answered::of(&node, "n", &a(1), &ack(ReclaimOutcome::Reclaimed)).expect("reported");
     assert!(!done.refused);
     assert_eq!(
-        (done.type_, done.reason, done.outcome),
+        (done.type_, done.reason, done.outcome.as_str()),
         (
             EventType::Normal,
             EventReason::GarbageCollected,
@@ -277,7 +277,8 @@ fn answers_are_reported_by_outcome_and_a_live_one_names_the_pod_and_is_refused()
     assert_eq!(
         Answered::of(&node, "n", &a(9), &ack(ReclaimOutcome::Reclaimed))
             .expect("reported")
-            .label,
+            .label
+            .as_str(),
         "pod-deleted",
         "no tombstone left: the default reason"
     );

@@ -67,6 +67,8 @@ use super::set::{BlockRecord, PoolSet};
 use super::{PoolError, family_of, span};
 use crate::types::{Family, IpamNode, NodeInfo, NodeName, PodUid};
 
+use tidepool_metrics::RepairKind;
+
 /// Consecutive passes a leak-like finding must be seen in before [`RepairTracker::fixes`]
 /// proposes its fix.
 pub const PASSES_BEFORE_FIX: u32 = 3;
@@ -259,14 +261,13 @@ pub enum RepairFinding {
 
 impl RepairFinding {
     /// The `kind` label of `tidepool_ipam_repair_issues_total`.
-    pub fn kind(&self) -> &'static str {
-        use tidepool_metrics::repair_kind as k;
+    pub fn kind(&self) -> RepairKind {
         match self {
-            RepairFinding::OrphanBlock { .. } => k::ORPHAN_BLOCK,
-            RepairFinding::Leaked { .. } => k::LEAKED,
-            RepairFinding::Duplicate(_) => k::DUPLICATE,
-            RepairFinding::OutOfRange { .. } => k::OUT_OF_RANGE,
-            RepairFinding::UnknownPool { .. } => k::UNKNOWN_POOL,
+            RepairFinding::OrphanBlock { .. } => RepairKind::OrphanBlock,
+            RepairFinding::Leaked { .. } => RepairKind::Leaked,
+            RepairFinding::Duplicate(_) => RepairKind::Duplicate,
+            RepairFinding::OutOfRange { .. } => RepairKind::OutOfRange,
+            RepairFinding::UnknownPool { .. } => RepairKind::UnknownPool,
         }
     }
 
@@ -310,11 +311,9 @@ pub struct RepairReport {
 
 impl RepairReport {
     /// Findings per `kind` label, every label present (zero included), in label order.
-    pub fn counts(&self) -> BTreeMap<&'static str, usize> {
-        let mut out: BTreeMap<&'static str, usize> = tidepool_metrics::repair_kind::ALL
-            .iter()
-            .map(|k| (*k, 0))
-            .collect();
+    pub fn counts(&self) -> BTreeMap<RepairKind, usize> {
+        let mut out: BTreeMap<RepairKind, usize> =
+            RepairKind::ALL.iter().map(|k| (*k, 0)).collect();
         for f in &self.findings {
             *out.entry(f.kind()).or_default() += 1;
         }
@@ -335,7 +334,7 @@ impl RepairReport {
     }
 
     /// The findings of one kind label.
-    pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a RepairFinding> + 'a {
+    pub fn of_kind(&self, kind: RepairKind) -> impl Iterator<Item = &RepairFinding> + '_ {
         self.findings.iter().filter(move |f| f.kind() == kind)
     }
 }
@@ -1075,7 +1074,11 @@ mod tests {
                 },
             ]
         );
-        assert!(r.findings.iter().all(|f| f.kind() == "orphan-block"));
+        assert!(
+            r.findings
+                .iter()
+                .all(|f| f.kind() == RepairKind::OrphanBlock)
+        );
         assert!(r.findings.iter().all(RepairFinding::is_leak_like));
         assert_eq!(
             r.findings[0].fix(),
@@ -1108,7 +1111,7 @@ mod tests {
                 },
             ]
         );
-        assert!(r.findings.iter().all(|f| f.kind() == "leaked"));
+        assert!(r.findings.iter().all(|f| f.kind() == RepairKind::Leaked));
         assert_eq!(
             r.findings[0].fix(),
             Some(RepairFix::Tombstone {
@@ -1124,8 +1127,8 @@ mod tests {
             &[ipam_node("n1", 1, &[("10.0.0.17", 10)])],
             &live(&[("n1", 1)]),
         );
-        assert_eq!(r.counts()["leaked"], 1);
-        assert_eq!(r.counts()["orphan-block"], 1);
+        assert_eq!(r.counts()[&RepairKind::Leaked], 1);
+        assert_eq!(r.counts()[&RepairKind::OrphanBlock], 1);
     }
 
     #[test]
@@ -1145,7 +1148,7 @@ mod tests {
             owner: bref(&blocks[1]),
         });
         assert_eq!(r.findings, vec![dup.clone()]);
-        assert_eq!(dup.kind(), "duplicate");
+        assert_eq!(dup.kind(), RepairKind::Duplicate);
         assert_eq!(dup.fix(), None);
         assert_eq!(
             r.nodes_to_block(),
@@ -1219,8 +1222,8 @@ mod tests {
             block("a", "10.0.0.0/26", "n2", 2),
         ];
         let r = check::<IpamNode>(&pools(), &blocks, &[], &live(&[("n1", 1), ("n2", 2)]));
-        assert_eq!(r.counts()["duplicate"], 1);
-        assert_eq!(r.counts()["out-of-range"], 1);
+        assert_eq!(r.counts()[&RepairKind::Duplicate], 1);
+        assert_eq!(r.counts()[&RepairKind::OutOfRange], 1);
     }
 
     #[test]
@@ -1254,9 +1257,9 @@ mod tests {
         let blocks = [block("a", "10.0.0.32/28", "gone", 2)];
         let nodes = [ipam_node("live", 1, &[("10.0.0.33", 10)])];
         let r = check(&pools(), &blocks, &nodes, &live(&[("live", 1)]));
-        assert_eq!(r.counts()["orphan-block"], 1);
-        assert_eq!(r.counts()["leaked"], 1);
-        assert_eq!(r.counts()["duplicate"], 0);
+        assert_eq!(r.counts()[&RepairKind::OrphanBlock], 1);
+        assert_eq!(r.counts()[&RepairKind::Leaked], 1);
+        assert_eq!(r.counts()[&RepairKind::Duplicate], 0);
         // both gone: both claims are orphans
         let blocks = [
             block("a", "10.0.0.16/28", "g1", 1),
@@ -1267,9 +1270,9 @@ mod tests {
             ipam_node("g2", 2, &[("10.0.0.17", 20)]),
         ];
         let r = check(&pools(), &blocks, &nodes, &live(&[]));
-        assert_eq!(r.counts()["orphan-block"], 2);
-        assert_eq!(r.counts()["leaked"], 2);
-        assert_eq!(r.counts()["duplicate"], 0);
+        assert_eq!(r.counts()[&RepairKind::OrphanBlock], 2);
+        assert_eq!(r.counts()[&RepairKind::Leaked], 2);
+        assert_eq!(r.counts()[&RepairKind::Duplicate], 0);
     }
 
     #[test]
@@ -1329,9 +1332,9 @@ mod tests {
             })
             .collect();
         assert_eq!(addr.len(), 2);
-        assert_eq!(r.counts()["out-of-range"], 7);
-        assert_eq!(r.counts()["leaked"], 1);
-        assert!(r.of_kind("out-of-range").all(|f| f.fix().is_none()));
+        assert_eq!(r.counts()[&RepairKind::OutOfRange], 7);
+        assert_eq!(r.counts()[&RepairKind::Leaked], 1);
+        assert!(r.of_kind(RepairKind::OutOfRange).all(|f| f.fix().is_none()));
     }
 
     #[test]
@@ -1354,7 +1357,11 @@ mod tests {
                 },
             ]
         );
-        assert!(r.findings.iter().all(|f| f.kind() == "unknown-pool"));
+        assert!(
+            r.findings
+                .iter()
+                .all(|f| f.kind() == RepairKind::UnknownPool)
+        );
         assert!(r.findings.iter().all(|f| f.fix().is_none()));
     }
 
@@ -1377,11 +1384,13 @@ mod tests {
             .findings
             .iter()
             .filter_map(|f| match f {
-                RepairFinding::UnknownPool { block, .. } => Some((block.name.as_str(), f.kind())),
+                RepairFinding::UnknownPool { block, .. } => {
+                    Some((block.name.as_str(), f.kind().as_str()))
+                }
                 RepairFinding::OutOfRange {
                     subject: RangeSubject::Block(block),
                     ..
-                } => Some((block.name.as_str(), f.kind())),
+                } => Some((block.name.as_str(), f.kind().as_str())),
                 _ => None,
             })
             .collect();
@@ -1414,8 +1423,8 @@ mod tests {
     fn fixes_only_on_the_third_consecutive_pass() {
         let mut t = RepairTracker::new();
         let r = orphan_world(true);
-        assert_eq!(r.counts()["orphan-block"], 1);
-        assert_eq!(r.counts()["leaked"], 1);
+        assert_eq!(r.counts()[&RepairKind::OrphanBlock], 1);
+        assert_eq!(r.counts()[&RepairKind::Leaked], 1);
         t.observe(&r);
         assert_eq!(t.fixes(), vec![]);
         t.observe(&r);
@@ -1482,7 +1491,12 @@ mod tests {
     fn kinds_are_the_metric_labels() {
         let all: BTreeSet<&str> = tidepool_metrics::repair_kind::ALL.iter().copied().collect();
         let r = RepairReport::default();
-        assert_eq!(r.counts().keys().copied().collect::<BTreeSet<_>>(), all);
+        let kinds = r
+            .counts()
+            .keys()
+            .map(|k| k.as_str())
+            .collect::<BTreeSet<_>>();
+        assert_eq!(kinds, all);
     }
 
     // ------------------------------------------------------------ properties

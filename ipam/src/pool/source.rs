@@ -50,7 +50,7 @@ use crate::types::{
 };
 use crate::vocab::EventReason;
 
-use tidepool_metrics as m;
+use tidepool_metrics::{BlockState, PoolState, record};
 
 /// A pool and the labels a node must carry to get it (empty: no selector).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -580,33 +580,29 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             }
             let report = repair::check(&s.pools, &claims, &nodes, &live);
             for (kind, n) in report.counts() {
-                metrics::counter!(m::REPAIR_ISSUES_TOTAL, m::repair_kind::KEY => kind)
-                    .increment(n as u64);
+                record::repair_issues(kind, n as u64);
             }
             for p in s.pools.valid() {
                 for f in Family::ALL {
                     if let Some(fi) = p.family(f) {
                         let c = fi.addresses();
-                        let name = p.name().to_string();
                         for (state, v) in [
-                            (m::pool_state::CAPACITY, c.capacity),
-                            (m::pool_state::ALLOCATED, c.allocated),
-                            (m::pool_state::FREE, c.free),
+                            (PoolState::Capacity, c.capacity),
+                            (PoolState::Allocated, c.allocated),
+                            (PoolState::Free, c.free),
                         ] {
-                            metrics::gauge!(m::POOL_IPS, m::pool::KEY => name.clone(), m::family::KEY => f.as_str(), m::pool_state::KEY => state)
-                                .set(v as f64);
+                            record::pool_ips(p.name(), f.into(), state, v as f64);
                         }
                     }
                 }
             }
             for ((pool, f), fill) in super::fill::block_fill(&s.pools, &claims, &nodes) {
                 for (state, v) in [
-                    (m::block_state::FULL, fill.full),
-                    (m::block_state::PARTIAL, fill.partial),
-                    (m::block_state::EMPTY, fill.empty),
+                    (BlockState::Full, fill.full),
+                    (BlockState::Partial, fill.partial),
+                    (BlockState::Empty, fill.empty),
                 ] {
-                    metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => pool.clone(), m::family::KEY => f.as_str(), m::block_state::KEY => state)
-                        .set(v as f64);
+                    record::pool_blocks(&pool, f.into(), state, v as f64);
                 }
             }
             // a duplicate between live nodes is never fixed: both nodes hear of it once
@@ -664,8 +660,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
 }
 
 impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
-    fn name(&self) -> &'static str {
-        tidepool_metrics::source::CLUSTER_POOL
+    fn name(&self) -> tidepool_metrics::Source {
+        tidepool_metrics::Source::ClusterPool
     }
 
     fn families(&self) -> &[Family] {

@@ -184,8 +184,8 @@ impl MemorySource {
 }
 
 impl IpSource for MemorySource {
-    fn name(&self) -> &'static str {
-        tidepool_metrics::source::MEMORY
+    fn name(&self) -> tidepool_metrics::Source {
+        tidepool_metrics::Source::Memory
     }
 
     fn families(&self) -> &[Family] {

@@ -159,7 +159,7 @@ impl Elector {
             return Step::Lost(StepDown::DeadlinePassed);
         }
         if !was_leading {
-            metrics::counter!(tidepool_metrics::LEADER_TRANSITIONS_TOTAL).increment(1);
+            tidepool_metrics::record::leader_transitions();
             tracing::info!(identity = %self.config.identity, ?decision, lease = %self.config.name, "leading");
         }
         Step::Next(start + self.config.retry_period)

@@ -232,7 +232,7 @@ impl Leadership {
 
 /// Counts one write a write path did not send because this replica does not lead.
 pub fn count_refused_write() {
-    metrics::counter!(tidepool_metrics::LEADER_WRITES_REFUSED_TOTAL).increment(1);
+    tidepool_metrics::record::leader_writes_refused();
 }
 
 #[cfg(test)]

@@ -1,0 +1,253 @@
+//! Recording: one function per metric, named after it (without `_total` or `_seconds`), so
+//! that no caller spells a label. Each takes its labels' values typed ([`Family`],
+//! [`IpsState`], ...; a free string only for `pool` and `node`) and sets them under the same
+//! keys, in the same order, as the table that [`crate::register_zero`] registers at zero, so
+//! a recording lands on the series the exporter exported from the start.
+//!
+//! Counters take how much they grow, gauges their value, histograms of seconds a
+//! [`Duration`]. Recording goes through the [`metrics`] facade: with no recorder installed it
+//! does nothing.
+
+use std::time::Duration;
+
+use crate::labels::*;
+use crate::names::*;
+
+// ---------------------------------------------------------------------------------------------
+// The operator's.
+
+/// Sets [`IPS`]: the cluster's addresses of `family` in `state`.
+pub fn ips(family: Family, state: IpsState, value: f64) {
+    metrics::gauge!(IPS, family::KEY => family.as_str(), ips_state::KEY => state.as_str())
+        .set(value);
+}
+
+/// Sets [`NODES`]: the nodes in `category`.
+pub fn nodes(category: NodeCategory, value: f64) {
+    metrics::gauge!(NODES, node_category::KEY => category.as_str()).set(value);
+}
+
+/// Sets [`POOL_IPS`]: the addresses of `family` in `state` of the IPPool named `pool`.
+pub fn pool_ips(pool: &str, family: Family, state: PoolState, value: f64) {
+    metrics::gauge!(
+        POOL_IPS,
+        pool::KEY => pool.to_owned(),
+        family::KEY => family.as_str(),
+        pool_state::KEY => state.as_str(),
+    )
+    .set(value);
+}
+
+/// Counts one allocation call to the IP source ([`ALLOCATION_OPS_TOTAL`]).
+pub fn allocation_ops(source: Source, outcome: Outcome) {
+    metrics::counter!(
+        ALLOCATION_OPS_TOTAL,
+        source::KEY => source.as_str(),
+        outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// Counts one release call to the IP source ([`RELEASE_OPS_TOTAL`]).
+pub fn release_ops(source: Source, outcome: Outcome) {
+    metrics::counter!(
+        RELEASE_OPS_TOTAL,
+        source::KEY => source.as_str(),
+        outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// Adds `n` addresses of `family` granted to nodes ([`IPS_ALLOCATED_TOTAL`]).
+pub fn ips_allocated(family: Family, n: u64) {
+    metrics::counter!(IPS_ALLOCATED_TOTAL, family::KEY => family.as_str()).increment(n);
+}
+
+/// Adds `n` addresses of `family` released back to their source ([`IPS_RELEASED_TOTAL`]).
+pub fn ips_released(family: Family, n: u64) {
+    metrics::counter!(IPS_RELEASED_TOTAL, family::KEY => family.as_str()).increment(n);
+}
+
+/// Records how long one source call took ([`ALLOCATION_DURATION_SECONDS`]).
+pub fn allocation_duration(op: SourceOp, outcome: Outcome, took: Duration) {
+    metrics::histogram!(
+        ALLOCATION_DURATION_SECONDS,
+        source_op::KEY => op.as_str(),
+        outcome::KEY => outcome.as_str(),
+    )
+    .record(took);
+}
+
+/// Sets [`RECLAIM_CANDIDATES`].
+pub fn reclaim_candidates(value: f64) {
+    metrics::gauge!(RECLAIM_CANDIDATES).set(value);
+}
+
+/// Adds `n` reclaims for `reason` that ended in `outcome` ([`RECLAIMS_TOTAL`]).
+pub fn reclaims(reason: ReclaimReason, outcome: ReclaimOutcome, n: u64) {
+    metrics::counter!(
+        RECLAIMS_TOTAL,
+        reclaim_reason::KEY => reason.as_str(),
+        reclaim_outcome::KEY => outcome.as_str(),
+    )
+    .increment(n);
+}
+
+/// Records one pod's time from gone to its tombstone written ([`RECLAIM_LATENCY_SECONDS`]).
+pub fn reclaim_latency(latency: Duration) {
+    metrics::histogram!(RECLAIM_LATENCY_SECONDS).record(latency);
+}
+
+/// Counts one periodic resync ([`RESYNC_TOTAL`]).
+pub fn resync() {
+    metrics::counter!(RESYNC_TOTAL).increment(1);
+}
+
+/// Records how long one resync took ([`RESYNC_DURATION_SECONDS`]).
+pub fn resync_duration(took: Duration) {
+    metrics::histogram!(RESYNC_DURATION_SECONDS).record(took);
+}
+
+/// Counts one call of `trigger` ([`TRIGGER_QUEUED_TOTAL`]).
+pub fn trigger_queued(trigger: Trigger) {
+    metrics::counter!(TRIGGER_QUEUED_TOTAL, trigger::KEY => trigger.as_str()).increment(1);
+}
+
+/// Records how many calls of `trigger` one run folded ([`TRIGGER_FOLDS`]).
+pub fn trigger_folds(trigger: Trigger, folds: u32) {
+    metrics::histogram!(TRIGGER_FOLDS, trigger::KEY => trigger.as_str()).record(f64::from(folds));
+}
+
+/// Records one run's wait from its first call to its start ([`TRIGGER_LATENCY_SECONDS`]).
+pub fn trigger_latency(trigger: Trigger, latency: Duration) {
+    metrics::histogram!(TRIGGER_LATENCY_SECONDS, trigger::KEY => trigger.as_str()).record(latency);
+}
+
+/// Records how long one run of `trigger` took ([`TRIGGER_DURATION_SECONDS`]).
+pub fn trigger_duration(trigger: Trigger, took: Duration) {
+    metrics::histogram!(TRIGGER_DURATION_SECONDS, trigger::KEY => trigger.as_str()).record(took);
+}
+
+/// Counts one budgeted mutating API call ([`API_REQUESTS_TOTAL`]).
+pub fn api_requests(op: ApiOp, outcome: ApiOutcome) {
+    metrics::counter!(
+        API_REQUESTS_TOTAL,
+        api::KEY => op.api().as_str(),
+        api::OP_KEY => op.as_str(),
+        api_outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// Records one call's wait for a token of the `api` budget ([`API_WAIT_SECONDS`]).
+pub fn api_wait(api: Api, wait: Duration) {
+    metrics::histogram!(API_WAIT_SECONDS, api::KEY => api.as_str()).record(wait);
+}
+
+/// Adds `n` issues of `kind` found by repair ([`REPAIR_ISSUES_TOTAL`]).
+pub fn repair_issues(kind: RepairKind, n: u64) {
+    metrics::counter!(REPAIR_ISSUES_TOTAL, repair_kind::KEY => kind.as_str()).increment(n);
+}
+
+/// Sets [`NODE_IPS`]: the addresses of `family` in `state` of the node named `node`.
+pub fn node_ips(node: &str, family: Family, state: IpsState, value: f64) {
+    metrics::gauge!(
+        NODE_IPS,
+        node::KEY => node.to_owned(),
+        family::KEY => family.as_str(),
+        ips_state::KEY => state.as_str(),
+    )
+    .set(value);
+}
+
+/// Sets [`PODS_WAITING`]: the pods waiting for an address of `family`.
+pub fn pods_waiting(family: Family, value: f64) {
+    metrics::gauge!(PODS_WAITING, family::KEY => family.as_str()).set(value);
+}
+
+/// Records one pod's wait from bound to its address in use ([`POD_IP_WAIT_SECONDS`]).
+pub fn pod_ip_wait(wait: Duration) {
+    metrics::histogram!(POD_IP_WAIT_SECONDS).record(wait);
+}
+
+/// Sets [`POOL_BLOCKS`]: the claimed blocks of `family` in `state` of the IPPool named `pool`.
+pub fn pool_blocks(pool: &str, family: Family, state: BlockState, value: f64) {
+    metrics::gauge!(
+        POOL_BLOCKS,
+        pool::KEY => pool.to_owned(),
+        family::KEY => family.as_str(),
+        block_state::KEY => state.as_str(),
+    )
+    .set(value);
+}
+
+/// Sets [`LEADER`]: 1 while `leading`, else 0.
+pub fn leader(leading: bool) {
+    metrics::gauge!(LEADER).set(f64::from(u8::from(leading)));
+}
+
+/// Counts one acquisition of the leader lease ([`LEADER_TRANSITIONS_TOTAL`]).
+pub fn leader_transitions() {
+    metrics::counter!(LEADER_TRANSITIONS_TOTAL).increment(1);
+}
+
+/// Counts one write not sent for want of the lead ([`LEADER_WRITES_REFUSED_TOTAL`]).
+pub fn leader_writes_refused() {
+    metrics::counter!(LEADER_WRITES_REFUSED_TOTAL).increment(1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node agent's.
+
+/// Counts one answered CNI request ([`AGENT_CNI_REQUESTS_TOTAL`]).
+pub fn agent_cni_requests(verb: CniVerb, outcome: CniOutcome) {
+    metrics::counter!(
+        AGENT_CNI_REQUESTS_TOTAL,
+        cni_verb::KEY => verb.as_str(),
+        cni_outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// Records one CNI request's time from receipt to reply ([`AGENT_CNI_DURATION_SECONDS`]).
+pub fn agent_cni_duration(verb: CniVerb, took: Duration) {
+    metrics::histogram!(AGENT_CNI_DURATION_SECONDS, cni_verb::KEY => verb.as_str()).record(took);
+}
+
+/// Sets [`AGENT_IPS`]: the node's addresses of `family` in `state`.
+pub fn agent_ips(family: Family, state: AgentIpsState, value: f64) {
+    metrics::gauge!(
+        AGENT_IPS,
+        family::KEY => family.as_str(),
+        agent_ips_state::KEY => state.as_str(),
+    )
+    .set(value);
+}
+
+/// Counts one server-side apply of the node side's fields ([`AGENT_STATUS_WRITES_TOTAL`]).
+pub fn agent_status_writes(outcome: StatusWriteOutcome) {
+    metrics::counter!(
+        AGENT_STATUS_WRITES_TOTAL,
+        status_write_outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+/// Sets [`AGENT_NODE_ROUTES`]: the routes `--node-routes` owns now.
+pub fn agent_node_routes(value: f64) {
+    metrics::gauge!(AGENT_NODE_ROUTES).set(value);
+}
+
+/// Counts one route add or delete ([`AGENT_NODE_ROUTE_OPS_TOTAL`]).
+pub fn agent_node_route_ops(op: RouteOp, outcome: RouteOutcome) {
+    metrics::counter!(
+        AGENT_NODE_ROUTE_OPS_TOTAL,
+        route_op::KEY => op.as_str(),
+        route_outcome::KEY => outcome.as_str(),
+    )
+    .increment(1);
+}
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;
