@@ -20,7 +20,7 @@ use tidepool_ipam::{Blocked, ConditionReason, ConditionType, EventReason};
 use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
-use tidepool_ipam::{Faults, IpSource, MemorySource, Quota};
+use tidepool_ipam::{Faults, Gate, IpSource, MemorySource, Quota, Ungated};
 use tidepool_ipam::{MemoryNodeStore, NodeStore};
 use tidepool_sim::World;
 use tokio::sync::watch;
@@ -224,25 +224,34 @@ impl IpSource for FailFor {
     fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
         self.inner.prepare_allocation(node, family, want, limit)
     }
-    async fn allocate(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
+        gate.request().await?;
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
-        self.inner.allocate(node, family, count).await
+        // (its one request admitted above, the failure's too)
+        self.inner.allocate(node, family, count, &mut Ungated).await
     }
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
         self.inner.prepare_release(node, free, max)
     }
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+    async fn release<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        gate.request().await?;
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
-        self.inner.release(node, addrs).await
+        self.inner.release(node, addrs, &mut Ungated).await
     }
     async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         self.inner.describe(node).await

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use tidepool_ipam::PodPhase;
-use tidepool_ipam::{EventReason, NodeStore};
+use tidepool_ipam::{EventReason, NodeStore, Ungated};
 use tidepool_ipam::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
 use tidepool_sim::{World, WorldConfig};
 
@@ -379,7 +379,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
     );
     world
         .store
-        .apply_operator(&n, node.node_uid, fields)
+        .apply_operator(&n, node.node_uid, fields, &mut Ungated)
         .await
         .unwrap();
     advance(secs(1)).await;
@@ -584,7 +584,7 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     );
     world
         .store
-        .apply_operator(&n, node.node_uid, fields)
+        .apply_operator(&n, node.node_uid, fields, &mut Ungated)
         .await
         .unwrap();
     advance(secs(1)).await;

@@ -139,10 +139,7 @@ pub(super) async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared
-        .source
-        .allocate_gated(&h.name, family, count, gate)
-        .await;
+    let r = shared.source.allocate(&h.name, family, count, gate).await;
     let src = shared.source.name();
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "allocate", r.is_ok());
@@ -166,7 +163,7 @@ pub(super) async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.release_gated(&h.name, addrs, gate).await;
+    let r = shared.source.release(&h.name, addrs, gate).await;
     let outcome = if r.is_ok() { "success" } else { "failure" };
     api_call("source", "release", r.is_ok());
     metrics::counter!(m::RELEASE_OPS_TOTAL, "source" => shared.source.name(), "outcome" => outcome)
@@ -247,7 +244,7 @@ pub(super) async fn write<S: IpSource, N: NodeStore, P: PodView>(
     };
     let r = shared
         .store
-        .apply_operator_gated(&h.name, node_uid, fields, &mut gate)
+        .apply_operator(&h.name, node_uid, fields, &mut gate)
         .await;
     api_call("kube", "apply", r.is_ok());
     let written = r?;

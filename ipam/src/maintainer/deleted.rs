@@ -68,7 +68,7 @@ pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
         kube: Some(&mut kube),
         leader: &shared.leader,
     };
-    shared.store.remove_gated(&h.name, &mut gate).await?;
+    shared.store.remove(&h.name, &mut gate).await?;
     api_call("kube", "delete", true);
     Ok(Outcome::Finished)
 }

@@ -380,7 +380,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             let mut gate = self.requests();
             shared
                 .source
-                .set_marks_gated(&h.name, &mark, &withdraw, &mut gate)
+                .set_marks(&h.name, &mark, &withdraw, &mut gate)
                 .await
         } else {
             Err(IpamError::NotLeader)

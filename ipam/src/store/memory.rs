@@ -231,7 +231,7 @@ impl NodeStore for MemoryNodeStore {
         Ok(self.cached(name))
     }
 
-    async fn apply_operator_gated<G: Gate>(
+    async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
         node_uid: u128,
@@ -267,7 +267,7 @@ impl NodeStore for MemoryNodeStore {
             .expect("apply always writes"))
     }
 
-    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+    async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         // the API server's two: the delete, then the finalizer's removal
         for _ in 0..2 {
             gate.request().await?;
@@ -299,6 +299,7 @@ impl NodeStore for MemoryNodeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::Ungated;
     use std::net::IpAddr;
 
     #[tokio::test]
@@ -318,7 +319,7 @@ mod tests {
         );
         // the operator's apply keeps the node side's fields
         let c = s
-            .apply_operator(&name, 7, OperatorFields::default())
+            .apply_operator(&name, 7, OperatorFields::default(), &mut Ungated)
             .await
             .unwrap();
         assert_eq!(
@@ -332,11 +333,11 @@ mod tests {
         assert_eq!(ev[1].writer, Writer::NodeSide);
         s.fail_next_operator_writes(1);
         assert!(
-            s.apply_operator(&name, 7, OperatorFields::default())
+            s.apply_operator(&name, 7, OperatorFields::default(), &mut Ungated)
                 .await
                 .is_err()
         );
-        s.remove("n1").await.unwrap();
+        s.remove("n1", &mut Ungated).await.unwrap();
         assert!(s.cached("n1").is_none());
         assert!(rx.try_recv().unwrap().deleted);
     }
@@ -443,9 +444,7 @@ mod tests {
             let (s, name) = (&s, &name);
             async move {
                 let mut gate = Counting::default();
-                s.apply_operator_gated(name, 7, fields, &mut gate)
-                    .await
-                    .unwrap();
+                s.apply_operator(name, 7, fields, &mut gate).await.unwrap();
                 gate.0
             }
         };
@@ -473,7 +472,7 @@ mod tests {
         f.conditions.clear();
         assert_eq!(charged(f).await, 2, "both");
         let mut gate = Counting::default();
-        s.remove_gated("n1", &mut gate).await.unwrap();
+        s.remove("n1", &mut gate).await.unwrap();
         assert_eq!(gate.0, 2, "remove");
         assert_eq!(s.operator_writes(), 2 + 1 + 1 + 2 + 2);
     }

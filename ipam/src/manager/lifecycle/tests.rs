@@ -67,7 +67,7 @@ impl NodeStore for CountingStore {
         self.inner.get(name).await
     }
 
-    async fn apply_operator_gated<G: Gate>(
+    async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
         node_uid: u128,
@@ -76,13 +76,13 @@ impl NodeStore for CountingStore {
     ) -> Result<Arc<IpamNode>, IpamError> {
         self.call();
         self.inner
-            .apply_operator_gated(name, node_uid, fields, gate)
+            .apply_operator(name, node_uid, fields, gate)
             .await
     }
 
-    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+    async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         self.call();
-        self.inner.remove_gated(name, gate).await
+        self.inner.remove(name, gate).await
     }
 
     fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String) {
