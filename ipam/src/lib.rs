@@ -64,8 +64,8 @@ pub use store::{
 };
 pub use types::{
     AllocationId, Condition, Family, IpamBlock, IpamNode, NodeInfo, NodeName, NodeSideFields,
-    OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
-    ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
+    NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason,
+    ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
 };
 pub use vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 pub use watermarks::Watermarks;

@@ -351,6 +351,7 @@ pub fn next_cooldown_end(side: &NodeSideFields) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::NodeUid;
     use crate::types::ReclaimReason;
     use crate::types::Tombstone;
 
@@ -377,7 +378,7 @@ mod tests {
     }
 
     fn node_with(addrs: &[&str]) -> IpamNode {
-        let mut n = IpamNode::new("n".into(), 1);
+        let mut n = IpamNode::new("n".into(), NodeUid(1));
         n.operator.addresses = Arc::new(addrs.iter().map(|a| ip(a)).collect());
         n
     }
@@ -802,7 +803,7 @@ mod tests {
             // per address 0..48 of each family: in the pool, used, cooling, marked, acked
             flags in proptest::collection::vec(proptest::prelude::any::<[bool; 5]>(), 96),
         ) {
-            let mut n = IpamNode::new("n".into(), 1);
+            let mut n = IpamNode::new("n".into(), NodeUid(1));
             let mut side = NodeSideFields::default();
             let mut pool = AddrSet::new();
             for (i, f) in flags.iter().enumerate() {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::error::IpamError;
 use crate::gate::Gate;
-use crate::types::{IpamBlock, IpamNode, NodeName, OperatorFields, ResourceVersion};
+use crate::types::{IpamBlock, IpamNode, NodeName, NodeUid, OperatorFields, ResourceVersion};
 use crate::vocab::EventReason;
 
 /// Who wrote a change (the field manager).
@@ -80,7 +80,7 @@ pub trait NodeStore: Send + Sync + 'static {
     fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamNode>, IpamError>> + Send;

@@ -22,7 +22,7 @@ use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     AddrSet, BlockStore, Blocked, Condition, ConditionReason, ConditionType, ErrorClass, Gate,
-    IpamBlock, IpamError, NodeName, NodeStore, OperatorFields, ReleaseMark, ReleaseState,
+    IpamBlock, IpamError, NodeName, NodeStore, NodeUid, OperatorFields, ReleaseMark, ReleaseState,
     ResourceVersion, Ungated,
 };
 use tidepool_operator::index::parse_uid;
@@ -198,8 +198,8 @@ fn store() -> (KubeStore, ApiServer) {
     (KubeStore::new(client, Events::none()), ApiServer(handle))
 }
 
-fn node_uid() -> u128 {
-    parse_uid(UID).expect("a UID")
+fn node_uid() -> NodeUid {
+    NodeUid(parse_uid(UID).expect("a UID"))
 }
 
 fn addr(s: &str) -> IpAddr {

@@ -1113,6 +1113,7 @@ impl crate::world::SimSource for SimCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidepool_ipam::NodeUid;
     use tidepool_ipam::Ungated;
 
     fn node(n: &str) -> NodeName {
@@ -1841,7 +1842,7 @@ mod tests {
         .unwrap();
         mgr.upsert_node(NodeInfo {
             name: node("a"),
-            uid: 1,
+            uid: NodeUid(1),
             allocatable_pods: allocatable,
             cordoned: false,
             terminating: false,

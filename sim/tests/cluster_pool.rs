@@ -22,7 +22,7 @@ use tidepool_ipam::Watermarks;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::{AddrSet, ErrorClass};
 use tidepool_ipam::{BlockStore, MemoryNodeStore, ReleaseMark, Ungated};
-use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
+use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck};
 use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};
@@ -248,7 +248,7 @@ async fn a_refused_mark_is_withdrawn_even_when_the_pool_is_exhausted() {
 fn info(name: &str, uid: u128) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid,
+        uid: NodeUid(uid),
         allocatable_pods: 250,
         cordoned: false,
         terminating: false,
@@ -270,7 +270,7 @@ fn block(cidr: &str, node: &str, uid: u128) -> IpamBlock {
         cidr,
         pool: "default".into(),
         node: node.into(),
-        node_uid: uid,
+        node_uid: NodeUid(uid),
         release: false,
         ack: None,
         resource_version: None,
@@ -331,7 +331,11 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
     assert_eq!(err.class(), ErrorClass::Exhausted, "{err}");
     let blocks = store.list_blocks();
     assert_eq!(blocks.len(), 1);
-    assert_eq!(blocks[0].node_uid, 7, "the other Node's block stays");
+    assert_eq!(
+        blocks[0].node_uid,
+        NodeUid(7),
+        "the other Node's block stays"
+    );
 }
 
 /// Blocks another engine created for another node, unknown to this source's index: a claim

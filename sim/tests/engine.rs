@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryPodView;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::{AddrSet, BackoffConfig};
 use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{Blocked, ConditionReason, ConditionType, EventReason};
@@ -264,7 +265,7 @@ impl IpSource for FailFor {
 fn node_info(name: &str, uid: u128) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid,
+        uid: NodeUid(uid),
         allocatable_pods: 250,
         cordoned: false,
         terminating: false,
@@ -527,7 +528,7 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     let good = world.add_node("good");
     // The user's IPAMNode exists before the Node is seen, with bad overrides. World gives
     // node UIDs 2, 3, … in the order nodes are added: "bad" is the second.
-    let mut obj = IpamNode::new("bad".into(), 3);
+    let mut obj = IpamNode::new("bad".into(), NodeUid(3));
     obj.watermarks = WatermarkOverrides {
         min_allocate: Some(10),
         max_allocate: Some(4),
@@ -540,7 +541,7 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     advance(secs(300)).await;
 
     let node = ipam_node(&world, "bad");
-    assert_eq!(node.node_uid, 3, "the test's UID guess");
+    assert_eq!(node.node_uid, NodeUid(3), "the test's UID guess");
     assert_eq!(
         node.operator.addresses.total(),
         0,
@@ -693,7 +694,7 @@ async fn a_cordoned_node_gets_nothing_new() {
     settle(&world, secs(10)).await;
     assert_eq!(pool(&world, "node1"), 8);
     let uid = ipam_node(&world, "node1").node_uid;
-    let mut info = node_info("node1", uid);
+    let mut info = node_info("node1", uid.0);
     info.cordoned = true;
     world.manager.upsert_node(info.clone());
     schedule(&world, &n, 10);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tidepool_ipam::IpamBlock;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::{BlockStore, MemoryNodeStore, Ungated};
+use tidepool_ipam::{BlockStore, MemoryNodeStore, NodeUid, Ungated};
 use tidepool_ipam::{Blocked, EventReason};
 use tidepool_sim::{World, WorldConfig};
 
@@ -127,7 +127,7 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         cidr,
         pool: "default".into(),
         node: "gone".into(),
-        node_uid: 9,
+        node_uid: NodeUid(9),
         release: false,
         ack: None,
         resource_version: None,
@@ -201,7 +201,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     use tidepool_ipam::{Family, IpamNode, NodeInfo, PodUid, UsedEntry};
     let store = MemoryNodeStore::new();
     let src = ClusterPoolSource::new(store.clone(), &[Family::V4], pools(&["10.0.0.0/24"]), 1);
-    for (name, uid) in [("a", 1u128), ("b", 2)] {
+    for (name, uid) in [("a", NodeUid(1)), ("b", NodeUid(2))] {
         src.node_seen(&NodeInfo {
             name: name.into(),
             uid,

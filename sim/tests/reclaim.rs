@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::PodPhase;
 use tidepool_ipam::{EventReason, NodeStore, Ungated};
 use tidepool_ipam::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
@@ -426,7 +427,7 @@ fn node_side_answers_a_changed_owner_stale() {
     use tidepool_ipam::node as node_side;
     use tidepool_ipam::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
-    let mut node = IpamNode::new("n".into(), 1);
+    let mut node = IpamNode::new("n".into(), NodeUid(1));
     std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);
     node.operator.reclaim.insert(
         x,

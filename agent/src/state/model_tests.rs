@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tidepool_ipam::node::{answer_tombstones, free_address};
 use tidepool_ipam::{
-    AddrMap, AddrSet, Family, IpamNode, PodUid, ReclaimOutcome, ReclaimReason, ReleaseAck,
+    AddrMap, AddrSet, Family, IpamNode, NodeUid, PodUid, ReclaimOutcome, ReclaimReason, ReleaseAck,
     Tombstone,
 };
 
@@ -181,7 +181,7 @@ fn reclaim_answers_agree_with_ipams_rule() {
     ];
     // pod 1 runs on the node (live), pod 4 is gone (reclaimed)
     let live = |u: PodUid| u == PodUid(1);
-    let mut node = IpamNode::new(Arc::from("n1"), 7);
+    let mut node = IpamNode::new(Arc::from("n1"), NodeUid(7));
     for (a, uid, k) in &tombs {
         let t = Tombstone {
             pod_uid: *uid,
@@ -270,7 +270,7 @@ fn allocations_of_another_boot_go_to_cooldown() {
 /// `node_side` is what `ipam`'s node rules read: a free address is neither held nor cooling.
 #[test]
 fn ipam_picks_free_addresses_from_node_side() {
-    let mut node = IpamNode::new(Arc::from("n1"), 7);
+    let mut node = IpamNode::new(Arc::from("n1"), NodeUid(7));
     let mut pool = AddrSet::new();
     for a in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
         pool.insert(ip(a));

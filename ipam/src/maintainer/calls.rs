@@ -16,7 +16,7 @@ use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::trigger::Reason;
-use crate::types::{Family, OperatorFields};
+use crate::types::{Family, NodeUid, OperatorFields};
 
 use tidepool_metrics as m;
 
@@ -234,7 +234,7 @@ pub(super) async fn write<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     kube: &mut Pass,
-    node_uid: u128,
+    node_uid: NodeUid,
     fields: OperatorFields,
 ) -> Result<(), IpamError> {
     // each of the write's requests (a spec and a status apply) on the pass's place

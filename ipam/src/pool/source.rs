@@ -46,7 +46,8 @@ use crate::gate::{Gate, Ungated};
 use crate::source::{Holdings, IpSource, Quota};
 use crate::store::{BlockStore, EventType, NodeStore, ReleaseMark};
 use crate::types::{
-    Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
+    Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck, ReleaseState,
+    ResourceVersion,
 };
 use crate::vocab::EventReason;
 
@@ -73,7 +74,7 @@ pub const DEFAULT_POOL: &str = "default";
 
 #[derive(Debug, Default)]
 struct NodeMeta {
-    uid: u128,
+    uid: NodeUid,
     labels: BTreeMap<String, String>,
     /// IPAMNode `spec.pools`.
     pools: PerFamily<Option<String>>,
@@ -709,7 +710,8 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 },
                 Err(e) => return Err(source_error("allocate", node, e.class(), e.to_string())),
             };
-            (pool, s.nodes.get(node).map_or(0, |m| m.uid), bs)
+            let uid = s.nodes.get(node).map_or(NodeUid::UNKNOWN, |m| m.uid);
+            (pool, uid, bs)
         };
         let pool_name: Arc<str> = pool.as_str().into();
         let want = count.div_ceil(bs);
@@ -1121,7 +1123,7 @@ mod tests {
         let n: NodeName = "n".into();
         src.node_seen(&NodeInfo {
             name: n.clone(),
-            uid: 7,
+            uid: NodeUid(7),
             allocatable_pods: 250,
             cordoned: false,
             terminating: false,
@@ -1197,7 +1199,7 @@ mod tests {
         let n: NodeName = "n".into();
         src.node_seen(&NodeInfo {
             name: n.clone(),
-            uid: 7,
+            uid: NodeUid(7),
             allocatable_pods: 250,
             cordoned: false,
             terminating: false,
@@ -1260,7 +1262,7 @@ mod tests {
                     cidr: theirs,
                     pool: "default".into(),
                     node: "other".into(),
-                    node_uid: 9,
+                    node_uid: NodeUid(9),
                     release: false,
                     ack: None,
                     resource_version: None,

@@ -14,7 +14,8 @@ use super::{EventType, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer};
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
 use crate::types::{
-    IpamNode, NodeName, NodeSideFields, OperatorFields, ResourceVersion, WatermarkOverrides,
+    IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, ResourceVersion,
+    WatermarkOverrides,
 };
 use crate::vocab::EventReason;
 
@@ -210,7 +211,7 @@ impl MemoryNodeStore {
     /// The API server requests an apply of `fields` takes (as the kube-backed store makes
     /// them, so the budget and `operator_writes` count what `run` would): a create is a
     /// POST and a status apply; otherwise one apply per part that changes, spec and status.
-    fn apply_requests(&self, name: &str, node_uid: u128, fields: &OperatorFields) -> u64 {
+    fn apply_requests(&self, name: &str, node_uid: NodeUid, fields: &OperatorFields) -> u64 {
         match self.inner.lock().objects.get(name) {
             None => 2,
             Some(old) => {
@@ -234,7 +235,7 @@ impl NodeStore for MemoryNodeStore {
     async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
@@ -307,7 +308,7 @@ mod tests {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
         let name: NodeName = "n1".into();
-        let a = s.create(IpamNode::new(name.clone(), 7));
+        let a = s.create(IpamNode::new(name.clone(), NodeUid(7)));
         assert_eq!(a.resource_version, Some(ResourceVersion::counter(1)));
         let b = s.apply_node(&name, |f| {
             f.cooldown
@@ -319,7 +320,7 @@ mod tests {
         );
         // the operator's apply keeps the node side's fields
         let c = s
-            .apply_operator(&name, 7, OperatorFields::default(), &mut Ungated)
+            .apply_operator(&name, NodeUid(7), OperatorFields::default(), &mut Ungated)
             .await
             .unwrap();
         assert_eq!(
@@ -333,7 +334,7 @@ mod tests {
         assert_eq!(ev[1].writer, Writer::NodeSide);
         s.fail_next_operator_writes(1);
         assert!(
-            s.apply_operator(&name, 7, OperatorFields::default(), &mut Ungated)
+            s.apply_operator(&name, NodeUid(7), OperatorFields::default(), &mut Ungated)
                 .await
                 .is_err()
         );
@@ -347,13 +348,13 @@ mod tests {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
         let name: NodeName = "n1".into();
-        s.create(IpamNode::new(name.clone(), 7));
+        s.create(IpamNode::new(name.clone(), NodeUid(7)));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let held = s.cached("n1").unwrap();
         // a change: a new resourceVersion, a notification, and the reader's copy unchanged
         let b = s
             .update_node(&name, |n, side| {
-                assert_eq!(n.node_uid, 7);
+                assert_eq!(n.node_uid, NodeUid(7));
                 side.cooldown.insert(a, std::time::UNIX_EPOCH);
                 true
             })
@@ -402,7 +403,7 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let s = MemoryNodeStore::new().with_hook(seen.clone());
         let name: NodeName = "n1".into();
-        s.create(IpamNode::new(name.clone(), 7));
+        s.create(IpamNode::new(name.clone(), NodeUid(7)));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         s.update_node(&name, |_, side| {
             side.cooldown.insert(a, std::time::UNIX_EPOCH);
@@ -444,7 +445,9 @@ mod tests {
             let (s, name) = (&s, &name);
             async move {
                 let mut gate = Counting::default();
-                s.apply_operator(name, 7, fields, &mut gate).await.unwrap();
+                s.apply_operator(name, NodeUid(7), fields, &mut gate)
+                    .await
+                    .unwrap();
                 gate.0
             }
         };

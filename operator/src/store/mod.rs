@@ -28,7 +28,7 @@ use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
-    OperatorFields, ReleaseMark, ResourceVersion,
+    NodeUid, OperatorFields, ReleaseMark, ResourceVersion,
 };
 
 use crate::convert::{
@@ -290,7 +290,7 @@ impl KubeStore {
     async fn create_node<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: &OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
@@ -397,7 +397,7 @@ impl NodeStore for KubeStore {
     async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {

@@ -21,7 +21,9 @@ use crate::manager::{EngineDeps, NodeManager};
 use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, Writer};
-use crate::types::{Family, IpamNode, NodeName, OperatorFields, PerFamily, ResourceVersion};
+use crate::types::{
+    Family, IpamNode, NodeName, NodeUid, OperatorFields, PerFamily, ResourceVersion,
+};
 use crate::vocab::EventReason;
 
 /// A store that records counts: the in-memory one, with every call counted and the stale
@@ -70,7 +72,7 @@ impl NodeStore for CountingStore {
     async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {

@@ -220,6 +220,7 @@ impl BlockStore for MemoryNodeStore {
 mod tests {
     use super::*;
     use crate::gate::Ungated;
+    use crate::types::NodeUid;
 
     fn block(cidr: &str, node: &str) -> IpamBlock {
         let cidr: ipnet::IpNet = cidr.parse().unwrap();
@@ -228,7 +229,7 @@ mod tests {
             cidr,
             pool: "default".into(),
             node: node.into(),
-            node_uid: 7,
+            node_uid: NodeUid(7),
             release: false,
             ack: None,
             resource_version: None,
