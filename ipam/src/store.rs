@@ -2,6 +2,9 @@
 //! (IPAMBlock, cluster-pool), their change events and write hook; and an in-memory store
 //! with resourceVersions, change notifications and a write hook ([`MemoryNodeStore`],
 //! its blocks in `blocks`).
+//!
+//! Every write takes a [`Gate`] that admits each API request it makes; a caller that
+//! budgets the write as a whole, or a test, passes [`crate::gate::Ungated`].
 
 mod memory;
 
