@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tidepool_ipam::{AddrSet, NodeName, PodUid};
+use tidepool_ipam::{AddrSet, NodeName, NodeUid, PodUid};
 
 use super::*;
 use crate::state::{AllocKey, PodRef};
@@ -54,7 +54,7 @@ fn dual_stack() -> (NodeState, IpamNode) {
     )
     .expect("add c3");
     s.del(&AllocKey::new("c3", "eth0"), Some(PodUid(3)), now);
-    let mut node = IpamNode::new(NodeName::from("n"), 1);
+    let mut node = IpamNode::new(NodeName::from("n"), NodeUid(1));
     let mut pool = AddrSet::of_net(&"10.0.0.0/28".parse().expect("net"));
     pool.union_with(&AddrSet::of_net(&"fd00::/124".parse().expect("net")));
     node.operator.addresses = Arc::new(pool);

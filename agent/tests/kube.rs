@@ -24,7 +24,8 @@ use tidepool_api as api;
 use tidepool_api::convert::{Allocations, node_from_api, parse_uid};
 use tidepool_api::names::{AGENT_MANAGER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    AllocationId, NodeSideFields, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck, UsedEntry,
+    AllocationId, NodeSideFields, NodeUid, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
+    UsedEntry,
 };
 use tidepool_tests::{ADMIN, ApiServer};
 
@@ -57,7 +58,7 @@ async fn the_watch_sees_only_its_nodes_objects() {
     let w = NodeWatch::start(client.clone(), "node-a");
     let node = w.wait_for_node(Duration::from_secs(5)).await.unwrap();
     assert!(w.is_ready());
-    assert_eq!(w.node_uid(), parse_uid(UID_A));
+    assert_eq!(w.node_uid(), parse_uid(UID_A).map(NodeUid));
     assert_eq!(&*node.name, "node-a");
     let pool = &node.operator.addresses;
     assert!(pool.contains(&ip("10.0.0.1")) && pool.contains(&ip("10.0.0.17")));
@@ -409,7 +410,7 @@ async fn a_recreated_ipamnode_gets_the_node_side_again() {
         .await
         .unwrap();
     until(&w, "the new IPAMNode", |w| {
-        w.node_uid() == parse_uid(new_uid)
+        w.node_uid() == parse_uid(new_uid).map(NodeUid)
     })
     .await;
     // no publish() asked: the publisher notices the new object and writes to it

@@ -59,12 +59,13 @@ pub use reclaim::{ReclaimConfig, candidate_reason};
 pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{
-    BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer,
+    BlockStore, EventType, MemoryNodeStore, NodeStore, ObjectKind, ReleaseMark, StoreEvent,
+    StoreHook, Writer,
 };
 pub use types::{
     AllocationId, Condition, Family, IpamBlock, IpamNode, NodeInfo, NodeName, NodeSideFields,
-    OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
-    ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
+    NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason,
+    ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
 };
 pub use vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 pub use watermarks::Watermarks;

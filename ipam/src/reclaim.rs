@@ -507,6 +507,7 @@ impl ReclaimTracker {
 mod tests {
     use super::*;
     use crate::pods::{FnPods, PodChanges, PodIps};
+    use crate::types::NodeUid;
     use std::time::SystemTime;
 
     /// An entry of pod `uid` made at `since` by the sandbox started then.
@@ -523,7 +524,7 @@ mod tests {
     /// An IPAMNode "n" with these entries, not stored (resourceVersion 0: scans never
     /// reuse answers for it).
     fn node(used: &UsedMap) -> IpamNode {
-        let mut n = IpamNode::new("n".into(), 1);
+        let mut n = IpamNode::new("n".into(), NodeUid(1));
         n.node.used = used.clone();
         n
     }
@@ -854,7 +855,7 @@ mod tests {
             min_age: Duration::ZERO,
         };
         let mut t = ReclaimTracker::default();
-        let mut n = IpamNode::new("n".into(), 1);
+        let mut n = IpamNode::new("n".into(), NodeUid(1));
         n.resource_version = Some(ResourceVersion::counter(7));
         for i in 1..=3u8 {
             n.node
@@ -930,7 +931,7 @@ mod tests {
     async fn a_pod_bound_elsewhere_makes_every_scan_look_again() {
         let cfg = ReclaimConfig::default();
         let mut t = ReclaimTracker::default();
-        let mut n = IpamNode::new("n".into(), 1);
+        let mut n = IpamNode::new("n".into(), NodeUid(1));
         n.resource_version = Some(ResourceVersion::counter(7));
         n.node.used.insert(ip("10.0.0.1"), entry(1, 0));
         let mut elsewhere = running(1, &["10.0.0.1"]);
@@ -1002,7 +1003,7 @@ mod tests {
                 let addr = |i: u8| IpAddr::from([10, 0, 0, i + 1]);
                 let cfg = ReclaimConfig::default();
                 let mut t = ReclaimTracker::default();
-                let mut n = IpamNode::new("n".into(), 1);
+                let mut n = IpamNode::new("n".into(), NodeUid(1));
                 n.resource_version = Some(ResourceVersion::counter(1));
                 let cache = Logged::new([]);
                 let mut tombstones: BTreeMap<IpAddr, Tombstone> = BTreeMap::new();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::IpamError;
-use crate::gate::{Gate, Ungated};
+use crate::gate::Gate;
 use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
 
 /// Capacity and free addresses of a source, per family.
@@ -21,9 +21,9 @@ pub struct Quota {
     pub free: u64,
 }
 
-/// An IP source. Mutating calls (`allocate`, `release`, `set_marks`) are budgeted by the
-/// caller, per call or, through their `_gated` forms, per API request; `prepare_*`,
-/// `describe` and `quota` are reads.
+/// An IP source. Mutating calls (`allocate`, `release`, `set_marks`) admit each API request
+/// they make through the caller's [`Gate`] (a caller that budgets the call as a whole passes
+/// [`crate::gate::Ungated`]); `prepare_*`, `describe` and `quota` are reads.
 pub trait IpSource: Send + Sync + 'static {
     /// The `source` metric label.
     fn name(&self) -> tidepool_metrics::Source;
@@ -36,48 +36,26 @@ pub trait IpSource: Send + Sync + 'static {
     /// grant units, limited by what is free, never above `limit` (a set max_allocate
     /// headroom). 0 means the source is exhausted for this node.
     fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64;
-    /// Grants `count` addresses of `family` to `node`.
-    fn allocate(
+    /// Grants `count` addresses of `family` to `node`, each API request it makes admitted
+    /// by `gate` first (a per-address source's call is one request).
+    fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
     /// Which of `free` (the node's unused addresses of one family) can really be given
     /// back, at most `max`; the highest addresses are preferred.
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet;
-    /// Takes the addresses back from the node.
-    fn release(
+    /// Takes the addresses back from the node, each API request admitted by `gate` first
+    /// (a per-address source's call is one request).
+    fn release<G: Gate>(
         &self,
         node: &NodeName,
         addrs: &AddrSet,
+        gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send;
-    /// [`IpSource::allocate`], each API request it makes admitted by `gate` first. The
-    /// default makes the call one request.
-    fn allocate_gated<G: Gate>(
-        &self,
-        node: &NodeName,
-        family: Family,
-        count: u64,
-        gate: &mut G,
-    ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send {
-        async move {
-            gate.request().await?;
-            self.allocate(node, family, count).await
-        }
-    }
-    /// [`IpSource::release`], each API request admitted by `gate` first (the default: one).
-    fn release_gated<G: Gate>(
-        &self,
-        node: &NodeName,
-        addrs: &AddrSet,
-        gate: &mut G,
-    ) -> impl Future<Output = Result<(), IpamError>> + Send {
-        async move {
-            gate.request().await?;
-            self.release(node, addrs).await
-        }
-    }
     /// What the source believes the node holds: the truth used to repair after a call
     /// that failed after taking effect.
     fn describe(&self, node: &NodeName) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
@@ -112,21 +90,9 @@ pub trait IpSource: Send + Sync + 'static {
         None
     }
     /// Places release marks on `mark` and withdraws them from `withdraw` (sources with
-    /// [`IpSource::holdings`] only). A mutating call.
-    fn set_marks(
-        &self,
-        node: &NodeName,
-        mark: &AddrSet,
-        withdraw: &AddrSet,
-    ) -> impl Future<Output = Result<(), IpamError>> + Send {
-        async move {
-            self.set_marks_gated(node, mark, withdraw, &mut Ungated)
-                .await
-        }
-    }
-    /// [`IpSource::set_marks`], each API request (cluster-pool: each block's mark or
-    /// withdrawal) admitted by `gate` first.
-    fn set_marks_gated<G: Gate>(
+    /// [`IpSource::holdings`] only), each API request (cluster-pool: each block's mark or
+    /// withdrawal) admitted by `gate` first. A mutating call.
+    fn set_marks<G: Gate>(
         &self,
         _node: &NodeName,
         _mark: &AddrSet,

@@ -2,6 +2,9 @@
 //! (IPAMBlock, cluster-pool), their change events and write hook; and an in-memory store
 //! with resourceVersions, change notifications and a write hook ([`MemoryNodeStore`],
 //! its blocks in `blocks`).
+//!
+//! Every write takes a [`Gate`] that admits each API request it makes; a caller that
+//! budgets the write as a whole, or a test, passes [`crate::gate::Ungated`].
 
 mod memory;
 
@@ -11,8 +14,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::IpamError;
-use crate::gate::{Gate, Ungated};
-use crate::types::{IpamBlock, IpamNode, NodeName, OperatorFields, ResourceVersion};
+use crate::gate::Gate;
+use crate::types::{IpamBlock, IpamNode, NodeName, NodeUid, OperatorFields, ResourceVersion};
 use crate::vocab::EventReason;
 
 /// Who wrote a change (the field manager).
@@ -42,6 +45,22 @@ pub struct StoreEvent {
     pub deleted: bool,
 }
 
+/// What [`BlockStore::mark_block`] does to a block's release mark (`spec.release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseMark {
+    /// Marks the block for release.
+    Set,
+    /// Takes the mark back.
+    Withdraw,
+}
+
+impl ReleaseMark {
+    /// The block's `spec.release` once the mark is applied.
+    pub fn marked(self) -> bool {
+        self == Self::Set
+    }
+}
+
 /// Kubernetes event severity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -58,33 +77,19 @@ pub trait NodeStore: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<Arc<IpamNode>>, IpamError>> + Send;
-    /// The operator's fields written; creates the object if missing.
-    fn apply_operator(
+    /// The operator's fields written; creates the object if missing. Each API request (a
+    /// create, a spec apply, a status apply: one per object and subresource that changes)
+    /// is admitted by `gate` first.
+    fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
-        fields: OperatorFields,
-    ) -> impl Future<Output = Result<Arc<IpamNode>, IpamError>> + Send {
-        async move {
-            self.apply_operator_gated(name, node_uid, fields, &mut Ungated)
-                .await
-        }
-    }
-    /// [`NodeStore::apply_operator`], each API request (a create, a spec apply, a status
-    /// apply: one per object and subresource that changes) admitted by `gate` first.
-    fn apply_operator_gated<G: Gate>(
-        &self,
-        name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamNode>, IpamError>> + Send;
-    /// Deletes the object and removes the operator's finalizer, letting it go.
-    fn remove(&self, name: &str) -> impl Future<Output = Result<(), IpamError>> + Send {
-        async move { self.remove_gated(name, &mut Ungated).await }
-    }
-    /// [`NodeStore::remove`], each API request admitted by `gate` first.
-    fn remove_gated<G: Gate>(
+    /// Deletes the object and removes the operator's finalizer, letting it go; each API
+    /// request admitted by `gate` first.
+    fn remove<G: Gate>(
         &self,
         name: &str,
         gate: &mut G,
@@ -138,15 +143,9 @@ pub trait BlockStore: Send + Sync + 'static {
     fn list_blocks(&self) -> Vec<Arc<IpamBlock>>;
     /// Every IPAMNode in the local cache (repair checks `status.used` against the blocks).
     fn list_nodes(&self) -> Vec<Arc<IpamNode>>;
-    /// Creates the block: the claim. `AlreadyExists` when the name is taken.
-    fn create_block(
-        &self,
-        block: IpamBlock,
-    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send {
-        async move { self.create_block_gated(block, &mut Ungated).await }
-    }
-    /// [`BlockStore::create_block`], its request admitted by `gate` first.
-    fn create_block_gated<G: Gate>(
+    /// Creates the block: the claim, its request admitted by `gate` first. `AlreadyExists`
+    /// when the name is taken.
+    fn create_block<G: Gate>(
         &self,
         block: IpamBlock,
         gate: &mut G,
@@ -156,33 +155,18 @@ pub trait BlockStore: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<Arc<IpamBlock>>, IpamError>> + Send;
-    /// Sets or withdraws the release mark (the operator's apply). `NotFound` when gone.
-    fn mark_block(
+    /// Sets or withdraws the release mark (the operator's apply), its request admitted by
+    /// `gate` first. `NotFound` when gone.
+    fn mark_block<G: Gate>(
         &self,
         name: &str,
-        release: bool,
-    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send {
-        async move { self.mark_block_gated(name, release, &mut Ungated).await }
-    }
-    /// [`BlockStore::mark_block`], its request admitted by `gate` first.
-    fn mark_block_gated<G: Gate>(
-        &self,
-        name: &str,
-        release: bool,
+        mark: ReleaseMark,
         gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
     /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`) and
-    /// removes the operator's finalizer: the release. `NotFound` when gone.
-    fn delete_block(
-        &self,
-        name: &str,
-        expected: &ResourceVersion,
-    ) -> impl Future<Output = Result<(), IpamError>> + Send {
-        async move { self.delete_block_gated(name, expected, &mut Ungated).await }
-    }
-    /// [`BlockStore::delete_block`], each request (the delete, the finalizer's removal)
-    /// admitted by `gate` first.
-    fn delete_block_gated<G: Gate>(
+    /// removes the operator's finalizer: the release. Each request (the delete, the
+    /// finalizer's removal) is admitted by `gate` first. `NotFound` when gone.
+    fn delete_block<G: Gate>(
         &self,
         name: &str,
         expected: &ResourceVersion,

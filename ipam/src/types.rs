@@ -78,17 +78,51 @@ pub struct PodUid(pub u128);
 
 impl fmt::Display for PodUid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v = self.0;
-        write!(
-            f,
-            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-            (v >> 96) as u32,
-            (v >> 80) as u16,
-            (v >> 64) as u16,
-            (v >> 48) as u16,
-            v & 0xffff_ffff_ffff
-        )
+        write_uuid(f, self.0)
     }
+}
+
+/// A Node's UID (`spec.nodeUID` of an IPAMNode and of an IPAMBlock), held as a number like
+/// [`PodUid`]. [`NodeUid::UNKNOWN`] stands where none could be read: an IPAMNode whose
+/// `spec.nodeUID` is not a UUID (and the orphan taken from it), a node the cluster-pool
+/// source has not seen. No Node has it, so such an IPAMNode is adopted by its Node's next
+/// write. Written out, it is the nil UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeUid(pub u128);
+
+impl NodeUid {
+    /// No UID could be read (the nil UUID, which no API server gives a Node).
+    pub const UNKNOWN: NodeUid = NodeUid(0);
+}
+
+// Held per IPAMNode, IPAMBlock and node: no larger than the `u128` it names.
+const _: () = assert!(size_of::<NodeUid>() == size_of::<u128>());
+
+impl Default for NodeUid {
+    /// Unknown until the Node is seen.
+    fn default() -> Self {
+        Self::UNKNOWN
+    }
+}
+
+impl fmt::Display for NodeUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_uuid(f, self.0)
+    }
+}
+
+/// A UID in the form the API server gives: a UUID, `8-4-4-4-12` lowercase hex digits (the
+/// inverse of `tidepool_api::convert::parse_uid`).
+fn write_uuid(f: &mut fmt::Formatter<'_>, v: u128) -> fmt::Result {
+    write!(
+        f,
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        (v >> 96) as u32,
+        (v >> 80) as u16,
+        (v >> 64) as u16,
+        (v >> 48) as u16,
+        v & 0xffff_ffff_ffff
+    )
 }
 
 /// An object's resourceVersion. The API calls it opaque: it is compared for equality only,
@@ -316,7 +350,7 @@ pub struct NodeSideFields {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpamNode {
     pub name: NodeName,
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
     /// None until the store has written it.
     pub resource_version: Option<ResourceVersion>,
     /// `spec.watermarks` (users).
@@ -328,7 +362,7 @@ pub struct IpamNode {
 }
 
 impl IpamNode {
-    pub fn new(name: NodeName, node_uid: u128) -> Self {
+    pub fn new(name: NodeName, node_uid: NodeUid) -> Self {
         Self {
             name,
             node_uid,
@@ -353,7 +387,7 @@ pub struct IpamBlock {
     pub pool: Arc<str>,
     /// `spec.node` and `spec.nodeUID`.
     pub node: NodeName,
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
     /// `spec.release` (operator): marked for release.
     pub release: bool,
     /// `status.releaseAck` (node side).
@@ -381,7 +415,7 @@ impl IpamBlock {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: NodeName,
-    pub uid: u128,
+    pub uid: NodeUid,
     /// The Node's allocatable pods; caps the pool (rounded up to a whole block).
     pub allocatable_pods: u32,
     pub cordoned: bool,

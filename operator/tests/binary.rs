@@ -404,7 +404,7 @@ fn scenario(dir: &Dir) {
     let log = log.join().unwrap();
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("SIGTERM"), "{log}");
-    assert_eq!(holder(), "", "the Lease is released");
+    assert_eq!(holder(), "", "the Lease is released:\n{log}");
 }
 
 /// `run` against `server` as the operator (leader election on, as deployed), until it exits

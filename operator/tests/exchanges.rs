@@ -22,7 +22,8 @@ use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     AddrSet, BlockStore, Blocked, Condition, ConditionReason, ConditionType, ErrorClass, Gate,
-    IpamBlock, IpamError, NodeName, NodeStore, OperatorFields, ReleaseState, ResourceVersion,
+    IpamBlock, IpamError, NodeName, NodeStore, NodeUid, OperatorFields, ReleaseMark, ReleaseState,
+    ResourceVersion, Ungated,
 };
 use tidepool_operator::index::parse_uid;
 use tidepool_operator::store::{Events, KubeStore};
@@ -197,8 +198,8 @@ fn store() -> (KubeStore, ApiServer) {
     (KubeStore::new(client, Events::none()), ApiServer(handle))
 }
 
-fn node_uid() -> u128 {
-    parse_uid(UID).expect("a UID")
+fn node_uid() -> NodeUid {
+    NodeUid(parse_uid(UID).expect("a UID"))
 }
 
 fn addr(s: &str) -> IpAddr {
@@ -326,7 +327,7 @@ fn blocked_condition() -> Condition {
 #[tokio::test]
 async fn a_claim_is_one_post_of_the_block_with_its_finalizer() {
     let (store, mut server) = store();
-    let created = exchange(store.create_block(block()), async {
+    let created = exchange(store.create_block(block(), &mut Ungated), async {
         let (req, reply) = server.next().await;
         req.expect(
             Method::POST,
@@ -364,7 +365,7 @@ async fn a_claim_is_one_post_of_the_block_with_its_finalizer() {
 #[tokio::test]
 async fn a_claim_of_a_taken_name_is_already_exists() {
     let (store, mut server) = store();
-    let r = exchange(store.create_block(block()), async {
+    let r = exchange(store.create_block(block(), &mut Ungated), async {
         let (req, reply) = server.next().await;
         req.expect(
             Method::POST,
@@ -396,7 +397,7 @@ async fn a_release_deletes_with_its_precondition_then_drops_only_our_finalizer()
     let seventeen = ResourceVersion::server("17");
     let mut gate = Admissions::default();
     let admitted = gate.clone();
-    let call = store.delete_block_gated(BLOCK, &seventeen, &mut gate);
+    let call = store.delete_block(BLOCK, &seventeen, &mut gate);
     let r = exchange(call, async {
         let (req, reply) = server.next().await;
         assert_eq!(admitted.count(), 1, "the DELETE was admitted first");
@@ -443,7 +444,7 @@ async fn a_release_of_a_block_already_gone_makes_no_patch() {
     let (store, mut server) = store_with_block();
     let path = format!("{BLOCKS}/{BLOCK}");
     let seventeen = ResourceVersion::server("17");
-    let r = exchange(store.delete_block(BLOCK, &seventeen), async {
+    let r = exchange(store.delete_block(BLOCK, &seventeen, &mut Ungated), async {
         let (req, reply) = server.next().await;
         req.expect(Method::DELETE, &path, &[], JSON);
         assert_eq!(req.body["preconditions"]["resourceVersion"], "17");
@@ -468,7 +469,7 @@ async fn a_release_that_lost_the_race_is_a_conflict() {
     let (store, mut server) = store_with_block();
     let path = format!("{BLOCKS}/{BLOCK}");
     let seventeen = ResourceVersion::server("17");
-    let r = exchange(store.delete_block(BLOCK, &seventeen), async {
+    let r = exchange(store.delete_block(BLOCK, &seventeen, &mut Ungated), async {
         let (req, reply) = server.next().await;
         req.expect(Method::DELETE, &path, &[], JSON);
         assert_eq!(req.body["preconditions"]["resourceVersion"], "17");
@@ -500,7 +501,7 @@ async fn a_finalizer_patch_that_lost_the_race_is_a_conflict() {
     let (store, mut server) = store_with_block();
     let path = format!("{BLOCKS}/{BLOCK}");
     let seventeen = ResourceVersion::server("17");
-    let r = exchange(store.delete_block(BLOCK, &seventeen), async {
+    let r = exchange(store.delete_block(BLOCK, &seventeen, &mut Ungated), async {
         let (req, reply) = server.next().await;
         req.expect(Method::DELETE, &path, &[], JSON);
         let mut terminating = block_object("18");
@@ -536,7 +537,7 @@ async fn a_finalizer_patch_that_lost_the_race_is_a_conflict() {
 async fn an_ipamnode_the_cache_lacks_is_created_by_post() {
     let (store, mut server) = store();
     let r = exchange(
-        store.apply_operator(&N1, node_uid(), OperatorFields::default()),
+        store.apply_operator(&N1, node_uid(), OperatorFields::default(), &mut Ungated),
         async {
             let (req, reply) = server.next().await;
             req.expect(
@@ -596,7 +597,7 @@ async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
     };
     let mut gate = Admissions::default();
     let admitted = gate.clone();
-    let call = store.apply_operator_gated(&N1, node_uid(), fields, &mut gate);
+    let call = store.apply_operator(&N1, node_uid(), fields, &mut gate);
     let r = exchange(call, async {
         let (req, reply) = server.next().await;
         assert_eq!(admitted.count(), 1, "the POST was admitted first");
@@ -641,23 +642,26 @@ async fn a_spec_change_is_one_apply_of_the_spec() {
         .release
         .insert(addr("10.0.0.2"), ReleaseState::MarkedForRelease);
     let path = format!("{NODES}/n1");
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &path, FORCED, APPLY);
-        let spec = json!({
-            "nodeUID": UID,
-            "addresses": ["10.0.0.1", "10.0.0.2"],
-            "release": { "10.0.0.2": "marked-for-release" },
-        });
-        assert_eq!(
-            req.body,
-            spec_apply(spec.clone()),
-            "a partial body: no status"
-        );
-        let mut obj = node_object("11");
-        obj["spec"] = spec;
-        answer(reply, 200, obj);
-    })
+    let r = exchange(
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &path, FORCED, APPLY);
+            let spec = json!({
+                "nodeUID": UID,
+                "addresses": ["10.0.0.1", "10.0.0.2"],
+                "release": { "10.0.0.2": "marked-for-release" },
+            });
+            assert_eq!(
+                req.body,
+                spec_apply(spec.clone()),
+                "a partial body: no status"
+            );
+            let mut obj = node_object("11");
+            obj["spec"] = spec;
+            answer(reply, 200, obj);
+        },
+    )
     .await;
     let node = r.expect("the apply");
     assert_eq!(node.resource_version, Some(ResourceVersion::server("11")));
@@ -679,30 +683,33 @@ async fn a_spec_and_count_change_is_a_spec_apply_then_a_status_apply() {
         .map(addr)
         .collect();
     fields.addresses = Arc::new(three);
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
-        let spec = json!({ "nodeUID": UID, "addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3"] });
-        assert_eq!(req.body, spec_apply(spec.clone()));
-        let mut obj = node_object("11");
-        obj["spec"] = spec;
-        answer(reply, 200, obj.clone());
+    let r = exchange(
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
+            let spec = json!({ "nodeUID": UID, "addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3"] });
+            assert_eq!(req.body, spec_apply(spec.clone()));
+            let mut obj = node_object("11");
+            obj["spec"] = spec;
+            answer(reply, 200, obj.clone());
 
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
-        assert_eq!(
-            req.body,
-            json!({
-                "apiVersion": API_VERSION, "kind": "IPAMNode",
-                "metadata": { "name": "n1", "uid": NODE_OBJECT_UID },
-                "status": { "conditions": [pool_ready()], "allocated": 3 },
-            }),
-            "the operator's status fields only: no spec, no finalizers"
-        );
-        obj["metadata"]["resourceVersion"] = json!("12");
-        obj["status"]["allocated"] = json!(3);
-        answer(reply, 200, obj);
-    })
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
+            assert_eq!(
+                req.body,
+                json!({
+                    "apiVersion": API_VERSION, "kind": "IPAMNode",
+                    "metadata": { "name": "n1", "uid": NODE_OBJECT_UID },
+                    "status": { "conditions": [pool_ready()], "allocated": 3 },
+                }),
+                "the operator's status fields only: no spec, no finalizers"
+            );
+            obj["metadata"]["resourceVersion"] = json!("12");
+            obj["status"]["allocated"] = json!(3);
+            answer(reply, 200, obj);
+        },
+    )
     .await;
     let node = r.expect("the applies");
     assert_eq!(node.resource_version, Some(ResourceVersion::server("12")));
@@ -715,16 +722,19 @@ async fn a_condition_change_is_one_apply_of_the_status() {
     let (store, mut server) = store_with_node();
     let mut fields = cached_fields(&store);
     fields.conditions.push(blocked_condition());
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
-        let status = json!({ "conditions": [pool_ready(), blocked()], "allocated": 2 });
-        assert_eq!(req.body["status"], status);
-        assert!(req.body.get("spec").is_none());
-        let mut obj = node_object("11");
-        obj["status"] = status;
-        answer(reply, 200, obj);
-    })
+    let r = exchange(
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
+            let status = json!({ "conditions": [pool_ready(), blocked()], "allocated": 2 });
+            assert_eq!(req.body["status"], status);
+            assert!(req.body.get("spec").is_none());
+            let mut obj = node_object("11");
+            obj["status"] = status;
+            answer(reply, 200, obj);
+        },
+    )
     .await;
     r.expect("the apply");
     server.expect_no_more(store).await;
@@ -735,10 +745,13 @@ async fn a_condition_change_is_one_apply_of_the_status() {
 async fn an_unchanged_ipamnode_makes_no_request() {
     let (store, server) = store_with_node();
     let fields = cached_fields(&store);
-    let node = tokio::time::timeout(WAIT, store.apply_operator(&N1, node_uid(), fields))
-        .await
-        .expect("no request to wait for")
-        .expect("nothing to write");
+    let node = tokio::time::timeout(
+        WAIT,
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+    )
+    .await
+    .expect("no request to wait for")
+    .expect("nothing to write");
     assert_eq!(node.resource_version, Some(ResourceVersion::server("10")));
     server.expect_no_more(store).await;
 }
@@ -757,21 +770,24 @@ async fn a_field_manager_conflict_on_the_spec_apply_is_reported_as_such() {
     fields
         .release
         .insert(addr("10.0.0.2"), ReleaseState::MarkedForRelease);
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
-        let msg = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using \
+    let r = exchange(
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
+            let msg = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using \
                    ipam.tidepool.dev/v1alpha1: .spec.release";
-        let details = json!({
-            "name": "n1", "group": "ipam.tidepool.dev", "kind": "ipamnodes",
-            "causes": [{
-                "reason": "FieldManagerConflict",
-                "message": "conflict with \"kubectl-edit\" using ipam.tidepool.dev/v1alpha1",
-                "field": ".spec.release",
-            }],
-        });
-        answer(reply, 409, failure(409, "Conflict", msg, details));
-    })
+            let details = json!({
+                "name": "n1", "group": "ipam.tidepool.dev", "kind": "ipamnodes",
+                "causes": [{
+                    "reason": "FieldManagerConflict",
+                    "message": "conflict with \"kubectl-edit\" using ipam.tidepool.dev/v1alpha1",
+                    "field": ".spec.release",
+                }],
+            });
+            answer(reply, 409, failure(409, "Conflict", msg, details));
+        },
+    )
     .await;
     let e = r.expect_err("a conflict");
     assert!(
@@ -801,26 +817,29 @@ async fn a_throttled_apply_carries_its_retry_after() {
     fields
         .release
         .insert(addr("10.0.0.2"), ReleaseState::MarkedForRelease);
-    let r = exchange(store.apply_operator(&N1, node_uid(), fields), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
-        let details = json!({ "retryAfterSeconds": 7 });
-        let res = Response::builder()
-            .status(429)
-            .header(header::CONTENT_TYPE, JSON)
-            .header(header::RETRY_AFTER, "7")
-            .body(Body::from(
-                serde_json::to_vec(&failure(
-                    429,
-                    "TooManyRequests",
-                    "too many requests, please try again later",
-                    details,
+    let r = exchange(
+        store.apply_operator(&N1, node_uid(), fields, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &format!("{NODES}/n1"), FORCED, APPLY);
+            let details = json!({ "retryAfterSeconds": 7 });
+            let res = Response::builder()
+                .status(429)
+                .header(header::CONTENT_TYPE, JSON)
+                .header(header::RETRY_AFTER, "7")
+                .body(Body::from(
+                    serde_json::to_vec(&failure(
+                        429,
+                        "TooManyRequests",
+                        "too many requests, please try again later",
+                        details,
+                    ))
+                    .expect("JSON"),
                 ))
-                .expect("JSON"),
-            ))
-            .expect("a response");
-        reply.send_response(res);
-    })
+                .expect("a response");
+            reply.send_response(res);
+        },
+    )
     .await;
     let e = r.expect_err("throttled");
     assert_eq!(
@@ -876,7 +895,7 @@ async fn a_conflict_is_reread_by_get_and_retried_with_the_fresh_version() {
     };
     let engine = async {
         let first = store
-            .delete_block(BLOCK, &ResourceVersion::server("17"))
+            .delete_block(BLOCK, &ResourceVersion::server("17"), &mut Ungated)
             .await;
         assert_eq!(
             first,
@@ -897,7 +916,7 @@ async fn a_conflict_is_reread_by_get_and_retried_with_the_fresh_version() {
             .expect("the block exists");
         assert!(b.release);
         let rv = b.stored_version().expect("a stored version").clone();
-        store.delete_block(BLOCK, &rv).await
+        store.delete_block(BLOCK, &rv, &mut Ungated).await
     };
     let r = exchange(engine, script).await;
     r.expect("the retried release");
@@ -926,30 +945,36 @@ async fn a_mark_is_an_apply_of_the_blocks_spec() {
     let mut marked_spec = spec.clone();
     marked_spec["release"] = json!("marked-for-release");
 
-    let r = exchange(store.mark_block(BLOCK, true), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &path, FORCED, APPLY);
-        assert_eq!(req.body, body(&marked_spec));
-        let mut obj = block_object("18");
-        obj["spec"] = marked_spec.clone();
-        answer(reply, 200, obj);
-    })
+    let r = exchange(
+        store.mark_block(BLOCK, ReleaseMark::Set, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &path, FORCED, APPLY);
+            assert_eq!(req.body, body(&marked_spec));
+            let mut obj = block_object("18");
+            obj["spec"] = marked_spec.clone();
+            answer(reply, 200, obj);
+        },
+    )
     .await;
     let b = r.expect("the mark");
     assert!(b.release);
     assert_eq!(b.resource_version, Some(ResourceVersion::server("18")));
     assert!(store.blocks_of("n1")[0].release, "cached at once");
 
-    let r = exchange(store.mark_block(BLOCK, false), async {
-        let (req, reply) = server.next().await;
-        req.expect(Method::PATCH, &path, FORCED, APPLY);
-        assert_eq!(
-            req.body,
-            body(&spec),
-            "the mark withdrawn: no release field"
-        );
-        answer(reply, 200, block_object("19"));
-    })
+    let r = exchange(
+        store.mark_block(BLOCK, ReleaseMark::Withdraw, &mut Ungated),
+        async {
+            let (req, reply) = server.next().await;
+            req.expect(Method::PATCH, &path, FORCED, APPLY);
+            assert_eq!(
+                req.body,
+                body(&spec),
+                "the mark withdrawn: no release field"
+            );
+            answer(reply, 200, block_object("19"));
+        },
+    )
     .await;
     assert!(!r.expect("the withdrawal").release);
     server.expect_no_more(store).await;

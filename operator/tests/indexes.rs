@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher::Event;
 use parking_lot::Mutex;
 use tidepool_ipam::{
-    IpamError, NodeInfo, NodeName, PodCache, PodChanges, PodPhase, PodUid, PodView, Since,
+    IpamError, NodeInfo, NodeName, NodeUid, PodCache, PodChanges, PodPhase, PodUid, PodView, Since,
 };
 use tidepool_operator::index::{NodeChange, NodeIndex, NodeSelector, PodGetter, PodIndex};
 use tokio::time::Instant;
@@ -325,7 +325,7 @@ fn node(name: &str, uid: u128, labels: &[(&str, &str)]) -> Node {
 fn info(name: &str, uid: u128) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid,
+        uid: NodeUid(uid),
         allocatable_pods: 58,
         cordoned: false,
         terminating: false,
@@ -382,7 +382,7 @@ fn a_node_re_registered_under_its_name_is_removed_then_added() {
         idx.apply(&Event::Delete(node("n1", 1, &[]))).is_empty(),
         "the old one's"
     );
-    assert_eq!(idx.get("n1").map(|i| i.uid), Some(2));
+    assert_eq!(idx.get("n1").map(|i| i.uid), Some(NodeUid(2)));
     let out = idx.apply(&Event::Delete(node("n1", 2, &[])));
     assert_eq!(out, vec![NodeChange::Removed(info("n1", 2))]);
 }

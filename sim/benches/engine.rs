@@ -18,6 +18,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 mod common;
 
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::ReclaimConfig;
 use tidepool_ipam::ReleaseConfig;
 use tidepool_ipam::Watermarks;
@@ -52,7 +53,7 @@ fn resync(c: &mut Criterion) {
 
 /// The pod cache is an ordered map, as the engine's in-memory pod view is.
 fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo>) {
-    let mut node = IpamNode::new("n".into(), 1);
+    let mut node = IpamNode::new("n".into(), NodeUid(1));
     let since = SystemTime::UNIX_EPOCH;
     let mut pods = BTreeMap::new();
     for i in 0..256u32 {
@@ -86,7 +87,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
     }
     let info = NodeInfo {
         name: "n".into(),
-        uid: 1,
+        uid: NodeUid(1),
         allocatable_pods: 250,
         cordoned: false,
         terminating: false,

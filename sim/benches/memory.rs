@@ -13,6 +13,7 @@ use tidepool_sim::{World, WorldConfig};
 
 mod common;
 use tidepool_ipam::IpamNode;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::Watermarks;
 
 #[global_allocator]
@@ -59,7 +60,7 @@ fn main() {
         let before = ALLOCATOR.live_bytes();
         let objs: Vec<IpamNode> = (0..nodes)
             .map(|i| {
-                let mut n = IpamNode::new(format!("n{i:05}").into(), i as u128);
+                let mut n = IpamNode::new(format!("n{i:05}").into(), NodeUid(i as u128));
                 n.operator.addresses = std::sync::Arc::new(
                     (0..addresses)
                         .map(|a| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i * 256 + a)))

@@ -81,7 +81,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use tidepool_ipam::{AddrSet, IpSource, Quota, SourceHook};
+use tidepool_ipam::{AddrSet, Gate, IpSource, Quota, SourceHook};
 use tidepool_ipam::{ErrorClass, IpamError};
 use tidepool_ipam::{Family, NodeName, PerFamily};
 use tidepool_ipam::{TokioGovernorClock, TokioInstant};
@@ -464,8 +464,17 @@ fn err(op: &'static str, node: &NodeName, class: ErrorClass, message: String) ->
 
 /// How a mutating call's preamble (rate limit, brown-out, fault draws) ended.
 enum Admit {
-    Proceed { lost_reply: bool },
+    /// The call takes effect; its reply as drawn.
+    Proceed(Reply),
     Refused(IpamError),
+}
+
+/// Whether the caller hears of a call that took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    Sent,
+    /// The caller waits for its timeout, then sees a transient failure.
+    Lost,
 }
 
 impl SimCloud {
@@ -756,7 +765,7 @@ impl SimCloud {
             ));
         }
         if f.error_rate + f.throttle_rate + f.lost_reply_rate <= 0.0 {
-            return Admit::Proceed { lost_reply: false };
+            return Admit::Proceed(Reply::Sent);
         }
         let x: f64 = s.rng.random();
         if x < f.error_rate {
@@ -778,16 +787,16 @@ impl SimCloud {
                 "RequestLimitExceeded: injected throttling".into(),
             ))
         } else if x < f.error_rate + f.throttle_rate + f.lost_reply_rate {
-            Admit::Proceed { lost_reply: true }
+            Admit::Proceed(Reply::Lost)
         } else {
-            Admit::Proceed { lost_reply: false }
+            Admit::Proceed(Reply::Sent)
         }
     }
 
     /// The end of a call whose effect happened: a lost reply keeps the caller waiting for
     /// its timeout, then fails transient.
-    async fn reply(&self, op: &'static str, node: &NodeName, lost: bool) -> Result<(), IpamError> {
-        if !lost {
+    async fn reply(&self, op: &'static str, node: &NodeName, r: Reply) -> Result<(), IpamError> {
+        if r == Reply::Sent {
             return Ok(());
         }
         let timeout = {
@@ -897,21 +906,23 @@ impl IpSource for SimCloud {
         want.min(limit).min(self.state.lock().one_call(node))
     }
 
-    async fn allocate(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
+        gate.request().await?;
         if count == 0 {
             return Ok(AddrSet::new());
         }
         tokio::time::sleep(self.latency).await;
-        let (addrs, lost) = {
+        let (addrs, reply) = {
             let mut s = self.state.lock();
-            let lost = match self.admit(&mut s, "allocate", node) {
+            let reply = match self.admit(&mut s, "allocate", node) {
                 Admit::Refused(e) => return Err(e),
-                Admit::Proceed { lost_reply } => lost_reply,
+                Admit::Proceed(reply) => reply,
             };
             if family != Family::V4 {
                 s.counters.failed += 1;
@@ -923,12 +934,12 @@ impl IpSource for SimCloud {
                 ));
             }
             let addrs: AddrSet = Self::assign(&mut s, node, count)?.into_iter().collect();
-            (addrs, lost)
+            (addrs, reply)
         };
         if let Some(h) = &self.hook {
             h.granted(node, &addrs);
         }
-        self.reply("allocate", node, lost).await?;
+        self.reply("allocate", node, reply).await?;
         Ok(addrs)
     }
 
@@ -968,16 +979,22 @@ impl IpSource for SimCloud {
             .collect()
     }
 
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+    async fn release<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        gate.request().await?;
         if addrs.is_empty() {
             return Ok(());
         }
         tokio::time::sleep(self.latency).await;
-        let (released, lost) = {
+        let (released, reply) = {
             let mut s = self.state.lock();
-            let lost = match self.admit(&mut s, "release", node) {
+            let reply = match self.admit(&mut s, "release", node) {
                 Admit::Refused(e) => return Err(e),
-                Admit::Proceed { lost_reply } => lost_reply,
+                Admit::Proceed(reply) => reply,
             };
             let mut done = AddrSet::new();
             for a in addrs.iter() {
@@ -993,14 +1010,14 @@ impl IpSource for SimCloud {
                 s.subnets[subnet].give_back(v4);
                 done.insert(a);
             }
-            (done, lost)
+            (done, reply)
         };
         if let Some(h) = &self.hook
             && !released.is_empty()
         {
             h.released(node, &released);
         }
-        self.reply("release", node, lost).await
+        self.reply("release", node, reply).await
     }
 
     async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
@@ -1094,6 +1111,8 @@ impl crate::world::SimSource for SimCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidepool_ipam::NodeUid;
+    use tidepool_ipam::Ungated;
 
     fn node(n: &str) -> NodeName {
         n.into()
@@ -1123,7 +1142,7 @@ mod tests {
             if k == 0 {
                 return calls;
             }
-            let got = c.allocate(n, Family::V4, k).await.unwrap();
+            let got = c.allocate(n, Family::V4, k, &mut Ungated).await.unwrap();
             assert_eq!(got.total(), u128::from(k));
             calls += 1;
         }
@@ -1271,7 +1290,10 @@ mod tests {
                     .all(|&k| k == it.pod_addresses_per_interface())
             );
             assert_eq!(c.prepare_allocation(&n, Family::V4, 1, u64::MAX), 0, "{it}");
-            let e = c.allocate(&n, Family::V4, 1).await.unwrap_err();
+            let e = c
+                .allocate(&n, Family::V4, 1, &mut Ungated)
+                .await
+                .unwrap_err();
             assert_eq!(e.class(), ErrorClass::Exhausted, "{it}");
             assert_eq!(c.describe(&n).await.unwrap().total() as u64, have);
         }
@@ -1282,17 +1304,20 @@ mod tests {
         let n = node("a");
         let c = cloud_with("a", "m5.4xlarge");
         assert_eq!(c.prepare_allocation(&n, Family::V4, 38, u64::MAX), 29);
-        c.allocate(&n, Family::V4, 29).await.unwrap();
+        c.allocate(&n, Family::V4, 29, &mut Ungated).await.unwrap();
         assert_eq!(c.prepare_allocation(&n, Family::V4, 9, u64::MAX), 9);
         // the limit (max_allocate headroom) caps it too
         assert_eq!(c.prepare_allocation(&n, Family::V4, 9, 4), 4);
-        c.allocate(&n, Family::V4, 9).await.unwrap();
+        c.allocate(&n, Family::V4, 9, &mut Ungated).await.unwrap();
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![29, 9]);
         assert_eq!(c.calls(), (2, 0));
         assert_eq!(c.counters().interfaces_created, 1);
         assert_eq!(c.prepare_allocation(&n, Family::V6, 9, u64::MAX), 0);
         assert_eq!(
-            c.allocate(&n, Family::V4, 30).await.unwrap_err().class(),
+            c.allocate(&n, Family::V4, 30, &mut Ungated)
+                .await
+                .unwrap_err()
+                .class(),
             ErrorClass::Transient // more than interface eth1 has room for
         );
     }
@@ -1301,19 +1326,22 @@ mod tests {
     async fn interface_created_only_when_existing_ones_are_full() {
         let n = node("a");
         let c = cloud_with("a", "m5.large");
-        c.allocate(&n, Family::V4, 5).await.unwrap();
+        c.allocate(&n, Family::V4, 5, &mut Ungated).await.unwrap();
         assert_eq!(c.instance(&n).unwrap().interfaces.len(), 1);
         // eth0 has room for 4: one call gives 4 there, not a new interface of 9
         assert_eq!(c.prepare_allocation(&n, Family::V4, 20, u64::MAX), 4);
         assert_eq!(
-            c.allocate(&n, Family::V4, 5).await.unwrap_err().class(),
+            c.allocate(&n, Family::V4, 5, &mut Ungated)
+                .await
+                .unwrap_err()
+                .class(),
             ErrorClass::Transient
         );
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![5]);
-        c.allocate(&n, Family::V4, 4).await.unwrap();
+        c.allocate(&n, Family::V4, 4, &mut Ungated).await.unwrap();
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![9]);
         assert_eq!(c.prepare_allocation(&n, Family::V4, 20, u64::MAX), 9);
-        c.allocate(&n, Family::V4, 3).await.unwrap();
+        c.allocate(&n, Family::V4, 3, &mut Ungated).await.unwrap();
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![9, 3]);
         // a freed address on eth0 is filled before eth1
         let eth0: Vec<IpAddr> = c.instance(&n).unwrap().interfaces[0]
@@ -1322,9 +1350,9 @@ mod tests {
             .take(2)
             .map(|a| IpAddr::V4(*a))
             .collect();
-        c.release(&n, &set(&eth0)).await.unwrap();
+        c.release(&n, &set(&eth0), &mut Ungated).await.unwrap();
         assert_eq!(c.prepare_allocation(&n, Family::V4, 20, u64::MAX), 2);
-        let again = c.allocate(&n, Family::V4, 2).await.unwrap();
+        let again = c.allocate(&n, Family::V4, 2, &mut Ungated).await.unwrap();
         let inst = c.instance(&n).unwrap();
         assert_eq!(inst.secondary_counts(), vec![9, 3]);
         assert!(
@@ -1343,7 +1371,10 @@ mod tests {
             let mut all = Vec::new();
             for _ in 0..3 {
                 let k = c.prepare_allocation(&n, Family::V4, 100, u64::MAX);
-                all.extend(v(&c.allocate(&n, Family::V4, k).await.unwrap()));
+                all.extend(v(&c
+                    .allocate(&n, Family::V4, k, &mut Ungated)
+                    .await
+                    .unwrap()));
             }
             all
         };
@@ -1363,11 +1394,11 @@ mod tests {
         // prepare_release never proposes a primary, even when offered only primaries
         assert!(c.prepare_release(&n, &set(&primaries), 10).is_empty());
         let free_before = c.quota().v4.free;
-        c.release(&n, &set(&primaries)).await.unwrap();
+        c.release(&n, &set(&primaries), &mut Ungated).await.unwrap();
         assert_eq!(c.instance(&n).unwrap(), inst);
         assert_eq!(c.quota().v4.free, free_before);
         // releasing everything leaves the primaries
-        c.release(&n, &truth).await.unwrap();
+        c.release(&n, &truth, &mut Ungated).await.unwrap();
         let after = c.instance(&n).unwrap();
         assert_eq!(after.secondary_counts(), vec![0, 0, 0]);
         assert_eq!(
@@ -1390,9 +1421,12 @@ mod tests {
         let other = node("b");
         let c = cloud_with("a", "m5.large");
         c.add_instance(&other, t("m5.large")).unwrap();
-        let eth0 = v(&c.allocate(&n, Family::V4, 9).await.unwrap());
-        let eth1 = v(&c.allocate(&n, Family::V4, 6).await.unwrap());
-        let theirs = c.allocate(&other, Family::V4, 3).await.unwrap();
+        let eth0 = v(&c.allocate(&n, Family::V4, 9, &mut Ungated).await.unwrap());
+        let eth1 = v(&c.allocate(&n, Family::V4, 6, &mut Ungated).await.unwrap());
+        let theirs = c
+            .allocate(&other, Family::V4, 3, &mut Ungated)
+            .await
+            .unwrap();
         // free: 3 of eth0, 5 of eth1, an address of another node
         let mut free = set(&[eth0[0], eth1[0], eth0[1], eth1[1], eth0[2]]);
         free.extend(eth1[2..5].iter().copied());
@@ -1407,9 +1441,9 @@ mod tests {
         );
         assert!(c.prepare_release(&n, &theirs, 10).is_empty());
         // release ignores another node's addresses
-        c.release(&n, &theirs).await.unwrap();
+        c.release(&n, &theirs, &mut Ungated).await.unwrap();
         assert_eq!(c.describe(&other).await.unwrap().total(), 3);
-        c.release(&n, &c.prepare_release(&n, &free, 10))
+        c.release(&n, &c.prepare_release(&n, &free, 10), &mut Ungated)
             .await
             .unwrap();
         assert_eq!(c.instance(&n).unwrap().secondary_counts(), vec![9, 1]);
@@ -1429,10 +1463,13 @@ mod tests {
             }
         );
         assert_eq!(c.prepare_allocation(&a, Family::V4, 29, u64::MAX), 10);
-        let got = c.allocate(&a, Family::V4, 10).await.unwrap();
+        let got = c.allocate(&a, Family::V4, 10, &mut Ungated).await.unwrap();
         assert_eq!(c.quota().v4.free, 0);
         assert_eq!(c.prepare_allocation(&a, Family::V4, 1, u64::MAX), 0);
-        let e = c.allocate(&a, Family::V4, 1).await.unwrap_err();
+        let e = c
+            .allocate(&a, Family::V4, 1, &mut Ungated)
+            .await
+            .unwrap_err();
         assert_eq!(e.class(), ErrorClass::Exhausted);
         assert!(
             e.to_string().contains("InsufficientFreeAddressesInSubnet"),
@@ -1442,18 +1479,23 @@ mod tests {
             c.add_instance(&node("b"), t("m5.large")).unwrap_err(),
             CloudError::SubnetExhausted { .. }
         ));
-        c.release(&a, &set(&v(&got)[..3])).await.unwrap();
+        c.release(&a, &set(&v(&got)[..3]), &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(c.quota().v4.free, 3);
         assert_eq!(c.prepare_allocation(&a, Family::V4, 29, u64::MAX), 3);
 
         // a new interface needs its primary from the subnet too
         let c = SimCloud::new(1, 28, 1).unwrap();
         c.add_instance(&a, t("m5.large")).unwrap();
-        c.allocate(&a, Family::V4, 9).await.unwrap();
+        c.allocate(&a, Family::V4, 9, &mut Ungated).await.unwrap();
         assert_eq!(c.quota().v4.free, 1);
         assert_eq!(c.prepare_allocation(&a, Family::V4, 1, u64::MAX), 0);
         assert_eq!(
-            c.allocate(&a, Family::V4, 1).await.unwrap_err().class(),
+            c.allocate(&a, Family::V4, 1, &mut Ungated)
+                .await
+                .unwrap_err()
+                .class(),
             ErrorClass::Exhausted
         );
         assert_eq!(c.instance(&a).unwrap().interfaces.len(), 1);
@@ -1464,15 +1506,18 @@ mod tests {
         let n = node("a");
         let rec = Arc::new(Recorder::default());
         let c = cloud_with("a", "m5.large").with_hook(rec.clone());
-        let held = c.allocate(&n, Family::V4, 4).await.unwrap();
+        let held = c.allocate(&n, Family::V4, 4, &mut Ungated).await.unwrap();
         c.set_faults(CloudFaults {
             error_rate: 1.0,
             ..Default::default()
         });
         let free = c.quota().v4.free;
-        let e = c.allocate(&n, Family::V4, 3).await.unwrap_err();
+        let e = c
+            .allocate(&n, Family::V4, 3, &mut Ungated)
+            .await
+            .unwrap_err();
         assert_eq!(e.class(), ErrorClass::Transient);
-        let e = c.release(&n, &held).await.unwrap_err();
+        let e = c.release(&n, &held, &mut Ungated).await.unwrap_err();
         assert_eq!(e.class(), ErrorClass::Transient);
         assert_eq!(c.describe(&n).await.unwrap().total(), 4);
         assert_eq!(c.quota().v4.free, free);
@@ -1485,15 +1530,17 @@ mod tests {
     async fn injected_throttling_has_retry_after_and_changes_nothing() {
         let n = node("a");
         let c = cloud_with("a", "m5.large");
-        let held = c.allocate(&n, Family::V4, 4).await.unwrap();
+        let held = c.allocate(&n, Family::V4, 4, &mut Ungated).await.unwrap();
         c.set_faults(CloudFaults {
             throttle_rate: 1.0,
             retry_after: Duration::from_secs(7),
             ..Default::default()
         });
         for r in [
-            c.allocate(&n, Family::V4, 3).await.map(|_| ()),
-            c.release(&n, &held).await,
+            c.allocate(&n, Family::V4, 3, &mut Ungated)
+                .await
+                .map(|_| ()),
+            c.release(&n, &held, &mut Ungated).await,
         ] {
             assert_eq!(
                 r.unwrap_err().class(),
@@ -1519,13 +1566,19 @@ mod tests {
             )),
             ..Default::default()
         });
-        let held = c.allocate(&n, Family::V4, 2).await.unwrap();
+        let held = c.allocate(&n, Family::V4, 2, &mut Ungated).await.unwrap();
         tokio::time::sleep_until(start + Duration::from_secs(10)).await;
-        let e = c.allocate(&n, Family::V4, 2).await.unwrap_err();
+        let e = c
+            .allocate(&n, Family::V4, 2, &mut Ungated)
+            .await
+            .unwrap_err();
         assert_eq!(e.class(), ErrorClass::Transient);
         assert!(e.to_string().contains("brown-out"), "{e}");
         assert_eq!(
-            c.release(&n, &held).await.unwrap_err().class(),
+            c.release(&n, &held, &mut Ungated)
+                .await
+                .unwrap_err()
+                .class(),
             ErrorClass::Transient
         );
         assert_eq!(
@@ -1534,7 +1587,7 @@ mod tests {
         );
         // a call sent just before the end arrives (after its latency) when it is over
         tokio::time::sleep_until(start + Duration::from_millis(19_900)).await;
-        c.allocate(&n, Family::V4, 2).await.unwrap();
+        c.allocate(&n, Family::V4, 2, &mut Ungated).await.unwrap();
         assert_eq!(c.describe(&n).await.unwrap().total(), 4);
         assert_eq!(c.counters().failed, 2);
     }
@@ -1552,7 +1605,10 @@ mod tests {
             ..Default::default()
         });
         let start = Instant::now();
-        let e = c.allocate(&n, Family::V4, 3).await.unwrap_err();
+        let e = c
+            .allocate(&n, Family::V4, 3, &mut Ungated)
+            .await
+            .unwrap_err();
         assert_eq!(e.class(), ErrorClass::Transient);
         assert_eq!(start.elapsed(), Duration::from_millis(5_050));
         // the engine's repair: what the cloud says the node holds
@@ -1560,12 +1616,18 @@ mod tests {
         assert_eq!(truth.total(), 3);
         assert_eq!(rec.0.lock()[0], (true, n.clone(), v(&truth)));
         let addrs = v(&truth);
-        assert!(c.release(&n, &set(&addrs[..1])).await.is_err());
+        assert!(
+            c.release(&n, &set(&addrs[..1]), &mut Ungated)
+                .await
+                .is_err()
+        );
         assert_eq!(c.describe(&n).await.unwrap().total(), 2);
         assert_eq!(rec.0.lock()[1], (false, n.clone(), addrs[..1].to_vec()));
         // retrying the lost release is harmless
         c.set_faults(CloudFaults::default());
-        c.release(&n, &set(&addrs[..1])).await.unwrap();
+        c.release(&n, &set(&addrs[..1]), &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(c.describe(&n).await.unwrap().total(), 2);
         assert_eq!(rec.0.lock().len(), 2);
     }
@@ -1584,7 +1646,12 @@ mod tests {
             });
             let mut out = Vec::new();
             for _ in 0..50 {
-                out.push(c.allocate(&n, Family::V4, 1).await.err().map(|e| e.class()));
+                out.push(
+                    c.allocate(&n, Family::V4, 1, &mut Ungated)
+                        .await
+                        .err()
+                        .map(|e| e.class()),
+                );
             }
             out
         }
@@ -1609,9 +1676,12 @@ mod tests {
             .unwrap();
         assert_eq!(c.rate_limit(), Some((2.0, 3)));
         for _ in 0..3 {
-            c.allocate(&n, Family::V4, 1).await.unwrap();
+            c.allocate(&n, Family::V4, 1, &mut Ungated).await.unwrap();
         }
-        let e = c.allocate(&n, Family::V4, 1).await.unwrap_err();
+        let e = c
+            .allocate(&n, Family::V4, 1, &mut Ungated)
+            .await
+            .unwrap_err();
         let ErrorClass::Throttled {
             retry_after: Some(ra),
         } = e.class()
@@ -1619,12 +1689,12 @@ mod tests {
             panic!("not throttled: {e}");
         };
         assert_eq!(ra, Duration::from_millis(500));
-        assert!(c.release(&n, &AddrSet::new()).await.is_ok()); // empty: no call
+        assert!(c.release(&n, &AddrSet::new(), &mut Ungated).await.is_ok()); // empty: no call
         assert_eq!(c.describe(&n).await.unwrap().total(), 3); // reads are not limited
         assert_eq!(c.calls(), (4, 1));
         tokio::time::sleep(ra).await;
-        c.allocate(&n, Family::V4, 1).await.unwrap();
-        assert!(c.allocate(&n, Family::V4, 1).await.is_err());
+        c.allocate(&n, Family::V4, 1, &mut Ungated).await.unwrap();
+        assert!(c.allocate(&n, Family::V4, 1, &mut Ungated).await.is_err());
         assert_eq!(c.calls(), (6, 2));
         assert_eq!(c.calls_for(&n), 6);
         assert_eq!(c.calls_for(&node("b")), 0);
@@ -1635,11 +1705,11 @@ mod tests {
         let n = node("a");
         let c = cloud_with("a", "m5.large").with_latency(Duration::from_millis(250));
         let start = Instant::now();
-        let got = c.allocate(&n, Family::V4, 2).await.unwrap();
+        let got = c.allocate(&n, Family::V4, 2, &mut Ungated).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(250));
         c.describe(&n).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(250));
-        c.release(&n, &got).await.unwrap();
+        c.release(&n, &got, &mut Ungated).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(500));
     }
 
@@ -1649,8 +1719,8 @@ mod tests {
         let rec = Arc::new(Recorder::default());
         let c = cloud_with("a", "m5.large").with_hook(rec.clone());
         let free = c.quota().v4.free;
-        c.allocate(&n, Family::V4, 9).await.unwrap();
-        c.allocate(&n, Family::V4, 2).await.unwrap();
+        c.allocate(&n, Family::V4, 9, &mut Ungated).await.unwrap();
+        c.allocate(&n, Family::V4, 2, &mut Ungated).await.unwrap();
         assert_eq!(c.quota().v4.free, free - 12);
         assert!(c.terminate_instance(&n));
         assert!(!c.terminate_instance(&n));
@@ -1661,7 +1731,10 @@ mod tests {
         assert_eq!(rec.0.lock().last().unwrap().2.len(), 11);
         assert_eq!(c.prepare_allocation(&n, Family::V4, 1, u64::MAX), 0);
         assert_eq!(
-            c.allocate(&n, Family::V4, 1).await.unwrap_err().class(),
+            c.allocate(&n, Family::V4, 1, &mut Ungated)
+                .await
+                .unwrap_err()
+                .class(),
             ErrorClass::Permanent
         );
     }
@@ -1708,11 +1781,11 @@ mod tests {
             for _ in 0..rng.random_range(0..6) {
                 let k = c.prepare_allocation(&n, Family::V4, rng.random_range(1..20), u64::MAX);
                 if k > 0 {
-                    c.allocate(&n, Family::V4, k).await.unwrap();
+                    c.allocate(&n, Family::V4, k, &mut Ungated).await.unwrap();
                 }
                 let held = c.describe(&n).await.unwrap();
                 let drop: AddrSet = held.iter().filter(|_| rng.random_bool(0.2)).collect();
-                c.release(&n, &drop).await.unwrap();
+                c.release(&n, &drop, &mut Ungated).await.unwrap();
             }
             let fresh = c.instance(&n).unwrap().pod_addresses() == 0
                 && c.instance(&n).unwrap().interfaces.len() == 1;
@@ -1767,7 +1840,7 @@ mod tests {
         .unwrap();
         mgr.upsert_node(NodeInfo {
             name: node("a"),
-            uid: 1,
+            uid: NodeUid(1),
             allocatable_pods: allocatable,
             cordoned: false,
             terminating: false,

@@ -29,7 +29,7 @@ use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{Faults, IpSource, MemorySource};
-use tidepool_ipam::{MemoryNodeStore, NodeStore, StoreEvent};
+use tidepool_ipam::{MemoryNodeStore, NodeStore, NodeUid, StoreEvent};
 use tidepool_ipam::{MemoryPodView, PodPhase};
 
 /// The engine as the simulator runs it.
@@ -270,7 +270,7 @@ impl SimPod {
 
 struct Agent {
     /// The UID of its Node object.
-    uid: u128,
+    uid: NodeUid,
     /// The machine runs (false once it vanished).
     alive: bool,
     /// Pods waiting for addresses (CNI ADD retried when the pool changes).
@@ -559,7 +559,7 @@ impl<S: SimSource> World<S> {
         let uid = {
             let mut g = self.inner.lock();
             g.next_node_uid += 1;
-            let uid = g.next_node_uid;
+            let uid = NodeUid(g.next_node_uid);
             g.agents.insert(
                 name.clone(),
                 Agent {
@@ -823,7 +823,7 @@ impl<S: SimSource> World<S> {
     }
 
     /// The UID the world gave the Node object of `node` (while its machine is known).
-    pub fn node_uid(&self, node: &str) -> Option<u128> {
+    pub fn node_uid(&self, node: &str) -> Option<NodeUid> {
         self.inner.lock().agents.get(node).map(|a| a.uid)
     }
 

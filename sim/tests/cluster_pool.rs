@@ -21,8 +21,8 @@ use tidepool_ipam::IpamError;
 use tidepool_ipam::Watermarks;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::{AddrSet, ErrorClass};
-use tidepool_ipam::{BlockStore, MemoryNodeStore};
-use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck};
+use tidepool_ipam::{BlockStore, MemoryNodeStore, ReleaseMark, Ungated};
+use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck};
 use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};
@@ -248,7 +248,7 @@ async fn a_refused_mark_is_withdrawn_even_when_the_pool_is_exhausted() {
 fn info(name: &str, uid: u128) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid,
+        uid: NodeUid(uid),
         allocatable_pods: 250,
         cordoned: false,
         terminating: false,
@@ -270,7 +270,7 @@ fn block(cidr: &str, node: &str, uid: u128) -> IpamBlock {
         cidr,
         pool: "default".into(),
         node: node.into(),
-        node_uid: uid,
+        node_uid: NodeUid(uid),
         release: false,
         ack: None,
         resource_version: None,
@@ -296,10 +296,13 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
     let src = source(&store, spec(&["10.0.0.0/28"]), 1);
     src.node_seen(&info("n1", 7));
     let lost = store
-        .create_block(block("10.0.0.0/28", "n1", 7))
+        .create_block(block("10.0.0.0/28", "n1", 7), &mut Ungated)
         .await
         .unwrap();
-    let got = src.allocate(&"n1".into(), Family::V4, 1).await.unwrap();
+    let got = src
+        .allocate(&"n1".into(), Family::V4, 1, &mut Ungated)
+        .await
+        .unwrap();
     let want: AddrSet = (1..=14).map(|i| IpAddr::from([10, 0, 0, i])).collect();
     assert_eq!(got, want);
     assert_eq!(src.calls(), 1, "one create, refused");
@@ -318,14 +321,21 @@ async fn a_block_created_for_us_is_adopted_on_already_exists() {
     let src = source(&store, spec(&["10.0.0.0/28"]), 1);
     src.node_seen(&info("n1", 8));
     store
-        .create_block(block("10.0.0.0/28", "n1", 7))
+        .create_block(block("10.0.0.0/28", "n1", 7), &mut Ungated)
         .await
         .unwrap();
-    let err = src.allocate(&"n1".into(), Family::V4, 1).await.unwrap_err();
+    let err = src
+        .allocate(&"n1".into(), Family::V4, 1, &mut Ungated)
+        .await
+        .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Exhausted, "{err}");
     let blocks = store.list_blocks();
     assert_eq!(blocks.len(), 1);
-    assert_eq!(blocks[0].node_uid, 7, "the other Node's block stays");
+    assert_eq!(
+        blocks[0].node_uid,
+        NodeUid(7),
+        "the other Node's block stays"
+    );
 }
 
 /// Blocks another engine created for another node, unknown to this source's index: a claim
@@ -354,10 +364,18 @@ async fn blocks_taken_by_others_are_never_granted() {
             "10.0.0.48/28",
         ] {
             if c != free {
-                theirs.push(store.create_block(block(c, "n2", 9)).await.unwrap());
+                theirs.push(
+                    store
+                        .create_block(block(c, "n2", 9), &mut Ungated)
+                        .await
+                        .unwrap(),
+                );
             }
         }
-        let got = src.allocate(&"n1".into(), Family::V4, 16).await.unwrap();
+        let got = src
+            .allocate(&"n1".into(), Family::V4, 16, &mut Ungated)
+            .await
+            .unwrap();
         let free = net(free);
         assert!(!got.is_empty());
         assert!(
@@ -372,7 +390,7 @@ async fn blocks_taken_by_others_are_never_granted() {
         hit_taken += src.calls() - 1;
         // nothing left
         let err = src
-            .allocate(&"n1".into(), Family::V4, 16)
+            .allocate(&"n1".into(), Family::V4, 16, &mut Ungated)
             .await
             .unwrap_err();
         assert_eq!(err.class(), ErrorClass::Exhausted, "seed {seed}: {err}");
@@ -391,24 +409,32 @@ async fn a_release_with_a_stale_resource_version_is_refused() {
     let src = source(&store, spec(&["10.0.0.0/24"]), 3);
     let n1: NodeName = "n1".into();
     src.node_seen(&info("n1", 7));
-    let addrs = src.allocate(&n1, Family::V4, 16).await.unwrap();
+    let addrs = src
+        .allocate(&n1, Family::V4, 16, &mut Ungated)
+        .await
+        .unwrap();
     let b = store.blocks_of("n1")[0].clone();
-    src.set_marks(&n1, &addrs, &AddrSet::new()).await.unwrap();
+    src.set_marks(&n1, &addrs, &AddrSet::new(), &mut Ungated)
+        .await
+        .unwrap();
     store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
     let h = src.holdings(&n1).unwrap();
     assert_eq!(h.acks.keys(), addrs);
     let free_before = src.quota().v4.free;
     // the answer changes after the engine read it (withdrawn by another engine, re-answered)
-    store.mark_block(&b.name, false).await.unwrap();
+    store
+        .mark_block(&b.name, ReleaseMark::Withdraw, &mut Ungated)
+        .await
+        .unwrap();
     store.ack_block(&b.name, None);
-    let err = src.release(&n1, &addrs).await.unwrap_err();
+    let err = src.release(&n1, &addrs, &mut Ungated).await.unwrap_err();
     assert!(matches!(err, IpamError::Conflict { .. }), "{err}");
     let now = store.cached_block(&b.name).expect("the block stays");
     assert_eq!(now.node, n1);
     assert_eq!(src.quota().v4.free, free_before, "not freed in the index");
     // read again: the delete goes through
     src.holdings(&n1).unwrap();
-    src.release(&n1, &addrs).await.unwrap();
+    src.release(&n1, &addrs, &mut Ungated).await.unwrap();
     assert!(store.cached_block(&b.name).is_none());
     assert_eq!(src.quota().v4.free, free_before + addrs.count(Family::V4));
 }
@@ -578,7 +604,7 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
         match op {
             Op::Allocate(n, count) => {
                 let node: NodeName = NODES[n].into();
-                match src.allocate(&node, family, count).await {
+                match src.allocate(&node, family, count, &mut Ungated).await {
                     Ok(got) => {
                         prop_assert!(!got.is_empty());
                         for a in got.iter() {
@@ -605,7 +631,9 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
                 let b = blocks[i % blocks.len()].clone();
                 let addrs = src.block_addresses(&b);
                 let one = AddrSet::from_iter(addrs.first(family));
-                src.set_marks(&node, &one, &AddrSet::new()).await.unwrap();
+                src.set_marks(&node, &one, &AddrSet::new(), &mut Ungated)
+                    .await
+                    .unwrap();
                 prop_assert!(store.cached_block(&b.name).unwrap().release);
                 store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
                 let h = src.holdings(&node).unwrap();
@@ -616,13 +644,16 @@ async fn run_ops(spec: PoolSpec, family: Family, ops: Vec<Op>) -> Result<(), Tes
                 );
                 if matches!(op, Op::StaleRelease(..)) {
                     // another engine withdraws the mark; the node side drops its answer
-                    store.mark_block(&b.name, false).await.unwrap();
+                    store
+                        .mark_block(&b.name, ReleaseMark::Withdraw, &mut Ungated)
+                        .await
+                        .unwrap();
                     store.ack_block(&b.name, None);
-                    let r = src.release(&node, &addrs).await;
+                    let r = src.release(&node, &addrs, &mut Ungated).await;
                     prop_assert!(matches!(r, Err(IpamError::Conflict { .. })), "{:?}", r);
                     prop_assert!(store.cached_block(&b.name).is_some());
                 } else {
-                    src.release(&node, &addrs).await.unwrap();
+                    src.release(&node, &addrs, &mut Ungated).await.unwrap();
                     prop_assert!(store.cached_block(&b.name).is_none());
                     for a in addrs.iter() {
                         prop_assert_eq!(model.owner.remove(&a), Some(n));

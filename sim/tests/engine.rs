@@ -14,13 +14,14 @@ use parking_lot::Mutex;
 use tidepool_ipam::ErrorClass;
 use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryPodView;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::{AddrSet, BackoffConfig};
 use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{Blocked, ConditionReason, ConditionType, EventReason};
 use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{Family, IpamNode, NodeInfo, NodeName, PerFamily, WatermarkOverrides};
-use tidepool_ipam::{Faults, IpSource, MemorySource, Quota};
+use tidepool_ipam::{Faults, Gate, IpSource, MemorySource, Quota, Ungated};
 use tidepool_ipam::{MemoryNodeStore, NodeStore};
 use tidepool_sim::World;
 use tokio::sync::watch;
@@ -224,25 +225,34 @@ impl IpSource for FailFor {
     fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
         self.inner.prepare_allocation(node, family, want, limit)
     }
-    async fn allocate(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
+        gate.request().await?;
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
-        self.inner.allocate(node, family, count).await
+        // (its one request admitted above, the failure's too)
+        self.inner.allocate(node, family, count, &mut Ungated).await
     }
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
         self.inner.prepare_release(node, free, max)
     }
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+    async fn release<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        gate.request().await?;
         if let Some(e) = self.fails(node) {
             return Err(e);
         }
-        self.inner.release(node, addrs).await
+        self.inner.release(node, addrs, &mut Ungated).await
     }
     async fn describe(&self, node: &NodeName) -> Result<AddrSet, IpamError> {
         self.inner.describe(node).await
@@ -255,7 +265,7 @@ impl IpSource for FailFor {
 fn node_info(name: &str, uid: u128) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid,
+        uid: NodeUid(uid),
         allocatable_pods: 250,
         cordoned: false,
         terminating: false,
@@ -518,7 +528,7 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     let good = world.add_node("good");
     // The user's IPAMNode exists before the Node is seen, with bad overrides. World gives
     // node UIDs 2, 3, … in the order nodes are added: "bad" is the second.
-    let mut obj = IpamNode::new("bad".into(), 3);
+    let mut obj = IpamNode::new("bad".into(), NodeUid(3));
     obj.watermarks = WatermarkOverrides {
         min_allocate: Some(10),
         max_allocate: Some(4),
@@ -531,7 +541,7 @@ async fn invalid_watermark_override_blocks_only_that_node() {
     advance(secs(300)).await;
 
     let node = ipam_node(&world, "bad");
-    assert_eq!(node.node_uid, 3, "the test's UID guess");
+    assert_eq!(node.node_uid, NodeUid(3), "the test's UID guess");
     assert_eq!(
         node.operator.addresses.total(),
         0,
@@ -684,7 +694,7 @@ async fn a_cordoned_node_gets_nothing_new() {
     settle(&world, secs(10)).await;
     assert_eq!(pool(&world, "node1"), 8);
     let uid = ipam_node(&world, "node1").node_uid;
-    let mut info = node_info("node1", uid);
+    let mut info = node_info("node1", uid.0);
     info.cordoned = true;
     world.manager.upsert_node(info.clone());
     schedule(&world, &n, 10);

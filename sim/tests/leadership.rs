@@ -10,6 +10,7 @@ use std::time::Duration;
 use tidepool_ipam::Clock;
 use tidepool_ipam::IpSource;
 use tidepool_ipam::NodeStore;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::Watermarks;
 use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{EngineDeps, NodeManager};
@@ -66,7 +67,7 @@ async fn a_deposed_leader_does_not_release_on_the_cloud() {
     let n = world.add_node("node-a");
     b.upsert_node(NodeInfo {
         name: n.clone(),
-        uid: world.node("node-a").map_or(2, |x| x.node_uid),
+        uid: world.node("node-a").map_or(NodeUid(2), |x| x.node_uid),
         allocatable_pods: 232,
         cordoned: false,
         terminating: false,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tidepool_ipam::IpamBlock;
 use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
-use tidepool_ipam::{BlockStore, MemoryNodeStore};
+use tidepool_ipam::{BlockStore, MemoryNodeStore, NodeUid, Ungated};
 use tidepool_ipam::{Blocked, EventReason};
 use tidepool_metrics::RepairKind;
 use tidepool_sim::{World, WorldConfig};
@@ -128,13 +128,16 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         cidr,
         pool: "default".into(),
         node: "gone".into(),
-        node_uid: 9,
+        node_uid: NodeUid(9),
         release: false,
         ack: None,
         resource_version: None,
         deleting: false,
     };
-    store.create_block(orphan.clone()).await.unwrap();
+    store
+        .create_block(orphan.clone(), &mut Ungated)
+        .await
+        .unwrap();
     let src = ClusterPoolSource::new(
         store.clone(),
         &[tidepool_ipam::Family::V4],
@@ -199,7 +202,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     use tidepool_ipam::{Family, IpamNode, NodeInfo, PodUid, UsedEntry};
     let store = MemoryNodeStore::new();
     let src = ClusterPoolSource::new(store.clone(), &[Family::V4], pools(&["10.0.0.0/24"]), 1);
-    for (name, uid) in [("a", 1u128), ("b", 2)] {
+    for (name, uid) in [("a", NodeUid(1)), ("b", NodeUid(2))] {
         src.node_seen(&NodeInfo {
             name: name.into(),
             uid,
@@ -209,8 +212,13 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         });
         store.create(IpamNode::new(name.into(), uid));
     }
-    let a_blocks = src.allocate(&"a".into(), Family::V4, 1).await.unwrap();
-    src.allocate(&"b".into(), Family::V4, 1).await.unwrap();
+    let a_blocks = src
+        .allocate(&"a".into(), Family::V4, 1, &mut Ungated)
+        .await
+        .unwrap();
+    src.allocate(&"b".into(), Family::V4, 1, &mut Ungated)
+        .await
+        .unwrap();
     // b's node side records a pod on one of a's addresses
     let foreign = a_blocks.iter().nth(3).unwrap();
     store.apply_node(&"b".into(), |side| {

@@ -11,8 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::PodPhase;
-use tidepool_ipam::{EventReason, NodeStore};
+use tidepool_ipam::{EventReason, NodeStore, Ungated};
 use tidepool_ipam::{Family, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, Tombstone};
 use tidepool_sim::{World, WorldConfig};
 
@@ -379,7 +380,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
     );
     world
         .store
-        .apply_operator(&n, node.node_uid, fields)
+        .apply_operator(&n, node.node_uid, fields, &mut Ungated)
         .await
         .unwrap();
     advance(secs(1)).await;
@@ -426,7 +427,7 @@ fn node_side_answers_a_changed_owner_stale() {
     use tidepool_ipam::node::NodeSide;
     use tidepool_ipam::{AllocationId, IpamNode, NodeSideFields, UsedEntry};
     let x: std::net::IpAddr = "10.0.0.7".parse().unwrap();
-    let mut node = IpamNode::new("n".into(), 1);
+    let mut node = IpamNode::new("n".into(), NodeUid(1));
     std::sync::Arc::make_mut(&mut node.operator.addresses).insert(x);
     node.operator.reclaim.insert(
         x,
@@ -589,7 +590,7 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     );
     world
         .store
-        .apply_operator(&n, node.node_uid, fields)
+        .apply_operator(&n, node.node_uid, fields, &mut Ungated)
         .await
         .unwrap();
     advance(secs(1)).await;

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use tidepool_ipam::{AddrSet, IpSource};
+use tidepool_ipam::{AddrSet, IpSource, Ungated};
 use tidepool_ipam::{Family, NodeName};
 use tidepool_sim::cloud::{InstanceType, SimCloud};
 
@@ -96,7 +96,7 @@ proptest! {
                 Op::Assign(n, c) => {
                     let want = cloud.prepare_allocation(&name(n), Family::V4, c, u64::MAX);
                     let before = rt.block_on(cloud.describe(&name(n))).unwrap();
-                    match rt.block_on(cloud.allocate(&name(n), Family::V4, want)) {
+                    match rt.block_on(cloud.allocate(&name(n), Family::V4, want, &mut Ungated)) {
                         Ok(got) => {
                             prop_assert_eq!(got.total(), u128::from(want));
                             prop_assert!(got.iter().all(|a| !before.contains(&a)));
@@ -108,7 +108,7 @@ proptest! {
                     let held = rt.block_on(cloud.describe(&name(n))).unwrap();
                     let pick = cloud.prepare_release(&name(n), &held, k as u64);
                     prop_assert!(pick.total() <= k as u128);
-                    rt.block_on(cloud.release(&name(n), &pick)).unwrap();
+                    rt.block_on(cloud.release(&name(n), &pick, &mut Ungated)).unwrap();
                     let after = rt.block_on(cloud.describe(&name(n))).unwrap();
                     prop_assert!(pick.iter().all(|a| !after.contains(&a)));
                 }

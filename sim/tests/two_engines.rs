@@ -23,7 +23,7 @@ use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, block_name};
 use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
-use tidepool_ipam::{NodeInfo, NodeName, PodUid, ReleaseAck};
+use tidepool_ipam::{NodeInfo, NodeName, NodeUid, PodUid, ReleaseAck};
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world};
@@ -77,7 +77,7 @@ fn second(w: &World<Pool>, cidrs: &[&str], cfg: EngineConfig, latency: Duration)
 
 impl Second {
     /// The Node informer of B sees the node with the UID the world gave it.
-    fn upsert(&self, name: &NodeName, uid: u128, max_pods: u32) {
+    fn upsert(&self, name: &NodeName, uid: NodeUid, max_pods: u32) {
         self.engine.upsert_node(NodeInfo {
             name: name.clone(),
             uid,

@@ -27,9 +27,9 @@ use std::time::Duration;
 use common::*;
 use parking_lot::Mutex;
 use tidepool_ipam::{
-    AddrSet, Api, Budget, Clock, EngineConfig, EngineDeps, Family, IpSource, IpamError,
+    AddrSet, Api, Budget, Clock, EngineConfig, EngineDeps, Family, Gate, IpSource, IpamError,
     MemoryNodeStore, MemoryPodView, NodeInfo, NodeManager, NodeName, PerFamily, PodUid, Quota,
-    ReleaseState, SchedulingMode, Watermarks,
+    ReleaseState, SchedulingMode, Ungated, Watermarks,
 };
 use tidepool_operator::Error;
 use tidepool_operator::leader::{DEFAULT_LEASE_NAME, LeaderConfig, Leadership, run_elector};
@@ -105,20 +105,28 @@ impl IpSource for Recorded {
         self.cloud.prepare_allocation(node, family, want, limit)
     }
 
-    async fn allocate(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
-        self.cloud.allocate(node, family, count).await
+        self.cloud.allocate(node, family, count, gate).await
     }
 
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
         self.cloud.prepare_release(node, free, max)
     }
 
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+    async fn release<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        // the call starts once admitted
+        gate.request().await?;
         let i = {
             let mut calls = self.releases.lock();
             calls.push(ReleaseCall {
@@ -129,7 +137,7 @@ impl IpSource for Recorded {
             });
             calls.len() - 1
         };
-        let r = self.cloud.release(node, addrs).await;
+        let r = self.cloud.release(node, addrs, &mut Ungated).await;
         let mut calls = self.releases.lock();
         calls[i].ended = Some(Instant::now());
         calls[i].ok = Some(r.is_ok());

@@ -56,10 +56,14 @@ struct Replica {
 
 impl Replica {
     async fn start(server: &ApiServer, name: &str) -> Replica {
-        let cfg = config(name);
+        Replica::start_with(server, config(name)).await
+    }
+
+    async fn start_with(server: &ApiServer, cfg: LeaderConfig) -> Replica {
+        let name = cfg.identity.clone();
         let leadership = Leadership::new(&cfg);
         let kube_config = server
-            .kube_config(&operator_on(name))
+            .kube_config(&operator_on(&name))
             .await
             .expect("kube config");
         let (stop, stopped) = oneshot::channel::<()>();
@@ -68,7 +72,7 @@ impl Replica {
         };
         let task = tokio::spawn(run_elector(cfg, kube_config, leadership.clone(), shutdown));
         Replica {
-            name: name.into(),
+            name,
             leadership,
             stop: Some(stop),
             task,
@@ -270,6 +274,43 @@ async fn a_released_lease_is_taken_over_within_about_one_retry_period() {
         .unwrap();
     assert_eq!(l.lease_transitions, Some(1));
     replicas.pop().unwrap().shut_down().await.unwrap();
+}
+
+/// A renewal whose answer the leader never read (the stop cancelled it after the server
+/// stored it) leaves the leader a stale resourceVersion. The release on stop still clears the
+/// holder: it reads the Lease first and releases what it finds if it still holds it, as the
+/// client-go maintainers propose for the same race (the kubernetes/kubernetes issue
+/// "Leadership election should retry lock release on conflict": "call a Get() in the release()
+/// function in order to ensure that the resource version is up to date before we release").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_the_leader_never_saw_answered_does_not_keep_the_lease_held() {
+    let (server, admin) = operator_cluster().await;
+    // a retry period long enough that no renewal of its own refreshes what it saw
+    let slow = LeaderConfig {
+        lease_duration: Duration::from_secs(60),
+        renew_deadline: Duration::from_secs(40),
+        retry_period: Duration::from_secs(30),
+        ..config("a")
+    };
+    let a = Replica::start_with(&server, slow).await;
+    leader_among(std::slice::from_ref(&a), Duration::from_secs(5)).await;
+    // the renewal that landed: the same holder, a new resourceVersion
+    let api = leases(&admin);
+    let mut l = api.get(DEFAULT_LEASE_NAME).await.expect("the Lease");
+    let spec = l.spec.as_mut().expect("a spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    api.replace(DEFAULT_LEASE_NAME, &PostParams::default(), &l)
+        .await
+        .expect("the renewal lands");
+    a.shut_down().await.expect("the elector ends Ok");
+    assert_eq!(
+        holder(&api).await.as_deref(),
+        Some(""),
+        "the Lease is released"
+    );
 }
 
 /// The holders of the Lease, each time it changes (a watch from the admin).

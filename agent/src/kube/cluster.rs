@@ -13,6 +13,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher as watch_objects};
 use tidepool_api as api;
 use tidepool_api::convert::{block_from_api, parse_uid};
+use tidepool_ipam::NodeUid;
 use tokio::sync::watch;
 
 use super::KubeError;
@@ -153,7 +154,7 @@ pub(crate) fn node_addrs(n: &Node) -> NodeAddrs {
         .collect();
     NodeAddrs {
         name: n.metadata.name.clone().unwrap_or_default(),
-        uid: n.metadata.uid.as_deref().and_then(parse_uid),
+        uid: n.metadata.uid.as_deref().and_then(parse_uid).map(NodeUid),
         internal,
     }
 }
@@ -179,7 +180,10 @@ mod tests {
         .unwrap();
         let a = node_addrs(&n);
         assert_eq!(a.name, "n1");
-        assert_eq!(a.uid, parse_uid("0a0a0a0a-0000-4000-8000-00000000000a"));
+        assert_eq!(
+            a.uid.map(|u| u.to_string()).as_deref(),
+            Some("0a0a0a0a-0000-4000-8000-00000000000a")
+        );
         let want: Vec<IpAddr> = vec!["192.168.77.1".parse().unwrap(), "fd77::1".parse().unwrap()];
         assert_eq!(a.internal, want);
     }

@@ -21,7 +21,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 use tidepool_api as api;
 use tidepool_api::names::AGENT_MANAGER;
-use tidepool_ipam::ReleaseAck;
+use tidepool_ipam::{NodeUid, ReleaseAck};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -126,7 +126,7 @@ impl Publisher {
 /// What the last successful writes sent.
 #[derive(Default)]
 struct Last {
-    node_uid: Option<u128>,
+    node_uid: Option<NodeUid>,
     body: Option<Value>,
     ready: Option<(AgentReady, SystemTime)>,
     blocks: BTreeMap<String, ReleaseAck>,

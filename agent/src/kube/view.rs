@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tidepool_api::convert::{Allocations, NodeView};
 use tidepool_ipam::node::{BlockView, project};
-use tidepool_ipam::{AddrSet, IpamBlock, IpamNode};
+use tidepool_ipam::{AddrSet, IpamBlock, IpamNode, NodeUid};
 
 /// One listed kind (the IPAMNode, or the blocks) as kube's reflector keeps it: `Apply` and
 /// `Delete` change the view at once; a relist (`Init` … `InitDone`) is buffered and then
@@ -72,7 +72,7 @@ pub(crate) struct Seen {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Projected {
     /// The IPAMNode's nodeUID (`None` until it is read).
-    pub(crate) node_uid: Option<u128>,
+    pub(crate) node_uid: Option<NodeUid>,
     /// [`project`]ed: the pool is the union of the blocks, marked blocks' addresses marked.
     pub(crate) node: Option<Arc<IpamNode>>,
     /// The node's blocks (those with its nodeUID), as `answer_blocks` reads them.

@@ -11,8 +11,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_objects};
 use tidepool_api as api;
 use tidepool_api::convert::{block_from_api, node_from_api};
-use tidepool_ipam::IpamNode;
 use tidepool_ipam::node::BlockView;
+use tidepool_ipam::{IpamNode, NodeUid};
 use tokio::sync::watch;
 
 use super::KubeError;
@@ -103,7 +103,7 @@ impl NodeWatch {
     }
 
     /// The IPAMNode's `spec.nodeUID`, once seen.
-    pub fn node_uid(&self) -> Option<u128> {
+    pub fn node_uid(&self) -> Option<NodeUid> {
         self.shared().projected.borrow().node_uid
     }
 

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use tidepool_ipam::NodeUid;
 
 /// One route `dst via gateway` in the main table, marked with [`super::PROTOCOL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -28,7 +29,7 @@ impl std::fmt::Display for Route {
 pub struct BlockOwner {
     pub cidr: IpNet,
     pub node: String,
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
 }
 
 /// A Node as the routes read it: its UID and its InternalIPs (`status.addresses`).
@@ -36,7 +37,7 @@ pub struct BlockOwner {
 pub struct NodeAddrs {
     pub name: String,
     /// `None` when the Node's UID is not a UUID (then none of its blocks is routed).
-    pub uid: Option<u128>,
+    pub uid: Option<NodeUid>,
     pub internal: Vec<IpAddr>,
 }
 

@@ -16,14 +16,14 @@ fn block(cidr: &str, node: &str, uid: u128) -> BlockOwner {
     BlockOwner {
         cidr: net(cidr),
         node: node.into(),
-        node_uid: uid,
+        node_uid: NodeUid(uid),
     }
 }
 
 fn node(name: &str, uid: u128, internal: &[&str]) -> NodeAddrs {
     NodeAddrs {
         name: name.into(),
-        uid: Some(uid),
+        uid: Some(NodeUid(uid)),
         internal: internal.iter().map(|a| ip(a)).collect(),
     }
 }

@@ -67,7 +67,7 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use tidepool_ipam::{
-        AddrSet, NodeName, PodUid, ReclaimOutcome, ReclaimReason, ReleaseAck, Tombstone,
+        AddrSet, NodeName, NodeUid, PodUid, ReclaimOutcome, ReclaimReason, ReleaseAck, Tombstone,
     };
 
     use super::*;
@@ -103,7 +103,7 @@ mod tests {
             block("a", "10.0.0.0/28", true),
             block("b", "10.0.0.16/28", true),
         ];
-        let mut node = IpamNode::new(NodeName::from("n"), 1);
+        let mut node = IpamNode::new(NodeName::from("n"), NodeUid(1));
         node.operator.reclaim.insert(
             ip,
             Tombstone {
@@ -149,7 +149,8 @@ mod tests {
         assert_eq!(blocks_acks.get("b"), Some(&ReleaseAck::ReadyForRelease));
         assert!(st.is_dirty());
         // the tombstones gone: their answers go
-        let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &blocks);
+        let bare =
+            tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), NodeUid(1)), &blocks);
         answer(
             &mut st,
             &bare,
@@ -161,7 +162,8 @@ mod tests {
         assert!(st.reclaim_acks().is_empty());
         // block b released and deleted: its answer goes with it
         let left = [blocks[0].clone()];
-        let bare = tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), 1), &left);
+        let bare =
+            tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), NodeUid(1)), &left);
         answer(
             &mut st,
             &bare,
@@ -184,7 +186,7 @@ mod tests {
         let blocks = [block("a", "10.0.0.0/28", true)];
         let ip: std::net::IpAddr = "10.0.0.5".parse().expect("ip");
         // an address mark as a cloud source's node carries it (not projected from blocks)
-        let mut node = IpamNode::new(NodeName::from("n"), 1);
+        let mut node = IpamNode::new(NodeName::from("n"), NodeUid(1));
         let mark: std::net::IpAddr = "10.0.0.40".parse().expect("ip");
         let mut pool = AddrSet::of_net(&"10.0.0.0/28".parse().expect("net"));
         pool.union_with(&AddrSet::of_net(&"10.0.0.32/28".parse().expect("net")));

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tidepool_ipam::{AddrSet, IpamNode, NodeName};
+use tidepool_ipam::{AddrSet, IpamNode, NodeName, NodeUid};
 use tokio::sync::watch;
 
 use crate::pods::LivePods;
@@ -110,7 +110,7 @@ impl MemoryNodeSource {
 
     /// Sets node `name` with `pool` as its addresses.
     pub fn set_pool(&self, name: &str, pool: AddrSet) {
-        let mut node = IpamNode::new(NodeName::from(name), 1);
+        let mut node = IpamNode::new(NodeName::from(name), NodeUid(1));
         node.operator.addresses = Arc::new(pool);
         self.set(Some(node));
     }

@@ -70,7 +70,7 @@ fn reclaim(s: &mut NodeState, addr: &str, p: u128, c: &str) {
 
 /// Answers marks on `ready` (free) and `busy` (a live pod's) addresses.
 fn mark(s: &mut NodeState, ready: &[&str], busy: &[&str]) {
-    let mut node = IpamNode::new(Arc::from("n"), 1);
+    let mut node = IpamNode::new(Arc::from("n"), tidepool_ipam::NodeUid(1));
     for a in ready.iter().chain(busy) {
         node.operator
             .release

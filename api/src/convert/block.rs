@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tidepool_ipam::{IpamBlock, NodeName, ReleaseAck, ResourceVersion};
 
-use super::uid::parse_uid;
+use super::uid::spec_node_uid;
 use super::{Malformed, Report};
 use crate as api;
 
@@ -20,12 +20,7 @@ pub fn block_from_api(obj: &api::IPAMBlock) -> Result<IpamBlock, Vec<Malformed>>
             format!("{:?} is not a CIDR", obj.spec.cidr.0),
         )
     });
-    let uid = parse_uid(&obj.spec.node_uid).or_else(|| {
-        r.bad(
-            "spec.nodeUID".into(),
-            format!("{:?} is not a UID", obj.spec.node_uid),
-        )
-    });
+    let uid = spec_node_uid(&mut r, &obj.spec.node_uid);
     let (Some(cidr), Some(node_uid)) = (cidr, uid) else {
         return Err(r.finish());
     };
@@ -76,7 +71,7 @@ mod tests {
     fn a_block_reads_as_the_engine_sees_it() {
         let b = block_from_api(&object()).unwrap();
         assert_eq!(b.cidr, "fd00:0:0:7::/64".parse::<ipnet::IpNet>().unwrap());
-        assert_eq!(b.node_uid, parse_uid(UID).unwrap());
+        assert_eq!(b.node_uid.to_string(), UID);
         assert_eq!(&*b.node, "n1");
         assert!(b.release);
         assert_eq!(b.ack, Some(ReleaseAck::DoNotRelease));

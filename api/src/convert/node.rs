@@ -9,12 +9,12 @@ use crate as api;
 use crate::names::{FINALIZER, condition};
 use tidepool_ipam::{
     AddrMap, AddrSet, AllocationId, Condition, ConditionReason, ConditionType, IpamNode, NodeName,
-    NodeSideFields, OperatorFields, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck,
-    ReleaseState, ResourceVersion, Tombstone, UsedEntry, WatermarkOverrides,
+    NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason,
+    ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, WatermarkOverrides,
 };
 
 use super::time::to_system;
-use super::uid::parse_uid;
+use super::uid::{parse_uid, spec_node_uid};
 use super::{Malformed, Report};
 
 /// The (containerID, ifname) behind each allocation ID the object names: the engine keeps
@@ -69,15 +69,10 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
     let object = format!("ipamnode/{name}");
     let mut r = Report::new(&object);
     let mut allocations = Allocations::new();
-    let node_uid = parse_uid(&obj.spec.node_uid).or_else(|| {
-        r.bad::<u128>(
-            "spec.nodeUID".into(),
-            format!("{:?} is not a UID", obj.spec.node_uid),
-        )
-    });
+    let node_uid = spec_node_uid(&mut r, &obj.spec.node_uid);
     let node = IpamNode {
         name: NodeName::from(name.as_str()),
-        node_uid: node_uid.unwrap_or(0),
+        node_uid: node_uid.unwrap_or(NodeUid::UNKNOWN),
         resource_version: obj
             .metadata
             .resource_version
@@ -383,7 +378,7 @@ mod tests {
     fn an_ipamnode_reads_as_the_engine_sees_it_and_bad_entries_are_reported() {
         let (v, bad) = node_from_api(&busy_node());
         let n = &v.node;
-        assert_eq!(n.node_uid, parse_uid(UID).unwrap());
+        assert_eq!(n.node_uid.to_string(), UID);
         assert_eq!(n.resource_version, Some(ResourceVersion::server("42")));
         assert!(n.finalizer);
         assert_eq!(n.operator.addresses.total(), 2);
@@ -424,6 +419,18 @@ mod tests {
             v.allocations[&t.allocation],
             (Arc::from("c1"), Arc::from("eth0"))
         );
+    }
+
+    /// A `spec.nodeUID` that is not a UID: reported, and the IPAMNode read with an unknown
+    /// UID, which no Node has (the operator's next write adopts it).
+    #[test]
+    fn an_unreadable_node_uid_reads_as_unknown() {
+        let mut obj = busy_node();
+        obj.spec.node_uid = "n1".into();
+        let (v, bad) = node_from_api(&obj);
+        assert_eq!(v.node.node_uid, NodeUid::UNKNOWN);
+        assert_eq!(bad[0].field, "spec.nodeUID");
+        assert_eq!(bad[0].reason, "\"n1\" is not a UID");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! Kubernetes UIDs as the numbers the engine keys by.
 
+use tidepool_ipam::NodeUid;
+
+use super::Report;
+
 /// A UID in the form the API server gives (a UUID: `8-4-4-4-12` hex digits, either case)
-/// as the number whose 32 hex digits it spells: the inverse of `PodUid`'s `Display`, so a
-/// UID read from a Pod or Node and one written back (an IPAMNode's `nodeUID`) agree.
+/// as the number whose 32 hex digits it spells: the inverse of `PodUid`'s and `NodeUid`'s
+/// `Display`, so a UID read from a Pod or Node and one written back (an IPAMNode's
+/// `nodeUID`) agree.
 /// `None` for anything else (no API server in use gives such a UID).
 pub fn parse_uid(s: &str) -> Option<u128> {
     let mut groups = s.split('-');
@@ -15,6 +20,13 @@ pub fn parse_uid(s: &str) -> Option<u128> {
         v = v << (4 * len) | u128::from_str_radix(g, 16).ok()?;
     }
     groups.next().is_none().then_some(v)
+}
+
+/// An IPAMNode's or IPAMBlock's `spec.nodeUID`; noted in `r` when it is not a UID.
+pub(super) fn spec_node_uid(r: &mut Report<'_>, s: &str) -> Option<NodeUid> {
+    parse_uid(s)
+        .map(NodeUid)
+        .or_else(|| r.bad("spec.nodeUID".into(), format!("{s:?} is not a UID")))
 }
 
 #[cfg(test)]

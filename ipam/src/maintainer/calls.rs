@@ -16,7 +16,7 @@ use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::trigger::Reason;
-use crate::types::{Family, OperatorFields};
+use crate::types::{Family, NodeUid, OperatorFields};
 
 use tidepool_metrics::{ApiOp, KubeOp, Outcome, SourceOp, record};
 
@@ -132,10 +132,7 @@ pub(super) async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared
-        .source
-        .allocate_gated(&h.name, family, count, gate)
-        .await;
+    let r = shared.source.allocate(&h.name, family, count, gate).await;
     let outcome = Outcome::of(&r);
     record::api_requests(ApiOp::Source(SourceOp::Allocate), outcome.into());
     record::allocation_ops(shared.source.name(), outcome);
@@ -156,7 +153,7 @@ pub(super) async fn source_release<S: IpSource, N: NodeStore, P: PodView>(
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.release_gated(&h.name, addrs, gate).await;
+    let r = shared.source.release(&h.name, addrs, gate).await;
     let outcome = Outcome::of(&r);
     record::api_requests(ApiOp::Source(SourceOp::Release), outcome.into());
     record::release_ops(shared.source.name(), outcome);
@@ -225,7 +222,7 @@ pub(super) async fn write<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     kube: &mut Pass,
-    node_uid: u128,
+    node_uid: NodeUid,
     fields: OperatorFields,
 ) -> Result<(), IpamError> {
     // each of the write's requests (a spec and a status apply) on the pass's place
@@ -235,7 +232,7 @@ pub(super) async fn write<S: IpSource, N: NodeStore, P: PodView>(
     };
     let r = shared
         .store
-        .apply_operator_gated(&h.name, node_uid, fields, &mut gate)
+        .apply_operator(&h.name, node_uid, fields, &mut gate)
         .await;
     record::api_requests(ApiOp::Kube(KubeOp::Apply), Outcome::of(&r).into());
     let written = r?;

@@ -67,7 +67,7 @@ pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
         kube: Some(&mut kube),
         leader: &shared.leader,
     };
-    shared.store.remove_gated(&h.name, &mut gate).await?;
+    shared.store.remove(&h.name, &mut gate).await?;
     record::api_requests(ApiOp::Kube(KubeOp::Delete), ApiOutcome::Success);
     Ok(Outcome::Finished)
 }

@@ -21,7 +21,8 @@ use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::Reason;
 use crate::types::{
-    Family, IpamNode, NodeInfo, NodeName, OperatorFields, PerFamily, ReleaseAck, ReleaseState,
+    Family, IpamNode, NodeInfo, NodeName, NodeUid, OperatorFields, PerFamily, ReleaseAck,
+    ReleaseState,
 };
 use crate::vocab::EventReason;
 
@@ -380,7 +381,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             let mut gate = self.requests();
             shared
                 .source
-                .set_marks_gated(&h.name, &mark, &withdraw, &mut gate)
+                .set_marks(&h.name, &mark, &withdraw, &mut gate)
                 .await
         } else {
             Err(IpamError::NotLeader)
@@ -394,7 +395,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
     /// The `Blocked` condition, then the one coalesced write (also when nothing changed
     /// for an IPAMNode that does not exist yet, or names another Node's UID: the operator
     /// creates or adopts it). A failed write reports the tombstones it lost.
-    async fn write(&mut self, plan: &Plan<'_>, node_uid: u128) -> Result<(), IpamError> {
+    async fn write(&mut self, plan: &Plan<'_>, node_uid: NodeUid) -> Result<(), IpamError> {
         let reason = plan.condition_reason(self.local.exhausted.is_some());
         conditions::set_blocked_condition(self.shared, self.h, &mut self.fields, reason);
         if !self.rule.due(&self.fields) {

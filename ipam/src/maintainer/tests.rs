@@ -16,7 +16,7 @@ use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{MemoryNodeStore, NodeStore};
 use crate::types::{
-    AllocationId, Family, IpamNode, NodeInfo, NodeName, PerFamily, PodUid, ReclaimAck,
+    AllocationId, Family, IpamNode, NodeInfo, NodeName, NodeUid, PerFamily, PodUid, ReclaimAck,
     ReclaimOutcome, ReleaseAck, ReleaseState, UsedEntry, WatermarkOverrides,
 };
 use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
@@ -80,7 +80,7 @@ fn rig(capacity: u64) -> Rig {
 pub(crate) fn info(name: &str) -> NodeInfo {
     NodeInfo {
         name: name.into(),
-        uid: 7,
+        uid: NodeUid(7),
         allocatable_pods: 110,
         cordoned: false,
         terminating: false,
@@ -150,7 +150,11 @@ async fn a_pass_claims_for_waiting_pods_and_writes_once() {
     r.mgr.on_pod_event("n");
     run_for(2).await;
     assert_eq!(r.store.operator_writes(), writes, "nothing new: no write");
-    assert_eq!(r.node("n").node_uid, 7, "written for the Node's UID");
+    assert_eq!(
+        r.node("n").node_uid,
+        NodeUid(7),
+        "written for the Node's UID"
+    );
     assert_eq!(r.blocked("n"), None);
     let s = r.mgr.summary("n").expect("a summary");
     assert_eq!((s.needed(), s.blocked), (0, None));

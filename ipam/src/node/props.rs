@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::types::NodeUid;
 
 /// One step of a CNI runtime and an operator against the node side.
 #[derive(Debug, Clone)]
@@ -242,11 +243,11 @@ proptest! {
         // per address 0..48 of each family: in the pool, used, cooling, marked, acked, excluded
         flags in proptest::collection::vec(any::<[bool; 6]>(), 96),
     ) {
-        let mut n = IpamNode::new("n".into(), 1);
+        let mut n = IpamNode::new("n".into(), NodeUid(1));
         let mut s = Side::new(CD);
         let mut pool = AddrSet::new();
         let mut exclude = AddrSet::new();
-        let mut acked = IpamNode::new("n".into(), 1);
+        let mut acked = IpamNode::new("n".into(), NodeUid(1));
         for (i, f) in flags.iter().enumerate() {
             let a = if i < 48 {
                 IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, i as u8))

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use super::*;
 use crate::addrs::AddrSet;
 use crate::types::{
-    AllocationId, Family, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, Tombstone,
+    AllocationId, Family, NodeUid, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState,
+    Tombstone,
 };
 
 type Side = NodeSide<AllocationId>;
@@ -32,7 +33,7 @@ fn set(addrs: &[&str]) -> AddrSet {
 }
 
 fn node_with(addrs: &[&str]) -> IpamNode {
-    let mut n = IpamNode::new("n".into(), 1);
+    let mut n = IpamNode::new("n".into(), NodeUid(1));
     n.operator.addresses = Arc::new(set(addrs));
     n
 }

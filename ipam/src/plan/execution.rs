@@ -12,7 +12,8 @@ use crate::addrs::{AddrMap, AddrSet};
 use crate::reclaim::ReclaimGroup;
 use crate::store::EventType;
 use crate::types::{
-    AllocationId, IpamNode, OperatorFields, ReclaimAck, ReclaimOutcome, ReleaseState, Tombstone,
+    AllocationId, IpamNode, NodeUid, OperatorFields, ReclaimAck, ReclaimOutcome, ReleaseState,
+    Tombstone,
 };
 use crate::vocab::{Blocked, EventReason};
 
@@ -74,7 +75,7 @@ pub(crate) struct WriteRule<'a> {
     /// only tombstones and conditions are the IPAMNode's to write.
     held: bool,
     /// Written whatever changed: the object does not exist yet (the operator creates it),
-    /// or names another Node's UID (the operator adopts it).
+    /// or names another Node's UID, or an unknown one (the operator adopts it).
     must: bool,
     /// The fields planned from were repaired from the source (a reply was lost).
     repaired: bool,
@@ -83,7 +84,12 @@ pub(crate) struct WriteRule<'a> {
 impl<'a> WriteRule<'a> {
     /// `stored`: the IPAMNode as the store holds it; `planned`: the fields the pass planned
     /// from (repaired or not); `node_uid`: the Node's.
-    pub fn new(stored: &'a IpamNode, planned: &OperatorFields, node_uid: u128, held: bool) -> Self {
+    pub fn new(
+        stored: &'a IpamNode,
+        planned: &OperatorFields,
+        node_uid: NodeUid,
+        held: bool,
+    ) -> Self {
         WriteRule {
             stored: &stored.operator,
             held,

@@ -32,7 +32,7 @@ fn planned(needed: u64) -> Plan<'static> {
 
 /// A stored IPAMNode of Node UID 1 holding 10.0.0.1 and 10.0.0.2.
 fn stored() -> IpamNode {
-    let mut n = IpamNode::new("n".into(), 1);
+    let mut n = IpamNode::new("n".into(), NodeUid(1));
     n.resource_version = Some(ResourceVersion::server("7"));
     n.operator.addresses = Arc::new(set(&[1, 2]));
     n
@@ -106,7 +106,7 @@ fn a_source_that_keeps_addresses_and_marks_gets_only_tombstones_and_conditions_w
     Arc::make_mut(&mut fields.addresses).insert(a(3));
     fields.release.insert(a(1), ReleaseState::MarkedForRelease);
 
-    let held = WriteRule::new(&stored, &stored.operator, 1, true);
+    let held = WriteRule::new(&stored, &stored.operator, NodeUid(1), true);
     assert!(!held.changed(&fields) && !held.due(&fields));
     fields.reclaim.insert(a(2), tombstone(9));
     assert!(held.changed(&fields));
@@ -115,7 +115,7 @@ fn a_source_that_keeps_addresses_and_marks_gets_only_tombstones_and_conditions_w
     assert!(body.release.is_empty());
     assert_eq!(body.reclaim, fields.reclaim);
 
-    let own = WriteRule::new(&stored, &stored.operator, 1, false);
+    let own = WriteRule::new(&stored, &stored.operator, NodeUid(1), false);
     assert!(own.changed(&fields));
     assert_eq!(own.body(&fields), fields);
     assert!(!own.changed(&stored.operator) && !own.due(&stored.operator));
@@ -126,12 +126,12 @@ fn a_missing_or_adopted_object_is_written_unchanged() {
     let mut stored = stored();
     let f = stored.operator.clone();
     assert!(
-        WriteRule::new(&stored, &f, 2, false).due(&f),
+        WriteRule::new(&stored, &f, NodeUid(2), false).due(&f),
         "another Node UID"
     );
     stored.resource_version = None;
     assert!(
-        WriteRule::new(&stored, &f, 1, true).due(&f),
+        WriteRule::new(&stored, &f, NodeUid(1), true).due(&f),
         "not created yet"
     );
 }
@@ -140,12 +140,12 @@ fn a_missing_or_adopted_object_is_written_unchanged() {
 fn after_a_failed_write_the_source_is_described_when_addresses_moved_or_were_repaired() {
     let stored = stored();
     let same = stored.operator.clone();
-    let rule = WriteRule::new(&stored, &same, 1, false);
+    let rule = WriteRule::new(&stored, &same, NodeUid(1), false);
     assert!(!rule.unsure_after_failure(&same));
     let mut grown = same.clone();
     Arc::make_mut(&mut grown.addresses).insert(a(3));
     assert!(rule.unsure_after_failure(&grown));
-    let rule = WriteRule::new(&stored, &grown, 1, false);
+    let rule = WriteRule::new(&stored, &grown, NodeUid(1), false);
     assert!(rule.unsure_after_failure(&same), "planned from a repair");
 }
 
@@ -155,7 +155,7 @@ fn only_tombstones_the_store_lacks_are_new() {
     stored.operator.reclaim.insert(a(1), tombstone(1));
     let mut fields = stored.operator.clone();
     fields.reclaim.insert(a(2), tombstone(2));
-    let rule = WriteRule::new(&stored, &stored.operator, 1, false);
+    let rule = WriteRule::new(&stored, &stored.operator, NodeUid(1), false);
     let new: Vec<_> = rule.new_tombstones(&fields).map(|(a, _)| *a).collect();
     assert_eq!(new, [a(2)]);
 }
@@ -163,7 +163,7 @@ fn only_tombstones_the_store_lacks_are_new() {
 #[test]
 fn a_pass_writes_when_it_calls_or_changes_anything() {
     let stored = stored();
-    let rule = WriteRule::new(&stored, &stored.operator, 1, true);
+    let rule = WriteRule::new(&stored, &stored.operator, NodeUid(1), true);
     let mut p = Plan {
         fields: std::borrow::Cow::Borrowed(&stored.operator),
         ..Plan::default()
@@ -183,7 +183,7 @@ fn a_pass_writes_when_it_calls_or_changes_anything() {
     assert!(!p.writes(&rule, &p.fields.release.clone()));
     let p = planned(2);
     let f = OperatorFields::default();
-    let rule = WriteRule::new(&stored, &f, 1, true);
+    let rule = WriteRule::new(&stored, &f, NodeUid(1), true);
     assert!(p.writes(&rule, &f.release), "a claim");
 }
 

@@ -553,7 +553,7 @@ fn summarize_with(
 mod tests {
     use super::*;
     use crate::addrs::span;
-    use crate::types::{PodUid, ReclaimReason, UsedEntry};
+    use crate::types::{NodeUid, PodUid, ReclaimReason, UsedEntry};
     use proptest::prelude::*;
     use std::time::SystemTime;
 
@@ -605,7 +605,7 @@ mod tests {
             grant in prop_oneof![Just(4u128), Just(8), Just(16)],
             max in 0u64..40,
         ) {
-            let mut node = IpamNode::new("n".into(), 1);
+            let mut node = IpamNode::new("n".into(), NodeUid(1));
             let mut fields = OperatorFields::default();
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(false, i as u8);
@@ -644,7 +644,7 @@ mod tests {
             // per address (both families, 0..64): held, used, cooling down, marked, tombstoned
             flags in proptest::collection::vec(any::<[bool; 5]>(), 128),
         ) {
-            let mut node = IpamNode::new("n".into(), 1);
+            let mut node = IpamNode::new("n".into(), NodeUid(1));
             let mut fields = OperatorFields::default();
             for (i, f) in flags.iter().enumerate() {
                 let a = addr(i >= 64, (i % 64) as u8);
@@ -680,7 +680,7 @@ mod tests {
     #[test]
     fn a_64_block_is_planned_from_its_runs() {
         let net: ipnet::IpNet = "fd00:0:0:7::/64".parse().unwrap();
-        let mut node = IpamNode::new("n".into(), 1);
+        let mut node = IpamNode::new("n".into(), NodeUid(1));
         let mut fields = OperatorFields {
             addresses: Arc::new(AddrSet::of_net(&net)),
             ..Default::default()

@@ -96,7 +96,7 @@ fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
 mod tests {
     use super::*;
     use crate::pool::{BlockRecord, PoolSpec};
-    use crate::types::{AllocationId, PodUid, UsedEntry};
+    use crate::types::{AllocationId, NodeUid, PodUid, UsedEntry};
     use std::sync::Arc;
     use std::time::SystemTime;
 
@@ -116,12 +116,12 @@ mod tests {
             pool: Arc::from(pool),
             cidr: cidr.parse().unwrap(),
             node: node.into(),
-            node_uid: 1,
+            node_uid: NodeUid(1),
         }
     }
 
     fn node(name: &str, addrs: &[&str]) -> IpamNode {
-        let mut n = IpamNode::new(name.into(), 1);
+        let mut n = IpamNode::new(name.into(), NodeUid(1));
         for (i, a) in addrs.iter().enumerate() {
             n.node.used.insert(a.parse().unwrap(), entry(i as u128));
         }

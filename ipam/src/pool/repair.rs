@@ -65,7 +65,7 @@ use ipnet::IpNet;
 
 use super::set::{BlockRecord, PoolSet};
 use super::{PoolError, family_of, span};
-use crate::types::{Family, IpamNode, NodeInfo, NodeName, PodUid};
+use crate::types::{Family, IpamNode, NodeInfo, NodeName, NodeUid, PodUid};
 
 use tidepool_metrics::RepairKind;
 
@@ -85,7 +85,7 @@ pub struct BlockClaim {
     /// `spec.node`.
     pub node: NodeName,
     /// `spec.nodeUID`.
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
 }
 
 impl BlockClaim {
@@ -107,7 +107,7 @@ impl BlockClaim {
 /// The existing Nodes: name → UID (from the Node informer). A hash map: a repair pass
 /// asks it a few times per block, and nothing iterates it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LiveNodes(std::collections::HashMap<NodeName, u128>);
+pub struct LiveNodes(std::collections::HashMap<NodeName, NodeUid>);
 
 impl LiveNodes {
     pub fn new() -> Self {
@@ -115,17 +115,17 @@ impl LiveNodes {
     }
 
     /// Records that a Node of this name exists with this UID.
-    pub fn insert(&mut self, name: NodeName, uid: u128) {
+    pub fn insert(&mut self, name: NodeName, uid: NodeUid) {
         self.0.insert(name, uid);
     }
 
     /// The UID of the existing Node of this name, if any.
-    pub fn uid(&self, name: &str) -> Option<u128> {
+    pub fn uid(&self, name: &str) -> Option<NodeUid> {
         self.0.get(name).copied()
     }
 
     /// Whether the holder (`name`, `uid`) is live: a Node of that name exists with that UID.
-    pub fn is_live(&self, name: &str, uid: u128) -> bool {
+    pub fn is_live(&self, name: &str, uid: NodeUid) -> bool {
         self.uid(name) == Some(uid)
     }
 
@@ -135,8 +135,8 @@ impl LiveNodes {
     }
 }
 
-impl FromIterator<(NodeName, u128)> for LiveNodes {
-    fn from_iter<T: IntoIterator<Item = (NodeName, u128)>>(iter: T) -> Self {
+impl FromIterator<(NodeName, NodeUid)> for LiveNodes {
+    fn from_iter<T: IntoIterator<Item = (NodeName, NodeUid)>>(iter: T) -> Self {
         Self(iter.into_iter().collect())
     }
 }
@@ -148,7 +148,7 @@ pub struct BlockRef {
     pub cidr: IpNet,
     pub pool: String,
     pub node: NodeName,
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
 }
 
 impl BlockRef {
@@ -167,7 +167,7 @@ impl BlockRef {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct UsedRef {
     pub node: NodeName,
-    pub node_uid: u128,
+    pub node_uid: NodeUid,
     pub pod_uid: PodUid,
 }
 
@@ -234,7 +234,7 @@ pub enum RepairFinding {
     OrphanBlock {
         block: BlockRef,
         /// The UID of the Node of that name that exists now, if any (a recreated node).
-        current_uid: Option<u128>,
+        current_uid: Option<NodeUid>,
     },
     /// A `used` entry whose claim is not backed by a live claim (rules 2 and 3). Leak-like: its
     /// fix tombstones the entry.
@@ -339,7 +339,7 @@ impl RepairReport {
     }
 }
 
-type Holder<'a> = (&'a str, u128);
+type Holder<'a> = (&'a str, NodeUid);
 
 /// A block's address span, for the sorted sweep.
 #[derive(Debug, Clone, Copy)]
@@ -817,7 +817,7 @@ mod tests {
         nodes: &LiveNodes,
     ) -> RepairReport {
         let mut found: BTreeSet<RepairFinding> = BTreeSet::new();
-        let live = |node: &str, uid: u128| nodes.is_live(node, uid);
+        let live = |node: &str, uid: NodeUid| nodes.is_live(node, uid);
         let pool_names: BTreeSet<&str> = pools.validity().map(|(n, _)| n).collect();
         let overlap = |x: &IpNet, y: &IpNet| x.contains(&y.network()) || y.contains(&x.network());
 
@@ -966,12 +966,12 @@ mod tests {
             pool: pool.into(),
             cidr,
             node: node.into(),
-            node_uid: uid,
+            node_uid: NodeUid(uid),
         }
     }
 
     fn ipam_node(name: &str, uid: u128, used: &[(&str, u128)]) -> IpamNode {
-        let mut n = IpamNode::new(name.into(), uid);
+        let mut n = IpamNode::new(name.into(), NodeUid(uid));
         for &(a, pod) in used {
             n.node.used.insert(
                 ip(a),
@@ -988,13 +988,16 @@ mod tests {
     }
 
     fn live(nodes: &[(&str, u128)]) -> LiveNodes {
-        nodes.iter().map(|&(n, u)| (NodeName::from(n), u)).collect()
+        nodes
+            .iter()
+            .map(|&(n, u)| (NodeName::from(n), NodeUid(u)))
+            .collect()
     }
 
     fn used(node: &str, uid: u128, pod: u128) -> UsedRef {
         UsedRef {
             node: node.into(),
-            node_uid: uid,
+            node_uid: NodeUid(uid),
             pod_uid: PodUid(pod),
         }
     }
@@ -1070,7 +1073,7 @@ mod tests {
                 },
                 RepairFinding::OrphanBlock {
                     block: bref(&blocks[1]),
-                    current_uid: Some(22)
+                    current_uid: Some(NodeUid(22))
                 },
             ]
         );
@@ -1544,7 +1547,7 @@ mod tests {
                         pool: pool.into(),
                         cidr,
                         node: format!("n{n}").into(),
-                        node_uid: uid,
+                        node_uid: NodeUid(uid),
                     }
                 })
                 .collect();
@@ -1552,7 +1555,7 @@ mod tests {
             for (n, uid, a, pod) in used {
                 let node = ipam
                     .entry((n, uid))
-                    .or_insert_with(|| IpamNode::new(format!("n{n}").into(), uid));
+                    .or_insert_with(|| IpamNode::new(format!("n{n}").into(), NodeUid(uid)));
                 let addr = if a % 2 == 0 {
                     IpAddr::from(std::net::Ipv4Addr::from((10u32 << 24) | (a * 4)))
                 } else {
@@ -1572,7 +1575,7 @@ mod tests {
             let live = nodes
                 .into_iter()
                 .enumerate()
-                .filter_map(|(i, u)| u.map(|u| (NodeName::from(format!("n{i}")), u)))
+                .filter_map(|(i, u)| u.map(|u| (NodeName::from(format!("n{i}")), NodeUid(u))))
                 .collect();
             (blocks, ipam.into_values().collect(), live)
         })
@@ -1728,7 +1731,7 @@ mod tests {
                         pool: ["a", "b", "bad", ""][p].into(),
                         cidr,
                         node: format!("n{n}").into(),
-                        node_uid: uid,
+                        node_uid: NodeUid(uid),
                     }
                 })
                 .collect();
@@ -1740,7 +1743,7 @@ mod tests {
                     IpAddr::from(std::net::Ipv4Addr::from(a as u32))
                 };
                 ipam.entry((n, uid))
-                    .or_insert_with(|| IpamNode::new(format!("n{n}").into(), uid))
+                    .or_insert_with(|| IpamNode::new(format!("n{n}").into(), NodeUid(uid)))
                     .node
                     .used
                     .insert(addr, UsedEntry {
@@ -1754,7 +1757,7 @@ mod tests {
             let live: LiveNodes = nodes
                 .into_iter()
                 .enumerate()
-                .filter_map(|(i, u)| u.map(|u| (NodeName::from(format!("n{i}")), u)))
+                .filter_map(|(i, u)| u.map(|u| (NodeName::from(format!("n{i}")), NodeUid(u))))
                 .collect();
             let ipam: Vec<IpamNode> = ipam.into_values().collect();
             let mut set = prop_pools();

@@ -44,9 +44,10 @@ use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::{Gate, Ungated};
 use crate::source::{Holdings, IpSource, Quota};
-use crate::store::{BlockStore, EventType, NodeStore};
+use crate::store::{BlockStore, EventType, NodeStore, ReleaseMark};
 use crate::types::{
-    Family, IpamBlock, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState, ResourceVersion,
+    Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck, ReleaseState,
+    ResourceVersion,
 };
 use crate::vocab::EventReason;
 
@@ -73,7 +74,7 @@ pub const DEFAULT_POOL: &str = "default";
 
 #[derive(Debug, Default)]
 struct NodeMeta {
-    uid: u128,
+    uid: NodeUid,
     labels: BTreeMap<String, String>,
     /// IPAMNode `spec.pools`.
     pools: PerFamily<Option<String>>,
@@ -545,13 +546,13 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             let r = if !b.release {
                 self.call().await;
                 self.store
-                    .mark_block_gated(&b.name, true, gate)
+                    .mark_block(&b.name, ReleaseMark::Set, gate)
                     .await
                     .map(|_| ())
             } else if b.ack == Some(ReleaseAck::ReadyForRelease) {
                 self.call().await;
                 match b.stored_version() {
-                    Ok(rv) => self.store.delete_block_gated(&b.name, rv, gate).await,
+                    Ok(rv) => self.store.delete_block(&b.name, rv, gate).await,
                     Err(e) => Err(e),
                 }
             } else {
@@ -642,12 +643,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 let Ok(rv) = cur.stored_version() else {
                     continue;
                 };
-                if self
-                    .store
-                    .delete_block_gated(&b.name, rv, gate)
-                    .await
-                    .is_ok()
-                {
+                if self.store.delete_block(&b.name, rv, gate).await.is_ok() {
                     tracing::info!(block = %b.name, node = %b.node, "released orphan block");
                     let mut s = self.state.lock();
                     if let Ok(p) = s.pools.get_mut(&b.pool) {
@@ -688,18 +684,9 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         blocks.saturating_mul(bs)
     }
 
-    async fn allocate(
-        &self,
-        node: &NodeName,
-        family: Family,
-        count: u64,
-    ) -> Result<AddrSet, IpamError> {
-        self.allocate_gated(node, family, count, &mut Ungated).await
-    }
-
     /// One block create per block (an AlreadyExists answer included), each admitted by
     /// `gate`.
-    async fn allocate_gated<G: Gate>(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
@@ -719,7 +706,8 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 },
                 Err(e) => return Err(source_error("allocate", node, e.class(), e.to_string())),
             };
-            (pool, s.nodes.get(node).map_or(0, |m| m.uid), bs)
+            let uid = s.nodes.get(node).map_or(NodeUid::UNKNOWN, |m| m.uid);
+            (pool, uid, bs)
         };
         let pool_name: Arc<str> = pool.as_str().into();
         let want = count.div_ceil(bs);
@@ -759,7 +747,8 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
             };
             let name = block.name.clone();
             self.call().await;
-            let created = match self.store.create_block(block).await {
+            // (its one request admitted above)
+            let created = match self.store.create_block(block, &mut Ungated).await {
                 Ok(b) => Some(b),
                 // someone created it first: ours (a reply we lost), or taken
                 Err(IpamError::AlreadyExists { .. }) => match self.store.get_block(&name).await {
@@ -818,12 +807,8 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         out
     }
 
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
-        self.release_gated(node, addrs, &mut Ungated).await
-    }
-
     /// One delete per block touched, each admitted by `gate`.
-    async fn release_gated<G: Gate>(
+    async fn release<G: Gate>(
         &self,
         node: &NodeName,
         addrs: &AddrSet,
@@ -854,11 +839,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 },
             };
             self.call().await;
-            match self
-                .store
-                .delete_block_gated(&b.name, &expected, gate)
-                .await
-            {
+            match self.store.delete_block(&b.name, &expected, gate).await {
                 Err(e @ IpamError::NotLeader) => {
                     first_err.get_or_insert(e);
                     break;
@@ -975,7 +956,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     /// One mark write per block whose mark changes, each admitted by `gate`.
-    async fn set_marks_gated<G: Gate>(
+    async fn set_marks<G: Gate>(
         &self,
         node: &NodeName,
         mark: &AddrSet,
@@ -986,15 +967,15 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         for b in &blocks {
             // a block is withdrawn as soon as any of its addresses is
             let want = if touches(withdraw, b) {
-                false
+                ReleaseMark::Withdraw
             } else if touches(mark, b) {
-                true
+                ReleaseMark::Set
             } else {
                 continue;
             };
-            if b.release != want {
+            if b.release != want.marked() {
                 self.call().await;
-                self.store.mark_block_gated(&b.name, want, gate).await?;
+                self.store.mark_block(&b.name, want, gate).await?;
             }
         }
         Ok(())
@@ -1092,7 +1073,10 @@ mod tests {
     async fn blocks_holding_addresses_in_use_are_never_granted() {
         let (_store, src) = source_on_a_24();
         let n: NodeName = "n".into();
-        let own = src.allocate(&n, Family::V4, 16).await.unwrap();
+        let own = src
+            .allocate(&n, Family::V4, 16, &mut Ungated)
+            .await
+            .unwrap();
         let inside = own.first(Family::V4).unwrap();
         let outside: std::net::IpAddr = if own.contains(&"10.0.0.200".parse().unwrap()) {
             "10.0.0.5".parse().unwrap()
@@ -1103,7 +1087,7 @@ mod tests {
         src.set_in_use(Arc::new(move || AddrSet::from_iter([inside, outside])));
         assert_eq!(src.quota().v4.free, free_before - 16, "one block taken out");
         let mut granted = AddrSet::new();
-        while let Ok(got) = src.allocate(&n, Family::V4, 16).await {
+        while let Ok(got) = src.allocate(&n, Family::V4, 16, &mut Ungated).await {
             granted.union_with(&got);
         }
         assert!(!granted.is_empty());
@@ -1135,41 +1119,36 @@ mod tests {
         let n: NodeName = "n".into();
         src.node_seen(&NodeInfo {
             name: n.clone(),
-            uid: 7,
+            uid: NodeUid(7),
             allocatable_pods: 250,
             cordoned: false,
             terminating: false,
         });
         let open = |allow| Counting { asked: 0, allow };
         let mut gate = open(u32::MAX);
-        let got = src
-            .allocate_gated(&n, Family::V4, 40, &mut gate)
-            .await
-            .unwrap();
+        let got = src.allocate(&n, Family::V4, 40, &mut gate).await.unwrap();
         assert_eq!((store.blocks_of("n").len(), gate.asked), (3, 3));
         assert_eq!(src.calls(), 3);
         // refused after one block: the call keeps that block
         let mut gate = open(1);
-        src.allocate_gated(&n, Family::V4, 40, &mut gate)
-            .await
-            .unwrap();
+        src.allocate(&n, Family::V4, 40, &mut gate).await.unwrap();
         assert_eq!((store.blocks_of("n").len(), gate.asked), (4, 2));
         // refused at once: nothing claimed, nothing held in the index
         let free = src.quota().v4.free;
         let mut gate = open(0);
-        let e = src.allocate_gated(&n, Family::V4, 40, &mut gate).await;
+        let e = src.allocate(&n, Family::V4, 40, &mut gate).await;
         assert!(matches!(e, Err(IpamError::NotLeader)));
         assert_eq!((store.blocks_of("n").len(), src.quota().v4.free), (4, free));
         // marks: one request per block whose mark changes
         let mut gate = open(u32::MAX);
-        src.set_marks_gated(&n, &got, &AddrSet::new(), &mut gate)
+        src.set_marks(&n, &got, &AddrSet::new(), &mut gate)
             .await
             .unwrap();
         assert_eq!(gate.asked, 3);
         // deletes: two requests per block, the delete and the finalizer's removal
         src.describe(&n).await.unwrap();
         let mut gate = open(u32::MAX);
-        src.release_gated(&n, &got, &mut gate).await.unwrap();
+        src.release(&n, &got, &mut gate).await.unwrap();
         assert_eq!((store.blocks_of("n").len(), gate.asked), (1, 6));
         assert_eq!(src.calls(), 3 + 1 + 3 + 3);
     }
@@ -1178,7 +1157,10 @@ mod tests {
     async fn release_offers_whole_free_blocks_only() {
         let (store, src) = source_on_a_24();
         let n: NodeName = "n".into();
-        let got = src.allocate(&n, Family::V4, 20).await.unwrap();
+        let got = src
+            .allocate(&n, Family::V4, 20, &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(store.blocks_of("n").len(), 2);
         let n_got = got.len(Family::V4);
         assert!((31..=32).contains(&n_got), "two /28s: {n_got}");
@@ -1213,13 +1195,13 @@ mod tests {
         let n: NodeName = "n".into();
         src.node_seen(&NodeInfo {
             name: n.clone(),
-            uid: 7,
+            uid: NodeUid(7),
             allocatable_pods: 250,
             cordoned: false,
             terminating: false,
         });
         let changes = |src: &ClusterPoolSource<MemoryNodeStore>| src.state.lock().pools.changes();
-        src.allocate(&n, Family::V4, 1).await.unwrap();
+        src.allocate(&n, Family::V4, 1, &mut Ungated).await.unwrap();
         let after_claim = changes(&src);
         src.repair(&mut Ungated).await;
         let rebuilt = changes(&src);
@@ -1227,7 +1209,10 @@ mod tests {
         src.repair(&mut Ungated).await;
         assert_eq!(changes(&src), rebuilt, "nothing changed: not rebuilt");
         let b = store.blocks_of("n")[0].clone();
-        store.mark_block(&b.name, true).await.unwrap();
+        store
+            .mark_block(&b.name, ReleaseMark::Set, &mut Ungated)
+            .await
+            .unwrap();
         store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
         src.repair(&mut Ungated).await;
         assert_eq!(changes(&src), rebuilt, "marks and answers: not rebuilt");
@@ -1255,6 +1240,7 @@ mod tests {
                     .unwrap()
                     .stored_version()
                     .unwrap(),
+                &mut Ungated,
             )
             .await
             .unwrap();
@@ -1266,17 +1252,20 @@ mod tests {
         );
         let theirs: ipnet::IpNet = "10.0.0.64/28".parse().unwrap();
         store
-            .create_block(IpamBlock {
-                name: block_name(&theirs).into(),
-                cidr: theirs,
-                pool: "default".into(),
-                node: "other".into(),
-                node_uid: 9,
-                release: false,
-                ack: None,
-                resource_version: None,
-                deleting: false,
-            })
+            .create_block(
+                IpamBlock {
+                    name: block_name(&theirs).into(),
+                    cidr: theirs,
+                    pool: "default".into(),
+                    node: "other".into(),
+                    node_uid: NodeUid(9),
+                    release: false,
+                    ack: None,
+                    resource_version: None,
+                    deleting: false,
+                },
+                &mut Ungated,
+            )
             .await
             .unwrap();
         src.repair(&mut Ungated).await;

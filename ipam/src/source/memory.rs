@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use super::{IpSource, Quota, SourceHook};
 use crate::addrs::AddrSet;
 use crate::error::{ErrorClass, IpamError};
+use crate::gate::Gate;
 use crate::types::{Family, NodeName, PerFamily};
 
 /// Injectable faults of the in-memory source.
@@ -201,12 +202,14 @@ impl IpSource for MemorySource {
         want.min(limit).min(Self::free_count(&s, family))
     }
 
-    async fn allocate(
+    async fn allocate<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
         count: u64,
+        gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
+        gate.request().await?;
         tokio::time::sleep(self.latency).await;
         let (fault, takes_effect) = self.draw_fault("allocate", node);
         if let Some(e) = &fault
@@ -255,7 +258,13 @@ impl IpSource for MemorySource {
         out
     }
 
-    async fn release(&self, node: &NodeName, addrs: &AddrSet) -> Result<(), IpamError> {
+    async fn release<G: Gate>(
+        &self,
+        node: &NodeName,
+        addrs: &AddrSet,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        gate.request().await?;
         tokio::time::sleep(self.latency).await;
         let (fault, takes_effect) = self.draw_fault("release", node);
         if let Some(e) = &fault
@@ -326,6 +335,7 @@ impl IpSource for MemorySource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::Ungated;
 
     fn node(n: &str) -> NodeName {
         n.into()
@@ -334,9 +344,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn grants_distinct_addresses_and_takes_them_back() {
         let s = MemorySource::new(&[Family::V4], PerFamily { v4: 4, v6: 0 }, 1);
-        let a = s.allocate(&node("a"), Family::V4, 3).await.unwrap();
+        let a = s
+            .allocate(&node("a"), Family::V4, 3, &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(s.prepare_allocation(&node("b"), Family::V4, 3, u64::MAX), 1);
-        let b = s.allocate(&node("b"), Family::V4, 1).await.unwrap();
+        let b = s
+            .allocate(&node("b"), Family::V4, 1, &mut Ungated)
+            .await
+            .unwrap();
         assert!(a.intersection(&b).is_empty());
         assert_eq!(
             s.quota().v4,
@@ -345,20 +361,25 @@ mod tests {
                 free: 0
             }
         );
-        let err = s.allocate(&node("b"), Family::V4, 1).await.unwrap_err();
+        let err = s
+            .allocate(&node("b"), Family::V4, 1, &mut Ungated)
+            .await
+            .unwrap_err();
         assert_eq!(err.class(), ErrorClass::Exhausted);
         let a: Vec<IpAddr> = a.iter().collect();
-        s.release(&node("a"), &a[..1].iter().copied().collect())
+        s.release(&node("a"), &a[..1].iter().copied().collect(), &mut Ungated)
             .await
             .unwrap();
         // releasing an address the node does not hold changes nothing
-        s.release(&node("b"), &a[1..2].iter().copied().collect())
+        s.release(&node("b"), &a[1..2].iter().copied().collect(), &mut Ungated)
             .await
             .unwrap();
         assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
         assert_eq!(s.quota().v4.free, 1);
         assert_eq!(
-            s.allocate(&node("b"), Family::V4, 1).await.unwrap(),
+            s.allocate(&node("b"), Family::V4, 1, &mut Ungated)
+                .await
+                .unwrap(),
             AddrSet::from_iter([a[0]])
         );
     }
@@ -370,13 +391,21 @@ mod tests {
             lost_reply_rate: 1.0,
             ..Default::default()
         });
-        assert!(s.allocate(&node("a"), Family::V4, 2).await.is_err());
+        assert!(
+            s.allocate(&node("a"), Family::V4, 2, &mut Ungated)
+                .await
+                .is_err()
+        );
         assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
         s.set_faults(Faults {
             error_rate: 1.0,
             ..Default::default()
         });
-        assert!(s.allocate(&node("a"), Family::V4, 2).await.is_err());
+        assert!(
+            s.allocate(&node("a"), Family::V4, 2, &mut Ungated)
+                .await
+                .is_err()
+        );
         assert_eq!(s.describe(&node("a")).await.unwrap().len(Family::V4), 2);
     }
 }

@@ -14,7 +14,8 @@ use super::{EventType, NodeStore, ObjectKind, StoreEvent, StoreHook, Writer};
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
 use crate::types::{
-    IpamNode, NodeName, NodeSideFields, OperatorFields, ResourceVersion, WatermarkOverrides,
+    IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, ResourceVersion,
+    WatermarkOverrides,
 };
 use crate::vocab::EventReason;
 
@@ -210,7 +211,7 @@ impl MemoryNodeStore {
     /// The API server requests an apply of `fields` takes (as the kube-backed store makes
     /// them, so the budget and `operator_writes` count what `run` would): a create is a
     /// POST and a status apply; otherwise one apply per part that changes, spec and status.
-    fn apply_requests(&self, name: &str, node_uid: u128, fields: &OperatorFields) -> u64 {
+    fn apply_requests(&self, name: &str, node_uid: NodeUid, fields: &OperatorFields) -> u64 {
         match self.inner.lock().objects.get(name) {
             None => 2,
             Some(old) => {
@@ -231,10 +232,10 @@ impl NodeStore for MemoryNodeStore {
         Ok(self.cached(name))
     }
 
-    async fn apply_operator_gated<G: Gate>(
+    async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
@@ -267,7 +268,7 @@ impl NodeStore for MemoryNodeStore {
             .expect("apply always writes"))
     }
 
-    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+    async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         // the API server's two: the delete, then the finalizer's removal
         for _ in 0..2 {
             gate.request().await?;
@@ -299,6 +300,7 @@ impl NodeStore for MemoryNodeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::Ungated;
     use std::net::IpAddr;
 
     #[tokio::test]
@@ -306,7 +308,7 @@ mod tests {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
         let name: NodeName = "n1".into();
-        let a = s.create(IpamNode::new(name.clone(), 7));
+        let a = s.create(IpamNode::new(name.clone(), NodeUid(7)));
         assert_eq!(a.resource_version, Some(ResourceVersion::counter(1)));
         let b = s.apply_node(&name, |f| {
             f.cooldown
@@ -318,7 +320,7 @@ mod tests {
         );
         // the operator's apply keeps the node side's fields
         let c = s
-            .apply_operator(&name, 7, OperatorFields::default())
+            .apply_operator(&name, NodeUid(7), OperatorFields::default(), &mut Ungated)
             .await
             .unwrap();
         assert_eq!(
@@ -332,11 +334,11 @@ mod tests {
         assert_eq!(ev[1].writer, Writer::NodeSide);
         s.fail_next_operator_writes(1);
         assert!(
-            s.apply_operator(&name, 7, OperatorFields::default())
+            s.apply_operator(&name, NodeUid(7), OperatorFields::default(), &mut Ungated)
                 .await
                 .is_err()
         );
-        s.remove("n1").await.unwrap();
+        s.remove("n1", &mut Ungated).await.unwrap();
         assert!(s.cached("n1").is_none());
         assert!(rx.try_recv().unwrap().deleted);
     }
@@ -346,13 +348,13 @@ mod tests {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
         let name: NodeName = "n1".into();
-        s.create(IpamNode::new(name.clone(), 7));
+        s.create(IpamNode::new(name.clone(), NodeUid(7)));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let held = s.cached("n1").unwrap();
         // a change: a new resourceVersion, a notification, and the reader's copy unchanged
         let b = s
             .update_node(&name, |n, side| {
-                assert_eq!(n.node_uid, 7);
+                assert_eq!(n.node_uid, NodeUid(7));
                 side.cooldown.insert(a, std::time::UNIX_EPOCH);
                 true
             })
@@ -401,7 +403,7 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let s = MemoryNodeStore::new().with_hook(seen.clone());
         let name: NodeName = "n1".into();
-        s.create(IpamNode::new(name.clone(), 7));
+        s.create(IpamNode::new(name.clone(), NodeUid(7)));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         s.update_node(&name, |_, side| {
             side.cooldown.insert(a, std::time::UNIX_EPOCH);
@@ -443,7 +445,7 @@ mod tests {
             let (s, name) = (&s, &name);
             async move {
                 let mut gate = Counting::default();
-                s.apply_operator_gated(name, 7, fields, &mut gate)
+                s.apply_operator(name, NodeUid(7), fields, &mut gate)
                     .await
                     .unwrap();
                 gate.0
@@ -473,7 +475,7 @@ mod tests {
         f.conditions.clear();
         assert_eq!(charged(f).await, 2, "both");
         let mut gate = Counting::default();
-        s.remove_gated("n1", &mut gate).await.unwrap();
+        s.remove("n1", &mut gate).await.unwrap();
         assert_eq!(gate.0, 2, "remove");
         assert_eq!(s.operator_writes(), 2 + 1 + 1 + 2 + 2);
     }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use tidepool_ipam::IpamNode;
-use tidepool_ipam::PodUid;
+use tidepool_ipam::NodeUid;
 use tidepool_ipam::pool::repair::{
     BlockClaim, BlockRef, Conflict, LiveNodes, RangeIssue, RangeSubject, RepairFinding,
     RepairReport, UsedRef,
@@ -14,7 +14,7 @@ use tidepool_ipam::pool::{FindingKind, RebuildReport};
 use super::report::{Problem, ProblemKind};
 
 /// IPAMNodes by holder (name, node UID).
-pub(super) type Holders<'a> = HashMap<(&'a str, u128), &'a IpamNode>;
+pub(super) type Holders<'a> = HashMap<(&'a str, NodeUid), &'a IpamNode>;
 
 fn block_object(name: &str) -> String {
     format!("ipamblock/{name}")
@@ -113,9 +113,7 @@ pub(super) fn node_uids(ipam_nodes: &[&IpamNode], nodes: &LiveNodes, out: &mut V
             detail: format!(
                 "spec.nodeUID is {}, but Node {} has UID {}: only the operator may set it \
                  (the node side drops every block of another nodeUID)",
-                PodUid(n.node_uid),
-                n.name,
-                PodUid(uid)
+                n.node_uid, n.name, uid
             ),
         });
     }
@@ -135,11 +133,10 @@ pub(super) fn from_repair(report: &RepairReport, holders: &Holders<'_>, out: &mu
                     block.cidr,
                     block.pool,
                     block.node,
-                    PodUid(block.node_uid),
+                    block.node_uid,
                     match current_uid {
                         None => format!("and no Node {} exists", block.node),
-                        Some(now) =>
-                            format!("but Node {} now has UID {}", block.node, PodUid(*now)),
+                        Some(now) => format!("but Node {} now has UID {}", block.node, now),
                     }
                 ),
             },
@@ -154,10 +151,7 @@ pub(super) fn from_repair(report: &RepairReport, holders: &Holders<'_>, out: &mu
                 let gone = if *node_live {
                     String::new()
                 } else {
-                    format!(
-                        "; its Node (UID {}) no longer exists",
-                        PodUid(used.node_uid)
-                    )
+                    format!("; its Node (UID {}) no longer exists", used.node_uid)
                 };
                 Problem {
                     kind: ProblemKind::Leaked,

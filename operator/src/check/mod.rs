@@ -42,15 +42,13 @@ mod usage;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
-
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
 use tidepool_api as api;
 use tidepool_ipam::pool::PoolSet;
 use tidepool_ipam::pool::repair::{self, BlockClaim, LiveNodes};
-use tidepool_ipam::{IpamBlock, NodeName};
+use tidepool_ipam::{IpamBlock, NodeName, NodeUid};
 
 use crate::convert::{Malformed, NodeView, block_from_api, node_from_api};
 use crate::index::{PodGetter, PodIndex, parse_uid};
@@ -157,7 +155,7 @@ impl Inputs {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let raw = node.metadata.uid.as_deref().unwrap_or_default();
         match parse_uid(raw) {
-            Some(uid) => self.nodes.insert(NodeName::from(name), uid),
+            Some(uid) => self.nodes.insert(NodeName::from(name), NodeUid(uid)),
             None => self.malformed.push(Malformed {
                 object: format!("node/{name}"),
                 field: "metadata.uid".into(),
@@ -234,7 +232,7 @@ pub fn check(inputs: &Inputs) -> Report {
         .map(|n| &*n.view.node)
         .collect();
     let repaired = repair::check(&set, &claims, &readable, &inputs.nodes);
-    let by_holder: HashMap<(&str, u128), &tidepool_ipam::IpamNode> = readable
+    let by_holder: findings::Holders<'_> = readable
         .iter()
         .map(|n| ((&*n.name, n.node_uid), *n))
         .collect();

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, GROUP, VERSION};
-use tidepool_ipam::{IpamBlock, PodUid};
+use tidepool_ipam::{IpamBlock, ReleaseMark};
 
 /// The object a claim creates (POST), with the operator's finalizer.
 pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
@@ -14,7 +14,7 @@ pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
             pool: b.pool.to_string(),
             cidr: api::Cidr(b.cidr.to_string()),
             node: b.node.to_string(),
-            node_uid: PodUid(b.node_uid).to_string(),
+            node_uid: b.node_uid.to_string(),
             release: b.release.then_some(api::BlockRelease::MarkedForRelease),
         },
     );
@@ -26,14 +26,14 @@ pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
 /// the spec fields it created the block with, which it keeps owning, and the block's
 /// `metadata.uid` when known: an apply to a block that was deleted, or replaced by another
 /// of that name, is then refused instead of creating one.
-pub fn block_mark_body(b: &IpamBlock, uid: Option<&str>, release: bool) -> Value {
+pub fn block_mark_body(b: &IpamBlock, uid: Option<&str>, mark: ReleaseMark) -> Value {
     let mut spec = json!({
         "pool": &*b.pool,
         "cidr": b.cidr.to_string(),
         "node": &*b.node,
-        "nodeUID": PodUid(b.node_uid).to_string(),
+        "nodeUID": b.node_uid.to_string(),
     });
-    if release {
+    if mark == ReleaseMark::Set {
         spec["release"] = json!("marked-for-release");
     }
     let mut body = json!({
@@ -52,6 +52,7 @@ pub fn block_mark_body(b: &IpamBlock, uid: Option<&str>, release: bool) -> Value
 mod tests {
     use super::*;
     use tidepool_api::convert::{block_from_api, parse_uid};
+    use tidepool_ipam::NodeUid;
 
     const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
 
@@ -61,7 +62,7 @@ mod tests {
             cidr: "fd00:0:0:7::/64".parse().unwrap(),
             pool: "default".into(),
             node: "n1".into(),
-            node_uid: parse_uid(UID).unwrap(),
+            node_uid: NodeUid(parse_uid(UID).unwrap()),
             release: true,
             ack: None,
             resource_version: None,
@@ -77,15 +78,15 @@ mod tests {
         assert_eq!(obj.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
         let back = block_from_api(&obj).unwrap();
         assert_eq!(back, b);
-        let body = block_mark_body(&b, None, false);
+        let body = block_mark_body(&b, None, ReleaseMark::Withdraw);
         assert!(body["spec"].get("release").is_none());
         assert!(body["metadata"].get("uid").is_none());
         assert_eq!(
-            block_mark_body(&b, Some(UID), false)["metadata"]["uid"],
+            block_mark_body(&b, Some(UID), ReleaseMark::Withdraw)["metadata"]["uid"],
             UID
         );
         assert_eq!(
-            block_mark_body(&b, None, true)["spec"]["release"],
+            block_mark_body(&b, None, ReleaseMark::Set)["spec"]["release"],
             "marked-for-release"
         );
     }

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 use tidepool_api::convert::{Allocations, from_system};
 use tidepool_api::names::{FINALIZER, GROUP, VERSION};
-use tidepool_ipam::{Condition, OperatorFields, ReleaseState};
+use tidepool_ipam::{Condition, NodeUid, OperatorFields, ReleaseState};
 
 /// The object an apply is for: its name and, for an object that should exist, its uid
 /// (the server then refuses the apply when that object is gone or replaced, instead of
@@ -36,7 +36,7 @@ pub struct Target<'a> {
 /// back.
 pub fn spec_body(
     to: Target<'_>,
-    node_uid: u128,
+    node_uid: NodeUid,
     fields: &OperatorFields,
     all: &Allocations,
 ) -> Value {
@@ -68,7 +68,7 @@ pub fn spec_body(
             Some((a.to_string(), v))
         })
         .collect();
-    body["spec"] = json!({ "nodeUID": tidepool_ipam::PodUid(node_uid).to_string() });
+    body["spec"] = json!({ "nodeUID": node_uid.to_string() });
     if !addresses.is_empty() {
         body["spec"]["addresses"] = json!(addresses);
     }
@@ -197,7 +197,7 @@ mod tests {
             name: "n1",
             uid: None,
         };
-        let body = spec_body(to, 1, &fields, &v.allocations);
+        let body = spec_body(to, NodeUid(1), &fields, &v.allocations);
         assert!(body["metadata"].get("uid").is_none());
         assert!(body["spec"]["reclaim"].get("10.0.0.7").is_none());
         assert!(body["spec"]["reclaim"].get("10.0.0.1").is_some());

@@ -183,20 +183,30 @@ impl Elector {
             return Ok(());
         }
         self.leadership.settled().await;
-        let Some(rec) = self
-            .seen
-            .as_ref()
-            .and_then(|s| decide::release(&self.config.identity, s, Timestamp::now()))
-        else {
-            return Ok(());
-        };
-        match timeout(self.config.request_timeout(), self.lease.replace(&rec)).await {
-            Ok(Ok(Written::Stored(_))) => tracing::info!("released the Lease"),
-            Ok(Ok(Written::Conflict)) => tracing::info!("the Lease changed; not released"),
+        match timeout(self.config.request_timeout(), self.release()).await {
+            Ok(Ok(Some(Written::Stored(_)))) => tracing::info!("released the Lease"),
+            Ok(Ok(Some(Written::Conflict))) => tracing::info!("the Lease changed; not released"),
+            Ok(Ok(None)) => tracing::info!("the Lease is another's; nothing to release"),
             Ok(Err(e)) => tracing::warn!(error = %super::chain(&e), "releasing the Lease"),
             Err(_) => tracing::warn!("releasing the Lease timed out"),
         }
         Ok(())
+    }
+
+    /// Reads the Lease, then gives it up if this replica still holds it. The read comes
+    /// first because what this replica last saw may be stale: a renewal the stop cancelled
+    /// after the server stored it changed the resourceVersion, and a release from the older
+    /// one would be refused (409) and leave the Lease held for a lease duration.
+    async fn release(&mut self) -> Result<Option<Written>, Error> {
+        let current = self.lease.get().await?;
+        let now = Instant::now();
+        self.seen = current.map(|r| Observed::update(self.seen.take(), r, now));
+        let me = self.config.identity.as_str();
+        let Some(rec) = (self.seen.as_ref()).and_then(|s| decide::release(me, s, Timestamp::now()))
+        else {
+            return Ok(None);
+        };
+        self.lease.replace(&rec).await.map(Some)
     }
 }
 

@@ -105,7 +105,7 @@ async fn set(nodes: &Api<Node>, name: &str, want: bool) -> Result<bool, kube::Er
 mod tests {
     use std::time::UNIX_EPOCH;
 
-    use tidepool_ipam::{Blocked, Condition, NodeName};
+    use tidepool_ipam::{Blocked, Condition, NodeName, NodeUid};
 
     use super::*;
 
@@ -139,7 +139,7 @@ mod tests {
 
     /// A node `Blocked` (status as given) for `reason`.
     fn blocked(status: bool, reason: ConditionReason) -> IpamNode {
-        let mut n = IpamNode::new(NodeName::from("n"), 1);
+        let mut n = IpamNode::new(NodeName::from("n"), NodeUid(1));
         n.operator.conditions.push(Condition {
             type_: ConditionType::Blocked,
             status,
@@ -159,7 +159,7 @@ mod tests {
         assert!(!exhausted(&blocked(true, B(Blocked::Cordoned))));
         assert!(!exhausted(&blocked(true, B(Blocked::InvalidSpec))));
         assert!(!exhausted(&blocked(true, ConditionReason::Unknown)));
-        assert!(!exhausted(&IpamNode::new(NodeName::from("n"), 1)));
+        assert!(!exhausted(&IpamNode::new(NodeName::from("n"), NodeUid(1))));
     }
 
     /// Each `Blocked` reason as the engine writes it reaches the taint through the object

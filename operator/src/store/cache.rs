@@ -468,6 +468,7 @@ mod tests {
     use super::*;
     use crate::convert::block_for_create;
     use tidepool_api::names::FINALIZER;
+    use tidepool_ipam::NodeUid;
 
     const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
 
@@ -487,7 +488,7 @@ mod tests {
             cidr: net,
             pool: "default".into(),
             node: node.into(),
-            node_uid: crate::index::parse_uid(UID).unwrap(),
+            node_uid: NodeUid(crate::index::parse_uid(UID).unwrap()),
             release: false,
             ack: None,
             resource_version: None,

@@ -28,7 +28,7 @@ use tidepool_api as api;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
-    OperatorFields, ResourceVersion,
+    NodeUid, OperatorFields, ReleaseMark, ResourceVersion,
 };
 
 use crate::convert::{
@@ -55,6 +55,15 @@ pub struct KubeStore {
     reads: Arc<tokio::sync::Semaphore>,
     /// What every write passes through (leader election).
     fence: Fence,
+}
+
+/// When [`KubeStore::write_status`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusWrite {
+    /// When the conditions or the count differ from the object's.
+    IfChanged,
+    /// Whatever the object holds (a create drops `status`).
+    Always,
 }
 
 /// How many live reads (GETs) the store has in flight at most.
@@ -84,14 +93,14 @@ impl KubeStore {
         locks.entry(NodeName::from(name)).or_default().clone()
     }
 
-    /// The operator's status apply (its conditions and the count), when either differs
-    /// from the object's or `always`; one status writer per IPAMNode at a time, each with
-    /// the latest count. Returns the written object, None when nothing was due.
+    /// The operator's status apply (its conditions and the count), as `when` says; one
+    /// status writer per IPAMNode at a time, each with the latest count. Returns the
+    /// written object, None when nothing was due.
     async fn write_status<G: Gate>(
         &self,
         name: &str,
         conditions: &[tidepool_ipam::Condition],
-        always: bool,
+        when: StatusWrite,
         gate: &mut G,
     ) -> Result<Option<Arc<IpamNode>>, IpamError> {
         let lock = self.status_lock(name);
@@ -104,7 +113,7 @@ impl KubeStore {
             (v.clone(), allocated_of(&c, name, &v.node.operator))
         };
         let same = view.node.operator.conditions == conditions && view.allocated == Some(allocated);
-        if same && !always {
+        if same && when == StatusWrite::IfChanged {
             return Ok(None);
         }
         let to = Target {
@@ -281,7 +290,7 @@ impl KubeStore {
     async fn create_node<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: &OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
@@ -299,7 +308,7 @@ impl KubeStore {
         let node = self.take_node(&created);
         // a create drops `status`: the conditions and the count follow through /status
         let written = self
-            .write_status(name, &fields.conditions, true, gate)
+            .write_status(name, &fields.conditions, StatusWrite::Always, gate)
             .await?;
         Ok(written.unwrap_or(node))
     }
@@ -366,7 +375,7 @@ impl NodeStore for KubeStore {
             return Ok(false);
         };
         Ok(self
-            .write_status(name, &conditions, false, gate)
+            .write_status(name, &conditions, StatusWrite::IfChanged, gate)
             .await?
             .is_some())
     }
@@ -385,10 +394,10 @@ impl NodeStore for KubeStore {
         Ok(obj.map(|o| node_from_api(&o).0.node))
     }
 
-    async fn apply_operator_gated<G: Gate>(
+    async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
@@ -414,7 +423,7 @@ impl NodeStore for KubeStore {
             node = self.take_node(&obj);
         }
         if let Some(written) = self
-            .write_status(name, &fields.conditions, false, gate)
+            .write_status(name, &fields.conditions, StatusWrite::IfChanged, gate)
             .await?
         {
             node = written;
@@ -422,7 +431,7 @@ impl NodeStore for KubeStore {
         Ok(node)
     }
 
-    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+    async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         let dp = DeleteParams::default();
         let request = self.nodes.delete(name, &dp);
         let obj = match self.send(gate, "delete", name, None, request).await {
@@ -465,7 +474,7 @@ impl BlockStore for KubeStore {
         self.cache.read().nodes().map(|v| v.node.clone()).collect()
     }
 
-    async fn create_block_gated<G: Gate>(
+    async fn create_block<G: Gate>(
         &self,
         block: IpamBlock,
         gate: &mut G,
@@ -492,16 +501,16 @@ impl BlockStore for KubeStore {
         }
     }
 
-    async fn mark_block_gated<G: Gate>(
+    async fn mark_block<G: Gate>(
         &self,
         name: &str,
-        release: bool,
+        mark: ReleaseMark,
         gate: &mut G,
     ) -> Result<Arc<IpamBlock>, IpamError> {
         let cached = self.cache.read().block(name).cloned();
         let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
         let uid = self.cache.read().block_uid(name);
-        let body = block_mark_body(&b, uid.as_deref(), release);
+        let body = block_mark_body(&b, uid.as_deref(), mark);
         let pp = Self::apply_params();
         let patch = Patch::Apply(&body);
         let request = self.blocks.patch(name, &pp, &patch);
@@ -510,7 +519,7 @@ impl BlockStore for KubeStore {
         self.take_block(&obj, name)
     }
 
-    async fn delete_block_gated<G: Gate>(
+    async fn delete_block<G: Gate>(
         &self,
         name: &str,
         expected: &ResourceVersion,

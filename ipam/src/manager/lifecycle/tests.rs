@@ -21,7 +21,9 @@ use crate::manager::{EngineDeps, NodeManager};
 use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, Writer};
-use crate::types::{Family, IpamNode, NodeName, OperatorFields, PerFamily, ResourceVersion};
+use crate::types::{
+    Family, IpamNode, NodeName, NodeUid, OperatorFields, PerFamily, ResourceVersion,
+};
 use crate::vocab::EventReason;
 
 /// A store that records counts: the in-memory one, with every call counted and the stale
@@ -67,22 +69,22 @@ impl NodeStore for CountingStore {
         self.inner.get(name).await
     }
 
-    async fn apply_operator_gated<G: Gate>(
+    async fn apply_operator<G: Gate>(
         &self,
         name: &NodeName,
-        node_uid: u128,
+        node_uid: NodeUid,
         fields: OperatorFields,
         gate: &mut G,
     ) -> Result<Arc<IpamNode>, IpamError> {
         self.call();
         self.inner
-            .apply_operator_gated(name, node_uid, fields, gate)
+            .apply_operator(name, node_uid, fields, gate)
             .await
     }
 
-    async fn remove_gated<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
+    async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         self.call();
-        self.inner.remove_gated(name, gate).await
+        self.inner.remove(name, gate).await
     }
 
     fn event(&self, object: &str, type_: EventType, reason: EventReason, message: String) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::MemoryNodeStore;
 use crate::error::IpamError;
 use crate::gate::Gate;
-use crate::store::{BlockStore, ObjectKind, StoreEvent, Writer};
+use crate::store::{BlockStore, ObjectKind, ReleaseMark, StoreEvent, Writer};
 use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck, ResourceVersion};
 
 /// What a block write does.
@@ -154,7 +154,7 @@ impl BlockStore for MemoryNodeStore {
         self.list()
     }
 
-    async fn create_block_gated<G: Gate>(
+    async fn create_block<G: Gate>(
         &self,
         block: IpamBlock,
         gate: &mut G,
@@ -174,13 +174,14 @@ impl BlockStore for MemoryNodeStore {
         Ok(self.cached_block(name))
     }
 
-    async fn mark_block_gated<G: Gate>(
+    async fn mark_block<G: Gate>(
         &self,
         name: &str,
-        release: bool,
+        mark: ReleaseMark,
         gate: &mut G,
     ) -> Result<Arc<IpamBlock>, IpamError> {
         gate.request().await?;
+        let release = mark.marked();
         let new = self.write_block(name, Writer::Operator, |old| match old {
             None => Err(not_found(name)),
             Some(b) if b.release == release => Ok(Change::Keep),
@@ -192,7 +193,7 @@ impl BlockStore for MemoryNodeStore {
         Ok(new.expect("checked present"))
     }
 
-    async fn delete_block_gated<G: Gate>(
+    async fn delete_block<G: Gate>(
         &self,
         name: &str,
         expected: &ResourceVersion,
@@ -218,6 +219,8 @@ impl BlockStore for MemoryNodeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::Ungated;
+    use crate::types::NodeUid;
 
     fn block(cidr: &str, node: &str) -> IpamBlock {
         let cidr: ipnet::IpNet = cidr.parse().unwrap();
@@ -226,7 +229,7 @@ mod tests {
             cidr,
             pool: "default".into(),
             node: node.into(),
-            node_uid: 7,
+            node_uid: NodeUid(7),
             release: false,
             ack: None,
             resource_version: None,
@@ -238,11 +241,15 @@ mod tests {
     async fn blocks_behave_like_api_server_objects() {
         let s = MemoryNodeStore::new();
         let mut rx = s.subscribe();
-        let a = s.create_block(block("10.0.0.16/28", "n1")).await.unwrap();
+        let a = s
+            .create_block(block("10.0.0.16/28", "n1"), &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(a.resource_version, Some(ResourceVersion::counter(1)));
         // a second create of the name is refused, whoever asks
         assert!(matches!(
-            s.create_block(block("10.0.0.16/28", "n2")).await,
+            s.create_block(block("10.0.0.16/28", "n2"), &mut Ungated)
+                .await,
             Err(IpamError::AlreadyExists { .. })
         ));
         assert_eq!(s.blocks_of("n1").len(), 1);
@@ -254,10 +261,16 @@ mod tests {
         );
         assert_eq!(s.block_set_changes(), 1, "a create changes the set");
         // marking bumps the resourceVersion; re-marking does not
-        let m = s.mark_block(&a.name, true).await.unwrap();
+        let m = s
+            .mark_block(&a.name, ReleaseMark::Set, &mut Ungated)
+            .await
+            .unwrap();
         assert_eq!(m.resource_version, Some(ResourceVersion::counter(2)));
         assert_eq!(
-            s.mark_block(&a.name, true).await.unwrap().resource_version,
+            s.mark_block(&a.name, ReleaseMark::Set, &mut Ungated)
+                .await
+                .unwrap()
+                .resource_version,
             Some(ResourceVersion::counter(2))
         );
         assert_eq!(s.node_blocks_changes("n1"), 2);
@@ -273,22 +286,24 @@ mod tests {
         assert_eq!(s.block_set_changes(), 1, "marks and answers leave the set");
         // a delete with a stale precondition fails and changes nothing
         assert!(matches!(
-            s.delete_block(&a.name, &ResourceVersion::counter(2)).await,
+            s.delete_block(&a.name, &ResourceVersion::counter(2), &mut Ungated).await,
             Err(IpamError::Conflict { expected, .. }) if expected == ResourceVersion::counter(2)
         ));
         assert!(s.cached_block(&a.name).is_some());
-        s.delete_block(&a.name, &ResourceVersion::counter(3))
+        s.delete_block(&a.name, &ResourceVersion::counter(3), &mut Ungated)
             .await
             .unwrap();
         assert!(s.blocks_of("n1").is_empty());
         assert_eq!(s.node_blocks_changes("n1"), 4, "and deletes");
         assert_eq!(s.block_set_changes(), 4, "a delete changes the set");
         assert!(matches!(
-            s.delete_block(&a.name, &ResourceVersion::counter(3)).await,
+            s.delete_block(&a.name, &ResourceVersion::counter(3), &mut Ungated)
+                .await,
             Err(IpamError::NotFound { .. })
         ));
         assert!(matches!(
-            s.mark_block(&a.name, false).await,
+            s.mark_block(&a.name, ReleaseMark::Withdraw, &mut Ungated)
+                .await,
             Err(IpamError::NotFound { .. })
         ));
         let ev: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use tidepool_api::names::EXHAUSTED_TAINT;
-use tidepool_ipam::{NodeInfo, NodeName};
+use tidepool_ipam::{NodeInfo, NodeName, NodeUid};
 
 use crate::index::parse_uid;
 
@@ -21,7 +21,7 @@ pub(super) struct NodeRecord {
 pub(super) fn project(node: &Node) -> Option<NodeRecord> {
     let meta = &node.metadata;
     let name = meta.name.as_deref().filter(|n| !n.is_empty())?;
-    let Some(uid) = meta.uid.as_deref().and_then(parse_uid) else {
+    let Some(uid) = meta.uid.as_deref().and_then(parse_uid).map(NodeUid) else {
         tracing::warn!(node = name, uid = ?meta.uid, "node skipped: its UID is not a UUID");
         return None;
     };
