@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use serde_json::{Map, Value, json};
-use tidepool_api::convert::{Allocations, from_system};
-use tidepool_api::names::{GROUP, VERSION, condition};
-use tidepool_ipam::{NodeSideFields, ReclaimOutcome, ReleaseAck};
+use serde_json::Value;
+use tidepool_api as api;
+use tidepool_api::convert::{Allocations, apply_envelope, condition, from_system};
+use tidepool_api::names::condition::AGENT_READY;
+use tidepool_ipam::{NodeSideFields, ReleaseAck};
 
 /// The agent's `AgentReady` condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,21 +64,6 @@ impl NodeSide {
     }
 }
 
-fn type_meta(kind: &str, name: &str) -> Value {
-    json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
-        "kind": kind,
-        "metadata": { "name": name },
-    })
-}
-
-fn release_ack(a: ReleaseAck) -> &'static str {
-    match a {
-        ReleaseAck::ReadyForRelease => "ready-for-release",
-        ReleaseAck::DoNotRelease => "do-not-release",
-    }
-}
-
 /// The apply of the IPAMNode `name`'s status: `used`, `cooldown`, `releaseAck`,
 /// `reclaimAck`, `inUse` and the `AgentReady` condition (last changed at `since`). Entries
 /// whose allocation strings are unknown cannot be written (containerID and ifname are
@@ -89,93 +75,86 @@ pub fn node_status_body(
     ready: Option<&AgentReady>,
     since: SystemTime,
 ) -> Value {
-    let used: Map<String, Value> = fields
+    let used: BTreeMap<String, api::UsedEntry> = fields
         .used
         .iter()
         .filter_map(|(a, e)| {
             let (cid, ifname) = all.get(&e.allocation)?;
-            let v = json!({
-                "podUID": e.pod_uid.to_string(),
-                "namespace": &*e.namespace,
-                "pod": &*e.pod,
-                "containerID": &**cid,
-                "ifname": &**ifname,
-                "since": from_system(e.since),
-            });
+            let v = api::UsedEntry {
+                pod_uid: e.pod_uid.to_string(),
+                namespace: e.namespace.to_string(),
+                pod: e.pod.to_string(),
+                container_id: cid.to_string(),
+                ifname: ifname.to_string(),
+                since: from_system(e.since),
+            };
             Some((a.to_string(), v))
         })
         .collect();
-    let cooldown: Map<String, Value> = fields
-        .cooldown
-        .iter()
-        .map(|(a, until)| (a.to_string(), json!(from_system(*until))))
-        .collect();
-    let release: Map<String, Value> = fields
-        .release_ack
-        .iter()
-        .map(|(a, v)| (a.to_string(), json!(release_ack(*v))))
-        .collect();
-    let reclaim: Map<String, Value> = fields
+    let reclaim_ack = fields
         .reclaim_ack
         .iter()
         .filter_map(|(a, r)| {
             let (cid, ifname) = all.get(&r.allocation)?;
-            let outcome = match r.outcome {
-                ReclaimOutcome::Reclaimed => "reclaimed",
-                ReclaimOutcome::Stale => "stale",
-                ReclaimOutcome::Live => "live",
+            let v = api::ReclaimAnswer {
+                pod_uid: r.pod_uid.to_string(),
+                container_id: cid.to_string(),
+                ifname: ifname.to_string(),
+                outcome: r.outcome.into(),
             };
-            let v = json!({
-                "podUID": r.pod_uid.to_string(),
-                "containerID": &**cid,
-                "ifname": &**ifname,
-                "outcome": outcome,
-            });
             Some((a.to_string(), v))
         })
         .collect();
-    let in_use = i64::try_from(used.len()).unwrap_or(i64::MAX);
-    let mut status = json!({
-        "used": used,
-        "cooldown": cooldown,
-        "releaseAck": release,
-        "reclaimAck": reclaim,
-        "inUse": in_use,
-    });
-    if let Some(r) = ready {
-        status["conditions"] = json!([{
-            "type": condition::AGENT_READY,
-            "status": if r.ready { "True" } else { "False" },
-            "reason": r.reason,
-            "message": r.message,
-            "lastTransitionTime": from_system(since),
-        }]);
+    let status = api::IPAMNodeStatus {
+        in_use: Some(i64::try_from(used.len()).unwrap_or(i64::MAX)),
+        used,
+        cooldown: (fields.cooldown.iter())
+            .map(|(a, until)| (a.to_string(), from_system(*until)))
+            .collect(),
+        release_ack: (fields.release_ack.iter())
+            .map(|(a, v)| (a.to_string(), (*v).into()))
+            .collect(),
+        reclaim_ack,
+        allocated: None,
+        conditions: ready
+            .map(|r| condition(AGENT_READY, r.ready, &r.reason, &r.message, since))
+            .into_iter()
+            .collect(),
+    };
+    let mut body = apply_envelope("IPAMNode", name, None);
+    body["status"] = serde_json::to_value(status).expect("a status serializes");
+    // Every map the agent owns is sent, an empty one too: under server-side apply the empty
+    // map keeps the agent the owner of the field and clears the entries it owned.
+    for owned in ["used", "cooldown", "releaseAck", "reclaimAck"] {
+        body["status"]
+            .as_object_mut()
+            .expect("a status is an object")
+            .entry(owned)
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
     }
-    let mut body = type_meta("IPAMNode", name);
-    body["status"] = status;
     body
 }
 
 /// The apply of a block's answer (`status.releaseAck`, the node side's); `None` withdraws
 /// it (the field is left out, so the agent's ownership and the value go).
 pub fn block_status_body(name: &str, ack: Option<ReleaseAck>) -> Value {
-    let mut body = type_meta("IPAMBlock", name);
-    body["status"] = match ack {
-        Some(a) => json!({ "releaseAck": release_ack(a) }),
-        None => json!({}),
+    let status = api::IPAMBlockStatus {
+        release_ack: ack.map(Into::into),
     };
+    let mut body = apply_envelope("IPAMBlock", name, None);
+    body["status"] = serde_json::to_value(status).expect("a status serializes");
     body
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::net::IpAddr;
     use std::sync::Arc;
     use std::time::Duration;
-    use tidepool_api as api;
     use tidepool_api::convert::node_from_api;
-    use tidepool_ipam::{AllocationId, PodUid, ReclaimAck, UsedEntry};
+    use tidepool_ipam::{AllocationId, PodUid, ReclaimAck, ReclaimOutcome, UsedEntry};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

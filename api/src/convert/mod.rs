@@ -8,8 +8,11 @@
 //! crate already defines the objects and both binaries depend on it; it gains a dependency
 //! on `tidepool-ipam`, which depends on nothing of tidepool's but `tidepool-metrics`, so
 //! there is no cycle, and a crate of its own for four small files would add a name and no
-//! separation. Only the reading side lives here: the operator's apply bodies (its spec and
-//! status, a claim, a block mark) stay with the operator, the agent's with the agent.
+//! separation. The reading side lives here, and the writing side's vocabulary (`write`: the
+//! engine's marks, answers and reasons as the objects' enums, a condition, the envelope of an
+//! apply); the apply bodies themselves (the operator's spec and status, a claim, a block
+//! mark; the agent's status and block answers) stay with their writers, built from the typed
+//! objects.
 //!
 //! Malformed entries (an address that does not parse, a UID that is not one) are reported
 //! and skipped; nothing is deleted because of them: the engine never sees the entry, so it
@@ -20,11 +23,13 @@ mod block;
 mod node;
 mod time;
 mod uid;
+mod write;
 
 pub use block::block_from_api;
 pub use node::{AgentReady, Allocations, NodeView, node_from_api};
 pub use time::{from_system, to_system};
 pub use uid::parse_uid;
+pub use write::{apply_envelope, condition};
 
 /// One entry that could not be read, with where it was and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -250,7 +250,7 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> 
 // A value a later release writes (`Unknown`) is read as no mark, no answer, no tombstone:
 // the entry is left out, as if not written yet.
 
-fn release_state(v: api::AddressRelease) -> Option<ReleaseState> {
+pub(super) fn release_state(v: api::AddressRelease) -> Option<ReleaseState> {
     match v {
         api::AddressRelease::MarkedForRelease => Some(ReleaseState::MarkedForRelease),
         api::AddressRelease::Released => Some(ReleaseState::Released),
@@ -258,7 +258,7 @@ fn release_state(v: api::AddressRelease) -> Option<ReleaseState> {
     }
 }
 
-fn release_ack(v: api::ReleaseAnswer) -> Option<ReleaseAck> {
+pub(super) fn release_ack(v: api::ReleaseAnswer) -> Option<ReleaseAck> {
     match v {
         api::ReleaseAnswer::ReadyForRelease => Some(ReleaseAck::ReadyForRelease),
         api::ReleaseAnswer::DoNotRelease => Some(ReleaseAck::DoNotRelease),
@@ -266,7 +266,7 @@ fn release_ack(v: api::ReleaseAnswer) -> Option<ReleaseAck> {
     }
 }
 
-fn reclaim_reason(v: api::ReclaimReason) -> Option<ReclaimReason> {
+pub(super) fn reclaim_reason(v: api::ReclaimReason) -> Option<ReclaimReason> {
     match v {
         api::ReclaimReason::PodDeleted => Some(ReclaimReason::PodDeleted),
         api::ReclaimReason::PodTerminal => Some(ReclaimReason::PodTerminal),
@@ -276,7 +276,7 @@ fn reclaim_reason(v: api::ReclaimReason) -> Option<ReclaimReason> {
     }
 }
 
-fn reclaim_outcome(v: api::ReclaimOutcome) -> Option<ReclaimOutcome> {
+pub(super) fn reclaim_outcome(v: api::ReclaimOutcome) -> Option<ReclaimOutcome> {
     match v {
         api::ReclaimOutcome::Reclaimed => Some(ReclaimOutcome::Reclaimed),
         api::ReclaimOutcome::Stale => Some(ReclaimOutcome::Stale),

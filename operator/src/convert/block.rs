@@ -3,21 +3,18 @@
 
 use serde_json::{Value, json};
 use tidepool_api as api;
-use tidepool_api::names::{FINALIZER, GROUP, VERSION};
+use tidepool_api::convert::apply_envelope;
+use tidepool_api::names::FINALIZER;
 use tidepool_ipam::{IpamBlock, ReleaseMark};
 
 /// The object a claim creates (POST), with the operator's finalizer.
 pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
-    let mut obj = api::IPAMBlock::new(
-        &b.name,
-        api::IPAMBlockSpec {
-            pool: b.pool.to_string(),
-            cidr: api::Cidr(b.cidr.to_string()),
-            node: b.node.to_string(),
-            node_uid: b.node_uid.to_string(),
-            release: b.release.then_some(api::BlockRelease::MarkedForRelease),
-        },
-    );
+    let mark = if b.release {
+        ReleaseMark::Set
+    } else {
+        ReleaseMark::Withdraw
+    };
+    let mut obj = api::IPAMBlock::new(&b.name, spec(b, mark));
     obj.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
     obj
 }
@@ -27,25 +24,21 @@ pub fn block_for_create(b: &IpamBlock) -> api::IPAMBlock {
 /// `metadata.uid` when known: an apply to a block that was deleted, or replaced by another
 /// of that name, is then refused instead of creating one.
 pub fn block_mark_body(b: &IpamBlock, uid: Option<&str>, mark: ReleaseMark) -> Value {
-    let mut spec = json!({
-        "pool": &*b.pool,
-        "cidr": b.cidr.to_string(),
-        "node": &*b.node,
-        "nodeUID": b.node_uid.to_string(),
-    });
-    if mark == ReleaseMark::Set {
-        spec["release"] = json!("marked-for-release");
-    }
-    let mut body = json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
-        "kind": "IPAMBlock",
-        "metadata": { "name": &*b.name, "finalizers": [FINALIZER] },
-        "spec": spec,
-    });
-    if let Some(uid) = uid {
-        body["metadata"]["uid"] = json!(uid);
-    }
+    let mut body = apply_envelope("IPAMBlock", &b.name, uid);
+    body["metadata"]["finalizers"] = json!([FINALIZER]);
+    body["spec"] = serde_json::to_value(spec(b, mark)).expect("a spec serializes");
     body
+}
+
+/// The block's spec as the operator writes it, with the release mark set or not.
+fn spec(b: &IpamBlock, mark: ReleaseMark) -> api::IPAMBlockSpec {
+    api::IPAMBlockSpec {
+        pool: b.pool.to_string(),
+        cidr: api::Cidr(b.cidr.to_string()),
+        node: b.node.to_string(),
+        node_uid: b.node_uid.to_string(),
+        release: (mark == ReleaseMark::Set).then_some(api::BlockRelease::MarkedForRelease),
+    }
 }
 
 #[cfg(test)]

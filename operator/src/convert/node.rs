@@ -2,24 +2,10 @@
 //! one write each per pass). Reading the object is [`tidepool_api::convert`]'s.
 
 use serde_json::{Value, json};
-use tidepool_api::convert::{Allocations, from_system};
-use tidepool_api::names::{FINALIZER, GROUP, VERSION};
-use tidepool_ipam::{Condition, NodeUid, OperatorFields, ReleaseState};
-
-/// The object an apply is for: its name and, for an object that should exist, its uid
-/// (the server then refuses the apply when that object is gone or replaced, instead of
-/// creating one).
-fn type_meta(name: &str, uid: Option<&str>) -> Value {
-    let mut v = json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
-        "kind": "IPAMNode",
-        "metadata": { "name": name },
-    });
-    if let Some(uid) = uid {
-        v["metadata"]["uid"] = json!(uid);
-    }
-    v
-}
+use tidepool_api as api;
+use tidepool_api::convert::{Allocations, apply_envelope, condition};
+use tidepool_api::names::FINALIZER;
+use tidepool_ipam::{Condition, NodeUid, OperatorFields};
 
 /// Which IPAMNode a body is for: its name and its `metadata.uid` (None: the body creates it).
 #[derive(Debug, Clone, Copy)]
@@ -40,70 +26,52 @@ pub fn spec_body(
     fields: &OperatorFields,
     all: &Allocations,
 ) -> Value {
-    let mut body = type_meta(to.name, to.uid);
-    body["metadata"]["finalizers"] = json!([FINALIZER]);
-    let addresses: Vec<String> = fields.addresses.iter().map(|a| a.to_string()).collect();
-    let release: serde_json::Map<String, Value> = fields
-        .release
-        .iter()
-        .map(|(a, s)| {
-            let v = match s {
-                ReleaseState::MarkedForRelease => "marked-for-release",
-                ReleaseState::Released => "released",
-            };
-            (a.to_string(), json!(v))
-        })
-        .collect();
-    let reclaim: serde_json::Map<String, Value> = fields
-        .reclaim
-        .iter()
+    let reclaim = (fields.reclaim.iter())
         .filter_map(|(a, t)| {
             let (cid, ifname) = all.get(&t.allocation)?;
-            let v = json!({
-                "podUID": t.pod_uid.to_string(),
-                "containerID": &**cid,
-                "ifname": &**ifname,
-                "reason": t.reason.as_str(),
-            });
+            let v = api::TombstoneSpec {
+                pod_uid: t.pod_uid.to_string(),
+                container_id: cid.to_string(),
+                ifname: ifname.to_string(),
+                reason: t.reason.into(),
+            };
             Some((a.to_string(), v))
         })
         .collect();
-    body["spec"] = json!({ "nodeUID": node_uid.to_string() });
-    if !addresses.is_empty() {
-        body["spec"]["addresses"] = json!(addresses);
-    }
-    if !release.is_empty() {
-        body["spec"]["release"] = Value::Object(release);
-    }
-    if !reclaim.is_empty() {
-        body["spec"]["reclaim"] = Value::Object(reclaim);
-    }
+    let spec = api::IPAMNodeSpec {
+        node_uid: node_uid.to_string(),
+        pools: None,
+        watermarks: None,
+        addresses: fields.addresses.iter().map(|a| a.to_string()).collect(),
+        release: (fields.release.iter())
+            .map(|(a, s)| (a.to_string(), (*s).into()))
+            .collect(),
+        reclaim,
+    };
+    let mut body = apply_envelope("IPAMNode", to.name, to.uid);
+    body["metadata"]["finalizers"] = json!([FINALIZER]);
+    body["spec"] = serde_json::to_value(spec).expect("a spec serializes");
     body
 }
 
 /// The operator's apply of an IPAMNode's status (through `/status`): its conditions and
 /// the count of addresses the node holds (a printer column; `allocated` saturates).
 pub fn status_body(to: Target<'_>, conditions: &[Condition], allocated: u64) -> Value {
-    let mut body = type_meta(to.name, to.uid);
-    let conditions: Vec<Value> = conditions
-        .iter()
-        .map(|c| {
-            json!({
-                "type": c.type_.as_str(),
-                "status": if c.status { "True" } else { "False" },
-                "reason": c.reason.as_str(),
-                "message": c.message,
-                "lastTransitionTime": from_system(c.last_transition),
+    let status = api::IPAMNodeStatus {
+        allocated: Some(i64::try_from(allocated).unwrap_or(i64::MAX)),
+        // none: no `conditions` key (left out when empty), which on a real server owns
+        // nothing either (an empty associative list records no ownership), and never claims
+        // the list the agent's `AgentReady` item is in
+        conditions: (conditions.iter())
+            .map(|c| {
+                let (type_, reason) = (c.type_.as_str(), c.reason.as_str());
+                condition(type_, c.status, reason, &c.message, c.last_transition)
             })
-        })
-        .collect();
-    body["status"] = json!({ "allocated": i64::try_from(allocated).unwrap_or(i64::MAX) });
-    // none: no `conditions` key, which on a real server owns nothing either (an empty
-    // associative list records no ownership), and never claims the list the agent's
-    // `AgentReady` item is in
-    if !conditions.is_empty() {
-        body["status"]["conditions"] = Value::Array(conditions);
-    }
+            .collect(),
+        ..api::IPAMNodeStatus::default()
+    };
+    let mut body = apply_envelope("IPAMNode", to.name, to.uid);
+    body["status"] = serde_json::to_value(status).expect("a status serializes");
     body
 }
 

@@ -4,13 +4,14 @@
 //! event, while the other pools go on working.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tidepool_api as api;
-use tidepool_api::names::{GROUP, OPERATOR_MANAGER, VERSION, condition};
+use tidepool_api::convert;
+use tidepool_api::names::{OPERATOR_MANAGER, condition};
 use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
 use tidepool_ipam::{Background, EventReason, EventType, Gate, PerFamily};
 
@@ -22,48 +23,36 @@ use crate::store::{Events, KubeStore};
 struct Shown {
     usage: PerFamily<Option<AddressCounts>>,
     valid: Result<(), String>,
-    since: String,
+    since: SystemTime,
 }
 
 /// The status apply body of one pool.
 fn body(name: &str, s: &Shown) -> Value {
     let usage = |c: &Option<AddressCounts>| {
-        c.map(|c| {
-            json!({
-                "capacity": c.capacity.to_string(),
-                "allocated": c.allocated.to_string(),
-                "free": c.free.to_string(),
-            })
+        c.map(|c| api::PoolUsage {
+            capacity: c.capacity.to_string(),
+            allocated: c.allocated.to_string(),
+            free: c.free.to_string(),
         })
     };
-    let (status, reason, message) = match &s.valid {
-        Ok(()) => ("True", "Valid", String::new()),
-        Err(e) => ("False", "Invalid", e.clone()),
+    let (reason, message) = match &s.valid {
+        Ok(()) => ("Valid", ""),
+        Err(e) => ("Invalid", e.as_str()),
     };
-    let mut st = json!({
-        "conditions": [{
-            "type": condition::VALID, "status": status, "reason": reason,
-            "message": message, "lastTransitionTime": s.since,
-        }],
-    });
-    if let Some(v4) = usage(&s.usage.v4) {
-        st["ipv4"] = v4;
-    }
-    if let Some(v6) = usage(&s.usage.v6) {
-        st["ipv6"] = v6;
-    }
-    json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"), "kind": "IPPool",
-        "metadata": { "name": name },
-        "status": st,
-    })
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
+    let status = api::IPPoolStatus {
+        ipv4: usage(&s.usage.v4),
+        ipv6: usage(&s.usage.v6),
+        conditions: vec![convert::condition(
+            condition::VALID,
+            s.valid.is_ok(),
+            reason,
+            message,
+            s.since,
+        )],
+    };
+    let mut body = convert::apply_envelope("IPPool", name, None);
+    body["status"] = serde_json::to_value(status).expect("a status serializes");
+    body
 }
 
 /// Every `every`, writes each pool's status that changed since it was last written, each
@@ -84,8 +73,8 @@ pub async fn keep_written(
             let last = shown.get(&name);
             let flipped = last.is_none_or(|l| l.valid.is_ok() != valid.is_ok());
             let since = match last {
-                Some(l) if !flipped => l.since.clone(),
-                _ => now(),
+                Some(l) if !flipped => l.since,
+                _ => SystemTime::now(),
             };
             let next = Shown {
                 usage,
@@ -127,6 +116,7 @@ pub async fn keep_written(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_status_counts_as_strings_and_says_why_a_pool_is_invalid() {
@@ -141,7 +131,7 @@ mod tests {
                 v6: Some(c),
             },
             valid: Err("overlaps pool a".into()),
-            since: "2026-11-24T10:00:00Z".into(),
+            since: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
         };
         let b = body("p", &s);
         assert_eq!(b["status"]["ipv6"]["capacity"], "18446744073709551616");
@@ -152,6 +142,8 @@ mod tests {
             (Some("Valid"), Some("False"))
         );
         assert_eq!(cond["message"], "overlaps pool a");
+        assert_eq!(cond["reason"], "Invalid");
+        assert_eq!(cond["lastTransitionTime"], "2026-11-18T11:06:40Z");
         // the body is an IPPool as the CRD has it
         let typed: api::IPPool = serde_json::from_value(json!({
             "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
