@@ -232,7 +232,10 @@ fn a_del_with_the_longest_cooldown_frees_into_cooldown_without_panicking() {
             Some(&(now + MAX_REUSE_COOLDOWN)),
             "{cooldown:?}"
         );
-        assert!(add_at(&mut s, &n, &V4, 2, 2, now).is_none(), "reused at once");
+        assert!(
+            add_at(&mut s, &n, &V4, 2, 2, now).is_none(),
+            "reused at once"
+        );
     }
 }
 
