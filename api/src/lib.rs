@@ -2,8 +2,8 @@
 //! cluster-scoped (DESIGN.md "Resources"): [`IPPool`], [`IPAMBlock`] and [`IPAMNode`] with
 //! their schemas generated from the types, and the names the operator and the agent share
 //! ([`names`]), how both read the objects as the engine's types ([`convert`]), and what both
-//! check of a cluster before they start ([`preflight`]). No I/O here but the preflight
-//! checks' requests (feature `client`).
+//! check of a cluster before they start ([`preflight`]), and the bounds of their flags
+//! ([`flags`]). No I/O here but the preflight checks' requests (feature `client`).
 //!
 //! The schemas do the validation a schema can express (CIDR formats, prefix lengths in
 //! range, watermarks ≥ 0, enums for marks, answers and outcomes); the status subresource,
@@ -16,6 +16,7 @@
 mod block;
 pub mod client;
 pub mod convert;
+pub mod flags;
 pub mod names;
 mod node;
 mod pool;

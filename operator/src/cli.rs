@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use tidepool_api::flags::{MAX_DURATION, count_within, duration_within};
 
 use tidepool_ipam::BackoffConfig;
 use tidepool_ipam::EngineConfig;
@@ -16,9 +17,8 @@ use tidepool_ipam::Watermarks;
 
 // Every size and rate has an upper bound and every interval a floor (named in --help): an
 // unbounded value aborted on a huge allocation, rounded event gaps to 0 ns or never ended.
+// Durations and counts are bounded as the agent's are (`tidepool_api::flags`).
 
-/// The longest duration any flag takes (30 days).
-const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Calls per second a budget or the simulated cloud may allow.
 const MIN_RATE: f64 = 0.001;
 const MAX_RATE: f64 = 1_000_000.0;
@@ -26,24 +26,17 @@ const MAX_RATE: f64 = 1_000_000.0;
 const MAX_BURST: u32 = 1_000_000;
 
 fn duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("{e} (write durations like 30s, 2m, 1h)"))?;
-    if d > MAX_DURATION {
-        return Err(format!(
-            "at most {}",
-            humantime::format_duration(MAX_DURATION)
-        ));
-    }
-    Ok(d)
+    duration_within(s, Duration::ZERO, MAX_DURATION)
 }
 
 /// A duration of at least `floor` (a period the run repeats).
 fn interval(s: &str, floor: Duration) -> Result<Duration, String> {
-    let d = duration(s)?;
-    if d < floor {
-        return Err(format!("at least {}", humantime::format_duration(floor)));
-    }
-    Ok(d)
+    duration_within(s, floor, MAX_DURATION)
+}
+
+/// As the agent's `--reuse-cooldown`, which must equal it.
+fn reuse_cooldown(s: &str) -> Result<Duration, String> {
+    duration_within(s, Duration::ZERO, tidepool_ipam::node::MAX_REUSE_COOLDOWN)
 }
 
 fn resync_interval(s: &str) -> Result<Duration, String> {
@@ -82,11 +75,7 @@ fn node_churn_rate(s: &str) -> Result<f64, String> {
 }
 
 fn burst(s: &str) -> Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(v) if (1..=MAX_BURST).contains(&v) => Ok(v),
-        Ok(_) => Err(format!("a burst must be between 1 and {MAX_BURST}")),
-        Err(e) => Err(e.to_string()),
-    }
+    count_within(s, 1, MAX_BURST)
 }
 
 /// Seeds one `--seeds` may name.
@@ -244,7 +233,7 @@ pub struct RunFlags {
     #[arg(long, default_value = "2m", value_parser = duration, env = "TIDEPOOL_RECLAIM_MIN_AGE")]
     pub reclaim_min_age: Duration,
     /// How long a freed or reclaimed address cools down before reuse.
-    #[arg(long, default_value = "30s", value_parser = duration, env = "TIDEPOOL_REUSE_COOLDOWN")]
+    #[arg(long, default_value = "30s", value_parser = reuse_cooldown, env = "TIDEPOOL_REUSE_COOLDOWN")]
     pub reuse_cooldown: Duration,
     /// Whole-node reclaim waits this long after the Node's deletion.
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_NODE_RECLAIM_GRACE")]

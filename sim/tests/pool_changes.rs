@@ -225,7 +225,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         side.used.insert(
             foreign,
             UsedEntry {
-                pod_uid: PodUid(7),
+                pod_uid: PodUid(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
                 namespace: "ns".into(),
                 pod: "p".into(),
                 allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
@@ -247,6 +247,18 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         2,
         "once, on both nodes"
     );
+    // issue 27 (defect 10): check's wording, UIDs as Kubernetes prints them, no Debug dump
+    let (_, message) = store.last_event(EventReason::Duplicate).unwrap();
+    for says in [
+        foreign.to_string().as_str(),
+        "node b (node UID 00000000-0000-0000-0000-000000000002, pod UID 01234567-89ab-cdef-0123-456789abcdef)",
+        "of node a (node UID 00000000-0000-0000-0000-000000000001)",
+    ] {
+        assert!(message.contains(says), "{says:?} not in {message:?}");
+    }
+    for artefact in ["PodUid(", "NodeUid(", "{", "SameAddress", "ForeignAddress"] {
+        assert!(!message.contains(artefact), "{artefact:?} in {message:?}");
+    }
     assert_eq!(store.blocks_of("a").len(), 1, "never fixed automatically");
     assert!(src.node_blocked(&"a".into()) && src.node_blocked(&"b".into()));
     // resolved (the pod is gone from b's record): both nodes are free again

@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
 use tidepool_agent::{reconcile, routes};
+use tidepool_api::flags::{count_within, duration_within};
 use tidepool_api::preflight::{self, Unmet};
 use tidepool_metrics::probes::{self, Readiness};
 
@@ -53,11 +54,12 @@ struct Flags {
         env = "TIDEPOOL_RESTORED_MARKER"
     )]
     restored_marker: PathBuf,
-    /// How long a freed address stays out of use.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_REUSE_COOLDOWN")]
+    /// How long a freed address stays out of use (0s to 1h; equal to the operator's).
+    #[arg(long, default_value = "30s", value_parser = reuse_cooldown, env = "TIDEPOOL_REUSE_COOLDOWN")]
     reuse_cooldown: Duration,
-    /// How long to wait at start for this node's IPAMNode (the operator creates it).
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_WAIT")]
+    /// How long to wait at start for this node's IPAMNode (the operator creates it; 1s to
+    /// 1h).
+    #[arg(long, default_value = "5m", value_parser = period, env = "TIDEPOOL_NODE_WAIT")]
     node_wait: Duration,
     /// Where Prometheus metrics are served (/metrics). Loopback by default: the DaemonSet
     /// runs on the host network, so a wildcard address would expose it on the node's
@@ -75,19 +77,21 @@ struct Flags {
     /// libcni's result cache directory as the agent sees it (reconcile's evidence).
     #[arg(long, default_value = reconcile::DEFAULT_CNI_CACHE_DIR, env = "TIDEPOOL_CNI_CACHE_DIR")]
     cni_cache_dir: PathBuf,
-    /// How often reconcile runs (an allocation is freed at its second cycle as a candidate).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_RECONCILE_INTERVAL")]
+    /// How often reconcile runs (an allocation is freed at its second cycle as a candidate;
+    /// 1s to 1h).
+    #[arg(long, default_value = "30s", value_parser = period, env = "TIDEPOOL_RECONCILE_INTERVAL")]
     reconcile_interval: Duration,
-    /// The most allocations one reconcile cycle frees.
-    #[arg(long, default_value_t = reconcile::DEFAULT_MAX_FREES, env = "TIDEPOOL_RECONCILE_MAX_FREES")]
+    /// The most allocations one reconcile cycle frees (1 to 10000).
+    #[arg(long, default_value_t = reconcile::DEFAULT_MAX_FREES, value_parser = max_frees, env = "TIDEPOOL_RECONCILE_MAX_FREES")]
     reconcile_max_frees: usize,
     /// Install a route to every other node's IPAMBlocks via that node's InternalIP (host-gw
     /// style, for nodes on one L2 segment; marked `proto 0x7d`, only those touched). Off
     /// when the network already routes the blocks. Needs the host network and CAP_NET_ADMIN.
     #[arg(long, env = "TIDEPOOL_NODE_ROUTES")]
     node_routes: bool,
-    /// How often --node-routes checks its routes without a change (repairs removed ones).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "TIDEPOOL_NODE_ROUTES_INTERVAL")]
+    /// How often --node-routes checks its routes without a change (repairs removed ones; 1s
+    /// to 1h).
+    #[arg(long, default_value = "30s", value_parser = period, env = "TIDEPOOL_NODE_ROUTES_INTERVAL")]
     node_routes_interval: Duration,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
@@ -95,6 +99,22 @@ struct Flags {
     /// Log format: text (for people) or json (one object per line, for log pipelines).
     #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_LOG_FORMAT")]
     log_format: LogFormat,
+}
+
+// Every duration and count has a floor and a ceiling, bounded as the operator's are: `1ns`
+// pinned a core, and a cooldown of `300000000000y` overflowed the clock at the first DEL.
+
+/// A period the agent repeats or waits for: 1s to 1h.
+fn period(s: &str) -> Result<Duration, String> {
+    duration_within(s, Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+fn reuse_cooldown(s: &str) -> Result<Duration, String> {
+    duration_within(s, Duration::ZERO, tidepool_ipam::node::MAX_REUSE_COOLDOWN)
+}
+
+fn max_frees(s: &str) -> Result<usize, String> {
+    count_within(s, 1, 10_000)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -109,14 +129,6 @@ fn main() -> anyhow::Result<()> {
     // tests only: where the crash tests stop the agent (tidepool_agent::failpoint)
     tidepool_agent::failpoint::init_from_env().context(tidepool_agent::failpoint::ENV)?;
     let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
-    anyhow::ensure!(
-        !f.reconcile_interval.is_zero(),
-        "--reconcile-interval must be positive"
-    );
-    anyhow::ensure!(
-        !f.node_routes_interval.is_zero(),
-        "--node-routes-interval must be positive"
-    );
     let settings = Settings {
         socket: f.socket.clone(),
         spool_dir: f

@@ -21,6 +21,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::addrs::AddrSet;
 use crate::types::{IpamNode, NodeSideFields, PodUid, ReleaseAck, ReleaseState};
@@ -32,6 +33,11 @@ mod side;
 
 pub use record::{Record, RecordedAllocation};
 pub use side::{Added, DelOutcome, Held, Key, NodeSide, ReclaimAnswer, Refused};
+
+/// The longest reuse cooldown (1 h): the agent's and the operator's `--reuse-cooldown` take
+/// at most this, and [`NodeSide::new`] cuts a longer one to it, so no cooldown's end can
+/// overflow the clock.
+pub const MAX_REUSE_COOLDOWN: Duration = Duration::from_secs(3600);
 
 /// What an answer changed that the observer must know.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -10,6 +10,8 @@ use crate::addrs::{AddrMap, AddrSet, address};
 use crate::types::{AllocationId, Family, IpamNode, PodUid, ReclaimOutcome, ReleaseAck};
 use crate::used::UsedMap;
 
+use super::MAX_REUSE_COOLDOWN;
+
 /// An allocation's key: what a CNI ADD and DEL name. The simulator's is the 64-bit
 /// [`AllocationId`] itself; the agent's is the (containerID, ifname) strings behind it.
 pub trait Key: Ord + Clone + std::fmt::Debug {
@@ -109,10 +111,11 @@ pub struct NodeSide<K> {
 }
 
 impl<K: Key> NodeSide<K> {
-    /// An empty record; freed addresses cool down for `reuse_cooldown`.
+    /// An empty record; freed addresses cool down for `reuse_cooldown`, at most
+    /// [`MAX_REUSE_COOLDOWN`] (a longer one is cut to it).
     pub fn new(reuse_cooldown: Duration) -> Self {
         NodeSide {
-            reuse_cooldown,
+            reuse_cooldown: reuse_cooldown.min(MAX_REUSE_COOLDOWN),
             used: UsedMap::default(),
             cooldown: BTreeMap::new(),
             release_ack: AddrMap::new(),
@@ -362,6 +365,7 @@ impl<K: Key> NodeSide<K> {
 
     /// `addr` cools down until `now` + the reuse cooldown, or longer if it already did.
     fn cool(&mut self, addr: IpAddr, now: SystemTime) {
+        // no overflow: the cooldown is at most MAX_REUSE_COOLDOWN and `now` a clock's reading
         let until = now + self.reuse_cooldown;
         let e = self.cooldown.entry(addr).or_insert(until);
         *e = (*e).max(until);

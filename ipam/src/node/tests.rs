@@ -214,6 +214,31 @@ fn del_frees_into_cooldown_and_is_idempotent() {
     assert_eq!(s.del(&alloc(99), None, now), DelOutcome::Unknown);
 }
 
+/// Issue 27 (defect 9): a cooldown longer than any clock can add (the agent's flag took
+/// `300000000000y`) panicked the DEL after the allocation had left `used` and before the
+/// address entered cooldown. The longest cooldown is [`MAX_REUSE_COOLDOWN`]: a longer one is
+/// cut to it, and the address cools down for it.
+#[test]
+fn a_del_with_the_longest_cooldown_frees_into_cooldown_without_panicking() {
+    let now = T + Duration::from_secs(1_800_000_000);
+    for cooldown in [Duration::MAX, MAX_REUSE_COOLDOWN] {
+        let n = node_with(&["10.0.0.1"]);
+        let mut s = Side::new(cooldown);
+        add(&mut s, &n, &V4, 1, 1).expect("add");
+        let out = s.del(&alloc(1), Some(PodUid(1)), now);
+        assert_eq!(out, DelOutcome::Freed(vec![ip("10.0.0.1")]), "{cooldown:?}");
+        assert_eq!(
+            s.cooldowns().get(&ip("10.0.0.1")),
+            Some(&(now + MAX_REUSE_COOLDOWN)),
+            "{cooldown:?}"
+        );
+        assert!(
+            add_at(&mut s, &n, &V4, 2, 2, now).is_none(),
+            "reused at once"
+        );
+    }
+}
+
 /// cilium#10065: a DEL that names another pod than the recorded owner frees nothing.
 #[test]
 fn a_stale_del_frees_nothing() {

@@ -58,6 +58,7 @@
 //! normalized (the smaller side first). No hash-map iteration decides anything.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -199,6 +200,52 @@ impl Conflict {
             Conflict::SameAddress { first, second, .. } => [&first.node, &second.node],
             Conflict::ForeignAddress { user, owner, .. } => [&user.node, &owner.node],
             Conflict::OverlappingBlocks { first, second } => [&first.node, &second.node],
+        }
+    }
+}
+
+// Written for people (the `IPAddressDuplicate` event): `check`'s wording, UIDs as the API
+// server prints them.
+
+impl fmt::Display for UsedRef {
+    /// `node (node UID …, pod UID …)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (node UID {}, pod UID {})",
+            self.node, self.node_uid, self.pod_uid
+        )
+    }
+}
+
+impl fmt::Display for BlockRef {
+    /// `block CIDR (pool P) of node N (node UID …)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "block {} (pool {}) of node {} (node UID {})",
+            self.cidr, self.pool, self.node, self.node_uid
+        )
+    }
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Conflict::SameAddress {
+                address,
+                first,
+                second,
+            } => write!(
+                f,
+                "{address} is in status.used of two live nodes: {first} and {second}"
+            ),
+            Conflict::ForeignAddress {
+                address,
+                user,
+                owner,
+            } => write!(f, "node {user} uses {address}, which lies in {owner}"),
+            Conflict::OverlappingBlocks { first, second } => write!(f, "{first} overlaps {second}"),
         }
     }
 }

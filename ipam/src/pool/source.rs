@@ -619,7 +619,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                             node,
                             EventType::Warning,
                             EventReason::Duplicate,
-                            format!("{c:?}"),
+                            c.to_string(),
                         );
                     }
                 }

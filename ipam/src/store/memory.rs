@@ -26,6 +26,8 @@ struct Inner {
     resource_version: u64,
     subscribers: Vec<mpsc::UnboundedSender<StoreEvent>>,
     events: BTreeMap<EventReason, u64>,
+    /// The object and message of the last event of each reason.
+    last_events: BTreeMap<EventReason, (String, String)>,
     /// Operator writes to fail (transient) before taking effect, for tests.
     fail_operator_writes: u32,
     operator_writes: u64,
@@ -40,7 +42,7 @@ impl Inner {
 }
 
 /// An in-memory IPAMNode store: one monotonically increasing resourceVersion, change
-/// notifications to subscribers, and event counts per reason.
+/// notifications to subscribers, and event counts per reason (and each reason's last event).
 #[derive(Clone, Default)]
 pub struct MemoryNodeStore {
     inner: Arc<Mutex<Inner>>,
@@ -67,6 +69,11 @@ impl MemoryNodeStore {
     /// How many events of `reason` were recorded.
     pub fn event_count(&self, reason: EventReason) -> u64 {
         self.inner.lock().events.get(&reason).copied().unwrap_or(0)
+    }
+
+    /// The object and the message of the last event of `reason`, if any.
+    pub fn last_event(&self, reason: EventReason) -> Option<(String, String)> {
+        self.inner.lock().last_events.get(&reason).cloned()
     }
 
     /// Operator write requests received (applies and deletes).
@@ -292,8 +299,12 @@ impl NodeStore for MemoryNodeStore {
         Ok(())
     }
 
-    fn event(&self, _object: &str, _type: EventType, reason: EventReason, _message: String) {
-        *self.inner.lock().events.entry(reason).or_default() += 1;
+    fn event(&self, object: &str, _type: EventType, reason: EventReason, message: String) {
+        let mut inner = self.inner.lock();
+        *inner.events.entry(reason).or_default() += 1;
+        inner
+            .last_events
+            .insert(reason, (object.to_string(), message));
     }
 }
 

@@ -282,7 +282,8 @@ pub async fn run(
         let tasks = engine_tasks(&client, &parts, &engine, &events, &s, lead.fence());
         let running = Running { engine, tasks };
         ready.set(true);
-        tracing::info!(families = ?running.engine.families, "synced; the engine runs");
+        let families: Vec<&str> = running.engine.families.iter().map(|f| f.as_str()).collect();
+        tracing::info!(families = families.join(","), "synced; the engine runs");
         let lost = tokio::select! {
             () = &mut shutdown => None,
             e = lead.lost() => Some(e),

@@ -146,8 +146,9 @@ impl Events {
             return;
         }
         if self.limiter.check().is_err() {
-            let (kind, name) = (&reference.kind, &reference.name);
-            tracing::warn!(?kind, ?name, %reason, %message, "event dropped: over the event rate limit");
+            let kind = reference.kind.as_deref().unwrap_or("");
+            let name = reference.name.as_deref().unwrap_or("");
+            tracing::warn!(kind, name, %reason, %message, "event dropped: over the event rate limit");
             return;
         }
         let note = fit_note(message);

@@ -22,7 +22,8 @@ pub(super) fn project(node: &Node) -> Option<NodeRecord> {
     let meta = &node.metadata;
     let name = meta.name.as_deref().filter(|n| !n.is_empty())?;
     let Some(uid) = meta.uid.as_deref().and_then(parse_uid).map(NodeUid) else {
-        tracing::warn!(node = name, uid = ?meta.uid, "node skipped: its UID is not a UUID");
+        let uid = meta.uid.as_deref().unwrap_or("");
+        tracing::warn!(node = name, uid, "node skipped: its UID is not a UUID");
         return None;
     };
     let info = NodeInfo {
