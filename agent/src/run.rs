@@ -181,6 +181,7 @@ pub async fn run(
 
 /// The agent's tasks once it serves: the socket server and the loops beside it.
 struct Serving {
+    agent: Agent,
     stop: CancellationToken,
     server: JoinHandle<()>,
     loops: [JoinHandle<()>; 3],
@@ -194,16 +195,18 @@ impl Serving {
             tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh)),
             tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone())),
         ];
-        let server = server.spawn(agent, stop.clone());
+        let server = server.spawn(agent.clone(), stop.clone());
         Serving {
+            agent,
             stop,
             server,
             loops,
         }
     }
 
-    /// Stops every task and waits until each is gone: then no clone of the agent is left,
-    /// and its state directory's lock is free when `run` returns.
+    /// Stops every task and waits until each is gone, and the work they left on the
+    /// blocking pool with them: then no clone of the agent is left, and its state
+    /// directory's lock is free when `run` returns.
     async fn stop(self) {
         self.stop.cancel();
         self.loops.iter().for_each(JoinHandle::abort);
@@ -211,6 +214,7 @@ impl Serving {
         for t in self.loops {
             let _ = t.await;
         }
+        self.agent.close().await;
     }
 }
 

@@ -11,6 +11,7 @@ use tidepool_ipam::PodUid;
 use tidepool_ipam::node::{BlockView, Refused};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use super::request::{CniRequest, Reply, UidArg};
 use super::shape::PodNetworks;
@@ -51,6 +52,9 @@ pub(super) struct Inner {
     config: Config,
     /// Reconcile's memory and report (one cycle at a time runs).
     pub(super) reconcile: std::sync::Mutex<Tracker>,
+    /// The locked steps running on the blocking pool: a caller's abort does not stop one,
+    /// and each holds the agent (its state directory's lock) until it ends.
+    blocking: TaskTracker,
 }
 
 /// What one locked step did: its reply, and whether a durable change is to be published.
@@ -108,6 +112,7 @@ impl Agent {
                 publish,
                 config,
                 reconcile: std::sync::Mutex::new(Tracker::default()),
+                blocking: TaskTracker::new(),
             }),
         }
     }
@@ -121,6 +126,14 @@ impl Agent {
         &self.inner.state
     }
 
+    /// Waits until the locked steps on the blocking pool have ended: a step whose task was
+    /// aborted runs on there, holding the agent. Call it once every caller has stopped;
+    /// after it, the agent's handles are its only holders.
+    pub async fn close(&self) {
+        self.inner.blocking.close();
+        self.inner.blocking.wait().await;
+    }
+
     /// Runs `f` on the locked state on the blocking pool (saves fsync), sets the address
     /// gauges from what it left, then publishes if it says so.
     pub(super) async fn locked<T, F>(&self, f: F) -> Result<T>
@@ -130,11 +143,11 @@ impl Agent {
     {
         let mut guard = self.inner.state.clone().lock_owned().await;
         let inner = self.inner.clone();
-        let (out, publish) = tokio::task::spawn_blocking(move || {
+        let (out, publish) = (self.inner.blocking.spawn_blocking(move || {
             let done = f(&mut guard, &inner);
             observe::ips(&guard, inner.source.node().as_deref());
             done
-        })
+        }))
         .await
         .map_err(|e| Error::Task(e.to_string()))?;
         if publish {
