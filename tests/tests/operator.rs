@@ -1933,7 +1933,11 @@ async fn a_node_holding_a_slash_64_is_not_rewritten_while_nothing_changes() {
             .expect("label the IPAMNode");
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    assert_eq!(applies() - before, 0, "status applies while no count changed");
+    assert_eq!(
+        applies() - before,
+        0,
+        "status applies while no count changed"
+    );
     let writes = operator_writes_since(&server, &status, "node-a", since);
     assert!(writes.is_empty(), "nothing changed, yet: {writes:?}");
     stop.send(()).unwrap();
