@@ -178,7 +178,7 @@ async fn operator_writes(server: &ApiServer) {
     let status = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
         "metadata": { "name": "node-a" },
-        "status": { "allocated": 16, "conditions": [{ "type": "Blocked", "status": "False",
+        "status": { "allocated": 16, "ipv4": { "allocated": "16" }, "conditions": [{ "type": "Blocked", "status": "False",
             "reason": "AtTarget", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z" }] },
     });
     nodes
@@ -213,6 +213,10 @@ async fn a_publish_writes_exactly_the_node_sides_fields() {
     // the operator's fields survive: its tombstone, its count, its condition
     assert!(obj.spec.reclaim.contains_key("10.0.0.13"));
     assert_eq!(st.allocated, Some(16));
+    // each family's figures, from their two writers
+    let v4 = st.ipv4.as_ref().expect("status.ipv4");
+    assert_eq!(v4.allocated.as_deref(), Some("16"));
+    assert_eq!(v4.used.as_deref(), Some("3"));
     let types: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
     assert_eq!(types, vec!["Blocked", "AgentReady"]);
     // the agent owns status fields only

@@ -25,7 +25,7 @@ mod schema;
 
 pub use block::{BlockAck, BlockRelease, IPAMBlock, IPAMBlockSpec, IPAMBlockStatus};
 pub use node::{
-    AddressRelease, IPAMNode, IPAMNodeSpec, IPAMNodeStatus, NodePools, ReclaimAnswer,
+    AddressRelease, IPAMNode, IPAMNodeSpec, IPAMNodeStatus, NodePools, NodeUsage, ReclaimAnswer,
     ReclaimOutcome, ReclaimReason, ReleaseAnswer, TombstoneSpec, UsedEntry, Watermarks,
 };
 pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage};

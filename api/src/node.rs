@@ -157,7 +157,8 @@ pub struct IPAMNodeStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "granular_map::<ReclaimAnswer>")]
     pub reclaim_ack: BTreeMap<String, ReclaimAnswer>,
-    /// Addresses the node holds (operator; for `kubectl get`).
+    /// Addresses the node holds (operator; for `kubectl get`), clamped to the int64 maximum:
+    /// `ipv4` and `ipv6` hold the exact figures. Kept until v1beta1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub allocated: Option<i64>,
@@ -165,10 +166,30 @@ pub struct IPAMNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub in_use: Option<i64>,
+    /// IPv4 addresses held and in use (`allocated`: operator; `used`: node side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<NodeUsage>,
+    /// IPv6 addresses held and in use (`allocated`: operator; `used`: node side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<NodeUsage>,
     /// `PoolReady`, `Blocked`, `WatermarksValid` (operator), `AgentReady` (node side).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// Address counts of one family, as decimal strings (an IPv6 block of /64 or shorter holds
+/// more than an int64), each with its own writer: `allocated` the operator's (the addresses
+/// of the node's blocks and `spec.addresses`), `used` the node side's (its `used` entries).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub allocated: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub used: Option<String>,
 }
 
 /// Which allocation holds an address.

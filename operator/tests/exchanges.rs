@@ -259,6 +259,7 @@ fn node_object(rv: &str) -> Value {
         "spec": { "nodeUID": UID, "addresses": ["10.0.0.1", "10.0.0.2"] },
         "status": {
             "allocated": 2,
+            "ipv4": { "allocated": "2" }, "ipv6": { "allocated": "0" },
             "conditions": [{
                 "type": "PoolReady", "status": "True", "reason": "AtTarget",
                 "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z",
@@ -564,11 +565,11 @@ async fn an_ipamnode_the_cache_lacks_is_created_by_post() {
             req.expect(Method::PATCH, &path, FORCED, APPLY);
             assert_eq!(
                 req.body["status"],
-                json!({ "allocated": 0 }),
+                json!({ "allocated": 0, "ipv4": { "allocated": "0" }, "ipv6": { "allocated": "0" } }),
                 "no conditions yet: none sent (an empty list would own nothing anyway)"
             );
             created["metadata"]["resourceVersion"] = json!("2");
-            created["status"] = json!({ "allocated": 0 });
+            created["status"] = json!({ "allocated": 0, "ipv4": { "allocated": "0" }, "ipv6": { "allocated": "0" } });
             answer(reply, 200, created);
         },
     )
@@ -621,10 +622,10 @@ async fn an_ipamnode_created_with_conditions_gets_its_status_applied() {
         req.expect(Method::PATCH, &path, FORCED, APPLY);
         assert_eq!(
             req.body["status"],
-            json!({ "conditions": [blocked()], "allocated": 2 })
+            json!({ "conditions": [blocked()], "allocated": 2, "ipv4": { "allocated": "2" }, "ipv6": { "allocated": "0" } })
         );
         created["metadata"]["resourceVersion"] = json!("2");
-        created["status"] = json!({ "conditions": [blocked()], "allocated": 2 });
+        created["status"] = json!({ "conditions": [blocked()], "allocated": 2, "ipv4": { "allocated": "2" }, "ipv6": { "allocated": "0" } });
         answer(reply, 200, created);
     })
     .await;
@@ -701,12 +702,13 @@ async fn a_spec_and_count_change_is_a_spec_apply_then_a_status_apply() {
                 json!({
                     "apiVersion": API_VERSION, "kind": "IPAMNode",
                     "metadata": { "name": "n1", "uid": NODE_OBJECT_UID },
-                    "status": { "conditions": [pool_ready()], "allocated": 3 },
+                    "status": { "conditions": [pool_ready()], "allocated": 3, "ipv4": { "allocated": "3" }, "ipv6": { "allocated": "0" } },
                 }),
                 "the operator's status fields only: no spec, no finalizers"
             );
             obj["metadata"]["resourceVersion"] = json!("12");
             obj["status"]["allocated"] = json!(3);
+            obj["status"]["ipv4"] = json!({ "allocated": "3" });
             answer(reply, 200, obj);
         },
     )
@@ -727,7 +729,7 @@ async fn a_condition_change_is_one_apply_of_the_status() {
         async {
             let (req, reply) = server.next().await;
             req.expect(Method::PATCH, &format!("{NODES}/n1/status"), FORCED, APPLY);
-            let status = json!({ "conditions": [pool_ready(), blocked()], "allocated": 2 });
+            let status = json!({ "conditions": [pool_ready(), blocked()], "allocated": 2, "ipv4": { "allocated": "2" }, "ipv6": { "allocated": "0" } });
             assert_eq!(req.body["status"], status);
             assert!(req.body.get("spec").is_none());
             let mut obj = node_object("11");

@@ -1884,3 +1884,62 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
     .await;
     server.shutdown();
 }
+
+/// A node holding a /64 (2^64 addresses, more than `status.allocated`'s int64 holds): once
+/// its status is written, a change of nothing it counts means no status apply (issue 27,
+/// defect 3: the clamped count was compared unclamped, so every store event, here a label
+/// put on the IPAMNode each second as any node's churn would, re-applied it). Its
+/// per-family counts are the exact decimal figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_holding_a_slash_64_is_not_rewritten_while_nothing_changes() {
+    let (server, admin) = operator_cluster().await;
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["fd00:20::/60"], "blockSize": {"ipv6": 64}},
+        }),
+    )
+    .await;
+    add_node(&admin, "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let counted = eventually(Duration::from_secs(20), "node-a's counts", || {
+        let ipamnodes = ipamnodes.clone();
+        async move {
+            let st = ipamnodes.get("node-a").await.ok()?.status?;
+            let v6 = st.ipv6.clone()?;
+            (v6.allocated.as_deref() == Some("18446744073709551616")).then_some(st)
+        }
+    })
+    .await;
+    assert_eq!(counted.allocated, Some(i64::MAX), "the old count, clamped");
+    let v4 = counted.ipv4.expect("both families are counted");
+    assert_eq!(v4.allocated.as_deref(), Some("0"));
+    // a second or two for the writes under way, then several refresh periods in which the
+    // IPAMNode changes (a label) but nothing the operator counts does
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let since = std::time::Instant::now();
+    let status = format!("{IPAMNODES}/status");
+    let applies = || server.request_count("apply", &status);
+    let before = applies();
+    for i in 0..4 {
+        let label = json!({"metadata": {"labels": {"touched": i.to_string()}}});
+        let pp = kube::api::PatchParams::default();
+        ipamnodes
+            .patch("node-a", &pp, &kube::api::Patch::Merge(&label))
+            .await
+            .expect("label the IPAMNode");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert_eq!(
+        applies() - before,
+        0,
+        "status applies while no count changed"
+    );
+    let writes = operator_writes_since(&server, &status, "node-a", since);
+    assert!(writes.is_empty(), "nothing changed, yet: {writes:?}");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

@@ -65,7 +65,8 @@ impl NodeSide {
 }
 
 /// The apply of the IPAMNode `name`'s status: `used`, `cooldown`, `releaseAck`,
-/// `reclaimAck`, `inUse` and the `AgentReady` condition (last changed at `since`). Entries
+/// `reclaimAck`, `inUse`, `ipv4.used` and `ipv6.used` (both always; the operator owns their
+/// `allocated`) and the `AgentReady` condition (last changed at `since`). Entries
 /// whose allocation strings are unknown cannot be written (containerID and ifname are
 /// required) and are left out; the caller's [`Allocations`] should always hold them.
 pub fn node_status_body(
@@ -105,8 +106,19 @@ pub fn node_status_body(
             Some((a.to_string(), v))
         })
         .collect();
+    let v4 = (used.keys())
+        .filter(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+        .count();
+    let usage = |n: usize| {
+        Some(api::NodeUsage {
+            allocated: None,
+            used: Some(n.to_string()),
+        })
+    };
     let status = api::IPAMNodeStatus {
         in_use: Some(i64::try_from(used.len()).unwrap_or(i64::MAX)),
+        ipv4: usage(v4),
+        ipv6: usage(used.len() - v4),
         used,
         cooldown: (fields.cooldown.iter())
             .map(|(a, until)| (a.to_string(), from_system(*until)))
@@ -205,6 +217,8 @@ mod tests {
         let mut body = node_status_body("n1", &fields, &all, Some(&ready), at(5));
         assert!(body.get("spec").is_none());
         assert_eq!(body["status"]["inUse"], json!(2));
+        assert_eq!(body["status"]["ipv4"], json!({ "used": "1" }));
+        assert_eq!(body["status"]["ipv6"], json!({ "used": "1" }));
         let c = &body["status"]["conditions"][0];
         assert_eq!(c["type"], json!("AgentReady"));
         assert_eq!(c["status"], json!("True"));

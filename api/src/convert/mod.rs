@@ -26,7 +26,7 @@ mod uid;
 mod write;
 
 pub use block::block_from_api;
-pub use node::{AgentReady, Allocations, NodeView, node_from_api};
+pub use node::{AgentReady, Allocations, HeldCount, NodeView, node_from_api};
 pub use time::{from_system, to_system};
 pub use uid::parse_uid;
 pub use write::{apply_envelope, condition};

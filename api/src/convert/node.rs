@@ -31,14 +31,48 @@ pub struct NodeView {
     pub allocations: Allocations,
     /// The object is being deleted (`deletionTimestamp` set).
     pub terminating: bool,
-    /// `status.allocated` as last written.
-    pub allocated: Option<u64>,
+    /// The operator's count as last written (None: not all of its fields are there, or
+    /// they disagree).
+    pub allocated: Option<HeldCount>,
     /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
     /// `default`).
     pub pools: tidepool_ipam::PerFamily<Option<String>>,
     /// The node side's `AgentReady` condition (None: its agent never wrote one). The
     /// operator only reads it, to tell why a node's pods wait.
     pub agent_ready: Option<AgentReady>,
+}
+
+/// Addresses a node holds (its blocks' and `spec.addresses`), per family, exact. The
+/// operator writes it as `status.ipv4.allocated` and `status.ipv6.allocated` (decimal
+/// strings) and as the int64 `status.allocated`, their sum clamped ([`Self::clamped`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldCount {
+    pub v4: u128,
+    pub v6: u128,
+}
+
+impl HeldCount {
+    /// Adds the addresses of `set`, saturating.
+    pub fn add(&mut self, set: &AddrSet) {
+        self.v4 = self.v4.saturating_add(set.len(tidepool_ipam::Family::V4));
+        self.v6 = self.v6.saturating_add(set.len(tidepool_ipam::Family::V6));
+    }
+
+    /// `status.allocated`: the sum, clamped to the int64 maximum.
+    pub fn clamped(self) -> i64 {
+        i64::try_from(self.v4.saturating_add(self.v6)).unwrap_or(i64::MAX)
+    }
+
+    /// The count as `status` records it: all three fields there and agreeing, else None
+    /// (so an object an older operator wrote, with `status.allocated` only, is rewritten).
+    fn recorded(status: &api::IPAMNodeStatus) -> Option<Self> {
+        let family = |u: Option<&api::NodeUsage>| u?.allocated.as_deref()?.parse::<u128>().ok();
+        let held = Self {
+            v4: family(status.ipv4.as_ref())?,
+            v6: family(status.ipv6.as_ref())?,
+        };
+        (status.allocated == Some(held.clamped())).then_some(held)
+    }
 }
 
 /// The node side's `AgentReady` condition as last written.
@@ -92,11 +126,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
         uid: obj.metadata.uid.clone(),
         allocations,
         terminating: obj.metadata.deletion_timestamp.is_some(),
-        allocated: obj
-            .status
-            .as_ref()
-            .and_then(|s| s.allocated)
-            .and_then(|a| u64::try_from(a).ok()),
+        allocated: obj.status.as_ref().and_then(HeldCount::recorded),
         pools: tidepool_ipam::PerFamily {
             v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
             v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),

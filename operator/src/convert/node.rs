@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use tidepool_api as api;
-use tidepool_api::convert::{Allocations, apply_envelope, condition};
+use tidepool_api::convert::{Allocations, HeldCount, apply_envelope, condition};
 use tidepool_api::names::FINALIZER;
 use tidepool_ipam::{Condition, NodeUid, OperatorFields};
 
@@ -55,10 +55,19 @@ pub fn spec_body(
 }
 
 /// The operator's apply of an IPAMNode's status (through `/status`): its conditions and
-/// the count of addresses the node holds (a printer column; `allocated` saturates).
-pub fn status_body(to: Target<'_>, conditions: &[Condition], allocated: u64) -> Value {
+/// the count of addresses the node holds: exact per family (`ipv4.allocated`,
+/// `ipv6.allocated`, both always) and clamped in the int64 `allocated` (a printer column).
+pub fn status_body(to: Target<'_>, conditions: &[Condition], held: HeldCount) -> Value {
+    let usage = |n: u128| {
+        Some(api::NodeUsage {
+            allocated: Some(n.to_string()),
+            used: None,
+        })
+    };
     let status = api::IPAMNodeStatus {
-        allocated: Some(i64::try_from(allocated).unwrap_or(i64::MAX)),
+        allocated: Some(held.clamped()),
+        ipv4: usage(held.v4),
+        ipv6: usage(held.v6),
         // none: no `conditions` key (left out when empty), which on a real server owns
         // nothing either (an empty associative list records no ownership), and never claims
         // the list the agent's `AgentReady` item is in
@@ -178,16 +187,29 @@ mod tests {
             name: "n1",
             uid: Some(UID),
         };
-        let body = status_body(to, &v.node.operator.conditions, u64::MAX);
+        let held = HeldCount {
+            v4: 16,
+            v6: 1 << 64,
+        };
+        let body = status_body(to, &v.node.operator.conditions, held);
         assert_eq!(body["metadata"]["uid"], json!(UID));
         assert_eq!(body["status"]["allocated"], json!(i64::MAX));
+        assert_eq!(body["status"]["ipv4"], json!({ "allocated": "16" }));
+        assert_eq!(
+            body["status"]["ipv6"],
+            json!({ "allocated": "18446744073709551616" })
+        );
+        // read back, the count is what was written: nothing looks stale
+        let mut obj = busy_node();
+        obj.status = serde_json::from_value(body["status"].clone()).unwrap();
+        assert_eq!(node_from_api(&obj).0.allocated, Some(held));
         assert_eq!(body["status"]["conditions"][0]["type"], json!("Blocked"));
         assert_eq!(
             body["status"]["conditions"][0]["lastTransitionTime"],
             json!("2026-11-24T10:00:00Z")
         );
         assert!(body.get("spec").is_none());
-        let none = status_body(to, &[], 3);
+        let none = status_body(to, &[], HeldCount { v4: 3, v6: 0 });
         assert!(none["status"].get("conditions").is_none(), "{none}");
     }
 }

@@ -25,6 +25,7 @@ use kube::{Api, Client};
 use parking_lot::RwLock;
 use serde_json::json;
 use tidepool_api as api;
+use tidepool_api::convert::HeldCount;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
@@ -347,17 +348,20 @@ impl KubeStore {
     }
 }
 
-/// Addresses the node holds, for the `Allocated` column: its spec addresses (cloud
-/// sources) and the addresses of its blocks (cluster-pool), saturating.
-fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> u64 {
-    let blocks = c.blocks_of(name).iter().fold(0u128, |n, b| {
-        n.saturating_add(tidepool_ipam::AddrSet::of_net(&b.cidr).total())
-    });
-    tidepool_ipam::addrs::saturate(blocks.saturating_add(fields.addresses.total()))
+/// Addresses the node holds, per family: its spec addresses (cloud sources) and the
+/// addresses of its blocks (cluster-pool).
+fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> HeldCount {
+    let mut held = HeldCount::default();
+    for b in c.blocks_of(name) {
+        held.add(&tidepool_ipam::AddrSet::of_net(&b.cidr));
+    }
+    held.add(&fields.addresses);
+    held
 }
 
 impl NodeStore for KubeStore {
-    /// IPAMNodes whose `status.allocated` no longer matches their blocks and addresses.
+    /// IPAMNodes whose recorded count (`status.allocated`, `status.ipv4/ipv6.allocated`) no
+    /// longer matches their blocks and addresses.
     fn stale_counts(&self) -> Vec<NodeName> {
         let c = self.cache.read();
         c.nodes()
@@ -367,7 +371,7 @@ impl NodeStore for KubeStore {
             .collect()
     }
 
-    /// Writes an IPAMNode's `status.allocated` when it is stale (a block was claimed or
+    /// Writes an IPAMNode's count when it is stale (a block was claimed or
     /// released since), keeping the operator's conditions as they are, its request admitted
     /// by `gate`. Returns whether it wrote.
     async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
