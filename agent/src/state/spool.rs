@@ -7,7 +7,9 @@
 //! name starts with `.` and ends with `.tmp` (skipped here), holding
 //! `{"spoolVersion":1,"spooledAtMs":…,"del":{…the del request body…}}`.
 //!
-//! The agent replays each DEL (keyed and stale-safe, as a live one), saves its checkpoint,
+//! The agent replays each DEL (keyed and stale-safe, as a live one; an allocation made after
+//! the DEL was spooled is not its own and stays), at start and whenever the spool holds a
+//! file while it serves ([`spooled`] lists them), saves its checkpoint,
 //! and only then calls [`SpooledDel::remove`]: a crash in between replays the DEL again, which is
 //! harmless because DEL is idempotent.
 
