@@ -8,8 +8,10 @@
 //! before the pods are listed: a live pod's address is never handed out, checkpoint or not.
 //!
 //! Then, for as long as it runs, it answers the operator's tombstones and release marks
-//! whenever the node's objects change and each second (cooldowns end with time), and
-//! reconciles against the runtime every [`reconcile::Config::interval`]. With
+//! whenever the node's objects change and each second (cooldowns end with time),
+//! reconciles against the runtime every [`reconcile::Config::interval`], and replays the DEL
+//! spool whenever it holds a DEL (a check at once, then each second: the plugin spools a DEL
+//! whenever it cannot reach the agent, the start-up window included). With
 //! [`Settings::node_routes`] it also keeps a route to every other node's blocks
 //! ([`crate::routes`]), started once it serves, stopped (its routes left) when it stops.
 //!
@@ -23,6 +25,7 @@
 //! ([`crate::failpoint`], agent/tests/crash.rs).
 //!
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +34,7 @@ use std::time::{Duration, SystemTime};
 use tidepool_metrics::probes::Readiness;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -39,7 +43,7 @@ use crate::kube::{
 };
 use crate::reconcile;
 use crate::routes::{self, NodeRoutes};
-use crate::serve::{Agent, Config, PodNetworks, Server};
+use crate::serve::{Agent, Config, PodNetworks, Replayed, Server};
 use crate::state::{BOOT_ID_PATH, NodeState, StateDir, read_boot_id};
 
 /// What `run` needs besides a client.
@@ -184,7 +188,7 @@ struct Serving {
     agent: Agent,
     stop: CancellationToken,
     server: JoinHandle<()>,
-    loops: [JoinHandle<()>; 3],
+    loops: [JoinHandle<()>; 4],
 }
 
 impl Serving {
@@ -194,6 +198,7 @@ impl Serving {
             tokio::spawn(answer_loop(agent.clone(), watch)),
             tokio::spawn(refresh_marker(s.restored_marker.clone(), s.marker_refresh)),
             tokio::spawn(agent.clone().reconcile_every(s.reconcile.clone())),
+            tokio::spawn(replay_spool_loop(agent.clone(), s.spool_dir.clone())),
         ];
         let server = server.spawn(agent.clone(), stop.clone());
         Serving {
@@ -244,6 +249,66 @@ async fn answer_loop(agent: Agent, watch: NodeWatch) {
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+}
+
+/// How often the serving agent looks into the DEL spool ([`replay_spool_loop`]).
+const SPOOL_CHECK: Duration = Duration::from_secs(1);
+
+/// Every this many spool checks, files that were no DEL are read (and reported) again: a
+/// plugin may have replaced one with a DEL since.
+const UNREADABLE_RECHECK: u32 = 60;
+
+/// Replays the DEL spool while the agent serves, whenever it holds a DEL: the plugin spools
+/// one whenever it cannot reach the agent (between the start-up replay and the socket
+/// serving, or a connect timeout under load) and reports success, so a DEL left there would
+/// leak its address for as long as the agent runs. The first check runs at once, then one
+/// every [`SPOOL_CHECK`]: a periodic check, not a watch of the directory (inotify needs a
+/// new dependency or a blocking reader, and the directory may not exist yet). An empty
+/// spool costs one directory listing, no lock. A replay takes the state lock, as a live DEL
+/// does, so the two never interleave; it matches entries as the start-up replay does.
+async fn replay_spool_loop(agent: Agent, spool_dir: PathBuf) {
+    // files that are no DEL, left in place: replayed (and reported) again only now and then
+    let mut unreadable = BTreeSet::new();
+    let mut checks = tokio::time::interval(SPOOL_CHECK);
+    checks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    for n in (0..UNREADABLE_RECHECK).cycle() {
+        checks.tick().await;
+        if n == 0 {
+            unreadable.clear();
+        }
+        match agent.spooled(&spool_dir) {
+            Ok(files) if files.iter().all(|f| unreadable.contains(f)) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the DEL spool failed; retrying");
+                continue;
+            }
+        }
+        match agent.replay_spool(&spool_dir).await {
+            Ok(r) => unreadable = report_replayed(r, &unreadable),
+            Err(e) => tracing::warn!(error = %e, "replaying the DEL spool failed; retrying"),
+        }
+    }
+}
+
+/// Logs what a replay while serving did (each unreadable file once, not at each check);
+/// returns the unreadable files.
+fn report_replayed(r: Replayed, reported: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
+    if r.applied > 0 {
+        tracing::info!(
+            applied = r.applied,
+            freed = r.freed,
+            "spooled DELs replayed"
+        );
+    }
+    let mut unreadable = BTreeSet::new();
+    for u in r.unreadable {
+        if !reported.contains(&u.path) {
+            tracing::warn!(file = %u.path.display(), error = %u.error, "a spool file is no DEL this agent reads; left in place");
+        }
+        unreadable.insert(u.path);
+    }
+    unreadable
 }
 
 /// After a corrupt checkpoint: adopts the node side the agent had published (read from the

@@ -3,7 +3,7 @@
 //! node, driven by the real `tidepool-cni` binary: it waits for its IPAMNode, serves ADD from
 //! its node's block, publishes the allocation in `status.used`, and a DEL frees it into
 //! cooldown; a DEL spooled while it was down is replayed at start before anything is
-//! published.
+//! published, and one spooled while it serves is replayed while it runs.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/system/mod.rs"]
@@ -84,6 +84,50 @@ async fn the_agent_serves_its_node_pool_and_publishes_what_it_gave() {
         let (used, cooling) = status(&nodes).await;
         (used.is_empty() && cooling == [addr.clone()]).then_some(())
     })
+    .await;
+    agent.stop().await;
+}
+
+/// A DEL the plugin spooled while the agent served (it could not connect: a connect timeout
+/// under load, or the window between the start-up replay and the socket serving) is applied
+/// while the agent runs: the address goes into cooldown and the spool file is removed, with
+/// no restart (issue 27, defect 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_spooled_while_the_agent_serves_is_applied_while_it_runs() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let agent = RunningAgent::start(client, &s).await;
+    let add = blocking({
+        let c = config(&s);
+        move || plugin("ADD", "c1", POD, &c)
+    })
+    .await;
+    let addr = add.addr();
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually("the allocation published in status.used", || async {
+        (status(&nodes).await.0 == [addr.clone()]).then_some(())
+    })
+    .await;
+
+    // the plugin cannot reach the agent (a socket path nothing answers on, the same spool)
+    let unreachable = config(&s).replace(
+        &s.socket.display().to_string(),
+        &dir.path().join("run/nobody.sock").display().to_string(),
+    );
+    let del = blocking(move || plugin("DEL", "c1", POD, &unreachable)).await;
+    assert_eq!(del.code, 0, "{}", del.stdout);
+    eventually_within(
+        Duration::from_secs(10),
+        "the spooled DEL applied: the address in cooldown, the file removed",
+        || async {
+            let (used, cooling) = status(&nodes).await;
+            let files = std::fs::read_dir(&s.spool_dir).map_or(0, Iterator::count);
+            (used.is_empty() && cooling == [addr.clone()] && files == 0).then_some(())
+        },
+    )
     .await;
     agent.stop().await;
 }

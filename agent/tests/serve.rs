@@ -379,6 +379,44 @@ async fn a_del_spooled_while_the_agent_is_down_is_replayed_and_its_file_removed(
     );
 }
 
+/// A spooled DEL leaves an allocation that a later ADD re-created under its key alone: that
+/// one is the new ADD's (issue 27, defect 6: the agent now replays while it serves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spooled_del_leaves_the_allocation_a_later_add_re_created() {
+    let mut node = Node::start(&["10.250.0.0/28"], Duration::from_secs(1));
+    let n = Arc::new(node.config(""));
+    let cfg = n.clone();
+    blocking(move || plugin("ADD", "c1", &uid(1), &cfg))
+        .await
+        .addr();
+    node.stop().await;
+    let cfg = n.clone();
+    let spooled = blocking(move || plugin("DEL", "c1", &uid(1), &cfg)).await;
+    assert_eq!(spooled.code, 0, "{}", spooled.stdout);
+    assert_eq!(std::fs::read_dir(node.spool()).expect("spool").count(), 1);
+    node.serve();
+    // the runtime's next DEL reaches the agent; then an ADD re-creates the attachment
+    let cfg = n.clone();
+    let del = blocking(move || plugin("DEL", "c1", &uid(1), &cfg)).await;
+    assert_eq!(del.code, 0, "{}", del.stdout);
+    let cfg = n.clone();
+    let again = blocking(move || plugin("ADD", "c1", &uid(1), &cfg))
+        .await
+        .addr();
+
+    let replayed = node
+        .agent
+        .replay_spool(&node.spool())
+        .await
+        .expect("replay");
+    assert_eq!(
+        (replayed.applied, replayed.freed, replayed.superseded),
+        (1, 0, 1)
+    );
+    assert_eq!(node.on_disk(), [("c1".to_owned(), vec![again])]);
+    assert_eq!(std::fs::read_dir(node.spool()).expect("spool").count(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_frees_what_is_not_a_valid_attachment_and_status_answers() {
     let node = Arc::new(Node::start(&["10.250.0.0/28"], Duration::from_secs(1)));

@@ -64,8 +64,10 @@
 //! {"spoolVersion":1,"spooledAtMs":1764000000000,"del":{ …the del request body above… }}
 //! ```
 //!
-//! The agent replays each file as a del request (same rules: keyed, stale-safe) and removes it
-//! once the result is durable in its checkpoint.
+//! The agent replays each file as a del request (same rules: keyed, stale-safe; an allocation
+//! made after `spooledAtMs` is not the DEL's and stays) and removes it once the result is
+//! durable in its checkpoint: at start, and then whenever the spool holds a file while it
+//! serves (checked each second).
 
 use super::json::Value;
 

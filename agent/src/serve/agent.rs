@@ -1,7 +1,7 @@
 //! The handlers: each CNI verb against the shared node state, durable before it answers.
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
 use crate::reconcile::Tracker;
-use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError, pool_families};
+use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError, pool_families, spooled};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
 pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
@@ -355,6 +355,12 @@ impl Agent {
             })
             .await;
         Ok(run??)
+    }
+
+    /// The spool files in `spool_dir` now (see [`spooled`]): one listing, no lock taken,
+    /// nothing read.
+    pub fn spooled(&self, spool_dir: &Path) -> Result<Vec<PathBuf>> {
+        Ok(spooled(self.inner.dir.fs(), spool_dir)?)
     }
 
     /// Replays the DEL spool in `spool_dir` (see [`replay_spool`]) and publishes if it

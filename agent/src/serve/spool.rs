@@ -13,13 +13,18 @@ pub struct Replayed {
     pub applied: usize,
     /// Of those, the ones that freed an allocation.
     pub freed: usize,
+    /// Of those, the ones whose key holds an allocation made after the DEL was spooled (a
+    /// later ADD re-created it): that allocation is not the DEL's, nothing freed.
+    pub superseded: usize,
     /// Files that could not be read as a DEL; left in place and reported.
     pub unreadable: Vec<Unreadable>,
 }
 
 /// Applies every spooled DEL in `spool_dir` to `state` (keyed and stale-safe, as a live
-/// DEL; a pod UID that is not a UUID frees nothing), saves the state, and only then removes
-/// the files: a crash in between replays them again, which DEL's idempotence makes harmless.
+/// DEL; a pod UID that is not a UUID frees nothing; an allocation made since the DEL was
+/// spooled, to the millisecond, is not the DEL's and stays), saves the state, and only then
+/// removes the files: a crash in between replays them again, which DEL's idempotence makes
+/// harmless.
 pub fn replay_spool(state: &mut NodeState, dir: &StateDir, spool_dir: &Path) -> Result<Replayed> {
     let drained = drain_spool(dir.fs(), spool_dir)?;
     let now = SystemTime::now();
@@ -28,6 +33,10 @@ pub fn replay_spool(state: &mut NodeState, dir: &StateDir, spool_dir: &Path) -> 
         ..Replayed::default()
     };
     for d in &drained.dels {
+        if state.get(&d.key).is_some_and(|a| a.since >= d.spooled_at) {
+            out.superseded += 1;
+            continue;
+        }
         let uid = match d.pod_uid.as_deref() {
             None | Some("") => None,
             Some(s) => match parse_pod_uid(s) {

@@ -55,5 +55,5 @@ pub use model::{
     AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid, pool_families,
 };
 pub use recording::{Op, OpKind, RecordingFs};
-pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool};
+pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool, spooled};
 pub use tidepool_ipam::node::{Added, DelOutcome};

@@ -7,7 +7,9 @@
 //! name starts with `.` and ends with `.tmp` (skipped here), holding
 //! `{"spoolVersion":1,"spooledAtMs":…,"del":{…the del request body…}}`.
 //!
-//! The agent replays each DEL (keyed and stale-safe, as a live one), saves its checkpoint,
+//! The agent replays each DEL (keyed and stale-safe, as a live one; an allocation made after
+//! the DEL was spooled is not its own and stays), at start and whenever the spool holds a
+//! file while it serves ([`spooled`] lists them), saves its checkpoint,
 //! and only then calls [`SpooledDel::remove`]: a crash in between replays the DEL again, which is
 //! harmless because DEL is idempotent.
 
@@ -73,22 +75,27 @@ struct DelBody {
     pod_uid: Option<String>,
 }
 
+/// The spool files in `dir` (none if it does not exist): one listing, nothing read. The
+/// plugin's temp files, and anything else not named as a spool entry, are left out.
+pub fn spooled(fs: &dyn Fs, dir: &Path) -> Result<Vec<PathBuf>> {
+    let paths = match fs.list(dir) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StateError::io("list the DEL spool", dir)(e)),
+    };
+    let is_entry = |p: &PathBuf| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.starts_with('.') && n.ends_with(".json"))
+    };
+    Ok(paths.into_iter().filter(is_entry).collect())
+}
+
 /// Reads every spooled DEL in `dir` (none if it does not exist), oldest first. Reads only;
 /// see the module doc for when to [`SpooledDel::remove`].
 pub fn drain_spool(fs: &dyn Fs, dir: &Path) -> Result<Drained> {
-    let paths = match fs.list(dir) {
-        Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Drained::default()),
-        Err(e) => return Err(StateError::io("list the DEL spool", dir)(e)),
-    };
     let mut out = Drained::default();
-    for path in paths {
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue; // the plugin's temp files, and anything not a spool entry
-        }
+    for path in spooled(fs, dir)? {
         let bytes = match fs.read(&path) {
             Ok(b) => b,
             // removed since the listing: nothing to replay

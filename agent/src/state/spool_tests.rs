@@ -34,6 +34,15 @@ fn spooled_dels_are_read_oldest_first_and_temp_files_skipped() {
     fs.put(path(".c4@eth0.json.tmp"), "{\"spoolV");
     fs.put(path("README"), "not a DEL");
 
+    let mut listed = spooled(&fs, Path::new(SPOOL)).expect("list");
+    listed.sort();
+    let names = [
+        "b@eth0.json",
+        "c1@eth0.json",
+        "c2@eth0.json",
+        "c3@eth0.json",
+    ];
+    assert_eq!(listed, names.map(path), "the entries, nothing else");
     let d = drain_spool(&fs, Path::new(SPOOL)).expect("drain");
     let order: Vec<&str> = d.dels.iter().map(|e| e.key.container_id.as_str()).collect();
     assert_eq!(order, vec!["c1", "b", "c2", "c3"]);
@@ -56,6 +65,7 @@ fn a_missing_spool_dir_is_empty_and_bad_files_are_reported() {
         drain_spool(&fs, Path::new(SPOOL)).expect("none"),
         Drained::default()
     );
+    assert!(spooled(&fs, Path::new(SPOOL)).expect("none").is_empty());
 
     fs.put(path("a@eth0.json"), "{not json");
     fs.put(
