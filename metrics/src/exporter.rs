@@ -63,16 +63,10 @@ pub fn install_exporter_with(
     gauge_idle_timeout: Option<Duration>,
 ) -> Result<PrometheusHandle, MetricsError> {
     let builder = prometheus_builder_with(gauge_idle_timeout)?;
-    let listener = std::net::TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(MetricsError::Bind)?;
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        let listener = {
-            let _guard = rt.enter();
-            TcpListener::from_std(listener).map_err(MetricsError::Bind)?
-        };
+        let listener = http_server::bind(addr).map_err(MetricsError::Bind)?;
         rt.spawn(export(listener, handle.clone()));
     } else {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -81,7 +75,7 @@ pub fn install_exporter_with(
             .map_err(MetricsError::Runtime)?;
         let listener = {
             let _guard = rt.enter();
-            TcpListener::from_std(listener).map_err(MetricsError::Bind)?
+            http_server::bind(addr).map_err(MetricsError::Bind)?
         };
         let exported = handle.clone();
         std::thread::Builder::new()

@@ -4,14 +4,15 @@
 //!   connection's first poll and again after each response (so it is also the keep-alive idle
 //!   limit); then the connection is closed;
 //! - at most [`MAX_CONNECTIONS`] connections are open. A connection accepted at the cap closes
-//!   the oldest open connection that has sent nothing yet, or, when every one has sent
-//!   something, the oldest one: accept never waits, and a prober that sends its request at once
+//!   the oldest open connection that had nothing to read when last read, else the oldest not
+//!   read yet, else the oldest: accept never waits, and a prober that sends its request at once
 //!   is not shut out by connections that send nothing.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,7 +24,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 
 /// How long a client has to send a request's head, and to start the next one on a kept-alive
@@ -31,6 +32,25 @@ use tokio::sync::oneshot;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many connections one server keeps open at most.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// The accept queue's length asked for (the kernel caps it at `net.core.somaxconn`, 4096 by
+/// default since Linux 5.4; tokio's `TcpListener::bind` asks for 1,024): long enough that
+/// connections waiting to be accepted in a flood do not fill it, which would make the kernel
+/// drop a prober's SYN (retried only after 1 s).
+const BACKLOG: u32 = 4096;
+
+/// Binds `addr` for [`serve`], with a long accept queue ([`BACKLOG`]). Call it inside a Tokio
+/// runtime.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
 
 /// A server's limits: [`HEADER_READ_TIMEOUT`] and [`MAX_CONNECTIONS`] (tests use smaller ones).
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +97,8 @@ where
         };
         let slot = Table::admit(&table, limits.max_connections);
         tokio::spawn(serve_connection(stream, slot, limits, answer.clone()));
+        // let the new connection be read before the next accept can close it
+        tokio::task::yield_now().await;
     }
 }
 
@@ -110,10 +132,15 @@ where
     drop(guard);
 }
 
+/// What was seen of a connection's client, in the order the table closes them at the cap.
+const SILENT: u8 = 0; // read, and nothing was there
+const UNREAD: u8 = 1; // not read yet
+const HEARD: u8 = 2; // sent something
+
 /// One open connection as the table holds it.
 struct Entry {
-    /// Whether the client has sent any byte.
-    heard: Arc<AtomicBool>,
+    /// [`SILENT`], [`UNREAD`] or [`HEARD`].
+    heard: Arc<AtomicU8>,
     /// Dropping it closes the connection.
     _close: oneshot::Sender<()>,
 }
@@ -129,7 +156,7 @@ struct Table {
 /// has sent anything, and the signal that the table closed it.
 struct Slot {
     guard: SlotGuard,
-    heard: Arc<AtomicBool>,
+    heard: Arc<AtomicU8>,
     closed: oneshot::Receiver<()>,
 }
 
@@ -146,23 +173,22 @@ impl Drop for SlotGuard {
 }
 
 impl Table {
-    /// A slot for a new connection; at `cap`, first closes the oldest connection that has sent
-    /// nothing, or else the oldest.
+    /// A slot for a new connection; at `cap`, first closes the oldest connection that was
+    /// [`SILENT`], else the oldest [`UNREAD`], else the oldest.
     fn admit(this: &Arc<Mutex<Self>>, cap: usize) -> Slot {
         let mut table = this.lock().unwrap_or_else(PoisonError::into_inner);
         while table.open.len() >= cap.max(1) {
             let victim = table
                 .open
                 .iter()
-                .find(|(_, e)| !e.heard.load(Ordering::Relaxed))
-                .or_else(|| table.open.iter().next())
+                .min_by_key(|(_, e)| e.heard.load(Ordering::Relaxed))
                 .map(|(id, _)| *id);
             let Some(victim) = victim else { break };
             table.open.remove(&victim);
         }
         let id = table.next;
         table.next += 1;
-        let heard = Arc::new(AtomicBool::new(false));
+        let heard = Arc::new(AtomicU8::new(UNREAD));
         let (close, closed) = oneshot::channel();
         table.open.insert(
             id,
@@ -182,10 +208,10 @@ impl Table {
     }
 }
 
-/// A stream that records whether anything was read from it.
+/// A stream that records whether anything was read from it ([`SILENT`], [`HEARD`]).
 struct Heard {
     inner: TcpStream,
-    heard: Arc<AtomicBool>,
+    heard: Arc<AtomicU8>,
 }
 
 impl AsyncRead for Heard {
@@ -197,7 +223,11 @@ impl AsyncRead for Heard {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.heard.store(true, Ordering::Relaxed);
+            self.heard.store(HEARD, Ordering::Relaxed);
+        } else {
+            let _ =
+                self.heard
+                    .compare_exchange(UNREAD, SILENT, Ordering::Relaxed, Ordering::Relaxed);
         }
         polled
     }

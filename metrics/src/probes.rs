@@ -7,10 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hyper::StatusCode;
-use tokio::net::TcpListener;
-
 use crate::http_server::{self, Limits};
+use hyper::StatusCode;
 
 /// Whether the binary is ready (initially not); shared with the health server.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +38,7 @@ fn answer(path: &str, ready: bool) -> (StatusCode, &'static str) {
 /// header-read and keep-alive idle timeout, a connection cap); returns the bound address
 /// (`addr` with port 0: the port taken).
 pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = http_server::bind(addr)?;
     let local = listener.local_addr()?;
     tokio::spawn(http_server::serve(listener, Limits::DEFAULT, move |req| {
         let (code, body) = answer(req.uri().path(), ready.get());

@@ -1,4 +1,3 @@
-use std::net::SocketAddr;
 use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -9,7 +8,7 @@ const SHORT: Duration = Duration::from_millis(300);
 
 /// A server under `limits` answering "ok" to everything, on a loopback port.
 async fn start(limits: Limits) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, limits, |_req| async {
         text(StatusCode::OK, "ok\n", "text/plain")
