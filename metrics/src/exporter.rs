@@ -3,9 +3,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use hyper::StatusCode;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
+use tokio::net::TcpListener;
 
+use crate::http_server::{self, Limits};
 use crate::{Binary, MetricsError, buckets, describe_all, register_zero};
 
 /// A Prometheus builder with every histogram's explicit buckets set (so histograms export as
@@ -40,10 +43,12 @@ pub fn prometheus_builder_with(
 /// recorder, serves `/metrics` on `addr`, then describes `binary`'s metrics and registers their
 /// enumerated series at zero (only its own: the other binary's series are not exported).
 ///
-/// Inside a Tokio runtime the HTTP listener and the recorder's upkeep run as tasks of that
-/// runtime; outside one, on a dedicated thread with its own current-thread runtime (as
-/// `PrometheusBuilder::install` does). The listening socket is bound before this returns, so a
-/// bad or busy address is an error here.
+/// `/metrics` is served by the same limited server as the probes (`http_server`: header-read
+/// and keep-alive idle timeout, connection cap), not by metrics-exporter-prometheus' own
+/// listener, which has no such limits; other paths answer 404. Inside a Tokio runtime the
+/// server and the recorder's upkeep run as tasks of that runtime; outside one, on a dedicated
+/// thread with its own current-thread runtime (as `PrometheusBuilder::install` does). The
+/// listening socket is bound before this returns, so a bad or busy address is an error here.
 pub fn install_exporter(
     addr: SocketAddr,
     binary: Binary,
@@ -57,32 +62,66 @@ pub fn install_exporter_with(
     binary: Binary,
     gauge_idle_timeout: Option<Duration>,
 ) -> Result<PrometheusHandle, MetricsError> {
-    let builder = prometheus_builder_with(gauge_idle_timeout)?.with_http_listener(addr);
-    let recorder = if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        let (recorder, exporter) = {
-            let _guard = rt.enter();
-            builder.build()?
-        };
-        rt.spawn(exporter);
-        recorder
+    let builder = prometheus_builder_with(gauge_idle_timeout)?;
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let listener = http_server::bind(addr).map_err(MetricsError::Bind)?;
+        rt.spawn(export(listener, handle.clone()));
     } else {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(MetricsError::Runtime)?;
-        let (recorder, exporter) = {
+        let listener = {
             let _guard = rt.enter();
-            builder.build()?
+            http_server::bind(addr).map_err(MetricsError::Bind)?
         };
+        let exported = handle.clone();
         std::thread::Builder::new()
             .name("tidepool-metrics-exporter".into())
-            .spawn(move || rt.block_on(exporter))
+            .spawn(move || rt.block_on(export(listener, exported)))
             .map_err(MetricsError::Runtime)?;
-        recorder
-    };
-    let handle = recorder.handle();
+    }
     metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
     describe_all(binary);
     register_zero(binary);
     Ok(handle)
 }
+
+/// How often the recorder's upkeep runs (drains histograms, expires idle series): the
+/// interval `PrometheusBuilder::build` uses.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Serves `/metrics` on `listener` and runs the recorder's upkeep, for ever.
+async fn export(listener: TcpListener, handle: PrometheusHandle) {
+    let upkeep = {
+        let handle = handle.clone();
+        async move {
+            loop {
+                tokio::time::sleep(UPKEEP_INTERVAL).await;
+                handle.run_upkeep();
+            }
+        }
+    };
+    let serve = http_server::serve(listener, Limits::DEFAULT, move |req| {
+        let handle = handle.clone();
+        async move {
+            if req.uri().path() != "/metrics" {
+                return http_server::text(StatusCode::NOT_FOUND, "not found\n", TEXT);
+            }
+            // rendering many series takes a while: off the runtime's workers
+            match tokio::task::spawn_blocking(move || handle.render()).await {
+                Ok(body) => http_server::text(StatusCode::OK, body, EXPOSITION),
+                Err(_) => {
+                    http_server::text(StatusCode::INTERNAL_SERVER_ERROR, "render failed\n", TEXT)
+                }
+            }
+        }
+    });
+    tokio::join!(upkeep, serve);
+}
+
+/// The Prometheus text exposition format's content type.
+const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";

@@ -27,6 +27,8 @@ pub use exporter::{
 };
 #[cfg(feature = "exporter")]
 pub use metrics_exporter_prometheus::PrometheusHandle;
+#[cfg(feature = "http-server")]
+pub mod http_server;
 #[cfg(feature = "probes")]
 pub mod probes;
 
@@ -55,6 +57,10 @@ pub enum MetricsError {
     /// A global metrics recorder was installed before.
     #[error("a global metrics recorder is already installed")]
     AlreadyInstalled,
+    /// The metrics address could not be bound (in use, not local, ...).
+    #[cfg(feature = "exporter")]
+    #[error("binding the metrics address failed")]
+    Bind(#[source] std::io::Error),
     /// The exporter's own runtime (used when called outside a Tokio runtime) failed to start.
     #[error("starting the metrics exporter's runtime failed")]
     Runtime(#[source] std::io::Error),

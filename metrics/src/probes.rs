@@ -3,18 +3,12 @@
 //! (feature `probes`). What "ready" means is the binary's: the operator's watches have synced
 //! and its engine runs; the agent has restored its state and serves its socket.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use crate::http_server::{self, Limits};
+use hyper::StatusCode;
 
 /// Whether the binary is ready (initially not); shared with the health server.
 #[derive(Debug, Clone, Default)]
@@ -40,34 +34,16 @@ fn answer(path: &str, ready: bool) -> (StatusCode, &'static str) {
 }
 
 /// Binds `addr` (so a port in use fails at start), then serves on a task of its own for as
-/// long as the runtime runs; returns the bound address (`addr` with port 0: the port taken).
+/// long as the runtime runs, under the limits of [`http_server`](crate::http_server) (a
+/// header-read and keep-alive idle timeout, a connection cap); returns the bound address
+/// (`addr` with port 0: the port taken).
 pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = http_server::bind(addr)?;
     let local = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    // out of descriptors and the like: back off instead of spinning
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            let ready = ready.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (code, body) = answer(req.uri().path(), ready.get());
-                    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-                    *resp.status_mut() = code;
-                    async move { Ok::<_, Infallible>(resp) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    tokio::spawn(http_server::serve(listener, Limits::DEFAULT, move |req| {
+        let (code, body) = answer(req.uri().path(), ready.get());
+        async move { http_server::text(code, body, "text/plain; charset=utf-8") }
+    }));
     Ok(local)
 }
 

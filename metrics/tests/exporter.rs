@@ -243,9 +243,9 @@ async fn install_exporter_serves_described_zeroed_series() {
     );
     assert!(handle.render().contains("tidepool_ipam_resync_total 1"));
 
-    // The same address again: the bind fails, reported as a build error.
+    // The same address again: the bind fails, reported as a bind error.
     let err = m::install_exporter(addr, m::Binary::Operator).unwrap_err();
-    assert!(matches!(err, m::MetricsError::Build(_)), "{err}");
+    assert!(matches!(err, m::MetricsError::Bind(_)), "{err}");
     // Another address: the global recorder is taken.
     let err = m::install_exporter(free_port(), m::Binary::Agent).unwrap_err();
     assert!(matches!(err, m::MetricsError::AlreadyInstalled), "{err}");
