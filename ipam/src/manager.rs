@@ -321,6 +321,14 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         self.shared.pool_freed();
     }
 
+    /// The families the source serves changed: every node plans again, so a family newly
+    /// served is claimed like any deficit and one no longer served is no longer claimed.
+    pub fn families_changed(&self) {
+        for h in self.shared.nodes.lock().values() {
+            h.trigger.trigger(Reason::FamiliesChanged);
+        }
+    }
+
     /// Every managed node with its last summary, in name order.
     pub fn summaries(&self) -> Vec<(NodeName, NodeSummary)> {
         let nodes: Vec<_> = self.shared.nodes.lock().values().cloned().collect();

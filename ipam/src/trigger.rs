@@ -58,11 +58,14 @@ pub enum Reason {
     PoolFreed,
     /// The node is being deleted.
     Delete,
+    /// The families the source serves changed (a pool of a new family, or the last pool of
+    /// one gone).
+    FamiliesChanged,
 }
 
 impl Reason {
     /// Every reason, in bit order.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::Upsert,
         Reason::Resync,
         Reason::PodEvent,
@@ -71,6 +74,7 @@ impl Reason {
         Reason::Leadership,
         Reason::PoolFreed,
         Reason::Delete,
+        Reason::FamiliesChanged,
     ];
 
     /// A stable lower-case name, for logs.
@@ -84,6 +88,7 @@ impl Reason {
             Reason::Leadership => "leadership",
             Reason::PoolFreed => "pool-freed",
             Reason::Delete => "delete",
+            Reason::FamiliesChanged => "families-changed",
         }
     }
 
@@ -460,9 +465,9 @@ mod tests {
         assert_eq!(s.to_string(), "upsert,delete");
         assert_eq!(format!("{s:?}"), r#"{"upsert", "delete"}"#);
         let all: Reasons = Reason::ALL.into_iter().collect();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         let names: std::collections::BTreeSet<_> = all.iter().map(Reason::as_str).collect();
-        assert_eq!(names.len(), 8, "names must be distinct");
+        assert_eq!(names.len(), 9, "names must be distinct");
         assert_eq!(Reason::PoolFreed.as_str(), "pool-freed");
         assert_eq!(
             Reasons::from(Reason::Retry)

@@ -30,6 +30,17 @@ impl Family {
         }
     }
 
+    /// The families `keep` holds, in [`Family::ALL`]'s order, as a static slice: a set of
+    /// families kept behind a lock is lent out without the lock.
+    pub fn subset(keep: impl Fn(Family) -> bool) -> &'static [Family] {
+        match (keep(Family::V4), keep(Family::V6)) {
+            (false, false) => &[],
+            (true, false) => &[Family::V4],
+            (false, true) => &[Family::V6],
+            (true, true) => &Family::ALL,
+        }
+    }
+
     pub fn of(addr: &IpAddr) -> Family {
         match addr {
             IpAddr::V4(_) => Family::V4,

@@ -582,13 +582,10 @@ pub async fn simulate(
         SourceChoice::ClusterPool(p) => {
             let spec = p.spec(&cfg.world.families)?;
             let world = World::start_with(cfg.world.clone(), |w, _observer, store| {
-                Ok(ClusterPoolSource::new(
-                    store.clone(),
-                    &w.families,
-                    vec![PoolConfig::new(spec)],
-                    w.seed,
+                Ok(
+                    ClusterPoolSource::new(store.clone(), vec![PoolConfig::new(spec)], w.seed)
+                        .with_latency(w.source_latency),
                 )
-                .with_latency(w.source_latency))
             })?;
             // block writes are API server writes: source faults do not apply
             let set_faults = |_: &ClusterPoolSource<MemoryNodeStore>, _: &SourceFaults| {};

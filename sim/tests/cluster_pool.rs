@@ -256,11 +256,7 @@ fn info(name: &str, uid: u128) -> NodeInfo {
 }
 
 fn source(store: &MemoryNodeStore, spec: PoolSpec, seed: u64) -> Pool {
-    let families: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| spec.serves(*f))
-        .collect();
-    ClusterPoolSource::new(store.clone(), &families, vec![PoolConfig::new(spec)], seed)
+    ClusterPoolSource::new(store.clone(), vec![PoolConfig::new(spec)], seed)
 }
 
 fn block(cidr: &str, node: &str, uid: u128) -> IpamBlock {

@@ -138,12 +138,7 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         .create_block(orphan.clone(), &mut Ungated)
         .await
         .unwrap();
-    let src = ClusterPoolSource::new(
-        store.clone(),
-        &[tidepool_ipam::Family::V4],
-        pools(&["10.0.0.0/24"]),
-        1,
-    );
+    let src = ClusterPoolSource::new(store.clone(), pools(&["10.0.0.0/24"]), 1);
     use tidepool_ipam::IpSource;
     let rec = metrics_util::debugging::DebuggingRecorder::new();
     let snap = rec.snapshotter();
@@ -201,7 +196,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     use tidepool_ipam::IpSource;
     use tidepool_ipam::{Family, IpamNode, NodeInfo, PodUid, UsedEntry};
     let store = MemoryNodeStore::new();
-    let src = ClusterPoolSource::new(store.clone(), &[Family::V4], pools(&["10.0.0.0/24"]), 1);
+    let src = ClusterPoolSource::new(store.clone(), pools(&["10.0.0.0/24"]), 1);
     for (name, uid) in [("a", NodeUid(1)), ("b", NodeUid(2))] {
         src.node_seen(&NodeInfo {
             name: name.into(),

@@ -42,7 +42,6 @@ struct Second {
 fn second(w: &World<Pool>, cidrs: &[&str], cfg: EngineConfig, latency: Duration) -> Second {
     let source = ClusterPoolSource::new(
         w.store.clone(),
-        &w.cfg.families,
         vec![PoolConfig::new(spec(cidrs))],
         w.cfg.seed + 1000,
     )

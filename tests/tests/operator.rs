@@ -738,6 +738,59 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     task.await.unwrap();
 }
 
+/// The IP families follow the pools at runtime (README "Install" applies the bundle, then the
+/// IPPool): an operator started with no IPPool serves the first one created, and a CIDR of a
+/// new family added to it, without a restart and without waiting for a resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_created_after_the_start_is_served_and_a_new_family_too() {
+    let (server, admin) = operator_cluster().await;
+    add_node(&admin, "node-a").await;
+    add_pod(&admin, "p0", "node-a").await;
+    let mut s = settings();
+    // no resync within the test: the pool watch alone must bring the new families
+    s.engine.resync_interval = Duration::from_secs(600);
+    let (stop, task) = start_operator(&server, s).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "node-a's IPAMNode", || {
+        let api = ipamnodes.clone();
+        async move { api.get_opt("node-a").await.ok().flatten() }
+    })
+    .await;
+    let fam = |a: &AddrSet| {
+        (
+            a.len(tidepool_ipam::Family::V4),
+            a.len(tidepool_ipam::Family::V6),
+        )
+    };
+    assert_eq!(blocks_of(&admin, "node-a").await.0, 0, "no pool, no block");
+    create_object(
+        &admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.60.0.0/24"], "blockSize": {"ipv4": 28, "ipv6": 124}},
+        }),
+    )
+    .await;
+    eventually(Duration::from_secs(20), "an IPv4 block for node-a", || {
+        let admin = admin.clone();
+        async move { (fam(&blocks_of(&admin, "node-a").await.1).0 > 0).then_some(()) }
+    })
+    .await;
+    set_pool_cidrs(&admin, &["10.60.0.0/24", "fd00:60::/64"]).await;
+    let addrs = eventually(Duration::from_secs(20), "an IPv6 block for node-a", || {
+        let admin = admin.clone();
+        async move {
+            let (_, a) = blocks_of(&admin, "node-a").await;
+            (fam(&a).1 > 0).then_some(a)
+        }
+    })
+    .await;
+    assert!(fam(&addrs).0 > 0, "the IPv4 block stays: {addrs:?}");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// The operator serving node-a from an IPPool of `cidr`, and node-a's first block with an
 /// address a pod uses (in node-a's `status.used`): the block's name.
 async fn a_block_in_use(server: &ApiServer, admin: &kube::Client, cidr: &str) -> (String, Stop) {

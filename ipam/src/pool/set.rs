@@ -183,6 +183,12 @@ impl PoolSet {
         self.changes
     }
 
+    /// The families some pool has a CIDR of, valid or not (the nodes of an Invalid pool
+    /// still claim, and are told why nothing comes).
+    pub fn families(&self) -> &'static [Family] {
+        Family::subset(|f| self.entries.iter().any(|e| e.spec.serves(f)))
+    }
+
     /// Valid pools, in creation order.
     pub fn valid(&self) -> impl Iterator<Item = &PoolIndex> + '_ {
         self.entries.iter().filter_map(|e| e.state.as_ref().ok())

@@ -153,7 +153,6 @@ pub struct PoolUsage {
 #[derive(Clone)]
 pub struct ClusterPoolSource<B> {
     store: B,
-    families: Arc<[Family]>,
     latency: Duration,
     state: Arc<Mutex<State>>,
 }
@@ -252,10 +251,11 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.state.lock().usable(b)
     }
 
-    /// A source over `store` serving `families` from `pools` (in creation order; invalid ones
-    /// are kept, reported by [`Self::validity`], and never granted from). The index is
-    /// rebuilt from the blocks in the store before anything is granted.
-    pub fn new(store: B, families: &[Family], pools: Vec<PoolConfig>, seed: u64) -> Self {
+    /// A source over `store` serving `pools` (in creation order; invalid ones are kept,
+    /// reported by [`Self::validity`], and never granted from). It serves the families its
+    /// pools have CIDRs of, as they are now ([`Self::set_pools`]). The index is rebuilt from
+    /// the blocks in the store before anything is granted.
+    pub fn new(store: B, pools: Vec<PoolConfig>, seed: u64) -> Self {
         let selectors = pools
             .iter()
             .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
@@ -263,7 +263,6 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         let set = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
         let source = Self {
             store,
-            families: families.into(),
             latency: Duration::ZERO,
             state: Arc::new(Mutex::new(State {
                 pools: set,
@@ -351,7 +350,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     }
 
     /// Replaces the pools (an IPPool added, edited or deleted). Blocks of CIDRs no longer in
-    /// a valid pool stay with their nodes and are never granted again.
+    /// a valid pool stay with their nodes and are never granted again. The families served
+    /// follow: a family no pool has a CIDR of any more is no longer claimed.
     pub fn set_pools(&self, pools: Vec<PoolConfig>) {
         {
             let mut s = self.state.lock();
@@ -661,7 +661,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
     }
 
     fn families(&self) -> &[Family] {
-        &self.families
+        self.state.lock().pools.families()
     }
 
     fn grant_size(&self, family: Family) -> u128 {
@@ -876,7 +876,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         let s = self.state.lock();
         let mut q: PerFamily<Quota> = PerFamily::default();
         for p in s.pools.valid() {
-            for &f in self.families.iter() {
+            for &f in s.pools.families() {
                 if let Some(fi) = p.family(f) {
                     let c = fi.addresses();
                     let e = q.get_mut(f);
@@ -1019,7 +1019,6 @@ mod tests {
     fn pool_choice_follows_the_precedence() {
         let src = ClusterPoolSource::new(
             MemoryNodeStore::new(),
-            &[Family::V4],
             vec![
                 pool("default", "10.0.0.0/24", &[]),
                 pool("gpu", "10.1.0.0/24", &[("pool", "gpu")]),
@@ -1054,15 +1053,31 @@ mod tests {
         );
     }
 
+    /// The families served are the pools' own, as they are now: none before the first
+    /// pool, a family of a pool created or edited later, and none again once its last pool
+    /// goes.
+    #[test]
+    fn the_families_follow_the_pools() {
+        let src = ClusterPoolSource::new(MemoryNodeStore::new(), vec![], 1);
+        assert!(src.families().is_empty(), "{:?}", src.families());
+        src.set_pools(vec![pool("default", "10.0.0.0/24", &[])]);
+        assert_eq!(src.families(), [Family::V4]);
+        let v6 = pool("v6", "fd00::/64", &[("pool", "v6")]);
+        src.set_pools(vec![pool("default", "10.0.0.0/24", &[]), v6.clone()]);
+        assert_eq!(src.families(), [Family::V4, Family::V6]);
+        assert!(src.quota().v6.capacity > 0, "the new family's quota counts");
+        src.set_pools(vec![v6]);
+        assert_eq!(src.families(), [Family::V6], "IPv4's last pool is gone");
+        assert_eq!(src.quota().v4.capacity, 0);
+        src.set_pools(vec![]);
+        assert!(src.families().is_empty());
+    }
+
     /// A source over a new store with one IPv4 pool, 10.0.0.0/24 in /28 blocks.
     fn source_on_a_24() -> (MemoryNodeStore, ClusterPoolSource<MemoryNodeStore>) {
         let store = MemoryNodeStore::new();
-        let src = ClusterPoolSource::new(
-            store.clone(),
-            &[Family::V4],
-            vec![pool("default", "10.0.0.0/24", &[])],
-            1,
-        );
+        let src =
+            ClusterPoolSource::new(store.clone(), vec![pool("default", "10.0.0.0/24", &[])], 1);
         (store, src)
     }
 

@@ -36,10 +36,10 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use parking_lot::Mutex;
 use tidepool_api as api;
-use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
+use tidepool_ipam::pool::ClusterPoolSource;
 use tidepool_ipam::{
-    Api as BudgetApi, Background, Budget, EngineConfig, EngineDeps, Family, NodeManager, NodeName,
-    SchedulingMode, TokioClock,
+    Api as BudgetApi, Background, Budget, EngineConfig, EngineDeps, Family, IpSource, NodeManager,
+    NodeName, SchedulingMode, TokioClock,
 };
 use tokio::sync::watch;
 
@@ -102,7 +102,8 @@ struct Parts {
 struct Engine {
     manager: Manager,
     source: Source,
-    families: Vec<Family>,
+    /// [`Pools::changes`] when the source was built from the pools.
+    pools_at: u64,
     /// Re-registered Nodes wait here until their old incarnation's whole-node reclaim is
     /// done (an addition under the name would cancel it).
     deferred: Arc<Mutex<HashMap<NodeName, tidepool_ipam::NodeInfo>>>,
@@ -282,8 +283,8 @@ pub async fn run(
         let tasks = engine_tasks(&client, &parts, &engine, &events, &s, lead.fence());
         let running = Running { engine, tasks };
         ready.set(true);
-        let families: Vec<&str> = running.engine.families.iter().map(|f| f.as_str()).collect();
-        tracing::info!(families = families.join(","), "synced; the engine runs");
+        let families = families_label(running.engine.source.families());
+        tracing::info!(%families, "synced; the engine runs");
         let lost = tokio::select! {
             () = &mut shutdown => None,
             e = lead.lost() => Some(e),
@@ -328,6 +329,10 @@ fn engine_tasks(
         parts.set_node_pools(engine, &n.name);
     }
     *parts.engine.lock() = Some(engine.clone());
+    // a pool change the watch saw after the source was built, before the engine was there
+    if parts.pools.lock().changes() != engine.pools_at {
+        tell_pools(&parts.pools, engine);
+    }
     let backlog = std::mem::take(&mut *parts.backlog.lock());
     apply_node_changes(engine, &parts.nodes, backlog);
     let orphans = engine
@@ -506,15 +511,7 @@ fn watch_others(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<(
         move |ev| {
             let changed = p.pools.lock().apply(ev);
             if changed && let Some(e) = p.engine.lock().as_ref() {
-                let (configs, bad) = p.pools.lock().configs();
-                report_bad_pools(&bad);
-                if families_of(&configs) != e.families {
-                    tracing::error!(
-                        "the IP families the IPPools serve changed; restart the operator to serve them"
-                    );
-                }
-                e.source.set_pools(configs);
-                e.manager.pools_changed();
+                tell_pools(&p.pools, e);
             }
         },
     );
@@ -617,11 +614,29 @@ async fn wait_until_listed(
     }
 }
 
-fn families_of(configs: &[PoolConfig]) -> Vec<Family> {
-    Family::ALL
-        .into_iter()
-        .filter(|f| configs.iter().any(|c| c.spec.serves(*f)))
-        .collect()
+/// The pools changed: the source takes them, and the nodes plan again for the families
+/// they serve now (a family of a new pool is claimed, one whose last pool went is not).
+fn tell_pools(pools: &Mutex<Pools>, e: &Engine) {
+    let (configs, bad) = pools.lock().configs();
+    report_bad_pools(&bad);
+    let before = e.source.families();
+    e.source.set_pools(configs);
+    let after = e.source.families();
+    if after != before {
+        let (from, to) = (families_label(before), families_label(after));
+        tracing::info!(%from, %to, "the IP families the IPPools serve changed; serving them");
+        e.manager.families_changed();
+    }
+    e.manager.pools_changed();
+}
+
+/// Families as a log shows them: `ipv4,ipv6`, or `none`.
+fn families_label(families: &[Family]) -> String {
+    if families.is_empty() {
+        return "none".into();
+    }
+    let names: Vec<&str> = families.iter().map(|f| f.as_str()).collect();
+    names.join(",")
 }
 
 fn report_bad_pools(bad: &[(String, String)]) {
@@ -636,13 +651,15 @@ fn start_engine(
     s: &Settings,
     leader: watch::Receiver<bool>,
 ) -> Result<Engine, Error> {
-    let (configs, bad) = parts.pools.lock().configs();
+    let ((configs, bad), pools_at) = {
+        let pools = parts.pools.lock();
+        (pools.configs(), pools.changes())
+    };
     report_bad_pools(&bad);
-    let families = families_of(&configs);
-    if families.is_empty() {
-        tracing::warn!("no valid IPPool: nothing can be granted until one exists (then restart)");
+    let source = ClusterPoolSource::new(parts.store.clone(), configs, s.seed);
+    if source.families().is_empty() {
+        tracing::warn!("no IPPool: nothing is granted until one is created");
     }
-    let source = ClusterPoolSource::new(parts.store.clone(), &families, configs, s.seed);
     // live pods' podIPs and every `status.used` entry: no block over them is granted
     // (a cluster adopted with addresses, block objects lost with their CRD)
     let (pods, store) = (parts.pods.clone(), parts.store.clone());
@@ -677,7 +694,7 @@ fn start_engine(
     Ok(Engine {
         manager,
         source,
-        families,
+        pools_at,
         deferred: Arc::default(),
         removed: Arc::default(),
         kube_budget,

@@ -15,11 +15,24 @@ pub struct Pools {
     pools: BTreeMap<String, api::IPPool>,
     relist: Option<BTreeMap<String, api::IPPool>>,
     pub ready: bool,
+    /// How many events changed the pools.
+    changes: u64,
 }
 
 impl Pools {
     /// Applies one watch event; true when the set of pools or a spec changed.
     pub fn apply(&mut self, ev: &Event<api::IPPool>) -> bool {
+        let changed = self.apply_event(ev);
+        self.changes += u64::from(changed);
+        changed
+    }
+
+    /// How many events changed the pools so far: while it is the same, nothing changed.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    fn apply_event(&mut self, ev: &Event<api::IPPool>) -> bool {
         let name = |p: &api::IPPool| p.metadata.name.clone().unwrap_or_default();
         match ev {
             Event::Apply(p) => self.put(name(p), p.clone()),

@@ -356,7 +356,6 @@ pub fn pool_world(cfg: WorldConfig, cidrs: &[&str], latency: Duration) -> World<
     World::start_with(cfg, move |w, _obs, store| {
         Ok(tidepool_ipam::pool::ClusterPoolSource::new(
             store.clone(),
-            &w.families,
             vec![tidepool_ipam::pool::PoolConfig::new(spec)],
             w.seed,
         )
