@@ -45,6 +45,20 @@ async fn start_operator(
     (stop, task)
 }
 
+/// An IPPool `name` over `cidrs` with the block sizes `block_size` (`{"ipv4": 28}`).
+fn pool_json(name: &str, cidrs: &[&str], block_size: Value) -> Value {
+    json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"cidrs": cidrs, "blockSize": block_size},
+    })
+}
+
+/// Creates [`pool_json`]'s IPPool.
+async fn create_pool(admin: &kube::Client, name: &str, cidrs: &[&str], block_size: Value) {
+    create_object(admin, pool_json(name, cidrs, block_size)).await;
+}
+
 async fn add_node(admin: &kube::Client, name: &str) -> String {
     let n = create_object(
         admin,
@@ -95,15 +109,7 @@ async fn blocks_of(admin: &kube::Client, node: &str) -> (usize, AddrSet) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.20.0.0/16"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.20.0.0/16"], json!({"ipv4": 28})).await;
     let mut uids = BTreeMap::new();
     for n in ["node-a", "node-b"] {
         uids.insert(n, add_node(&admin, n).await);
@@ -171,15 +177,7 @@ async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_gives_its_blocks_back() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["fd00:10::/64"], "blockSize": {"ipv6": 120}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["fd00:10::/64"], json!({"ipv6": 120})).await;
     add_node(&admin, "node-a").await;
     let s = Settings {
         engine: EngineConfig {
@@ -224,15 +222,7 @@ async fn a_deleted_node_gives_its_blocks_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.35.0.0/16"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.35.0.0/16"], json!({"ipv4": 28})).await;
     add_node(&admin, "node-a").await;
     add_node(&admin, "node-b").await;
     let s = || Settings {
@@ -323,15 +313,7 @@ async fn apply_node_side(admin: &kube::Client, node: &str, status: Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_pods_addresses_are_reclaimed_and_no_entry_is_lost() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.40.0.0/16"], "blockSize": {"ipv4": 27}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.40.0.0/16"], json!({"ipv4": 27})).await;
     add_node(&admin, "node-a").await;
     let s = Settings {
         engine: EngineConfig {
@@ -491,15 +473,7 @@ fn fast_reclaim() -> Settings {
 /// A pool, node-a, the operator with [`fast_reclaim`], and node-a's block.
 async fn reclaim_cluster(cidr: &str) -> (ApiServer, kube::Client, Stop, AddrSet) {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 27}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &[cidr], json!({"ipv4": 27})).await;
     add_node(&admin, "node-a").await;
     let stop = start_operator(&server, fast_reclaim()).await;
     let (_, pool) = eventually(Duration::from_secs(20), "node-a's block", || {
@@ -690,13 +664,7 @@ async fn answer_marks(admin: &kube::Client, node: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     let (server, admin) = operator_cluster().await;
-    let pool = |cidrs: &[&str]| {
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": 28, "ipv6": 124}},
-        })
-    };
+    let pool = |cidrs: &[&str]| pool_json("default", cidrs, json!({"ipv4": 28, "ipv6": 124}));
     create_object(&admin, pool(&["10.50.0.0/24", "fd00:50::/64"])).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
@@ -763,13 +731,11 @@ async fn a_pool_created_after_the_start_is_served_and_a_new_family_too() {
         )
     };
     assert_eq!(blocks_of(&admin, "node-a").await.0, 0, "no pool, no block");
-    create_object(
+    create_pool(
         &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.60.0.0/24"], "blockSize": {"ipv4": 28, "ipv6": 124}},
-        }),
+        "default",
+        &["10.60.0.0/24"],
+        json!({"ipv4": 28, "ipv6": 124}),
     )
     .await;
     eventually(Duration::from_secs(20), "an IPv4 block for node-a", || {
@@ -794,15 +760,7 @@ async fn a_pool_created_after_the_start_is_served_and_a_new_family_too() {
 /// The operator serving node-a from an IPPool of `cidr`, and node-a's first block with an
 /// address a pod uses (in node-a's `status.used`): the block's name.
 async fn a_block_in_use(server: &ApiServer, admin: &kube::Client, cidr: &str) -> (String, Stop) {
-    create_object(
-        admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(admin, "default", &[cidr], json!({"ipv4": 28})).await;
     add_node(admin, "node-a").await;
     let stop = start_operator(server, settings()).await;
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
@@ -890,15 +848,7 @@ async fn a_deleted_block_in_use_stays_until_it_is_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_from_the_server_lose_nothing() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.70.0.0/20"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.70.0.0/20"], json!({"ipv4": 28})).await;
     let nodes: Vec<String> = (0..6).map(|i| format!("node-{i}")).collect();
     for n in &nodes {
         add_node(&admin, n).await;
@@ -1016,12 +966,8 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
         ..fast_config()
     })
     .await;
-    let pool = json!({
-        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": "default"},
-        // two /28 blocks in all
-        "spec": {"cidrs": ["10.80.0.0/27"], "blockSize": {"ipv4": 28}},
-    });
+    // two /28 blocks in all
+    let pool = pool_json("default", &["10.80.0.0/27"], json!({"ipv4": 28}));
     create_object(&admin, pool.clone()).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
@@ -1103,13 +1049,7 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_status_and_an_overlapping_pool() {
     let (server, admin) = operator_cluster().await;
-    let pool = |name: &str, cidr: &str| {
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": name},
-            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
-        })
-    };
+    let pool = |name: &str, cidr: &str| pool_json(name, &[cidr], json!({"ipv4": 28}));
     create_object(&admin, pool("default", "10.90.0.0/24")).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // a later creationTimestamp
     create_object(&admin, pool("late", "10.90.0.0/25")).await;
@@ -1162,15 +1102,7 @@ async fn pool_status_and_an_overlapping_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.100.0.0/24"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.100.0.0/24"], json!({"ipv4": 28})).await;
     let old_uid = add_node(&admin, "node-a").await;
     let s = Settings {
         engine: EngineConfig {
@@ -1232,13 +1164,7 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_spec_pools_choose_its_pool() {
     let (server, admin) = operator_cluster().await;
-    let pool = |name: &str, cidr: &str| {
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": name},
-            "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
-        })
-    };
+    let pool = |name: &str, cidr: &str| pool_json(name, &[cidr], json!({"ipv4": 28}));
     create_object(&admin, pool("default", "10.110.0.0/24")).await;
     create_object(&admin, pool("gpu", "10.111.0.0/24")).await;
     add_node(&admin, "node-a").await;
@@ -1279,13 +1205,7 @@ async fn a_nodes_spec_pools_choose_its_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     let (server, admin) = operator_cluster().await;
-    let pool = |cidrs: &[&str]| {
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": 28}},
-        })
-    };
+    let pool = |cidrs: &[&str]| pool_json("default", cidrs, json!({"ipv4": 28}));
     // one block in all
     create_object(&admin, pool(&["10.120.0.0/28"])).await;
     add_node(&admin, "node-a").await;
@@ -1390,15 +1310,7 @@ async fn set_agent_ready(admin: &kube::Client, node: &str, ready: bool, reason: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_event() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.122.0.0/24"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.122.0.0/24"], json!({"ipv4": 28})).await;
     for n in ["node-a", "node-b", "node-c"] {
         add_node(&admin, n).await;
     }
@@ -1536,16 +1448,8 @@ fn operator_writes_since(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_deleted_objects_are_not_brought_back_by_a_late_apply() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            // four /28 blocks
-            "spec": {"cidrs": ["10.110.0.0/26"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    // four /28 blocks
+    create_pool(&admin, "default", &["10.110.0.0/26"], json!({"ipv4": 28})).await;
     add_node(&admin, "node-a").await;
     let s = Settings {
         engine: EngineConfig {
@@ -1689,15 +1593,7 @@ async fn force_deleted_objects_are_not_brought_back_by_a_late_apply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_forces_its_own_fields_and_leaves_the_users() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.120.0.0/24"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["10.120.0.0/24"], json!({"ipv4": 28})).await;
     let node_uid = add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
@@ -1946,15 +1842,7 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_holding_a_slash_64_is_not_rewritten_while_nothing_changes() {
     let (server, admin) = operator_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["fd00:20::/60"], "blockSize": {"ipv6": 64}},
-        }),
-    )
-    .await;
+    create_pool(&admin, "default", &["fd00:20::/60"], json!({"ipv6": 64})).await;
     add_node(&admin, "node-a").await;
     let (stop, task) = start_operator(&server, settings()).await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
