@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 use tidepool_agent::run::{Settings, run};
 use tidepool_api as api;
@@ -44,55 +45,14 @@ fn operator_settings() -> OperatorSettings {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pods_address_is_reclaimed_through_the_agent() {
     let (server, admin) = empty_cluster().await;
-    create_object(
-        &admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.250.0.0/16"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
-    create_object(
-        &admin,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
-    )
-    .await;
-    let pod = create_object(
-        &admin,
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p1", "namespace": "default"},
-            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "pause"}]},
-        }),
-    )
-    .await;
-    let pod_uid = pod.metadata.uid.expect("a uid");
-    let operator = server.client(OPERATOR).await.expect("operator client");
-    let (stop_op, op_stopped) = tokio::sync::oneshot::channel::<()>();
-    let op = tokio::spawn(runtime::run(operator, operator_settings(), async move {
-        let _ = op_stopped.await;
-    }));
+    default_pool(&admin).await;
+    node_a(&admin).await;
+    let pod_uid = bound_pod(&admin, "p1").await;
+    let op = Operator::start(&server).await;
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let s = Settings {
-        reuse_cooldown: Duration::from_secs(60),
-        node_wait: Duration::from_secs(20),
-        empty_pool_wait: Duration::from_secs(5),
-        ..settings(dir.path())
-    };
-    let agent_client = server
-        .client(&agent_on("node-a"))
-        .await
-        .expect("agent client");
-    let (stop_agent, agent_stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(run(agent_client, s.clone(), async move {
-        let _ = agent_stopped.await;
-    }));
-    eventually("the agent serving", || async {
-        s.restored_marker.exists().then_some(())
-    })
-    .await;
+    let agent = Agent::start(&server, dir.path()).await;
+    let s = agent.settings.clone();
 
     let config = format!(
         r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300,"requestTimeout":8000}}}}"#,
@@ -152,8 +112,233 @@ async fn a_deleted_pods_address_is_reclaimed_through_the_agent() {
     })
     .await;
 
-    stop_agent.send(()).expect("the agent runs");
-    agent.await.expect("join").expect("the agent stops cleanly");
-    stop_op.send(()).expect("the operator runs");
-    op.await.expect("join").expect("the operator stops cleanly");
+    agent.stop().await;
+    op.stop().await;
+}
+
+/// A running operator (`runtime::run` on its own client), stopped by [`Operator::stop`].
+struct Operator {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tidepool_operator::Error>>,
+}
+
+impl Operator {
+    async fn start(server: &tidepool_tests::ApiServer) -> Self {
+        let client = server.client(OPERATOR).await.expect("operator client");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(runtime::run(client, operator_settings(), async move {
+            let _ = stopped.await;
+        }));
+        Operator { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).expect("the operator runs");
+        self.task
+            .await
+            .expect("join")
+            .expect("the operator stops cleanly");
+    }
+}
+
+/// The agent of node-a (`run` on its own client, in `dir`), serving once started.
+struct Agent {
+    settings: Settings,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tidepool_agent::error::Error>>,
+}
+
+impl Agent {
+    async fn start(server: &tidepool_tests::ApiServer, dir: &std::path::Path) -> Self {
+        let settings = Settings {
+            reuse_cooldown: Duration::from_secs(60),
+            node_wait: Duration::from_secs(20),
+            empty_pool_wait: Duration::from_secs(5),
+            ..common::settings(dir)
+        };
+        let client = server
+            .client(&agent_on("node-a"))
+            .await
+            .expect("agent client");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(client, settings.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let marker = settings.restored_marker.clone();
+        eventually("the agent serving", || async { common::marker(&marker) }).await;
+        Agent {
+            settings,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).expect("the agent runs");
+        self.task
+            .await
+            .expect("join")
+            .expect("the agent stops cleanly");
+    }
+}
+
+/// IPPool `default`: 10.250.0.0/16 in /28 blocks.
+async fn default_pool(admin: &kube::Client) {
+    create_object(
+        admin,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "default"},
+            "spec": {"cidrs": ["10.250.0.0/16"], "blockSize": {"ipv4": 28}},
+        }),
+    )
+    .await;
+}
+
+/// Pod `name` bound to node-a; its UID.
+async fn bound_pod(admin: &kube::Client, name: &str) -> String {
+    let pod = create_object(
+        admin,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "pause"}]},
+        }),
+    )
+    .await;
+    pod.metadata.uid.expect("a uid")
+}
+
+/// Node node-a created; its UID.
+async fn node_a(admin: &kube::Client) -> String {
+    let node = create_object(
+        admin,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
+    )
+    .await;
+    node.metadata.uid.expect("a uid")
+}
+
+/// The pod's ADD, retried as the kubelet retries a failed sandbox, until it is served.
+async fn add_until_served(config: &str, container: &str, pod_uid: &str) -> String {
+    let mut last = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let run = blocking({
+            let (c, id, uid) = (
+                config.to_string(),
+                container.to_string(),
+                pod_uid.to_string(),
+            );
+            move || plugin("ADD", &id, &uid, &c)
+        })
+        .await;
+        if run.code == 0 {
+            return run.addr();
+        }
+        last = Some(run.stdout);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{container}'s ADD was never served; the last answer: {last:?}");
+}
+
+/// A Node deleted and created again under its name (a `kubectl delete node` and a kubelet
+/// restart) while its pods keep running and stay bound, with the operator running through
+/// it or not (`operator_through`): the operator adopts the IPAMNode and the blocks under the
+/// new UID (DESIGN.md "Reclaim"), so the running pod keeps its address, which is never
+/// tombstoned, and a new pod's ADD is served from the node's blocks.
+async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
+    let (server, admin) = empty_cluster().await;
+    default_pool(&admin).await;
+    let old_uid = node_a(&admin).await;
+    let p1 = bound_pod(&admin, "p1").await;
+    let operator = Operator::start(&server).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let agent = Agent::start(&server, dir.path()).await;
+    let s = agent.settings.clone();
+    let config = config(&s);
+    let addr1 = add_until_served(&config, "c1", &p1).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let published = |addr: String, uid: String| {
+        let ipamnodes = ipamnodes.clone();
+        move || {
+            let (ipamnodes, addr, uid) = (ipamnodes.clone(), addr.clone(), uid.clone());
+            async move {
+                let st = ipamnodes.get("node-a").await.ok()?.status?;
+                (st.used.get(&addr)?.pod_uid == uid).then_some(())
+            }
+        }
+    };
+    eventually("p1's entry published", published(addr1.clone(), p1.clone())).await;
+
+    // the Node goes and comes back under its name; p1 stays bound to it all along
+    let operator = if operator_through {
+        Some(operator)
+    } else {
+        operator.stop().await;
+        None
+    };
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .expect("delete the Node");
+    let new_uid = node_a(&admin).await;
+    assert_ne!(old_uid, new_uid);
+    let operator = match operator {
+        Some(o) => o,
+        None => Operator::start(&server).await,
+    };
+
+    // a new pod on the re-registered node is served
+    let p2 = bound_pod(&admin, "p2").await;
+    let addr2 = add_until_served(&config, "c2", &p2).await;
+    assert_ne!(addr1, addr2);
+    eventually("p2's entry published", published(addr2, p2)).await;
+    // the IPAMNode and every block of the node carry the new UID
+    let obj = ipamnodes.get("node-a").await.expect("the IPAMNode");
+    assert_eq!(obj.spec.node_uid, new_uid);
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let held: Vec<_> = blocks
+        .list(&ListParams::default())
+        .await
+        .expect("list blocks")
+        .items
+        .into_iter()
+        .filter(|b| b.spec.node == "node-a")
+        .collect();
+    assert!(!held.is_empty());
+    for b in &held {
+        assert_eq!(b.spec.node_uid, new_uid, "{:?}", b.metadata.name);
+    }
+    // p1 lives on: over several resyncs (2 s each) its entry stays and is never tombstoned
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    assert!(pods.get_opt("p1").await.expect("get p1").is_some());
+    for _ in 0..40 {
+        let n = ipamnodes.get("node-a").await.expect("the IPAMNode");
+        assert!(
+            !n.spec.reclaim.contains_key(&addr1),
+            "p1's address tombstoned: {:?}",
+            n.spec
+        );
+        let st = n.status.expect("a status");
+        assert_eq!(
+            st.used.get(&addr1).map(|u| u.pod_uid.as_str()),
+            Some(p1.as_str())
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    agent.stop().await;
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_re_registered_under_a_running_operator_keeps_its_pods_and_serves_new_ones() {
+    a_node_re_registered_with_pods_bound(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_re_registered_while_no_operator_ran_keeps_its_pods_and_serves_new_ones() {
+    a_node_re_registered_with_pods_bound(false).await;
 }

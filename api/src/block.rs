@@ -38,7 +38,8 @@ pub struct IPAMBlockSpec {
     /// The Node holding the block.
     #[schemars(length(min = 1, max = 253))]
     pub node: String,
-    /// The UID of that Node: a Node re-created under the same name does not inherit it.
+    /// The UID of that Node: a Node re-created under the same name adopts the block, and the
+    /// operator rewrites it to the new UID.
     #[serde(rename = "nodeUID")]
     #[schemars(length(min = 1, max = 36))]
     pub node_uid: String,

@@ -142,8 +142,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         if self.tasks.lock().closed {
             return; // shut down: a watch still running starts no maintainer
         }
-        self.shared.source.node_seen(&info);
         let mut nodes = self.shared.nodes.lock();
+        // under the lock: a maintainer removing itself meanwhile ([`crate::shared::Shared::remove_if_deleted`])
+        // tells the source the node is gone first, not after
+        self.shared.source.node_seen(&info);
         if let Some(h) = nodes.get(&info.name) {
             let mut st = h.state.lock();
             st.info = info;

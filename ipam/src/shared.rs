@@ -115,13 +115,22 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         }
     }
 
-    /// A maintainer whose node is gone removes itself.
-    pub fn remove(&self, h: &NodeHandle) {
+    /// A maintainer whose node is gone and reclaimed removes itself, unless the Node came
+    /// back under its name meanwhile ([`crate::NodeManager::upsert_node`] cleared the
+    /// deletion): then it stays, and whether it was removed is the answer. Decided under
+    /// the node map's lock, which an upsert holds while it looks for the maintainer.
+    pub fn remove_if_deleted(&self, h: &NodeHandle) -> bool {
+        let mut nodes = self.nodes.lock();
+        if h.state.lock().deleted_at.is_none() {
+            return false;
+        }
         h.removed.store(true, Ordering::Relaxed);
         self.source.node_gone(&h.name);
-        self.nodes.lock().remove(&h.name);
+        nodes.remove(&h.name);
+        drop(nodes);
         self.parked.lock().remove(&h.name);
         let summary = h.state.lock().summary;
         self.stats.lock().replace(Some(&summary), None);
+        true
     }
 }

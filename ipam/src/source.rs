@@ -12,7 +12,7 @@ use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::IpamError;
 use crate::gate::Gate;
-use crate::types::{Family, NodeInfo, NodeName, PerFamily, ReleaseAck, ReleaseState};
+use crate::types::{Family, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck, ReleaseState};
 
 /// Capacity and free addresses of a source, per family.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -97,6 +97,18 @@ pub trait IpSource: Send + Sync + 'static {
         _node: &NodeName,
         _mark: &AddrSet,
         _withdraw: &AddrSet,
+        _gate: &mut G,
+    ) -> impl Future<Output = Result<(), IpamError>> + Send {
+        async { Ok(()) }
+    }
+    /// The node's Node now has `uid` (DESIGN.md "Reclaim": a Node re-created under its name
+    /// is adopted): a source that records the Node's UID on what it grants (cluster-pool:
+    /// each IPAMBlock's `spec.nodeUID`) rewrites it, each API request admitted by `gate`
+    /// first. A mutating call.
+    fn adopt<G: Gate>(
+        &self,
+        _node: &NodeName,
+        _uid: NodeUid,
         _gate: &mut G,
     ) -> impl Future<Output = Result<(), IpamError>> + Send {
         async { Ok(()) }

@@ -163,6 +163,15 @@ pub trait BlockStore: Send + Sync + 'static {
         mark: ReleaseMark,
         gate: &mut G,
     ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
+    /// Writes `node_uid` into the block's `spec.nodeUID` (the operator's apply): the block of
+    /// a Node re-created under its name is adopted by the new incarnation. The request is
+    /// admitted by `gate` first. `NotFound` when gone.
+    fn adopt_block<G: Gate>(
+        &self,
+        name: &str,
+        node_uid: NodeUid,
+        gate: &mut G,
+    ) -> impl Future<Output = Result<Arc<IpamBlock>, IpamError>> + Send;
     /// Deletes the block if its resourceVersion is still `expected` (else `Conflict`) and
     /// removes the operator's finalizer: the release. Each request (the delete, the
     /// finalizer's removal) is admitted by `gate` first. `NotFound` when gone.

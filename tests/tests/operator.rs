@@ -1096,11 +1096,12 @@ async fn pool_status_and_an_overlapping_pool() {
     task.await.unwrap();
 }
 
-/// A Node re-registered under its old name with a new UID: the old IPAMNode's whole-node
-/// reclaim runs first (its blocks given back, the object gone), then the new Node gets a
-/// fresh IPAMNode with its UID and blocks of its own.
+/// A Node deleted with no pod bound to it and re-created under its name after the node grace:
+/// the old incarnation's whole-node reclaim runs (its blocks given back, its IPAMNode gone),
+/// then the new Node gets a fresh IPAMNode with its UID and blocks of its own. (Re-created
+/// while pods stay bound, the node is adopted instead: `agent/tests/with_operator.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
+async fn a_node_re_created_after_its_reclaim_starts_afresh() {
     let (server, admin) = operator_cluster().await;
     create_pool(&admin, "default", &["10.100.0.0/24"], json!({"ipv4": 28})).await;
     let old_uid = add_node(&admin, "node-a").await;
@@ -1113,7 +1114,8 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
     };
     let (stop, task) = start_operator(&server, s).await;
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
-    let first = eventually(Duration::from_secs(20), "the old Node's block", || {
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the old Node's block", || {
         let (blocks, old) = (blocks.clone(), old_uid.clone());
         async move {
             let l = blocks.list(&ListParams::default()).await.ok()?.items;
@@ -1126,35 +1128,31 @@ async fn a_re_registered_node_starts_afresh_after_its_reclaim() {
         .delete("node-a", &DeleteParams::default())
         .await
         .unwrap();
+    eventually(Duration::from_secs(20), "the whole-node reclaim", || {
+        let (blocks, ipamnodes) = (blocks.clone(), ipamnodes.clone());
+        async move {
+            let l = blocks.list(&ListParams::default()).await.ok()?.items;
+            let gone = ipamnodes.get_opt("node-a").await.ok()?.is_none();
+            (gone && l.is_empty()).then_some(())
+        }
+    })
+    .await;
     let new_uid = add_node(&admin, "node-a").await;
     assert_ne!(old_uid, new_uid);
-    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    // the old incarnation's block goes; the IPAMNode comes back with the new UID and a block
     let fresh = eventually(
         Duration::from_secs(20),
         "a fresh IPAMNode and block",
         || {
-            let (blocks, ipamnodes, old, new) = (
-                blocks.clone(),
-                ipamnodes.clone(),
-                old_uid.clone(),
-                new_uid.clone(),
-            );
+            let (blocks, ipamnodes, new) = (blocks.clone(), ipamnodes.clone(), new_uid.clone());
             async move {
                 let l = blocks.list(&ListParams::default()).await.ok()?.items;
-                let old_left = l.iter().any(|b| b.spec.node_uid == old);
-                let new_block = l.iter().any(|b| b.spec.node_uid == new);
+                let new_block = !l.is_empty() && l.iter().all(|b| b.spec.node_uid == new);
                 let obj = ipamnodes.get_opt("node-a").await.ok()??;
-                (!old_left && new_block && obj.spec.node_uid == new).then_some(obj)
+                new_block.then_some(obj)
             }
         },
     )
     .await;
-    // the old block is gone, or granted anew to the new incarnation
-    let name = first.metadata.name.unwrap();
-    if let Some(b) = blocks.get_opt(&name).await.unwrap() {
-        assert_eq!(b.spec.node_uid, new_uid);
-    }
     assert_eq!(fresh.spec.node_uid, new_uid);
     stop.send(()).unwrap();
     task.await.unwrap();

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::backoff::{Backoff, Retry};
 use crate::budget::Pass;
+use crate::config::EngineConfig;
 use crate::error::IpamError;
 use crate::ip_wait::IpWaits;
 use crate::plan::NodeMemory;
@@ -58,6 +59,22 @@ struct Local {
     waits: IpWaits,
 }
 
+impl Local {
+    fn new(cfg: &EngineConfig, node: &str) -> Self {
+        Local {
+            mem: NodeMemory::default(),
+            backoff: Backoff::new(&cfg.backoff, seed_of(node)),
+            seeded_epoch: 0,
+            needs_describe: false,
+            exhausted: None,
+            deadline: None,
+            ticket: Place::Empty,
+            kube: Place::Empty,
+            waits: IpWaits::default(),
+        }
+    }
+}
+
 type Ticket = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// How a pass ended.
@@ -81,17 +98,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
     h: Arc<NodeHandle>,
     mut rx: TriggerRx,
 ) {
-    let mut local = Local {
-        mem: NodeMemory::default(),
-        backoff: Backoff::new(&shared.cfg.backoff, seed_of(&h.name)),
-        seeded_epoch: 0,
-        needs_describe: false,
-        exhausted: None,
-        deadline: None,
-        ticket: Place::Empty,
-        kube: Place::Empty,
-        waits: IpWaits::default(),
-    };
+    let mut local = Local::new(&shared.cfg, &h.name);
     let mut retry_at: Option<Instant> = None;
     while let Some(run) = rx.next().await {
         if h.removed.load(Ordering::Relaxed) {
@@ -118,8 +125,13 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         local.kube.end_pass(result.is_ok());
         match result {
             Ok(Outcome::Finished) => {
-                shared.remove(&h);
-                break;
+                if shared.remove_if_deleted(&h) {
+                    break;
+                }
+                // the Node came back while its old incarnation was reclaimed: what this
+                // maintainer knew went with the IPAMNode, and it starts afresh
+                local = Local::new(&shared.cfg, &h.name);
+                h.trigger.trigger(Reason::Upsert);
             }
             Ok(Outcome::Idle(deadline)) => {
                 if let Some(d) = deadline {

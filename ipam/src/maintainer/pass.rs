@@ -122,6 +122,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     ctx.claim(&plan.claims).await;
     ctx.mark(&plan.marks);
     ctx.send_marks(&operator.release).await;
+    ctx.adopt(info.uid).await;
     ctx.write(&plan, info.uid).await?;
     ctx.finish(&plan, &snap, planned)
 }
@@ -347,6 +348,22 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                     self.failure = Some(e);
                 }
             }
+        }
+    }
+
+    /// The node's grants carry the Node's UID `uid` (cluster-pool: its blocks): a Node
+    /// re-created under its name adopts them, before the write records the UID in its
+    /// IPAMNode (DESIGN.md "Reclaim").
+    async fn adopt(&mut self, uid: NodeUid) {
+        let r = if self.shared.is_leader() {
+            let (shared, h) = (self.shared, self.h);
+            let mut gate = self.requests();
+            shared.source.adopt(&h.name, uid, &mut gate).await
+        } else {
+            Err(IpamError::NotLeader)
+        };
+        if let Err(e) = r {
+            self.failure.get_or_insert(e);
         }
     }
 

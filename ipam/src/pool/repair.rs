@@ -20,7 +20,8 @@
 //!
 //! # Rules (one finding per fact; a fact may give findings of several kinds)
 //!
-//! 1. **Orphan block** (`orphan-block`, leak-like): a block whose holder is gone.
+//! 1. **Orphan block** (`orphan-block`): a block whose holder is gone. Leak-like when no Node
+//!    has its node name; a Node re-created under the name adopts the block instead.
 //! 2. **Address used outside its node's blocks**: a `used` entry whose address lies in no block
 //!    of its node. If the entry's holder is live and the address lies in a block of another
 //!    *live* holder, it is a [`Conflict::ForeignAddress`] (`duplicate`); otherwise it is
@@ -277,7 +278,9 @@ pub enum RangeSubject {
 /// One repair finding. Each names the objects involved; [`Self::kind`] is the metric label.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RepairFinding {
-    /// A block whose holder is gone (rule 1). Leak-like: its fix releases the block.
+    /// A block whose holder is gone (rule 1). Leak-like when no Node has its node name: its
+    /// fix releases the block. A Node re-created under the name adopts it instead (the
+    /// node's pass rewrites its nodeUID), so it is reported and never released.
     OrphanBlock {
         block: BlockRef,
         /// The UID of the Node of that name that exists now, if any (a recreated node).
@@ -327,6 +330,12 @@ impl RepairFinding {
     /// passes; `None` for findings that are never fixed automatically.
     pub fn fix(&self) -> Option<RepairFix> {
         match self {
+            // a Node re-created under the block's node name adopts the block (the node's
+            // pass rewrites its nodeUID): its addresses may be live pods'
+            RepairFinding::OrphanBlock {
+                current_uid: Some(_),
+                ..
+            } => None,
             RepairFinding::OrphanBlock { block, .. } => {
                 Some(RepairFix::ReleaseBlock(block.clone()))
             }
@@ -1129,11 +1138,13 @@ mod tests {
                 .iter()
                 .all(|f| f.kind() == RepairKind::OrphanBlock)
         );
-        assert!(r.findings.iter().all(RepairFinding::is_leak_like));
+        // the gone node's block is released; the re-created node's is adopted, never released
         assert_eq!(
             r.findings[0].fix(),
             Some(RepairFix::ReleaseBlock(bref(&blocks[0])))
         );
+        assert_eq!(r.findings[1].fix(), None);
+        assert!(!r.findings[1].is_leak_like());
     }
 
     #[test]
@@ -1660,7 +1671,7 @@ mod tests {
 
         /// The same inputs in any order give the same report, which is sorted and
         /// deduplicated; duplicates name two live holders; leak-like findings are exactly the
-        /// orphan blocks and leaked entries.
+        /// orphan blocks of names no Node has and the leaked entries.
         #[test]
         fn same_inputs_in_any_order_give_the_same_report(
             (blocks, ipam, nodes) in arb_world(),
@@ -1704,9 +1715,10 @@ mod tests {
                         prop_assert!(holders.iter().all(|(n, u)| nodes.is_live(n, *u)));
                         prop_assert!(f.fix().is_none());
                     }
-                    RepairFinding::OrphanBlock { block, .. } => {
+                    RepairFinding::OrphanBlock { block, current_uid } => {
                         prop_assert!(!nodes.is_live(&block.node, block.node_uid));
-                        prop_assert!(f.fix().is_some());
+                        // released only when no Node has the name; else adopted
+                        prop_assert_eq!(f.fix().is_some(), current_uid.is_none());
                     }
                     RepairFinding::Leaked { .. } => prop_assert!(f.fix().is_some()),
                     _ => prop_assert!(f.fix().is_none()),

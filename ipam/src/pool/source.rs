@@ -981,6 +981,23 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         Ok(())
     }
 
+    /// One apply per block of the node that names another UID.
+    async fn adopt<G: Gate>(
+        &self,
+        node: &NodeName,
+        uid: NodeUid,
+        gate: &mut G,
+    ) -> Result<(), IpamError> {
+        for b in self.store.blocks_of(node) {
+            if b.node_uid != uid {
+                self.call().await;
+                self.store.adopt_block(&b.name, uid, gate).await?;
+                tracing::info!(block = %b.name, %node, old = %b.node_uid, new = %uid, "a block adopted by the Node re-created under its name");
+            }
+        }
+        Ok(())
+    }
+
     async fn resync<G: Gate>(&self, gate: &mut G) {
         self.repair(gate).await;
         self.drain(gate).await;
@@ -1108,6 +1125,47 @@ mod tests {
         assert!(!granted.is_empty());
         assert!(!granted.contains(&outside), "{outside} granted over");
         assert_eq!(src.quota().v4.free, 0);
+    }
+
+    /// A Node re-created under its name: its blocks are adopted (one write each, under
+    /// the new UID), its addresses stay its own, and repair never releases them, though
+    /// until then they are orphan blocks of the old UID; adopted, nothing more is written.
+    #[tokio::test(start_paused = true)]
+    async fn a_re_created_nodes_blocks_are_adopted_and_never_released() {
+        let (store, src) = source_on_a_24();
+        let n: NodeName = "n".into();
+        let old = NodeInfo {
+            name: n.clone(),
+            uid: NodeUid(1),
+            allocatable_pods: 110,
+            cordoned: false,
+            terminating: false,
+        };
+        src.node_seen(&old);
+        let held = src
+            .allocate(&n, Family::V4, 32, &mut Ungated)
+            .await
+            .unwrap();
+        src.node_seen(&NodeInfo {
+            uid: NodeUid(2),
+            ..old
+        });
+        for _ in 0..4 {
+            src.resync(&mut Ungated).await; // past the three passes a release waits for
+        }
+        let blocks = store.blocks_of(&n);
+        assert_eq!(blocks.len(), 2, "no orphan block released");
+        assert!(blocks.iter().all(|b| b.node_uid == NodeUid(1)));
+        let mut gate = Counting {
+            asked: 0,
+            allow: u32::MAX,
+        };
+        src.adopt(&n, NodeUid(2), &mut gate).await.unwrap();
+        assert_eq!(gate.asked, 2, "one write per block");
+        assert!(store.blocks_of(&n).iter().all(|b| b.node_uid == NodeUid(2)));
+        assert_eq!(src.describe(&n).await.unwrap(), held);
+        src.adopt(&n, NodeUid(2), &mut gate).await.unwrap();
+        assert_eq!(gate.asked, 2, "nothing more to write");
     }
 
     /// Counts requests; refuses every one after the first `allow`.

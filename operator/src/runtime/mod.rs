@@ -23,7 +23,6 @@ mod pools;
 mod progress;
 mod taints;
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,10 +103,6 @@ struct Engine {
     source: Source,
     /// [`Pools::changes`] when the source was built from the pools.
     pools_at: u64,
-    /// Re-registered Nodes wait here until their old incarnation's whole-node reclaim is
-    /// done (an addition under the name would cancel it).
-    deferred: Arc<Mutex<HashMap<NodeName, tidepool_ipam::NodeInfo>>>,
-    removed: Arc<Mutex<HashSet<NodeName>>>,
     /// The kube budget the engine's passes draw on; writes outside them draw on it too.
     kube_budget: Budget,
     /// Says whether the engine leads.
@@ -313,7 +308,7 @@ pub async fn run(
 /// pods waiting with no ready agent is no start-up any more.
 pub const DEFAULT_AGENT_READY_GRACE: Duration = Duration::from_secs(60);
 
-/// The engine's companions: deferred re-registrations, IPPool status, taints and the
+/// The engine's companions: IPPool status, taints and the
 /// `AgentNotReady` events; and the engine's own resync and count refresh, and its orphans
 /// (IPAMNodes without a Node, [`NodeManager::nodes_synced`]). Started once the engine runs;
 /// each writes only through the fence.
@@ -335,14 +330,12 @@ fn engine_tasks(
     }
     let backlog = std::mem::take(&mut *parts.backlog.lock());
     apply_node_changes(engine, &parts.nodes, backlog);
-    let orphans = engine
+    engine
         .manager
         .nodes_synced(|n| parts.nodes.get(n).is_some());
-    engine.removed.lock().extend(orphans);
     engine.manager.spawn_resync_loop();
     engine.manager.spawn_count_refresh();
     vec![
-        tokio::spawn(retry_deferred(engine.clone(), parts.nodes.clone())),
         tokio::spawn(pool_status::keep_written(
             Api::all(client.clone()),
             engine.source.clone(),
@@ -695,59 +688,23 @@ fn start_engine(
         manager,
         source,
         pools_at,
-        deferred: Arc::default(),
-        removed: Arc::default(),
         kube_budget,
         leader,
     })
 }
 
-/// Hands Node changes to the engine (see [`Engine::deferred`]).
+/// Hands Node changes to the engine. A Node re-created under its name (a new UID) is an
+/// upsert like any other: the engine adopts the node's IPAMNode and blocks under the new
+/// UID (DESIGN.md "Reclaim"), which also ends a whole-node reclaim still waiting.
 fn apply_node_changes(e: &Engine, nodes: &NodeIndex, changes: Vec<NodeChange>) {
     for c in changes {
         match c {
             NodeChange::Added(info) | NodeChange::Changed(info) => {
-                if e.removed.lock().contains(&info.name) {
-                    e.deferred.lock().insert(info.name.clone(), info);
-                    continue;
-                }
-                add_node(e, nodes, info);
+                let labels = nodes.labels(&info.name).unwrap_or_default();
+                e.source.set_node_labels(&info.name, labels);
+                e.manager.upsert_node(info);
             }
-            NodeChange::Removed(info) => {
-                e.deferred.lock().remove(&info.name);
-                e.removed.lock().insert(info.name.clone());
-                e.manager.delete_node(&info.name);
-            }
-        }
-    }
-}
-
-fn add_node(e: &Engine, nodes: &NodeIndex, info: tidepool_ipam::NodeInfo) {
-    let labels = nodes.labels(&info.name).unwrap_or_default();
-    e.source.set_node_labels(&info.name, labels);
-    e.manager.upsert_node(info);
-}
-
-/// Each second: a removed Node the engine has let go of (its whole-node reclaim done) is
-/// no longer held back; a re-registered one under its name starts afresh.
-async fn retry_deferred(e: Engine, nodes: NodeIndex) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let known: HashSet<NodeName> = e.manager.node_names().into_iter().collect();
-        e.removed.lock().retain(|n| known.contains(n));
-        let ready: Vec<tidepool_ipam::NodeInfo> = {
-            let removed = e.removed.lock();
-            let mut d = e.deferred.lock();
-            let names: Vec<NodeName> = d
-                .keys()
-                .filter(|n| !removed.contains(*n))
-                .cloned()
-                .collect();
-            names.iter().filter_map(|n| d.remove(n)).collect()
-        };
-        for info in ready {
-            tracing::info!(node = %info.name, "a re-registered Node starts afresh");
-            add_node(&e, &nodes, info);
+            NodeChange::Removed(info) => e.manager.delete_node(&info.name),
         }
     }
 }

@@ -457,6 +457,32 @@ impl NodeStore for KubeStore {
     }
 }
 
+impl KubeStore {
+    fn cached_block(&self, name: &str) -> Result<Arc<IpamBlock>, IpamError> {
+        let cached = self.cache.read().block(name).cloned();
+        cached.ok_or_else(|| IpamError::NotFound { name: name.into() })
+    }
+
+    /// The operator's apply of block `b`'s spec with `mark`, to the object of the cached
+    /// `metadata.uid` (a block deleted or replaced meanwhile refuses it).
+    async fn apply_block<G: Gate>(
+        &self,
+        b: &IpamBlock,
+        mark: ReleaseMark,
+        op: &'static str,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
+        let uid = self.cache.read().block_uid(&b.name);
+        let body = block_mark_body(b, uid.as_deref(), mark);
+        let pp = Self::apply_params();
+        let patch = Patch::Apply(&body);
+        let request = self.blocks.patch(&b.name, &pp, &patch);
+        let sent = self.send(gate, op, &b.name, None, request).await;
+        let obj = self.checked_block(&b.name, sent).await?;
+        self.take_block(&obj, &b.name)
+    }
+}
+
 impl BlockStore for KubeStore {
     fn blocks_of(&self, node: &str) -> Vec<Arc<IpamBlock>> {
         self.cache.read().blocks_of(node)
@@ -511,16 +537,27 @@ impl BlockStore for KubeStore {
         mark: ReleaseMark,
         gate: &mut G,
     ) -> Result<Arc<IpamBlock>, IpamError> {
-        let cached = self.cache.read().block(name).cloned();
-        let b = cached.ok_or_else(|| IpamError::NotFound { name: name.into() })?;
-        let uid = self.cache.read().block_uid(name);
-        let body = block_mark_body(&b, uid.as_deref(), mark);
-        let pp = Self::apply_params();
-        let patch = Patch::Apply(&body);
-        let request = self.blocks.patch(name, &pp, &patch);
-        let sent = self.send(gate, "mark", name, None, request).await;
-        let obj = self.checked_block(name, sent).await?;
-        self.take_block(&obj, name)
+        let b = self.cached_block(name)?;
+        self.apply_block(&b, mark, "mark", gate).await
+    }
+
+    async fn adopt_block<G: Gate>(
+        &self,
+        name: &str,
+        node_uid: NodeUid,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
+        let b = self.cached_block(name)?;
+        let mark = if b.release {
+            ReleaseMark::Set
+        } else {
+            ReleaseMark::Withdraw
+        };
+        let adopted = IpamBlock {
+            node_uid,
+            ..(*b).clone()
+        };
+        self.apply_block(&adopted, mark, "adopt", gate).await
     }
 
     async fn delete_block<G: Gate>(

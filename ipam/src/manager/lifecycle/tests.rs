@@ -1,6 +1,7 @@
 //! The lifecycle rules under paused time: the count refresh sleeps while nothing changes,
 //! rewrites a stale count a second after a change and retries a failed write each second;
-//! an IPAMNode without its Node is reclaimed after the node grace.
+//! an IPAMNode without its Node is reclaimed after the node grace; a Node re-created while
+//! its old incarnation's reclaim is under way starts afresh.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{EventType, MemoryNodeStore, NodeStore, ObjectKind, StoreEvent, Writer};
 use crate::types::{
-    Family, IpamNode, NodeName, NodeUid, OperatorFields, PerFamily, ResourceVersion,
+    Family, IpamNode, NodeInfo, NodeName, NodeUid, OperatorFields, PerFamily, ResourceVersion,
 };
 use crate::vocab::EventReason;
 
@@ -38,6 +39,8 @@ struct CountingStore {
     failing: Arc<AtomicU32>,
     /// Each count write tried: the node and when.
     tries: Arc<Mutex<Vec<(NodeName, Instant)>>>,
+    /// How long an IPAMNode's removal takes (milliseconds).
+    remove_ms: Arc<AtomicU64>,
 }
 
 impl CountingStore {
@@ -84,6 +87,7 @@ impl NodeStore for CountingStore {
 
     async fn remove<G: Gate>(&self, name: &str, gate: &mut G) -> Result<(), IpamError> {
         self.call();
+        sleep_ms(self.remove_ms.load(Ordering::Relaxed)).await;
         self.inner.remove(name, gate).await
     }
 
@@ -265,4 +269,32 @@ async fn an_ipamnode_without_its_node_is_reclaimed_after_the_grace() {
     assert!(after.node_names().is_empty());
     assert!(source.held_by(&NodeName::from("kept")) >= 2);
     assert!(store.cached("kept").is_some());
+}
+
+/// A Node re-created under its name (a new UID) while its old incarnation's whole-node
+/// reclaim is under way (its IPAMNode's removal in flight): the maintainer does not end
+/// with the reclaim, and the new Node gets a fresh IPAMNode with its UID and addresses.
+#[tokio::test(start_paused = true)]
+async fn a_node_re_created_during_its_reclaim_starts_afresh() {
+    let (source, store) = (source(), CountingStore::default());
+    store.remove_ms.store(1_000, Ordering::Relaxed);
+    let (mgr, _leader) = manager(&source, store.clone());
+    let name = NodeName::from("n");
+    mgr.upsert_node(info("n"));
+    sleep_ms(1_000).await;
+    assert!(source.held_by(&name) >= 2);
+    mgr.delete_node("n");
+    // the grace (5 s) passes, the addresses go back and the removal starts
+    sleep_ms(5_500).await;
+    assert_eq!(source.held_by(&name), 0, "reclaimed after the grace");
+    let new = NodeInfo {
+        uid: NodeUid(8),
+        ..info("n")
+    };
+    mgr.upsert_node(new);
+    sleep_ms(3_000).await;
+    assert_eq!(mgr.node_names(), vec![name.clone()], "still maintained");
+    let obj = store.cached("n").expect("a fresh IPAMNode");
+    assert_eq!(obj.node_uid, NodeUid(8));
+    assert!(source.held_by(&name) >= 2, "the new Node's addresses");
 }

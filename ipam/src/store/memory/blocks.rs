@@ -10,7 +10,7 @@ use super::MemoryNodeStore;
 use crate::error::IpamError;
 use crate::gate::Gate;
 use crate::store::{BlockStore, ObjectKind, ReleaseMark, StoreEvent, Writer};
-use crate::types::{IpamBlock, IpamNode, NodeName, ReleaseAck, ResourceVersion};
+use crate::types::{IpamBlock, IpamNode, NodeName, NodeUid, ReleaseAck, ResourceVersion};
 
 /// What a block write does.
 enum Change {
@@ -187,6 +187,24 @@ impl BlockStore for MemoryNodeStore {
             Some(b) if b.release == release => Ok(Change::Keep),
             Some(b) => Ok(Change::Put(IpamBlock {
                 release,
+                ..b.clone()
+            })),
+        })?;
+        Ok(new.expect("checked present"))
+    }
+
+    async fn adopt_block<G: Gate>(
+        &self,
+        name: &str,
+        node_uid: NodeUid,
+        gate: &mut G,
+    ) -> Result<Arc<IpamBlock>, IpamError> {
+        gate.request().await?;
+        let new = self.write_block(name, Writer::Operator, |old| match old {
+            None => Err(not_found(name)),
+            Some(b) if b.node_uid == node_uid => Ok(Change::Keep),
+            Some(b) => Ok(Change::Put(IpamBlock {
+                node_uid,
                 ..b.clone()
             })),
         })?;
