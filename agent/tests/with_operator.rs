@@ -246,11 +246,13 @@ async fn add_until_served(config: &str, container: &str, pod_uid: &str) -> Strin
 /// restart) while its pods keep running and stay bound, with the operator running through
 /// it or not (`operator_through`): the operator adopts the IPAMNode and the blocks under the
 /// new UID (DESIGN.md "Reclaim"), so the running pod keeps its address, which is never
-/// tombstoned, and a new pod's ADD is served from the node's blocks.
+/// tombstoned, a new pod's ADD is served from the node's blocks, and the entry of a pod
+/// deleted while the Node was away is reclaimed as any other.
 async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
     let (server, admin) = empty_cluster().await;
     default_pool(&admin).await;
     let old_uid = node_a(&admin).await;
+    let p0 = bound_pod(&admin, "p0").await;
     let p1 = bound_pod(&admin, "p1").await;
     let operator = Operator::start(&server).await;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -270,6 +272,8 @@ async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
         }
     };
     eventually("p1's entry published", published(addr1.clone(), p1.clone())).await;
+    let addr0 = add_until_served(&config, "c0", &p0).await;
+    eventually("p0's entry published", published(addr0.clone(), p0.clone())).await;
 
     // the Node goes and comes back under its name; p1 stays bound to it all along
     let operator = if operator_through {
@@ -283,6 +287,11 @@ async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
         .delete("node-a", &DeleteParams::default())
         .await
         .expect("delete the Node");
+    // p0 goes while the Node is away: its entry is the old incarnation's to reclaim
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    pods.delete("p0", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete p0");
     let new_uid = node_a(&admin).await;
     assert_ne!(old_uid, new_uid);
     let operator = match operator {
@@ -312,7 +321,15 @@ async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
         assert_eq!(b.spec.node_uid, new_uid, "{:?}", b.metadata.name);
     }
     // p1 lives on: over several resyncs (2 s each) its entry stays and is never tombstoned
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    // the gone pod's entry is reclaimed pod by pod, through the agent
+    eventually("p0's entry reclaimed", || {
+        let (ipamnodes, addr0) = (ipamnodes.clone(), addr0.clone());
+        async move {
+            let st = ipamnodes.get("node-a").await.ok()?.status?;
+            (!st.used.contains_key(&addr0)).then_some(())
+        }
+    })
+    .await;
     assert!(pods.get_opt("p1").await.expect("get p1").is_some());
     for _ in 0..40 {
         let n = ipamnodes.get("node-a").await.expect("the IPAMNode");
