@@ -10,6 +10,9 @@ use std::fmt;
 pub enum Blocked {
     /// The source has nothing left for it (woken when the pool frees).
     Exhausted,
+    /// Its pool is Invalid (the IPPool's `Valid` condition says why; woken when the pools
+    /// change).
+    PoolInvalid,
     /// Its cap (max_allocate or allocatable pods) leaves no room.
     AtCap,
     Cordoned,
@@ -22,8 +25,9 @@ pub enum Blocked {
 }
 
 impl Blocked {
-    pub const ALL: [Blocked; 6] = [
+    pub const ALL: [Blocked; 7] = [
         Blocked::Exhausted,
+        Blocked::PoolInvalid,
         Blocked::AtCap,
         Blocked::Cordoned,
         Blocked::Terminating,
@@ -35,6 +39,7 @@ impl Blocked {
     pub fn as_str(self) -> &'static str {
         match self {
             Blocked::Exhausted => "exhausted",
+            Blocked::PoolInvalid => "pool-invalid",
             Blocked::AtCap => "at-capacity",
             Blocked::Cordoned => "cordoned",
             Blocked::Terminating => "terminating",
@@ -47,6 +52,7 @@ impl Blocked {
     pub fn reason(self) -> &'static str {
         match self {
             Blocked::Exhausted => "Exhausted",
+            Blocked::PoolInvalid => "PoolInvalid",
             Blocked::AtCap => "AtCapacity",
             Blocked::Cordoned => "Cordoned",
             Blocked::Terminating => "Terminating",

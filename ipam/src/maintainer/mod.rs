@@ -27,6 +27,7 @@ use crate::error::IpamError;
 use crate::ip_wait::IpWaits;
 use crate::plan::NodeMemory;
 use crate::pods::PodView;
+use crate::vocab::Blocked;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::NodeStore;
@@ -44,6 +45,8 @@ struct Local {
     needs_describe: bool,
     /// The family whose claim failed as exhausted in the last pass.
     exhausted: Option<Family>,
+    /// That claim found the node's pool Invalid (not a lack of addresses).
+    pool_invalid: bool,
     /// The last pass's own next deadline (reclaim's second observation, the release
     /// delay), kept when the pass failed.
     deadline: Option<Instant>,
@@ -75,6 +78,17 @@ fn seed_of(name: &str) -> u64 {
     })
 }
 
+impl Local {
+    /// Why the last pass's claim found nothing, if it did: the node's pool is Invalid, or
+    /// it has nothing left for it.
+    fn claim_blocked(&self) -> Option<Blocked> {
+        self.exhausted.map(|_| match self.pool_invalid {
+            true => Blocked::PoolInvalid,
+            false => Blocked::Exhausted,
+        })
+    }
+}
+
 /// The maintainer task.
 pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
     shared: Arc<Shared<S, N, P>>,
@@ -87,6 +101,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         seeded_epoch: 0,
         needs_describe: false,
         exhausted: None,
+        pool_invalid: false,
         deadline: None,
         ticket: Place::Empty,
         kube: Place::Empty,

@@ -157,6 +157,11 @@ impl PoolSet {
             .map(|e| (e.spec.name.as_str(), e.state.as_ref().map(|_| ())))
     }
 
+    /// Whether a pool of this name exists (valid or not).
+    pub fn holds(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
     /// The index of a valid pool; the pool's own error if it is Invalid.
     pub fn get(&self, name: &str) -> Result<&PoolIndex, PoolError> {
         match self.by_name.get(name) {

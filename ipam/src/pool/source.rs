@@ -907,6 +907,12 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         self.state.lock().duplicates.contains(node)
     }
 
+    fn pool_invalid(&self, node: &NodeName, family: Family) -> bool {
+        let s = self.state.lock();
+        s.pool_for(node, family)
+            .is_some_and(|p| s.pools.get(&p).is_err_and(|e| s.pools.holds(e.pool())))
+    }
+
     fn node_gone(&self, node: &NodeName) {
         let mut s = self.state.lock();
         if let Some(meta) = s.nodes.get_mut(node) {
