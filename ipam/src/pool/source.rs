@@ -606,7 +606,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     record::pool_blocks(&pool, f.into(), state, v as f64);
                 }
             }
-            // a duplicate between live nodes is never fixed: both nodes hear of it once
+            // a duplicate between live nodes is never fixed: the nodes it is blamed on hear of
+            // it once (the block's holder is the authority: a foreign entry blames its user)
             for f in &report.findings {
                 if let repair::RepairFinding::Duplicate(c) = f
                     && !s
@@ -614,7 +615,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                         .as_ref()
                         .is_some_and(|last| last.findings.contains(f))
                 {
-                    for node in c.nodes() {
+                    for node in report.blamed(c) {
                         self.store.event(
                             node,
                             EventType::Warning,
