@@ -173,6 +173,9 @@ pub enum EventReason {
     InvalidWatermarks,
     /// A node needs addresses and its pool has none left.
     PoolExhausted,
+    /// On an IPAMNode (Warning): a block addressed to its node that its pool cannot use as
+    /// one of its blocks (another size, host bits: made by hand) is left out.
+    StrayBlock,
     /// On an IPPool (Warning): it became invalid (an overlap, a block size that does not fit).
     InvalidPool,
     /// On an IPAMNode (Warning): pods on its node have waited for an address longer than
@@ -193,6 +196,7 @@ impl EventReason {
             EventReason::Duplicate => "IPAddressDuplicate",
             EventReason::InvalidWatermarks => "InvalidWatermarks",
             EventReason::PoolExhausted => "PoolExhausted",
+            EventReason::StrayBlock => "StrayBlock",
             EventReason::InvalidPool => "InvalidPool",
             EventReason::AgentNotReady => "AgentNotReady",
             EventReason::ApplyConflict => "ApplyConflict",

@@ -7,7 +7,7 @@
 //!
 //! # Inputs
 //!
-//! - the [`PoolSet`] after [`PoolSet::rebuild`] (so pools that rebuild made Invalid are Invalid);
+//! - the [`PoolSet`] after [`PoolSet::rebuild`];
 //! - every IPAMBlock as a [`BlockClaim`] (name, pool, cidr, node, nodeUID);
 //! - every [`IpamNode`] (name, Node UID, `status.used`: address → pod UID);
 //! - the existing Nodes as [`LiveNodes`] (name → UID).
@@ -47,7 +47,9 @@
 //!    `OutOfRange`, `Excluded`, `WrongBlockSize` and `Misaligned` findings carry over); and a
 //!    `used` address outside the CIDRs of every valid pool ([`PoolSet::locate`]).
 //! 5. **Unknown pool** (`unknown-pool`): a block naming a pool that does not exist or is Invalid
-//!    (rebuild's `UnknownPool` carries over, and so do blocks of a pool rebuild invalidated).
+//!    (rebuild's `UnknownPool` carries over). A block of another size or with host bits inside
+//!    a valid pool is stray (rule 4): reported, left out, and never a reason to invalidate
+//!    its pool.
 //!    Rebuild's `NameMismatch` is not a repair issue (the object exists and is indexed).
 //!
 //! Only orphan blocks and leaked entries are ever fixed (see [`RepairTracker`]); out-of-range
