@@ -224,27 +224,57 @@ mod tests {
             ("isCIDR('::1/129')", false),
             ("isCIDR('192.168.0.1/16')", true),
             ("isCIDR('::ffff:1.2.3.4/120')", false),
-            ("isCIDR('10.0.0.0/08') || isCIDR('010.0.0.0/8') || isCIDR('10.0.0.0')", false),
+            (
+                "isCIDR('10.0.0.0/08') || isCIDR('010.0.0.0/8') || isCIDR('10.0.0.0')",
+                false,
+            ),
             ("isCIDR('fe80::1%eth0/64')", false),
             ("cidr('192.168.0.0/24').containsIP(ip('192.168.0.1'))", true),
-            ("cidr('192.168.0.0/24').containsIP(ip('192.168.1.1'))", false),
+            (
+                "cidr('192.168.0.0/24').containsIP(ip('192.168.1.1'))",
+                false,
+            ),
             ("cidr('192.168.0.0/24').containsIP('192.168.0.1')", true),
-            ("cidr('192.168.0.0/16').containsCIDR(cidr('192.168.10.0/24'))", true),
-            ("cidr('192.168.1.0/24').containsCIDR(cidr('192.168.2.0/24'))", false),
-            ("cidr('192.168.0.0/16').containsCIDR('192.168.10.0/24')", true),
-            ("cidr('192.168.0.0/24').containsCIDR('192.168.0.0/16')", false),
+            (
+                "cidr('192.168.0.0/16').containsCIDR(cidr('192.168.10.0/24'))",
+                true,
+            ),
+            (
+                "cidr('192.168.1.0/24').containsCIDR(cidr('192.168.2.0/24'))",
+                false,
+            ),
+            (
+                "cidr('192.168.0.0/16').containsCIDR('192.168.10.0/24')",
+                true,
+            ),
+            (
+                "cidr('192.168.0.0/24').containsCIDR('192.168.0.0/16')",
+                false,
+            ),
             ("cidr('192.168.0.1/24').ip() == ip('192.168.0.1')", true),
             ("cidr('192.168.0.1/24').ip().family() == 4", true),
             ("cidr('::1/128').ip().family() == 6", true),
-            ("cidr('192.168.0.1/24').masked() == cidr('192.168.0.0/24')", true),
-            ("cidr('192.168.0.0/24') == cidr('192.168.0.0/24').masked()", true),
-            ("cidr('192.168.0.1/24') == cidr('192.168.0.1/24').masked()", false),
+            (
+                "cidr('192.168.0.1/24').masked() == cidr('192.168.0.0/24')",
+                true,
+            ),
+            (
+                "cidr('192.168.0.0/24') == cidr('192.168.0.0/24').masked()",
+                true,
+            ),
+            (
+                "cidr('192.168.0.1/24') == cidr('192.168.0.1/24').masked()",
+                false,
+            ),
             ("cidr('192.168.0.0/24') == cidr('192.168.0.0/25')", false),
             ("cidr('192.168.0.0/16').prefixLength() == 16", true),
             ("cidr('::1/128').prefixLength() == 128", true),
             ("string(cidr('fd00:0::1/64').masked()) == 'fd00::/64'", true),
             ("string(ip('127.0.0.1')) == '127.0.0.1'", true),
-            ("isIP('1.2.3.4') && !isIP('1.2.3.04') && !isIP('::ffff:1.2.3.4')", true),
+            (
+                "isIP('1.2.3.4') && !isIP('1.2.3.04') && !isIP('::ffff:1.2.3.4')",
+                true,
+            ),
         ] {
             assert_eq!(eval(src), Ok(Value::Bool(want)), "{src}");
         }

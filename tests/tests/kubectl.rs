@@ -954,7 +954,11 @@ async fn kubectl_apply_refuses_what_the_crd_rules_forbid() {
     let host_bits = tidepool_api::rule_messages::CIDR_HOST_BITS;
     for (file, field, says) in [
         ("ippool-host-bits.yaml", "spec.cidrs[0]", host_bits),
-        ("ippool-exclude-host-bits.yaml", "spec.exclude[0]", host_bits),
+        (
+            "ippool-exclude-host-bits.yaml",
+            "spec.exclude[0]",
+            host_bits,
+        ),
         ("ipamblock-host-bits.yaml", "spec.cidr", host_bits),
         (
             "ippool-block-shorter-than-cidr.yaml",
@@ -994,8 +998,14 @@ async fn kubectl_apply_refuses_what_the_crd_rules_forbid() {
     )
     .unwrap();
     let out = k.ok(&["apply", "-f", edges.to_str().unwrap()]).await;
-    assert!(out.contains("ippool.ipam.tidepool.dev/edges created"), "{out}");
-    assert!(out.contains("ipamnode.ipam.tidepool.dev/no-cap created"), "{out}");
+    assert!(
+        out.contains("ippool.ipam.tidepool.dev/edges created"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ipamnode.ipam.tidepool.dev/no-cap created"),
+        "{out}"
+    );
 }
 
 /// kubectl's imperative `create` commands send built-in kinds as protobuf (issue 12).

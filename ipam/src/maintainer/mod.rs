@@ -27,12 +27,12 @@ use crate::error::IpamError;
 use crate::ip_wait::IpWaits;
 use crate::plan::NodeMemory;
 use crate::pods::PodView;
-use crate::vocab::Blocked;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{Family, IpamNode};
+use crate::vocab::Blocked;
 use place::Place;
 
 /// What a maintainer remembers between passes.

@@ -73,7 +73,11 @@ fn the_blocked_reason_is_held_back_then_planned_then_exhausted_and_only_while_ne
     assert_eq!(p.condition_reason(None), None);
     assert_eq!(p.condition_reason(EX), Some(Blocked::Exhausted));
     let invalid = Some(Blocked::PoolInvalid);
-    assert_eq!(p.condition_reason(invalid), invalid, "the claim's own reason");
+    assert_eq!(
+        p.condition_reason(invalid),
+        invalid,
+        "the claim's own reason"
+    );
     p.summary.blocked = Some(Blocked::AtCap);
     assert_eq!(p.condition_reason(EX), Some(Blocked::AtCap));
     p.hold_back(false, true);

@@ -1196,15 +1196,27 @@ mod tests {
         }
         assert!(src.validity()[0].1.is_ok(), "the pool goes on");
         let report = src.last_repair().unwrap();
-        assert_eq!(report.counts()[&tidepool_metrics::RepairKind::OutOfRange], 1, "{report:?}");
+        assert_eq!(
+            report.counts()[&tidepool_metrics::RepairKind::OutOfRange],
+            1,
+            "{report:?}"
+        );
         assert_eq!(store.event_count(EventReason::StrayBlock), 1, "once");
         let (node, message) = store.last_event(EventReason::StrayBlock).unwrap();
         assert_eq!(node, "x");
-        assert!(message.contains("10.0.0.64/26") && message.contains("/28"), "{message}");
-        let kept = store.cached_block(&block_name(&stray)).expect("never deleted");
+        assert!(
+            message.contains("10.0.0.64/26") && message.contains("/28"),
+            "{message}"
+        );
+        let kept = store
+            .cached_block(&block_name(&stray))
+            .expect("never deleted");
         assert!(!kept.release, "never marked");
         let x_holds = src.holdings(&"x".into()).unwrap();
-        assert!(x_holds.addresses.is_empty(), "left out of its node's holdings");
+        assert!(
+            x_holds.addresses.is_empty(),
+            "left out of its node's holdings"
+        );
         // the other node gets the pool's other 12 blocks, none in the stray's range
         let n: NodeName = "n".into();
         let mut granted = AddrSet::new();

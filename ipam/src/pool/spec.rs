@@ -44,15 +44,12 @@ pub fn parse_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolEr
 /// Reads one CIDR of a pool's spec as written, host bits and all; refuses only what `ipnet`
 /// cannot read.
 fn read_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolError> {
-    value
-        .trim()
-        .parse()
-        .map_err(|e| PoolError::InvalidCidr {
-            pool: pool.to_string(),
-            field,
-            value: value.to_string(),
-            reason: format!("{e}"),
-        })
+    value.trim().parse().map_err(|e| PoolError::InvalidCidr {
+        pool: pool.to_string(),
+        field,
+        value: value.to_string(),
+        reason: format!("{e}"),
+    })
 }
 
 fn canonical(pool: &str, field: Field, net: &IpNet) -> Result<(), PoolError> {

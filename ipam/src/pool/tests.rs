@@ -449,7 +449,11 @@ fn rebuild_reports_each_odd_record() {
     );
     assert_eq!(report.indexed, 3);
     // a stray block is reported and left out: its pool stays valid, its range taken
-    let b = set.get("b").expect("b stays valid").family(Family::V4).unwrap();
+    let b = set
+        .get("b")
+        .expect("b stays valid")
+        .family(Family::V4)
+        .unwrap();
     let taken: Vec<IpNet> = b.iter_taken().collect();
     assert_eq!(taken, vec![net("10.1.0.0/28"), net("10.1.0.16/28")]);
     let a = set.get("a").unwrap().family(Family::V4).unwrap();

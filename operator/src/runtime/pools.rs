@@ -154,7 +154,10 @@ mod tests {
         // host bits are read as written: the source holds the pool as Invalid, with why
         let set = tidepool_ipam::pool::PoolSet::new(ok.iter().map(|c| c.spec.clone()).collect());
         let c = set.validity().find(|(n, _)| *n == "c").unwrap().1;
-        assert!(c.unwrap_err().to_string().contains("host bits set"), "{c:?}");
+        assert!(
+            c.unwrap_err().to_string().contains("host bits set"),
+            "{c:?}"
+        );
         // only what is no CIDR at all is left out
         assert_eq!(bad.len(), 1);
         assert!(bad[0].0 == "d" && bad[0].1.contains("10.2.0/16"), "{bad:?}");
