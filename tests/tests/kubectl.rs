@@ -111,6 +111,22 @@ impl Kubectl {
         out
     }
 
+    /// `kubectl apply`s deploy/crds/ and waits until the three CRDs are Established; the
+    /// apply's output.
+    async fn install_crds(&self) -> String {
+        let out = self.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
+        self.ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/ippools.ipam.tidepool.dev",
+            "crd/ipamblocks.ipam.tidepool.dev",
+            "crd/ipamnodes.ipam.tidepool.dev",
+            "--timeout=20s",
+        ])
+        .await;
+        out
+    }
+
     async fn fails(&self, args: &[&str]) -> String {
         let (ok, out, err) = self.run(args).await;
         assert!(!ok, "kubectl {args:?} should fail but printed: {out}");
@@ -785,7 +801,7 @@ const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 async fn kubectl_applies_tidepool_crds_and_examples() {
     let (server, _) = start().await;
     let k = Kubectl::new(&server);
-    let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
+    let out = k.install_crds().await;
     for crd in ["ippools", "ipamblocks", "ipamnodes"] {
         assert!(
             out.contains(&format!(
@@ -794,15 +810,6 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
             "{out}"
         );
     }
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ippools.ipam.tidepool.dev",
-        "crd/ipamblocks.ipam.tidepool.dev",
-        "crd/ipamnodes.ipam.tidepool.dev",
-        "--timeout=20s",
-    ])
-    .await;
     let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/examples/")]).await;
     for made in [
         "ippool.ipam.tidepool.dev/default created",
@@ -941,16 +948,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
 async fn kubectl_apply_refuses_what_the_crd_rules_forbid() {
     let (server, _) = start().await;
     let k = Kubectl::new(&server);
-    k.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ippools.ipam.tidepool.dev",
-        "crd/ipamblocks.ipam.tidepool.dev",
-        "crd/ipamnodes.ipam.tidepool.dev",
-        "--timeout=20s",
-    ])
-    .await;
+    k.install_crds().await;
     let host_bits = tidepool_api::rule_messages::CIDR_HOST_BITS;
     for (file, field, says) in [
         ("ippool-host-bits.yaml", "spec.cidrs[0]", host_bits),

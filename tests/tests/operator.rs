@@ -1046,6 +1046,26 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
 
 /// IPPool status shows capacity, allocated and free per family; a pool overlapping an older
 /// one gets `Valid=False` with the reason and a warning event, while the other pool serves.
+/// Waits for an `InvalidPool` event on each of `pools`.
+async fn invalid_pool_events(admin: &kube::Client, pools: &[&str]) {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(Duration::from_secs(20), "an InvalidPool event each", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let of = |pool: &&str| {
+                list.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("InvalidPool")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(*pool)
+                })
+            };
+            pools.iter().all(of).then_some(())
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_status_and_an_overlapping_pool() {
     let (server, admin) = operator_cluster().await;
@@ -1079,19 +1099,7 @@ async fn pool_status_and_an_overlapping_pool() {
     let c = &late.conditions[0];
     assert_eq!((c.type_.as_str(), c.status.as_str()), ("Valid", "False"));
     assert!(c.message.contains("default"), "{}", c.message);
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(admin.clone(), "default");
-    eventually(Duration::from_secs(20), "an InvalidPool event", || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("InvalidPool"))
-                .then_some(())
-        }
-    })
-    .await;
+    invalid_pool_events(&admin, &["late"]).await;
     stop.send(()).unwrap();
     task.await.unwrap();
 }
@@ -1162,22 +1170,7 @@ async fn an_unusable_pool_is_invalid_and_blocks_its_nodes_as_such() {
         );
         assert!(c.message.contains(says), "{pool}: {}", c.message);
     }
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(admin.clone(), "default");
-    eventually(Duration::from_secs(20), "an InvalidPool event each", || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            let of = |pool: &str| {
-                list.items.iter().any(|e| {
-                    e.reason.as_deref() == Some("InvalidPool")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pool)
-                })
-            };
-            (of("default") && of("short")).then_some(())
-        }
-    })
-    .await;
+    invalid_pool_events(&admin, &["default", "short"]).await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
     let blocked = |want: Option<&'static str>| {
         let api = ipamnodes.clone();
