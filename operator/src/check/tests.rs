@@ -493,8 +493,8 @@ fn malformed_entries_are_reported_and_skipped() {
     w.pods
         .push(pod("q", &uid(501), "n5", "Running", &["10.0.5.5"]));
     let r = w.report();
-    let (invalid, malformed): (Vec<&Problem>, Vec<&Problem>) = (r.problems.iter())
-        .partition(|p| p.kind == ProblemKind::InvalidPool);
+    let (invalid, malformed): (Vec<&Problem>, Vec<&Problem>) =
+        (r.problems.iter()).partition(|p| p.kind == ProblemKind::InvalidPool);
     assert_eq!(invalid.len(), 1, "{:#?}", r.problems);
     assert_eq!(invalid[0].objects, vec!["ippool/host-bits".to_string()]);
     assert!(invalid[0].detail.contains("host bits set"), "{invalid:?}");
