@@ -31,6 +31,14 @@ pub use node::{
 pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage};
 pub use schema::Cidr;
 
+/// The messages of the CRDs' CEL rules (`x-kubernetes-validations`), as the API server's
+/// refusals carry them.
+pub mod rule_messages {
+    pub use crate::node::MIN_ABOVE_MAX;
+    pub use crate::pool::{AT_MOST_2_64_BLOCKS, BLOCK_NOT_SHORTER};
+    pub use crate::schema::CIDR_HOST_BITS;
+}
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 

@@ -49,6 +49,8 @@ pub mod reason {
     pub const DUPLICATE: &str = EventReason::Duplicate.as_str();
     pub const INVALID_WATERMARKS: &str = EventReason::InvalidWatermarks.as_str();
     pub const POOL_EXHAUSTED: &str = EventReason::PoolExhausted.as_str();
+    /// See [`EventReason::StrayBlock`].
+    pub const STRAY_BLOCK: &str = EventReason::StrayBlock.as_str();
     pub const INVALID_POOL: &str = EventReason::InvalidPool.as_str();
     /// See [`EventReason::AgentNotReady`].
     pub const AGENT_NOT_READY: &str = EventReason::AgentNotReady.as_str();

@@ -71,6 +71,10 @@ pub struct NodePools {
 /// Watermark overrides, per family; unset fields fall back to the operator's flags.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.minAllocate) || !has(self.maxAllocate) || self.maxAllocate == 0 || self.minAllocate <= self.maxAllocate",
+    "message": MIN_ABOVE_MAX,
+}]))]
 pub struct Watermarks {
     /// Free addresses to keep (0 = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +93,9 @@ pub struct Watermarks {
     #[schemars(range(min = 0, max = 1_000_000))]
     pub max_above_watermark: Option<i64>,
 }
+
+/// The message of the CRD rule refusing `minAllocate` above a set `maxAllocate`.
+pub const MIN_ABOVE_MAX: &str = "minAllocate must not exceed maxAllocate (0: no cap)";
 
 /// The operator's release mark on an address (cloud sources).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

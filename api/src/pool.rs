@@ -45,6 +45,10 @@ use crate::schema::{Cidr, conditions};
     printcolumn(name = "V6-Free", type_ = "string", json_path = ".status.ipv6.free")
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": BLOCK_NOT_SHORTER_RULE, "message": BLOCK_NOT_SHORTER},
+    {"rule": AT_MOST_2_64_BLOCKS_RULE, "message": AT_MOST_2_64_BLOCKS},
+]))]
 pub struct IPPoolSpec {
     /// The pool's CIDRs, IPv4 and/or IPv6. Adding one grows the pool at runtime; removing
     /// one drains its blocks (marked, released once free, never granted again).
@@ -69,6 +73,32 @@ pub struct IPPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
 }
+
+/// The block size of the family of the CIDR `c` (CEL, for the rules below).
+macro_rules! block_of {
+    () => {
+        "(cidr(c).ip().family() == 4 ? self.blockSize.ipv4 : self.blockSize.ipv6)"
+    };
+}
+
+/// CRD rule: each CIDR's block size is at least its prefix length (a block inside it).
+const BLOCK_NOT_SHORTER_RULE: &str = concat!(
+    "self.cidrs.all(c, !isCIDR(c) || ",
+    block_of!(),
+    " >= cidr(c).prefixLength())"
+);
+/// Its message.
+pub const BLOCK_NOT_SHORTER: &str =
+    "blockSize must be at least the prefix length of each CIDR of its family";
+
+/// CRD rule: no CIDR holds more than 2^64 blocks.
+const AT_MOST_2_64_BLOCKS_RULE: &str = concat!(
+    "self.cidrs.all(c, !isCIDR(c) || ",
+    block_of!(),
+    " <= cidr(c).prefixLength() + 64)"
+);
+/// Its message.
+pub const AT_MOST_2_64_BLOCKS: &str = "blockSize must be at most 64 more than the prefix length of each CIDR of its family (at most 2^64 blocks per CIDR)";
 
 /// Prefix length of the unit granted to a node, per family (default /28 and /124: 16
 /// addresses; /32 and /128 grant single addresses).

@@ -7,7 +7,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 /// A CIDR (`10.0.0.0/16`, `fd00::/64`): Kubernetes' `cidr` string format, checked by the API
-/// server (Go's `net.ParseCIDR`: host bits may be set; the engine refuses those for pools).
+/// server (Go's `net.ParseCIDR`: host bits may be set), and a CRD rule ([`CIDR_HOST_BITS`])
+/// that refuses host bits, as the engine does.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(transparent)]
 pub struct Cidr(pub String);
@@ -23,9 +24,20 @@ impl JsonSchema for Cidr {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         // 43: the longest IPv6 CIDR text (39 characters, "/", 3 digits)
-        json_schema!({"type": "string", "format": "cidr", "maxLength": 43})
+        json_schema!({
+            "type": "string", "format": "cidr", "maxLength": 43,
+            "x-kubernetes-validations": [{
+                "rule": "!isCIDR(self) || cidr(self) == cidr(self).masked()",
+                "message": CIDR_HOST_BITS,
+            }],
+        })
     }
 }
+
+/// The message of the CRD rule refusing a CIDR with host bits (Kubernetes' CIDR library,
+/// in the CEL environment since 1.30).
+pub const CIDR_HOST_BITS: &str =
+    "must have no host bits set (the network address, e.g. 10.2.0.0/16, not 10.2.0.1/16)";
 
 impl From<&str> for Cidr {
     fn from(s: &str) -> Self {

@@ -369,9 +369,9 @@ fn recalc<S: IpSource, N: NodeStore, P: PodView>(
     };
     if matches!(
         summary.blocked,
-        Some(Blocked::Exhausted) | Some(Blocked::InvalidSpec)
+        Some(Blocked::Exhausted) | Some(Blocked::PoolInvalid) | Some(Blocked::InvalidSpec)
     ) {
-        return None; // woken by the pool freeing or the spec changing, not by polling
+        return None; // woken by the pool freeing, the pools or the spec changing, not by polling
     }
     let waiting = shared.pods.pending_pods(&h.name).len() as u32;
     let needed = summary.needed().min(u32::MAX as u64) as u32;

@@ -80,6 +80,12 @@ pub trait IpSource: Send + Sync + 'static {
     fn node_blocked(&self, _node: &NodeName) -> bool {
         false
     }
+    /// Whether the pool the node would get `family` from is Invalid (a claim then finds
+    /// nothing, as on an exhausted pool, but the node is blocked for its pool, not for a
+    /// lack of addresses). Sources without pools say false.
+    fn pool_invalid(&self, _node: &NodeName, _family: Family) -> bool {
+        false
+    }
     /// The engine is done with a node (its addresses were reclaimed and its IPAMNode let go).
     fn node_gone(&self, _node: &NodeName) {}
     /// For sources that keep a node's addresses and release handshakes themselves

@@ -10,6 +10,9 @@ use std::fmt;
 pub enum Blocked {
     /// The source has nothing left for it (woken when the pool frees).
     Exhausted,
+    /// Its pool is Invalid (the IPPool's `Valid` condition says why; woken when the pools
+    /// change).
+    PoolInvalid,
     /// Its cap (max_allocate or allocatable pods) leaves no room.
     AtCap,
     Cordoned,
@@ -22,8 +25,9 @@ pub enum Blocked {
 }
 
 impl Blocked {
-    pub const ALL: [Blocked; 6] = [
+    pub const ALL: [Blocked; 7] = [
         Blocked::Exhausted,
+        Blocked::PoolInvalid,
         Blocked::AtCap,
         Blocked::Cordoned,
         Blocked::Terminating,
@@ -35,6 +39,7 @@ impl Blocked {
     pub fn as_str(self) -> &'static str {
         match self {
             Blocked::Exhausted => "exhausted",
+            Blocked::PoolInvalid => "pool-invalid",
             Blocked::AtCap => "at-capacity",
             Blocked::Cordoned => "cordoned",
             Blocked::Terminating => "terminating",
@@ -47,6 +52,7 @@ impl Blocked {
     pub fn reason(self) -> &'static str {
         match self {
             Blocked::Exhausted => "Exhausted",
+            Blocked::PoolInvalid => "PoolInvalid",
             Blocked::AtCap => "AtCapacity",
             Blocked::Cordoned => "Cordoned",
             Blocked::Terminating => "Terminating",
@@ -167,6 +173,9 @@ pub enum EventReason {
     InvalidWatermarks,
     /// A node needs addresses and its pool has none left.
     PoolExhausted,
+    /// On an IPAMNode (Warning): a block addressed to its node that its pool cannot use as
+    /// one of its blocks (another size, host bits: made by hand) is left out.
+    StrayBlock,
     /// On an IPPool (Warning): it became invalid (an overlap, a block size that does not fit).
     InvalidPool,
     /// On an IPAMNode (Warning): pods on its node have waited for an address longer than
@@ -187,6 +196,7 @@ impl EventReason {
             EventReason::Duplicate => "IPAddressDuplicate",
             EventReason::InvalidWatermarks => "InvalidWatermarks",
             EventReason::PoolExhausted => "PoolExhausted",
+            EventReason::StrayBlock => "StrayBlock",
             EventReason::InvalidPool => "InvalidPool",
             EventReason::AgentNotReady => "AgentNotReady",
             EventReason::ApplyConflict => "ApplyConflict",

@@ -50,6 +50,9 @@ pub const PODS_WAITING: &str = "tidepool_ipam_pods_waiting";
 pub const POD_IP_WAIT_SECONDS: &str = "tidepool_ipam_pod_ip_wait_seconds";
 /// Claimed blocks of one IPPool by how used they are (gauge; `pool`, `family`, `state`).
 pub const POOL_BLOCKS: &str = "tidepool_ipam_pool_blocks";
+/// 1 while an IPPool is valid, 0 while it is Invalid (gauge; `pool`): the pool's `Valid`
+/// condition, for alerts.
+pub const POOL_VALID: &str = "tidepool_ipam_pool_valid";
 /// 1 while this replica leads, else 0 (gauge).
 pub const LEADER: &str = "tidepool_leader";
 /// Times this replica became the leader (counter).

@@ -181,6 +181,11 @@ pub fn pool_blocks(pool: &str, family: Family, state: BlockState, value: f64) {
     .set(value);
 }
 
+/// Sets [`POOL_VALID`]: 1 while the IPPool named `pool` is valid, else 0.
+pub fn pool_valid(pool: &str, valid: bool) {
+    metrics::gauge!(POOL_VALID, pool::KEY => pool.to_owned()).set(f64::from(u8::from(valid)));
+}
+
 /// Sets [`LEADER`]: 1 while `leading`, else 0.
 pub fn leader(leading: bool) {
     metrics::gauge!(LEADER).set(f64::from(u8::from(leading)));

@@ -48,6 +48,7 @@ fn record_every_value() {
         for &s in BlockState::ALL {
             pool_blocks("default", f, s, 1.0);
         }
+        pool_valid("default", true);
         for &s in AgentIpsState::ALL {
             agent_ips(f, s, 1.0);
         }

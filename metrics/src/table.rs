@@ -311,6 +311,13 @@ pub const OPERATOR: &[Def] = &[
         ],
     },
     Def {
+        name: POOL_VALID,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "1 while an IPPool is valid, 0 while it is Invalid (its CIDRs overlap an older pool's, or its spec cannot be used: the IPPool's Valid condition says why). Nodes served only by an Invalid pool get no addresses.",
+        labels: &[(pool::KEY, Free)],
+    },
+    Def {
         name: LEADER,
         kind: Kind::Gauge,
         unit: None,

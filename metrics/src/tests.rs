@@ -36,6 +36,7 @@ const OPERATOR_NAMES: &[&str] = &[
     PODS_WAITING,
     POD_IP_WAIT_SECONDS,
     POOL_BLOCKS,
+    POOL_VALID,
     LEADER,
     LEADER_TRANSITIONS_TOTAL,
     LEADER_WRITES_REFUSED_TOTAL,
@@ -89,6 +90,7 @@ fn names_match_design_table() {
     assert_eq!(PODS_WAITING, "tidepool_ipam_pods_waiting");
     assert_eq!(POD_IP_WAIT_SECONDS, "tidepool_ipam_pod_ip_wait_seconds");
     assert_eq!(POOL_BLOCKS, "tidepool_ipam_pool_blocks");
+    assert_eq!(POOL_VALID, "tidepool_ipam_pool_valid");
     assert_eq!(NODE_IPS, "tidepool_ipam_node_ips");
     assert_eq!(
         AGENT_NODE_ROUTE_OPS_TOTAL,
@@ -164,6 +166,7 @@ fn kinds_units_and_suffixes_are_consistent() {
     assert_eq!(kind(PODS_WAITING), Kind::Gauge);
     assert_eq!(kind(POD_IP_WAIT_SECONDS), Kind::Histogram);
     assert_eq!(kind(POOL_BLOCKS), Kind::Gauge);
+    assert_eq!(kind(POOL_VALID), Kind::Gauge);
     assert_eq!(kind(LEADER), Kind::Gauge);
     assert_eq!(kind(TRIGGER_FOLDS), Kind::Histogram);
     assert_eq!(kind(AGENT_CNI_REQUESTS_TOTAL), Kind::Counter);
@@ -338,6 +341,7 @@ fn register_zero_registers_every_enumerated_series() {
     assert!(!series.contains_key(POOL_IPS));
     assert!(!series.contains_key(NODE_IPS));
     assert!(!series.contains_key(POOL_BLOCKS));
+    assert!(!series.contains_key(POOL_VALID));
     // and nothing of the agent's
     assert_eq!(series.len(), expected.len());
     assert!(series.keys().all(|n| !n.starts_with("tidepool_agent")));

@@ -28,6 +28,7 @@ fn render_sample() -> String {
         metrics::gauge!(m::POOL_IPS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::pool_state::KEY => m::pool_state::FREE).set(240.0);
         metrics::gauge!(m::NODE_IPS, m::node::KEY => "node-1", m::family::KEY => m::family::IPV6, m::ips_state::KEY => m::ips_state::USED).set(3.0);
         metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::block_state::KEY => m::block_state::PARTIAL).set(7.0);
+        m::record::pool_valid("default", false);
         metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(0.4);
         metrics::histogram!(m::TRIGGER_LATENCY_SECONDS, m::trigger::KEY => m::trigger::POOL_MAINTAINER).record(0.012);
         metrics::histogram!(m::TRIGGER_FOLDS, m::trigger::KEY => m::trigger::RESYNC).record(4.0);

@@ -349,7 +349,7 @@ fn load(store: &Store) -> Policies {
     }
     Policies {
         bound,
-        env: Arc::new(cel::Env::stdlib()),
+        env: crate::cel_expr::env(),
     }
 }
 

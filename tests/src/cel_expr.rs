@@ -3,9 +3,10 @@
 //! declares, reading JSON as CEL values, and evaluating to a truth or a message.
 //!
 //! CEL is evaluated by the `cel` crate (cel-rust). The functions it evaluates here are
-//! [`FUNCTIONS`], the operators and the macros; the Kubernetes CEL libraries (lists, strings,
-//! regex, URLs, quantities, IPs and CIDRs, format, semver) are not among them, and each rule
-//! kind says what it does with an expression that calls one.
+//! [`FUNCTIONS`], Kubernetes' IP and CIDR libraries ([`crate::cel_net`]), the operators and the
+//! macros; the other Kubernetes CEL libraries (lists, strings, regex, URLs, quantities, format,
+//! semver) are not among them, and each rule kind says what it does with an expression that
+//! calls one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +31,18 @@ pub(crate) const FUNCTIONS: [&str; 12] = [
     "bytes",
     "type",
 ];
+
+/// The environment expressions run in: the standard library and [`crate::cel_net`].
+pub(crate) fn env() -> Arc<cel::Env> {
+    let mut env = cel::Env::stdlib();
+    crate::cel_net::extension(&mut env).expect("the IP and CIDR library registers once");
+    Arc::new(env)
+}
+
+/// Whether this server evaluates calls of `function`.
+fn evaluated(function: &str) -> bool {
+    FUNCTIONS.contains(&function) || crate::cel_net::FUNCTIONS.contains(&function)
+}
 
 /// The longest message a `messageExpression` may produce (`celconfig`'s
 /// `MaxEvaluatedMessageExpressionSizeBytes`).
@@ -60,7 +73,8 @@ impl CompileError {
             CompileError::Unsupported(f) => format!(
                 "compilation failed: ERROR: <input>: undeclared reference to '{f}' (in \
                  container ''): this test server's CEL evaluates only {FUNCTIONS:?}, the \
-                 operators and the macros"
+                 IP and CIDR library {:?}, the operators and the macros",
+                crate::cel_net::FUNCTIONS
             ),
         }
     }
@@ -68,7 +82,7 @@ impl CompileError {
 
 impl Expr {
     /// Compiles `source`, which may read `variables` (and the variables its comprehension
-    /// macros bind) and call [`FUNCTIONS`].
+    /// macros bind) and call what this server evaluates ([`FUNCTIONS`], [`crate::cel_net`]).
     pub(crate) fn compile(source: &str, variables: &[&str]) -> Result<Expr, CompileError> {
         let program = Program::compile(source).map_err(|e| {
             let text = e.to_string();
@@ -82,7 +96,7 @@ impl Expr {
         let refs = program.references();
         for f in refs.functions() {
             let operator = f.starts_with('_') || f.starts_with('@') || f.starts_with('!');
-            if !operator && !FUNCTIONS.contains(&f) {
+            if !operator && !evaluated(f) {
                 return Err(CompileError::Unsupported(f.to_string()));
             }
         }

@@ -54,7 +54,7 @@ impl Default for Rules {
     fn default() -> Self {
         Rules {
             compiled: Mutex::default(),
-            env: Arc::new(cel::Env::stdlib()),
+            env: crate::cel_expr::env(),
         }
     }
 }

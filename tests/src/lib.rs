@@ -11,6 +11,7 @@ mod access_review;
 mod admission;
 mod admission_policy;
 mod cel_expr;
+mod cel_net;
 mod crd_rules;
 mod crd_validation;
 mod discovery;

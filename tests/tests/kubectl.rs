@@ -111,6 +111,22 @@ impl Kubectl {
         out
     }
 
+    /// `kubectl apply`s deploy/crds/ and waits until the three CRDs are Established; the
+    /// apply's output.
+    async fn install_crds(&self) -> String {
+        let out = self.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
+        self.ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/ippools.ipam.tidepool.dev",
+            "crd/ipamblocks.ipam.tidepool.dev",
+            "crd/ipamnodes.ipam.tidepool.dev",
+            "--timeout=20s",
+        ])
+        .await;
+        out
+    }
+
     async fn fails(&self, args: &[&str]) -> String {
         let (ok, out, err) = self.run(args).await;
         assert!(!ok, "kubectl {args:?} should fail but printed: {out}");
@@ -785,7 +801,7 @@ const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 async fn kubectl_applies_tidepool_crds_and_examples() {
     let (server, _) = start().await;
     let k = Kubectl::new(&server);
-    let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/crds/")]).await;
+    let out = k.install_crds().await;
     for crd in ["ippools", "ipamblocks", "ipamnodes"] {
         assert!(
             out.contains(&format!(
@@ -794,15 +810,6 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
             "{out}"
         );
     }
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ippools.ipam.tidepool.dev",
-        "crd/ipamblocks.ipam.tidepool.dev",
-        "crd/ipamnodes.ipam.tidepool.dev",
-        "--timeout=20s",
-    ])
-    .await;
     let out = k.ok(&["apply", "-f", &format!("{DEPLOY}/examples/")]).await;
     for made in [
         "ippool.ipam.tidepool.dev/default created",
@@ -930,6 +937,72 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         names.lines().count(),
         5,
         "nothing malformed was stored: {names}"
+    );
+}
+
+/// The CRDs' CEL rules (Kubernetes' CIDR library, in the CEL environment since 1.30): an
+/// IPPool, IPAMBlock or IPAMNode the operator could not use is refused at `kubectl apply` with
+/// 422 and the rule's message, the field named; nothing of it is stored, and objects on the
+/// edge of each rule are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_refuses_what_the_crd_rules_forbid() {
+    let (server, _) = start().await;
+    let k = Kubectl::new(&server);
+    k.install_crds().await;
+    let host_bits = tidepool_api::rule_messages::CIDR_HOST_BITS;
+    for (file, field, says) in [
+        ("ippool-host-bits.yaml", "spec.cidrs[0]", host_bits),
+        (
+            "ippool-exclude-host-bits.yaml",
+            "spec.exclude[0]",
+            host_bits,
+        ),
+        ("ipamblock-host-bits.yaml", "spec.cidr", host_bits),
+        (
+            "ippool-block-shorter-than-cidr.yaml",
+            "spec",
+            tidepool_api::rule_messages::BLOCK_NOT_SHORTER,
+        ),
+        (
+            "ippool-too-many-blocks.yaml",
+            "spec",
+            tidepool_api::rule_messages::AT_MOST_2_64_BLOCKS,
+        ),
+        (
+            "ipamnode-min-above-max.yaml",
+            "spec.watermarks",
+            tidepool_api::rule_messages::MIN_ABOVE_MAX,
+        ),
+    ] {
+        let err = k
+            .fails(&["apply", "-v=6", "-f", &fixture(&format!("bad-crs/{file}"))])
+            .await;
+        assert!(
+            err.contains("422 Unprocessable Entity"),
+            "{file}: not a 422: {err}"
+        );
+        let cause = format!("{field}: Invalid value: ");
+        assert!(err.contains(&cause) && err.contains(says), "{file}: {err}");
+    }
+    let names = k
+        .ok(&["get", "ippools,ipamnodes,ipamblocks", "-o", "name"])
+        .await;
+    assert_eq!(names.trim(), "", "nothing refused was stored: {names}");
+    // the edges: a /16 in /16 blocks, a /48 in /112 blocks (2^64), no cap with a minimum
+    let edges = k.dir.join("edges.yaml");
+    std::fs::write(
+        &edges,
+        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: edges\nspec:\n  cidrs: [10.4.0.0/16, \"fd00:1::/48\"]\n  blockSize: {ipv4: 16, ipv6: 112}\n---\napiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPAMNode\nmetadata:\n  name: no-cap\nspec:\n  nodeUID: 00000000-0000-0000-0000-000000000003\n  watermarks: {minAllocate: 32, maxAllocate: 0}\n",
+    )
+    .unwrap();
+    let out = k.ok(&["apply", "-f", edges.to_str().unwrap()]).await;
+    assert!(
+        out.contains("ippool.ipam.tidepool.dev/edges created"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ipamnode.ipam.tidepool.dev/no-cap created"),
+        "{out}"
     );
 }
 

@@ -1046,6 +1046,26 @@ async fn crds_deleted_and_reinstalled_grant_nothing_twice() {
 
 /// IPPool status shows capacity, allocated and free per family; a pool overlapping an older
 /// one gets `Valid=False` with the reason and a warning event, while the other pool serves.
+/// Waits for an `InvalidPool` event on each of `pools`.
+async fn invalid_pool_events(admin: &kube::Client, pools: &[&str]) {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    eventually(Duration::from_secs(20), "an InvalidPool event each", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let of = |pool: &&str| {
+                list.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("InvalidPool")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(*pool)
+                })
+            };
+            pools.iter().all(of).then_some(())
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_status_and_an_overlapping_pool() {
     let (server, admin) = operator_cluster().await;
@@ -1079,17 +1099,99 @@ async fn pool_status_and_an_overlapping_pool() {
     let c = &late.conditions[0];
     assert_eq!((c.type_.as_str(), c.status.as_str()), ("Valid", "False"));
     assert!(c.message.contains("default"), "{}", c.message);
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(admin.clone(), "default");
-    eventually(Duration::from_secs(20), "an InvalidPool event", || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("InvalidPool"))
-                .then_some(())
+    invalid_pool_events(&admin, &["late"]).await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+/// The IPPool CRD as it was before its CEL rules (only `blockSize`'s immutability kept).
+fn without_cel_rules(crd: &CustomResourceDefinition) -> CustomResourceDefinition {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::Array(rules)) = m.get_mut("x-kubernetes-validations") {
+                    rules.retain(|r| r["rule"] == "self == oldSelf");
+                    if rules.is_empty() {
+                        m.remove("x-kubernetes-validations");
+                    }
+                }
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
         }
+    }
+    let mut v = serde_json::to_value(crd).unwrap();
+    strip(&mut v);
+    serde_json::from_value(v).unwrap()
+}
+
+/// Replaces the IPPool CRD's spec with `from`'s.
+async fn replace_ippool_crd(admin: &kube::Client, from: &CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let name = "ippools.ipam.tidepool.dev";
+    let mut crd = crds.get(name).await.expect("the IPPool CRD");
+    crd.spec = from.spec.clone();
+    crds.replace(name, &PostParams::default(), &crd)
+        .await
+        .expect("replace the IPPool CRD");
+}
+
+/// IPPools the server accepts today but the operator cannot use: host bits, a block size
+/// shorter than the CIDR. The CRD's CEL rules refuse them now, so they are created the way a
+/// real cluster still holds them: while the CRD had no rules (created before an upgrade; the
+/// new CRD applied over them leaves stored objects as they are). Each gets `Valid=False`
+/// with the reason and an `InvalidPool` event; the node the invalid pool serves is `Blocked`
+/// with reason `PoolInvalid` (not `Exhausted`) until the pool is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_pool_is_invalid_and_blocks_its_nodes_as_such() {
+    let (server, admin) = operator_cluster().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let with_rules = crds.get("ippools.ipam.tidepool.dev").await.unwrap();
+    replace_ippool_crd(&admin, &without_cel_rules(&with_rules)).await;
+    create_pool(&admin, "default", &["10.2.0.1/16"], json!({"ipv4": 28})).await;
+    create_pool(&admin, "short", &["10.3.0.0/24"], json!({"ipv4": 16})).await;
+    replace_ippool_crd(&admin, &with_rules).await;
+    add_node(&admin, "node-a").await;
+    add_pod(&admin, "p0", "node-a").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    for (pool, says) in [("default", "host bits set"), ("short", "shorter than")] {
+        let st = eventually(Duration::from_secs(20), "the pool's status", || {
+            let pools = pools.clone();
+            async move { pools.get(pool).await.ok()?.status }
+        })
+        .await;
+        let c = &st.conditions[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            ("Valid", "False", "Invalid"),
+            "{pool}"
+        );
+        assert!(c.message.contains(says), "{pool}: {}", c.message);
+    }
+    invalid_pool_events(&admin, &["default", "short"]).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let blocked = |want: Option<&'static str>| {
+        let api = ipamnodes.clone();
+        move || {
+            let api = api.clone();
+            async move {
+                let st = api.get("node-a").await.ok()?.status?;
+                let b = st.conditions.iter().find(|c| c.type_ == "Blocked");
+                (b.map(|b| b.reason.as_str()) == want).then_some(())
+            }
+        }
+    };
+    let why = "node-a blocked for its invalid pool";
+    eventually(Duration::from_secs(20), why, blocked(Some("PoolInvalid"))).await;
+    assert_eq!(blocks_of(&admin, "node-a").await.0, 0);
+    // the pool fixed: node-a is served
+    set_pool_cidrs(&admin, &["10.2.0.0/16"]).await;
+    eventually(Duration::from_secs(20), "node-a unblocked", blocked(None)).await;
+    eventually(Duration::from_secs(20), "node-a's block", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 > 0).then_some(()) }
     })
     .await;
     stop.send(()).unwrap();

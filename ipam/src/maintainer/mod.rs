@@ -33,6 +33,7 @@ use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::trigger::{Reason, TriggerRx};
 use crate::types::{Family, IpamNode};
+use crate::vocab::Blocked;
 use place::Place;
 
 /// What a maintainer remembers between passes.
@@ -45,6 +46,8 @@ struct Local {
     needs_describe: bool,
     /// The family whose claim failed as exhausted in the last pass.
     exhausted: Option<Family>,
+    /// That claim found the node's pool Invalid (not a lack of addresses).
+    pool_invalid: bool,
     /// The last pass's own next deadline (reclaim's second observation, the release
     /// delay), kept when the pass failed.
     deadline: Option<Instant>,
@@ -67,6 +70,7 @@ impl Local {
             seeded_epoch: 0,
             needs_describe: false,
             exhausted: None,
+            pool_invalid: false,
             deadline: None,
             ticket: Place::Empty,
             kube: Place::Empty,
@@ -90,6 +94,17 @@ fn seed_of(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+impl Local {
+    /// Why the last pass's claim found nothing, if it did: the node's pool is Invalid, or
+    /// it has nothing left for it.
+    fn claim_blocked(&self) -> Option<Blocked> {
+        self.exhausted.map(|_| match self.pool_invalid {
+            true => Blocked::PoolInvalid,
+            false => Blocked::Exhausted,
+        })
+    }
 }
 
 /// The maintainer task.

@@ -60,6 +60,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
 ) -> Result<Outcome, IpamError> {
     let now = Instant::now();
     local.exhausted = None;
+    local.pool_invalid = false;
     local.deadline = None;
     // A source that keeps the node's addresses and handshakes (cluster-pool's blocks) is
     // the truth each pass; the others' are repaired from `describe` when a reply was lost.
@@ -318,12 +319,18 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 .source
                 .prepare_allocation(&h.name, c.family, c.count, c.limit);
             if n == 0 {
+                // parked either way: a pool that turns valid wakes it (the pools changed)
                 self.local.exhausted = Some(c.family);
+                self.local.pool_invalid = shared.source.pool_invalid(&h.name, c.family);
+                let why = match self.local.pool_invalid {
+                    true => "its pool is Invalid",
+                    false => "none left",
+                };
                 self.failure = Some(IpamError::Source {
                     op: "allocate",
                     node: h.name.to_string(),
                     class: ErrorClass::Exhausted,
-                    message: format!("no {} address left", c.family.as_str()),
+                    message: format!("no {} address: {why}", c.family.as_str()),
                 });
                 break;
             }
@@ -413,7 +420,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
     /// for an IPAMNode that does not exist yet, or names another Node's UID: the operator
     /// creates or adopts it). A failed write reports the tombstones it lost.
     async fn write(&mut self, plan: &Plan<'_>, node_uid: NodeUid) -> Result<(), IpamError> {
-        let reason = plan.condition_reason(self.local.exhausted.is_some());
+        let reason = plan.condition_reason(self.local.claim_blocked());
         conditions::set_blocked_condition(self.shared, self.h, &mut self.fields, reason);
         if !self.rule.due(&self.fields) {
             return Ok(());
@@ -457,7 +464,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 plan::summarize(&mut self.local.mem, snap, f, candidates)
             }
         };
-        summary.blocked = plan.blocked(&summary, self.local.exhausted.is_some());
+        summary.blocked = plan.blocked(&summary, self.local.claim_blocked());
         self.shared.publish(self.h, summary);
         self.local.deadline = plan.next_deadline;
         match self.failure {

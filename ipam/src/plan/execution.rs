@@ -37,19 +37,17 @@ impl Plan<'_> {
     }
 
     /// Why the node gets no new addresses once the pass ran, `summary` being its state
-    /// then: held back; else what the summary says; else `exhausted`, a claim having found
-    /// the source with nothing left for it.
-    pub(crate) fn blocked(&self, summary: &NodeSummary, exhausted: bool) -> Option<Blocked> {
-        self.held_back
-            .or(summary.blocked)
-            .or(exhausted.then_some(Blocked::Exhausted))
+    /// then: held back; else what the summary says; else `claim`, why a claim found nothing
+    /// (`exhausted`, or `pool-invalid`).
+    pub(crate) fn blocked(&self, summary: &NodeSummary, claim: Option<Blocked>) -> Option<Blocked> {
+        self.held_back.or(summary.blocked).or(claim)
     }
 
     /// The `Blocked` condition's reason: [`Plan::blocked`] as planned, only while the node
     /// needs addresses (needed, or pods waiting); none once it needs none.
-    pub(crate) fn condition_reason(&self, exhausted: bool) -> Option<Blocked> {
+    pub(crate) fn condition_reason(&self, claim: Option<Blocked>) -> Option<Blocked> {
         let needs = self.summary.needed() > 0 || self.summary.waiting() > 0;
-        self.blocked(&self.summary, exhausted).filter(|_| needs)
+        self.blocked(&self.summary, claim).filter(|_| needs)
     }
 
     /// Whether the pass makes any API server write (a source whose calls are kube writes

@@ -68,32 +68,39 @@ fn invalid_watermarks_hold_back_before_a_duplicate_and_clear_claims_and_marks() 
 
 #[test]
 fn the_blocked_reason_is_held_back_then_planned_then_exhausted_and_only_while_needed() {
+    const EX: Option<Blocked> = Some(Blocked::Exhausted);
     let mut p = planned(2);
-    assert_eq!(p.condition_reason(false), None);
-    assert_eq!(p.condition_reason(true), Some(Blocked::Exhausted));
+    assert_eq!(p.condition_reason(None), None);
+    assert_eq!(p.condition_reason(EX), Some(Blocked::Exhausted));
+    let invalid = Some(Blocked::PoolInvalid);
+    assert_eq!(
+        p.condition_reason(invalid),
+        invalid,
+        "the claim's own reason"
+    );
     p.summary.blocked = Some(Blocked::AtCap);
-    assert_eq!(p.condition_reason(true), Some(Blocked::AtCap));
+    assert_eq!(p.condition_reason(EX), Some(Blocked::AtCap));
     p.hold_back(false, true);
-    assert_eq!(p.condition_reason(true), Some(Blocked::Duplicate));
+    assert_eq!(p.condition_reason(EX), Some(Blocked::Duplicate));
     // after the pass: its own summary (the held-back reason still first)
     let after = NodeSummary {
         blocked: Some(Blocked::Cordoned),
         ..NodeSummary::default()
     };
-    assert_eq!(p.blocked(&after, true), Some(Blocked::Duplicate));
+    assert_eq!(p.blocked(&after, EX), Some(Blocked::Duplicate));
     let p = planned(2);
-    assert_eq!(p.blocked(&after, true), Some(Blocked::Cordoned));
+    assert_eq!(p.blocked(&after, EX), Some(Blocked::Cordoned));
     assert_eq!(
-        p.blocked(&NodeSummary::default(), true),
+        p.blocked(&NodeSummary::default(), EX),
         Some(Blocked::Exhausted)
     );
     // a node that needs nothing has no condition, whatever blocks it
     let mut p = planned(0);
     p.summary.blocked = Some(Blocked::AtCap);
-    assert_eq!(p.condition_reason(true), None);
+    assert_eq!(p.condition_reason(EX), None);
     p.summary.counts.v4.waiting = 1;
     assert_eq!(
-        p.condition_reason(false),
+        p.condition_reason(None),
         Some(Blocked::AtCap),
         "a pod waits"
     );

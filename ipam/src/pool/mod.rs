@@ -126,13 +126,6 @@ pub enum PoolError {
     /// A second pool with the same name (the later one is Invalid).
     #[error("pool {pool}: duplicate pool name")]
     DuplicateName { pool: String },
-    /// Existing blocks were carved with another block size (the size is immutable).
-    #[error("pool {pool}: existing block {block} does not match block size /{expected}")]
-    ExistingBlockSizeMismatch {
-        pool: String,
-        block: IpNet,
-        expected: u8,
-    },
     /// The pool has no CIDR of this family.
     #[error("pool {pool}: serves no {} CIDR", .family.as_str())]
     FamilyNotServed { pool: String, family: Family },
@@ -175,7 +168,6 @@ impl PoolError {
             | PoolError::OverlappingCidrs { pool, .. }
             | PoolError::OverlapsPool { pool, .. }
             | PoolError::DuplicateName { pool }
-            | PoolError::ExistingBlockSizeMismatch { pool, .. }
             | PoolError::FamilyNotServed { pool, .. }
             | PoolError::Exhausted { pool, .. }
             | PoolError::UnknownPool { pool }

@@ -7,7 +7,7 @@
 //!
 //! # Inputs
 //!
-//! - the [`PoolSet`] after [`PoolSet::rebuild`] (so pools that rebuild made Invalid are Invalid);
+//! - the [`PoolSet`] after [`PoolSet::rebuild`];
 //! - every IPAMBlock as a [`BlockClaim`] (name, pool, cidr, node, nodeUID);
 //! - every [`IpamNode`] (name, Node UID, `status.used`: address → pod UID);
 //! - the existing Nodes as [`LiveNodes`] (name → UID).
@@ -33,8 +33,11 @@
 //!    holders ([`Conflict::SameAddress`]), or overlapping blocks of two holders
 //!    ([`Conflict::OverlappingBlocks`]). Reported as a duplicate only when **both holders are
 //!    live**, and then **never fixed automatically**: the finding names both nodes
-//!    ([`Conflict::nodes`], [`RepairReport::nodes_to_block`]) and the caller raises an event,
-//!    counts the metric and blocks both nodes. When one holder is gone, the gone one's claim is
+//!    ([`RepairReport::blamed`], [`RepairReport::nodes_to_block`]) and the caller raises an
+//!    event, counts the metric and blocks the nodes it is blamed on. The block's holder is the
+//!    authority: an entry of node A inside live node B's block is A's anomaly alone (A is
+//!    blocked and told, B goes on getting addresses); only overlapping blocks, or an address
+//!    two nodes use that neither holds a block for, blame both. When one holder is gone, the gone one's claim is
 //!    the orphan: its block is an orphan block (rule 1), its `used` entry is
 //!    [`RepairFinding::Leaked`]; the live one keeps its claim. When both are gone, both claims
 //!    are orphans in the same way. Overlapping blocks of one holder are not a duplicate between
@@ -45,7 +48,9 @@
 //!    `OutOfRange`, `Excluded`, `WrongBlockSize` and `Misaligned` findings carry over); and a
 //!    `used` address outside the CIDRs of every valid pool ([`PoolSet::locate`]).
 //! 5. **Unknown pool** (`unknown-pool`): a block naming a pool that does not exist or is Invalid
-//!    (rebuild's `UnknownPool` carries over, and so do blocks of a pool rebuild invalidated).
+//!    (rebuild's `UnknownPool` carries over). A block of another size or with host bits inside
+//!    a valid pool is stray (rule 4): reported, left out, and never a reason to invalidate
+//!    its pool.
 //!    Rebuild's `NameMismatch` is not a repair issue (the object exists and is indexed).
 //!
 //! Only orphan blocks and leaked entries are ever fixed (see [`RepairTracker`]); out-of-range
@@ -191,18 +196,6 @@ pub enum Conflict {
     },
     /// Blocks of two live nodes overlap (`first` < `second`).
     OverlappingBlocks { first: BlockRef, second: BlockRef },
-}
-
-impl Conflict {
-    /// The two nodes involved (the caller raises an event and blocks both), in the conflict's
-    /// order.
-    pub fn nodes(&self) -> [&NodeName; 2] {
-        match self {
-            Conflict::SameAddress { first, second, .. } => [&first.node, &second.node],
-            Conflict::ForeignAddress { user, owner, .. } => [&user.node, &owner.node],
-            Conflict::OverlappingBlocks { first, second } => [&first.node, &second.node],
-        }
-    }
 }
 
 // Written for people (the `IPAddressDuplicate` event): `check`'s wording, UIDs as the API
@@ -376,12 +369,43 @@ impl RepairReport {
         out
     }
 
-    /// Every node named by a duplicate between live holders: the caller blocks them.
+    /// The nodes a duplicate of this report is blamed on (the caller raises an event on each
+    /// and blocks them). The block's holder is the authority: a [`Conflict::ForeignAddress`]
+    /// is its user's anomaly alone; a [`Conflict::SameAddress`] one of whose sides holds the
+    /// block the address lies in is that block's foreign address (reported as such, blamed
+    /// on the other side), so it blames nobody itself; overlapping blocks, and the same
+    /// address used by two nodes neither of which holds it, blame both.
+    pub fn blamed<'a>(&self, c: &'a Conflict) -> Vec<&'a NodeName> {
+        match c {
+            Conflict::ForeignAddress { user, .. } => vec![&user.node],
+            Conflict::SameAddress {
+                address,
+                first,
+                second,
+            } => {
+                let holds = |u: &UsedRef| {
+                    self.findings.iter().any(|f| {
+                        matches!(f, RepairFinding::Duplicate(Conflict::ForeignAddress { address: a, owner, .. })
+                            if a == address && owner.node == u.node && owner.node_uid == u.node_uid)
+                    })
+                };
+                if holds(first) || holds(second) {
+                    Vec::new()
+                } else {
+                    vec![&first.node, &second.node]
+                }
+            }
+            Conflict::OverlappingBlocks { first, second } => vec![&first.node, &second.node],
+        }
+    }
+
+    /// Every node a duplicate between live holders is blamed on ([`Self::blamed`]): the
+    /// caller blocks them.
     pub fn nodes_to_block(&self) -> BTreeSet<NodeName> {
         self.findings
             .iter()
             .filter_map(|f| match f {
-                RepairFinding::Duplicate(c) => Some(c.nodes()),
+                RepairFinding::Duplicate(c) => Some(self.blamed(c)),
                 _ => None,
             })
             .flatten()
@@ -1211,10 +1235,15 @@ mod tests {
         assert_eq!(r.findings, vec![dup.clone()]);
         assert_eq!(dup.kind(), RepairKind::Duplicate);
         assert_eq!(dup.fix(), None);
+        // the block's holder is the authority: the entry is n1's anomaly, n2 goes on
         assert_eq!(
             r.nodes_to_block(),
-            ["n1", "n2"].into_iter().map(NodeName::from).collect()
+            ["n1"].into_iter().map(NodeName::from).collect()
         );
+        let RepairFinding::Duplicate(c) = &dup else {
+            unreachable!()
+        };
+        assert_eq!(r.blamed(c), vec![&NodeName::from("n1")]);
     }
 
     #[test]
@@ -1247,6 +1276,20 @@ mod tests {
             assert_eq!(t.fixes(), vec![]);
             assert_eq!(t.pending(), 0);
         }
+        // n1 holds the block: the same address is n2's foreign entry, blamed on n2 alone
+        assert_eq!(
+            r.nodes_to_block(),
+            ["n2"].into_iter().map(NodeName::from).collect()
+        );
+        let blamed: Vec<Vec<&NodeName>> = (r.findings.iter())
+            .map(|f| match f {
+                RepairFinding::Duplicate(c) => r.blamed(c),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(blamed, vec![vec![], vec![&NodeName::from("n2")]]);
+        // neither holds a block for it: both are blamed
+        let r = check(&pools(), &[], &nodes, &world);
         assert_eq!(r.nodes_to_block().len(), 2);
     }
 

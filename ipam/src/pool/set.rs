@@ -9,8 +9,8 @@
 //! - a record naming no valid pool is reported `UnknownPool`; one whose pool does not serve its
 //!   family, or whose block lies outside the pool's CIDRs, `OutOfRange`; one overlapping an
 //!   exclusion, `Excluded`; one whose prefix length is not the pool's block size,
-//!   `WrongBlockSize` — and that pool becomes Invalid (`ExistingBlockSizeMismatch`: the size is
-//!   immutable) when the block lies inside it;
+//!   `WrongBlockSize` (a stray block, made by hand: it never makes its pool Invalid, DESIGN.md
+//!   "one bad object"; like every record that is not a clean claim, it occupies its range);
 //! - a record of the right pool and size claims its block; if the block is taken already,
 //!   `Overlap` names the record that holds it;
 //! - every record that is not a clean claim still makes every grantable block it overlaps, in
@@ -94,8 +94,6 @@ pub struct RebuildReport<K> {
     pub indexed: usize,
     /// Odd records, in input order (one record may give several findings).
     pub findings: Vec<Finding<K>>,
-    /// Pools made Invalid because existing blocks do not match their block size.
-    pub invalidated: Vec<PoolError>,
 }
 
 impl<K> Default for RebuildReport<K> {
@@ -103,7 +101,6 @@ impl<K> Default for RebuildReport<K> {
         Self {
             indexed: 0,
             findings: Vec::new(),
-            invalidated: Vec::new(),
         }
     }
 }
@@ -155,6 +152,11 @@ impl PoolSet {
         self.entries
             .iter()
             .map(|e| (e.spec.name.as_str(), e.state.as_ref().map(|_| ())))
+    }
+
+    /// Whether a pool of this name exists (valid or not).
+    pub fn holds(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
     }
 
     /// The index of a valid pool; the pool's own error if it is Invalid.
@@ -235,7 +237,6 @@ impl PoolSet {
         let mut report = RebuildReport::default();
         // who holds each cleanly claimed block: (entry, block address) → key
         let mut owners: HashMap<(usize, u128), K> = HashMap::new();
-        let mut mismatch: Vec<(usize, IpNet, u8)> = Vec::new();
         for r in records {
             let family = family_of(&r.cidr);
             let finding = |kind| Finding {
@@ -268,9 +269,7 @@ impl PoolSet {
                         None => report.findings.push(finding(FindingKind::OutOfRange)),
                         Some(idx) if r.cidr.prefix_len() != idx.block_prefix() => {
                             let expected = idx.block_prefix();
-                            if idx.overlaps_range(lo, hi) {
-                                mismatch.push((i, r.cidr, expected));
-                            } else {
+                            if !idx.overlaps_range(lo, hi) {
                                 report.findings.push(finding(FindingKind::OutOfRange));
                             }
                             report
@@ -303,18 +302,6 @@ impl PoolSet {
                 report
                     .findings
                     .push(finding(FindingKind::Overlap { other: None }));
-            }
-        }
-        for (i, block, expected) in mismatch {
-            let e = &mut self.entries[i];
-            if e.state.is_ok() {
-                let err = PoolError::ExistingBlockSizeMismatch {
-                    pool: e.spec.name.clone(),
-                    block,
-                    expected,
-                };
-                report.invalidated.push(err.clone());
-                e.state = Err(err);
             }
         }
         report

@@ -157,6 +157,14 @@ pub struct ClusterPoolSource<B> {
     state: Arc<Mutex<State>>,
 }
 
+/// Whether a pool's refusal of a block makes it stray ([`State::stray`]).
+fn is_stray(e: &PoolError) -> bool {
+    matches!(
+        e,
+        PoolError::WrongBlockSize { .. } | PoolError::Misaligned { .. }
+    )
+}
+
 /// Whether any of `addrs` lies in the block.
 fn touches(addrs: &AddrSet, b: &IpamBlock) -> bool {
     let (f, run) = span(&b.cidr);
@@ -187,7 +195,7 @@ impl State {
 
     /// Whether a block is to be drained: someone deleted it (its finalizer holds it), or
     /// its pool no longer holds it as a grantable block (its CIDR was removed or excluded,
-    /// or the pool is gone or Invalid).
+    /// or the pool is gone or Invalid) and it is not [`Self::stray`].
     fn drained(&self, b: &IpamBlock) -> bool {
         b.deleting
             || self
@@ -195,7 +203,20 @@ impl State {
                 .get(&b.pool)
                 .ok()
                 .and_then(|p| p.family(family_of(&b.cidr)))
-                .is_none_or(|fi| fi.usable_count(&b.cidr).is_err())
+                .is_none_or(|fi| fi.usable_count(&b.cidr).is_err_and(|e| !is_stray(&e)))
+    }
+
+    /// Whether a block is stray: its valid pool cannot use it as one of its blocks (another
+    /// prefix length than the pool's block size, or host bits), so nobody granted it: it
+    /// was made by hand. It is reported and left out (DESIGN.md, "one bad object"): not
+    /// counted in its node's holdings, never marked nor deleted by the source, its range
+    /// taken in the index until a person deletes it; an allocation in it stays.
+    fn stray(&self, b: &IpamBlock) -> bool {
+        self.pools
+            .get(&b.pool)
+            .ok()
+            .and_then(|p| p.family(family_of(&b.cidr)))
+            .is_some_and(|fi| fi.usable_count(&b.cidr).is_err_and(|e| is_stray(&e)))
     }
 
     /// The node's pool for a family (see the module documentation for the precedence).
@@ -566,6 +587,47 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         }
     }
 
+    /// The events of a repair pass's findings that the last pass did not have: a duplicate
+    /// between live nodes is never fixed, and the nodes it is blamed on hear of it once (the
+    /// block's holder is the authority: a foreign entry blames its user); a stray block's
+    /// node hears that it is left out.
+    fn announce(&self, last: Option<&RepairReport>, report: &RepairReport) {
+        use repair::{RangeIssue, RangeSubject, RepairFinding};
+        let new = report
+            .findings
+            .iter()
+            .filter(|f| !last.is_some_and(|l| l.findings.contains(f)));
+        for f in new {
+            match f {
+                RepairFinding::Duplicate(c) => {
+                    for node in report.blamed(c) {
+                        let (w, r) = (EventType::Warning, EventReason::Duplicate);
+                        self.store.event(node, w, r, c.to_string());
+                    }
+                }
+                RepairFinding::OutOfRange {
+                    subject: RangeSubject::Block(b),
+                    issue: issue @ (RangeIssue::WrongBlockSize { .. } | RangeIssue::Misaligned),
+                } => {
+                    let why = match issue {
+                        RangeIssue::WrongBlockSize { expected } => {
+                            format!("its pool's block size is /{expected}")
+                        }
+                        _ => "its CIDR has host bits set".to_string(),
+                    };
+                    let message = format!(
+                        "{b} is left out ({why}): no address of it is granted or allocated, \
+                         its range stays taken until the IPAMBlock {} is deleted",
+                        b.name
+                    );
+                    let (w, r) = (EventType::Warning, EventReason::StrayBlock);
+                    self.store.event(&b.node, w, r, message);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// One repair pass: rebuild, check, count, and the fixes that are due (each release
     /// admitted by `gate`).
     async fn repair<G: Gate>(&self, gate: &mut G) {
@@ -606,24 +668,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     record::pool_blocks(&pool, f.into(), state, v as f64);
                 }
             }
-            // a duplicate between live nodes is never fixed: both nodes hear of it once
-            for f in &report.findings {
-                if let repair::RepairFinding::Duplicate(c) = f
-                    && !s
-                        .last_repair
-                        .as_ref()
-                        .is_some_and(|last| last.findings.contains(f))
-                {
-                    for node in c.nodes() {
-                        self.store.event(
-                            node,
-                            EventType::Warning,
-                            EventReason::Duplicate,
-                            c.to_string(),
-                        );
-                    }
-                }
-            }
+            self.announce(s.last_repair.as_ref(), &report);
             s.duplicates = report.nodes_to_block();
             s.tracker.observe(&report);
             let fixes = s.tracker.fixes();
@@ -907,6 +952,12 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         self.state.lock().duplicates.contains(node)
     }
 
+    fn pool_invalid(&self, node: &NodeName, family: Family) -> bool {
+        let s = self.state.lock();
+        s.pool_for(node, family)
+            .is_some_and(|p| s.pools.get(&p).is_err_and(|e| s.pools.holds(e.pool())))
+    }
+
     fn node_gone(&self, node: &NodeName) {
         let mut s = self.state.lock();
         if let Some(meta) = s.nodes.get_mut(node) {
@@ -937,8 +988,9 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         let mut h = Holdings::default();
         let mut addresses = AddrSet::new();
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
-        // counts them nor marks them, and tops the node up from the pools that remain
-        for b in blocks.iter().filter(|b| !s.drained(b)) {
+        // counts them nor marks them, and tops the node up from the pools that remain; stray
+        // blocks are left out alike, and never drained
+        for b in blocks.iter().filter(|b| !s.drained(b) && !s.stray(b)) {
             let addrs = s.usable(b);
             if b.release {
                 h.release.insert_set(&addrs, ReleaseState::MarkedForRelease);
@@ -1166,6 +1218,72 @@ mod tests {
         assert_eq!(src.describe(&n).await.unwrap(), held);
         src.adopt(&n, NodeUid(2), &mut gate).await.unwrap();
         assert_eq!(gate.asked, 2, "nothing more to write");
+    }
+
+    /// A hand-made block of the wrong size inside a pool (issue 27, "one bad object"): it is
+    /// reported (a repair finding, a `StrayBlock` event on its node) and left out — not in
+    /// its node's holdings, never marked nor deleted, its range never granted — and the
+    /// pool goes on serving every other node.
+    #[tokio::test(start_paused = true)]
+    async fn a_stray_block_is_reported_and_left_out_and_the_pool_goes_on() {
+        let (store, src) = source_on_a_24();
+        for (name, uid) in [("x", 1), ("n", 2)] {
+            src.node_seen(&NodeInfo {
+                name: name.into(),
+                uid: NodeUid(uid),
+                allocatable_pods: 250,
+                cordoned: false,
+                terminating: false,
+            });
+        }
+        let stray: ipnet::IpNet = "10.0.0.64/26".parse().unwrap();
+        let block = IpamBlock {
+            name: block_name(&stray).into(),
+            cidr: stray,
+            pool: "default".into(),
+            node: "x".into(),
+            node_uid: NodeUid(1),
+            release: false,
+            ack: None,
+            resource_version: None,
+            deleting: false,
+        };
+        store.create_block(block, &mut Ungated).await.unwrap();
+        for _ in 0..4 {
+            src.resync(&mut Ungated).await;
+        }
+        assert!(src.validity()[0].1.is_ok(), "the pool goes on");
+        let report = src.last_repair().unwrap();
+        assert_eq!(
+            report.counts()[&tidepool_metrics::RepairKind::OutOfRange],
+            1,
+            "{report:?}"
+        );
+        assert_eq!(store.event_count(EventReason::StrayBlock), 1, "once");
+        let (node, message) = store.last_event(EventReason::StrayBlock).unwrap();
+        assert_eq!(node, "x");
+        assert!(
+            message.contains("10.0.0.64/26") && message.contains("/28"),
+            "{message}"
+        );
+        let kept = store
+            .cached_block(&block_name(&stray))
+            .expect("never deleted");
+        assert!(!kept.release, "never marked");
+        let x_holds = src.holdings(&"x".into()).unwrap();
+        assert!(
+            x_holds.addresses.is_empty(),
+            "left out of its node's holdings"
+        );
+        // the other node gets the pool's other 12 blocks, none in the stray's range
+        let n: NodeName = "n".into();
+        let mut granted = AddrSet::new();
+        while let Ok(got) = src.allocate(&n, Family::V4, 16, &mut Ungated).await {
+            granted.union_with(&got);
+        }
+        assert_eq!(store.blocks_of("n").len(), 12);
+        let (f, run) = span(&stray);
+        assert!(!granted.overlaps(f, &run), "the stray's range stays taken");
     }
 
     /// Counts requests; refuses every one after the first `allow`.

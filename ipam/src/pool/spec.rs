@@ -31,16 +31,25 @@ pub struct PoolSpec {
 /// Parses one CIDR of a pool's spec. Refuses anything `ipnet` refuses and CIDRs with host bits
 /// set (`10.0.0.1/24`).
 pub fn parse_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolError> {
-    let err = |reason: String| PoolError::InvalidCidr {
+    let net = read_cidr(pool, field, value)?;
+    canonical(pool, field, &net).map_err(|_| PoolError::InvalidCidr {
         pool: pool.to_string(),
         field,
         value: value.to_string(),
-        reason,
-    };
-    let net: IpNet = value.trim().parse().map_err(|e| err(format!("{e}")))?;
-    canonical(pool, field, &net)
-        .map_err(|_| err(format!("host bits set; did you mean {}?", net.trunc())))?;
+        reason: format!("host bits set; did you mean {}?", net.trunc()),
+    })?;
     Ok(net)
+}
+
+/// Reads one CIDR of a pool's spec as written, host bits and all; refuses only what `ipnet`
+/// cannot read.
+fn read_cidr(pool: &str, field: Field, value: &str) -> Result<IpNet, PoolError> {
+    value.trim().parse().map_err(|e| PoolError::InvalidCidr {
+        pool: pool.to_string(),
+        field,
+        value: value.to_string(),
+        reason: format!("{e}"),
+    })
 }
 
 fn canonical(pool: &str, field: Field, net: &IpNet) -> Result<(), PoolError> {
@@ -83,20 +92,40 @@ impl PoolSpec {
         block_size: PerFamily<u8>,
         exclude: &[S],
     ) -> Result<Self, PoolError> {
-        let spec = Self {
-            name: name.to_string(),
-            cidrs: cidrs
-                .iter()
-                .map(|c| parse_cidr(name, Field::Cidrs, c.as_ref()))
-                .collect::<Result<_, _>>()?,
-            block_size,
-            exclude: exclude
-                .iter()
-                .map(|c| parse_cidr(name, Field::Exclude, c.as_ref()))
-                .collect::<Result<_, _>>()?,
-        };
+        let spec = Self::from_strings(name, cidrs, block_size, exclude, parse_cidr)?;
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// Reads a spec from strings (the CRD's form) without validating it, so that a spec the
+    /// API server accepted but the engine cannot use still names its pool: a
+    /// [`super::PoolSet`] holds it as Invalid with [`Self::validate`]'s reason. Fails only on
+    /// a string that is no CIDR at all.
+    pub fn read<S: AsRef<str>>(
+        name: &str,
+        cidrs: &[S],
+        block_size: PerFamily<u8>,
+        exclude: &[S],
+    ) -> Result<Self, PoolError> {
+        Self::from_strings(name, cidrs, block_size, exclude, read_cidr)
+    }
+
+    fn from_strings<S: AsRef<str>>(
+        name: &str,
+        cidrs: &[S],
+        block_size: PerFamily<u8>,
+        exclude: &[S],
+        cidr: fn(&str, Field, &str) -> Result<IpNet, PoolError>,
+    ) -> Result<Self, PoolError> {
+        let list = |field, l: &[S]| -> Result<Vec<IpNet>, PoolError> {
+            l.iter().map(|c| cidr(name, field, c.as_ref())).collect()
+        };
+        Ok(Self {
+            name: name.to_string(),
+            cidrs: list(Field::Cidrs, cidrs)?,
+            block_size,
+            exclude: list(Field::Exclude, exclude)?,
+        })
     }
 
     /// The pool's CIDRs of one family, in spec order.

@@ -411,7 +411,7 @@ fn rebuild_reports_each_odd_record() {
             "v6-fd00-0000-0000-0000-0000-0000-0000-0000-124",
             "fd00::/124",
         ), // 8 a serves no v6; overlaps 7
-        ("b", "v4-10-1-0-0-27", "10.1.0.0/27"),    // 9 wrong size: b becomes Invalid
+        ("b", "v4-10-1-0-0-27", "10.1.0.0/27"),    // 9 wrong size: stray, b goes on
     ];
     let owned: Vec<BlockRecord<usize>> = recs
         .iter()
@@ -448,15 +448,14 @@ fn rebuild_reports_each_odd_record() {
         FindingKind::Overlap { other: Some(0) }
     );
     assert_eq!(report.indexed, 3);
-    assert_eq!(
-        report.invalidated,
-        vec![PoolError::ExistingBlockSizeMismatch {
-            pool: "b".into(),
-            block: net("10.1.0.0/27"),
-            expected: 28
-        }]
-    );
-    assert!(set.get("b").is_err());
+    // a stray block is reported and left out: its pool stays valid, its range taken
+    let b = set
+        .get("b")
+        .expect("b stays valid")
+        .family(Family::V4)
+        .unwrap();
+    let taken: Vec<IpNet> = b.iter_taken().collect();
+    assert_eq!(taken, vec![net("10.1.0.0/28"), net("10.1.0.16/28")]);
     let a = set.get("a").unwrap().family(Family::V4).unwrap();
     // .16 (ok), .32 (unknown pool occupies), .80 (name mismatch), .96 (misaligned occupies)
     let taken: Vec<IpNet> = a.iter_taken().collect();

@@ -481,7 +481,9 @@ fn malformed_entries_are_reported_and_skipped() {
     w.blocks
         .push(block_named("bad", "nonsense", "default", "n1", &uid(1)));
     w.nodes.push(node("n4", "not-a-uid"));
-    w.pools.push(pool("broken", 30, &["10.2.0.1/16"]));
+    w.pools.push(pool("broken", 30, &["10.2.0/16"]));
+    // host bits are read as written: an invalid pool, with why (not malformed)
+    w.pools.push(pool("host-bits", 31, &["10.3.0.1/16"]));
     // an IPAMNode whose node UID cannot be read: reported, its entries not called leaked
     w.ipam_nodes.push(ipam_node(
         "n5",
@@ -491,8 +493,13 @@ fn malformed_entries_are_reported_and_skipped() {
     w.pods
         .push(pod("q", &uid(501), "n5", "Running", &["10.0.5.5"]));
     let r = w.report();
-    assert_eq!(kinds(&r), vec!["malformed"; 5], "{:#?}", r.problems);
-    let objects: Vec<&str> = r.problems.iter().map(|p| p.objects[0].as_str()).collect();
+    let (invalid, malformed): (Vec<&Problem>, Vec<&Problem>) =
+        (r.problems.iter()).partition(|p| p.kind == ProblemKind::InvalidPool);
+    assert_eq!(invalid.len(), 1, "{:#?}", r.problems);
+    assert_eq!(invalid[0].objects, vec!["ippool/host-bits".to_string()]);
+    assert!(invalid[0].detail.contains("host bits set"), "{invalid:?}");
+    assert!(malformed.iter().all(|p| p.kind == ProblemKind::Malformed));
+    let objects: Vec<&str> = malformed.iter().map(|p| p.objects[0].as_str()).collect();
     assert_eq!(
         objects,
         vec![
@@ -503,7 +510,7 @@ fn malformed_entries_are_reported_and_skipped() {
             "node/n4"
         ]
     );
-    assert!(r.problems[1].detail.contains("status.used[\"10.0.0.999\"]"));
+    assert!(malformed[1].detail.contains("status.used[\"10.0.0.999\"]"));
     assert_eq!(r.exit_code(), 1);
 }
 

@@ -1,7 +1,8 @@
 //! IPPool status: capacity, allocated and free addresses per family (strings: an IPv6 pool
 //! counts past 2^64) and the `Valid` condition, written by the operator when they change;
-//! a pool turning invalid (overlapping an older pool, a bad block size) also gets a warning
-//! event, while the other pools go on working.
+//! a pool turning invalid (overlapping an older pool, host bits, a block size that does not
+//! fit) also gets a warning event, while the other pools go on working. Each pool's validity
+//! is also the gauge `tidepool_ipam_pool_valid{pool}`.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -70,6 +71,7 @@ pub async fn keep_written(
         for u in source.usage() {
             let (name, usage) = (u.name, u.addresses);
             let valid = u.valid.map_err(|e: PoolError| e.to_string());
+            tidepool_metrics::record::pool_valid(&name, valid.is_ok());
             let last = shown.get(&name);
             let flipped = last.is_none_or(|l| l.valid.is_ok() != valid.is_ok());
             let since = match last {

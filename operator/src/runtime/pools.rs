@@ -1,6 +1,9 @@
 //! IPPools as the cluster-pool source's [`PoolConfig`]s, fed by an IPPool watch with relist
-//! semantics. Pools are taken in creation order (the oldest valid pool wins, DESIGN.md); a
-//! pool whose spec cannot be read is left out and reported with the reason.
+//! semantics. Pools are taken in creation order (the oldest valid pool wins, DESIGN.md). A
+//! spec the engine cannot use (host bits, a block size that does not fit) is read as it is
+//! and the source holds the pool as Invalid with the reason (its `Valid=False` condition and
+//! `InvalidPool` event); only a string that is no CIDR at all (the API server's `cidr` format
+//! refuses those) leaves the pool out, reported with the reason.
 
 use std::collections::BTreeMap;
 
@@ -89,7 +92,8 @@ fn specs(m: &BTreeMap<String, api::IPPool>) -> Vec<(&String, &api::IPPoolSpec)> 
     m.iter().map(|(n, p)| (n, &p.spec)).collect()
 }
 
-/// One IPPool's spec as the source's configuration.
+/// One IPPool's spec as the source's configuration, read, not validated (the source
+/// validates it, [`PoolSpec::read`]).
 pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> {
     let cidrs: Vec<&str> = spec.cidrs.iter().map(|c| c.0.as_str()).collect();
     let exclude: Vec<&str> = spec.exclude.iter().map(|c| c.0.as_str()).collect();
@@ -97,7 +101,7 @@ pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> 
         v4: spec.block_size.ipv4,
         v6: spec.block_size.ipv6,
     };
-    let spec_ = PoolSpec::parse(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())?;
+    let spec_ = PoolSpec::read(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())?;
     Ok(PoolConfig {
         spec: spec_,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
@@ -137,13 +141,26 @@ mod tests {
             "2026-03-01T00:00:00Z",
             &["10.2.0.1/16"],
         )));
+        p.apply(&Event::InitApply(pool(
+            "d",
+            "2026-04-01T00:00:00Z",
+            &["10.2.0/16"],
+        )));
         assert!(p.apply(&Event::InitDone));
         assert!(p.ready);
         let (ok, bad) = p.configs();
         let names: Vec<&str> = ok.iter().map(|c| c.spec.name.as_str()).collect();
-        assert_eq!(names, vec!["b", "a"], "creation order, not name order");
+        assert_eq!(names, vec!["b", "a", "c"], "creation order, not name order");
+        // host bits are read as written: the source holds the pool as Invalid, with why
+        let set = tidepool_ipam::pool::PoolSet::new(ok.iter().map(|c| c.spec.clone()).collect());
+        let c = set.validity().find(|(n, _)| *n == "c").unwrap().1;
+        assert!(
+            c.unwrap_err().to_string().contains("host bits set"),
+            "{c:?}"
+        );
+        // only what is no CIDR at all is left out
         assert_eq!(bad.len(), 1);
-        assert!(bad[0].1.contains("10.2.0.1/16"), "{bad:?}");
+        assert!(bad[0].0 == "d" && bad[0].1.contains("10.2.0/16"), "{bad:?}");
         // the same spec again changes nothing; a new CIDR does
         assert!(!p.apply(&Event::Apply(pool(
             "b",
@@ -156,6 +173,6 @@ mod tests {
             &["10.1.0.0/16", "10.3.0.0/16"]
         ))));
         assert!(p.apply(&Event::Delete(pool("a", "2026-02-01T00:00:00Z", &[]))));
-        assert_eq!(p.configs().0.len(), 1);
+        assert_eq!(p.configs().0.len(), 2);
     }
 }
