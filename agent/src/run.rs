@@ -123,7 +123,10 @@ impl Published {
 
     /// The condition the next publish carries.
     pub fn set(&self, ready: AgentReady) {
-        *self.ready.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = ready;
+        *self
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = ready;
     }
 
     fn ready(&self) -> AgentReady {
@@ -423,7 +426,10 @@ async fn adopt_published(
 /// [`publish_once`], waiting at most `wait` (a stopping agent does not hang on a server it
 /// cannot reach).
 async fn publish_within(publisher: &Publisher, wait: Duration) {
-    if tokio::time::timeout(wait, publish_once(publisher)).await.is_err() {
+    if tokio::time::timeout(wait, publish_once(publisher))
+        .await
+        .is_err()
+    {
         tracing::warn!("the last AgentReady could not be written in time");
     }
 }

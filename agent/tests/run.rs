@@ -254,8 +254,14 @@ async fn an_agent_that_cannot_bind_its_socket_leaves_agent_ready_false() {
     let (status, reason, message) = agent_ready(&n).expect("AgentReady");
     assert_eq!((status.as_str(), reason.as_str()), ("False", "Failed"));
     assert_eq!(message, e.to_string());
-    assert!(message.contains(&s.socket.display().to_string()), "{message}");
-    assert!(!s.restored_marker.exists(), "no restore marker: it never served");
+    assert!(
+        message.contains(&s.socket.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        !s.restored_marker.exists(),
+        "no restore marker: it never served"
+    );
 }
 
 /// STATUS through the plugin: ok while the agent serves; ok while it is down but its restore

@@ -489,9 +489,17 @@ async fn gc_of_one_network_leaves_other_networks_and_unknown_ones_alone() {
         assert_eq!(networks, [Value::from("a"), Value::from("b"), Value::Null]);
         let gc = n.cni_on("b", "GC", "", "", r#","cni.dev/valid-attachments":[]"#);
         assert_eq!(gc.code, 0, "{}", gc.stdout);
-        assert_eq!(ids(&n), ["a1", "old"], "GC of b frees b1; the unknown one stays");
+        assert_eq!(
+            ids(&n),
+            ["a1", "old"],
+            "GC of b frees b1; the unknown one stays"
+        );
         assert_eq!(n.cni_on("a", "DEL", "old", &uid(9), "").code, 0);
-        assert_eq!(ids(&n), ["a1"], "DEL frees an allocation of unknown network");
+        assert_eq!(
+            ids(&n),
+            ["a1"],
+            "DEL frees an allocation of unknown network"
+        );
     })
     .await;
 }

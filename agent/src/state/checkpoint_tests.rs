@@ -578,21 +578,40 @@ fn the_network_is_kept_and_a_file_without_it_reads_as_unknown() {
     };
     let mut state = loaded();
     assert_eq!(network(&state, "c1").as_deref(), Some("pods"));
-    assert_eq!(network(&state, "c2"), None, "no network in the file: unknown");
+    assert_eq!(
+        network(&state, "c2"),
+        None,
+        "no network in the file: unknown"
+    );
     assert!(state.gc("pods", &[], t0()));
-    assert_eq!(keys(&state), ["c2"], "a GC of pods frees c1, not the unknown c2");
+    assert_eq!(
+        keys(&state),
+        ["c2"],
+        "a GC of pods frees c1, not the unknown c2"
+    );
 
     let mut state = loaded();
     let fs = RecordingFs::new();
     state.save(&fs, dir()).expect("save");
     let bytes = fs.get(&ckpt()).expect("saved");
-    assert_eq!(load_at(&fs, "boot-1", t0()).state, state, "kept across save and load");
+    assert_eq!(
+        load_at(&fs, "boot-1", t0()).state,
+        state,
+        "kept across save and load"
+    );
 
     let read = prev::read(&bytes).expect("the previous release reads it");
     assert_eq!(read.allocations.len(), 2);
     let fs = RecordingFs::new();
-    fs.put(ckpt(), serde_json::to_vec(&read).expect("the previous release writes it"));
+    fs.put(
+        ckpt(),
+        serde_json::to_vec(&read).expect("the previous release writes it"),
+    );
     let back = load_at(&fs, "boot-1", t0()).state;
-    assert_eq!(network(&back, "c1"), None, "lost by the previous release: unknown");
+    assert_eq!(
+        network(&back, "c1"),
+        None,
+        "lost by the previous release: unknown"
+    );
     assert_eq!(keys(&back), keys(&state));
 }

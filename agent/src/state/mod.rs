@@ -52,7 +52,8 @@ pub use format::{FORMAT_VERSION, MIN_READER_VERSION};
 pub use fs::{Fs, FsFile, StdFs};
 pub use lock::{DirLock, LOCK_FILE};
 pub use model::{
-    AllocKey, Allocation, Attachment, NodeState, PodRef, ReclaimAnswer, parse_pod_uid, pool_families,
+    AllocKey, Allocation, Attachment, NodeState, PodRef, ReclaimAnswer, parse_pod_uid,
+    pool_families,
 };
 pub use recording::{Op, OpKind, RecordingFs};
 pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool, spooled};

@@ -351,15 +351,22 @@ fn gc_frees_only_its_own_networks_unlisted_allocations() {
         pod: PodUid(pod),
         network: Some(Arc::from(net)),
     };
-    s.add(&n, &V4, &none(), alloc(1), on(1, "a"), T).expect("a1");
-    s.add(&n, &V4, &none(), alloc(2), on(2, "a"), T).expect("a2");
+    s.add(&n, &V4, &none(), alloc(1), on(1, "a"), T)
+        .expect("a1");
+    s.add(&n, &V4, &none(), alloc(2), on(2, "a"), T)
+        .expect("a2");
     s.add(&n, &V4, &none(), alloc(3), on(3, "b"), T).expect("b");
-    s.add(&n, &V4, &none(), alloc(4), PodUid(4), T).expect("unknown");
+    s.add(&n, &V4, &none(), alloc(4), PodUid(4), T)
+        .expect("unknown");
     let now = T + Duration::from_secs(60);
     let freed = s.gc("a", |k| *k == alloc(1), now);
     assert_eq!(freed, vec![(alloc(2), PodUid(2), vec![ip("10.0.0.2")])]);
     assert_eq!(s.cooldowns().get(&ip("10.0.0.2")), Some(&(now + CD)));
-    assert!(s.gc("a", |_| false, now).iter().all(|(k, ..)| *k == alloc(1)));
+    assert!(
+        s.gc("a", |_| false, now)
+            .iter()
+            .all(|(k, ..)| *k == alloc(1))
+    );
     assert!(s.gc("c", |_| false, now).is_empty(), "no allocation of c");
     let held: Vec<_> = s.allocations().map(|(h, _)| h.key).collect();
     assert_eq!(held, {
@@ -370,7 +377,10 @@ fn gc_frees_only_its_own_networks_unlisted_allocations() {
     let rec = s.record();
     let nets: Vec<_> = rec.allocations.iter().map(|a| a.network.clone()).collect();
     assert!(nets.contains(&Some(Arc::from("b"))) && nets.contains(&None));
-    assert_eq!(NodeSide::from_record(rec, CD).expect("restored").record(), s.record());
+    assert_eq!(
+        NodeSide::from_record(rec, CD).expect("restored").record(),
+        s.record()
+    );
     assert_eq!(s.del(&alloc(4), None, now).freed(), [ip("10.0.0.4")]);
 }
 
