@@ -139,13 +139,13 @@ fn agent_ready(n: &api::IPAMNode) -> Option<(String, String, String)> {
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Every `AgentReady` node-a's IPAMNode goes through, in order, as a watch sees them; at the
-/// first `True`, whether the agent's socket took a connection and its restore marker was
-/// there.
-fn watch_agent_ready(
-    admin: &kube::Client,
-    s: &Settings,
-) -> tokio::task::JoinHandle<(Vec<(String, String)>, Option<(bool, bool)>)> {
+/// The `AgentReady` (status, reason) pairs seen in order, and at the first `True` whether
+/// the socket took a connection and the restore marker was there.
+type History = (Vec<(String, String)>, Option<(bool, bool)>);
+
+/// Every `AgentReady` node-a's IPAMNode goes through, in order, as a watch sees them (see
+/// [`History`]).
+fn watch_agent_ready(admin: &kube::Client, s: &Settings) -> tokio::task::JoinHandle<History> {
     use futures::StreamExt;
     let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
     let config = kube::runtime::watcher::Config::default().fields("metadata.name=node-a");

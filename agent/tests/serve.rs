@@ -504,6 +504,34 @@ async fn gc_of_one_network_leaves_other_networks_and_unknown_ones_alone() {
     .await;
 }
 
+/// Issue 27, "What counts as waiting": the agent counts the ADDs it holds for lack of an
+/// address (`tidepool_agent_adds_waiting`): one while an ADD waits on an empty pool, none
+/// once a block arrives and it is answered, and none after one that gave up (code 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_held_for_lack_of_an_address_are_counted_while_they_wait() {
+    let node = Arc::new(Node::start(&[], Duration::from_secs(20)));
+    assert_eq!(node.agent.adds_waiting(), 0);
+    let n = node.clone();
+    let add = tokio::task::spawn_blocking(move || n.cni("ADD", "c1", &uid(1)));
+    eventually("the ADD held", || async {
+        (node.agent.adds_waiting() == 1).then_some(())
+    })
+    .await;
+    node.source.set_pool("node-a", pool(&["10.250.0.0/28"]));
+    let add = add.await.expect("join");
+    assert_eq!(add.code, 0, "{}", add.stdout);
+    assert_eq!(node.agent.adds_waiting(), 0, "answered: no longer waiting");
+
+    let short = Node::start(&[], Duration::from_millis(200));
+    let gave_up = blocking({
+        let cfg = short.config("");
+        move || plugin("ADD", "c2", &uid(2), &cfg)
+    })
+    .await;
+    assert_eq!(gave_up.json()["code"], 11, "{}", gave_up.stdout);
+    assert_eq!(short.agent.adds_waiting(), 0, "gave up: no longer waiting");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bind_replaces_a_stale_socket_but_not_a_file() {
     let dir = tempfile::tempdir().expect("tempdir");

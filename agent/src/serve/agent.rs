@@ -57,6 +57,8 @@ pub(super) struct Inner {
     /// The locked steps running on the blocking pool: a caller's abort does not stop one,
     /// and each holds the agent (its state directory's lock) until it ends.
     blocking: TaskTracker,
+    /// The ADDs waiting for an address now.
+    adds_waiting: observe::AddsWaiting,
 }
 
 /// What one locked step did: its reply, and whether a durable change is to be published.
@@ -115,12 +117,18 @@ impl Agent {
                 config,
                 reconcile: std::sync::Mutex::new(Tracker::default()),
                 blocking: TaskTracker::new(),
+                adds_waiting: observe::AddsWaiting::default(),
             }),
         }
     }
 
     pub(super) fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    /// How many ADDs wait for an address now (`tidepool_agent_adds_waiting`).
+    pub fn adds_waiting(&self) -> usize {
+        self.inner.adds_waiting.now()
     }
 
     /// The shared state (the kube layer reads it to publish; lock it briefly).
@@ -172,7 +180,8 @@ impl Agent {
     }
 
     /// CNI ADD: the key's addresses (the same ones on a repeated ADD), one per family the
-    /// node's pool has, all or none; waits up to `empty_pool_wait` for a free address.
+    /// node's pool has, all or none; waits up to `empty_pool_wait` for a free address,
+    /// counted among the ADDs waiting meanwhile.
     pub async fn add(&self, req: CniRequest) -> Reply {
         let key = match req.key() {
             Ok(k) => k,
@@ -185,6 +194,7 @@ impl Agent {
         let req = Arc::new(req);
         let deadline = Instant::now() + self.inner.config.empty_pool_wait;
         let mut changes = self.inner.source.changes();
+        let mut waiting = None;
         loop {
             changes.borrow_and_update();
             let (key, req) = (key.clone(), req.clone());
@@ -194,6 +204,7 @@ impl Agent {
                 Ok(Attempt::Empty(why)) => why,
                 Err(e) => return failed(&e),
             };
+            waiting.get_or_insert_with(|| self.inner.adds_waiting.hold());
             let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
             if !matches!(woke, Ok(Ok(()))) {
                 return Reply::error(
