@@ -9,8 +9,10 @@
 //! - [`ips`]: the node's addresses by family and state, set after every change of the state
 //!   (the answer loop's ticks included);
 //! - [`status_write`]: each server-side apply of the node side's fields by what the API
-//!   server answered.
+//!   server answered;
+//! - [`AddsWaiting`]: the ADDs held now for lack of an address.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tidepool_ipam::{Family, IpamNode, ReleaseState};
@@ -19,6 +21,37 @@ use tidepool_metrics::{self as m, record};
 use crate::cni::proto::Verb;
 use crate::serve::Reply;
 use crate::state::{DelOutcome, NodeState};
+
+/// The ADDs the agent holds now for lack of a free address, as
+/// `tidepool_agent_adds_waiting` reports them: the pods whose sandboxes really wait for an
+/// address (a pod the operator counts as waiting may only wait for its volumes).
+#[derive(Debug, Default)]
+pub struct AddsWaiting(AtomicUsize);
+
+impl AddsWaiting {
+    /// How many wait now.
+    pub fn now(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Counts one ADD as waiting until the guard is dropped (answered or given up).
+    pub fn hold(&self) -> WaitingAdd<'_> {
+        let n = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        record::agent_adds_waiting(n as f64);
+        WaitingAdd(self)
+    }
+}
+
+/// One ADD counted by [`AddsWaiting::hold`] while it lives.
+#[derive(Debug)]
+pub struct WaitingAdd<'a>(&'a AddsWaiting);
+
+impl Drop for WaitingAdd<'_> {
+    fn drop(&mut self) {
+        let n = self.0.0.fetch_sub(1, Ordering::Relaxed) - 1;
+        record::agent_adds_waiting(n as f64);
+    }
+}
 
 /// How one CNI request ended, as `tidepool_agent_cni_requests_total` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! state directory, load the checkpoint, wait for the node's IPAMNode (the operator creates
 //! it), read it and its blocks, list the node's pods, rebuild from the published node side
 //! if the checkpoint was corrupt, reconcile, replay the DEL spool, publish the node side's
-//! fields in one write, mark the restore done (the plugin's STATUS reads the marker), then
-//! serve ADD. A partial `used` map is never published (Cilium #9888): nothing is published
+//! fields in one write (`AgentReady=False`, `Starting`), serve ADD, and only then mark the
+//! restore done (the plugin's STATUS reads the marker) and publish `AgentReady=True`. A partial `used` map is never published (Cilium #9888): nothing is published
 //! before the checkpoint is loaded (or rebuilt) and the spool replayed. No ADD is served
 //! before the pods are listed: a live pod's address is never handed out, checkpoint or not.
 //!
@@ -16,7 +16,10 @@
 //! ([`crate::routes`]), started once it serves, stopped (its routes left) when it stops.
 //!
 //! [`Settings::ready`] turns ready once it serves (restored and the socket bound: what
-//! `/readyz` reports) and not ready when it stops. Its metrics are recorded where things
+//! `/readyz` reports) and not ready when it stops; so does `AgentReady`, which a clean stop
+//! leaves False (`Stopped`) and an error after the first publish False (`Failed`, the
+//! error). A crashed agent writes nothing: the operator takes its liveness from the agent
+//! pod's Ready condition (the kubelet probes `/readyz`). Its metrics are recorded where things
 //! happen ([`crate::observe`]); the binary installs the exporter.
 //!
 //! For tests only: `TIDEPOOL_FAILPOINTS` (read by the binary) stops the agent at named
@@ -101,17 +104,52 @@ impl Settings {
     }
 }
 
-/// The durable state as the publisher reads it: the whole node side, the agent serving.
-pub struct Published(pub Arc<Mutex<NodeState>>);
+/// The durable state as the publisher reads it, with the agent's `AgentReady` condition
+/// as [`run`] sets it. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Published {
+    state: Arc<Mutex<NodeState>>,
+    ready: Arc<std::sync::Mutex<AgentReady>>,
+}
 
-impl NodeSideSource for Published {
-    async fn read(&self) -> Option<NodeSide> {
-        let state = self.0.lock().await;
-        Some(NodeSide::from_state(&state, Some(AgentReady::serving())))
+impl Published {
+    /// `state`, published with `ready` as the condition until [`Published::set`].
+    pub fn new(state: Arc<Mutex<NodeState>>, ready: AgentReady) -> Self {
+        Published {
+            state,
+            ready: Arc::new(std::sync::Mutex::new(ready)),
+        }
+    }
+
+    /// The condition the next publish carries.
+    pub fn set(&self, ready: AgentReady) {
+        *self
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = ready;
+    }
+
+    fn ready(&self) -> AgentReady {
+        (self.ready.lock())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
-/// Runs the agent until `shutdown` completes.
+impl NodeSideSource for Published {
+    async fn read(&self) -> Option<NodeSide> {
+        let ready = self.ready();
+        let state = self.state.lock().await;
+        Some(NodeSide::from_state(&state, Some(ready)))
+    }
+}
+
+/// How long a stopping agent waits for its last `AgentReady` (False) to be written.
+const LAST_WORD: Duration = Duration::from_secs(5);
+
+/// Runs the agent until `shutdown` completes. `AgentReady` is False (`Starting`) from its
+/// first publish, True (`Serving`) once its socket serves, and False again when it stops:
+/// `Stopped` on a clean stop, `Failed` with the error once it published and then failed.
 pub async fn run(
     client: kube::Client,
     s: Settings,
@@ -122,6 +160,28 @@ pub async fn run(
             "the reconcile interval must be positive".into(),
         ));
     }
+    let restored = restore(&client, &s).await?;
+    let (publisher, published) = (restored.publisher.clone(), restored.published.clone());
+    let served = serve(client, &s, restored, shutdown).await;
+    if let Err(e) = &served {
+        published.set(AgentReady::failed(&e.to_string()));
+        publish_within(&publisher, LAST_WORD).await;
+    }
+    served
+}
+
+/// The agent restored and published (`AgentReady=False`, `Starting`), not serving yet.
+struct Restored {
+    agent: Agent,
+    watch: NodeWatch,
+    publisher: Publisher,
+    published: Published,
+}
+
+/// Takes the lock, loads the checkpoint, waits for the node's IPAMNode and pods, rebuilds
+/// if the checkpoint was corrupt, answers the operator, reconciles, replays the DEL spool
+/// and publishes the node side in one write.
+async fn restore(client: &kube::Client, s: &Settings) -> Result<Restored> {
     let dir = StateDir::open(&s.state_dir)?;
     let boot_id = read_boot_id(dir.fs(), &s.boot_id_file)?;
     let loaded = dir.load(&boot_id, SystemTime::now(), s.reuse_cooldown)?;
@@ -135,13 +195,14 @@ pub async fn run(
     let rebuild = loaded.rebuild_needed();
     let mut state = loaded.state;
     if rebuild {
-        adopt_published(&client, &watch, &dir, &mut state).await?;
+        adopt_published(client, &watch, &dir, &mut state).await?;
     }
     let state = Arc::new(Mutex::new(state));
+    let published = Published::new(state.clone(), AgentReady::starting());
     let publisher = Publisher::start(
         client.clone(),
         watch.clone(),
-        Published(state.clone()),
+        published.clone(),
         PublishConfig::default(),
     );
     let config = Config {
@@ -163,20 +224,44 @@ pub async fn run(
     let replayed = agent.replay_spool(&s.spool_dir).await?;
     tracing::info!(?replayed, "DEL spool replayed");
     publish_once(&publisher).await;
-    mark_restored(&s.restored_marker)?;
+    Ok(Restored {
+        agent,
+        watch,
+        publisher,
+        published,
+    })
+}
+
+/// Binds the socket and serves until `shutdown`; only then is the restore marked and
+/// `AgentReady` True. On `shutdown`: not ready, `AgentReady` False (`Stopped`, written
+/// within [`LAST_WORD`]) while the socket still serves, then every task stopped.
+async fn serve(
+    client: kube::Client,
+    s: &Settings,
+    r: Restored,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     let server = Server::bind(&s.socket)?;
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
-    let serving = Serving::start(agent, watch, server, &s);
-    let node_routes = match start_node_routes(client, &s).await {
-        Ok(r) => r,
+    let serving = Serving::start(r.agent, r.watch, server, s);
+    let started = match mark_restored(&s.restored_marker) {
+        Ok(()) => start_node_routes(client, s).await,
+        Err(e) => Err(e),
+    };
+    let node_routes = match started {
+        Ok(routes) => routes,
         Err(e) => {
             serving.stop().await;
             return Err(e);
         }
     };
+    r.published.set(AgentReady::serving());
+    r.publisher.publish();
     s.ready.set(true);
     shutdown.await;
     s.ready.set(false);
+    r.published.set(AgentReady::stopped());
+    publish_within(&r.publisher, LAST_WORD).await;
     serving.stop().await;
     // stops the route manager; its routes stay (pods keep reaching the other nodes)
     drop(node_routes);
@@ -336,6 +421,17 @@ async fn adopt_published(
     );
     dir.save(state)?;
     Ok(())
+}
+
+/// [`publish_once`], waiting at most `wait` (a stopping agent does not hang on a server it
+/// cannot reach).
+async fn publish_within(publisher: &Publisher, wait: Duration) {
+    if tokio::time::timeout(wait, publish_once(publisher))
+        .await
+        .is_err()
+    {
+        tracing::warn!("the last AgentReady could not be written in time");
+    }
 }
 
 /// Publishes the restored state and waits until it is written (retried by the publisher).

@@ -607,7 +607,7 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
     let publisher = Publisher::start(
         client,
         w.clone(),
-        tidepool_agent::run::Published(state.clone()),
+        tidepool_agent::run::Published::new(state.clone(), AgentReady::serving()),
         PublishConfig::default(),
     );
     let config = Config {

@@ -132,6 +132,138 @@ async fn a_del_spooled_while_the_agent_serves_is_applied_while_it_runs() {
     agent.stop().await;
 }
 
+/// node-a's `AgentReady` condition: (status, reason, message), `None` while there is none.
+fn agent_ready(n: &api::IPAMNode) -> Option<(String, String, String)> {
+    let conditions = &n.status.as_ref()?.conditions;
+    let c = conditions.iter().find(|c| c.type_ == "AgentReady")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The `AgentReady` (status, reason) pairs seen in order, and at the first `True` whether
+/// the socket took a connection and the restore marker was there.
+type History = (Vec<(String, String)>, Option<(bool, bool)>);
+
+/// Every `AgentReady` node-a's IPAMNode goes through, in order, as a watch sees them (see
+/// [`History`]).
+fn watch_agent_ready(admin: &kube::Client, s: &Settings) -> tokio::task::JoinHandle<History> {
+    use futures::StreamExt;
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let config = kube::runtime::watcher::Config::default().fields("metadata.name=node-a");
+    let (socket, marker) = (s.socket.clone(), s.restored_marker.clone());
+    tokio::spawn(async move {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        let mut at_true = None;
+        let mut events = kube::runtime::watcher(nodes, config).boxed();
+        while let Some(Ok(e)) = events.next().await {
+            let kube::runtime::watcher::Event::Apply(n) = e else {
+                continue;
+            };
+            let Some((status, reason, _)) = agent_ready(&n) else {
+                continue;
+            };
+            if seen.last() != Some(&(status.clone(), reason.clone())) {
+                if status == "True" && at_true.is_none() {
+                    let serves = std::os::unix::net::UnixStream::connect(&socket).is_ok();
+                    at_true = Some((serves, marker.exists()));
+                }
+                seen.push((status, reason));
+                if seen.len() == 3 {
+                    break;
+                }
+            }
+        }
+        (seen, at_true)
+    })
+}
+
+/// Issue 27, defect 7: `AgentReady` turns True only once the agent's socket serves (and
+/// its restore marker is written only then), is False while it restores, and turns False
+/// with a reason on a clean stop — a stopped agent does not leave `True` behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_ready_is_true_only_while_the_socket_serves() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let history = watch_agent_ready(&admin, &s);
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let agent = RunningAgent::start(client, &s).await;
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually("AgentReady=True", || async {
+        let n = nodes.get("node-a").await.ok()?;
+        (agent_ready(&n)?.0 == "True").then_some(())
+    })
+    .await;
+    agent.stop().await;
+    let n = nodes.get("node-a").await.expect("node-a");
+    let (status, reason, message) = agent_ready(&n).expect("AgentReady");
+    assert_eq!(
+        (status.as_str(), reason.as_str(), message.as_str()),
+        ("False", "Stopped", "the agent stopped"),
+        "written before a clean stop returns"
+    );
+    let (seen, at_true) = tokio::time::timeout(Duration::from_secs(10), history)
+        .await
+        .expect("three conditions seen")
+        .expect("join");
+    let pair = |s: &str, r: &str| (s.to_owned(), r.to_owned());
+    assert_eq!(
+        seen,
+        [
+            pair("False", "Starting"),
+            pair("True", "Serving"),
+            pair("False", "Stopped")
+        ]
+    );
+    assert_eq!(
+        at_true,
+        Some((true, true)),
+        "at True: the socket served, the restore marker written"
+    );
+}
+
+/// Issue 27, defect 7: an agent that cannot bind its socket stops with an error and leaves
+/// `AgentReady=False` with the reason, not the `True` of the agent before it (which crashed
+/// and wrote nothing); its restore marker is not written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_bind_its_socket_leaves_agent_ready_false() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let crashed = RunningAgent::start(client.clone(), &s).await;
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually("AgentReady=True", || async {
+        let n = nodes.get("node-a").await.ok()?;
+        (agent_ready(&n)?.0 == "True").then_some(())
+    })
+    .await;
+    drop(crashed); // aborted: it writes nothing more
+
+    // the next agent: its own state dir and marker, its socket path a regular file
+    let next = tempfile::tempdir().expect("temp dir");
+    let mut s = settings(next.path());
+    std::fs::create_dir_all(s.socket.parent().expect("parent")).expect("run dir");
+    std::fs::write(&s.socket, "not a socket").expect("a file in the way");
+    s.restored_marker = next.path().join("run/restored");
+    let e = run(client, s.clone(), std::future::pending())
+        .await
+        .expect_err("the socket cannot be bound");
+    let n = nodes.get("node-a").await.expect("node-a");
+    let (status, reason, message) = agent_ready(&n).expect("AgentReady");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Failed"));
+    assert_eq!(message, e.to_string());
+    assert!(
+        message.contains(&s.socket.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        !s.restored_marker.exists(),
+        "no restore marker: it never served"
+    );
+}
+
 /// STATUS through the plugin: ok while the agent serves; ok while it is down but its restore
 /// marker was refreshed within `unreachableGrace` (a restart); code 50 once the marker has
 /// gone unrefreshed for longer. The serving agent keeps the marker fresh.

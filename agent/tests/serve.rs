@@ -52,7 +52,16 @@ impl Node {
     /// An agent with pod network 10.250.0.0/16 (gateway 10.250.0.1) over a node whose pool
     /// is `blocks`, serving on its socket.
     fn start(blocks: &[&str], empty_pool_wait: Duration) -> Node {
+        Node::start_from(blocks, empty_pool_wait, None)
+    }
+
+    /// [`Node::start`] over `checkpoint`, written into the state dir before the agent loads it.
+    fn start_from(blocks: &[&str], empty_pool_wait: Duration, checkpoint: Option<&str>) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
+        if let Some(text) = checkpoint {
+            std::fs::create_dir_all(dir.path().join("state")).expect("state dir");
+            std::fs::write(dir.path().join("state/checkpoint.json"), text).expect("seed");
+        }
         let source = Arc::new(MemoryNodeSource::new());
         if !blocks.is_empty() {
             source.set_pool("node-a", pool(blocks));
@@ -105,8 +114,12 @@ impl Node {
         self.dir.path().join("spool")
     }
     fn config(&self, extra: &str) -> String {
+        self.config_of("pods", extra)
+    }
+    /// The network config of CNI network `network` (its `name`).
+    fn config_of(&self, network: &str, extra: &str) -> String {
         format!(
-            r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}{extra}}}"#,
+            r#"{{"cniVersion":"1.1.0","name":"{network}","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300}}{extra}}}"#,
             self.sock().display(),
             self.spool().display(),
             self.dir.path().join("restored").display()
@@ -146,6 +159,10 @@ impl Node {
     }
     fn cni_with(&self, cmd: &str, c: &str, pod_uid: &str, extra: &str) -> Run {
         plugin(cmd, c, pod_uid, &self.config(extra))
+    }
+    /// Runs the plugin for `cmd` on container `c` of pod `uid`, attached to `network`.
+    fn cni_on(&self, network: &str, cmd: &str, c: &str, pod_uid: &str, extra: &str) -> Run {
+        plugin(cmd, c, pod_uid, &self.config_of(network, extra))
     }
 }
 
@@ -432,6 +449,87 @@ async fn gc_frees_what_is_not_a_valid_attachment_and_status_answers() {
         assert_eq!(n.cni("STATUS", "", "").code, 0);
     })
     .await;
+}
+
+/// Issue 27, defect 8: a GC names one network's valid attachments, so it frees only that
+/// network's allocations: another network's and those whose network is unknown (migrated
+/// from format 2, which kept none) stay; DEL still frees an unknown one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_of_one_network_leaves_other_networks_and_unknown_ones_alone() {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let format2 = format!(
+        r#"{{"version":2,"minReaderVersion":1,"allocations":[{{"containerID":"old","ifname":"eth0","podUID":"{}","namespace":"d","pod":"old","addresses":["10.250.0.9"],"since":{since},"bootID":"boot-1"}}]}}"#,
+        uid(9)
+    );
+    let node = Arc::new(Node::start_from(
+        &["10.250.0.0/28"],
+        Duration::from_secs(1),
+        Some(&format2),
+    ));
+    let n = node.clone();
+    blocking(move || {
+        n.cni_on("a", "ADD", "a1", &uid(1), "").addr();
+        n.cni_on("a", "ADD", "a2", &uid(2), "").addr();
+        n.cni_on("b", "ADD", "b1", &uid(3), "").addr();
+        let ids = |n: &Node| -> Vec<String> { n.on_disk().into_iter().map(|(c, _)| c).collect() };
+        assert_eq!(ids(&n), ["a1", "a2", "b1", "old"]);
+        let valid_a1 = r#","cni.dev/valid-attachments":[{"containerID":"a1","ifname":"eth0"}]"#;
+        let gc = n.cni_on("a", "GC", "", "", valid_a1);
+        assert_eq!(gc.code, 0, "{}", gc.stdout);
+        assert_eq!(ids(&n), ["a1", "b1", "old"], "GC of a frees a2 only");
+        let networks: Vec<Value> = n.checkpoint()["allocations"]
+            .as_array()
+            .expect("allocations")
+            .iter()
+            .map(|a| a["network"].clone())
+            .collect();
+        assert_eq!(networks, [Value::from("a"), Value::from("b"), Value::Null]);
+        let gc = n.cni_on("b", "GC", "", "", r#","cni.dev/valid-attachments":[]"#);
+        assert_eq!(gc.code, 0, "{}", gc.stdout);
+        assert_eq!(
+            ids(&n),
+            ["a1", "old"],
+            "GC of b frees b1; the unknown one stays"
+        );
+        assert_eq!(n.cni_on("a", "DEL", "old", &uid(9), "").code, 0);
+        assert_eq!(
+            ids(&n),
+            ["a1"],
+            "DEL frees an allocation of unknown network"
+        );
+    })
+    .await;
+}
+
+/// Issue 27, "What counts as waiting": the agent counts the ADDs it holds for lack of an
+/// address (`tidepool_agent_adds_waiting`): one while an ADD waits on an empty pool, none
+/// once a block arrives and it is answered, and none after one that gave up (code 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_held_for_lack_of_an_address_are_counted_while_they_wait() {
+    let node = Arc::new(Node::start(&[], Duration::from_secs(20)));
+    assert_eq!(node.agent.adds_waiting(), 0);
+    let n = node.clone();
+    let add = tokio::task::spawn_blocking(move || n.cni("ADD", "c1", &uid(1)));
+    eventually("the ADD held", || async {
+        (node.agent.adds_waiting() == 1).then_some(())
+    })
+    .await;
+    node.source.set_pool("node-a", pool(&["10.250.0.0/28"]));
+    let add = add.await.expect("join");
+    assert_eq!(add.code, 0, "{}", add.stdout);
+    assert_eq!(node.agent.adds_waiting(), 0, "answered: no longer waiting");
+
+    let short = Node::start(&[], Duration::from_millis(200));
+    let gave_up = blocking({
+        let cfg = short.config("");
+        move || plugin("ADD", "c2", &uid(2), &cfg)
+    })
+    .await;
+    assert_eq!(gave_up.json()["code"], 11, "{}", gave_up.stdout);
+    assert_eq!(short.agent.adds_waiting(), 0, "gave up: no longer waiting");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,6 +38,7 @@ fn operator_settings() -> OperatorSettings {
         seed: 7,
         taint_exhausted_nodes: false,
         agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
+        agent_pods: tidepool_operator::runtime::default_agent_pods(),
         election: None,
     }
 }

@@ -67,6 +67,9 @@ pub const AGENT_CNI_REQUESTS_TOTAL: &str = "tidepool_agent_cni_requests_total";
 pub const AGENT_CNI_DURATION_SECONDS: &str = "tidepool_agent_cni_duration_seconds";
 /// Addresses of the agent's node (gauge; `family`, `state`).
 pub const AGENT_IPS: &str = "tidepool_agent_ips";
+/// CNI ADDs the node agent holds now for lack of a free address (gauge): the pods that
+/// really wait for one (the pods-waiting alert keys on it).
+pub const AGENT_ADDS_WAITING: &str = "tidepool_agent_adds_waiting";
 /// The node agent's server-side applies of the node side's fields (counter; `outcome`).
 pub const AGENT_STATUS_WRITES_TOTAL: &str = "tidepool_agent_status_writes_total";
 /// Routes to other nodes' blocks the agent owns now (gauge; only with `--node-routes`).

@@ -229,6 +229,11 @@ pub fn agent_ips(family: Family, state: AgentIpsState, value: f64) {
     .set(value);
 }
 
+/// Sets [`AGENT_ADDS_WAITING`]: the ADDs held now for lack of an address.
+pub fn agent_adds_waiting(value: f64) {
+    metrics::gauge!(AGENT_ADDS_WAITING).set(value);
+}
+
 /// Counts one server-side apply of the node side's fields ([`AGENT_STATUS_WRITES_TOTAL`]).
 pub fn agent_status_writes(outcome: StatusWriteOutcome) {
     metrics::counter!(

@@ -113,6 +113,7 @@ fn record_every_value() {
         agent_status_writes(o);
     }
     agent_node_routes(1.0);
+    agent_adds_waiting(1.0);
     for &op in RouteOp::ALL {
         for &o in RouteOutcome::ALL {
             agent_node_route_ops(op, o);

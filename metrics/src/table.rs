@@ -376,6 +376,13 @@ pub const AGENT: &[Def] = &[
         ],
     },
     Def {
+        name: AGENT_ADDS_WAITING,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "CNI ADDs the node agent holds now because its node has no free address for them (each waits a few seconds for a block, then answers try again later): pods whose sandboxes wait for an address.",
+        labels: &[],
+    },
+    Def {
         name: AGENT_STATUS_WRITES_TOTAL,
         kind: Kind::Counter,
         unit: Some(Unit::Count),

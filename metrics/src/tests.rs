@@ -47,6 +47,7 @@ const AGENT_NAMES: &[&str] = &[
     AGENT_CNI_REQUESTS_TOTAL,
     AGENT_CNI_DURATION_SECONDS,
     AGENT_IPS,
+    AGENT_ADDS_WAITING,
     AGENT_STATUS_WRITES_TOTAL,
     AGENT_NODE_ROUTES,
     AGENT_NODE_ROUTE_OPS_TOTAL,
@@ -86,6 +87,8 @@ fn names_match_design_table() {
         "tidepool_agent_status_writes_total"
     );
     assert_eq!(AGENT_NODE_ROUTES, "tidepool_agent_node_routes");
+    // the pods-waiting alert in deploy/ keys on it: stable
+    assert_eq!(AGENT_ADDS_WAITING, "tidepool_agent_adds_waiting");
     // named in deploy/ and scraped by the Prometheus test: stable
     assert_eq!(PODS_WAITING, "tidepool_ipam_pods_waiting");
     assert_eq!(POD_IP_WAIT_SECONDS, "tidepool_ipam_pod_ip_wait_seconds");
@@ -174,6 +177,7 @@ fn kinds_units_and_suffixes_are_consistent() {
     assert_eq!(kind(AGENT_IPS), Kind::Gauge);
     assert_eq!(kind(AGENT_STATUS_WRITES_TOTAL), Kind::Counter);
     assert_eq!(kind(AGENT_NODE_ROUTES), Kind::Gauge);
+    assert_eq!(kind(AGENT_ADDS_WAITING), Kind::Gauge);
     assert_eq!(kind(AGENT_NODE_ROUTE_OPS_TOTAL), Kind::Counter);
     assert!(def("tidepool_ipam_nope").is_none());
 }
@@ -453,6 +457,7 @@ fn register_zero_of_the_agent_registers_only_the_agents_series() {
         (AGENT_CNI_REQUESTS_TOTAL, 4 * 2 + 4),
         (AGENT_CNI_DURATION_SECONDS, 5),
         (AGENT_IPS, 2 * 4),
+        (AGENT_ADDS_WAITING, 1),
         (AGENT_STATUS_WRITES_TOTAL, 4),
         (AGENT_NODE_ROUTES, 1),
         // add, delete: ok and error

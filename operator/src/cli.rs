@@ -264,8 +264,8 @@ pub struct RunCmd {
     pub leader_elect: bool,
     /// Only Nodes matching this label selector get pools (`k=v`, `k!=v`, `k`, `!k`,
     /// comma-separated; empty: every Node).
-    #[arg(long, default_value = "", value_parser = node_selector, env = "TIDEPOOL_NODE_SELECTOR")]
-    pub node_selector: tidepool_operator::index::NodeSelector,
+    #[arg(long, default_value = "", value_parser = label_selector, env = "TIDEPOOL_NODE_SELECTOR")]
+    pub node_selector: tidepool_operator::index::LabelSelector,
     /// How long the API server may take to answer at start, and each watch's first list
     /// may go without progress (no page and no event) before start-up fails naming what did
     /// not sync (1s to 30 days). A list that keeps advancing may take longer in all.
@@ -277,11 +277,16 @@ pub struct RunCmd {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_TAINT_EXHAUSTED_NODES")]
     pub taint_exhausted_nodes: bool,
     /// How long pods on a node may wait for an address while its agent is not ready (no
-    /// `AgentReady=True` condition on its IPAMNode: the tidepool-agent pod never started,
-    /// or is not ready) before a Warning event `AgentNotReady` on the IPAMNode says so,
+    /// `AgentReady=True` condition on its IPAMNode — the tidepool-agent pod never started,
+    /// or is not ready — or its agent pod is not Ready) before a Warning event `AgentNotReady` on the IPAMNode says so,
     /// naming the pods' count, since when and what to check (1s to 30 days).
     #[arg(long, default_value = "1m", value_parser = agent_ready_grace, env = "TIDEPOOL_AGENT_READY_GRACE")]
     pub agent_ready_grace: Duration,
+    /// The label selector of the tidepool-agent pods (`k=v`, `k!=v`, `k`, `!k`,
+    /// comma-separated; empty: none). A node whose agent pod is not Ready counts as not
+    /// ready for `AgentNotReady` (a crashed agent cannot withdraw its `AgentReady=True`).
+    #[arg(long, default_value = tidepool_operator::runtime::DEFAULT_AGENT_POD_SELECTOR, value_parser = label_selector, env = "TIDEPOOL_AGENT_POD_SELECTOR")]
+    pub agent_pod_selector: tidepool_operator::index::LabelSelector,
     #[command(flatten)]
     pub leader: LeaderFlags,
 }
@@ -375,7 +380,7 @@ pub enum CheckOutput {
     Json,
 }
 
-fn node_selector(s: &str) -> Result<tidepool_operator::index::NodeSelector, String> {
+fn label_selector(s: &str) -> Result<tidepool_operator::index::LabelSelector, String> {
     s.parse()
         .map_err(|e: tidepool_operator::Error| e.to_string())
 }

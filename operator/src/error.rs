@@ -6,10 +6,10 @@ use std::time::Duration;
 /// Errors of the operator's library half.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `--node-selector` could not be parsed or uses what is not supported; names the
-    /// whole input and the requirement at fault.
-    #[error("invalid --node-selector {input:?}: {reason}")]
-    NodeSelector { input: String, reason: String },
+    /// A label selector (`--node-selector`, `--agent-pod-selector`) could not be parsed or
+    /// uses what is not supported; names the whole input and the requirement at fault.
+    #[error("invalid label selector {input:?}: {reason}")]
+    Selector { input: String, reason: String },
     /// A watch made no progress on its first list for the sync timeout.
     #[error(
         "{resources} did not sync: no page or event for {after:?} (is the API server reachable, are the CRDs installed, may the operator list them?)"

@@ -54,6 +54,7 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
         seed: rand_seed(),
         taint_exhausted_nodes: f.taint_exhausted_nodes,
         agent_ready_grace: f.agent_ready_grace,
+        agent_pods: f.agent_pod_selector.clone(),
         election: leader.map(|leader| Election {
             config: leader,
             kube_config: config,

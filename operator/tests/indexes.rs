@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -15,7 +17,7 @@ use parking_lot::Mutex;
 use tidepool_ipam::{
     IpamError, NodeInfo, NodeName, NodeUid, PodCache, PodChanges, PodPhase, PodUid, PodView, Since,
 };
-use tidepool_operator::index::{NodeChange, NodeIndex, NodeSelector, PodGetter, PodIndex};
+use tidepool_operator::index::{LabelSelector, NodeChange, NodeIndex, PodGetter, PodIndex};
 use tokio::time::Instant;
 
 // ---- pods ----
@@ -203,6 +205,68 @@ fn pod_ip_assignment_moves_a_pod_out_of_pending_and_a_terminal_pod_is_not_bound(
         },
     );
     assert_eq!((seen, found), (vec![1, 2, 3], 2));
+}
+
+/// Issue 27, "What counts as waiting": a hostNetwork pod (the agent's own, kube-proxy, a
+/// node exporter) gets no address from tidepool, so before it runs it is never counted as
+/// waiting (demand, the pods-waiting figure, `AgentNotReady`); it is still bound.
+#[test]
+fn a_host_network_pod_never_waits_for_an_address() {
+    let (idx, _) = index();
+    let mut host = pod(1, "n1", "Pending", &[]);
+    host.spec.as_mut().expect("spec").host_network = Some(true);
+    idx.apply(&Event::Apply(host));
+    idx.apply(&Event::Apply(pod(2, "n1", "Pending", &[])));
+    assert_eq!(
+        idx.pending_pods("n1"),
+        vec![PodUid(2)],
+        "only the pod network's"
+    );
+    assert_eq!(idx.bound_pods("n1"), 2, "both bound");
+}
+
+/// A pod labelled as `--agent-pod-selector` says is its node's agent: the index keeps
+/// whether it is Ready (the kubelet's probe of `/readyz`), through events and relists; a
+/// node with no agent pod (or only a terminal one) has no answer; with two (a rollout),
+/// one Ready is enough.
+#[test]
+fn an_agent_pods_ready_condition_is_kept_per_node() {
+    let server = FakeServer::default();
+    let selector: LabelSelector = "app.kubernetes.io/name=tidepool-agent".parse().unwrap();
+    let idx = PodIndex::new(server).with_agent_pods(selector);
+    let agent = |uid: u128, node: &str, phase: &str, ready: &str| {
+        let mut p = pod(uid, node, phase, &["192.168.0.1"]);
+        p.metadata.labels = Some(BTreeMap::from([(
+            "app.kubernetes.io/name".into(),
+            "tidepool-agent".into(),
+        )]));
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: ready.into(),
+            ..Default::default()
+        }]);
+        p
+    };
+    idx.apply(&Event::Apply(pod(9, "n1", "Running", &["10.0.0.9"])));
+    assert_eq!(idx.agent_pod_ready("n1"), None, "a pod of another app");
+    idx.apply(&Event::Apply(agent(1, "n1", "Running", "False")));
+    assert_eq!(idx.agent_pod_ready("n1"), Some(false));
+    assert_eq!(idx.agent_pod_ready("n2"), None);
+    idx.apply(&Event::Apply(agent(2, "n1", "Running", "True")));
+    assert_eq!(idx.agent_pod_ready("n1"), Some(true), "one of two Ready");
+    idx.apply(&Event::Delete(agent(2, "n1", "Running", "True")));
+    assert_eq!(idx.agent_pod_ready("n1"), Some(false));
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(agent(1, "n1", "Running", "True")));
+    idx.apply(&Event::InitDone);
+    assert_eq!(idx.agent_pod_ready("n1"), Some(true), "relisted");
+    idx.apply(&Event::Apply(agent(1, "n1", "Failed", "False")));
+    assert_eq!(idx.agent_pod_ready("n1"), None, "terminal: gone as agent");
+    // without a selector (or with the empty one) no pod is an agent's
+    let none = PodIndex::new(FakeServer::default()).with_agent_pods(LabelSelector::default());
+    none.apply(&Event::Apply(agent(1, "n1", "Running", "False")));
+    assert_eq!(none.agent_pod_ready("n1"), None);
 }
 
 #[test]
@@ -457,7 +521,7 @@ fn a_node_relist_reports_what_vanished_changed_and_appeared() {
 
 #[test]
 fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
-    let s: NodeSelector = "a=b, c==d,e!=f,g,!h,example.com/role=worker"
+    let s: LabelSelector = "a=b, c==d,e!=f,g,!h,example.com/role=worker"
         .parse()
         .unwrap();
     let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
@@ -478,7 +542,7 @@ fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
     assert!(!s.matches(&labels(&base[1..])), "a missing");
     assert_eq!(s.to_string(), "a=b,c=d,e!=f,g,!h,example.com/role=worker");
     assert!(
-        "".parse::<NodeSelector>()
+        "".parse::<LabelSelector>()
             .unwrap()
             .matches(&BTreeMap::new())
     );
@@ -496,7 +560,7 @@ fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
         "Bad_Prefix/x=y",
         "a=-b",
     ] {
-        let err = bad.parse::<NodeSelector>().expect_err(bad).to_string();
+        let err = bad.parse::<LabelSelector>().expect_err(bad).to_string();
         assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
     }
 }

@@ -198,6 +198,7 @@ impl Replica {
             seed: name.bytes().map(u64::from).sum(),
             taint_exhausted_nodes: false,
             agent_ready_grace: tidepool_operator::runtime::DEFAULT_AGENT_READY_GRACE,
+            agent_pods: tidepool_operator::runtime::default_agent_pods(),
             election: Some(Election {
                 config: o.leader_config(name),
                 kube_config,

@@ -1480,6 +1480,117 @@ async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_e
     task.await.unwrap();
 }
 
+/// A tidepool-agent pod on `node` (the deploy bundle's label, host network) whose Ready
+/// condition is `ready`, as its kubelet reports it from the `/readyz` probe.
+async fn add_agent_pod(admin: &kube::Client, node: &str, ready: bool) {
+    let name = format!("tidepool-agent-{node}");
+    create_object(
+        admin,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default",
+                "labels": {"app.kubernetes.io/name": "tidepool-agent"}},
+            "spec": {"nodeName": node, "hostNetwork": true,
+                "containers": [{"name": "agent", "image": "tidepool-agent"}]},
+        }),
+    )
+    .await;
+    let status = if ready { "True" } else { "False" };
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let patch = json!({"status": {"phase": "Running", "podIP": "192.168.0.9",
+        "podIPs": [{"ip": "192.168.0.9"}],
+        "conditions": [{"type": "Ready", "status": status}]}});
+    pods.patch_status(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .expect("the agent pod's status");
+}
+
+/// Issue 27, defect 7: a crashed agent cannot withdraw its `AgentReady=True`, so the
+/// operator also reads its pod's Ready condition (the pod watch it runs anyway): pods
+/// waiting on node-a, whose agent pod is not Ready, raise `AgentNotReady` after the grace
+/// although the condition says True; node-b, whose agent pod is Ready, gets none. And a
+/// hostNetwork pod without an address (node-d) is no pod waiting ("What counts as
+/// waiting"): no event for a node with no agent at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_pod_that_is_not_ready_raises_agent_not_ready_despite_its_condition() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.123.0.0/24"], json!({"ipv4": 28})).await;
+    for n in ["node-a", "node-b", "node-d"] {
+        add_node(&admin, n).await;
+    }
+    let s = Settings {
+        agent_ready_grace: Duration::from_secs(1),
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the IPAMNodes", || {
+        let api = ipamnodes.clone();
+        async move {
+            let l = api.list(&ListParams::default()).await.ok()?;
+            (l.items.len() == 3).then_some(())
+        }
+    })
+    .await;
+    set_agent_ready(&admin, "node-a", true, "Serving").await;
+    set_agent_ready(&admin, "node-b", true, "Serving").await;
+    add_agent_pod(&admin, "node-b", true).await;
+    // node-b's and node-d's pods first: were either taken for stuck, its event came first
+    add_pod(&admin, "p-b", "node-b").await;
+    create_object(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "exporter-d", "namespace": "default"},
+            "spec": {"nodeName": "node-d", "hostNetwork": true,
+                "containers": [{"name": "c", "image": "exporter"}]}}),
+    )
+    .await;
+    add_agent_pod(&admin, "node-a", false).await;
+    add_pod(&admin, "p-a", "node-a").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    let on = |list: &[k8s_openapi::api::events::v1::Event], node: &str| {
+        list.iter()
+            .filter(|e| e.reason.as_deref() == Some("AgentNotReady"))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+            .filter_map(|e| e.note.clone())
+            .collect::<Vec<_>>()
+    };
+    let notes = eventually(Duration::from_secs(30), "AgentNotReady on node-a", || {
+        let events = events.clone();
+        async move {
+            let l = events.list(&ListParams::default()).await.ok()?.items;
+            let notes = on(&l, "node-a");
+            (!notes.is_empty()).then_some(notes)
+        }
+    })
+    .await;
+    assert!(
+        notes[0].contains("1 pod(s) on node node-a")
+            && notes[0].contains("its agent pod is not Ready")
+            && notes[0].contains("-l app.kubernetes.io/name=tidepool-agent"),
+        "{}",
+        notes[0]
+    );
+    let l = events.list(&ListParams::default()).await.expect("events");
+    assert_eq!(
+        on(&l.items, "node-b"),
+        Vec::<String>::new(),
+        "its agent pod is Ready"
+    );
+    assert_eq!(
+        on(&l.items, "node-d"),
+        Vec::<String>::new(),
+        "no pod waits on node-d"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 const IPAMNODES: &str = "ipamnodes.ipam.tidepool.dev";
 const IPAMBLOCKS: &str = "ipamblocks.ipam.tidepool.dev";
 

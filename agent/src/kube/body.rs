@@ -22,12 +22,35 @@ pub struct AgentReady {
 }
 
 impl AgentReady {
-    /// Serving its node.
+    /// Restoring its node's state; not serving yet.
+    pub fn starting() -> Self {
+        Self::not_ready("Starting", "the agent restores its node's state")
+    }
+
+    /// Serving its node: its socket takes the plugin's requests.
     pub fn serving() -> Self {
         Self {
             ready: true,
             reason: "Serving".into(),
             message: String::new(),
+        }
+    }
+
+    /// Stopped cleanly (a rollout, a drain): the next agent takes over.
+    pub fn stopped() -> Self {
+        Self::not_ready("Stopped", "the agent stopped")
+    }
+
+    /// Stopped by an error (`why`): a socket it cannot bind, routes it cannot keep.
+    pub fn failed(why: &str) -> Self {
+        Self::not_ready("Failed", why)
+    }
+
+    fn not_ready(reason: &str, message: &str) -> Self {
+        Self {
+            ready: false,
+            reason: reason.into(),
+            message: message.into(),
         }
     }
 }

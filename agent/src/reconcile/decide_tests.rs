@@ -23,6 +23,7 @@ fn alloc(uid: u128, addr: &str, netns: Option<&str>) -> Allocation {
         since: at(0),
         boot_id: "boot".into(),
         netns: netns.map(String::from),
+        network: None,
     }
 }
 

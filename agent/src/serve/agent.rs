@@ -22,7 +22,9 @@ use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
 use crate::reconcile::Tracker;
-use crate::state::{AllocKey, NodeState, PodRef, StateDir, StateError, pool_families, spooled};
+use crate::state::{
+    AllocKey, Attachment, NodeState, PodRef, StateDir, StateError, pool_families, spooled,
+};
 
 /// How long an ADD waits for a free address (a block arriving) before code 11.
 pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
@@ -55,6 +57,8 @@ pub(super) struct Inner {
     /// The locked steps running on the blocking pool: a caller's abort does not stop one,
     /// and each holds the agent (its state directory's lock) until it ends.
     blocking: TaskTracker,
+    /// The ADDs waiting for an address now.
+    adds_waiting: observe::AddsWaiting,
 }
 
 /// What one locked step did: its reply, and whether a durable change is to be published.
@@ -113,12 +117,18 @@ impl Agent {
                 config,
                 reconcile: std::sync::Mutex::new(Tracker::default()),
                 blocking: TaskTracker::new(),
+                adds_waiting: observe::AddsWaiting::default(),
             }),
         }
     }
 
     pub(super) fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    /// How many ADDs wait for an address now (`tidepool_agent_adds_waiting`).
+    pub fn adds_waiting(&self) -> usize {
+        self.inner.adds_waiting.now()
     }
 
     /// The shared state (the kube layer reads it to publish; lock it briefly).
@@ -170,7 +180,8 @@ impl Agent {
     }
 
     /// CNI ADD: the key's addresses (the same ones on a repeated ADD), one per family the
-    /// node's pool has, all or none; waits up to `empty_pool_wait` for a free address.
+    /// node's pool has, all or none; waits up to `empty_pool_wait` for a free address,
+    /// counted among the ADDs waiting meanwhile.
     pub async fn add(&self, req: CniRequest) -> Reply {
         let key = match req.key() {
             Ok(k) => k,
@@ -183,6 +194,7 @@ impl Agent {
         let req = Arc::new(req);
         let deadline = Instant::now() + self.inner.config.empty_pool_wait;
         let mut changes = self.inner.source.changes();
+        let mut waiting = None;
         loop {
             changes.borrow_and_update();
             let (key, req) = (key.clone(), req.clone());
@@ -192,6 +204,7 @@ impl Agent {
                 Ok(Attempt::Empty(why)) => why,
                 Err(e) => return failed(&e),
             };
+            waiting.get_or_insert_with(|| self.inner.adds_waiting.hold());
             let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
             if !matches!(woke, Ok(Ok(()))) {
                 return Reply::error(
@@ -279,24 +292,17 @@ impl Agent {
         Reply::empty()
     }
 
-    /// CNI GC: frees every allocation missing from `cni.dev/valid-attachments` (nothing
-    /// when the config has no such list). Implemented; nothing depends on it (DESIGN.md).
+    /// CNI GC: frees every allocation of the config's network (its `name`) missing from
+    /// `cni.dev/valid-attachments` — never one of another network or of an unknown one
+    /// (nothing when the config has no such list or no name). Implemented; nothing depends
+    /// on it (DESIGN.md).
     pub async fn gc(&self, req: CniRequest) -> Reply {
-        let Some(valid) = req.valid_attachments() else {
+        let (Some(valid), Some(network)) = (req.valid_attachments(), req.network()) else {
             return Reply::empty();
         };
+        let network = network.to_owned();
         self.step(move |s, i| {
-            let now = SystemTime::now();
-            let gone: Vec<AllocKey> = s
-                .allocations()
-                .map(|(k, _)| k)
-                .filter(|k| !valid.contains(k))
-                .cloned()
-                .collect();
-            let mut freed = false;
-            for k in &gone {
-                freed |= !s.del(k, None, now).freed().is_empty();
-            }
+            let freed = s.gc(&network, &valid, SystemTime::now());
             freed_and_saved(s, &i.dir, freed, None)
         })
         .await
@@ -323,7 +329,7 @@ impl Agent {
                     "podUID": a.pod.uid.to_string(), "namespace": a.pod.namespace,
                     "pod": a.pod.name,
                     "addresses": a.addrs.iter().map(IpAddr::to_string).collect::<Vec<_>>(),
-                    "since": since, "netns": a.netns,
+                    "since": since, "netns": a.netns, "network": a.network.as_deref(),
                 })
             })
             .collect();
@@ -427,8 +433,11 @@ fn try_add(
         namespace: req.pod_namespace.clone().unwrap_or_default(),
         name: req.pod_name.clone().unwrap_or_default(),
     };
-    let netns = req.netns.clone();
-    let addrs = match s.add(&node, &exclude, key.clone(), pod, netns, now) {
+    let at = Attachment {
+        netns: req.netns.clone(),
+        network: req.network().map(Arc::from),
+    };
+    let addrs = match s.add(&node, &exclude, key.clone(), pod, at, now) {
         Ok(added) => added.addrs,
         Err(Refused::NoFreeAddress { family }) => {
             let why = format!("no free {} address in the node's blocks", family.as_str());

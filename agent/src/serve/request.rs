@@ -98,6 +98,11 @@ impl CniRequest {
         }
     }
 
+    /// The CNI network the request is for: its network config's `name` (`None`: none given).
+    pub fn network(&self) -> Option<&str> {
+        self.config.get("name")?.as_str().filter(|n| !n.is_empty())
+    }
+
     /// GC's `cni.dev/valid-attachments` as keys; `None` when the config has none (GC then
     /// frees nothing). Entries that are not `{containerID, ifname}` strings are skipped.
     pub fn valid_attachments(&self) -> Option<Vec<AllocKey>> {

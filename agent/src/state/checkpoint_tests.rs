@@ -556,3 +556,62 @@ fn the_previous_release_reads_this_checkpoint_and_the_other_way_round() {
     assert_eq!(loaded.origin, Origin::Restored { version: 2 });
     assert_eq!(loaded.state, state, "nothing lost");
 }
+
+/// An allocation's network (issue 27, defect 8) is kept across a save and a load; a file
+/// without it (the previous release's, or one it wrote back after a rollback) reads as an
+/// unknown network, which no GC frees; and the previous release reads a file that has it.
+#[test]
+fn the_network_is_kept_and_a_file_without_it_reads_as_unknown() {
+    use crate::state::format_prev as prev;
+    const FILE: &str = r#"{"version":2,"minReaderVersion":1,"allocations":[
+      {"containerID":"c1","ifname":"eth0","podUID":"00000000-0000-0000-0000-000000000001",
+       "namespace":"default","pod":"web-1","addresses":["10.0.0.1"],"since":1700000000000,
+       "bootID":"boot-1","network":"pods"},
+      {"containerID":"c2","ifname":"eth0","podUID":"00000000-0000-0000-0000-000000000002",
+       "namespace":"default","pod":"web-2","addresses":["10.0.0.2"],"since":1700000000000,
+       "bootID":"boot-1"}]}"#;
+    let network = |s: &NodeState, c: &str| s.get(&AllocKey::new(c, "eth0")).expect(c).network;
+    let loaded = || {
+        let fs = RecordingFs::new();
+        fs.put(ckpt(), FILE);
+        load_at(&fs, "boot-1", t0()).state
+    };
+    let mut state = loaded();
+    assert_eq!(network(&state, "c1").as_deref(), Some("pods"));
+    assert_eq!(
+        network(&state, "c2"),
+        None,
+        "no network in the file: unknown"
+    );
+    assert!(state.gc("pods", &[], t0()));
+    assert_eq!(
+        keys(&state),
+        ["c2"],
+        "a GC of pods frees c1, not the unknown c2"
+    );
+
+    let mut state = loaded();
+    let fs = RecordingFs::new();
+    state.save(&fs, dir()).expect("save");
+    let bytes = fs.get(&ckpt()).expect("saved");
+    assert_eq!(
+        load_at(&fs, "boot-1", t0()).state,
+        state,
+        "kept across save and load"
+    );
+
+    let read = prev::read(&bytes).expect("the previous release reads it");
+    assert_eq!(read.allocations.len(), 2);
+    let fs = RecordingFs::new();
+    fs.put(
+        ckpt(),
+        serde_json::to_vec(&read).expect("the previous release writes it"),
+    );
+    let back = load_at(&fs, "boot-1", t0()).state;
+    assert_eq!(
+        network(&back, "c1"),
+        None,
+        "lost by the previous release: unknown"
+    );
+    assert_eq!(keys(&back), keys(&state));
+}

@@ -6,12 +6,16 @@
 //! them), and why each file carries `minReaderVersion`, the oldest format that may read it:
 //! a format that older agents must not read says so, and they refuse it rather than
 //! misread it. Format 1: the allocations, cooldowns and acks. Format 2 adds an
-//! allocation's `netns`.
+//! allocation's `netns`, and later its `network` (the CNI network it attaches). `network`
+//! needs no new format: a reader that ignores it misreads nothing — an entry without it
+//! has an unknown network, which no GC frees (the safe side) — so the previous release and
+//! format-1 agents read these files as they are, and this agent reads theirs.
 //!
 //! Times are Unix milliseconds; pod UIDs are the API server's strings.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -82,6 +86,9 @@ pub(crate) struct AllocationRecord {
     /// Format 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
+    /// Format 2, later: absent in files written before it (the network is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -180,6 +187,7 @@ pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
             since: to_ms(a.since),
             boot_id: a.boot_id,
             netns: a.netns,
+            network: a.network.as_deref().map(String::from),
         })
         .collect();
     let release_ack = state
@@ -252,6 +260,7 @@ pub(crate) fn decode(
             pod_uid,
             addrs,
             since: from_ms(r.since),
+            network: r.network.map(Arc::from),
         });
     }
     let mut reclaim_ack = BTreeMap::new();

@@ -17,7 +17,7 @@
 //! {"version":2,"minReaderVersion":1,
 //!  "allocations":[{"containerID":"…","ifname":"eth0","podUID":"…","namespace":"default",
 //!    "pod":"web-0","addresses":["10.0.0.5"],"since":1764000000000,"bootID":"…",
-//!    "netns":"/var/run/netns/cni-…"}],
+//!    "netns":"/var/run/netns/cni-…","network":"pods"}],
 //!  "cooldown":{"10.0.0.4":1764000030000},
 //!  "releaseAck":[{"first":"10.0.1.0","last":"10.0.1.15","ack":"ready-for-release"}],
 //!  "blockReleaseAck":{"node-a-10-0-1-0-28":"do-not-release"},
@@ -52,7 +52,8 @@ pub use format::{FORMAT_VERSION, MIN_READER_VERSION};
 pub use fs::{Fs, FsFile, StdFs};
 pub use lock::{DirLock, LOCK_FILE};
 pub use model::{
-    AllocKey, Allocation, NodeState, PodRef, ReclaimAnswer, parse_pod_uid, pool_families,
+    AllocKey, Allocation, Attachment, NodeState, PodRef, ReclaimAnswer, parse_pod_uid,
+    pool_families,
 };
 pub use recording::{Op, OpKind, RecordingFs};
 pub use spool::{Drained, SPOOL_VERSION, SpooledDel, Unreadable, drain_spool, spooled};

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::node::{Added, Answers, BlockView, DelOutcome, Key, NodeSide, Refused};
+use tidepool_ipam::node::{
+    Added, Answers, BlockView, DelOutcome, Held, Key, Network, NodeSide, Owner, Refused,
+};
 use tidepool_ipam::{
     AddrMap, AddrSet, AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReleaseAck, Tombstone,
 };
@@ -71,6 +73,16 @@ pub struct Allocation {
     pub boot_id: String,
     /// The sandbox's network namespace path (`CNI_NETNS`), reconcile's evidence; format v2.
     pub netns: Option<String>,
+    /// The CNI network it attaches (the network config's `name`); `None`: unknown.
+    pub network: Network,
+}
+
+/// Where an ADD attaches its allocation: the sandbox's network namespace path
+/// (`CNI_NETNS`) and the CNI network (the network config's `name`, what a GC names).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attachment {
+    pub netns: Option<String>,
+    pub network: Network,
 }
 
 /// A tombstone answered, on the full key.
@@ -120,14 +132,14 @@ impl NodeState {
 
     pub fn get(&self, key: &AllocKey) -> Option<Allocation> {
         let (held, addrs) = self.side.allocation(key)?;
-        Some(self.view(key, held.pod_uid, addrs, held.since))
+        Some(self.view(held, addrs))
     }
 
     /// Every allocation, by key.
     pub fn allocations(&self) -> impl Iterator<Item = (&AllocKey, Allocation)> {
         self.side
             .allocations()
-            .map(|(h, addrs)| (&h.key, self.view(&h.key, h.pod_uid, addrs, h.since)))
+            .map(|(h, addrs)| (&h.key, self.view(h, addrs)))
     }
 
     /// The allocation holding `addr`.
@@ -136,14 +148,8 @@ impl NodeState {
         Some((key, self.get(key)?))
     }
 
-    fn view(
-        &self,
-        key: &AllocKey,
-        uid: PodUid,
-        addrs: Vec<IpAddr>,
-        since: SystemTime,
-    ) -> Allocation {
-        let own = self.own.get(key).cloned().unwrap_or_else(|| Own {
+    fn view(&self, held: &Held<AllocKey>, addrs: Vec<IpAddr>) -> Allocation {
+        let own = self.own.get(&held.key).cloned().unwrap_or_else(|| Own {
             namespace: String::new(),
             name: String::new(),
             boot_id: self.boot_id.clone(),
@@ -151,14 +157,15 @@ impl NodeState {
         });
         Allocation {
             pod: PodRef {
-                uid,
+                uid: held.pod_uid,
                 namespace: own.namespace,
                 name: own.name,
             },
             addrs,
-            since,
+            since: held.since,
             boot_id: own.boot_id,
             netns: own.netns,
+            network: held.network.clone(),
         }
     }
 
@@ -178,29 +185,33 @@ impl NodeState {
         self.side.reclaim_acks()
     }
 
-    /// CNI ADD of `key` for `pod` by `ipam`'s [`NodeSide::add`]: one free address per
-    /// family of `node`'s pool ([`pool_families`]), never one of `exclude` (gateways, live
-    /// pods' addresses); a repeated ADD of the key by the same pod returns what it got the
-    /// first time.
+    /// CNI ADD of `key` for `pod`, attached at `at`, by `ipam`'s [`NodeSide::add`]: one
+    /// free address per family of `node`'s pool ([`pool_families`]), never one of
+    /// `exclude` (gateways, live pods' addresses); a repeated ADD of the key by the same
+    /// pod returns what it got the first time.
     pub fn add(
         &mut self,
         node: &IpamNode,
         exclude: &AddrSet,
         key: AllocKey,
         pod: PodRef,
-        netns: Option<String>,
+        at: Attachment,
         now: SystemTime,
     ) -> Result<Added, Refused<AllocKey>> {
         let families = pool_families(node);
+        let owner = Owner {
+            pod: pod.uid,
+            network: at.network,
+        };
         let added = self
             .side
-            .add(node, &families, exclude, key.clone(), pod.uid, now)?;
-        self.own_new(&added, key, pod, netns);
+            .add(node, &families, exclude, key.clone(), owner, now)?;
+        self.own_new(&added, key, pod, at.netns);
         Ok(added)
     }
 
     /// Records `addrs` for `key` of `pod` since `since` with [`NodeSide::adopt`]'s guards
-    /// (a rebuild from `status.used`).
+    /// (a rebuild from `status.used`, which names no network: unknown).
     pub fn adopt_allocation(
         &mut self,
         key: AllocKey,
@@ -232,6 +243,15 @@ impl NodeState {
         let out = self.side.del(key, pod_uid, now);
         self.forget_freed();
         out
+    }
+
+    /// CNI GC of `network` by [`NodeSide::gc`]: frees that network's allocations whose key
+    /// `valid` does not list, never one of another network or of an unknown one. Returns
+    /// whether it freed any.
+    pub fn gc(&mut self, network: &str, valid: &[AllocKey], now: SystemTime) -> bool {
+        let freed = self.side.gc(network, |k| valid.contains(k), now);
+        self.forget_freed();
+        !freed.is_empty()
     }
 
     /// Drops what the agent kept of allocations the node side no longer holds.

@@ -17,6 +17,8 @@
 //!   [`NodeSide::answer_marks`] (address marks), [`NodeSide::answer_blocks`] (block marks,
 //!   cluster-pool), [`NodeSide::expire_cooldowns`], [`NodeSide::forget_outside`] and
 //!   [`NodeSide::expire_boot`] answer the operator and end what is over;
+//! - [`NodeSide::gc`] frees what a CNI GC of one network no longer lists, never an
+//!   allocation of another network or an unknown one;
 //! - [`NodeSide::published`] is the record as `status.used` and the acks carry it.
 
 use std::net::IpAddr;
@@ -32,7 +34,7 @@ mod record;
 mod side;
 
 pub use record::{Record, RecordedAllocation};
-pub use side::{Added, DelOutcome, Held, Key, NodeSide, ReclaimAnswer, Refused};
+pub use side::{Added, DelOutcome, Held, Key, Network, NodeSide, Owner, ReclaimAnswer, Refused};
 
 /// The longest reuse cooldown (1 h): the agent's and the operator's `--reuse-cooldown` take
 /// at most this, and [`NodeSide::new`] cuts a longer one to it, so no cooldown's end can

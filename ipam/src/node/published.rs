@@ -97,6 +97,7 @@ impl NodeSide<AllocationId> {
             pod_uid: e.pod_uid,
             key: e.allocation,
             since: e.since,
+            network: None,
         };
         NodeSide {
             used: side.used.map(held),

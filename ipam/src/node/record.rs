@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
-use super::side::{Key, NodeSide, ReclaimAnswer, Refused};
+use super::side::{Key, Network, NodeSide, Owner, ReclaimAnswer, Refused};
 use crate::addrs::AddrMap;
 use crate::types::{PodUid, ReleaseAck};
 
@@ -17,6 +17,7 @@ pub struct RecordedAllocation<K> {
     /// In address order.
     pub addrs: Vec<IpAddr>,
     pub since: SystemTime,
+    pub network: Network,
 }
 
 /// Everything a [`NodeSide`] holds, as plain data.
@@ -39,6 +40,7 @@ impl<K: Key> NodeSide<K> {
                 pod_uid: h.pod_uid,
                 addrs,
                 since: h.since,
+                network: h.network.clone(),
             })
             .collect();
         Record {
@@ -56,7 +58,11 @@ impl<K: Key> NodeSide<K> {
     pub fn from_record(record: Record<K>, reuse_cooldown: Duration) -> Result<Self, Refused<K>> {
         let mut side = NodeSide::new(reuse_cooldown);
         for a in record.allocations {
-            if side.adopt(a.key, a.pod_uid, &a.addrs, a.since)?.repeated {
+            let owner = Owner {
+                pod: a.pod_uid,
+                network: a.network,
+            };
+            if side.adopt(a.key, owner, &a.addrs, a.since)?.repeated {
                 return Err(Refused::KeyRecordedTwice);
             }
         }

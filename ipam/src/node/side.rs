@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::addrs::{AddrMap, AddrSet, address};
@@ -25,6 +26,25 @@ impl Key for AllocationId {
     }
 }
 
+/// The CNI network an allocation attaches (its network config's `name`, what a CNI GC
+/// names); `None`: unknown (recorded before allocations kept it, or rebuilt from
+/// `status.used`). [`NodeSide::gc`] never frees an allocation of an unknown network.
+pub type Network = Option<Arc<str>>;
+
+/// Whom an allocation is for: its pod (the identity) and the CNI network it attaches. A
+/// bare [`PodUid`] is a pod on an unknown network (the simulator's, a rebuild's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub pod: PodUid,
+    pub network: Network,
+}
+
+impl From<PodUid> for Owner {
+    fn from(pod: PodUid) -> Self {
+        Owner { pod, network: None }
+    }
+}
+
 /// `used[address]`: which allocation of which pod holds the address, since when. The
 /// pod's namespace and name are not here: the agent keeps them beside its `NodeSide`, the
 /// simulator shares one pair for every pod.
@@ -33,6 +53,7 @@ pub struct Held<K> {
     pub pod_uid: PodUid,
     pub key: K,
     pub since: SystemTime,
+    pub network: Network,
 }
 
 /// A tombstone answered: which allocation of which pod, and what happened.
@@ -205,7 +226,7 @@ impl<K: Key> NodeSide<K> {
         self.cooldown.values().min().copied()
     }
 
-    /// CNI ADD of `key` for `pod`: one free address per family of `node`'s pool (see
+    /// CNI ADD of `key` for `owner`: one free address per family of `node`'s pool (see
     /// [`NodeSide::free_address`]; never one of `exclude`: gateways, live pods' addresses
     /// the record does not hold), all or none, recorded since `now`. A repeated ADD of
     /// the same key by the same pod returns what it holds and changes nothing; a key held
@@ -216,10 +237,11 @@ impl<K: Key> NodeSide<K> {
         families: &[Family],
         exclude: &AddrSet,
         key: K,
-        pod: PodUid,
+        owner: impl Into<Owner>,
         now: SystemTime,
     ) -> Result<Added, Refused<K>> {
-        if let Some(added) = self.repeated(&key, pod)? {
+        let owner = owner.into();
+        if let Some(added) = self.repeated(&key, owner.pod)? {
             return Ok(added);
         }
         let mut addrs = Vec::with_capacity(families.len());
@@ -229,20 +251,21 @@ impl<K: Key> NodeSide<K> {
                 .ok_or(Refused::NoFreeAddress { family })?;
             addrs.push(a);
         }
-        self.adopt(key, pod, &addrs, now)
+        self.adopt(key, owner, &addrs, now)
     }
 
-    /// Records `addrs` for `key` of `pod` since `since` (a rebuild from `status.used`, a
+    /// Records `addrs` for `key` of `owner` since `since` (a rebuild from `status.used`, a
     /// restored checkpoint), with [`NodeSide::add`]'s guards — the last line against giving
     /// one address twice: a repeated key returns what it holds, a key of another pod, no
     /// or repeated addresses, an address held or cooling down at `since` are refused.
     pub fn adopt(
         &mut self,
         key: K,
-        pod: PodUid,
+        owner: impl Into<Owner>,
         addrs: &[IpAddr],
         since: SystemTime,
     ) -> Result<Added, Refused<K>> {
+        let Owner { pod, network } = owner.into();
         if let Some(added) = self.repeated(&key, pod)? {
             return Ok(added);
         }
@@ -272,6 +295,7 @@ impl<K: Key> NodeSide<K> {
                 pod_uid: pod,
                 key: key.clone(),
                 since,
+                network: network.clone(),
             };
             self.used.insert(*addr, held);
         }
@@ -379,9 +403,35 @@ impl<K: Key> NodeSide<K> {
         of_past_boot: impl Fn(&K) -> bool,
         now: SystemTime,
     ) -> Vec<(K, PodUid, Vec<IpAddr>)> {
+        self.free_where(|h| of_past_boot(&h.key), now)
+    }
+
+    /// CNI GC of `network` (CNI 1.1: `valid` lists that network's valid attachments):
+    /// frees into cooldown every allocation attached to `network` whose key `valid` does
+    /// not name. An allocation of another network, or of an unknown one, is never freed
+    /// by a GC — the list says nothing of it; DEL (and the agent's reconcile) still free
+    /// those. Returns what it freed: key, pod and addresses.
+    pub fn gc(
+        &mut self,
+        network: &str,
+        valid: impl Fn(&K) -> bool,
+        now: SystemTime,
+    ) -> Vec<(K, PodUid, Vec<IpAddr>)> {
+        self.free_where(
+            |h| h.network.as_deref() == Some(network) && !valid(&h.key),
+            now,
+        )
+    }
+
+    /// Frees into cooldown every allocation whose entry `doomed` says so.
+    fn free_where(
+        &mut self,
+        doomed: impl Fn(&Held<K>) -> bool,
+        now: SystemTime,
+    ) -> Vec<(K, PodUid, Vec<IpAddr>)> {
         let dead: Vec<(K, PodUid)> = self
             .allocations()
-            .filter(|(h, _)| of_past_boot(&h.key))
+            .filter(|(h, _)| doomed(h))
             .map(|(h, _)| (h.key.clone(), h.pod_uid))
             .collect();
         dead.into_iter()

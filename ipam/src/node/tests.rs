@@ -340,6 +340,50 @@ fn allocations_of_another_boot_go_to_cooldown() {
     assert!(s.expire_boot(|k| *k == alloc(1), now).is_empty());
 }
 
+/// Issue 27, defect 8: a CNI GC names the valid attachments of one network, so it frees
+/// only that network's allocations it does not list: another network's and those whose
+/// network is unknown (recorded before allocations kept it) stay; DEL still frees them.
+#[test]
+fn gc_frees_only_its_own_networks_unlisted_allocations() {
+    let n = node_with(&["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]);
+    let mut s = Side::new(CD);
+    let on = |pod: u128, net: &str| Owner {
+        pod: PodUid(pod),
+        network: Some(Arc::from(net)),
+    };
+    s.add(&n, &V4, &none(), alloc(1), on(1, "a"), T)
+        .expect("a1");
+    s.add(&n, &V4, &none(), alloc(2), on(2, "a"), T)
+        .expect("a2");
+    s.add(&n, &V4, &none(), alloc(3), on(3, "b"), T).expect("b");
+    s.add(&n, &V4, &none(), alloc(4), PodUid(4), T)
+        .expect("unknown");
+    let now = T + Duration::from_secs(60);
+    let freed = s.gc("a", |k| *k == alloc(1), now);
+    assert_eq!(freed, vec![(alloc(2), PodUid(2), vec![ip("10.0.0.2")])]);
+    assert_eq!(s.cooldowns().get(&ip("10.0.0.2")), Some(&(now + CD)));
+    assert!(
+        s.gc("a", |_| false, now)
+            .iter()
+            .all(|(k, ..)| *k == alloc(1))
+    );
+    assert!(s.gc("c", |_| false, now).is_empty(), "no allocation of c");
+    let held: Vec<_> = s.allocations().map(|(h, _)| h.key).collect();
+    assert_eq!(held, {
+        let mut v = vec![alloc(3), alloc(4)];
+        v.sort();
+        v
+    });
+    let rec = s.record();
+    let nets: Vec<_> = rec.allocations.iter().map(|a| a.network.clone()).collect();
+    assert!(nets.contains(&Some(Arc::from("b"))) && nets.contains(&None));
+    assert_eq!(
+        NodeSide::from_record(rec, CD).expect("restored").record(),
+        s.record()
+    );
+    assert_eq!(s.del(&alloc(4), None, now).freed(), [ip("10.0.0.4")]);
+}
+
 #[test]
 fn release_marks_are_answered_and_honoured() {
     let mut n = node_with(&["10.0.0.1", "10.0.0.2"]);

@@ -8,8 +8,10 @@
 
 mod nodes;
 mod pods;
+mod selector;
 
-pub use nodes::{NodeChange, NodeIndex, NodeSelector};
+pub use nodes::{NodeChange, NodeIndex};
 pub use pods::{PodGetter, PodIndex};
+pub use selector::LabelSelector;
 /// Shared with the agent: [`tidepool_api::convert::parse_uid`].
 pub use tidepool_api::convert::parse_uid;

@@ -2,7 +2,6 @@
 //! what the engine must hear of (`NodeManager::upsert_node` / `delete_node`).
 
 mod project;
-mod selector;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -12,8 +11,8 @@ use kube::runtime::watcher::Event;
 use parking_lot::Mutex;
 use tidepool_ipam::{NodeInfo, NodeName};
 
+use super::LabelSelector;
 use project::{NodeRecord, project};
-pub use selector::NodeSelector;
 
 /// A change of the selected Nodes, as one apply reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +37,12 @@ struct State {
 /// The selected Nodes as [`NodeInfo`] with their labels, by name. Clones share one index.
 #[derive(Clone)]
 pub struct NodeIndex {
-    selector: Arc<NodeSelector>,
+    selector: Arc<LabelSelector>,
     state: Arc<Mutex<State>>,
 }
 
 impl NodeIndex {
-    pub fn new(selector: NodeSelector) -> Self {
+    pub fn new(selector: LabelSelector) -> Self {
         Self {
             selector: Arc::new(selector),
             state: Arc::default(),

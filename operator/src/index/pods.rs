@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use project::{bound_node, pod_uid, project, split_key};
 use state::State;
 
+use super::LabelSelector;
 use crate::store::Events;
 
 /// The direct GET behind [`PodView::pod_live`] (a `kube::Client`; tests pass a fake).
@@ -62,6 +63,21 @@ impl PodIndex {
             live: Arc::new(live),
             events: Events::none(),
         }
+    }
+
+    /// Pods matching `agents` are the node agents' (`--agent-pod-selector`): the index
+    /// keeps whether each is Ready ([`PodIndex::agent_pod_ready`]). Set it before the
+    /// first event.
+    pub fn with_agent_pods(self, agents: LabelSelector) -> Self {
+        self.state.write().set_agents(agents);
+        self
+    }
+
+    /// Whether `node`'s agent pod is Ready (its kubelet's probe of the agent's `/readyz`):
+    /// `None` when no agent pod that is not terminal is bound to it; with two (a rollout),
+    /// whether either is.
+    pub fn agent_pod_ready(&self, node: &str) -> Option<bool> {
+        self.state.read().agent_pod_ready(node)
     }
 
     /// Pod events (the reclaim's) go to `events`.
@@ -151,7 +167,7 @@ impl PodView for PodIndex {
             .map_err(|e| IpamError::PodView(format!("GET pod {namespace}/{name}: {e}")))?;
         Ok(pod
             .filter(|p| p.metadata.uid.as_deref().and_then(super::parse_uid) == Some(uid.0))
-            .map(|p| project(&p, uid, NodeName::from(bound_node(&p))).info))
+            .map(|p| project(&p, uid, NodeName::from(bound_node(&p)), None).info))
     }
 
     fn pending_pods(&self, node: &str) -> Vec<PodUid> {

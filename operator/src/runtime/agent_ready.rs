@@ -1,10 +1,15 @@
 //! The `AgentNotReady` event (issue 16, "Bad input"): a node whose agent never starts has
 //! pods that wait for ever, and nothing in the IPAM objects says why — the operator grants
 //! its pool as for any node, the CNI ADDs fail on the node without reaching anyone. So an
-//! IPAMNode whose node has pods waiting for an address (bound, not terminal, no pod IP)
-//! while its agent is not `AgentReady=True`, continuously for longer than
+//! IPAMNode whose node has pods waiting for an address (bound, not terminal, no pod IP,
+//! not on the host's network) while its agent is not ready, continuously for longer than
 //! `--agent-ready-grace`, gets a Warning event that names the node, the waiting pods, since
-//! when, and what to check.
+//! when, and what to check. "Not ready" by either signal: its `AgentReady` condition is not
+//! True, or its agent pod (`--agent-pod-selector`, bound to the node) exists and is not
+//! Ready. A crashed agent writes nothing, so its last `AgentReady=True` stays; its pod's
+//! Ready condition (the kubelet probes the agent's `/readyz`) comes through the pod watch
+//! the operator runs anyway, at no IPAMNode write. During a rolling update the agent pod is
+//! not Ready for a few seconds: the event waits for the grace.
 //!
 //! The decision ([`Tracker`]) is pure: it is told what each IPAMNode looks like now and
 //! answers which events are due. The task ([`keep`]) feeds it each second from the store's
@@ -20,11 +25,8 @@ use std::time::{Duration, SystemTime};
 use tidepool_api::convert::AgentReady;
 use tidepool_ipam::{EventReason, EventType, NodeName, PodView};
 
-use crate::index::PodIndex;
+use crate::index::{LabelSelector, PodIndex};
 use crate::store::{Events, KubeStore};
-
-/// The agent DaemonSet's namespace and label in the deploy bundle, for the hint.
-const AGENT_PODS: &str = "-n tidepool get pods -l app.kubernetes.io/name=tidepool-agent";
 
 /// What one IPAMNode looks like now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,12 +36,36 @@ pub(super) struct Seen {
     pub waiting: usize,
     /// Its agent's `AgentReady` condition (None: never written).
     pub agent: Option<AgentReady>,
+    /// Whether its agent pod is Ready (None: no agent pod bound to the node).
+    pub agent_pod: Option<bool>,
 }
 
 impl Seen {
-    /// Pods wait and the agent does not say it serves.
+    /// Pods wait and the agent does not say it serves, or its pod is not Ready.
     fn stuck(&self) -> bool {
-        self.waiting > 0 && !self.agent.as_ref().is_some_and(|a| a.ready)
+        let says_ready = self.agent.as_ref().is_some_and(|a| a.ready);
+        self.waiting > 0 && (!says_ready || self.agent_pod == Some(false))
+    }
+
+    /// Why the agent counts as not ready, in words.
+    fn why(&self) -> String {
+        let condition = match &self.agent {
+            None => Some("its agent has never reported (no AgentReady condition)".to_string()),
+            Some(a) if !a.ready => Some(format!(
+                "its agent is not ready (AgentReady=False, reason {}: {})",
+                a.reason, a.message
+            )),
+            Some(_) => None,
+        };
+        let pod = (self.agent_pod == Some(false)).then_some(
+            "its agent pod is not Ready (crashed, restarting or failing its /readyz probe)",
+        );
+        match (condition, pod) {
+            (Some(c), Some(p)) => format!("{c}, and {p}"),
+            (Some(c), None) => c,
+            (None, Some(p)) => format!("{p}; its AgentReady=True is stale"),
+            (None, None) => "its agent is ready".into(),
+        }
     }
 }
 
@@ -52,22 +78,18 @@ pub(super) struct Finding {
 }
 
 impl Finding {
-    /// The event's message: the node, the waiting pods, since when, why, what to check.
-    pub fn message(&self) -> String {
+    /// The event's message: the node, the waiting pods, since when, why, what to check
+    /// (`agent_pods`: the agent pods' label selector, for the hint).
+    pub fn message(&self, agent_pods: &LabelSelector) -> String {
         let node = &self.seen.node;
-        let why = match &self.seen.agent {
-            None => "its agent has never reported (no AgentReady condition)".to_string(),
-            Some(a) => format!(
-                "its agent is not ready (AgentReady=False, reason {}: {})",
-                a.reason, a.message
-            ),
-        };
         format!(
-            "{} pod(s) on node {node} have waited for an address since {} and {why}; \
+            "{} pod(s) on node {node} have waited for an address since {} and {}; \
              check the tidepool-agent DaemonSet pod on node {node} \
-             (kubectl {AGENT_PODS} --field-selector spec.nodeName={node}) and its log",
+             (kubectl get pods -A -l {agent_pods} --field-selector spec.nodeName={node}) \
+             and its log",
             self.seen.waiting,
             humantime::format_rfc3339_seconds(self.since),
+            self.seen.why(),
         )
     }
 }
@@ -128,9 +150,16 @@ impl Tracker {
     }
 }
 
-/// Each second: the IPAMNodes the store holds, with their waiting pods, through the
-/// [`Tracker`]; each finding becomes a Warning `AgentNotReady` event on the IPAMNode.
-pub(super) async fn keep(store: KubeStore, pods: PodIndex, events: Events, grace: Duration) {
+/// Each second: the IPAMNodes the store holds, with their waiting pods and their agent
+/// pods' readiness, through the [`Tracker`]; each finding becomes a Warning
+/// `AgentNotReady` event on the IPAMNode.
+pub(super) async fn keep(
+    store: KubeStore,
+    pods: PodIndex,
+    events: Events,
+    grace: Duration,
+    agent_pods: LabelSelector,
+) {
     let mut tracker = Tracker::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,11 +170,12 @@ pub(super) async fn keep(store: KubeStore, pods: PodIndex, events: Events, grace
             .into_iter()
             .map(|(node, agent)| Seen {
                 waiting: pods.pending_pods(&node).len(),
+                agent_pod: pods.agent_pod_ready(&node),
                 node,
                 agent,
             });
         for f in tracker.observe(SystemTime::now(), grace, seen) {
-            let message = f.message();
+            let message = f.message(&agent_pods);
             tracing::warn!(node = %f.seen.node, waiting = f.seen.waiting, %message, "pods wait on a node whose agent is not ready");
             events.emit(
                 "IPAMNode",
@@ -177,7 +207,51 @@ mod tests {
                 reason: reason.into(),
                 message: format!("{reason} message"),
             }),
+            agent_pod: None,
         }
+    }
+
+    /// [`seen`] with an agent pod, Ready or not.
+    fn with_pod(node: &str, waiting: usize, agent: Option<(bool, &str)>, ready: bool) -> Seen {
+        Seen {
+            agent_pod: Some(ready),
+            ..seen(node, waiting, agent)
+        }
+    }
+
+    fn selector() -> LabelSelector {
+        "app.kubernetes.io/name=tidepool-agent".parse().unwrap()
+    }
+
+    /// Issue 27, defect 7: a crashed agent leaves `AgentReady=True` behind; its pod is not
+    /// Ready, so its node counts as stuck and is reported after the grace (a rolling
+    /// update's restart, shorter than the grace, is not); with its pod Ready, never.
+    #[test]
+    fn an_agent_pod_not_ready_is_stuck_whatever_its_stale_condition_says() {
+        let serving = Some((true, "Serving"));
+        let mut tr = Tracker::default();
+        let reports = run(&mut tr, 0..=61, |_| vec![with_pod("n1", 2, serving, false)]);
+        assert_eq!(reports, vec![(61, vec!["n1".to_string()])]);
+        let mut tr = Tracker::default();
+        let reports = run(&mut tr, 0..=200, |s| {
+            vec![
+                with_pod("ready", 2, serving, true),
+                // a rollout: its pod not Ready from 10 to 40, less than the grace
+                with_pod("rolling", 2, serving, !(10..40).contains(&s)),
+            ]
+        });
+        assert_eq!(reports, vec![]);
+        let f = Finding {
+            seen: with_pod("n1", 2, serving, false),
+            since: t(0),
+        };
+        let m = f.message(&selector());
+        assert!(m.contains("its agent pod is not Ready"), "{m}");
+        assert!(m.contains("its AgentReady=True is stale"), "{m}");
+        assert!(
+            m.contains("-l app.kubernetes.io/name=tidepool-agent"),
+            "{m}"
+        );
     }
 
     /// The nodes reported at each of `times`, everything else as `at` says.
@@ -214,7 +288,7 @@ mod tests {
         tr.observe(t(0), GRACE, [seen("n1", 3, None)]);
         let f = tr.observe(t(61), GRACE, [seen("n1", 4, None)]).remove(0);
         assert_eq!(f.since, t(0));
-        let m = f.message();
+        let m = f.message(&selector());
         for words in [
             "4 pod(s) on node n1",
             "since 2027-01-15T08:00:00Z",
@@ -229,7 +303,7 @@ mod tests {
             seen: seen("n2", 1, Some((false, "NodeWait"))),
             since: t(0),
         };
-        let m = f.message();
+        let m = f.message(&selector());
         assert!(
             m.contains("AgentReady=False, reason NodeWait: NodeWait message"),
             "{m}"

@@ -43,7 +43,7 @@ use tidepool_ipam::{
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::index::{NodeChange, NodeIndex, NodeSelector, PodIndex};
+use crate::index::{LabelSelector, NodeChange, NodeIndex, PodIndex};
 use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
 pub use pools::Pools;
@@ -59,7 +59,7 @@ pub struct Settings {
     pub scheduling: SchedulingMode,
     pub kube_api_qps: f64,
     pub kube_api_burst: u32,
-    pub node_selector: NodeSelector,
+    pub node_selector: LabelSelector,
     /// How long a watch that has not listed yet may go without progress (a page or an
     /// event) before start-up fails naming it.
     pub sync_timeout: Duration,
@@ -72,6 +72,9 @@ pub struct Settings {
     /// How long a node's pods may wait while its agent is not `AgentReady=True` before an
     /// `AgentNotReady` event on its IPAMNode says so (`--agent-ready-grace`).
     pub agent_ready_grace: Duration,
+    /// Which pods are the node agents (`--agent-pod-selector`): a node whose agent pod is
+    /// not Ready counts as not ready for `AgentNotReady`, whatever its last condition says.
+    pub agent_pods: LabelSelector,
     /// Leader election (`--leader-elect`); None: this replica always leads.
     pub election: Option<Election>,
 }
@@ -244,7 +247,9 @@ pub async fn run(
     .with_fence(lead.fence());
     let parts = Parts {
         store: KubeStore::new(client.clone(), events.clone()).with_fence(lead.fence()),
-        pods: PodIndex::new(client.clone()).with_events(events.clone()),
+        pods: PodIndex::new(client.clone())
+            .with_events(events.clone())
+            .with_agent_pods(s.agent_pods.clone()),
         nodes: NodeIndex::new(s.node_selector.clone()),
         pools: Arc::default(),
         engine: Arc::default(),
@@ -303,6 +308,17 @@ pub async fn run(
     released
 }
 
+/// The default of [`Settings::agent_pods`] (`--agent-pod-selector`): the label the deploy
+/// bundle's agent DaemonSet gives its pods.
+pub const DEFAULT_AGENT_POD_SELECTOR: &str = "app.kubernetes.io/name=tidepool-agent";
+
+/// [`DEFAULT_AGENT_POD_SELECTOR`], parsed.
+pub fn default_agent_pods() -> LabelSelector {
+    DEFAULT_AGENT_POD_SELECTOR
+        .parse()
+        .expect("the default selector parses")
+}
+
 /// The default of [`Settings::agent_ready_grace`] (`--agent-ready-grace`): an agent
 /// DaemonSet pod normally serves within seconds of its node's registration, so a minute of
 /// pods waiting with no ready agent is no start-up any more.
@@ -357,6 +373,7 @@ fn engine_tasks(
             parts.pods.clone(),
             events.clone(),
             s.agent_ready_grace,
+            s.agent_pods.clone(),
         )),
     ]
 }

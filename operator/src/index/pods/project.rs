@@ -5,15 +5,21 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use tidepool_ipam::{NodeName, PodInfo, PodIps, PodPhase, PodUid};
 
-use crate::index::parse_uid;
+use crate::index::{LabelSelector, parse_uid};
 
-/// What the index keeps of a pod: the engine's [`PodInfo`] and the pod's
-/// `namespace/name` (for the live GET). No full Pod.
+/// What the index keeps of a pod: the engine's [`PodInfo`], the pod's `namespace/name`
+/// (for the live GET), whether it uses the host's network, and for a node agent's pod
+/// whether it is Ready. No full Pod: two bytes more than the engine's part and the name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PodRecord {
     pub info: PodInfo,
     /// `namespace/name` in one allocation (a namespace holds no `/`).
     pub key: Box<str>,
+    /// `spec.hostNetwork`: the pod gets no address from tidepool, so it never waits for one.
+    pub host_network: bool,
+    /// A node agent's pod (`--agent-pod-selector`): whether its `Ready` condition is True
+    /// (the kubelet probes the agent's `/readyz`). `None`: not an agent pod.
+    pub agent_ready: Option<bool>,
 }
 
 /// A record's `key` as (namespace, name).
@@ -44,8 +50,14 @@ pub(super) fn bound_node(pod: &Pod) -> &str {
 }
 
 /// The projection of a pod bound to `node` (see [`bound_node`]; the caller shares one
-/// name among the node's pods).
-pub(super) fn project(pod: &Pod, uid: PodUid, node: NodeName) -> PodRecord {
+/// name among the node's pods); `agents` tells a node agent's pod by its labels (`None`:
+/// no pod is one).
+pub(super) fn project(
+    pod: &Pod,
+    uid: PodUid,
+    node: NodeName,
+    agents: Option<&LabelSelector>,
+) -> PodRecord {
     let status = pod.status.as_ref();
     let phase = match status.and_then(|s| s.phase.as_deref()) {
         Some("Running") => PodPhase::Running,
@@ -70,6 +82,7 @@ pub(super) fn project(pod: &Pod, uid: PodUid, node: NodeName) -> PodRecord {
         meta.namespace.as_deref().unwrap_or(""),
         meta.name.as_deref().unwrap_or("")
     );
+    let agent = (agents.zip(meta.labels.as_ref())).is_some_and(|(s, l)| s.matches(l));
     PodRecord {
         info: PodInfo {
             uid,
@@ -78,5 +91,16 @@ pub(super) fn project(pod: &Pod, uid: PodUid, node: NodeName) -> PodRecord {
             ips,
         },
         key: key.into_boxed_str(),
+        host_network: pod.spec.as_ref().and_then(|s| s.host_network) == Some(true),
+        agent_ready: agent.then(|| is_ready(pod)),
     }
+}
+
+/// The pod's `Ready` condition is True.
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
 }

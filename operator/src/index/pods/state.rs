@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::changes::{ChangeLog, changes_without_log};
 use super::departed::Departed;
 use super::project::{PodRecord, bound_node, project};
+use crate::index::LabelSelector;
 
 /// One node's pods (any phase) and their recent changes. Dropped once it has no pod.
 struct NodePods {
@@ -34,12 +35,23 @@ pub(super) struct State {
     /// Set by the first completed relist.
     pub ready: bool,
     departed: Departed,
+    /// Which pods are node agents (`--agent-pod-selector`; `None`: none).
+    agents: Option<LabelSelector>,
 }
 
 /// Nodes whose pods changed, as an apply reports them.
 pub(super) type Touched = Vec<NodeName>;
 
 impl State {
+    /// Tells the node agents' pods by `agents` from now on (the empty selector: none).
+    pub fn set_agents(&mut self, agents: LabelSelector) {
+        self.agents = (!agents.is_empty()).then_some(agents);
+    }
+
+    fn project(&self, pod: &Pod, uid: PodUid, node: NodeName) -> PodRecord {
+        project(pod, uid, node, self.agents.as_ref())
+    }
+
     /// `Apply`: the pod as it is now.
     pub fn apply(&mut self, pod: &Pod, uid: PodUid, now: Instant, touched: &mut Touched) {
         let node = bound_node(pod);
@@ -50,7 +62,8 @@ impl State {
             Some((name, _)) => name.clone(),
             None => NodeName::from(node),
         };
-        self.upsert(project(pod, uid, name), touched);
+        let rec = self.project(pod, uid, name);
+        self.upsert(rec, touched);
     }
 
     /// `Delete`: the pod is gone (its name is kept a while for events).
@@ -73,7 +86,7 @@ impl State {
         if node.is_empty() {
             return;
         }
-        let relist = self.relist.get_or_insert_with(Relist::default);
+        let mut relist = self.relist.take().unwrap_or_default();
         let name = match (self.nodes.get_key_value(node), relist.names.get(node)) {
             (Some((name, _)), _) | (None, Some(name)) => name.clone(),
             (None, None) => {
@@ -82,7 +95,8 @@ impl State {
                 name
             }
         };
-        relist.pods.insert(uid, project(pod, uid, name));
+        relist.pods.insert(uid, self.project(pod, uid, name));
+        self.relist = Some(relist);
     }
 
     /// `InitDone`: the relisted pods replace the current ones, through the same steps as
@@ -180,10 +194,10 @@ impl State {
     }
 
     /// The node's pods that are not terminal.
-    fn live_on(&self, node: &str) -> impl Iterator<Item = &PodInfo> {
+    fn live_on(&self, node: &str) -> impl Iterator<Item = &PodRecord> {
         let uids = self.nodes.get(node).into_iter().flat_map(|n| &n.pods);
-        uids.filter_map(|uid| self.pod(*uid))
-            .filter(|p| !p.phase.is_terminal())
+        uids.filter_map(|uid| self.pods.get(uid))
+            .filter(|r| !r.info.phase.is_terminal())
     }
 
     /// The addresses of every pod that is not terminal (`status.podIPs`).
@@ -192,9 +206,18 @@ impl State {
         live.flat_map(|r| r.info.ips.iter()).collect()
     }
 
+    /// The node's pods that wait for an address: not terminal, no pod IP, not on the
+    /// host's network (those never get one from tidepool: never demand, never waiting).
     pub fn pending(&self, node: &str) -> Vec<PodUid> {
-        let waiting = self.live_on(node).filter(|p| p.ips.is_empty());
-        waiting.map(|p| p.uid).collect()
+        let waiting = (self.live_on(node)).filter(|r| !r.host_network && r.info.ips.is_empty());
+        waiting.map(|r| r.info.uid).collect()
+    }
+
+    /// Whether the node's agent pod is Ready: `None` when no agent pod that is not
+    /// terminal is bound to it, else whether one of them is (a rollout may run two).
+    pub fn agent_pod_ready(&self, node: &str) -> Option<bool> {
+        let agents = self.live_on(node).filter_map(|r| r.agent_ready);
+        agents.reduce(|a, b| a || b)
     }
 
     pub fn bound(&self, node: &str) -> usize {

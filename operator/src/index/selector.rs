@@ -1,4 +1,5 @@
-//! `--node-selector`: which Nodes the operator manages.
+//! A label selector: `--node-selector` (which Nodes the operator manages) and
+//! `--agent-pod-selector` (which pods are the node agents).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,12 +9,12 @@ use crate::Error;
 
 /// A label selector in Kubernetes' string form, limited to what equality needs:
 /// requirements separated by commas, each `key=value` (or `key==value`), `key!=value`
-/// (matches a node without the label too, as in Kubernetes), `key` (the label is set) or
+/// (matches an object without the label too, as in Kubernetes), `key` (the label is set) or
 /// `!key` (it is not). Keys and values follow Kubernetes' label syntax. Set-based
 /// requirements (`key in (a,b)`, `key notin (a)`) and anything else are refused with an
-/// error naming the input. The empty selector selects every node.
+/// error naming the input. The empty selector selects everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeSelector(Vec<Requirement>);
+pub struct LabelSelector(Vec<Requirement>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Requirement {
@@ -23,7 +24,12 @@ enum Requirement {
     NotExists(String),
 }
 
-impl NodeSelector {
+impl LabelSelector {
+    /// Whether it has no requirement (it then selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => labels.get(k) == Some(v),
@@ -34,14 +40,14 @@ impl NodeSelector {
     }
 }
 
-impl FromStr for NodeSelector {
+impl FromStr for LabelSelector {
     type Err = Error;
 
     fn from_str(input: &str) -> Result<Self, Error> {
         if input.trim().is_empty() {
             return Ok(Self::default());
         }
-        let fail = |reason: String| Error::NodeSelector {
+        let fail = |reason: String| Error::Selector {
             input: input.to_owned(),
             reason,
         };
@@ -127,7 +133,7 @@ fn check_value(v: &str) -> Result<(), String> {
     Ok(())
 }
 
-impl fmt::Display for NodeSelector {
+impl fmt::Display for LabelSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, r) in self.0.iter().enumerate() {
             if i > 0 {
