@@ -24,16 +24,16 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_in_two_blocks_ping_through_ptp_and_are_published() {
-    // the first block holds two addresses; the third pod's comes from the second block
+    // each /31 block holds two addresses; the third pod's comes from the second block
     let mut node = Node::new("ping", &["10.250.0.16/31"]).await;
     node.start_agent().await;
     let (pa, pc, pb) = (node.pod(0), node.pod(2), node.pod(1));
     let a = address(&node.cni("ptp", "ADD", &pa, "ca", &pod_uid(0)).await);
     let c = address(&node.cni("ptp", "ADD", &pc, "cc", &pod_uid(2)).await);
-    create_block(&node.admin, "10.250.0.32/28", "node-a", UID_A, false).await;
+    create_block(&node.admin, "10.250.0.32/31", "node-a", UID_A, false).await;
     let b = address(&node.cni("ptp", "ADD", &pb, "cb", &pod_uid(1)).await);
     assert!(in_net("10.250.0.16/31", &a) && in_net("10.250.0.16/31", &c));
-    assert!(in_net("10.250.0.32/28", &b), "{b} from the second block");
+    assert!(in_net("10.250.0.32/31", &b), "{b} from the second block");
     let shown = run("ip", &["-n", &pa, "-4", "addr", "show", "eth0"]);
     assert!(shown.contains(&format!("{a}/16")), "{shown}");
     node.until_status("all three in status.used", |used, _| {

@@ -132,6 +132,108 @@ async fn a_del_spooled_while_the_agent_serves_is_applied_while_it_runs() {
     agent.stop().await;
 }
 
+/// The agent allocates only from the blocks their pools grant (issue 27, "one bad object"):
+/// with a block of its pool and one naming a pool that does not exist, every ADD is served
+/// from the first until it runs out, then answered "try again later" (code 11), never from
+/// the other; once that pool is created, the next ADD is served from its block, with no
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    create_object(
+        &admin,
+        serde_json::json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMBlock",
+            "metadata": { "name": "v4-10-251-0-0-28" },
+            "spec": { "pool": "other", "cidr": "10.251.0.0/28", "node": "node-a", "nodeUID": UID_A },
+        }),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nets = ["10.250.0.0/16", "10.251.0.0/16"].map(|n| n.parse().expect("net"));
+    let s = Settings {
+        pod_networks: tidepool_agent::serve::PodNetworks::new(nets).expect("networks"),
+        ..settings(dir.path())
+    };
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let agent = RunningAgent::start(client, &s).await;
+    let add = |c: String| {
+        let config = config(&s);
+        blocking(move || plugin("ADD", &c, POD, &config))
+    };
+    let own: ipnet::IpNet = "10.250.0.16/28".parse().expect("net");
+    for i in 0..16 {
+        let ip: std::net::IpAddr = add(format!("c{i}"))
+            .await
+            .addr()
+            .parse()
+            .expect("an address");
+        assert!(
+            own.contains(&ip),
+            "{ip}: only from the block of a known pool"
+        );
+    }
+    assert_eq!(
+        add("c16".into()).await.error_code(),
+        11,
+        "the other block left out"
+    );
+    create_object(
+        &admin,
+        serde_json::json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": { "name": "other" },
+            "spec": { "cidrs": ["10.251.0.0/24"], "blockSize": { "ipv4": 28 } },
+        }),
+    )
+    .await;
+    let other: ipnet::IpNet = "10.251.0.0/28".parse().expect("net");
+    let served = eventually("an ADD served from the block of the new pool", || async {
+        let run = add("c17".into()).await;
+        (run.code == 0).then(|| run.addr())
+    })
+    .await;
+    assert!(
+        other.contains(&served.parse::<std::net::IpAddr>().expect("an address")),
+        "{served}"
+    );
+    agent.stop().await;
+}
+
+/// An agent whose role may not read IPPools (a bundle from before it had to) never serves
+/// an ADD, and says why when it gives up waiting: not "the IPAMNode is missing".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_may_not_read_ippools_says_so() {
+    let (server, admin) = cluster().await;
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
+    let mut role = roles.get("tidepool-agent").await.expect("the agent's role");
+    for rule in role.rules.iter_mut().flatten() {
+        if let Some(r) = rule.resources.as_mut() {
+            r.retain(|r| r != "ippools");
+        }
+    }
+    roles
+        .replace("tidepool-agent", &Default::default(), &role)
+        .await
+        .expect("the role without ippools");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = Settings {
+        node_wait: Duration::from_secs(2),
+        ..settings(dir.path())
+    };
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let err = run(client, s.clone(), std::future::pending())
+        .await
+        .expect_err("no start without the IPPools");
+    let text = err.to_string();
+    assert!(
+        text.contains("IPPools were not listed") && text.contains("ippools"),
+        "{text}"
+    );
+    assert!(!s.restored_marker.exists(), "never served");
+}
+
 /// node-a's `AgentReady` condition: (status, reason, message), `None` while there is none.
 fn agent_ready(n: &api::IPAMNode) -> Option<(String, String, String)> {
     let conditions = &n.status.as_ref()?.conditions;

@@ -10,11 +10,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::running::RunningAgent;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
-use tidepool_agent::run::{Settings, run};
+use tidepool_agent::run::Settings;
 use tidepool_api as api;
 use tidepool_operator::runtime::{self, Settings as OperatorSettings};
 
@@ -52,8 +53,7 @@ async fn a_deleted_pods_address_is_reclaimed_through_the_agent() {
     let op = Operator::start(&server).await;
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let agent = Agent::start(&server, dir.path()).await;
-    let s = agent.settings.clone();
+    let (agent, s) = start_agent(&server, dir.path()).await;
 
     let config = format!(
         r#"{{"cniVersion":"1.1.0","name":"pods","type":"ptp","ipam":{{"type":"tidepool-cni","socket":"{}","spoolDir":"{}","restoredMarker":"{}","connectTimeout":300,"requestTimeout":8000}}}}"#,
@@ -142,45 +142,22 @@ impl Operator {
     }
 }
 
-/// The agent of node-a (`run` on its own client, in `dir`), serving once started.
-struct Agent {
-    settings: Settings,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), tidepool_agent::error::Error>>,
-}
-
-impl Agent {
-    async fn start(server: &tidepool_tests::ApiServer, dir: &std::path::Path) -> Self {
-        let settings = Settings {
-            reuse_cooldown: Duration::from_secs(60),
-            node_wait: Duration::from_secs(20),
-            empty_pool_wait: Duration::from_secs(5),
-            ..common::settings(dir)
-        };
-        let client = server
-            .client(&agent_on("node-a"))
-            .await
-            .expect("agent client");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(client, settings.clone(), async move {
-            let _ = stopped.await;
-        }));
-        let marker = settings.restored_marker.clone();
-        eventually("the agent serving", || async { common::marker(&marker) }).await;
-        Agent {
-            settings,
-            stop,
-            task,
-        }
-    }
-
-    async fn stop(self) {
-        self.stop.send(()).expect("the agent runs");
-        self.task
-            .await
-            .expect("join")
-            .expect("the agent stops cleanly");
-    }
+/// The agent of node-a in `dir` (`run` on its own client), serving once started.
+async fn start_agent(
+    server: &tidepool_tests::ApiServer,
+    dir: &std::path::Path,
+) -> (RunningAgent, Settings) {
+    let s = Settings {
+        reuse_cooldown: Duration::from_secs(60),
+        node_wait: Duration::from_secs(20),
+        empty_pool_wait: Duration::from_secs(5),
+        ..settings(dir)
+    };
+    let client = server
+        .client(&agent_on("node-a"))
+        .await
+        .expect("agent client");
+    (RunningAgent::start(client, &s).await, s)
 }
 
 /// IPPool `default`: 10.250.0.0/16 in /28 blocks.
@@ -257,8 +234,7 @@ async fn a_node_re_registered_with_pods_bound(operator_through: bool) {
     let p1 = bound_pod(&admin, "p1").await;
     let operator = Operator::start(&server).await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let agent = Agent::start(&server, dir.path()).await;
-    let s = agent.settings.clone();
+    let (agent, s) = start_agent(&server, dir.path()).await;
     let config = config(&s);
     let addr1 = add_until_served(&config, "c1", &p1).await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());

@@ -13,6 +13,12 @@ pub enum KubeError {
     NodeMissing { node: String, waited: Duration },
 
     #[error(
+        "the IPPools were not listed within {waited:?} (the agent allocates only from blocks \
+         their pools grant: may it list and watch ippools? deploy/agent/rbac.yaml grants it)"
+    )]
+    PoolsNotListed { waited: Duration },
+
+    #[error(
         "the pods on node {node} were not listed within {waited:?} (may the agent list and \
          watch pods? deploy/agent/rbac.yaml grants it)"
     )]

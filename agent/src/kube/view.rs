@@ -1,12 +1,16 @@
-//! The node as the agent's watch last saw it: its IPAMNode and its blocks (only those
-//! carrying its nodeUID), projected the way `ipam`'s node rules read a node. Pure state,
-//! fed by watch events; [`super::NodeWatch`] drives it.
+//! The node as the agent's watch last saw it: its IPAMNode, its blocks (only those
+//! carrying its nodeUID) and the IPPools, projected the way `ipam`'s node rules read a node:
+//! its pool is made of the blocks their pools grant. Pure state, fed by watch events;
+//! [`super::NodeWatch`] drives it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tidepool_api::convert::{Allocations, NodeView};
 use tidepool_ipam::node::{BlockView, project};
+use tidepool_ipam::pool::repair::{BlockIssue, block_issue};
+use tidepool_ipam::pool::{PoolSet, PoolSpec};
 use tidepool_ipam::{AddrSet, IpamBlock, IpamNode, NodeUid};
 
 /// One listed kind (the IPAMNode, or the blocks) as kube's reflector keeps it: `Apply` and
@@ -61,11 +65,33 @@ impl<T> Listed<T> {
     }
 }
 
+/// An IPPool as the agent reads it: its spec, and its place in creation order (an older
+/// pool wins an overlap, [`PoolSet::new`]).
+#[derive(Debug, Clone)]
+pub(crate) struct PoolEntry {
+    pub(crate) created: Option<Time>,
+    pub(crate) spec: PoolSpec,
+}
+
 /// What the watch has seen, and the projection built from it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Seen {
     pub(crate) node: Listed<NodeView>,
     pub(crate) blocks: Listed<IpamBlock>,
+    pub(crate) pools: Listed<PoolEntry>,
+    /// The pools as the engine holds them, rebuilt when they change ([`Self::pools_changed`]).
+    pool_set: PoolSet,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            node: Listed::default(),
+            blocks: Listed::default(),
+            pools: Listed::default(),
+            pool_set: PoolSet::new(Vec::new()),
+        }
+    }
 }
 
 /// The node as the agent serves it.
@@ -75,8 +101,13 @@ pub(crate) struct Projected {
     pub(crate) node_uid: Option<NodeUid>,
     /// [`project`]ed: the pool is the union of the blocks, marked blocks' addresses marked.
     pub(crate) node: Option<Arc<IpamNode>>,
-    /// The node's blocks (those with its nodeUID), as `answer_blocks` reads them.
+    /// The node's blocks (those with its nodeUID), as `answer_blocks` reads them: also
+    /// those left out of its pool, whose release marks are answered all the same.
     pub(crate) blocks: Arc<[BlockView]>,
+    /// The node's blocks its pool leaves out, and why: no valid pool of theirs, or not a
+    /// block their pool grants (DESIGN.md "Node agent"). Nothing new is allocated from them;
+    /// an allocation already in one stays.
+    pub(crate) left_out: Arc<[(Arc<str>, BlockIssue)]>,
     /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones'
     /// keys, which the engine's types carry only as a hash).
     pub(crate) allocations: Arc<Allocations>,
@@ -98,29 +129,45 @@ pub(crate) fn block_view(b: &IpamBlock) -> BlockView {
 impl Seen {
     /// The projection of what is seen now: the IPAMNode (the one named; a second object
     /// cannot match the name selector) and only the blocks carrying its nodeUID — a block
-    /// of an earlier Node of the same name is not this node's.
+    /// of an earlier Node of the same name is not this node's. Its pool is made of the
+    /// blocks their pools grant ([`block_issue`]); the others are left out.
     pub(crate) fn project(&self) -> Projected {
         let Some(view) = self.node.values().next() else {
             return Projected::default();
         };
         let uid = view.node.node_uid;
-        let blocks: Arc<[BlockView]> = self
+        let own: Vec<&IpamBlock> = self
             .blocks
             .values()
             .filter(|b| b.node_uid == uid && b.node == view.node.name)
-            .map(block_view)
             .collect();
+        let mut usable = Vec::with_capacity(own.len());
+        let mut left_out = Vec::new();
+        for b in &own {
+            match block_issue(&self.pool_set, &b.pool, &b.cidr) {
+                None => usable.push(block_view(b)),
+                Some(why) => left_out.push((b.name.clone(), why)),
+            }
+        }
         Projected {
             node_uid: Some(uid),
-            node: Some(Arc::new(project(&view.node, &blocks))),
-            blocks,
+            node: Some(Arc::new(project(&view.node, &usable))),
+            blocks: own.into_iter().map(block_view).collect(),
+            left_out: left_out.into(),
             allocations: Arc::new(view.allocations.clone()),
         }
     }
 
-    /// Both lists are done.
+    /// The IPPools changed: the engine's view of them is rebuilt (creation order, then name).
+    pub(crate) fn pools_changed(&mut self) {
+        let mut pools: Vec<&PoolEntry> = self.pools.values().collect();
+        pools.sort_by(|a, b| (&a.created, &a.spec.name).cmp(&(&b.created, &b.spec.name)));
+        self.pool_set = PoolSet::new(pools.into_iter().map(|p| p.spec.clone()).collect());
+    }
+
+    /// All three lists are done (ADD is served only after the first IPPool list).
     pub(crate) fn ready(&self) -> bool {
-        self.node.listed() && self.blocks.listed()
+        self.node.listed() && self.blocks.listed() && self.pools.listed()
     }
 }
 
@@ -131,6 +178,7 @@ mod tests {
     use std::net::IpAddr;
     use tidepool_api as api;
     use tidepool_api::convert::{block_from_api, node_from_api};
+    use tidepool_ipam::PerFamily;
 
     const UID: &str = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b";
     const OTHER: &str = "99999999-4b5a-4697-8a8b-9c0d1e2f3a4b";
@@ -160,13 +208,36 @@ mod tests {
         s.parse().unwrap()
     }
 
-    #[test]
-    fn only_blocks_with_the_nodes_uid_make_its_pool() {
+    /// Pool `name` over `cidrs` (/28 and /124 blocks), created at second `created`.
+    fn pool(name: &str, cidrs: &[&str], created: i64) -> PoolEntry {
+        let spec = PoolSpec::read(name, cidrs, PerFamily { v4: 28, v6: 124 }, &[] as &[&str]);
+        let at: Result<Time, _> =
+            serde_json::from_value(json!(format!("2026-01-01T00:00:{created:02}Z")));
+        PoolEntry {
+            created: Some(at.unwrap()),
+            spec: spec.unwrap(),
+        }
+    }
+
+    /// `seen` with IPAMNode n1 and `pools` listed.
+    fn listed(pools: Vec<PoolEntry>) -> Seen {
         let mut seen = Seen::default();
-        assert!(seen.project().node.is_none());
         seen.node.init();
         seen.node.init_apply("n1".into(), node_from_api(&node()).0);
         seen.node.init_done();
+        seen.pools.init();
+        for p in pools {
+            seen.pools.init_apply(p.spec.name.clone(), p);
+        }
+        seen.pools.init_done();
+        seen.pools_changed();
+        seen
+    }
+
+    #[test]
+    fn only_blocks_with_the_nodes_uid_make_its_pool() {
+        assert!(Seen::default().project().node.is_none());
+        let mut seen = listed(vec![pool("default", &["10.0.0.0/24"], 1)]);
         seen.blocks.init();
         for b in [
             block("10.0.0.0/28", "n1", UID, false),
@@ -188,6 +259,88 @@ mod tests {
         // the marked block's addresses count as marked
         assert!(n.operator.release.get(&ip("10.0.0.17")).is_some());
         assert!(n.operator.release.get(&ip("10.0.0.1")).is_none());
+    }
+
+    /// ADD is served only after the first IPPool list: the node is not ready before it.
+    #[test]
+    fn not_ready_before_the_first_ippool_list() {
+        let mut seen = Seen::default();
+        seen.node.init();
+        seen.node.init_done();
+        seen.blocks.init();
+        seen.blocks.init_done();
+        assert!(!seen.ready());
+        seen.pools.init();
+        seen.pools.init_done();
+        assert!(seen.ready());
+    }
+
+    /// Only the blocks their pools grant make the node's pool (issue 27, "one bad object"):
+    /// a block of an unknown pool, of another size, outside its pool's CIDRs or of a pool
+    /// that is invalid (its CIDR overlaps an older pool's) is left out, with why, and still
+    /// answered; once its pool appears, it is used.
+    #[test]
+    fn blocks_their_pools_do_not_grant_are_left_out() {
+        let mut seen = listed(vec![
+            pool("default", &["10.0.0.0/24"], 1),
+            pool("late", &["10.0.0.128/25"], 2), // overlaps the older one: Invalid
+        ]);
+        let named = |cidr: &str, pool: &str| {
+            let mut b = block(cidr, "n1", UID, false);
+            b.pool = pool.into();
+            b
+        };
+        let blocks = [
+            named("10.0.0.0/28", "default"),
+            named("10.0.0.64/26", "default"),
+            named("10.9.0.0/28", "default"),
+            named("10.0.0.16/28", "gone"),
+            named("10.0.0.32/28", "late"),
+        ];
+        seen.blocks.init();
+        for b in blocks {
+            seen.blocks.init_apply(b.name.to_string(), b);
+        }
+        seen.blocks.init_done();
+        let p = seen.project();
+        let n = p.node.unwrap();
+        assert!(n.operator.addresses.contains(&ip("10.0.0.1")));
+        for left in ["10.0.0.65", "10.9.0.1", "10.0.0.17", "10.0.0.33"] {
+            assert!(!n.operator.addresses.contains(&ip(left)), "{left}");
+        }
+        assert_eq!(p.blocks.len(), 5, "every block of the node is answered");
+        let why: Vec<String> = p
+            .left_out
+            .iter()
+            .map(|(b, w)| format!("{b}: {w}"))
+            .collect();
+        assert_eq!(
+            why,
+            vec![
+                "10.0.0.16/28: its pool does not exist or is invalid",
+                "10.0.0.32/28: its pool does not exist or is invalid",
+                "10.0.0.64/26: its pool's block size is /28",
+                "10.9.0.0/28: it lies outside its pool's CIDRs",
+            ]
+        );
+        // pool `gone` appears: its block is used
+        seen.pools
+            .apply("gone".into(), pool("gone", &["10.0.0.16/28"], 3));
+        seen.pools_changed();
+        let n = seen.project().node.unwrap();
+        assert!(
+            !n.operator.addresses.contains(&ip("10.0.0.17")),
+            "overlaps `default`"
+        );
+        seen.pools.delete("default");
+        seen.pools_changed();
+        let p = seen.project();
+        let n = p.node.unwrap();
+        assert!(n.operator.addresses.contains(&ip("10.0.0.17")));
+        assert!(
+            !n.operator.addresses.contains(&ip("10.0.0.1")),
+            "its pool is deleted"
+        );
     }
 
     #[test]

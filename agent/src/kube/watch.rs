@@ -1,6 +1,6 @@
-//! [`NodeWatch`]: the agent's watch of its own IPAMNode (field selector `metadata.name`) and
-//! its node's IPAMBlocks (the CRD's selectable field `spec.node`), list then watch with
-//! kube's default backoff, and the node projected from them.
+//! [`NodeWatch`]: the agent's watch of its own IPAMNode (field selector `metadata.name`), its
+//! node's IPAMBlocks (the CRD's selectable field `spec.node`) and the IPPools, list then watch
+//! with kube's default backoff, and the node projected from them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,19 +10,21 @@ use kube::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_objects};
 use tidepool_api as api;
-use tidepool_api::convert::{block_from_api, node_from_api};
+use tidepool_api::convert::{block_from_api, node_from_api, pool_spec};
 use tidepool_ipam::node::BlockView;
+use tidepool_ipam::pool::repair::BlockIssue;
 use tidepool_ipam::{IpamNode, NodeUid};
 use tokio::sync::watch;
 
 use super::KubeError;
 use super::running::Running;
-use super::view::{Projected, Seen};
+use super::view::{PoolEntry, Projected, Seen};
 
 /// One event of either watch (boxed: the objects are large, and the two differ in size).
 enum Change {
     Node(Box<Event<api::IPAMNode>>),
     Block(Box<Event<api::IPAMBlock>>),
+    Pool(Box<Event<api::IPPool>>),
 }
 
 struct Shared {
@@ -30,6 +32,8 @@ struct Shared {
     projected: watch::Sender<Projected>,
     changes: watch::Sender<u64>,
     ready: watch::Sender<bool>,
+    /// The first IPPool list is done (what a start-up that waited in vain lacked).
+    pools_listed: watch::Sender<bool>,
 }
 
 /// The node as the agent's watch sees it. Cheap to clone; the watch stops with the last
@@ -57,18 +61,25 @@ impl NodeWatch {
             projected: watch::Sender::new(Projected::default()),
             changes: watch::Sender::new(0),
             ready: watch::Sender::new(false),
+            pools_listed: watch::Sender::new(false),
         });
         let nodes: Api<api::IPAMNode> = Api::all(client.clone());
-        let blocks: Api<api::IPAMBlock> = Api::all(client);
+        let blocks: Api<api::IPAMBlock> = Api::all(client.clone());
+        let pools: Api<api::IPPool> = Api::all(client);
         let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let by_node = watcher::Config::default().fields(&format!("spec.node={node}"));
         let events = futures::stream::select(
-            watch_objects(nodes, by_name)
+            futures::stream::select(
+                watch_objects(nodes, by_name)
+                    .default_backoff()
+                    .map_ok(|e| Change::Node(Box::new(e))),
+                watch_objects(blocks, by_node)
+                    .default_backoff()
+                    .map_ok(|e| Change::Block(Box::new(e))),
+            ),
+            watch_objects(pools, watcher::Config::default())
                 .default_backoff()
-                .map_ok(|e| Change::Node(Box::new(e))),
-            watch_objects(blocks, by_node)
-                .default_backoff()
-                .map_ok(|e| Change::Block(Box::new(e))),
+                .map_ok(|e| Change::Pool(Box::new(e))),
         );
         let task = tokio::spawn(drive(shared.clone(), events));
         Self {
@@ -113,12 +124,12 @@ impl NodeWatch {
         self.shared().changes.subscribe()
     }
 
-    /// Whether both first lists are done.
+    /// Whether the three first lists are done.
     pub fn is_ready(&self) -> bool {
         *self.shared().ready.borrow()
     }
 
-    /// Waits until both first lists are done.
+    /// Waits until the three first lists are done.
     pub async fn ready(&self) {
         let mut ready = self.shared().ready.subscribe();
         // the sender lives as long as `self`: `wait_for` cannot fail here
@@ -139,6 +150,9 @@ impl NodeWatch {
         };
         match tokio::time::timeout(timeout, wait).await {
             Ok(Some(node)) => Ok(node),
+            _ if !*self.shared().pools_listed.borrow() => {
+                Err(KubeError::PoolsNotListed { waited: timeout })
+            }
             _ => Err(KubeError::NodeMissing {
                 node: self.shared().node.clone(),
                 waited: timeout,
@@ -165,7 +179,7 @@ async fn drive(
             Err(e) => tracing::warn!(node = %shared.node, error = %e, "watch failed; retrying"),
         }
     }
-    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "IPAMNode and IPAMBlocks" });
+    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "IPAMNode, IPAMBlocks and IPPools" });
 }
 
 /// Takes one event in; whether the live view may have changed.
@@ -187,6 +201,29 @@ fn take(seen: &mut Seen, change: Change) -> bool {
                 })
                 .ok()
         }),
+        Change::Pool(e) => {
+            let changed = on_event(&mut seen.pools, *e, read_pool);
+            if changed {
+                seen.pools_changed();
+            }
+            changed
+        }
+    }
+}
+
+/// An IPPool as the agent reads it; one that is no pool at all (a CIDR that is no CIDR) is
+/// left out, so its blocks are too.
+fn read_pool(o: &api::IPPool) -> Option<PoolEntry> {
+    let name = o.metadata.name.as_deref().unwrap_or_default();
+    match pool_spec(name, &o.spec) {
+        Ok(spec) => Some(PoolEntry {
+            created: o.metadata.creation_timestamp.clone(),
+            spec,
+        }),
+        Err(e) => {
+            tracing::warn!(pool = name, error = %e, "unreadable IPPool ignored");
+            None
+        }
     }
 }
 
@@ -233,10 +270,12 @@ fn publish(shared: &Shared, seen: &Seen) {
     let moved = shared.projected.send_if_modified(|p| {
         let same = p.node_uid == next.node_uid && p.node == next.node && p.blocks == next.blocks;
         if !same {
+            report_left_out(&shared.node, &p.left_out, &next.left_out);
             *p = next;
         }
         !same
     });
+    shared.pools_listed.send_replace(seen.pools.listed());
     let readied = shared.ready.send_if_modified(|r| {
         let changed = *r != ready;
         *r = ready;
@@ -244,5 +283,17 @@ fn publish(shared: &Shared, seen: &Seen) {
     });
     if moved || readied {
         shared.changes.send_modify(|v| *v += 1);
+    }
+}
+
+/// Each block newly left out of the node's pool, with why, as a warning (`check` and the
+/// operator's repair report it too).
+fn report_left_out(node: &str, before: &[(Arc<str>, BlockIssue)], now: &[(Arc<str>, BlockIssue)]) {
+    for (block, why) in now.iter().filter(|b| !before.contains(b)) {
+        tracing::warn!(
+            node,
+            block = &**block,
+            "block left out of the node's pool: {why}; nothing new is allocated from it"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! block marks answered by `ipam`'s [`tidepool_ipam::node::NodeSide`] — an address a live
 //! pod on the node lists counts as busy there, held or not (no checkpoint, or a corrupt one, must not let a
 //! running pod's block go); cooldowns ended with their time or when the address left the
-//! pool. The caller saves and then publishes.
+//! node's blocks. The caller saves and then publishes.
 
 use std::time::SystemTime;
 
@@ -45,7 +45,12 @@ pub fn answer(
     };
     state.answer_marks(&unmarked, &busy, now);
     state.answer_blocks(blocks, &busy, now);
-    state.expire_cooldowns(Some(&node.operator.addresses), now);
+    // a block left out of the pool is still the node's: its cooldowns stay
+    let mut held = (*node.operator.addresses).clone();
+    for b in blocks {
+        held.union_with(&b.all);
+    }
+    state.expire_cooldowns(Some(&held), now);
 }
 
 /// The address-level marks alone: the projection also marks a marked block's addresses,

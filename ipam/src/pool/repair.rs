@@ -798,18 +798,56 @@ fn check_pool(
     pool_names: &BTreeSet<&str>,
     b: &BlockClaim,
 ) -> Option<RepairFinding> {
-    let pool = match pools.get(&b.pool) {
-        Err(_) => {
-            return Some(RepairFinding::UnknownPool {
-                block: BlockRef::of(b),
-                invalid: pool_names.contains(&*b.pool),
-            });
+    Some(match block_issue(pools, &b.pool, &b.cidr)? {
+        BlockIssue::UnknownPool => RepairFinding::UnknownPool {
+            block: BlockRef::of(b),
+            invalid: pool_names.contains(&*b.pool),
+        },
+        BlockIssue::OutOfRange(issue) => RepairFinding::OutOfRange {
+            subject: RangeSubject::Block(BlockRef::of(b)),
+            issue,
+        },
+    })
+}
+
+/// Why a block is not one its pool grants (rules 4 and 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockIssue {
+    /// No valid pool has the block's pool name (none exists, or it is Invalid).
+    UnknownPool,
+    OutOfRange(RangeIssue),
+}
+
+impl fmt::Display for BlockIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockIssue::UnknownPool => f.write_str("its pool does not exist or is invalid"),
+            BlockIssue::OutOfRange(RangeIssue::FamilyNotServed) => {
+                f.write_str("its pool has no CIDR of its family")
+            }
+            BlockIssue::OutOfRange(RangeIssue::WrongBlockSize { expected }) => {
+                write!(f, "its pool's block size is /{expected}")
+            }
+            BlockIssue::OutOfRange(RangeIssue::Misaligned) => f.write_str("it has host bits set"),
+            BlockIssue::OutOfRange(RangeIssue::Excluded) => {
+                f.write_str("it overlaps an exclusion of its pool")
+            }
+            BlockIssue::OutOfRange(_) => f.write_str("it lies outside its pool's CIDRs"),
         }
-        Ok(p) => p,
+    }
+}
+
+/// Whether `cidr` is a block pool `pool` grants: the pool exists and is valid, and holds
+/// the CIDR as a block of its block size, not excluded (`None`); else why not. The
+/// operator's repair reports such a block and the node side allocates from none
+/// (DESIGN.md "Node agent": one rule, here).
+pub fn block_issue(pools: &PoolSet, pool: &str, cidr: &IpNet) -> Option<BlockIssue> {
+    let Ok(p) = pools.get(pool) else {
+        return Some(BlockIssue::UnknownPool);
     };
-    let issue = match pool.family(family_of(&b.cidr)) {
+    let issue = match p.family(family_of(cidr)) {
         None => RangeIssue::FamilyNotServed,
-        Some(idx) => match idx.usable_count(&b.cidr) {
+        Some(idx) => match idx.usable_count(cidr) {
             Ok(_) => return None,
             Err(PoolError::WrongBlockSize { expected, .. }) => {
                 RangeIssue::WrongBlockSize { expected }
@@ -819,10 +857,7 @@ fn check_pool(
             Err(_) => RangeIssue::OutsidePool,
         },
     };
-    Some(RepairFinding::OutOfRange {
-        subject: RangeSubject::Block(BlockRef::of(b)),
-        issue,
-    })
+    Some(BlockIssue::OutOfRange(issue))
 }
 
 /// Counts, per leak-like finding, the consecutive passes it was seen in, and proposes fixes.

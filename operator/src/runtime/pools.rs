@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 
 use kube::runtime::watcher::Event;
 use tidepool_api as api;
-use tidepool_ipam::PerFamily;
-use tidepool_ipam::pool::{PoolConfig, PoolSpec};
+use tidepool_ipam::pool::PoolConfig;
 
 /// The IPPools seen, by name.
 #[derive(Default)]
@@ -93,17 +92,10 @@ fn specs(m: &BTreeMap<String, api::IPPool>) -> Vec<(&String, &api::IPPoolSpec)> 
 }
 
 /// One IPPool's spec as the source's configuration, read, not validated (the source
-/// validates it, [`PoolSpec::read`]).
+/// validates it, [`tidepool_api::convert::pool_spec`]).
 pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> {
-    let cidrs: Vec<&str> = spec.cidrs.iter().map(|c| c.0.as_str()).collect();
-    let exclude: Vec<&str> = spec.exclude.iter().map(|c| c.0.as_str()).collect();
-    let block_size = PerFamily {
-        v4: spec.block_size.ipv4,
-        v6: spec.block_size.ipv6,
-    };
-    let spec_ = PoolSpec::read(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())?;
     Ok(PoolConfig {
-        spec: spec_,
+        spec: tidepool_api::convert::pool_spec(name, spec)?,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
     })
 }

@@ -17,7 +17,7 @@ use tidepool_api as api;
 use tidepool_tests::ApiServer;
 
 use super::running::RunningAgent;
-use super::{UID_A, agent_on, blocking, cluster, create_block, settings};
+use super::{UID_A, agent_on, blocking, cluster, create_block, settings, test_pool_of};
 
 pub const PLUGINS: &str = "/usr/lib/cni";
 
@@ -136,6 +136,14 @@ impl Node {
             ],
         );
         let (server, admin) = cluster().await;
+        // the pool's IPv4 block size is the test's (a /31 holds two addresses)
+        let v4 = blocks
+            .iter()
+            .filter_map(|b| b.parse::<ipnet::Ipv4Net>().ok())
+            .map(|b| b.prefix_len())
+            .next()
+            .unwrap_or(28);
+        test_pool_of(&admin, v4).await;
         for b in blocks {
             create_block(&admin, b, "node-a", UID_A, false).await;
         }

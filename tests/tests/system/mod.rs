@@ -91,7 +91,43 @@ pub async fn empty_cluster_with(config: Config) -> (ApiServer, kube::Client) {
     (server, admin)
 }
 
+/// The CIDRs of IPPool `default` ([`create_block`]): every hand-made block of these tests
+/// lies in one, in /28 and /124 blocks.
+pub const TEST_POOL: [&str; 5] = [
+    "10.0.0.0/16",
+    "10.77.0.0/16",
+    "10.250.0.0/16",
+    "fd77:2::/64",
+    "fd00:250::/64",
+];
+
+/// IPPool `default` over [`TEST_POOL`] in /28 and /124 blocks, unless it exists: the agent
+/// allocates only from blocks their pools grant (DESIGN.md "Node agent").
+pub async fn test_pool(client: &kube::Client) {
+    test_pool_of(client, 28).await;
+}
+
+/// [`test_pool`] with IPv4 blocks of prefix `v4`.
+pub async fn test_pool_of(client: &kube::Client, v4: u8) {
+    let obj: api::IPPool = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": { "name": "default" },
+        "spec": { "cidrs": TEST_POOL, "blockSize": { "ipv4": v4, "ipv6": 124 } },
+    }))
+    .unwrap();
+    match Api::<api::IPPool>::all(client.clone())
+        .create(&PostParams::default(), &obj)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create IPPool default: {e}"),
+    }
+}
+
+/// A hand-made block of pool `default` (created first if need be, [`test_pool`]).
 pub async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
+    test_pool(client).await;
     let family = if cidr.contains(':') { 6 } else { 4 };
     let name = format!("v{family}-{}", cidr.replace(['.', '/', ':'], "-"));
     let mut spec = json!({ "pool": "default", "cidr": cidr, "node": node, "nodeUID": uid });
