@@ -1062,7 +1062,11 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
     for p in panels(&dash) {
         let title = p["title"].as_str().unwrap_or("?");
         // Grafana keys panels (and the recording rules below) by id
-        assert!(ids.insert(p["id"].as_u64().unwrap()), "{title}: id {} twice", p["id"]);
+        assert!(
+            ids.insert(p["id"].as_u64().unwrap()),
+            "{title}: id {} twice",
+            p["id"]
+        );
         let kind = p["type"].as_str().unwrap();
         assert!(CURRENT.contains(&kind), "{title}: panel type {kind}");
         if kind == "row" {

@@ -195,15 +195,23 @@ impl State {
 
     /// Whether a block is to be drained: someone deleted it (its finalizer holds it), or
     /// its pool no longer holds it as a grantable block (its CIDR was removed or excluded,
-    /// or the pool is gone or Invalid) and it is not [`Self::stray`].
+    /// or the pool is gone) and it is neither [`Self::stray`] nor [`Self::of_invalid_pool`].
     fn drained(&self, b: &IpamBlock) -> bool {
         b.deleting
-            || self
-                .pools
-                .get(&b.pool)
-                .ok()
-                .and_then(|p| p.family(family_of(&b.cidr)))
-                .is_none_or(|fi| fi.usable_count(&b.cidr).is_err_and(|e| !is_stray(&e)))
+            || !self.of_invalid_pool(b)
+                && self
+                    .pools
+                    .get(&b.pool)
+                    .ok()
+                    .and_then(|p| p.family(family_of(&b.cidr)))
+                    .is_none_or(|fi| fi.usable_count(&b.cidr).is_err_and(|e| !is_stray(&e)))
+    }
+
+    /// Whether a block's pool exists but is Invalid: the block is left out as a stray one
+    /// is (no grants, no allocations, never drained) while the pool stays Invalid; once the
+    /// pool is valid again it serves, once it is deleted the block drains.
+    fn of_invalid_pool(&self, b: &IpamBlock) -> bool {
+        self.pools.holds(&b.pool) && self.pools.get(&b.pool).is_err()
     }
 
     /// Whether a block is stray: its valid pool cannot use it as one of its blocks (another
@@ -989,8 +997,9 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         let mut addresses = AddrSet::new();
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
         // counts them nor marks them, and tops the node up from the pools that remain; stray
-        // blocks are left out alike, and never drained
-        for b in blocks.iter().filter(|b| !s.drained(b) && !s.stray(b)) {
+        // blocks and those of an Invalid pool are left out alike, and never drained
+        let kept = |b: &&Arc<IpamBlock>| !s.drained(b) && !s.stray(b) && !s.of_invalid_pool(b);
+        for b in blocks.iter().filter(kept) {
             let addrs = s.usable(b);
             if b.release {
                 h.release.insert_set(&addrs, ReleaseState::MarkedForRelease);
@@ -1284,6 +1293,46 @@ mod tests {
         assert_eq!(store.blocks_of("n").len(), 12);
         let (f, run) = span(&stray);
         assert!(!granted.overlaps(f, &run), "the stray's range stays taken");
+    }
+
+    /// A block whose pool turns Invalid (an older pool's CIDR now overlaps it) is left out,
+    /// not drained: never marked, not in its node's holdings, nothing more granted for the
+    /// node from the pool; once the pool is deleted, the block drains like a removed CIDR.
+    #[tokio::test(start_paused = true)]
+    async fn a_block_of_an_invalid_pool_is_left_out_and_drains_once_its_pool_goes() {
+        let (store, src) = source_on_a_24();
+        let n: NodeName = "n".into();
+        src.node_seen(&NodeInfo {
+            name: n.clone(),
+            uid: NodeUid(1),
+            allocatable_pods: 110,
+            cordoned: false,
+            terminating: false,
+        });
+        src.allocate(&n, Family::V4, 16, &mut Ungated)
+            .await
+            .unwrap();
+        let older = PoolConfig::new(PoolSpec::new("older", vec!["10.0.0.0/16".parse().unwrap()]));
+        let default = pool("default", "10.0.0.0/24", &[]);
+        src.set_pools(vec![older.clone(), default]);
+        assert!(
+            src.validity()[1].1.is_err(),
+            "`default` overlaps an older pool"
+        );
+        for _ in 0..4 {
+            src.resync(&mut Ungated).await;
+        }
+        let blocks = store.blocks_of(&n);
+        assert_eq!(blocks.len(), 1, "kept");
+        assert!(!blocks[0].release, "never marked for release");
+        assert!(src.holdings(&n).unwrap().addresses.is_empty(), "left out");
+        assert_eq!(src.prepare_allocation(&n, Family::V4, 16, u64::MAX), 0);
+        src.set_pools(vec![older]);
+        src.resync(&mut Ungated).await;
+        assert!(
+            store.blocks_of(&n)[0].release,
+            "its pool deleted: it drains"
+        );
     }
 
     /// Counts requests; refuses every one after the first `allow`.
