@@ -17,7 +17,8 @@ use crate::schema::Cidr;
     version = "v1alpha1",
     kind = "IPAMBlock",
     plural = "ipamblocks",
-    shortname = "ipamblock",
+    shortname = "tpblock",
+    category = "tidepool",
     status = "IPAMBlockStatus",
     derive = "PartialEq",
     doc = "A block of an IPPool granted to one node (tidepool cluster-pool).",
@@ -27,7 +28,12 @@ use crate::schema::Cidr;
     printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
     printcolumn(name = "Pool", type_ = "string", json_path = ".spec.pool"),
     printcolumn(name = "Release", type_ = "string", json_path = ".spec.release"),
-    printcolumn(name = "Answer", type_ = "string", json_path = ".status.releaseAck")
+    printcolumn(name = "Answer", type_ = "string", json_path = ".status.releaseAck"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAMBlockSpec {

@@ -20,16 +20,37 @@ use crate::schema::{conditions, granular_map};
     version = "v1alpha1",
     kind = "IPAMNode",
     plural = "ipamnodes",
-    shortname = "ipamnode",
+    shortname = "tpnode",
+    category = "tidepool",
     status = "IPAMNodeStatus",
     derive = "PartialEq",
     doc = "A node's pod address pool (tidepool).",
-    printcolumn(name = "Allocated", type_ = "integer", json_path = ".status.allocated"),
-    printcolumn(name = "Used", type_ = "integer", json_path = ".status.inUse"),
+    printcolumn(
+        name = "V4-Allocated",
+        type_ = "string",
+        json_path = ".status.ipv4.allocated"
+    ),
+    printcolumn(name = "V4-Used", type_ = "string", json_path = ".status.ipv4.used"),
+    printcolumn(
+        name = "V6-Allocated",
+        type_ = "string",
+        json_path = ".status.ipv6.allocated"
+    ),
+    printcolumn(name = "V6-Used", type_ = "string", json_path = ".status.ipv6.used"),
+    printcolumn(
+        name = "Agent",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"AgentReady\")].status"
+    ),
     printcolumn(
         name = "Blocked",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Blocked\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
     )
 )]
 #[serde(rename_all = "camelCase")]

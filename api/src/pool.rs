@@ -17,32 +17,48 @@ use crate::schema::{Cidr, conditions};
     version = "v1alpha1",
     kind = "IPPool",
     plural = "ippools",
-    shortname = "ippool",
+    shortname = "tpool",
+    category = "tidepool",
     status = "IPPoolStatus",
     derive = "PartialEq",
     doc = "A pool of CIDRs granted to nodes in blocks (tidepool cluster-pool).",
     printcolumn(
+        name = "Valid",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Valid\")].status"
+    ),
+    printcolumn(name = "CIDRs", type_ = "string", json_path = ".spec.cidrs"),
+    printcolumn(name = "V4-Free", type_ = "string", json_path = ".status.ipv4.free"),
+    printcolumn(name = "V6-Free", type_ = "string", json_path = ".status.ipv6.free"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
         name = "V4-Capacity",
         type_ = "string",
-        json_path = ".status.ipv4.capacity"
+        json_path = ".status.ipv4.capacity",
+        priority = 1
     ),
     printcolumn(
         name = "V4-Allocated",
         type_ = "string",
-        json_path = ".status.ipv4.allocated"
+        json_path = ".status.ipv4.allocated",
+        priority = 1
     ),
-    printcolumn(name = "V4-Free", type_ = "string", json_path = ".status.ipv4.free"),
     printcolumn(
         name = "V6-Capacity",
         type_ = "string",
-        json_path = ".status.ipv6.capacity"
+        json_path = ".status.ipv6.capacity",
+        priority = 1
     ),
     printcolumn(
         name = "V6-Allocated",
         type_ = "string",
-        json_path = ".status.ipv6.allocated"
-    ),
-    printcolumn(name = "V6-Free", type_ = "string", json_path = ".status.ipv6.free")
+        json_path = ".status.ipv6.allocated",
+        priority = 1
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [

@@ -857,19 +857,39 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         serde_json::from_str::<Value>(&gpu).unwrap(),
         serde_json::json!({"ipv4": 27, "ipv6": 124})
     );
-    let table = k.ok(&["get", "ippools"]).await;
-    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    // the printer columns, by the short name that collides with neither Calico's nor
+    // whereabouts' `ippools`; capacity and allocated in the wide output
+    let header = |table: &str| -> Vec<String> {
+        let first = table.lines().next().unwrap_or_default();
+        first.split_whitespace().map(String::from).collect()
+    };
+    let table = k.ok(&["get", "tpool"]).await;
     assert_eq!(
-        header,
+        header(&table),
+        ["NAME", "VALID", "CIDRS", "V4-FREE", "V6-FREE", "AGE"],
+        "{table}"
+    );
+    assert!(table.contains("[\"10.80.0.0/16\"]"), "{table}");
+    let wide = k.ok(&["get", "tpool", "-o", "wide"]).await;
+    assert_eq!(
+        header(&wide)[6..],
+        ["V4-CAPACITY", "V4-ALLOCATED", "V6-CAPACITY", "V6-ALLOCATED"],
+        "{wide}"
+    );
+    let table = k.ok(&["get", "tpnode"]).await;
+    assert_eq!(
+        header(&table),
         [
             "NAME",
-            "V4-CAPACITY",
             "V4-ALLOCATED",
-            "V4-FREE",
-            "V6-CAPACITY",
+            "V4-USED",
             "V6-ALLOCATED",
-            "V6-FREE"
-        ]
+            "V6-USED",
+            "AGENT",
+            "BLOCKED",
+            "AGE"
+        ],
+        "{table}"
     );
 
     // blocks of two nodes; a field selector on spec.node finds one node's
@@ -886,6 +906,15 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         )
         .unwrap();
         k.ok(&["apply", "-f", &path.display().to_string()]).await;
+    }
+    // the `tidepool` category: every kind of ours at once
+    let all = k.ok(&["get", "tidepool", "-o", "name"]).await;
+    for name in [
+        "ippool.ipam.tidepool.dev/default",
+        "ipamnode.ipam.tidepool.dev/worker-1",
+        "ipamblock.ipam.tidepool.dev/v4-10-64-1-0-28",
+    ] {
+        assert!(all.lines().any(|l| l == name), "{name} in {all}");
     }
     let picked = k
         .ok(&[
