@@ -70,3 +70,19 @@ fn the_bounds_themselves_are_accepted() {
         );
     }
 }
+
+/// `--node-routes` takes `=false` and `=true` as every other boolean does (issue 28: it
+/// refused a value); anything else is refused naming the flag.
+#[test]
+fn node_routes_takes_a_value_as_every_boolean_does() {
+    for value in ["false", "true"] {
+        let (ok, stderr) = agent_with("--node-routes", value);
+        assert!(!ok, "the kubeconfig is unreadable: {stderr}");
+        assert!(
+            !stderr.contains("--node-routes") && stderr.contains("kubeconfig"),
+            "--node-routes {value} refused: {stderr}"
+        );
+    }
+    let (ok, stderr) = agent_with("--node-routes", "maybe");
+    assert!(!ok && stderr.contains("--node-routes"), "{stderr}");
+}

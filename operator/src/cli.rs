@@ -132,6 +132,7 @@ fn share(s: &str) -> Result<f64, String> {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log filter (tracing's EnvFilter syntax: `info`, `tidepool_ipam=debug,warn`, ...).
     #[arg(
         long,
         global = true,
@@ -139,6 +140,7 @@ pub struct Cli {
         env = "TIDEPOOL_LOG_LEVEL"
     )]
     pub log_level: String,
+    /// Log lines as text for people or JSON for a log pipeline.
     #[arg(
         long,
         global = true,
@@ -222,8 +224,11 @@ pub struct RunFlags {
     /// First retry delay after a failure (10ms to 30 days).
     #[arg(long, default_value = "1s", value_parser = backoff_min, env = "TIDEPOOL_BACKOFF_MIN")]
     pub backoff_min: Duration,
+    /// Longest retry delay after failures (each consecutive failure waits longer, up to this).
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_BACKOFF_MAX")]
     pub backoff_max: Duration,
+    /// A failure more than this long after the node's previous one starts its retry delays
+    /// over from --backoff-min.
     #[arg(long, default_value = "10m", value_parser = duration, env = "TIDEPOOL_BACKOFF_RESET_AFTER")]
     pub backoff_reset_after: Duration,
     /// Time between the two observations of a reclaim candidate.
@@ -492,6 +497,8 @@ pub struct SimulateFlags {
     /// The active period, a drain tail follows [default: 10m, or the scenario's].
     #[arg(long, value_parser = duration, env = "TIDEPOOL_SIM_DURATION")]
     pub duration: Option<Duration>,
+    /// `steady`: run the workload for one drain tail first and measure from there (pods
+    /// still waiting then are counted, not measured); `none`: measure from the start.
     #[arg(long, value_enum, default_value = "none", env = "TIDEPOOL_SIM_WARM_UP")]
     pub warm_up: WarmUpArg,
     /// How long the run may go on past the drain tail while work is still queued (a slow
@@ -499,6 +506,7 @@ pub struct SimulateFlags {
     /// lost.
     #[arg(long, default_value = "1h", value_parser = duration, env = "TIDEPOOL_SIM_DRAIN_LIMIT")]
     pub drain_limit: Duration,
+    /// The seed of every random choice: the same seed gives the same run.
     #[arg(
         long,
         default_value_t = 1,
@@ -520,6 +528,7 @@ pub struct SimulateFlags {
     /// Runs at once with --seeds or --compare-scheduling, 1 to 256 [default: the CPU count].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256), env = "TIDEPOOL_SIM_JOBS")]
     pub jobs: Option<u32>,
+    /// The report for people (`text`) or for programs (`json`).
     #[arg(long, value_enum, default_value = "text", env = "TIDEPOOL_SIM_REPORT")]
     pub report: ReportFormat,
     /// Add per-node details to the report.
@@ -589,6 +598,26 @@ pub struct SimulateFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    /// The flags of `c` and of its subcommands that `--help` shows without a word.
+    fn without_help(c: &clap::Command) -> Vec<String> {
+        let own = c
+            .get_arguments()
+            .filter(|a| a.get_help().is_none() && !a.is_hide_set());
+        let mut out: Vec<String> = own
+            .map(|a| format!("{} --{}", c.get_name(), a.get_id()))
+            .collect();
+        for sub in c.get_subcommands() {
+            out.extend(without_help(sub));
+        }
+        out
+    }
+
+    #[test]
+    fn every_flag_has_help_text() {
+        assert_eq!(without_help(&Cli::command()), Vec::<String>::new());
+    }
 
     #[test]
     fn booleans_accept_both_forms() {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, Parser, ValueEnum};
 use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
@@ -87,7 +87,7 @@ struct Flags {
     /// Install a route to every other node's IPAMBlocks via that node's InternalIP (host-gw
     /// style, for nodes on one L2 segment; marked `proto 0x7d`, only those touched). Off
     /// when the network already routes the blocks. Needs the host network and CAP_NET_ADMIN.
-    #[arg(long, env = "TIDEPOOL_NODE_ROUTES")]
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_NODE_ROUTES")]
     node_routes: bool,
     /// How often --node-routes checks its routes without a change (repairs removed ones; 1s
     /// to 1h).
@@ -252,5 +252,22 @@ async fn shutdown_signal() {
     tokio::select! {
         () = term => tracing::info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_flag_has_help_text() {
+        let cmd = Flags::command();
+        let bare: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| a.get_help().is_none() && !a.is_hide_set())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert_eq!(bare, Vec::<&str>::new());
     }
 }
