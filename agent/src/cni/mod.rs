@@ -35,10 +35,11 @@ use http::HttpError;
 use json::Value;
 use proto::{CniError, Request, Verb, code};
 
-/// What the process prints on stdout and its exit status.
+/// What the process prints on stdout and stderr, and its exit status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
     pub stdout: String,
+    pub stderr: String,
     pub exit_code: i32,
 }
 
@@ -46,6 +47,7 @@ impl Output {
     fn success(stdout: String) -> Output {
         Output {
             stdout,
+            stderr: String::new(),
             exit_code: 0,
         }
     }
@@ -53,7 +55,22 @@ impl Output {
     fn error(e: &CniError, cni_version: &str) -> Output {
         Output {
             stdout: format!("{}\n", e.to_json(cni_version)),
+            stderr: String::new(),
             exit_code: 1,
+        }
+    }
+
+    /// Run by a person (no `CNI_COMMAND`): what the plugin is, its version and the CNI
+    /// versions it speaks, on stderr, as the reference plugins (`skel`'s about string) print.
+    fn about() -> Output {
+        Output {
+            stdout: String::new(),
+            stderr: format!(
+                "CNI tidepool-cni plugin v{}\nCNI protocol versions supported: {}\n",
+                env!("CARGO_PKG_VERSION"),
+                proto::SUPPORTED_VERSIONS.join(", ")
+            ),
+            exit_code: 0,
         }
     }
 }
@@ -61,6 +78,9 @@ impl Output {
 /// Runs the plugin once: `getenv` reads the environment, `stdin` holds the network config (not
 /// read for VERSION, as in `skel`).
 pub fn run(getenv: &dyn Fn(&str) -> Option<OsString>, stdin: &mut dyn Read) -> Output {
+    if getenv("CNI_COMMAND").is_none_or(|c| c.is_empty()) {
+        return Output::about();
+    }
     let command = match Command::from_env(getenv) {
         Ok(c) => c,
         Err(e) => return Output::error(&e, proto::LATEST_VERSION),

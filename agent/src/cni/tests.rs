@@ -108,15 +108,27 @@ fn version_needs_no_config_and_no_agent() {
     );
 }
 
+/// Run with no `CNI_COMMAND` (by a person), the plugin says what it is on stderr and exits
+/// 0, as the reference plugins do (containernetworking/cni `pkg/skel`: the about string when
+/// `CNI_COMMAND` is empty); nothing on stdout.
+#[test]
+fn without_a_command_it_prints_its_about_line() {
+    let out = run_with(&ADD_ENV, &[("CNI_COMMAND", "")], "");
+    assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""));
+    assert_eq!(
+        out.stderr,
+        format!(
+            "CNI tidepool-cni plugin v{}\nCNI protocol versions supported: 1.0.0, 1.1.0\n",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
+
 #[test]
 fn env_errors_are_code_4_and_name_the_variable() {
     let node = Node::new();
     let conf = node.config("1.1.0");
     let cases: &[(&[(&str, &str)], &str)] = &[
-        (
-            &[("CNI_COMMAND", "")],
-            "required env variables [CNI_COMMAND] missing",
-        ),
         (
             &[("CNI_COMMAND", "RESTART")],
             "unknown CNI_COMMAND: RESTART",
