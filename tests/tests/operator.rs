@@ -1260,6 +1260,100 @@ async fn a_node_re_created_after_its_reclaim_starts_afresh() {
     task.await.unwrap();
 }
 
+/// Every IPPool in deploy/examples, applied as README's install applies them (after the
+/// operator started), ends `Valid=True` and is granted from: a node labelled `pool=gpu` gets
+/// IPv4 blocks of `gpu`, the others of `default`, and every node IPv6 blocks of the
+/// dual-stack `default` (issue 28: the shipped default pool was once refused, silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_pool_is_valid_and_granted_from() {
+    let (server, admin) = operator_cluster().await;
+    add_node(&admin, "worker-1").await;
+    let gpu_node = create_object(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "worker-2", "labels": {"pool": "gpu"}}}),
+    )
+    .await;
+    assert!(gpu_node.metadata.uid.is_some());
+    add_pod(&admin, "p1", "worker-1").await;
+    add_pod(&admin, "p2", "worker-2").await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("deploy/examples") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("an example");
+            let obj: Value = serde_saphyr::from_str(&text).expect("YAML");
+            assert_eq!(obj["kind"], "IPPool", "{}", path.display());
+            names.push(
+                obj["metadata"]["name"]
+                    .as_str()
+                    .expect("a name")
+                    .to_string(),
+            );
+            create_object(&admin, obj).await;
+        }
+    }
+    names.sort();
+    assert_eq!(names, ["default", "gpu"]);
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    for name in &names {
+        eventually(Duration::from_secs(20), "the pool Valid=True", || {
+            let (pools, name) = (pools.clone(), name.clone());
+            async move {
+                let p = pools.get(&name).await.ok()?;
+                let conds = p.status?.conditions;
+                let valid = conds.iter().find(|c| c.type_ == "Valid")?;
+                (valid.status == "True").then_some(())
+            }
+        })
+        .await;
+    }
+    let examples = |name: &str| -> Vec<ipnet::IpNet> {
+        let text = std::fs::read_to_string(format!("{dir}/ippool-{name}.yaml")).expect("example");
+        let obj: Value = serde_saphyr::from_str(&text).expect("YAML");
+        let cidrs = obj["spec"]["cidrs"].as_array().expect("cidrs");
+        cidrs
+            .iter()
+            .map(|c| c.as_str().unwrap().parse().unwrap())
+            .collect()
+    };
+    // per node, the pool of each family: gpu serves IPv4 only, so worker-2's IPv6 comes
+    // from the default pool
+    let want = [
+        ("worker-1", "default", "default"),
+        ("worker-2", "gpu", "default"),
+    ];
+    for (node, v4, v6) in want {
+        let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+        let held = eventually(Duration::from_secs(20), "blocks of both families", || {
+            let blocks = blocks.clone();
+            async move {
+                let l = blocks.list(&ListParams::default()).await.ok()?.items;
+                let mine: Vec<api::IPAMBlock> =
+                    l.into_iter().filter(|b| b.spec.node == node).collect();
+                let fams: std::collections::BTreeSet<bool> =
+                    mine.iter().map(|b| b.spec.cidr.0.contains(':')).collect();
+                (fams.len() == 2).then_some(mine)
+            }
+        })
+        .await;
+        for b in &held {
+            let net: ipnet::IpNet = b.spec.cidr.0.parse().unwrap();
+            let pool = if b.spec.cidr.0.contains(':') { v6 } else { v4 };
+            let cidrs = examples(pool);
+            assert_eq!(b.spec.pool, pool, "{node}: {net}");
+            assert!(
+                cidrs.iter().any(|c| c.contains(&net)),
+                "{node}: {net} outside {cidrs:?}"
+            );
+        }
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// A node's `spec.pools` (a user's choice in its IPAMNode) wins over the `default` pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_spec_pools_choose_its_pool() {
