@@ -1620,21 +1620,21 @@ fn build_report<S: SimSource>(
 /// The addresses in the nodes' pools, from the store (the truth the node sides see), not
 /// from engine counters: in all and per family in `families`.
 fn addresses<S: SimSource>(world: &World<S>, families: &[Family]) -> IpsReport {
-    let mut per = PerFamily::<FamilyIps>::default();
+    let (mut per, mut all) = (PerFamily::<FamilyIps>::default(), FamilyIps::default());
     for n in world.store.list() {
         let pool = world.pool_addresses(&n);
+        let mut node = FamilyIps::default();
         for f in Family::ALL {
             let used = n.node.used.keys().filter(|a| Family::of(a) == f).count() as u64;
             let cooldown = (n.node.cooldown.keys())
                 .filter(|a| Family::of(a) == f && pool.contains(a))
                 .count() as u64;
             per.get_mut(f).add(pool.len(f), used, cooldown);
+            (node.allocated, node.used) = (node.allocated + pool.len(f), node.used + used);
+            node.cooldown += cooldown;
         }
-    }
-    let mut all = FamilyIps::default();
-    for f in Family::ALL {
-        let p = per.get(f);
-        all.add(p.allocated, p.used, p.cooldown);
+        // the node's free addresses over both families, as before the per-family figures
+        all.add(node.allocated, node.used, node.cooldown);
     }
     let used_by = |f: Family| families.contains(&f).then(|| *per.get(f));
     IpsReport {
