@@ -534,6 +534,10 @@ pub struct SimulateFlags {
     /// Add per-node details to the report.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_REPORT_NODES")]
     pub report_nodes: bool,
+    /// Exit 1 when pods never got an address (the report's `pods.never_served` above 0;
+    /// with --seeds, in any run).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, conflicts_with = "compare_scheduling", env = "TIDEPOOL_SIM_FAIL_ON_UNSERVED")]
+    pub fail_on_unserved: bool,
     /// Run at wall-clock speed (and serve /metrics on --metrics-addr).
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_REALTIME")]
     pub realtime: bool,

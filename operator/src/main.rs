@@ -47,7 +47,15 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let result = match &cli.command {
-        Command::Simulate(f) => simulate::run(f),
+        Command::Simulate(f) => match simulate::run(f) {
+            Ok(simulate::Outcome::Unserved(n)) => {
+                eprintln!(
+                    "error: {n} pods never got an address (--fail-on-unserved; the report says why)"
+                );
+                return ExitCode::from(1);
+            }
+            r => r.map(|o| o == simulate::Outcome::Clean),
+        },
         Command::Crds => {
             print!("{}", tidepool_api::crds_yaml());
             Ok(true)

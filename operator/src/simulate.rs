@@ -158,9 +158,28 @@ fn families(f: &SimulateFlags, source: &SourceChoice) -> anyhow::Result<Vec<Fami
     })
 }
 
-/// Runs the simulation (or the seeds, or the comparison) and prints the report. Returns
-/// whether every invariant held.
-pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
+/// What a run's exit status reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Clean,
+    /// An invariant was violated.
+    Violated,
+    /// With --fail-on-unserved: this many pods never got an address.
+    Unserved(u64),
+}
+
+impl Outcome {
+    fn of(violated: bool, never_served: u64, f: &SimulateFlags) -> Outcome {
+        match (violated, never_served) {
+            (true, _) => Outcome::Violated,
+            (false, n) if n > 0 && f.fail_on_unserved => Outcome::Unserved(n),
+            _ => Outcome::Clean,
+        }
+    }
+}
+
+/// Runs the simulation (or the seeds, or the comparison) and prints the report.
+pub fn run(f: &SimulateFlags) -> anyhow::Result<Outcome> {
     if f.realtime && (f.seeds.is_some() || f.compare_scheduling) {
         anyhow::bail!("--realtime runs one simulation: not with --seeds or --compare-scheduling");
     }
@@ -174,7 +193,7 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
         return many_seeds(f, &seeds.0);
     }
     let cfg = config(f)?;
-    let churns = cfg.churns();
+    let inputs = cfg.clone();
     let mut rt = tokio::runtime::Builder::new_current_thread();
     rt.enable_time();
     if f.realtime {
@@ -206,11 +225,13 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<bool> {
     })?;
     match f.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        ReportFormat::Text => print!("{}", text(&report, churns)),
+        ReportFormat::Text => print!("{}", text(&report, &inputs)),
     }
-    Ok(report.invariants.double_allocations == 0
-        && report.invariants.live_ip_reclaimed == 0
-        && report.invariants.lost_allocations == 0)
+    Ok(Outcome::of(
+        violated(&report.invariants),
+        report.pods.never_served,
+        f,
+    ))
 }
 
 fn progress(done: Duration, total: Duration) {
@@ -234,27 +255,23 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
-/// The readable summary; `churns`: pods kept changing to the end (see [`convergence`]).
-pub fn text(r: &Report, churns: bool) -> String {
+/// The readable summary of a run of `cfg`.
+pub fn text(r: &Report, cfg: &SimConfig) -> String {
     let inv = &r.invariants;
-    let verdict = if inv.double_allocations + inv.live_ip_reclaimed + inv.lost_allocations == 0 {
-        "all invariants held"
-    } else {
-        "INVARIANTS VIOLATED"
-    };
     let mut out = format!(
-        "tidepool simulate: {verdict}\n\
-         convergence      {}\n\
+        "tidepool simulate: {}\n\
+         inputs           {}\n\
+         convergence      {}; lower bound {} s{}\n\
          simulated        {:.0} s ({}) in {:.2} s wall, {} CPU s, peak RSS {} MiB, {:.0} events/s\n\
-         nodes            {} total, {} in deficit, {} at capacity, {} blocked\n\
-         addresses        {} allocated, {} used, {} free, {} cooling down\n\
-         api              {} source calls, {} kube writes, {} conflicts, {} throttled\n\
-         pods             {} started, {} deleted, {} leaked by crashes, {} waited for an address\n\
-         ip wait (s)      p50 {}  p99 {}  max {}\n\
-         reclaim          {} reclaimed, {} held by min age; latency (s) p50 {}  p99 {}  max {}\n\
-         memory           {} bytes per address in the engine (measured), {:.1} in the world (estimated)\n\
-         invariants       {} double allocations, {} live addresses reclaimed, {} lost\n",
-        convergence(r, churns),
+         nodes            {} total, {} in deficit, {} at capacity, {} blocked\n",
+        headline(r),
+        inputs(cfg),
+        convergence(r, cfg.churns()),
+        opt(r.lower_bound_seconds),
+        match (&r.limited_by, r.lower_bound_seconds) {
+            (Some(l), Some(s)) if s > 0.0 => format!(" (limited by {l})"),
+            _ => String::new(),
+        },
         r.virtual_seconds,
         drain(r),
         r.wall_seconds,
@@ -266,10 +283,12 @@ pub fn text(r: &Report, churns: bool) -> String {
         r.nodes.in_deficit,
         r.nodes.at_capacity,
         r.nodes.blocked,
-        r.ips.allocated,
-        r.ips.used,
-        r.ips.free,
-        r.ips.cooldown,
+    );
+    out += &address_lines(r, cfg);
+    out += &format!(
+        "api              {} source calls, {} kube writes, {} conflicts, {} throttled\n\
+         pods             {} started, {} deleted, {} leaked by crashes, {} waited for an address, {} never got one\n\
+         ip wait (s)      p50 {}  p99 {}  max {}\n",
         r.api.source_calls,
         r.api.kube_writes,
         r.api.conflicts,
@@ -278,21 +297,24 @@ pub fn text(r: &Report, churns: bool) -> String {
         r.pods.deleted,
         r.pods.leaked_by_crash,
         r.pods.waited_for_ip,
+        r.pods.never_served,
         opt(r.pods.ip_wait_seconds.p50),
         opt(r.pods.ip_wait_seconds.p99),
         opt(r.pods.ip_wait_seconds.max),
+    );
+    out += &bring_up_note(r);
+    out += &format!(
+        "reclaim          {} reclaimed, {} held by min age; latency (s) p50 {}  p99 {}  max {}\n",
         r.reclaim.reclaimed,
         r.reclaim.held_by_min_age,
         opt(r.reclaim.latency_seconds.p50),
         opt(r.reclaim.latency_seconds.p99),
         opt(r.reclaim.latency_seconds.max),
-        r.memory
-            .engine_bytes_per_address
-            .map_or("-".into(), |b| format!("{b:.1}")),
-        r.memory.world_bytes_per_address,
-        inv.double_allocations,
-        inv.live_ip_reclaimed,
-        inv.lost_allocations,
+    );
+    out += &memory_line(r);
+    out += &format!(
+        "invariants       {} double allocations, {} live addresses reclaimed, {} lost\n",
+        inv.double_allocations, inv.live_ip_reclaimed, inv.lost_allocations,
     );
     if r.pods.waiting_at_start > 0 {
         out.push_str(&format!(
@@ -306,6 +328,156 @@ pub fn text(r: &Report, churns: bool) -> String {
         out.push_str(&format!("  violation      {v}\n"));
     }
     out
+}
+
+/// The verdict on the invariants, and the pods that never got an address with their cause.
+fn headline(r: &Report) -> String {
+    let verdict = if violated(&r.invariants) {
+        "INVARIANTS VIOLATED"
+    } else {
+        "all invariants held"
+    };
+    match r.pods.never_served {
+        0 => verdict.into(),
+        n => format!(
+            "{verdict}; {n} pods never got an address: {}",
+            r.pods
+                .never_served_cause
+                .as_deref()
+                .unwrap_or("cause unknown")
+        ),
+    }
+}
+
+/// What was simulated: the workload, the source and its pools, the churn.
+fn inputs(cfg: &SimConfig) -> String {
+    let families = &cfg.world.families;
+    let source = match &cfg.source {
+        SourceChoice::Memory => "memory".to_string(),
+        SourceChoice::ClusterPool(p) => {
+            let blocks: Vec<String> = (families.iter())
+                .map(|&f| format!("/{}", p.block_size.get(f)))
+                .collect();
+            format!(
+                "cluster-pool ({}; {} blocks)",
+                p.cidrs.join(", "),
+                blocks.join(" and ")
+            )
+        }
+        SourceChoice::SimCloud(c) => {
+            format!(
+                "sim-cloud ({}, /{} subnets)",
+                c.instance_type.name, c.subnet_size
+            )
+        }
+    };
+    let names: Vec<&str> = families.iter().map(|f| f.as_str()).collect();
+    format!(
+        "{} nodes × {} pods, source {source}, churn {}/node/min, crash rate {}, node churn {}/h, \
+         {}, {} active, warm-up {}{}",
+        cfg.nodes,
+        cfg.pods_per_node,
+        cfg.churn,
+        cfg.crash_rate,
+        cfg.node_churn,
+        names.join(" and "),
+        humantime::format_duration(cfg.duration),
+        match cfg.warm_up {
+            WarmUp::None => "none",
+            WarmUp::Steady => "steady",
+        },
+        if cfg.scenario.is_some() {
+            ", with a scenario"
+        } else {
+            ""
+        },
+    )
+}
+
+/// One line per family the pods use; a cluster pool's large counts in its blocks.
+fn address_lines(r: &Report, cfg: &SimConfig) -> String {
+    let block = |f: Family| match &cfg.source {
+        SourceChoice::ClusterPool(p) => Some(*p.block_size.get(f)),
+        _ => None,
+    };
+    let mut out = String::new();
+    for (f, ips) in [(Family::V4, r.ips.ipv4), (Family::V6, r.ips.ipv6)] {
+        if let Some(ips) = ips {
+            out += &format!(
+                "{:<17}{} allocated, {} used, {} free, {} cooling down\n",
+                format!("{} addresses", f.as_str()),
+                count(ips.allocated, block(f)),
+                ips.used,
+                count(ips.free, block(f)),
+                ips.cooldown,
+            );
+        }
+    }
+    out
+}
+
+/// At most 2^32 addresses, the number; past that, in blocks of /`block` (`500 × /64`, or
+/// `500 × /64 − 3000`), else in scientific notation.
+fn count(n: u128, block: Option<u8>) -> String {
+    const PLAIN: u128 = 1 << 32;
+    if n <= PLAIN {
+        return n.to_string();
+    }
+    let in_blocks = block.filter(|b| *b < 128).and_then(|b| {
+        let unit = 1u128 << (128 - u32::from(b));
+        let blocks = n.div_ceil(unit);
+        let short = blocks.checked_mul(unit)? - n;
+        match short {
+            0 => Some(format!("{blocks} × /{b}")),
+            s if s <= PLAIN => Some(format!("{blocks} × /{b} − {s}")),
+            _ => None,
+        }
+    });
+    in_blocks.unwrap_or_else(|| format!("{:.3e}", n as f64))
+}
+
+/// When the bring-up's waits make the percentiles: say so, and what limits it.
+fn bring_up_note(r: &Report) -> String {
+    if !r.pods.bring_up_dominates() {
+        return String::new();
+    }
+    let why = match (&r.limited_by, r.lower_bound_seconds) {
+        (Some(l), Some(s)) if s >= 1.0 => {
+            format!("its calls are limited by {l} (lower bound {s:.3} s)")
+        }
+        _ => match &r.pods.never_served_cause {
+            Some(cause) => format!("its pods waited because {cause}"),
+            None => "its pods waited for addresses".into(),
+        },
+    };
+    format!(
+        "  note           the bring-up dominates these waits: p99 {} s with its {} pods, {}; \
+         {why}; --warm-up steady measures past it\n",
+        opt(r.pods.ip_wait_seconds.p99),
+        r.pods.bring_up,
+        r.pods
+            .ip_wait_seconds_after_bring_up
+            .p99
+            .map_or("and no pod was scheduled later".into(), |p| format!(
+                "p99 {p:.3} s without them"
+            )),
+    )
+}
+
+/// Heap bytes per allocated address; left out past 2^32 addresses (a /64 block per node),
+/// where a figure per address means nothing.
+fn memory_line(r: &Report) -> String {
+    if r.ips.allocated > 1 << 32 {
+        return String::new();
+    }
+    format!(
+        "memory           {} bytes per allocated address in the engine (its live heap, \
+         measured), {:.1} in the simulated world (estimated from its structures)\n",
+        r.memory
+            .engine_bytes_per_address
+            .map_or("-".into(), |b| format!("{b:.1}")),
+        r.memory.world_bytes_per_address,
+    )
 }
 
 /// The convergence line: under churn every deletion starts a cooldown and a short-lived
@@ -391,7 +563,7 @@ struct SeedsReport {
     wall_seconds: f64,
 }
 
-fn many_seeds(f: &SimulateFlags, seeds: &[u64]) -> anyhow::Result<bool> {
+fn many_seeds(f: &SimulateFlags, seeds: &[u64]) -> anyhow::Result<Outcome> {
     let base = config(f)?;
     let wall = std::time::Instant::now();
     let cfgs = seeds
@@ -422,7 +594,8 @@ fn many_seeds(f: &SimulateFlags, seeds: &[u64]) -> anyhow::Result<bool> {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         ReportFormat::Text => print!("{}", seeds_text(&out)),
     }
-    Ok(out.runs_violating == 0)
+    let never_served = out.runs.iter().map(|r| r.report.pods.never_served).sum();
+    Ok(Outcome::of(out.runs_violating > 0, never_served, f))
 }
 
 fn seeds_text(r: &SeedsReport) -> String {
@@ -514,7 +687,7 @@ struct CompareReport {
     wall_seconds: f64,
 }
 
-fn compare(f: &SimulateFlags) -> anyhow::Result<bool> {
+fn compare(f: &SimulateFlags) -> anyhow::Result<Outcome> {
     let base = config(f)?;
     let seeds: Vec<u64> = f.seeds.as_ref().map_or_else(
         || (1..=cli::DEFAULT_COMPARE_SEEDS).collect(),
@@ -572,7 +745,8 @@ fn compare(f: &SimulateFlags) -> anyhow::Result<bool> {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         ReportFormat::Text => print!("{}", compare_text(&out)),
     }
-    Ok(!violated(&inv))
+    // --fail-on-unserved does not go with --compare-scheduling
+    Ok(Outcome::of(violated(&inv), 0, f))
 }
 
 fn compare_text(r: &CompareReport) -> String {
@@ -618,4 +792,19 @@ fn compare_text(r: &CompareReport) -> String {
         r.wall_seconds,
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    /// Counts past 2^32 read in blocks (issue: a /64 per node printed 20-digit numbers).
+    #[test]
+    fn large_counts_read_in_blocks() {
+        assert_eq!(count(300, Some(64)), "300");
+        assert_eq!(count(500 << 64, Some(64)), "500 × /64");
+        assert_eq!(count((500 << 64) - 3000, Some(64)), "500 × /64 − 3000");
+        assert_eq!(count(1 << 40, None), "1.100e12");
+        assert_eq!(count(u128::MAX, Some(64)), "3.403e38");
+    }
 }

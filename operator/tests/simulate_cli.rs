@@ -271,3 +271,169 @@ fn a_metrics_port_in_use_is_named_once() {
     assert!(err.contains(&format!("--metrics-addr {addr}")), "{err}");
     assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
 }
+
+/// A /26 of /28 blocks (64 addresses) for 10 nodes x 30 pods: the pods that never got an
+/// address are counted (`pods.never_served`: every pod that waited in the measured period
+/// and never got one), headlined with their cause, and `--fail-on-unserved` exits 1 on
+/// them. Before: "all invariants held", "0 waited for an address", exit 0.
+#[test]
+fn pods_that_never_got_an_address_are_counted_and_headlined() {
+    let exhausted = [
+        "simulate",
+        "--source",
+        "cluster-pool",
+        "--pool-cidr",
+        "10.0.0.0/26",
+        "--nodes",
+        "10",
+        "--pods-per-node",
+        "30",
+        "--duration",
+        "2m",
+        "--churn",
+        "0",
+        "--node-churn",
+        "0",
+        "--crash-rate",
+        "0",
+    ];
+    let out = bin()
+        .args(exhausted)
+        .args(["--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let started = v["pods"]["started"].as_u64().unwrap();
+    let never = v["pods"]["never_served"]
+        .as_u64()
+        .expect("pods.never_served");
+    // no churn: every one of the 300 pods either got an address or never did
+    assert_eq!(started + never, 300, "{v}");
+    // at most the pool's 62 usable addresses are used (node-00000 keeps some spare)
+    assert!(never >= 300 - 62, "{v}");
+    assert_eq!(
+        v["pods"]["never_served_cause"], "the pool is exhausted",
+        "{v}"
+    );
+    let out = bin().args(exhausted).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let headline = text.lines().next().unwrap();
+    assert!(
+        headline.contains(&format!(
+            "{never} pods never got an address: the pool is exhausted"
+        )),
+        "{text}"
+    );
+    let out = bin()
+        .args(exhausted)
+        .arg("--fail-on-unserved")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{never} pods never got an address")),
+        "{err}"
+    );
+    // a pool with room: 0, present, and --fail-on-unserved passes
+    let roomy = [
+        "simulate",
+        "--source",
+        "cluster-pool",
+        "--pool-cidr",
+        "10.0.0.0/16",
+        "--nodes",
+        "10",
+        "--duration",
+        "2m",
+        "--fail-on-unserved",
+    ];
+    let out = bin()
+        .args(roomy)
+        .args(["--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pods"]["never_served"], 0, "{v}");
+}
+
+/// The text report echoes its inputs, prints the lower bound next to convergence, and says
+/// when the bring-up's waits make the percentiles, naming the flag that limits it.
+#[test]
+fn the_text_report_echoes_inputs_and_names_a_dominating_bring_up() {
+    let out = bin()
+        .args([
+            "simulate",
+            "--nodes",
+            "50",
+            "--duration",
+            "3m",
+            "--api-qps",
+            "4",
+        ])
+        .args(["--churn", "0", "--node-churn", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("inputs           50 nodes × 30 pods, source memory, churn 0/node/min"),
+        "{text}"
+    );
+    assert!(text.contains("lower bound "), "{text}");
+    assert!(text.contains("the bring-up dominates"), "{text}");
+    assert!(text.contains("--api-qps 4"), "{text}");
+    // with a steady warm-up the bring-up is not measured, and not named
+    let out = bin()
+        .args([
+            "simulate",
+            "--nodes",
+            "50",
+            "--duration",
+            "3m",
+            "--warm-up",
+            "steady",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("the bring-up dominates"), "{text}");
+}
+
+/// Addresses per family; IPv6 counts in blocks (`10 × /64`), and no memory line per
+/// address where a /64 per node makes it meaningless.
+#[test]
+fn addresses_are_reported_per_family_with_readable_ipv6_counts() {
+    let out = bin()
+        .args(["simulate", "--source", "cluster-pool"])
+        .args(["--pool-cidr", "10.0.0.0/16", "--pool-cidr", "fd00:10::/48"])
+        .args(["--block-size-v6", "64", "--nodes", "10", "--duration", "2m"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ipv4 addresses "), "{text}");
+    assert!(
+        text.contains("ipv6 addresses   10 × /64 allocated"),
+        "{text}"
+    );
+    assert!(!text.contains("18446744073709551616"), "{text}");
+    assert!(!text.contains("bytes per address"), "{text}");
+    // where addresses are few, the memory line stays, explained
+    let out = bin()
+        .args(["simulate", "--nodes", "10", "--duration", "2m"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bytes per allocated address"), "{text}");
+}

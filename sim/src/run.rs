@@ -330,6 +330,28 @@ pub struct IpsReport {
     pub used: u64,
     pub free: u128,
     pub cooldown: u64,
+    /// The same for each family the pods use (null for one they do not).
+    pub ipv4: Option<FamilyIps>,
+    pub ipv6: Option<FamilyIps>,
+}
+
+/// One family's addresses in the nodes' pools (see [`IpsReport`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FamilyIps {
+    pub allocated: u128,
+    pub used: u64,
+    pub free: u128,
+    pub cooldown: u64,
+}
+
+impl FamilyIps {
+    fn add(&mut self, allocated: u128, used: u64, cooldown: u64) {
+        self.allocated = self.allocated.saturating_add(allocated);
+        self.used += used;
+        self.cooldown += cooldown;
+        let free = allocated.saturating_sub(u128::from(used + cooldown));
+        self.free = self.free.saturating_add(free);
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -341,7 +363,7 @@ pub struct ApiReport {
     pub throttled: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PodsReport {
     pub started: u64,
     /// Scale-up pods no node had room for (`--max-pods`): never created, as a scheduler
@@ -355,6 +377,29 @@ pub struct PodsReport {
     /// the warm-up, their waits are not in `ip_wait_seconds`. Not zero: the warm-up did not
     /// reach a steady state, and the measured period starts inside the bring-up.
     pub waiting_at_start: u64,
+    /// Pods that never got an address: of the pods that waited for one at some point of
+    /// the measured period, those still waiting when the run ended (after the drain tail)
+    /// and those deleted, or lost with their machine, before they got one. Scale-up pods
+    /// never created (`unschedulable`) are not among them.
+    pub never_served: u64,
+    /// Why, where the simulator knows: the pool (or subnet, or source) has nothing left,
+    /// or the state of most nodes where pods still waited at the end; null when none.
+    pub never_served_cause: Option<String>,
+    /// Pods scheduled at the measured period's first instant (without a warm-up, the
+    /// nodes' first pods, all at once) that got their addresses.
+    pub bring_up: u64,
+    /// `ip_wait_seconds` without the bring-up's pods.
+    pub ip_wait_seconds_after_bring_up: Quantiles,
+}
+
+impl PodsReport {
+    /// The bring-up's waits make the percentiles: some bring-up pods, a p99 above 1 s and
+    /// more than twice the later pods' p99 (or no later pod).
+    pub fn bring_up_dominates(&self) -> bool {
+        let p99 = self.ip_wait_seconds.p99.unwrap_or(0.0);
+        let later = self.ip_wait_seconds_after_bring_up.p99.unwrap_or(0.0);
+        self.bring_up > 0 && p99 > 1.0 && p99 > 2.0 * later
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -400,6 +445,10 @@ pub struct Report {
     pub converged: bool,
     pub convergence_seconds: Option<f64>,
     pub lower_bound_seconds: Option<f64>,
+    /// The setting that makes `lower_bound_seconds`: the rate limit of the API the source
+    /// calls go through (`--api-qps 4`, `--kube-api-qps 50`, `--cloud-qps 10`), or the
+    /// calls' latency when one node's chain of calls takes longer (`--cloud-latency 2s`).
+    pub limited_by: Option<String>,
     pub virtual_seconds: f64,
     pub wall_seconds: f64,
     pub cpu_seconds: Option<f64>,
@@ -1314,10 +1363,11 @@ fn setting_changed<S: SimSource>(
 /// DESIGN.md's call oracle: the fewest source calls C that take every node from its state
 /// at t0 to its target for the demand at the end of the active period, and the lower
 /// bound on convergence it implies.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Oracle {
     calls: u64,
     lower_bound_seconds: f64,
+    limited_by: Option<String>,
 }
 
 /// What the call oracle starts from at t0: each node's holdings, and the units the source
@@ -1394,19 +1444,36 @@ fn minimum_calls<S: SimSource>(world: &World<S>, cfg: &SimConfig, at_t0: &AtT0) 
             })
             .sum();
     }
-    let (mut qps, mut burst) = match world.source.api() {
-        tidepool_ipam::Api::Source => (cfg.world.source_qps, u64::from(cfg.world.source_burst)),
-        tidepool_ipam::Api::Kube => (cfg.world.kube_qps, u64::from(cfg.world.kube_burst)),
+    let (mut flag, mut qps, mut burst) = match world.source.api() {
+        tidepool_ipam::Api::Source => (
+            "--api-qps",
+            cfg.world.source_qps,
+            u64::from(cfg.world.source_burst),
+        ),
+        tidepool_ipam::Api::Kube => (
+            "--kube-api-qps",
+            cfg.world.kube_qps,
+            u64::from(cfg.world.kube_burst),
+        ),
     };
     if let Some((q, b)) = world.source.rate_limit() {
+        if q < qps {
+            flag = "--cloud-qps";
+        }
         qps = qps.min(q);
         burst = burst.min(u64::from(b));
     }
-    let latency = world.source.call_latency().as_secs_f64();
-    let by_rate = (calls.saturating_sub(burst) as f64 / qps).max(0.0) + latency;
+    let latency = world.source.call_latency();
+    let by_rate = (calls.saturating_sub(burst) as f64 / qps).max(0.0) + latency.as_secs_f64();
+    let by_chain = chain as f64 * latency.as_secs_f64();
     Oracle {
         calls,
-        lower_bound_seconds: by_rate.max(chain as f64 * latency),
+        lower_bound_seconds: by_rate.max(by_chain),
+        limited_by: Some(if by_chain > by_rate {
+            format!("--cloud-latency {}", humantime::format_duration(latency))
+        } else {
+            format!("{flag} {qps}")
+        }),
     }
 }
 
@@ -1472,19 +1539,9 @@ fn build_report<S: SimSource>(
         nodes.blocked += u64::from(s.blocked.is_some());
     }
     // Addresses from the store (the truth the node sides see), not from engine counters.
-    let mut ips = IpsReport::default();
-    for n in world.store.list() {
-        let pool = world.pool_addresses(&n);
-        let allocated = pool.len(Family::V4) + pool.len(Family::V6);
-        let used = n.node.used.len() as u64;
-        let cooldown = n.node.cooldown.keys().filter(|a| pool.contains(a)).count() as u64;
-        ips.allocated = ips.allocated.saturating_add(allocated);
-        ips.used += used;
-        ips.cooldown += cooldown;
-        let free = allocated.saturating_sub(u128::from(used + cooldown));
-        ips.free = ips.free.saturating_add(free);
-    }
+    let ips = addresses(world, &cfg.world.families);
     let (source_calls, throttled) = world.source.calls();
+    let never_served = stats.left_unserved + world.waiting() as u64;
     let memory = {
         let world_bytes = world.world_heap_estimate() as f64;
         let per = |b: f64| round3(b / (ips.allocated.max(1) as f64));
@@ -1515,6 +1572,7 @@ fn build_report<S: SimSource>(
         converged: convergence.is_some(),
         convergence_seconds: convergence,
         lower_bound_seconds: Some(round3(oracle.lower_bound_seconds)),
+        limited_by: oracle.limited_by.clone(),
         virtual_seconds: round3(Instant::now().saturating_duration_since(t0).as_secs_f64()),
         wall_seconds,
         cpu_seconds: cpu_seconds().zip(cpu0).map(|(b, a)| b - a),
@@ -1541,6 +1599,10 @@ fn build_report<S: SimSource>(
             waited_for_ip: stats.waited_for_ip,
             ip_wait_seconds: Quantiles::of(stats.wait_seconds),
             waiting_at_start: 0,
+            never_served,
+            never_served_cause: (never_served > 0).then(|| never_served_cause(world, cfg)),
+            bring_up: stats.bring_up,
+            ip_wait_seconds_after_bring_up: Quantiles::of(stats.wait_seconds_after_bring_up),
         },
         reclaim: ReclaimReport {
             reclaimed: world.observer.reclaimed(),
@@ -1552,6 +1614,71 @@ fn build_report<S: SimSource>(
         invariants,
         violations: world.observer.violations(),
         node_details,
+    }
+}
+
+/// The addresses in the nodes' pools, from the store (the truth the node sides see), not
+/// from engine counters: in all and per family in `families`.
+fn addresses<S: SimSource>(world: &World<S>, families: &[Family]) -> IpsReport {
+    let (mut per, mut all) = (PerFamily::<FamilyIps>::default(), FamilyIps::default());
+    for n in world.store.list() {
+        let pool = world.pool_addresses(&n);
+        let mut node = FamilyIps::default();
+        for f in Family::ALL {
+            let used = n.node.used.keys().filter(|a| Family::of(a) == f).count() as u64;
+            let cooldown = (n.node.cooldown.keys())
+                .filter(|a| Family::of(a) == f && pool.contains(a))
+                .count() as u64;
+            per.get_mut(f).add(pool.len(f), used, cooldown);
+            (node.allocated, node.used) = (node.allocated + pool.len(f), node.used + used);
+            node.cooldown += cooldown;
+        }
+        // the node's free addresses over both families, as before the per-family figures
+        all.add(node.allocated, node.used, node.cooldown);
+    }
+    let used_by = |f: Family| families.contains(&f).then(|| *per.get(f));
+    IpsReport {
+        allocated: all.allocated,
+        used: all.used,
+        free: all.free,
+        cooldown: all.cooldown,
+        ipv4: used_by(Family::V4),
+        ipv6: used_by(Family::V6),
+    }
+}
+
+/// Why pods never got an address (see [`PodsReport::never_served_cause`]): the source has
+/// nothing left for a family the pods use, else the state of most nodes where pods still
+/// waited at the end, else they were deleted or lost first, or still waited at the end.
+fn never_served_cause<S: SimSource>(world: &World<S>, cfg: &SimConfig) -> String {
+    let empty = world
+        .source
+        .free_units()
+        .is_some_and(|free| (cfg.world.families.iter()).any(|&f| *free.get(f) == 0));
+    let mut by_state = BTreeMap::<&'static str, u64>::new();
+    for (node, s) in world.manager.summaries() {
+        if world.waiting_on(&node) > 0 {
+            *by_state
+                .entry(s.blocked.map_or("", |b| b.as_str()))
+                .or_default() += 1;
+        }
+    }
+    let most = by_state
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(state, _)| state);
+    match (empty, most) {
+        (true, _) | (_, Some("exhausted")) => match cfg.source {
+            SourceChoice::ClusterPool(_) => "the pool is exhausted".into(),
+            SourceChoice::SimCloud(_) => "the subnet is exhausted".into(),
+            SourceChoice::Memory => "the source is exhausted (--source-capacity)".into(),
+        },
+        (_, Some("at-capacity")) => {
+            "their nodes are at their address cap (--max-pods or the instance type)".into()
+        }
+        (_, Some("")) => "they still waited for an address when the run ended".into(),
+        (_, Some(state)) => format!("their nodes are blocked ({state})"),
+        (_, None) => "they were deleted, or lost with their node, before they got one".into(),
     }
 }
 

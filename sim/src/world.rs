@@ -291,6 +291,13 @@ pub struct WorkloadStats {
     pub leaked_by_crash: u64,
     pub waited_for_ip: u64,
     pub wait_seconds: Vec<f64>,
+    /// The waits of the pods scheduled after the measured period's first instant (those
+    /// scheduled at it are its bring-up: the nodes' first pods at once).
+    pub wait_seconds_after_bring_up: Vec<f64>,
+    /// Pods scheduled at the measured period's first instant that got their addresses.
+    pub bring_up: u64,
+    /// Pods that left the queue without an address: deleted, or lost with their machine.
+    pub left_unserved: u64,
     /// Crashed pods younger than reclaim_min_age at deletion.
     pub held_by_min_age: u64,
     /// Simulated events processed (pod and node events, node-side answers).
@@ -638,8 +645,11 @@ impl<S: SimSource> World<S> {
             if let Some(p) = &p
                 && let Some(a) = g.agents.get_mut(&p.node)
             {
+                let queued = a.queue.len();
                 a.queue.retain(|(u, _)| *u != uid);
                 a.pods.retain(|u| *u != uid);
+                let unserved = (queued - a.queue.len()) as u64;
+                g.stats.left_unserved += unserved;
             }
             p.map(|p| {
                 let started_at = p.started_at(base);
@@ -775,8 +785,10 @@ impl<S: SimSource> World<S> {
                 return;
             };
             a.alive = false;
+            let unserved = a.queue.len() as u64;
             a.queue.clear();
             let uids = a.pods.clone();
+            g.stats.left_unserved += unserved;
             if let Ok(i) = g.live.binary_search(node) {
                 g.live.remove(i);
             }
@@ -1021,6 +1033,11 @@ impl<S: SimSource> World<S> {
                 let wait = now.saturating_duration_since(at).as_secs_f64();
                 g.stats.started += 1;
                 g.stats.wait_seconds.push(wait);
+                if at == measure_from {
+                    g.stats.bring_up += 1;
+                } else {
+                    g.stats.wait_seconds_after_bring_up.push(wait);
+                }
                 if wait > 0.0 {
                     g.stats.waited_for_ip += 1;
                 }
