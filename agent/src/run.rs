@@ -66,7 +66,8 @@ pub struct Settings {
     pub marker_refresh: Duration,
     /// The boot ID's file (the kernel's; a test fakes it).
     pub boot_id_file: PathBuf,
-    pub pod_networks: PodNetworks,
+    /// `--pod-network`: these instead of the IPPools' CIDRs (`None`: the IPPools').
+    pub pod_networks: Option<PodNetworks>,
     /// How long an address stays out of use after it is freed.
     pub reuse_cooldown: Duration,
     /// How long to wait for the node's IPAMNode at start before failing.
@@ -83,8 +84,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The defaults for `node_name` with `pod_networks`: DESIGN.md's paths.
-    pub fn new(node_name: &str, pod_networks: PodNetworks) -> Self {
+    /// The defaults for `node_name`: DESIGN.md's paths, the pod networks from the IPPools.
+    pub fn new(node_name: &str) -> Self {
         Settings {
             node_name: node_name.into(),
             socket: "/run/tidepool/agent.sock".into(),
@@ -93,7 +94,7 @@ impl Settings {
             restored_marker: "/run/tidepool/restored".into(),
             marker_refresh: Duration::from_secs(10),
             boot_id_file: BOOT_ID_PATH.into(),
-            pod_networks,
+            pod_networks: None,
             reuse_cooldown: Duration::from_secs(30),
             node_wait: Duration::from_secs(300),
             empty_pool_wait: crate::serve::DEFAULT_EMPTY_POOL_WAIT,
@@ -206,7 +207,7 @@ async fn restore(client: &kube::Client, s: &Settings) -> Result<Restored> {
         PublishConfig::default(),
     );
     let config = Config {
-        pod_networks: s.pod_networks.clone(),
+        pod_networks: s.pod_networks.clone().map(Arc::new),
         empty_pool_wait: s.empty_pool_wait,
     };
     let agent = Agent::with_pods(

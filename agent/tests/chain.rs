@@ -239,11 +239,7 @@ async fn dual_stack_pods_get_one_address_per_family_and_ping_over_ipv6() {
         ],
     );
     create_block(&node.admin, "fd00:250::10/124", "node-a", UID_A, false).await;
-    node.settings.pod_networks = tidepool_agent::serve::PodNetworks::new([
-        "10.250.0.0/16".parse().expect("net"),
-        "fd00:250::/64".parse().expect("net"),
-    ])
-    .expect("networks");
+    // the pod networks: the test pool's 10.250.0.0/16 and fd00:250::/64 (its IPPool)
     node.start_agent().await;
     let (pa, pb) = (node.pod(0), node.pod(1));
     let mut v6 = Vec::new();

@@ -886,7 +886,9 @@ async fn replies_come_after_the_directory_fsync() {
         tidepool_ipam::AddrSet::of_net(&"10.250.0.16/28".parse().expect("net")),
     );
     let config = Config {
-        pod_networks: PodNetworks::new([POD_NETWORK.parse().expect("net")]).expect("networks"),
+        pod_networks: Some(std::sync::Arc::new(
+            PodNetworks::new([POD_NETWORK.parse().expect("net")]).expect("networks"),
+        )),
         empty_pool_wait: Duration::from_secs(1),
     };
     let agent = Agent::new(

@@ -149,12 +149,9 @@ async fn the_rendered_bundle_installs_runs_and_enforces_least_privilege() {
         }
     }
 
-    // 2. the binaries as the bundle runs them: a pool inside the agents' --pod-network
-    let pod_network = flag(&agent, "--pod-network");
-    let v4 = pod_network
-        .split(',')
-        .find(|c| !c.contains(':'))
-        .expect("an IPv4 pod network");
+    // 2. the binaries as the bundle runs them: the agents take their pod networks from
+    // the IPPools (the bundle names none), here the example default pool's IPv4 CIDR
+    let v4 = "10.64.0.0/14";
     cluster.apply_pool(&[v4], 28).await;
     let replicas = operator.replicas.expect("the Deployment's replicas") as usize;
     for i in 0..replicas {

@@ -611,7 +611,9 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
         PublishConfig::default(),
     );
     let config = Config {
-        pod_networks: PodNetworks::new(["10.0.0.0/16".parse().unwrap()]).unwrap(),
+        pod_networks: Some(std::sync::Arc::new(
+            PodNetworks::new(["10.0.0.0/16".parse().unwrap()]).unwrap(),
+        )),
         empty_pool_wait: Duration::from_millis(10),
     };
     let agent = Agent::with_pods(

@@ -136,7 +136,8 @@ async fn a_del_spooled_while_the_agent_serves_is_applied_while_it_runs() {
 /// with a block of its pool and one naming a pool that does not exist, every ADD is served
 /// from the first until it runs out, then answered "try again later" (code 11), never from
 /// the other; once that pool is created, the next ADD is served from its block, with no
-/// restart.
+/// restart, its prefix length and gateway those of the pool's CIDR (the agent's pod networks
+/// are the IPPools' CIDRs, issue 28).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
     let (server, admin) = cluster().await;
@@ -151,11 +152,7 @@ async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
     )
     .await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let nets = ["10.250.0.0/16", "10.251.0.0/16"].map(|n| n.parse().expect("net"));
-    let s = Settings {
-        pod_networks: tidepool_agent::serve::PodNetworks::new(nets).expect("networks"),
-        ..settings(dir.path())
-    };
+    let s = settings(dir.path());
     let client = server.client(&agent_on("node-a")).await.expect("client");
     let agent = RunningAgent::start(client, &s).await;
     let add = |c: String| {
@@ -191,13 +188,18 @@ async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
     let other: ipnet::IpNet = "10.251.0.0/28".parse().expect("net");
     let served = eventually("an ADD served from the block of the new pool", || async {
         let run = add("c17".into()).await;
-        (run.code == 0).then(|| run.addr())
+        (run.code == 0).then(|| run.json()["ips"][0].clone())
     })
     .await;
+    let addr = served["address"].as_str().expect("an address");
+    let (ip, prefix) = addr.split_once('/').expect("address/prefix");
     assert!(
-        other.contains(&served.parse::<std::net::IpAddr>().expect("an address")),
-        "{served}"
+        other.contains(&ip.parse::<std::net::IpAddr>().expect("an IP")),
+        "{addr}"
     );
+    // the pod network is the new pool's CIDR, taken from the IPPool at runtime (no flag)
+    assert_eq!(prefix, "24", "{served}");
+    assert_eq!(served["gateway"], "10.251.0.1", "{served}");
     agent.stop().await;
 }
 

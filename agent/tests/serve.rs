@@ -72,8 +72,9 @@ impl Node {
             .load("boot-1", SystemTime::now(), COOLDOWN)
             .expect("load");
         let config = Config {
-            pod_networks: PodNetworks::new(["10.250.0.0/16".parse().expect("net")])
-                .expect("networks"),
+            pod_networks: Some(std::sync::Arc::new(
+                PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks"),
+            )),
             empty_pool_wait,
         };
         let agent = Agent::new(

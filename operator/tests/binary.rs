@@ -328,13 +328,26 @@ fn scenario(dir: &Dir) {
         (filled == 2).then_some(t)
     });
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    // a CRD with printer columns shows NAME and its columns (no AGE unless it names one)
-    assert_eq!(header, ["NAME", "ALLOCATED", "USED", "BLOCKED"], "{table}");
+    // a CRD with printer columns shows NAME and its columns (AGE because it names one)
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "V4-ALLOCATED",
+            "V4-USED",
+            "V6-ALLOCATED",
+            "V6-USED",
+            "AGENT",
+            "BLOCKED",
+            "AGE"
+        ],
+        "{table}"
+    );
     let blocks = dir.ok(&["get", "ipamblocks"]);
     let header: Vec<&str> = blocks.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "NODE", "CIDR", "POOL", "RELEASE", "ANSWER"],
+        ["NAME", "NODE", "CIDR", "POOL", "RELEASE", "ANSWER", "AGE"],
         "{blocks}"
     );
     for n in ["node-a", "node-b"] {

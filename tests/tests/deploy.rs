@@ -585,23 +585,12 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
         Path::new(DEFAULT_SPOOL_DIR),
         "the agent's spool (<state-dir>/spool) is where the plugin spools"
     );
-    // every example pool's CIDRs are pod networks of the agent
-    let nets: Vec<ipnet::IpNet> = flag(c, "pod-network")
-        .expect("--pod-network")
-        .split(',')
-        .map(|n| n.parse().unwrap())
-        .collect();
-    for path in example_files() {
-        for obj in tools::documents(&std::fs::read_to_string(path).unwrap()) {
-            for cidr in strs(&obj["spec"]["cidrs"]) {
-                let cidr: ipnet::IpNet = cidr.parse().unwrap();
-                assert!(
-                    nets.iter().any(|n| n.contains(&cidr)),
-                    "{cidr} is in no --pod-network"
-                );
-            }
-        }
-    }
+    // the agent takes its pod networks from the IPPools: no hand-kept --pod-network list
+    assert_eq!(
+        flag(c, "pod-network"),
+        None,
+        "the pod networks come from the IPPools"
+    );
     // the admission policy names the service account the agent runs as
     let sa = format!(
         "system:serviceaccount:{}:{}",

@@ -25,11 +25,11 @@ struct Flags {
     /// A kubeconfig to use; without it the in-cluster config, then $KUBECONFIG.
     #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// The pod networks (the pools' CIDRs), comma-separated or repeated: each pod gets its
-    /// network's prefix length and first host address as gateway (the ptp result shape).
+    /// Override: the pod networks, comma-separated or repeated, instead of the valid
+    /// IPPools' CIDRs (the default, followed at runtime). Each pod gets its network's prefix
+    /// length and first host address as gateway (the ptp result shape).
     #[arg(
         long = "pod-network",
-        required = true,
         value_delimiter = ',',
         env = "TIDEPOOL_POD_NETWORKS"
     )]
@@ -128,7 +128,10 @@ fn main() -> anyhow::Result<()> {
     init_logging(&f)?;
     // tests only: where the crash tests stop the agent (tidepool_agent::failpoint)
     tidepool_agent::failpoint::init_from_env().context(tidepool_agent::failpoint::ENV)?;
-    let nets = PodNetworks::new(f.pod_networks.clone()).context("--pod-network")?;
+    let nets = match f.pod_networks.as_slice() {
+        [] => None,
+        given => Some(PodNetworks::new(given.to_vec()).context("--pod-network")?),
+    };
     let settings = Settings {
         socket: f.socket.clone(),
         spool_dir: f
@@ -149,7 +152,8 @@ fn main() -> anyhow::Result<()> {
             netns: None,
             interval: f.node_routes_interval,
         }),
-        ..Settings::new(&f.node_name, nets)
+        pod_networks: nets,
+        ..Settings::new(&f.node_name)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

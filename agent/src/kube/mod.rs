@@ -48,6 +48,10 @@ impl crate::serve::NodeSource for NodeWatch {
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         NodeWatch::changes(self)
     }
+
+    fn pod_networks(&self) -> Option<std::sync::Arc<crate::serve::PodNetworks>> {
+        Some(NodeWatch::pod_networks(self))
+    }
 }
 
 /// The socket server's "publish now" is the publisher's coalescing notify.

@@ -13,6 +13,8 @@ use tidepool_ipam::pool::repair::{BlockIssue, block_issue};
 use tidepool_ipam::pool::{PoolSet, PoolSpec};
 use tidepool_ipam::{AddrSet, IpamBlock, IpamNode, NodeUid};
 
+use crate::serve::PodNetworks;
+
 /// One listed kind (the IPAMNode, or the blocks) as kube's reflector keeps it: `Apply` and
 /// `Delete` change the view at once; a relist (`Init` … `InitDone`) is buffered and then
 /// replaces it, so objects deleted while the watch was down go.
@@ -81,6 +83,8 @@ pub(crate) struct Seen {
     pub(crate) pools: Listed<PoolEntry>,
     /// The pools as the engine holds them, rebuilt when they change ([`Self::pools_changed`]).
     pool_set: PoolSet,
+    /// The valid pools' CIDRs as pod networks, rebuilt with [`Self::pool_set`].
+    pod_networks: Arc<PodNetworks>,
 }
 
 impl Default for Seen {
@@ -90,6 +94,7 @@ impl Default for Seen {
             blocks: Listed::default(),
             pools: Listed::default(),
             pool_set: PoolSet::new(Vec::new()),
+            pod_networks: Arc::default(),
         }
     }
 }
@@ -111,6 +116,8 @@ pub(crate) struct Projected {
     /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones'
     /// keys, which the engine's types carry only as a hash).
     pub(crate) allocations: Arc<Allocations>,
+    /// The valid IPPools' CIDRs: each address's prefix length and gateway in an ADD result.
+    pub(crate) pod_networks: Arc<PodNetworks>,
 }
 
 /// A block as the node rules read it: every address of its CIDR is the node's (which of
@@ -133,7 +140,10 @@ impl Seen {
     /// blocks their pools grant ([`block_issue`]); the others are left out.
     pub(crate) fn project(&self) -> Projected {
         let Some(view) = self.node.values().next() else {
-            return Projected::default();
+            return Projected {
+                pod_networks: self.pod_networks.clone(),
+                ..Projected::default()
+            };
         };
         let uid = view.node.node_uid;
         let own: Vec<&IpamBlock> = self
@@ -155,6 +165,7 @@ impl Seen {
             blocks: own.into_iter().map(block_view).collect(),
             left_out: left_out.into(),
             allocations: Arc::new(view.allocations.clone()),
+            pod_networks: self.pod_networks.clone(),
         }
     }
 
@@ -162,7 +173,14 @@ impl Seen {
     pub(crate) fn pools_changed(&mut self) {
         let mut pools: Vec<&PoolEntry> = self.pools.values().collect();
         pools.sort_by(|a, b| (&a.created, &a.spec.name).cmp(&(&b.created, &b.spec.name)));
-        self.pool_set = PoolSet::new(pools.into_iter().map(|p| p.spec.clone()).collect());
+        let specs: Vec<PoolSpec> = pools.into_iter().map(|p| p.spec.clone()).collect();
+        self.pool_set = PoolSet::new(specs.clone());
+        let valid = specs
+            .iter()
+            .zip(self.pool_set.validity())
+            .filter(|(_, (_, v))| v.is_ok());
+        let cidrs = valid.flat_map(|(spec, _)| spec.cidrs.iter().copied());
+        self.pod_networks = Arc::new(PodNetworks::from_pools(cidrs));
     }
 
     /// All three lists are done (ADD is served only after the first IPPool list).
@@ -341,6 +359,34 @@ mod tests {
             !n.operator.addresses.contains(&ip("10.0.0.1")),
             "its pool is deleted"
         );
+    }
+
+    /// The pod networks are the valid pools' CIDRs, followed as the pools change: an
+    /// Invalid pool's CIDR is none, and a deleted pool's goes.
+    #[test]
+    fn the_pod_networks_are_the_valid_pools_cidrs() {
+        let mut seen = listed(vec![
+            pool("default", &["10.0.0.0/16", "fd00::/64"], 1),
+            pool("late", &["10.0.128.0/17"], 2), // overlaps the older one: Invalid
+            pool("gpu", &["10.9.0.0/24"], 3),
+        ]);
+        let nets = |seen: &Seen| seen.project().pod_networks;
+        let n = nets(&seen);
+        assert_eq!(
+            n.network_of(ip("10.0.200.1")),
+            Some(&"10.0.0.0/16".parse().unwrap())
+        );
+        assert_eq!(
+            n.network_of(ip("fd00::9")),
+            Some(&"fd00::/64".parse().unwrap())
+        );
+        assert_eq!(
+            n.network_of(ip("10.9.0.9")),
+            Some(&"10.9.0.0/24".parse().unwrap())
+        );
+        seen.pools.delete("gpu");
+        seen.pools_changed();
+        assert_eq!(nets(&seen).network_of(ip("10.9.0.9")), None);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use super::KubeError;
 use super::running::Running;
 use super::view::{PoolEntry, Projected, Seen};
+use crate::serve::PodNetworks;
 
 /// One event of either watch (boxed: the objects are large, and the two differ in size).
 enum Change {
@@ -106,6 +107,11 @@ impl NodeWatch {
     /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones').
     pub fn allocations(&self) -> Arc<tidepool_api::convert::Allocations> {
         self.shared().projected.borrow().allocations.clone()
+    }
+
+    /// The valid IPPools' CIDRs as pod networks (empty until the IPPools are listed).
+    pub fn pod_networks(&self) -> Arc<PodNetworks> {
+        self.shared().projected.borrow().pod_networks.clone()
     }
 
     /// The node's name.
@@ -268,7 +274,10 @@ fn publish(shared: &Shared, seen: &Seen) {
     let next = seen.project();
     let ready = seen.ready();
     let moved = shared.projected.send_if_modified(|p| {
-        let same = p.node_uid == next.node_uid && p.node == next.node && p.blocks == next.blocks;
+        let same = p.node_uid == next.node_uid
+            && p.node == next.node
+            && p.blocks == next.blocks
+            && p.pod_networks == next.pod_networks;
         if !same {
             report_left_out(&shared.node, &p.left_out, &next.left_out);
             *p = next;

@@ -32,8 +32,9 @@ pub const DEFAULT_EMPTY_POOL_WAIT: Duration = Duration::from_secs(5);
 /// The server's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The result's prefix lengths and gateways, and the addresses reserved for them.
-    pub pod_networks: PodNetworks,
+    /// `--pod-network`: the result's prefix lengths and gateways, and the addresses reserved
+    /// for them, instead of the IPPools' CIDRs ([`super::NodeSource::pod_networks`]).
+    pub pod_networks: Option<Arc<PodNetworks>>,
     /// See [`DEFAULT_EMPTY_POOL_WAIT`]; keep it below the plugin's `requestTimeout` (10 s).
     pub empty_pool_wait: Duration,
 }
@@ -59,6 +60,18 @@ pub(super) struct Inner {
     blocking: TaskTracker,
     /// The ADDs waiting for an address now.
     adds_waiting: observe::AddsWaiting,
+}
+
+impl Inner {
+    /// The pod networks an ADD result is shaped by: `--pod-network` when given, else the
+    /// IPPools' CIDRs as the source has them now (none: an empty set, and the ADD fails
+    /// naming the address).
+    fn pod_networks(&self) -> Arc<PodNetworks> {
+        match &self.config.pod_networks {
+            Some(n) => n.clone(),
+            None => self.source.pod_networks().unwrap_or_default(),
+        }
+    }
 }
 
 /// What one locked step did: its reply, and whether a durable change is to be published.
@@ -394,7 +407,7 @@ fn try_add(
     req: &CniRequest,
 ) -> (Attempt, bool) {
     let now = SystemTime::now();
-    let networks = &i.config.pod_networks;
+    let networks = &i.pod_networks();
     if let Some(a) = s.get(&key) {
         if a.pod.uid != uid {
             let why = format!(

@@ -29,7 +29,9 @@ fn agent(fs: &RecordingFs) -> (Agent, Arc<SeenAtPublish>, tempfile::TempDir) {
         seen: Mutex::new(Vec::new()),
     });
     let config = Config {
-        pod_networks: PodNetworks::new(["10.1.0.0/16".parse().expect("net")]).expect("nets"),
+        pod_networks: Some(std::sync::Arc::new(
+            PodNetworks::new(["10.1.0.0/16".parse().expect("net")]).expect("nets"),
+        )),
         empty_pool_wait: Duration::from_millis(10),
     };
     let state = NodeState::new("boot", Duration::from_secs(30));

@@ -1,7 +1,8 @@
 //! The ADD result's shape, and the addresses it reserves (see the module doc of
 //! [`super`], "Gateway").
 //!
-//! Each pod network (a pool CIDR, `--pod-network`) gives the result's prefix length and its
+//! Each pod network (a valid IPPool's CIDR, or `--pod-network`, which overrides them all)
+//! gives the result's prefix length and its
 //! gateway: the network's first host address, the same on every node. The network's own
 //! address, its gateway and (IPv4) its broadcast address are never handed to a pod.
 
@@ -44,6 +45,26 @@ impl PodNetworks {
         Ok(PodNetworks { nets, reserved })
     }
 
+    /// The pod networks the IPPools make: each CIDR of a valid pool (their CIDRs never
+    /// overlap), leaving out, with a warning, one too small for a gateway and a pod.
+    pub fn from_pools(cidrs: impl IntoIterator<Item = IpNet>) -> Self {
+        let fit: Vec<IpNet> = cidrs
+            .into_iter()
+            .filter(|n| {
+                let ok = n.prefix_len() + 2 <= n.max_prefix_len();
+                if !ok {
+                    tracing::warn!(cidr = %n, "pool CIDR too small to be a pod network (a gateway and a pod)");
+                }
+                ok
+            })
+            .collect();
+        // valid pools never overlap (`check_pools`), so this cannot fail but on a bug
+        Self::new(fit).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "pool CIDRs as pod networks");
+            Self::default()
+        })
+    }
+
     /// The addresses never handed to a pod: each network's own, its gateway, its broadcast.
     pub fn reserved(&self) -> &AddrSet {
         &self.reserved
@@ -61,7 +82,8 @@ impl PodNetworks {
         for a in addrs {
             let net = self.network_of(*a).ok_or_else(|| {
                 Error::Config(format!(
-                    "address {a} of the node's pool is in no pod network (--pod-network)"
+                    "address {a} of the node's pool is in no pod network (no valid IPPool holds it, \
+                     and no --pod-network)"
                 ))
             })?;
             ips.push(json!({

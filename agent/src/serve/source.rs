@@ -22,6 +22,11 @@ pub trait NodeSource: Send + Sync + 'static {
     /// Bumped whenever [`NodeSource::node`] may have changed (an ADD waiting on an empty
     /// pool wakes on it).
     fn changes(&self) -> watch::Receiver<u64>;
+    /// The pod networks the IPPools make (`None`: this source knows no IPPools, and only
+    /// the configured ones count).
+    fn pod_networks(&self) -> Option<Arc<super::PodNetworks>> {
+        None
+    }
 }
 
 /// The live pods on the node (the kube layer's pod watch): their addresses are never

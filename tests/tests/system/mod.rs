@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tidepool_agent::run::Settings;
-use tidepool_agent::serve::PodNetworks;
 use tidepool_api as api;
 use tidepool_tests::{ApiServer, Config};
 
@@ -217,11 +216,10 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static)
     tokio::task::spawn_blocking(f).await.expect("join")
 }
 
-/// The agent's paths in a temp dir (node node-a, pod network 10.250.0.0/16).
+/// The agent's paths in a temp dir (node node-a; its pod networks the IPPools').
 pub fn settings(dir: &Path) -> Settings {
     let boot = dir.join("boot_id");
     std::fs::write(&boot, "3f6c6a1e-0000-4000-8000-000000000000\n").expect("boot id");
-    let nets = PodNetworks::new(["10.250.0.0/16".parse().expect("net")]).expect("networks");
     Settings {
         socket: dir.join("run/agent.sock"),
         state_dir: dir.join("state"),
@@ -236,7 +234,8 @@ pub fn settings(dir: &Path) -> Settings {
             cni_cache_dir: dir.join("results"),
             ..Default::default()
         },
-        ..Settings::new("node-a", nets)
+        // the pod networks: the IPPools' CIDRs ([`TEST_POOL`], or a test's own pool)
+        ..Settings::new("node-a")
     }
 }
 
