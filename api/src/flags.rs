@@ -1,10 +1,12 @@
-//! The bounds of the operator's and the agent's duration and count flags, one way for both
-//! command lines: every interval has a floor and every duration and count a ceiling, and a
+//! The parsers of the operator's and the agent's flags that need more than `FromStr`, one
+//! way for both command lines: listen addresses take Go's `:PORT`; and for the duration and
+//! count flags, every interval has a floor and every duration and count a ceiling, and a
 //! value outside them is refused naming the range (an unbounded value pinned a core at
 //! `1ns`, aborted on a huge allocation or overflowed the clock). Each parser returns clap's
 //! `value_parser` shape; clap adds the flag and the value to its message.
 
 use std::fmt::Display;
+use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -56,9 +58,34 @@ where
     }
 }
 
+/// A listen address: `HOST:PORT`, `[V6]:PORT`, or `:PORT` for every interface, as Go
+/// programs (the kubelet, Cilium, Prometheus) take it.
+pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let full = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    };
+    full.parse()
+        .map_err(|e| format!("{e} (write HOST:PORT, [IPv6]:PORT or :PORT)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_take_go_s_port_only_form() {
+        assert_eq!(listen_addr(":9963"), Ok("0.0.0.0:9963".parse().unwrap()));
+        assert_eq!(
+            listen_addr("127.0.0.1:1"),
+            Ok("127.0.0.1:1".parse().unwrap())
+        );
+        assert_eq!(listen_addr("[::1]:5"), Ok("[::1]:5".parse().unwrap()));
+        for bad in ["9963", ":", ":x", "host:1"] {
+            let e = listen_addr(bad).unwrap_err();
+            assert!(e.contains(":PORT"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn durations_outside_their_range_name_it() {

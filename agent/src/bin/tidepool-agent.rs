@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
 use tidepool_agent::{reconcile, routes};
-use tidepool_api::flags::{count_within, duration_within};
+use tidepool_api::flags::{count_within, duration_within, listen_addr};
 use tidepool_api::preflight::{self, Unmet};
 use tidepool_metrics::probes::{self, Readiness};
 
@@ -64,11 +64,11 @@ struct Flags {
     /// Where Prometheus metrics are served (/metrics). Loopback by default: the DaemonSet
     /// runs on the host network, so a wildcard address would expose it on the node's
     /// addresses.
-    #[arg(long, default_value = "127.0.0.1:9965", env = "TIDEPOOL_METRICS_ADDR")]
+    #[arg(long, default_value = "127.0.0.1:9965", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
     metrics_addr: SocketAddr,
     /// Where /healthz (the process serves) and /readyz (restored and serving the socket) are
     /// served [default: not served].
-    #[arg(long, env = "TIDEPOOL_HEALTH_ADDR")]
+    #[arg(long, value_parser = listen_addr, env = "TIDEPOOL_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
     /// The runtime's network namespace directory as the agent sees it (reconcile's
     /// evidence: missing or empty, reconcile frees nothing).
