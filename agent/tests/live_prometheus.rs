@@ -127,15 +127,7 @@ async fn pending_pod(admin: &kube::Client, name: &str, node: &str) -> String {
 
 /// The cluster the operator runs against: the default IPPool and node-a.
 async fn cluster_objects(admin: &kube::Client) {
-    create_object(
-        admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.250.0.0/16"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_ipv4_pool(admin, "default", &["10.250.0.0/16"], 28).await;
     create_node(admin, "node-a").await;
 }
 

@@ -176,15 +176,7 @@ async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
         11,
         "the other block left out"
     );
-    create_object(
-        &admin,
-        serde_json::json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": { "name": "other" },
-            "spec": { "cidrs": ["10.251.0.0/24"], "blockSize": { "ipv4": 28 } },
-        }),
-    )
-    .await;
+    create_ipv4_pool(&admin, "other", &["10.251.0.0/24"], 28).await;
     let other: ipnet::IpNet = "10.251.0.0/28".parse().expect("net");
     let served = eventually("an ADD served from the block of the new pool", || async {
         let run = add("c17".into()).await;

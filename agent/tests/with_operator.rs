@@ -162,15 +162,7 @@ async fn start_agent(
 
 /// IPPool `default`: 10.250.0.0/16 in /28 blocks.
 async fn default_pool(admin: &kube::Client) {
-    create_object(
-        admin,
-        json!({
-            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-            "metadata": {"name": "default"},
-            "spec": {"cidrs": ["10.250.0.0/16"], "blockSize": {"ipv4": 28}},
-        }),
-    )
-    .await;
+    create_ipv4_pool(admin, "default", &["10.250.0.0/16"], 28).await;
 }
 
 /// Pod `name` bound to node-a; its UID.

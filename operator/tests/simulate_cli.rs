@@ -9,6 +9,22 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tidepool-operator"))
 }
 
+/// The binary run with `args` and `--report json`: it exits 0; its report.
+fn json_report(args: &[&str]) -> serde_json::Value {
+    let out = bin()
+        .args(args)
+        .args(["--report", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("tidepool-cli-{}-{name}", std::process::id()));
     std::fs::write(&p, text).unwrap();
@@ -297,18 +313,7 @@ fn pods_that_never_got_an_address_are_counted_and_headlined() {
         "--crash-rate",
         "0",
     ];
-    let out = bin()
-        .args(exhausted)
-        .args(["--report", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_report(&exhausted);
     let started = v["pods"]["started"].as_u64().unwrap();
     let never = v["pods"]["never_served"]
         .as_u64()
@@ -354,18 +359,7 @@ fn pods_that_never_got_an_address_are_counted_and_headlined() {
         "2m",
         "--fail-on-unserved",
     ];
-    let out = bin()
-        .args(roomy)
-        .args(["--report", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_report(&roomy);
     assert_eq!(v["pods"]["never_served"], 0, "{v}");
 }
 

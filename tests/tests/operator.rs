@@ -1497,15 +1497,20 @@ async fn set_agent_ready(admin: &kube::Client, node: &str, ready: bool, reason: 
     apply_node_side(admin, node, json!({"conditions": [condition]})).await;
 }
 
-/// Issue 16's bad input: pods wait on node-a, whose agent never wrote `AgentReady`, and on
-/// node-c, whose agent says `False`: each IPAMNode gets a Warning `AgentNotReady` event
-/// naming the node, its waiting pods and (node-c) the agent's reason; node-b, whose agent
-/// is ready, gets none although its pod waits as long.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_event() {
+/// A pool over `cidr`, `nodes`, and the operator with an `--agent-ready-grace` of 1 s, once
+/// it made their IPAMNodes.
+async fn agent_ready_cluster(
+    cidr: &str,
+    nodes: [&str; 3],
+) -> (
+    ApiServer,
+    kube::Client,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
     let (server, admin) = operator_cluster().await;
-    create_pool(&admin, "default", &["10.122.0.0/24"], json!({"ipv4": 28})).await;
-    for n in ["node-a", "node-b", "node-c"] {
+    create_pool(&admin, "default", &[cidr], json!({"ipv4": 28})).await;
+    for n in nodes {
         add_node(&admin, n).await;
     }
     let s = Settings {
@@ -1522,6 +1527,17 @@ async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_e
         }
     })
     .await;
+    (server, admin, stop, task)
+}
+
+/// Issue 16's bad input: pods wait on node-a, whose agent never wrote `AgentReady`, and on
+/// node-c, whose agent says `False`: each IPAMNode gets a Warning `AgentNotReady` event
+/// naming the node, its waiting pods and (node-c) the agent's reason; node-b, whose agent
+/// is ready, gets none although its pod waits as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_waiting_on_a_node_without_a_ready_agent_raise_an_agent_not_ready_event() {
+    let (_server, admin, stop, task) =
+        agent_ready_cluster("10.122.0.0/24", ["node-a", "node-b", "node-c"]).await;
     set_agent_ready(&admin, "node-b", true, "Serving").await;
     set_agent_ready(&admin, "node-c", false, "NodeWait").await;
     // node-b's pod first: had node-b been taken for stuck, its event would come first
@@ -1611,25 +1627,8 @@ async fn add_agent_pod(admin: &kube::Client, node: &str, ready: bool) {
 /// waiting"): no event for a node with no agent at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_pod_that_is_not_ready_raises_agent_not_ready_despite_its_condition() {
-    let (server, admin) = operator_cluster().await;
-    create_pool(&admin, "default", &["10.123.0.0/24"], json!({"ipv4": 28})).await;
-    for n in ["node-a", "node-b", "node-d"] {
-        add_node(&admin, n).await;
-    }
-    let s = Settings {
-        agent_ready_grace: Duration::from_secs(1),
-        ..settings()
-    };
-    let (stop, task) = start_operator(&server, s).await;
-    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    eventually(Duration::from_secs(20), "the IPAMNodes", || {
-        let api = ipamnodes.clone();
-        async move {
-            let l = api.list(&ListParams::default()).await.ok()?;
-            (l.items.len() == 3).then_some(())
-        }
-    })
-    .await;
+    let (_server, admin, stop, task) =
+        agent_ready_cluster("10.123.0.0/24", ["node-a", "node-b", "node-d"]).await;
     set_agent_ready(&admin, "node-a", true, "Serving").await;
     set_agent_ready(&admin, "node-b", true, "Serving").await;
     add_agent_pod(&admin, "node-b", true).await;

@@ -124,6 +124,19 @@ pub async fn test_pool_of(client: &kube::Client, v4: u8) {
     }
 }
 
+/// IPPool `name` over IPv4 `cidrs` in /`v4` blocks, as a user creates it.
+pub async fn create_ipv4_pool(client: &kube::Client, name: &str, cidrs: &[&str], v4: u8) {
+    create_object(
+        client,
+        json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": name},
+            "spec": {"cidrs": cidrs, "blockSize": {"ipv4": v4}},
+        }),
+    )
+    .await;
+}
+
 /// A hand-made block of pool `default` (created first if need be, [`test_pool`]).
 pub async fn create_block(client: &kube::Client, cidr: &str, node: &str, uid: &str, release: bool) {
     test_pool(client).await;
