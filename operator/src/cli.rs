@@ -201,12 +201,6 @@ pub struct RunFlags {
     /// Time between resyncs of every node (1s to 30 days).
     #[arg(long, default_value = "1m", value_parser = resync_interval, env = "TIDEPOOL_RESYNC_INTERVAL")]
     pub resync_interval: Duration,
-    /// IP source calls per second (0.001 to 1000000).
-    #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_API_QPS")]
-    pub api_qps: f64,
-    /// IP source burst (1 to 1000000).
-    #[arg(long, default_value_t = 20, value_parser = burst, env = "TIDEPOOL_API_BURST")]
-    pub api_burst: u32,
     /// API server writes per second (0.001 to 1000000).
     #[arg(long, default_value_t = 50.0, value_parser = positive_rate, env = "TIDEPOOL_KUBE_API_QPS")]
     pub kube_api_qps: f64,
@@ -478,6 +472,14 @@ pub const DEFAULT_COMPARE_SEEDS: u64 = 20;
 
 #[derive(Args, Debug, Clone)]
 pub struct SimulateFlags {
+    /// IP source calls per second (0.001 to 1000000): the simulated cloud's or the
+    /// in-memory source's budget (`run` serves cluster-pool, whose calls are API server
+    /// writes under --kube-api-qps).
+    #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_API_QPS")]
+    pub api_qps: f64,
+    /// IP source burst (1 to 1000000).
+    #[arg(long, default_value_t = 20, value_parser = burst, env = "TIDEPOOL_API_BURST")]
+    pub api_burst: u32,
     /// Nodes at the start [default: 200, or the scenario's start.nodes].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_NODES")]
     pub nodes: Option<u32>,
@@ -636,6 +638,17 @@ mod tests {
         assert_eq!(r.health_addr, "0.0.0.0:19964".parse().unwrap());
         let e = Cli::try_parse_from(["t", "simulate", "--metrics-addr", "9963"]).unwrap_err();
         assert!(e.to_string().contains(":PORT"), "{e}");
+    }
+
+    /// `run` offers no flag it cannot use: the IP source's budget is simulate's (the
+    /// cluster pool's calls are API server writes, under --kube-api-qps).
+    #[test]
+    fn run_offers_no_source_budget() {
+        for flag in ["--api-qps", "--api-burst"] {
+            let e = Cli::try_parse_from(["t", "run", flag, "4"]).unwrap_err();
+            assert!(e.to_string().contains(flag), "{e}");
+            assert!(Cli::try_parse_from(["t", "simulate", flag, "4"]).is_ok());
+        }
     }
 
     #[test]
@@ -805,7 +818,7 @@ mod tests {
         assert_eq!(e.reclaim.grace, Duration::from_secs(30));
         assert_eq!(e.reclaim.min_age, Duration::from_secs(120));
         assert_eq!(e.node_reclaim_grace, Duration::from_secs(300));
-        assert_eq!((s.run.api_qps, s.run.api_burst), (4.0, 20));
+        assert_eq!((s.api_qps, s.api_burst), (4.0, 20));
         assert_eq!((s.run.kube_api_qps, s.run.kube_api_burst), (50.0, 100));
         let cfg = crate::simulate::config(&s).unwrap();
         assert_eq!((cfg.nodes, cfg.pods_per_node, s.seed), (200, 30, 1));
