@@ -505,6 +505,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
             .count()
     });
     crashes.nodes.insert(lost_node.to_string(), on_lost);
+    crashes.deleted_before.extend(kubelet.deleted_on(lost_node));
 
     // settle (the crashed node's web pods replaced), then judge
     let mut snap = Snapshot::default();
@@ -769,6 +770,12 @@ mod judge_can_fail {
             ..crashed.clone()
         };
         assert!(violations(&sound(), &excused, &both, &none()).is_empty());
+        // so may a pod deleted on a crashed node before it went (its free unpublished)
+        let deleted_before = Crashes {
+            deleted_before: BTreeSet::from([("10.77.0.5".to_string(), SPOOLED.to_string())]),
+            ..crashed.clone()
+        };
+        assert!(violations(&sound(), &deleted_before, &both, &none()).is_empty());
         let freed = BTreeSet::from([("node-a".into(), "10.77.0.5".into(), SPOOLED.into())]);
         let v = violations(&sound(), &excused, &tomb(GONE), &freed);
         assert!(

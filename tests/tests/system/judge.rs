@@ -190,6 +190,11 @@ pub struct Crashes {
     pub spooled: BTreeSet<String>,
     /// Crashed nodes: their pods' (address, pod UID) when they went.
     pub nodes: BTreeMap<String, BTreeSet<(String, String)>>,
+    /// (address, pod UID) of the pods deleted on a crashed node before it went: its dead
+    /// agent may have freed such an address on the DEL without yet writing `status.used`,
+    /// and then the operator rightly tombstones the entry of a pod that is gone (CI once
+    /// saw it for a pod deleted just before the crash).
+    pub deleted_before: BTreeSet<(String, String)>,
     /// CIDRs the run removed from the pool: their blocks may stay while they drain.
     pub removed_cidrs: Vec<ipnet::IpNet>,
 }
@@ -256,7 +261,8 @@ pub fn violations(
             let pair = (addr.clone(), uid.clone());
             let excused = path == "tombstoned"
                 && (crashes.spooled.contains(uid)
-                    || crashes.nodes.get(node).is_some_and(|p| p.contains(&pair)));
+                    || crashes.nodes.get(node).is_some_and(|p| p.contains(&pair))
+                    || crashes.deleted_before.contains(&pair));
             if !crashes.sandboxes.contains(&pair) && !excused {
                 bad.push(format!(
                     "{addr} of pod {uid} on {node} {path} but never crashed"

@@ -142,6 +142,17 @@ impl Kubelet {
             .insert(rt.name.clone(), rt);
     }
 
+    /// (address, pod UID) of the pods deleted on node `name` (through DEL).
+    pub fn deleted_on(&self, name: &str) -> BTreeSet<(String, String)> {
+        self.record(|r| {
+            r.started
+                .iter()
+                .filter(|(uid, ..)| r.deleted.get(uid).is_some_and(|(n, _)| n == name))
+                .map(|(uid, addr, _)| (addr.clone(), uid.clone()))
+                .collect()
+        })
+    }
+
     /// Node `name` is gone (crashed): it is forgotten, so its pods are deleted with grace
     /// 0 from then on (the pod GC), and its running sandboxes' namespaces go without a DEL.
     /// Returns their (address, pod UID).
