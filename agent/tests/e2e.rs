@@ -535,14 +535,18 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         errors.is_empty(),
         "the harness's own steps failed: {errors:?}"
     );
-    let named: Vec<String> = crashes
-        .sandboxes
+    // the addresses (quoted, as the logs print them) and pod UIDs the broken invariants name
+    let named: Vec<String> = bad
         .iter()
-        .filter(|(a, u)| {
-            bad.iter()
-                .any(|b| b.contains(a.as_str()) || b.contains(u.as_str()))
+        .flat_map(|b| b.split_whitespace())
+        .filter_map(|w| {
+            let w = w.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+            if w.parse::<std::net::IpAddr>().is_ok() {
+                Some(format!("{w}\""))
+            } else {
+                (w.len() == 36 && w.matches('-').count() == 4).then(|| w.to_string())
+            }
         })
-        .flat_map(|(a, u)| [format!("{a}\""), u.clone()])
         .collect();
     assert!(
         bad.is_empty(),
@@ -676,7 +680,7 @@ fn summary(
 mod judge_can_fail {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::common::judge::{Crashes, Snapshot, violations};
+    use super::common::judge::{Crashes, Seen, Snapshot, violations};
 
     const A: &str = "0a000000-0000-4000-8000-000000000001";
     const B: &str = "0b000000-0000-4000-8000-000000000002";
@@ -824,6 +828,44 @@ mod judge_can_fail {
             !unused.settled(),
             "a drained block without users is not settled"
         );
+    }
+
+    /// A tombstone only ever answered `stale` freed nothing, so the judge leaves it out;
+    /// one answered `reclaimed` (or not yet answered) it judges.
+    #[test]
+    fn a_tombstone_answered_stale_is_not_a_reclaim() {
+        let node = |answers: &[(&str, &str)]| -> tidepool_api::IPAMNode {
+            let tomb = |a: &str| {
+                let t = serde_json::json!({"podUID": GONE, "containerID": "c1", "ifname": "eth0", "reason": "pod-deleted"});
+                (a.to_string(), t)
+            };
+            let reclaim: serde_json::Map<_, _> = ["10.77.0.4", "10.77.0.5", "10.77.0.6"]
+                .map(tomb)
+                .into_iter()
+                .collect();
+            let acks: serde_json::Map<_, _> = answers
+                .iter()
+                .map(|(a, outcome)| {
+                    let ack = serde_json::json!({"podUID": GONE, "containerID": "c1", "ifname": "eth0", "outcome": outcome});
+                    (a.to_string(), ack)
+                })
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+                "metadata": {"name": "node-a"},
+                "spec": {"nodeUID": "u-a", "reclaim": reclaim},
+                "status": {"reclaimAck": acks},
+            }))
+            .expect("an IPAMNode")
+        };
+        let mut seen = Seen::default();
+        seen.record(&node(&[]));
+        seen.record(&node(&[("10.77.0.4", "stale"), ("10.77.0.5", "reclaimed")]));
+        let judged: Vec<String> = seen.judged().into_iter().map(|(_, a, _)| a).collect();
+        assert_eq!(judged, ["10.77.0.5", "10.77.0.6"]);
+        // answered stale, then reclaimed (the same allocation tombstoned again): judged
+        seen.record(&node(&[("10.77.0.4", "reclaimed")]));
+        assert_eq!(seen.judged().len(), 3);
     }
 }
 

@@ -20,10 +20,19 @@ use tidepool_api as api;
 /// reconcile free.
 pub type Tombstone = (String, String, String);
 
-/// Every tombstone seen on any IPAMNode since [`Tombstones::watch`].
+/// Every tombstone seen on any IPAMNode since [`Tombstones::watch`], and the node side's
+/// answers to them.
 pub struct Tombstones {
-    seen: Arc<Mutex<BTreeSet<Tombstone>>>,
+    seen: Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// The tombstones and answers seen, fed by [`Seen::record`].
+#[derive(Default)]
+pub struct Seen {
+    tombstones: BTreeSet<Tombstone>,
+    /// The answered tombstones (`status.reclaimAck`): whether every answer was `stale`.
+    only_stale: BTreeMap<Tombstone, bool>,
 }
 
 impl Drop for Tombstones {
@@ -34,31 +43,53 @@ impl Drop for Tombstones {
 
 impl Tombstones {
     pub fn watch(admin: kube::Client) -> Tombstones {
-        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = Arc::new(Mutex::new(Seen::default()));
         let nodes: Api<api::IPAMNode> = Api::all(admin);
         let s = seen.clone();
         let task = tokio::spawn(async move {
             // every event: the in-process server sends each write, none coalesced
             let mut events = std::pin::pin!(watcher(nodes, watcher::Config::default()));
             while let Some(ev) = events.next().await {
-                let objs = match ev {
-                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => vec![n],
-                    _ => continue,
-                };
-                let mut s = s.lock().expect("lock");
-                for n in objs {
-                    let node = n.metadata.name.clone().unwrap_or_default();
-                    for (addr, t) in &n.spec.reclaim {
-                        s.insert((node.clone(), addr.clone(), t.pod_uid.clone()));
-                    }
+                if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev {
+                    s.lock().expect("lock").record(&n);
                 }
             }
         });
         Tombstones { seen, task }
     }
 
+    /// [`Seen::judged`] of everything seen so far.
     pub fn seen(&self) -> BTreeSet<Tombstone> {
-        self.seen.lock().expect("lock").clone()
+        self.seen.lock().expect("lock").judged()
+    }
+}
+
+impl Seen {
+    /// The tombstones that may have freed an address: all but those only ever answered
+    /// `stale` — the entry was no longer that allocation (its DEL had freed it, and the
+    /// node side's `status.used` had not yet said so when the operator judged it), so
+    /// nothing was removed (DESIGN.md "Node side" answers).
+    pub fn judged(&self) -> BTreeSet<Tombstone> {
+        self.tombstones
+            .iter()
+            .filter(|t| self.only_stale.get(*t) != Some(&true))
+            .cloned()
+            .collect()
+    }
+
+    /// Notes `n`'s tombstones and answers.
+    pub fn record(&mut self, n: &api::IPAMNode) {
+        let node = n.metadata.name.clone().unwrap_or_default();
+        for (addr, t) in &n.spec.reclaim {
+            self.tombstones
+                .insert((node.clone(), addr.clone(), t.pod_uid.clone()));
+        }
+        let acks = n.status.iter().flat_map(|s| &s.reclaim_ack);
+        for (addr, a) in acks {
+            let key = (node.clone(), addr.clone(), a.pod_uid.clone());
+            let stale = a.outcome == api::ReclaimOutcome::Stale;
+            *self.only_stale.entry(key).or_insert(true) &= stale;
+        }
     }
 }
 
