@@ -403,7 +403,7 @@ fn overrides_replace_only_their_flags_and_env_comes_from_the_downward_api() {
         "spec": {"template": {"spec": {"serviceAccountName": "sa", "containers": [{
             "name": "c", "command": ["/usr/local/bin/tidepool-agent"],
             "args": ["--socket=/run/x.sock", "--state-dir", "/var/lib/x", "--keep=1"],
-            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            "env": [{"name": "TIDEPOOL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                     {"name": "PLAIN", "value": "v"}],
         }]}}},
     })];
@@ -435,7 +435,7 @@ fn overrides_replace_only_their_flags_and_env_comes_from_the_downward_api() {
     assert_eq!(
         w.env(&pod),
         [
-            ("NODE_NAME".to_string(), "n1".to_string()),
+            ("TIDEPOOL_NODE_NAME".to_string(), "n1".to_string()),
             ("PLAIN".to_string(), "v".to_string())
         ]
     );

@@ -116,7 +116,7 @@ impl fmt::Display for Unmet {
                 f,
                 "the agent's token is bound to node {token_node}, not to --node-name {node}: \
                  the tidepool-agent-own-node admission policy would deny every write of the \
-                 agent; set --node-name (NODE_NAME) from the pod's spec.nodeName, as \
+                 agent; set --node-name (TIDEPOOL_NODE_NAME) from the pod's spec.nodeName, as \
                  deploy/agent does"
             ),
             Unmet::Unanswered { what, error } => write!(f, "{what}: {error}"),

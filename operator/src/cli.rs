@@ -132,14 +132,10 @@ fn share(s: &str) -> Result<f64, String> {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log filter (tracing's EnvFilter syntax: `info`, `tidepool_ipam=debug,warn`, ...).
-    #[arg(
-        long,
-        global = true,
-        default_value = "warn",
-        env = "TIDEPOOL_LOG_LEVEL"
-    )]
-    pub log_level: String,
+    /// Log filter (tracing's EnvFilter syntax: `info`, `tidepool_ipam=debug,warn`, ...)
+    /// [default: info; warn for simulate, whose output is its report].
+    #[arg(long, global = true, env = "TIDEPOOL_LOG_LEVEL")]
+    pub log_level: Option<String>,
     /// Log lines as text for people or JSON for a log pipeline.
     #[arg(
         long,
@@ -475,10 +471,10 @@ pub struct SimulateFlags {
     /// IP source calls per second (0.001 to 1000000): the simulated cloud's or the
     /// in-memory source's budget (`run` serves cluster-pool, whose calls are API server
     /// writes under --kube-api-qps).
-    #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_API_QPS")]
+    #[arg(long, default_value_t = 4.0, value_parser = positive_rate, env = "TIDEPOOL_SIM_API_QPS")]
     pub api_qps: f64,
     /// IP source burst (1 to 1000000).
-    #[arg(long, default_value_t = 20, value_parser = burst, env = "TIDEPOOL_API_BURST")]
+    #[arg(long, default_value_t = 20, value_parser = burst, env = "TIDEPOOL_SIM_API_BURST")]
     pub api_burst: u32,
     /// Nodes at the start [default: 200, or the scenario's start.nodes].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_NODES")]
@@ -618,6 +614,36 @@ mod tests {
             out.extend(without_help(sub));
         }
         out
+    }
+
+    /// The flags of `c` and of its subcommands whose environment variable is not their
+    /// name: `TIDEPOOL_<FLAG>`, or for a subcommand's own `TIDEPOOL_SIM_<FLAG>` (simulate)
+    /// and `TIDEPOOL_CHECK_<FLAG>` (check).
+    fn env_not_named_as_flag(c: &clap::Command) -> Vec<String> {
+        let own = c
+            .get_arguments()
+            .filter_map(|a| Some((a.get_long()?, a.get_env()?.to_str()?)));
+        let mut out: Vec<String> = own
+            .filter(|(long, env)| {
+                let flag = long.to_uppercase().replace('-', "_");
+                let sub = match c.get_name() {
+                    "simulate" => "SIM_",
+                    "check" => "CHECK_",
+                    _ => "",
+                };
+                *env != format!("TIDEPOOL_{flag}") && *env != format!("TIDEPOOL_{sub}{flag}")
+            })
+            .map(|(long, env)| format!("{} --{long} {env}", c.get_name()))
+            .collect();
+        for sub in c.get_subcommands() {
+            out.extend(env_not_named_as_flag(sub));
+        }
+        out
+    }
+
+    #[test]
+    fn every_env_name_is_its_flag_name() {
+        assert_eq!(env_not_named_as_flag(&Cli::command()), Vec::<String>::new());
     }
 
     /// A listen address may be Go's `:PORT` (every interface), on `run` and `simulate`.

@@ -7,6 +7,7 @@ mod cli;
 mod run;
 mod simulate;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,11 +24,17 @@ fn live_heap_bytes() -> usize {
     usize::try_from(ALLOCATOR.live_bytes()).unwrap_or(0)
 }
 
+/// Logs on stderr, coloured only on a terminal; `info` unless simulating.
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", cli.log_level))?;
+    let level = cli.log_level.as_deref().unwrap_or(match cli.command {
+        Command::Simulate(_) => "warn",
+        _ => "info",
+    });
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| anyhow::anyhow!("--log-level {level:?}: {e}"))?;
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => fmt.init(),

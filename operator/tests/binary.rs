@@ -295,7 +295,7 @@ fn scenario(dir: &Dir) {
         .args(["--health-addr", &health.to_string()])
         .args(["--sync-timeout", "20s", "--resync-interval", "2s"])
         .args(["--per-node-metrics", "--node-reclaim-grace", "1s"])
-        .env("TIDEPOOL_LOG_LEVEL", "info")
+        .env_remove("TIDEPOOL_LOG_LEVEL")
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tidepool-operator");
@@ -417,6 +417,12 @@ fn scenario(dir: &Dir) {
     let log = log.join().unwrap();
     assert!(status.success(), "exit {status:?}:\n{log}");
     assert!(log.contains("SIGTERM"), "{log}");
+    // the default level is info (the leader's lines), and a pipe gets no colour codes
+    assert!(log.contains(" INFO ") && log.contains("leading"), "{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "ANSI escapes in a piped log:\n{log:?}"
+    );
     assert_eq!(holder(), "", "the Lease is released:\n{log}");
 }
 

@@ -503,8 +503,8 @@ fn the_agent_daemonset_holds_only_what_cni_work_needs() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["name"] == "NODE_NAME")
-        .expect("NODE_NAME");
+        .find(|e| e["name"] == "TIDEPOOL_NODE_NAME")
+        .expect("TIDEPOOL_NODE_NAME");
     assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     // no privilege: no capability, no escalation, read-only root, seccomp
     let sc = &c["securityContext"];

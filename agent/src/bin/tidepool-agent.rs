@@ -1,6 +1,7 @@
 //! `tidepool-agent`: the node agent (one per node, a DaemonSet). Flags to settings, the
 //! client, logging, metrics, probes and signals; the agent itself is `tidepool_agent::run`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use tidepool_metrics::probes::{self, Readiness};
 #[command(name = "tidepool-agent", version)]
 struct Flags {
     /// This node's name (the downward API's spec.nodeName).
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = "TIDEPOOL_NODE_NAME")]
     node_name: String,
     /// A kubeconfig to use; without it the in-cluster config, then $KUBECONFIG.
     #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
@@ -31,7 +32,7 @@ struct Flags {
     #[arg(
         long = "pod-network",
         value_delimiter = ',',
-        env = "TIDEPOOL_POD_NETWORKS"
+        env = "TIDEPOOL_POD_NETWORK"
     )]
     pod_networks: Vec<IpNet>,
     /// The unix socket the CNI plugin reaches the agent on.
@@ -175,6 +176,7 @@ fn init_logging(f: &Flags) -> anyhow::Result<()> {
         .with_context(|| format!("--log-level {}", f.log_level))?;
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match f.log_format {
         LogFormat::Text => fmt.init(),
@@ -273,5 +275,21 @@ mod tests {
             .map(|a| a.get_id().as_str())
             .collect();
         assert_eq!(bare, Vec::<&str>::new());
+    }
+
+    /// Each flag's environment variable is its name: `--pod-network` ↔
+    /// `TIDEPOOL_POD_NETWORK`.
+    #[test]
+    fn every_env_name_is_its_flag_name() {
+        let cmd = Flags::command();
+        let odd: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| Some((a.get_long()?, a.get_env()?.to_str()?)))
+            .filter(|(long, env)| {
+                *env != format!("TIDEPOOL_{}", long.to_uppercase().replace('-', "_"))
+            })
+            .map(|(long, env)| format!("--{long} {env}"))
+            .collect();
+        assert_eq!(odd, Vec::<String>::new());
     }
 }
