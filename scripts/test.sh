@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 need_apt=()
 # promtool, and the server itself for agent/tests/live_prometheus.rs
 { command -v promtool >/dev/null 2>&1 && [ -x /usr/bin/prometheus ]; } || need_apt+=(prometheus)
-# the agent's chain test: Debian's CNI plugins (ptp), iproute2 and ping in network namespaces
+# the agent's chain, e2e and masquerade tests: Debian's CNI plugins (ptp, portmap),
+# iproute2, ping and iptables in network namespaces
 [ -x /usr/lib/cni/ptp ] || need_apt+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
+command -v iptables-restore >/dev/null 2>&1 || need_apt+=(iptables)
 # the deploy bundle's lint (tests/tests/deploy.rs)
 command -v yamllint >/dev/null 2>&1 || need_apt+=(yamllint)
 if [ ${#need_apt[@]} -gt 0 ]; then

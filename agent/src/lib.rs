@@ -31,6 +31,7 @@ pub mod cni;
 pub mod error;
 pub mod failpoint;
 pub mod kube;
+pub mod masq;
 pub mod observe;
 pub mod pods;
 pub mod reconcile;

@@ -44,6 +44,7 @@ use crate::error::{Error, Result};
 use crate::kube::{
     AgentReady, NodeSide, NodeSideSource, NodeWatch, PodWatch, PublishConfig, Publisher, read_node,
 };
+use crate::masq::{self, Masquerade};
 use crate::reconcile;
 use crate::routes::{self, NodeRoutes};
 use crate::serve::{Agent, Config, PodNetworks, Replayed, Server};
@@ -81,6 +82,9 @@ pub struct Settings {
     /// `--node-routes`: routes to the other nodes' blocks via their InternalIPs (`None`:
     /// off, the network routes the blocks).
     pub node_routes: Option<routes::Config>,
+    /// `--masquerade`: pods' traffic to outside the pod networks and the non-masquerade
+    /// CIDRs leaves with the node's address (`None`: off).
+    pub masquerade: Option<masq::Config>,
 }
 
 impl Settings {
@@ -101,6 +105,7 @@ impl Settings {
             ready: Readiness::default(),
             reconcile: reconcile::Config::default(),
             node_routes: None,
+            masquerade: None,
         }
     }
 }
@@ -244,6 +249,7 @@ async fn serve(
 ) -> Result<()> {
     let server = Server::bind(&s.socket)?;
     tracing::info!(socket = %s.socket.display(), node = %s.node_name, "serving");
+    let masquerade = start_masquerade(&r.watch, s);
     let serving = Serving::start(r.agent, r.watch, server, s);
     let started = match mark_restored(&s.restored_marker) {
         Ok(()) => start_node_routes(client, s).await,
@@ -264,8 +270,10 @@ async fn serve(
     r.published.set(AgentReady::stopped());
     publish_within(&r.publisher, LAST_WORD).await;
     serving.stop().await;
-    // stops the route manager; its routes stay (pods keep reaching the other nodes)
+    // stops the route and masquerade managers; their rules stay (pods keep reaching the
+    // other nodes and the outside)
     drop(node_routes);
+    drop(masquerade);
     Ok(())
 }
 
@@ -317,6 +325,21 @@ async fn start_node_routes(client: kube::Client, s: &Settings) -> Result<Option<
     let routes = NodeRoutes::start(client, &s.node_name, config.clone()).await?;
     tracing::info!(node = %s.node_name, "keeping the routes to the other nodes' blocks");
     Ok(Some(routes))
+}
+
+/// With `--masquerade`: the masquerade rules for the pod networks in effect (the
+/// `--pod-network` override, else the valid IPPools' as the watch has them), kept from now on.
+fn start_masquerade(watch: &NodeWatch, s: &Settings) -> Option<Masquerade> {
+    let config = s.masquerade.clone()?;
+    let fixed = s.pod_networks.as_ref().map(|n| n.nets().to_vec());
+    let w = watch.clone();
+    let networks = move || {
+        fixed
+            .clone()
+            .unwrap_or_else(|| w.pod_networks().nets().to_vec())
+    };
+    tracing::info!(node = %s.node_name, "keeping the masquerade rules");
+    Some(Masquerade::start(networks, watch.changes(), config))
 }
 
 /// Answers the operator (tombstones, release marks, block marks) whenever the node's

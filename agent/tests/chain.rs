@@ -342,3 +342,78 @@ async fn reconcile_frees_nothing_without_the_netns_mount() {
     .await;
     node.stop_agent().await;
 }
+
+/// The conflist components/cni-install installs (its install-cni.sh run against temporary
+/// CNI directories holding the reference plugins), run as libcni runs a list: ptp with
+/// tidepool-cni as its IPAM, then portmap. The pod gets its address and its hostPort is
+/// DNATed in the node's nat table; DEL, in reverse, removes both. The one rewrite: the IPAM
+/// section is pointed at this test's agent (its socket, spool and marker paths).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_installed_conflist_serves_a_pod_and_its_host_port() {
+    let mut node = Node::new("conflist", &["10.250.0.16/28"]).await;
+    node.start_agent().await;
+    let conflist = installed_conflist(node.dir.path());
+    let ports = serde_json::json!({"portMappings": [
+        {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}
+    ]});
+    let pa = node.pod(0);
+    let add = node
+        .cni_list(&conflist, ("ADD", &pa, "ca", &pod_uid(0)), &ports, None)
+        .await;
+    let a = address(&add);
+    assert!(in_net("10.250.0.16/28", &a), "{a}");
+    let nat = || {
+        run(
+            "ip",
+            &["netns", "exec", &node.name, "iptables", "-t", "nat", "-S"],
+        )
+    };
+    let rules = nat();
+    assert!(
+        rules.contains("--dport 18080") && rules.contains(&format!("{a}:80")),
+        "the hostPort is DNATed to the pod: {rules}"
+    );
+    node.until_status("a published", |used, _| used.contains_key(&a))
+        .await;
+    let result: serde_json::Value = serde_json::from_slice(&add.stdout).expect("a result");
+    let del = node
+        .cni_list(
+            &conflist,
+            ("DEL", &pa, "ca", &pod_uid(0)),
+            &ports,
+            Some(result),
+        )
+        .await;
+    assert!(del.status.success(), "{del:?}");
+    assert!(!nat().contains("--dport 18080"), "{}", nat());
+    node.until_status("a freed", |used, cooling| {
+        used.is_empty() && cooling == [a.clone()]
+    })
+    .await;
+    node.stop_agent().await;
+}
+
+/// install-cni.sh run with the reference plugins (symlinked) in a temporary bin directory:
+/// the conflist it wrote.
+fn installed_conflist(dir: &std::path::Path) -> serde_json::Value {
+    let (bin, conf) = (dir.join("cni-bin"), dir.join("net.d"));
+    for d in [&bin, &conf] {
+        std::fs::create_dir_all(d).expect("a CNI directory");
+    }
+    for p in ["ptp", "portmap"] {
+        std::os::unix::fs::symlink(std::path::Path::new(PLUGINS).join(p), bin.join(p))
+            .expect("symlink a plugin");
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/components/cni-install/install-cni.sh");
+    let out = std::process::Command::new("sh")
+        .arg(script)
+        .env("CNI_BIN_DIR", &bin)
+        .env("CNI_CONF_DIR", &conf)
+        .env("PLUGIN_SRC", env!("CARGO_BIN_EXE_tidepool-cni"))
+        .output()
+        .expect("run install-cni.sh");
+    assert!(out.status.success(), "install-cni.sh: {out:?}");
+    let text = std::fs::read(conf.join("10-tidepool.conflist")).expect("the conflist");
+    serde_json::from_slice(&text).expect("a conflist")
+}

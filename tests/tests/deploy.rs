@@ -685,7 +685,9 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
             .any(|r| r.contains("CARGO_PROFILE_RELEASE_STRIP=symbols")),
         "stripped binaries (the release profile keeps debug line tables)"
     );
-    let docs = tools::documents(&tools::render(COMPONENTS));
+    // the base and every component: cni-install swaps the agent's image for its datapath one
+    let mut docs = tools::documents(&tools::render(&[]));
+    docs.extend(tools::documents(&tools::render(COMPONENTS)));
     let mut checked = BTreeSet::new();
     for w in docs
         .iter()
@@ -732,7 +734,20 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
                     );
                 }
             }
-            if target != "cni-installer" {
+            if target == "agent-datapath" {
+                assert!(
+                    stage.base.starts_with("debian:"),
+                    "{image}: base {}",
+                    stage.base
+                );
+                assert!(
+                    stage
+                        .runs
+                        .iter()
+                        .any(|r| r.contains("install") && r.contains("iptables")),
+                    "{image}: iptables for --masquerade"
+                );
+            } else if target != "cni-installer" {
                 assert!(
                     stage.base.contains("distroless/static"),
                     "{image}: base {}",
@@ -757,7 +772,12 @@ fn images_put_the_binaries_where_the_manifests_run_them_as_their_users() {
     }
     assert_eq!(
         checked,
-        BTreeSet::from(["agent".into(), "cni-installer".into(), "operator".into()])
+        BTreeSet::from([
+            "agent".into(),
+            "agent-datapath".into(),
+            "cni-installer".into(),
+            "operator".into()
+        ])
     );
     // the installer's script and plugin are where the script and the init container look
     let installer = stages.iter().find(|s| s.name == "cni-installer").unwrap();
@@ -784,11 +804,16 @@ impl Node {
             std::fs::create_dir(dir.0.join(d)).unwrap();
         }
         std::fs::write(dir.0.join("tidepool-cni"), b"\x7fELF plugin bytes").unwrap();
-        if with_ptp {
-            let ptp = dir.0.join("bin/ptp");
-            std::fs::write(&ptp, "#!/bin/sh\n").unwrap();
+        let plugins: &[&str] = if with_ptp {
+            &["ptp", "portmap"]
+        } else {
+            &["portmap"]
+        };
+        for p in plugins {
+            let p = dir.0.join("bin").join(p);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&ptp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         Node { dir }
     }
@@ -836,9 +861,19 @@ fn cni_installer_installs_and_refuses_when_another_config_sorts_first() {
     );
     let conf: Value =
         serde_json::from_slice(&std::fs::read(node.conf("10-tidepool.conflist")).unwrap()).unwrap();
-    assert_eq!(conf["cniVersion"], "1.1.0");
+    assert_eq!(
+        conf["cniVersion"], "1.0.0",
+        "the reference plugins before v1.5 refuse 1.1.0"
+    );
     assert_eq!(conf["plugins"][0]["type"], "ptp");
     assert_eq!(conf["plugins"][0]["ipam"]["type"], "tidepool-cni");
+    assert_eq!(
+        conf["plugins"][0].get("ipMasq"),
+        None,
+        "ptp masquerades nothing"
+    );
+    assert_eq!(conf["plugins"][1]["type"], "portmap");
+    assert_eq!(conf["plugins"][1]["capabilities"]["portMappings"], true);
     // leftovers of the atomic writes: none
     let names: BTreeSet<String> = std::fs::read_dir(node.dir.0.join("net.d"))
         .unwrap()
@@ -872,6 +907,12 @@ fn cni_installer_installs_and_refuses_when_another_config_sorts_first() {
     let node = Node::new(false);
     let (ok, log) = node.install();
     assert!(!ok && log.contains("ptp"), "{log}");
+    assert!(!node.installed());
+    // no portmap: refused the same way
+    let node = Node::new(true);
+    std::fs::remove_file(node.dir.0.join("bin/portmap")).unwrap();
+    let (ok, log) = node.install();
+    assert!(!ok && log.contains("portmap"), "{log}");
     assert!(!node.installed());
 }
 
@@ -916,6 +957,41 @@ fn the_cni_install_component_runs_the_installer_before_the_agent() {
     assert_eq!(
         pod(find(&docs, "Deployment", "tidepool-operator"))["hostNetwork"],
         true
+    );
+    // the agent is the datapath: NET_ADMIN and nothing else, routes and masquerade on
+    let agent = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "agent")
+        .unwrap();
+    assert_eq!(agent["image"], "tidepool-agent-datapath:0.1.0");
+    let caps = &agent["securityContext"]["capabilities"];
+    assert_eq!(
+        (strs(&caps["drop"]), strs(&caps["add"])),
+        (vec!["ALL"], vec!["NET_ADMIN"])
+    );
+    assert_eq!(agent["securityContext"]["privileged"], false);
+    let agent_env = |name: &str| {
+        agent["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    assert_eq!(agent_env("TIDEPOOL_NODE_ROUTES").as_deref(), Some("true"));
+    assert_eq!(agent_env("TIDEPOOL_MASQUERADE").as_deref(), Some("true"));
+    let keep = agent_env("TIDEPOOL_NON_MASQUERADE_CIDRS").expect("non-masquerade CIDRs");
+    for cidr in keep.split(',') {
+        cidr.parse::<ipnet::IpNet>().expect("a CIDR");
+    }
+    // the base agent stays without a capability
+    let base = tools::documents(&tools::render(&[]));
+    let base_agent = &pod(find(&base, "DaemonSet", "tidepool-agent"))["containers"][0];
+    assert_eq!(
+        base_agent["securityContext"]["capabilities"]["add"],
+        Value::Null
     );
 }
 

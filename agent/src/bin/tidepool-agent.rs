@@ -11,7 +11,7 @@ use clap::{ArgAction, Parser, ValueEnum};
 use ipnet::IpNet;
 use tidepool_agent::run::{Settings, run};
 use tidepool_agent::serve::PodNetworks;
-use tidepool_agent::{reconcile, routes};
+use tidepool_agent::{masq, reconcile, routes};
 use tidepool_api::flags::{count_within, duration_within, listen_addr};
 use tidepool_api::preflight::{self, Unmet};
 use tidepool_metrics::probes::{self, Readiness};
@@ -94,6 +94,16 @@ struct Flags {
     /// to 1h).
     #[arg(long, default_value = "30s", value_parser = period, env = "TIDEPOOL_NODE_ROUTES_INTERVAL")]
     node_routes_interval: Duration,
+    /// Masquerade pods' traffic to destinations outside every pool CIDR and outside
+    /// --non-masquerade-cidrs (ip-masq-agent's rule: chain TIDEPOOL-MASQ in the nat table,
+    /// rewritten with iptables-restore). Pod-to-pod traffic keeps its source. Needs the host
+    /// network, CAP_NET_ADMIN and iptables (components/cni-install).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_MASQUERADE")]
+    masquerade: bool,
+    /// Destinations --masquerade leaves alone, comma-separated: the node subnet and the
+    /// service CIDR (the pool CIDRs always are).
+    #[arg(long, value_delimiter = ',', env = "TIDEPOOL_NON_MASQUERADE_CIDRS")]
+    non_masquerade_cidrs: Vec<IpNet>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, default_value = "info", env = "TIDEPOOL_LOG_LEVEL")]
     log_level: String,
@@ -153,6 +163,9 @@ fn main() -> anyhow::Result<()> {
             netns: None,
             interval: f.node_routes_interval,
         }),
+        masquerade: f
+            .masquerade
+            .then(|| masq::Config::new(f.non_masquerade_cidrs.clone())),
         pod_networks: nets,
         ..Settings::new(&f.node_name)
     };

@@ -65,6 +65,11 @@ impl PodNetworks {
         })
     }
 
+    /// The networks.
+    pub fn nets(&self) -> &[IpNet] {
+        &self.nets
+    }
+
     /// The addresses never handed to a pod: each network's own, its gateway, its broadcast.
     pub fn reserved(&self) -> &AddrSet {
         &self.reserved

@@ -9,7 +9,8 @@
 # - refuses, with a message and exit status 1, when another network config sorts before
 #   ours: the runtime uses only the first one, so ours would be ignored and pods would get
 #   their addresses elsewhere (or two agents would hand out addresses on one node);
-# - refuses when the main plugin (ptp) is missing from the bin directory.
+# - refuses when the main plugin (ptp) or portmap (hostPort) is missing from the bin
+#   directory.
 #
 # Every path comes from the environment so that tests can run it against temporary
 # directories:
@@ -35,8 +36,10 @@ fail() {
 [ -f "$plugin_src" ] || fail "no plugin binary at $plugin_src"
 [ -d "$bin_dir" ] || fail "no CNI bin directory $bin_dir (is the host path mounted?)"
 [ -d "$conf_dir" ] || fail "no CNI config directory $conf_dir (is the host path mounted?)"
-[ -x "$bin_dir/$main_plugin" ] ||
-	fail "the main plugin $main_plugin is not in $bin_dir: install the CNI reference plugins (containernetworking-plugins) on the node first"
+for plugin in "$main_plugin" portmap; do
+	[ -x "$bin_dir/$plugin" ] ||
+		fail "the plugin $plugin is not in $bin_dir: install the CNI reference plugins (containernetworking-plugins) on the node first"
+done
 
 # The runtime (libcni's ConfFiles) reads *.conf, *.conflist and *.json in lexical (byte)
 # order and uses the first; anything else in the directory is ignored. With LC_ALL=C the
@@ -66,17 +69,28 @@ mv -f "$tmp_bin" "$bin_dir/tidepool-cni"
 say "installed $bin_dir/tidepool-cni"
 
 # The agent's defaults (socket, spool, marker) are the plugin's defaults, so the IPAM
-# section names only its type.
+# section names only its type. cniVersion 1.0.0: every plugin of the list must accept it,
+# and the reference plugins before v1.5 (Debian bookworm's 1.1.1 among them) refuse 1.1.0
+# ("incompatible CNI versions"); tidepool-cni accepts both. portmap after the main plugin serves hostPort (the runtime
+# passes the pod's port mappings as the portMappings capability). ptp's own ipMasq stays
+# off: it would masquerade traffic between pods of different nodes too; the agent's
+# --masquerade does it for traffic leaving the pod networks only.
 tmp_conf="$conf_dir/.$conf_name.tmp.$$"
 cat >"$tmp_conf" <<CONF
 {
-  "cniVersion": "1.1.0",
+  "cniVersion": "1.0.0",
   "name": "tidepool",
   "plugins": [
     {
       "type": "$main_plugin",
       "ipam": {
         "type": "tidepool-cni"
+      }
+    },
+    {
+      "type": "portmap",
+      "capabilities": {
+        "portMappings": true
       }
     }
   ]

@@ -279,6 +279,61 @@ impl Node {
         }
     }
 
+    /// `conflist` run as libcni runs a network config list (`cmd` ADD or DEL): each
+    /// plugin in order for ADD, in reverse for DEL, each given the list's `cniVersion` and
+    /// `name`, `runtime_config` (the capabilities the runtime passes), and the previous
+    /// result (`prev_result` for the first DEL'd plugin: the ADD's cached result). Its
+    /// IPAM section is pointed at this node's agent. The last plugin's output, or the first
+    /// that failed.
+    pub async fn cni_list(
+        &self,
+        conflist: &serde_json::Value,
+        call: (&str, &str, &str, &str),
+        runtime_config: &serde_json::Value,
+        prev_result: Option<serde_json::Value>,
+    ) -> Output {
+        let (cmd, pod_ns, container, uid) = call;
+        let plugin_dir = Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
+            .parent()
+            .expect("the plugin's directory");
+        let mut plugins = conflist["plugins"].as_array().expect("plugins").clone();
+        if cmd == "DEL" {
+            plugins.reverse();
+        }
+        let (mut prev, mut last) = (prev_result, None);
+        for mut p in plugins {
+            p["cniVersion"] = conflist["cniVersion"].clone();
+            p["name"] = conflist["name"].clone();
+            p["runtimeConfig"] = runtime_config.clone();
+            if let Some(ipam) = p.get_mut("ipam") {
+                let s = &self.settings;
+                ipam["socket"] = s.socket.display().to_string().into();
+                ipam["spoolDir"] = s.spool_dir.display().to_string().into();
+                ipam["restoredMarker"] = s.restored_marker.display().to_string().into();
+            }
+            if let Some(r) = &prev {
+                p["prevResult"] = r.clone();
+            }
+            let call = CniCall {
+                cmd,
+                netns: &format!("/var/run/netns/{pod_ns}"),
+                container,
+                pod: container,
+                uid,
+            };
+            let plugin = p["type"].as_str().expect("a type").to_string();
+            let out = exec_plugin(&self.name, &plugin, &call, plugin_dir, p.to_string()).await;
+            if !out.status.success() {
+                return out;
+            }
+            if cmd == "ADD" {
+                prev = Some(serde_json::from_slice(&out.stdout).expect("a CNI result"));
+            }
+            last = Some(out);
+        }
+        last.expect("a plugin in the list")
+    }
+
     pub fn spooled(&self) -> usize {
         std::fs::read_dir(&self.settings.spool_dir)
             .map(|d| {
@@ -329,6 +384,8 @@ pub async fn exec_plugin(
         node_ns.to_string(),
         "env".into(),
         "-i".into(),
+        // libcni passes the runtime's own environment too (its PATH: portmap runs iptables)
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         format!("CNI_COMMAND={cmd}"),
         format!("CNI_CONTAINERID={container}"),
         format!("CNI_NETNS={netns}"),

@@ -526,6 +526,19 @@ impl Cluster {
     /// Node `rt`'s agent inside its namespace, `--node-routes` on, reaching the API server
     /// through the node's forwarder on `port` (the server's certificate names 127.0.0.1).
     fn spawn_agent(&self, rt: &NodeRuntime, port: u16) -> Proc {
+        let cmd = self.agent_command(rt, port);
+        Self::spawn_agent_as(rt, cmd)
+    }
+
+    /// Node `rt`'s agent started as `cmd` (from [`Cluster::agent_command`], more flags
+    /// added), its log in the node's directory.
+    pub fn spawn_agent_as(rt: &NodeRuntime, cmd: Command) -> Proc {
+        let log = rt.dir.join("agent.log");
+        Proc::spawn(&format!("agent on {}", rt.name), cmd, log)
+    }
+
+    /// The command [`Cluster::add_node`] starts node `rt`'s agent with.
+    pub fn agent_command(&self, rt: &NodeRuntime, port: u16) -> Command {
         let kubeconfig = rt.dir.join("agent.kubeconfig");
         // after the Node exists: a node-bound identity carries the Node's UID
         let mut config: serde_json::Value =
@@ -555,8 +568,7 @@ impl Cluster {
             .args(["--reuse-cooldown", t.reuse_cooldown])
             .args(["--node-wait", "60s"])
             .args(["--node-routes", "--node-routes-interval", "1s"]);
-        let log = rt.dir.join("agent.log");
-        Proc::spawn(&format!("agent on {}", rt.name), cmd, log)
+        cmd
     }
 
     /// Waits until node `name`'s agent has restored and serves (or fails with its log).
