@@ -2,8 +2,8 @@
 //!
 //! Each shell block with no tag runs with `bash -euo pipefail` from the repository root and
 //! must exit 0, after the one rewrite `fences::SUBSTITUTION` (printed by the test). A shell
-//! block tagged with one of `fences::TAGS` is left to what the tag names; any other tag, a
-//! block with no language, or one in a language that is not in `fences::NOT_COMMANDS` fails.
+//! block tagged with one of `TAGS` is left to what the tag names; any other tag, a
+//! block with no language, or one in a language that is not in `NOT_COMMANDS` fails.
 //! Needs the workspace's binaries built (`cargo test --workspace` builds them).
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
@@ -14,24 +14,51 @@ use std::process::Command;
 
 use fences::Fence;
 
+/// Fence tags of shell blocks that are not run by `docs.rs`, and why.
+pub const TAGS: &[(&str, &str)] = &[
+    (
+        "cluster",
+        "talks to a cluster: README's are run by quickstart.rs against a tidepool-apiserver",
+    ),
+    (
+        "ci",
+        "a build or test command: CI runs it (bash scripts/test.sh runs this very test)",
+    ),
+];
+
+/// Languages of blocks that hold no command to run.
+pub const NOT_COMMANDS: &[&str] = &["text", "yaml", "json", "rust"];
+
+/// README.md and every docs/*.md, in a stable order.
+pub fn doc_files() -> Vec<String> {
+    let mut docs: Vec<String> = std::fs::read_dir(fences::repo().join("docs"))
+        .expect("docs/")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.sort();
+    let mut files = vec!["README.md".to_string()];
+    files.extend(docs);
+    files
+}
+
 /// Every fenced block of the docs, each checked to be a command block or plainly not one.
 fn checked_fences() -> Vec<Fence> {
     let mut all = Vec::new();
     let mut problems = Vec::new();
-    for file in fences::doc_files() {
+    for file in doc_files() {
         for f in fences::fences(&file) {
             if f.is_shell() {
                 if let Some(tag) = &f.tag
-                    && !fences::TAGS.iter().any(|(t, _)| t == tag)
+                    && !TAGS.iter().any(|(t, _)| t == tag)
                 {
                     problems.push(format!("{}: unknown tag `{tag}`", f.at));
                 }
-            } else if !fences::NOT_COMMANDS.contains(&f.lang.as_str()) {
+            } else if !NOT_COMMANDS.contains(&f.lang.as_str()) {
                 problems.push(format!(
                     "{}: a block in `{}`: commands go in ```sh, other text in one of {:?}",
-                    f.at,
-                    f.lang,
-                    fences::NOT_COMMANDS
+                    f.at, f.lang, NOT_COMMANDS
                 ));
             }
             all.push(f);
@@ -43,6 +70,9 @@ fn checked_fences() -> Vec<Fence> {
 
 #[test]
 fn every_fence_is_run_or_says_why_not() {
+    for (tag, why) in TAGS {
+        println!("```sh {tag}: {why}");
+    }
     let all = checked_fences();
     let shell = all.iter().filter(|f| f.is_shell()).count();
     assert!(shell >= 5, "only {shell} shell blocks found: {all:?}");
@@ -77,7 +107,11 @@ fn every_untagged_command_runs_from_the_repository_root() {
             .current_dir(fences::repo())
             .output()
             .expect("run bash");
-        println!("  exit {:?} in {:.1?}", out.status.code(), started.elapsed());
+        println!(
+            "  exit {:?} in {:.1?}",
+            out.status.code(),
+            started.elapsed()
+        );
         if !out.status.success() {
             failures.push(format!(
                 "{} exited {:?}:\n{script}\nstdout:\n{}\nstderr:\n{}",

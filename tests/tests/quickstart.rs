@@ -46,7 +46,12 @@ impl Session {
                 let p = e.ok()?.path();
                 let stat = std::fs::read_to_string(p.join("stat")).ok()?;
                 // pid (comm) state ppid pgrp ...: the fields after the last ')'
-                let pgrp = stat.rsplit_once(')')?.1.split_whitespace().nth(2)?.to_string();
+                let pgrp = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(2)?
+                    .to_string();
                 let exe = std::fs::read_link(p.join("exe")).ok()?;
                 (pgrp == group && exe.file_name()? == name).then_some(())
             })
@@ -179,6 +184,10 @@ fn readme_quick_start_grants_blocks_with_no_restart() {
         "the operator README started is not running:\n{}",
         session.log()
     );
-    println!("granted {} blocks to worker-1; log:\n{}", granted.len(), session.log());
+    println!(
+        "granted {} blocks to worker-1; log:\n{}",
+        granted.len(),
+        session.log()
+    );
     session.kill_group("-TERM");
 }

@@ -1,32 +1,17 @@
 //! The shell blocks of README.md and docs/*.md, as `docs.rs` and `quickstart.rs` run them.
 //!
 //! A block fenced ```` ```sh ```` or ```` ```bash ```` is a command to run from the repository
-//! root. A tag after the language says why a block cannot run there (`TAGS`). The one rewrite
-//! before running is `SUBSTITUTION`: `cargo run [--release] -p P [--bin X] --` becomes the
-//! binary X (P without `--bin`) that the workspace's test build already made, next to this
-//! crate's own binaries (`target/debug/X`): no nested cargo (it would wait on the build lock
+//! root. A tag after the language says why a block cannot run there (`docs.rs`' `TAGS`).
+//! The one rewrite before running is `SUBSTITUTION`: `cargo run [--release] -p P [--bin X] --`
+//! becomes the binary X (P without `--bin`) that the workspace's test build already made, next
+//! to this crate's own binaries (`target/debug/X`): no nested cargo (it would wait on the build lock
 //! the running `cargo test` holds) and no release build.
 
 use std::path::{Path, PathBuf};
 
-/// Fence tags of shell blocks that are not run by `docs.rs`, and why.
-pub const TAGS: &[(&str, &str)] = &[
-    (
-        "cluster",
-        "talks to a cluster: README's are run by quickstart.rs against a tidepool-apiserver",
-    ),
-    (
-        "ci",
-        "a build or test command: CI runs it (bash scripts/test.sh runs this very test)",
-    ),
-];
-
 /// The one rewrite, as the tests print it.
 pub const SUBSTITUTION: &str =
     "`cargo run [--release] -p P [--bin X] --` → target/debug/X (X = P without --bin)";
-
-/// Languages of blocks that hold no command to run.
-pub const NOT_COMMANDS: &[&str] = &["text", "yaml", "json", "rust"];
 
 /// One fenced block.
 #[derive(Debug, Clone)]
@@ -49,20 +34,6 @@ pub fn repo() -> PathBuf {
         .parent()
         .expect("the repository root")
         .to_path_buf()
-}
-
-/// README.md and every docs/*.md, in a stable order.
-pub fn doc_files() -> Vec<String> {
-    let mut docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
-        .expect("docs/")
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".md"))
-        .map(|n| format!("docs/{n}"))
-        .collect();
-    docs.sort();
-    let mut files = vec!["README.md".to_string()];
-    files.extend(docs);
-    files
 }
 
 /// Every fenced block of one file.
