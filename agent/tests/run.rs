@@ -569,7 +569,7 @@ async fn agent_exit(server: &ApiServer, identity: &str) -> (std::process::ExitSt
         .await
 }
 
-/// Preflight (README "Troubleshooting"): a token without the node-name extra (not a pod's
+/// Preflight (docs/operations.md "Preflight"): a token without the node-name extra (not a pod's
 /// projected token, or minted with ServiceAccountTokenPodNodeInfo off) stops the agent at
 /// start, naming the extra and the fix, before any write is denied; so does a server older
 /// than 1.31, whose CRDs have no field selectors.

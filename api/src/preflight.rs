@@ -1,5 +1,5 @@
-//! What a cluster must offer tidepool, checked by both binaries before they start (README.md
-//! "Requirements"): Kubernetes 1.31 or later, CRD field selectors that work, and, for the
+//! What a cluster must offer tidepool, checked by both binaries before they start
+//! (docs/operations.md, "Install" and "Preflight"): Kubernetes 1.31 or later, CRD field selectors that work, and, for the
 //! agent, a token bound to its node. The checks of the answers are pure; with the feature
 //! `client`, [`check_cluster`] and [`check_agent_token`] make the requests. Each shortfall is
 //! an [`Unmet`] whose text names its cause and its fix.

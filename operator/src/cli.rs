@@ -513,7 +513,7 @@ pub struct SimulateFlags {
     )]
     pub seed: u64,
     /// Timed phases that change the workload, faults or watermarks during the run (YAML;
-    /// see README.md and scenarios/).
+    /// see docs/simulate.md and scenarios/).
     #[arg(long, env = "TIDEPOOL_SIM_SCENARIO")]
     pub scenario: Option<PathBuf>,
     /// Run once per seed and summarize: `1..200` (inclusive), `3,5,8` or one number.

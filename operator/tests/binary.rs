@@ -470,7 +470,7 @@ fn run_until_exit(server: &ApiServer) -> (Option<i32>, String) {
     (status.code(), stderr)
 }
 
-/// Preflight (README "Troubleshooting"): below Kubernetes 1.31 by `gitVersion` (a 1.30 server
+/// Preflight (docs/operations.md "Preflight"): below Kubernetes 1.31 by `gitVersion` (a 1.30 server
 /// also drops the CRDs' selectableFields), and on a 1.31 server whose ipamblocks CRD has no
 /// field selector (CustomResourceFieldSelectors off), `run` exits with status 2 at once,
 /// naming the cause and the fix, instead of failing later with a misleading message.

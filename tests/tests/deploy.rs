@@ -1018,7 +1018,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     tools::ok(&PROMTOOL, ["test", "rules", RULE_TESTS]);
     let rules = queries::rules();
     let tests = yaml_file(RULE_TESTS);
-    let notes = std::fs::read_to_string(tools::repo().join("README.md")).unwrap();
+    let notes = std::fs::read_to_string(tools::repo().join("docs/operations.md")).unwrap();
     let mut alerts = Vec::new();
     for group in rules["groups"].as_array().unwrap() {
         for rule in group["rules"].as_array().unwrap() {
@@ -1046,8 +1046,8 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
                 "{name}"
             );
             assert!(
-                notes.lines().any(|l| l == format!("#### {name}")),
-                "{name}: no runbook in README.md"
+                notes.lines().any(|l| l == format!("### {name}")),
+                "{name}: no runbook in docs/operations.md"
             );
             let for_ = rule["for"]
                 .as_str()

@@ -817,7 +817,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
     ] {
         assert!(out.contains(made), "{out}");
     }
-    // the per-node overrides: README's `kubectl patch` of an IPAMNode (which the operator
+    // the per-node overrides: docs/operations.md's `kubectl patch` of an IPAMNode (which the operator
     // creates; here by hand) sets pools and watermarks and leaves nodeUID alone
     let node = k.dir.join("worker-1.yaml");
     std::fs::write(

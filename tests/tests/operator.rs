@@ -706,7 +706,7 @@ async fn dual_stack_pools_and_cidrs_changed_at_runtime() {
     task.await.unwrap();
 }
 
-/// The IP families follow the pools at runtime (README "Install" applies the bundle, then the
+/// The IP families follow the pools at runtime (docs/operations.md "Install" applies the bundle, then the
 /// IPPool): an operator started with no IPPool serves the first one created, and a CIDR of a
 /// new family added to it, without a restart and without waiting for a resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1260,7 +1260,7 @@ async fn a_node_re_created_after_its_reclaim_starts_afresh() {
     task.await.unwrap();
 }
 
-/// Every IPPool in deploy/examples, applied as README's install applies them (after the
+/// Every IPPool in deploy/examples, applied as docs/operations.md's install applies them (after the
 /// operator started), ends `Valid=True` and is granted from: a node labelled `pool=gpu` gets
 /// IPv4 blocks of `gpu`, the others of `default`, and every node IPv6 blocks of the
 /// dual-stack `default` (issue 28: the shipped default pool was once refused, silently).
