@@ -28,7 +28,7 @@ pub use node::{
     AddressRelease, IPAMNode, IPAMNodeSpec, IPAMNodeStatus, NodePools, NodeUsage, ReclaimAnswer,
     ReclaimOutcome, ReclaimReason, ReleaseAnswer, TombstoneSpec, UsedEntry, Watermarks,
 };
-pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage};
+pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage, UsageReadable};
 pub use schema::Cidr;
 
 /// The messages of the CRDs' CEL rules (`x-kubernetes-validations`), as the API server's

@@ -28,8 +28,16 @@ use crate::schema::{Cidr, conditions};
         json_path = ".status.conditions[?(@.type==\"Valid\")].status"
     ),
     printcolumn(name = "CIDRs", type_ = "string", json_path = ".spec.cidrs"),
-    printcolumn(name = "V4-Free", type_ = "string", json_path = ".status.ipv4.free"),
-    printcolumn(name = "V6-Free", type_ = "string", json_path = ".status.ipv6.free"),
+    printcolumn(
+        name = "V4-Free",
+        type_ = "string",
+        json_path = ".status.ipv4.readable.free"
+    ),
+    printcolumn(
+        name = "V6-Free",
+        type_ = "string",
+        json_path = ".status.ipv6.readable.free"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -38,25 +46,25 @@ use crate::schema::{Cidr, conditions};
     printcolumn(
         name = "V4-Capacity",
         type_ = "string",
-        json_path = ".status.ipv4.capacity",
+        json_path = ".status.ipv4.readable.capacity",
         priority = 1
     ),
     printcolumn(
         name = "V4-Allocated",
         type_ = "string",
-        json_path = ".status.ipv4.allocated",
+        json_path = ".status.ipv4.readable.allocated",
         priority = 1
     ),
     printcolumn(
         name = "V6-Capacity",
         type_ = "string",
-        json_path = ".status.ipv6.capacity",
+        json_path = ".status.ipv6.readable.capacity",
         priority = 1
     ),
     printcolumn(
         name = "V6-Allocated",
         type_ = "string",
-        json_path = ".status.ipv6.allocated",
+        json_path = ".status.ipv6.readable.allocated",
         priority = 1
     )
 )]
@@ -170,5 +178,21 @@ pub struct PoolUsage {
     #[schemars(regex(pattern = r"^[0-9]+$"))]
     pub allocated: String,
     #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub free: String,
+    /// The same counts for people (`kubectl get`): exact below a million, `2^k` for a power
+    /// of two, else three significant digits rounded down (`1.84e19`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readable: Option<UsageReadable>,
+}
+
+/// [`PoolUsage`]'s counts for people.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageReadable {
+    #[schemars(length(max = 40))]
+    pub capacity: String,
+    #[schemars(length(max = 40))]
+    pub allocated: String,
+    #[schemars(length(max = 40))]
     pub free: String,
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
 use tidepool_api as api;
@@ -1104,6 +1104,68 @@ async fn pool_status_and_an_overlapping_pool() {
     task.await.unwrap();
 }
 
+/// A pool whose status holds counts turns invalid (a CIDR added that overlaps an older
+/// pool): its status write still succeeds, `Valid=False` with the reason, and the counts
+/// it no longer serves go whole — a status apply that leaves `ipv4` out removes the object
+/// the operator owned, never leaving `ipv4: {}` behind for the schema's required fields to
+/// refuse (a log once showed "Required value" every 2 s after a pool turned invalid).
+/// kube-apiserver: "If you remove a field from a manifest and apply that manifest,
+/// Server-Side Apply checks if there are any other field managers that also own the field.
+/// If the field is not owned by any other field managers, it is either deleted from the live
+/// object or reset to its default value" (kubernetes.io, Server-Side Apply, Field
+/// management); the operator writes IPPool status only by apply, so it owns `ipv4` alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_turning_invalid_keeps_a_coherent_status() {
+    let (server, admin) = operator_cluster().await;
+    let pool = |name: &str, cidr: &str| pool_json(name, &[cidr], json!({"ipv4": 28}));
+    create_object(&admin, pool("default", "10.92.0.0/24")).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // a later creationTimestamp
+    create_object(&admin, pool("late", "10.93.0.0/24")).await;
+    let (stop, task) = start_operator(&server, settings()).await;
+    let pools: Api<api::IPPool> = Api::all(admin.clone());
+    let valid = |name: &'static str, want: &'static str| {
+        let pools = pools.clone();
+        move || {
+            let pools = pools.clone();
+            async move {
+                let st = pools.get(name).await.ok()?.status?;
+                let c = st.conditions.iter().find(|c| c.type_ == "Valid")?;
+                (c.status == want).then_some(st)
+            }
+        }
+    };
+    let st = eventually(Duration::from_secs(20), "late valid", valid("late", "True")).await;
+    assert!(st.ipv4.is_some(), "counts while valid: {st:?}");
+    let patch = json!({"spec": {"cidrs": ["10.93.0.0/24", "10.92.0.0/25"]}});
+    pools
+        .patch("late", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("a CIDR added");
+    let st = eventually(
+        Duration::from_secs(20),
+        "late invalid",
+        valid("late", "False"),
+    )
+    .await;
+    let c = st.conditions.iter().find(|c| c.type_ == "Valid").unwrap();
+    assert!(c.message.contains("default"), "{}", c.message);
+    assert_eq!(st.ipv4, None, "no counts for a pool not served: {st:?}");
+    // the raw object too: no empty `ipv4` left behind
+    let raw: Api<kube::api::DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::erase::<api::IPPool>(&()),
+    );
+    let obj = raw.get("late").await.expect("late");
+    assert_eq!(
+        obj.data["status"].get("ipv4"),
+        None,
+        "{:?}",
+        obj.data["status"]
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// The IPPool CRD as it was before its CEL rules (only `blockSize`'s immutability kept).
 fn without_cel_rules(crd: &CustomResourceDefinition) -> CustomResourceDefinition {
     fn strip(v: &mut Value) {
@@ -1350,6 +1412,25 @@ async fn every_example_pool_is_valid_and_granted_from() {
             );
         }
     }
+    // the counts for people (`kubectl get ippools`): the /64's capacity is 2^64, its free
+    // count three significant digits; IPv4's capacity (a /14 less a /24) exact
+    let status = eventually(Duration::from_secs(20), "the grants counted", || {
+        let pools = pools.clone();
+        async move {
+            let status = pools.get("default").await.ok()?.status?;
+            let free: u128 = status.ipv6.as_ref()?.free.parse().ok()?;
+            (free < 1 << 64).then_some(status)
+        }
+    })
+    .await;
+    let v6 = status.ipv6.expect("IPv6 counts");
+    let readable = v6.readable.expect("readable IPv6 counts");
+    assert_eq!(readable.capacity, "2^64");
+    assert_eq!(readable.free, "1.84e19", "{}", v6.free);
+    let v4 = status.ipv4.expect("IPv4 counts");
+    let readable = v4.readable.expect("readable IPv4 counts");
+    assert!(v4.capacity.parse::<u32>().expect("a count") < 1_000_000);
+    assert_eq!(readable.capacity, v4.capacity, "below a million, exact");
     stop.send(()).unwrap();
     task.await.unwrap();
 }

@@ -34,6 +34,7 @@ fn body(name: &str, s: &Shown) -> Value {
             capacity: c.capacity.to_string(),
             allocated: c.allocated.to_string(),
             free: c.free.to_string(),
+            readable: Some(convert::readable_usage(c.capacity, c.allocated, c.free)),
         })
     };
     let (reason, message) = match &s.valid {
