@@ -178,6 +178,22 @@ fn readme_quick_start_grants_blocks_with_no_restart() {
         "blocks: {blocks:?}\n{}",
         session.log()
     );
+    // the pool's table as README shows it: counts people can read (`2^64`, `1.84e19`),
+    // never a 20-digit IPv6 count
+    let table = kubectl(&dir, &kc, &["get", "ippool", "default"]);
+    let mut rows = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    let header = rows.next().expect("a header");
+    let row = rows.next().expect("the default pool");
+    for column in ["V4-FREE", "V6-FREE"] {
+        let i = header.iter().position(|h| *h == column).expect(column);
+        assert!(
+            !row[i].is_empty() && row[i].len() <= 8,
+            "{column} {:?}:\n{table}",
+            row[i]
+        );
+    }
     assert_eq!(
         session.running("tidepool-operator"),
         1,
