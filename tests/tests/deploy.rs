@@ -662,6 +662,65 @@ fn agent_metrics_are_served_to_prometheus_only_with_authentication() {
     assert!(!agent_role.to_string().contains("tokenreviews"));
 }
 
+/// Ports Cilium (agent, operator, Envoy, Hubble, health, cluster mesh) and Calico (Felix,
+/// Typha, kube-controllers) listen on: tidepool's must not collide with them, or a cluster
+/// migrating from one to the other has two processes on one port.
+const TAKEN_PORTS: &[std::ops::RangeInclusive<u64>] = &[
+    9962..=9965,
+    9876..=9876,
+    9879..=9879,
+    9890..=9893,
+    9234..=9234,
+    4240..=4240,
+    4244..=4244,
+    9091..=9099,
+    5473..=5473,
+];
+
+/// Every port a container of `docs` listens on: its `containerPorts` and the ports of its
+/// `*-addr`/`*-address` flags.
+fn listened_ports(docs: &[Value]) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for w in docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+    {
+        for c in all_containers(pod(w)) {
+            let name = c["name"].as_str().unwrap_or("?").to_string();
+            for p in c["ports"].as_array().into_iter().flatten() {
+                out.push((name.clone(), p["containerPort"].as_u64().unwrap()));
+            }
+            for a in strs(&c["args"]) {
+                let Some((flag, value)) = a.split_once('=') else {
+                    continue;
+                };
+                if flag.ends_with("-addr") || flag.ends_with("-address") {
+                    out.push((format!("{name} {flag}"), port_of(value)));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ports_stay_clear_of_cilium_and_calico() {
+    let docs = tools::documents(&tools::render(COMPONENTS));
+    let ports = listened_ports(&docs);
+    for (what, port) in &ports {
+        assert!(
+            !TAKEN_PORTS.iter().any(|r| r.contains(port)),
+            "{what}: port {port} is Cilium's or Calico's"
+        );
+    }
+    let numbers: BTreeSet<u64> = ports.iter().map(|(_, p)| *p).collect();
+    assert_eq!(
+        numbers,
+        BTreeSet::from([9690, 9691, 9692, 9693, 9694]),
+        "{ports:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Images.
 

@@ -64,7 +64,7 @@ struct Flags {
     /// Where Prometheus metrics are served (/metrics). Loopback by default: the DaemonSet
     /// runs on the host network, so a wildcard address would expose it on the node's
     /// addresses.
-    #[arg(long, default_value = "127.0.0.1:9965", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
+    #[arg(long, default_value = "127.0.0.1:9692", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
     metrics_addr: SocketAddr,
     /// Where /healthz (the process serves) and /readyz (restored and serving the socket) are
     /// served [default: not served].
