@@ -22,8 +22,17 @@ pub const TARGET_LABELS: &[&str] = &[
     "node",
 ];
 
-/// Metrics Prometheus itself makes for every target.
-pub const PROMETHEUS_METRICS: &[&str] = &["up"];
+/// Metrics Prometheus itself makes for every target, and the standard process collector's
+/// that every binary exports beside tidepool-metrics' table.
+pub const PROMETHEUS_METRICS: &[&str] = &[
+    "up",
+    "process_start_time_seconds",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+];
 
 const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset"];
 const GROUPING: &[&str] = &[
