@@ -186,7 +186,8 @@ fn init_logging(f: &Flags) -> anyhow::Result<()> {
 /// Serves /metrics (the agent's series registered at zero) and, with --health-addr, the
 /// probes; a bad or busy address fails start-up naming the flag.
 async fn serve_observability(f: &Flags, ready: &Readiness) -> anyhow::Result<()> {
-    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Agent)
+    let build = tidepool_metrics::build_info!();
+    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Agent, build)
         .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
     tracing::info!(addr = %f.metrics_addr, "serving /metrics");
     if let Some(addr) = f.health_addr {

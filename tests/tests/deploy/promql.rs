@@ -23,7 +23,8 @@ pub const TARGET_LABELS: &[&str] = &[
 ];
 
 /// Metrics Prometheus itself makes for every target, and the standard process collector's
-/// that every binary exports beside tidepool-metrics' table.
+/// (metrics-process, refreshed on each scrape) that every binary exports beside
+/// tidepool-metrics' table.
 pub const PROMETHEUS_METRICS: &[&str] = &[
     "up",
     "process_start_time_seconds",
@@ -32,6 +33,7 @@ pub const PROMETHEUS_METRICS: &[&str] = &[
     "process_virtual_memory_bytes",
     "process_open_fds",
     "process_max_fds",
+    "process_threads",
 ];
 
 const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset"];
