@@ -1230,11 +1230,44 @@ fn nodes_are_patched_only_with_the_taint_component() {
     assert!(patches_nodes(&with) && tainting(&with));
 }
 
-/// A query with the dashboard's variables replaced by what Grafana would send.
+/// A query with the dashboard's variables replaced by what Grafana would send (each
+/// variable's All, `.*`).
 fn substituted(expr: &str) -> String {
     expr.replace("$__rate_interval", "5m")
+        .replace("$cluster", ".*")
         .replace("$pool", ".*")
-        .replace("$agent", ".*")
+        .replace("$node", ".*")
+}
+
+/// `metric` or `metric{matchers}` of a `label_values` variable with `label=~".+"` added.
+fn with_label(metric: &str, label: &str) -> String {
+    match metric.strip_suffix('}') {
+        Some(open) => format!("{open}, {label}=~\".+\"}}"),
+        None => format!("{metric}{{{label}=~\".+\"}}"),
+    }
+}
+
+/// The variables that keep one cluster's series apart in a shared Prometheus (`cluster`,
+/// All matching series without the label too) and pick node agents by node (`node`).
+fn assert_scoping_variables(var: impl Fn(&str) -> Value) {
+    let cluster = var("cluster");
+    assert_eq!(
+        cluster["query"]["query"],
+        "label_values(tidepool_build_info, cluster)"
+    );
+    assert_eq!(cluster["includeAll"], true);
+    assert_eq!(
+        cluster["allValue"], ".*",
+        "All matches a Prometheus of one cluster"
+    );
+    assert_eq!(
+        var("node")["query"]["query"],
+        "label_values(tidepool_agent_ips{cluster=~\"$cluster\"}, node)"
+    );
+    assert_eq!(
+        var("pool")["query"]["query"],
+        "label_values(tidepool_ipam_pool_ips{cluster=~\"$cluster\"}, pool)"
+    );
 }
 
 #[test]
@@ -1246,17 +1279,15 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
         vars.iter()
             .find(|v| v["name"] == name)
             .unwrap_or_else(|| panic!("variable {name}"))
+            .clone()
     };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
     for (name, metric, label) in queries::label_values_variables(&dash) {
-        let problems = promql::check(&format!("{metric}{{{label}=~\".+\"}}"));
+        let problems = promql::check(&substituted(&with_label(&metric, &label)));
         assert!(problems.is_empty(), "variable {name}: {problems:?}");
     }
-    assert_eq!(
-        var("pool")["query"]["query"],
-        "label_values(tidepool_ipam_pool_ips, pool)"
-    );
+    assert_scoping_variables(var);
 
     const CURRENT: &[&str] = &[
         "row",
@@ -1294,16 +1325,22 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             for r in &names.ranges {
                 assert_eq!(r, "$__rate_interval", "{title}: a fixed window in {expr}");
             }
-            for s in names
-                .selectors
-                .iter()
-                .filter(|s| s.name == tidepool_metrics::POOL_IPS)
-            {
-                assert!(
+            for s in &names.selectors {
+                let applies = |label: &str, var: &str| {
                     s.matchers
-                        .contains(&("pool".into(), "=~".into(), "$pool".into())),
-                    "{title}: the pool variable is not applied in {expr}"
+                        .contains(&(label.into(), "=~".into(), format!("${var}")))
+                };
+                assert!(
+                    applies("cluster", "cluster"),
+                    "{title}: {} does not select the cluster variable in {expr}",
+                    s.name
                 );
+                if s.name == tidepool_metrics::POOL_IPS {
+                    assert!(applies("pool", "pool"), "{title}: no $pool in {expr}");
+                }
+                if s.name.starts_with("tidepool_agent_") {
+                    assert!(applies("node", "node"), "{title}: no $node in {expr}");
+                }
             }
             let problems = promql::check(&substituted(expr));
             assert!(problems.is_empty(), "{title}: {problems:?}");
@@ -1313,6 +1350,26 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             ));
         }
     }
+    // free addresses per family, held by the nodes and left in the pools
+    let per_family = |metric: &str| {
+        exprs.iter().any(|(_, e)| {
+            let n = promql::names(e).unwrap();
+            n.grouping.first().is_some_and(|g| g == "family")
+                && n.selectors.iter().any(|s| {
+                    s.name == metric
+                        && s.matchers
+                            .contains(&("state".into(), "=".into(), "free".into()))
+                })
+        })
+    };
+    assert!(
+        per_family(tidepool_metrics::IPS),
+        "nodes' free addresses per family"
+    );
+    assert!(
+        per_family(tidepool_metrics::POOL_IPS),
+        "pools' free addresses per family"
+    );
     // every query parses (promtool's parser, through recording rules)
     let dir = tools::TempDir::new("dashboard");
     let mut rules = String::from("groups:\n- name: dashboard\n  rules:\n");

@@ -10,8 +10,10 @@
 use tidepool_metrics::{Def, Kind, Values};
 
 /// Labels Prometheus attaches to every scraped series (target labels), plus `node`, which
-/// components/servicemonitor adds to the agents' series.
+/// components/servicemonitor adds to the agents' series, and `cluster`, which a Prometheus
+/// shared by several clusters puts on each (external labels, or relabelling).
 pub const TARGET_LABELS: &[&str] = &[
+    "cluster",
     "job",
     "instance",
     "namespace",
