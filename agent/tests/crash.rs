@@ -720,7 +720,7 @@ impl AgentProcess {
         cmd.env_clear()
             .args(["--node-name", &node.name, "--pod-network", POD_NETWORK])
             .args(["--reuse-cooldown", "1h", "--node-wait", "20s"])
-            // any free port: the default (127.0.0.1:9965) collides with any other agent on
+            // any free port: the default (127.0.0.1:9692) collides with any other agent on
             // this machine, another test's or another test run's
             .args(["--metrics-addr", "127.0.0.1:0"])
             .arg("--kubeconfig")

@@ -63,26 +63,35 @@ struct Ports {
     agent_health: std::net::SocketAddr,
 }
 
+/// The cluster label a Prometheus shared by several clusters puts on every series (the
+/// dashboard's `$cluster` selects it): one value here, so every panel sees every target.
+const CLUSTER: &str = "test";
+
 /// The targets with the labels the Prometheus Operator attaches through
-/// components/servicemonitor (`namespace` on every series, `node` on the agents'). The
-/// simulation is a cluster of its own: another namespace, so its leader does not count as
-/// a second leader of the real operator.
+/// components/servicemonitor (`namespace` on every series, `node` on the agents'), and the
+/// cluster's. The simulation is a cluster of its own: another namespace, so its leader
+/// does not count as a second leader of the real operator.
 fn targets(p: &Ports) -> Vec<Target> {
+    let cluster = ("cluster", CLUSTER.to_owned());
     vec![
         Target {
             job: JOB_SIM,
             addr: p.sim,
-            labels: vec![("namespace", "tidepool-sim".into())],
+            labels: vec![("namespace", "tidepool-sim".into()), cluster.clone()],
         },
         Target {
             job: JOB_OPERATOR,
             addr: p.operator,
-            labels: vec![("namespace", "tidepool".into())],
+            labels: vec![("namespace", "tidepool".into()), cluster.clone()],
         },
         Target {
             job: JOB_AGENT,
             addr: p.agent,
-            labels: vec![("namespace", "tidepool".into()), ("node", "node-a".into())],
+            labels: vec![
+                ("namespace", "tidepool".into()),
+                ("node", "node-a".into()),
+                cluster,
+            ],
         },
     ]
 }
@@ -357,6 +366,8 @@ async fn promtool_accepts_every_target(p: &Ports) -> Vec<String> {
 async fn variables(prom: &Prometheus) -> BTreeMap<String, String> {
     let mut vars = BTreeMap::from([("__rate_interval".to_owned(), RATE_INTERVAL.to_owned())]);
     for (name, metric, label) in queries::label_values_variables(&queries::dashboard()) {
+        // a variable's query may name the variables before it (`{cluster=~"$cluster"}`)
+        let metric = substitute(&metric, &vars);
         let values = prom
             .label_values(&metric, &label)
             .await

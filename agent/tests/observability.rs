@@ -1,8 +1,8 @@
 //! The `tidepool-agent` binary's metrics, probes and log format, seen from outside: started
 //! with `--metrics-addr` and `--health-addr` on loopback ports and `--log-format json`
 //! against the in-process API server, before its IPAMNode exists. `/healthz` answers at once,
-//! `/readyz` only once it serves; `/metrics` has every agent series from the start (at zero)
-//! and none of the operator's; the CNI requests the real plugin makes move the counters by
+//! `/readyz` only once it serves; `/metrics` has every agent series from the start (at zero),
+//! its build info and the standard process metrics, and none of the operator's; the CNI requests the real plugin makes move the counters by
 //! exactly what was done, and the address gauge follows the allocations. With Debian's
 //! `prometheus` installed, promtool accepts the exposition and a real Prometheus scrapes it.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
@@ -127,10 +127,16 @@ async fn the_binary_exports_its_metrics_and_probes_from_the_start() {
     for want in agent_series() {
         assert_eq!(start.get(&want), Some(&0.0), "{want} at zero:\n{text}");
     }
+    let own = |k: &String| {
+        k.starts_with("tidepool_agent_")
+            || k.starts_with("tidepool_build_info{")
+            || k.starts_with("process_")
+    };
     assert!(
-        start.keys().all(|k| k.starts_with("tidepool_agent_")),
-        "only the agent's series, no tidepool_ipam_*:\n{text}"
+        start.keys().all(own),
+        "only the agent's series, its build info and process_*; no tidepool_ipam_*:\n{text}"
     );
+    process_metrics::assert_process_series(&text, env!("CARGO_PKG_VERSION"));
     assert!(!text.contains("tidepool_leader"), "{text}");
 
     // the operator creates node-a and its block: the agent restores, publishes, serves

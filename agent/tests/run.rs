@@ -516,7 +516,7 @@ async fn the_binary_serves_the_plugin_and_stops_on_sigterm() {
         .arg(&s.state_dir)
         .arg("--restored-marker")
         .arg(&s.restored_marker)
-        // any free port: the default (127.0.0.1:9965) may be taken by another test's agent
+        // any free port: the default (127.0.0.1:9692) may be taken by another test's agent
         .args(["--metrics-addr", "127.0.0.1:0"])
         .arg("--netns-dir")
         .arg(&s.reconcile.netns_dir)

@@ -75,13 +75,13 @@ mod tests {
 
     #[test]
     fn listen_addresses_take_go_s_port_only_form() {
-        assert_eq!(listen_addr(":9963"), Ok("0.0.0.0:9963".parse().unwrap()));
+        assert_eq!(listen_addr(":9690"), Ok("0.0.0.0:9690".parse().unwrap()));
         assert_eq!(
             listen_addr("127.0.0.1:1"),
             Ok("127.0.0.1:1".parse().unwrap())
         );
         assert_eq!(listen_addr("[::1]:5"), Ok("[::1]:5".parse().unwrap()));
-        for bad in ["9963", ":", ":x", "host:1"] {
+        for bad in ["9690", ":", ":x", "host:1"] {
             let e = listen_addr(bad).unwrap_err();
             assert!(e.contains(":PORT"), "{bad}: {e}");
         }

@@ -171,10 +171,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             removed: AtomicBool::new(false),
             work: tokio::sync::Notify::new(),
         });
-        self.shared
-            .stats
-            .lock()
-            .replace(None, Some(&NodeSummary::default()));
+        self.shared.restat(None, Some(&NodeSummary::default()));
         nodes.insert(h.name.clone(), h.clone());
         drop(nodes);
         h.trigger.trigger(Reason::Upsert);

@@ -78,11 +78,21 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         }
     }
 
+    /// Replaces one node's contribution to the aggregate stats (`old` = None for a new node,
+    /// `new` = None for a removed one) and sets their gauges at once: what a person watches
+    /// (pods waiting, nodes in deficit, free addresses) follows each change, not only the
+    /// resync.
+    pub fn restat(&self, old: Option<&NodeSummary>, new: Option<&NodeSummary>) {
+        let mut stats = self.stats.lock();
+        stats.replace(old, new);
+        stats.publish();
+    }
+
     /// Publishes a node's new summary into the aggregate stats.
     pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
         let old = std::mem::replace(&mut h.state.lock().summary, summary);
         if old != summary {
-            self.stats.lock().replace(Some(&old), Some(&summary));
+            self.restat(Some(&old), Some(&summary));
             if self.cfg.per_node_metrics {
                 crate::stats::publish_node(&h.name, &summary);
             }
@@ -130,7 +140,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         drop(nodes);
         self.parked.lock().remove(&h.name);
         let summary = h.state.lock().summary;
-        self.stats.lock().replace(Some(&summary), None);
+        self.restat(Some(&summary), None);
         true
     }
 }

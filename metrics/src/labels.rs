@@ -107,6 +107,17 @@ pub mod pool {
     pub const KEY: &str = "pool";
 }
 
+/// Label `version` of [`crate::BUILD_INFO`] (the binary's Cargo version; not enumerable).
+pub mod version {
+    pub const KEY: &str = "version";
+}
+
+/// Label `commit` of [`crate::BUILD_INFO`] (the abbreviated commit the binary was built
+/// from, or `unknown`; not enumerable).
+pub mod commit {
+    pub const KEY: &str = "commit";
+}
+
 /// Label `node` (a node's name; not enumerable).
 pub mod node {
     pub const KEY: &str = "node";

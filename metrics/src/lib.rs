@@ -33,6 +33,7 @@ pub mod http_server;
 pub mod probes;
 
 mod buckets;
+mod build;
 mod labels;
 mod names;
 pub mod record;
@@ -40,10 +41,11 @@ mod register;
 mod table;
 
 pub use buckets::buckets;
+pub use build::BuildInfo;
 pub use labels::*;
 pub use names::*;
 pub use register::{describe_all, register_zero};
-pub use table::{AGENT, Binary, Def, Kind, OPERATOR, Values, all, def};
+pub use table::{AGENT, Binary, Def, EVERY_BINARY, Kind, OPERATOR, Values, all, def};
 
 /// The error of setting up metrics export.
 #[derive(Debug, thiserror::Error)]

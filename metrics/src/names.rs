@@ -1,5 +1,9 @@
 //! Metric names: one constant per metric, grouped by the binary that exports it.
 
+/// 1, labelled with the binary's version and commit (gauge; `version`, `commit`; every
+/// binary).
+pub const BUILD_INFO: &str = "tidepool_build_info";
+
 /// Addresses by family and state, cluster-wide (gauge; `family`, `state`).
 pub const IPS: &str = "tidepool_ipam_ips";
 /// Nodes by category (gauge; `category`).

@@ -10,8 +10,22 @@
 
 use std::time::Duration;
 
+use crate::BuildInfo;
 use crate::labels::*;
 use crate::names::*;
+
+// ---------------------------------------------------------------------------------------------
+// Every binary's.
+
+/// Sets [`BUILD_INFO`] to 1 under the binary's version and commit.
+pub fn build_info(build: BuildInfo) {
+    metrics::gauge!(
+        BUILD_INFO,
+        version::KEY => build.version,
+        commit::KEY => build.commit,
+    )
+    .set(1.0);
+}
 
 // ---------------------------------------------------------------------------------------------
 // The operator's.

@@ -113,6 +113,10 @@ fn record_every_value() {
         agent_status_writes(o);
     }
     agent_node_routes(1.0);
+    build_info(crate::BuildInfo {
+        version: "1.2.3",
+        commit: "0abc123",
+    });
     agent_adds_waiting(1.0);
     for &op in RouteOp::ALL {
         for &o in RouteOutcome::ALL {

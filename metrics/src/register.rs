@@ -6,7 +6,7 @@ use crate::table::{Binary, Kind};
 
 /// Describes every metric of `binary` (help text and unit) to the installed recorder.
 pub fn describe_all(binary: Binary) {
-    for d in binary.defs() {
+    for d in binary.exported() {
         let (name, help) = (d.name, d.help);
         match (d.kind, d.unit) {
             (Kind::Counter, Some(u)) => metrics::describe_counter!(name, u, help),
@@ -25,7 +25,7 @@ pub fn describe_all(binary: Binary) {
 /// non-enumerable label (`pool`, `node`) are left to their first recording. Both `source`
 /// values are registered, whichever source runs.
 pub fn register_zero(binary: Binary) {
-    for d in binary.defs() {
+    for d in binary.exported() {
         for series in d.series() {
             let labels: Vec<Label> = series
                 .iter()

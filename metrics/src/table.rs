@@ -100,14 +100,29 @@ pub enum Binary {
 impl Binary {
     pub const ALL: [Binary; 2] = [Binary::Operator, Binary::Agent];
 
-    /// The metrics this binary exports.
+    /// The metrics of this binary alone (not [`EVERY_BINARY`]'s).
     pub fn defs(self) -> &'static [Def] {
         match self {
             Binary::Operator => OPERATOR,
             Binary::Agent => AGENT,
         }
     }
+
+    /// Every metric this binary exports from the table: [`EVERY_BINARY`]'s, then its own.
+    pub fn exported(self) -> impl Iterator<Item = &'static Def> {
+        EVERY_BINARY.iter().chain(self.defs())
+    }
 }
+
+/// The metrics every binary exports (besides the standard `process_*`, which are not in the
+/// table: metrics-process defines them).
+pub const EVERY_BINARY: &[Def] = &[Def {
+    name: BUILD_INFO,
+    kind: Kind::Gauge,
+    unit: None,
+    help: "1, labelled with the binary's version and the commit it was built from (unknown when built outside a git checkout).",
+    labels: &[(version::KEY, Free), (commit::KEY, Free)],
+}];
 
 /// The operator's metrics, in DESIGN.md's order.
 pub const OPERATOR: &[Def] = &[
@@ -408,9 +423,11 @@ pub const AGENT: &[Def] = &[
     },
 ];
 
-/// Every metric of every binary.
+/// Every metric of every binary, each once.
 pub fn all() -> impl Iterator<Item = &'static Def> {
-    Binary::ALL.into_iter().flat_map(Binary::defs)
+    EVERY_BINARY
+        .iter()
+        .chain(Binary::ALL.into_iter().flat_map(Binary::defs))
 }
 
 /// The definition of one metric by its full name.

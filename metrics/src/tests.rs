@@ -53,6 +53,10 @@ const AGENT_NAMES: &[&str] = &[
     AGENT_NODE_ROUTE_OPS_TOTAL,
 ];
 
+/// Every name constant of the metrics every binary exports, written out independently of
+/// [`EVERY_BINARY`].
+const EVERY_BINARY_NAMES: &[&str] = &[BUILD_INFO];
+
 fn names_of(binary: Binary) -> &'static [&'static str] {
     match binary {
         Binary::Operator => OPERATOR_NAMES,
@@ -65,6 +69,8 @@ fn names_match_design_table() {
     assert_eq!(IPS, "tidepool_ipam_ips");
     assert_eq!(TRIGGER_FOLDS, "tidepool_ipam_trigger_folds");
     assert_eq!(LEADER, "tidepool_leader");
+    // the dashboard's cluster variable reads its labels: stable
+    assert_eq!(BUILD_INFO, "tidepool_build_info");
     assert_eq!(
         LEADER_TRANSITIONS_TOTAL,
         "tidepool_leader_transitions_total"
@@ -106,7 +112,11 @@ fn names_match_design_table() {
             "{name}"
         );
     }
-    for name in OPERATOR_NAMES.iter().chain(AGENT_NAMES) {
+    for name in OPERATOR_NAMES
+        .iter()
+        .chain(AGENT_NAMES)
+        .chain(EVERY_BINARY_NAMES)
+    {
         assert!(
             name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
             "{name}"
@@ -120,8 +130,14 @@ fn names_match_design_table() {
             "{binary:?}'s table must hold each of its names once, in table order"
         );
     }
+    let every: Vec<&str> = EVERY_BINARY.iter().map(|d| d.name).collect();
+    assert_eq!(every, EVERY_BINARY_NAMES);
     let unique: BTreeSet<&str> = all().map(|d| d.name).collect();
-    assert_eq!(unique.len(), OPERATOR_NAMES.len() + AGENT_NAMES.len());
+    assert_eq!(
+        unique.len(),
+        OPERATOR_NAMES.len() + AGENT_NAMES.len() + EVERY_BINARY_NAMES.len()
+    );
+    assert_eq!(all().count(), unique.len(), "each metric once in all()");
 }
 
 /// The split the binaries rely on: every agent metric is `tidepool_agent_*`, no operator
@@ -137,7 +153,10 @@ fn every_agent_metric_is_the_agents_and_no_operator_metric_is() {
     }
     assert_eq!(Binary::Operator.defs().len(), OPERATOR.len());
     assert_eq!(Binary::Agent.defs().len(), AGENT.len());
-    assert_eq!(all().count(), OPERATOR.len() + AGENT.len());
+    assert_eq!(
+        all().count(),
+        EVERY_BINARY.len() + OPERATOR.len() + AGENT.len()
+    );
     assert_eq!(def(AGENT_IPS).map(|d| d.kind), Some(Kind::Gauge));
 }
 
@@ -261,8 +280,9 @@ fn describe_all_describes_exactly_the_binarys_metrics_with_kind_unit_and_help() 
         with_local_recorder(&log, || describe_all(binary));
         let got = log.0.lock().unwrap().clone();
         let described: Vec<&str> = got.iter().map(|(n, ..)| n.as_str()).collect();
-        assert_eq!(described, names_of(binary), "{binary:?}");
-        for d in binary.defs() {
+        let want: Vec<&str> = [EVERY_BINARY_NAMES, names_of(binary)].concat();
+        assert_eq!(described, want, "{binary:?}");
+        for d in binary.exported() {
             let (_, kind, unit, help) = got
                 .iter()
                 .find(|(n, ..)| n == d.name)

@@ -29,6 +29,10 @@ fn render_sample() -> String {
         metrics::gauge!(m::NODE_IPS, m::node::KEY => "node-1", m::family::KEY => m::family::IPV6, m::ips_state::KEY => m::ips_state::USED).set(3.0);
         metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::block_state::KEY => m::block_state::PARTIAL).set(7.0);
         m::record::pool_valid("default", false);
+        m::record::build_info(m::BuildInfo {
+            version: "1.2.3",
+            commit: "0abc123",
+        });
         metrics::histogram!(m::POD_IP_WAIT_SECONDS).record(0.4);
         metrics::histogram!(m::TRIGGER_LATENCY_SECONDS, m::trigger::KEY => m::trigger::POOL_MAINTAINER).record(0.012);
         metrics::histogram!(m::TRIGGER_FOLDS, m::trigger::KEY => m::trigger::RESYNC).record(4.0);
@@ -218,7 +222,11 @@ async fn get_metrics(addr: std::net::SocketAddr) -> std::io::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_exporter_serves_described_zeroed_series() {
     let addr = free_port();
-    let handle = m::install_exporter(addr, m::Binary::Operator).expect("install");
+    let build = m::BuildInfo {
+        version: "1.2.3",
+        commit: "0abc123",
+    };
+    let handle = m::install_exporter(addr, m::Binary::Operator, build).expect("install");
     metrics::counter!(m::RESYNC_TOTAL).increment(1);
 
     // Poll until the listener answers, bounded (real sockets run in real time).
@@ -243,11 +251,34 @@ async fn install_exporter_serves_described_zeroed_series() {
         "the operator's exporter: {body}"
     );
     assert!(handle.render().contains("tidepool_ipam_resync_total 1"));
+    // the process itself, set at each scrape
+    assert!(
+        body.contains("tidepool_build_info{version=\"1.2.3\",commit=\"0abc123\"} 1"),
+        "{body}"
+    );
+    for family in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "process_max_fds",
+        "process_threads",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {family} ")),
+            "{family}: {body}"
+        );
+        assert!(
+            body.lines().any(|l| l.starts_with(&format!("{family} "))),
+            "{family}"
+        );
+    }
 
     // The same address again: the bind fails, reported as a bind error.
-    let err = m::install_exporter(addr, m::Binary::Operator).unwrap_err();
+    let err = m::install_exporter(addr, m::Binary::Operator, build).unwrap_err();
     assert!(matches!(err, m::MetricsError::Bind(_)), "{err}");
     // Another address: the global recorder is taken.
-    let err = m::install_exporter(free_port(), m::Binary::Agent).unwrap_err();
+    let err = m::install_exporter(free_port(), m::Binary::Agent, build).unwrap_err();
     assert!(matches!(err, m::MetricsError::AlreadyInstalled), "{err}");
 }

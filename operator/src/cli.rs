@@ -248,10 +248,10 @@ pub struct RunCmd {
     #[arg(long, env = "TIDEPOOL_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Where Prometheus metrics are served (/metrics).
-    #[arg(long, default_value = "0.0.0.0:9963", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
+    #[arg(long, default_value = "0.0.0.0:9690", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
     pub metrics_addr: SocketAddr,
     /// Where /healthz and /readyz are served.
-    #[arg(long, default_value = "0.0.0.0:9964", value_parser = listen_addr, env = "TIDEPOOL_HEALTH_ADDR")]
+    #[arg(long, default_value = "0.0.0.0:9691", value_parser = listen_addr, env = "TIDEPOOL_HEALTH_ADDR")]
     pub health_addr: SocketAddr,
     /// Elect a leader among replicas through a Lease (the --leader-elect-* flags); false:
     /// run exactly one replica, which always leads.
@@ -540,7 +540,7 @@ pub struct SimulateFlags {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SIM_REALTIME")]
     pub realtime: bool,
     /// Where --realtime serves /metrics.
-    #[arg(long, default_value = "0.0.0.0:9963", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
+    #[arg(long, default_value = "0.0.0.0:9690", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
     pub metrics_addr: SocketAddr,
     /// Allocatable pods of each simulated node.
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..), env = "TIDEPOOL_SIM_MAX_PODS")]
@@ -653,16 +653,16 @@ mod tests {
             "t",
             "run",
             "--metrics-addr",
-            ":19963",
-            "--health-addr=:19964",
+            ":19690",
+            "--health-addr=:19691",
         ])
         .unwrap();
         let Command::Run(r) = c.command else {
             panic!("run expected")
         };
-        assert_eq!(r.metrics_addr, "0.0.0.0:19963".parse().unwrap());
-        assert_eq!(r.health_addr, "0.0.0.0:19964".parse().unwrap());
-        let e = Cli::try_parse_from(["t", "simulate", "--metrics-addr", "9963"]).unwrap_err();
+        assert_eq!(r.metrics_addr, "0.0.0.0:19690".parse().unwrap());
+        assert_eq!(r.health_addr, "0.0.0.0:19691".parse().unwrap());
+        let e = Cli::try_parse_from(["t", "simulate", "--metrics-addr", "9690"]).unwrap_err();
         assert!(e.to_string().contains(":PORT"), "{e}");
     }
 

@@ -40,6 +40,7 @@ async fn run_async(f: &RunCmd, leader: Option<LeaderConfig>) -> anyhow::Result<(
     tidepool_metrics::install_exporter_with(
         f.metrics_addr,
         tidepool_metrics::Binary::Operator,
+        tidepool_metrics::build_info!(),
         f.engine.gauge_idle_timeout(),
     )
     .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;

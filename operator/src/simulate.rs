@@ -207,6 +207,7 @@ pub fn run(f: &SimulateFlags) -> anyhow::Result<Outcome> {
             tidepool_metrics::install_exporter_with(
                 f.metrics_addr,
                 tidepool_metrics::Binary::Operator,
+                tidepool_metrics::build_info!(),
                 f.run.gauge_idle_timeout(),
             )
             .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;

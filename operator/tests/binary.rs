@@ -2,7 +2,8 @@
 //! service account against the in-process API server (RBAC and TLS on, so kubectl sends its
 //! credentials), with the CRDs, the operator's RBAC (`deploy/operator/rbac.yaml`), a pool
 //! and two Nodes applied by kubectl. It gives the Nodes IPAMNodes and blocks, kubectl shows
-//! them with their printer columns, the probes and `/metrics` answer, it holds the
+//! them with their printer columns, the probes and `/metrics` answer (with its build info
+//! and the standard process metrics), it holds the
 //! leader-election Lease (`--leader-elect` is on by default), and SIGTERM stops it with exit
 //! status 0, the Lease released. With `--per-node-metrics`, `/metrics` shows each node's
 //! addresses and drops a deleted node's series; a pod bound without an address is counted
@@ -17,6 +18,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tidepool_tests::{ADMIN, ApiServer, Config};
+
+// Shared with the agent's observability test (the system harness); Cargo shares no test
+// modules between crates, so it is included by path.
+#[path = "../../tests/tests/system/process_metrics.rs"]
+mod process_metrics;
 
 const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 
@@ -377,6 +383,10 @@ fn scenario(dir: &Dir) {
             (code == 200 && want.iter().all(|w| body.lines().any(|l| l == *w))).then_some(())
         },
     );
+
+    // the process itself: build info and the standard process_* families
+    let (_, body) = get(metrics, "/metrics").expect("/metrics");
+    process_metrics::assert_process_series(&body, env!("CARGO_PKG_VERSION"));
 
     per_node_and_waiting_metrics(dir, metrics);
 

@@ -301,3 +301,56 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
     }
     world.shutdown();
 }
+
+/// The gauges a person watches follow each change, not only the resync: with an hour
+/// between resyncs, pods waiting, nodes in deficit and the pool's free addresses are right
+/// as soon as the engine acted (a /28 pool, one block of 14 usable addresses: 14 pods run, 6
+/// wait), and again once pods go and the waiting ones get their addresses. Read from a real
+/// exporter's recorder (the debugging recorder's snapshot zeroes the gauges it reads).
+#[tokio::test(start_paused = true)]
+async fn watched_gauges_follow_each_change_before_the_resync() {
+    let recorder = m::prometheus_builder().unwrap().build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let mut cfg = config(wm(0, 0, 0, 0));
+    cfg.engine.resync_interval = secs(3600);
+    let world = pool_world(cfg, &["10.0.0.0/28"], Duration::ZERO);
+    let n = world.add_node("node1");
+    let pods: Vec<_> = (0..20).map(|_| world.schedule_pod(&n)).collect();
+    let used = || world.node("node1").map_or(0, |n| n.node.used.len());
+    let exported = |series: &str| {
+        let text = handle.render();
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let waiting = || exported("tidepool_ipam_pods_waiting{family=\"ipv4\"}");
+    let in_deficit = || exported("tidepool_ipam_nodes{category=\"in-deficit\"}");
+    let pool_free =
+        || exported("tidepool_ipam_pool_ips{pool=\"default\",family=\"ipv4\",state=\"free\"}");
+    // each wait is bounded far below the resync interval: no resync runs in this test
+    wait_until("14 pods running, 6 waiting", secs(60), millis(100), || {
+        used() == 14 && world.waiting() == 6
+    })
+    .await;
+    assert_eq!(waiting(), Some(6.0), "{}", handle.render());
+    assert_eq!(in_deficit(), Some(1.0));
+    assert_eq!(pool_free(), Some(0.0), "the pool's one block is claimed");
+    // pods go: the waiting ones get their addresses after the cooldown, and the gauges
+    // follow
+    for uid in pods.iter().take(8) {
+        world.delete_pod(*uid, false);
+    }
+    wait_until("nobody waits", secs(600), millis(100), || {
+        world.waiting() == 0
+    })
+    .await;
+    wait_until("the gauges follow", secs(60), millis(100), || {
+        waiting() == Some(0.0) && in_deficit() == Some(0.0)
+    })
+    .await;
+    world.shutdown();
+}

@@ -42,6 +42,7 @@ const COMPONENTS: &[&str] = &[
     "cni-install",
     "operator-host-network",
     "servicemonitor",
+    "taint-exhausted-nodes",
 ];
 
 /// API groups of objects that are not built into Kubernetes (kubernetes-validate has no
@@ -253,12 +254,15 @@ fn every_variant_renders_and_every_builtin_object_passes_kubernetes_validate() {
     }
     let all = tools::documents(&tools::render(COMPONENTS));
     for docs in [&base, &all] {
-        // the only objects kubernetes-validate cannot check are the ServiceMonitors
+        // the only objects kubernetes-validate cannot check are the Prometheus Operator's
         for d in docs
             .iter()
             .filter(|d| builtins(std::slice::from_ref(d)).is_empty())
         {
-            assert_eq!(d["kind"], "ServiceMonitor", "{d}");
+            assert!(
+                ["ServiceMonitor", "PrometheusRule"].contains(&d["kind"].as_str().unwrap()),
+                "{d}"
+            );
         }
         let objects = builtins(docs);
         for version in KUBERNETES_VERSIONS {
@@ -632,11 +636,64 @@ fn agent_metrics_are_served_to_prometheus_only_with_authentication() {
         port_of(&listen)
     );
     let sm = find(&docs, "ServiceMonitor", "tidepool-agent");
-    assert_eq!(sm["spec"]["endpoints"][0]["scheme"], "https");
-    assert_eq!(
-        sm["spec"]["endpoints"][0]["port"],
-        svc["spec"]["ports"][0]["name"]
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["port"], svc["spec"]["ports"][0]["name"]);
+    // current settings, not the deprecated ones (the Prometheus Operator refuses a
+    // bearerTokenFile when arbitrary file access is denied)
+    for deprecated in ["bearerTokenFile", "bearerTokenSecret"] {
+        assert!(endpoint[deprecated].is_null(), "{deprecated}");
+    }
+    assert!(endpoint["tlsConfig"]["insecureSkipVerify"].is_null());
+    // the token: a service account's, bound to the role that may read /metrics
+    assert_eq!(endpoint["authorization"]["type"], "Bearer");
+    let token = find(
+        &docs,
+        "Secret",
+        endpoint["authorization"]["credentials"]["name"]
+            .as_str()
+            .unwrap(),
     );
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    let scraper = &token["metadata"]["annotations"]["kubernetes.io/service-account.name"];
+    assert!(docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+        && d["roleRef"]["name"] == "tidepool-metrics-reader"
+        && d["subjects"][0]["name"] == *scraper
+        && d["subjects"][0]["namespace"] == token["metadata"]["namespace"]));
+    // the certificate: the proxy serves the Secret whose CA Prometheus checks it with, for
+    // the Service's name
+    let tls = &endpoint["tlsConfig"];
+    assert_eq!(
+        tls["serverName"],
+        format!(
+            "{}.{}.svc",
+            svc["metadata"]["name"].as_str().unwrap(),
+            svc["metadata"]["namespace"].as_str().unwrap()
+        )
+    );
+    let secret = tls["ca"]["secret"]["name"].as_str().unwrap();
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == secret)
+        .expect("the proxy's certificate volume");
+    let mount = proxy["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("mounted in the proxy");
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(
+        flag(proxy, "tls-cert-file").unwrap(),
+        format!("{dir}/tls.crt")
+    );
+    assert_eq!(
+        flag(proxy, "tls-private-key-file").unwrap(),
+        format!("{dir}/tls.key")
+    );
+    assert_eq!(tls["ca"]["secret"]["key"], "ca.crt");
     // the job names the alert rules select on
     for (monitor, svc) in [
         ("tidepool-agent", "tidepool-agent-metrics"),
@@ -660,6 +717,65 @@ fn agent_metrics_are_served_to_prometheus_only_with_authentication() {
     assert_eq!(resources, ["tokenreviews", "subjectaccessreviews"]);
     let agent_role = find(&docs, "ClusterRole", "tidepool-agent");
     assert!(!agent_role.to_string().contains("tokenreviews"));
+}
+
+/// Ports Cilium (agent, operator, Envoy, Hubble, health, cluster mesh) and Calico (Felix,
+/// Typha, kube-controllers) listen on: tidepool's must not collide with them, or a cluster
+/// migrating from one to the other has two processes on one port.
+const TAKEN_PORTS: &[std::ops::RangeInclusive<u64>] = &[
+    9962..=9965,
+    9876..=9876,
+    9879..=9879,
+    9890..=9893,
+    9234..=9234,
+    4240..=4240,
+    4244..=4244,
+    9091..=9099,
+    5473..=5473,
+];
+
+/// Every port a container of `docs` listens on: its `containerPorts` and the ports of its
+/// `*-addr`/`*-address` flags.
+fn listened_ports(docs: &[Value]) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for w in docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+    {
+        for c in all_containers(pod(w)) {
+            let name = c["name"].as_str().unwrap_or("?").to_string();
+            for p in c["ports"].as_array().into_iter().flatten() {
+                out.push((name.clone(), p["containerPort"].as_u64().unwrap()));
+            }
+            for a in strs(&c["args"]) {
+                let Some((flag, value)) = a.split_once('=') else {
+                    continue;
+                };
+                if flag.ends_with("-addr") || flag.ends_with("-address") {
+                    out.push((format!("{name} {flag}"), port_of(value)));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ports_stay_clear_of_cilium_and_calico() {
+    let docs = tools::documents(&tools::render(COMPONENTS));
+    let ports = listened_ports(&docs);
+    for (what, port) in &ports {
+        assert!(
+            !TAKEN_PORTS.iter().any(|r| r.contains(port)),
+            "{what}: port {port} is Cilium's or Calico's"
+        );
+    }
+    let numbers: BTreeSet<u64> = ports.iter().map(|(_, p)| *p).collect();
+    assert_eq!(
+        numbers,
+        BTreeSet::from([9690, 9691, 9692, 9693, 9694]),
+        "{ports:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1007,6 +1123,10 @@ fn yamllint_passes_on_deploy() {
 // Alerts and the dashboard.
 
 const RULE_TESTS: &str = "deploy/prometheus/tests/tidepool-rules-test.yaml";
+/// Where the runbooks are, and the one prefix of every alert's `runbook_url` (then `#` and
+/// the alert's name in lower case: the heading's anchor).
+const RUNBOOKS: &str = "docs/operations.md";
+const RUNBOOK_BASE: &str = "https://github.com/tidepool-dev/tidepool/blob/main/docs/operations.md";
 
 fn yaml_file(path: &str) -> Value {
     serde_saphyr::from_str(&std::fs::read_to_string(tools::repo().join(path)).unwrap()).unwrap()
@@ -1018,7 +1138,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     tools::ok(&PROMTOOL, ["test", "rules", RULE_TESTS]);
     let rules = queries::rules();
     let tests = yaml_file(RULE_TESTS);
-    let notes = std::fs::read_to_string(tools::repo().join("docs/operations.md")).unwrap();
+    let runbooks = std::fs::read_to_string(tools::repo().join(RUNBOOKS)).unwrap();
     let mut alerts = Vec::new();
     for group in rules["groups"].as_array().unwrap() {
         for rule in group["rules"].as_array().unwrap() {
@@ -1042,12 +1162,14 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
             let anchor = name.to_lowercase();
             assert_eq!(
                 rule["annotations"]["runbook_url"],
-                format!("README.md#{anchor}"),
+                format!("{RUNBOOK_BASE}#{anchor}"),
                 "{name}"
             );
             assert!(
-                notes.lines().any(|l| l == format!("### {name}")),
-                "{name}: no runbook in docs/operations.md"
+                runbooks
+                    .lines()
+                    .any(|l| l.starts_with('#') && l.trim_start_matches('#').trim() == name),
+                "{name}: no runbook heading in {RUNBOOKS}"
             );
             let for_ = rule["for"]
                 .as_str()
@@ -1061,7 +1183,15 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
             alerts.push(name);
         }
     }
-    assert!(alerts.len() >= 11, "{alerts:?}");
+    assert!(alerts.len() >= 15, "{alerts:?}");
+    for new in [
+        "TidepoolPoolInvalid",
+        "TidepoolReclaimLatencyHigh",
+        "TidepoolOperatorDown",
+        "TidepoolOperatorRestarting",
+    ] {
+        assert!(alerts.iter().any(|a| a == new), "{new} missing");
+    }
     // one case that fires and one that does not, per alert
     let cases: Vec<&Value> = tests["tests"]
         .as_array()
@@ -1083,11 +1213,137 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
     }
 }
 
-/// A query with the dashboard's variables replaced by what Grafana would send.
+/// The overlay snippet components/servicemonitor documents for moving the runbook links:
+/// its comment lines that start with `#   `, unindented.
+fn runbook_snippet() -> String {
+    let k = std::fs::read_to_string(
+        tools::repo().join("deploy/components/servicemonitor/kustomization.yaml"),
+    )
+    .unwrap();
+    k.lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn the_servicemonitor_component_ships_the_rules_and_the_dashboard() {
+    let docs = tools::documents(&tools::render(&["servicemonitor"]));
+    // the rules, as deploy/prometheus/ has them
+    let rule = find(&docs, "PrometheusRule", "tidepool");
+    assert_eq!(
+        rule["spec"],
+        queries::rules(),
+        "prometheusrule.yaml's spec must be {RULES}'s content: copy it again"
+    );
+    // the dashboard, generated from deploy/grafana/
+    let cm = find(&docs, "ConfigMap", "tidepool-grafana-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["namespace"], "tidepool");
+    let shipped: Value =
+        serde_json::from_str(cm["data"]["tidepool.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, queries::dashboard());
+    // every runbook link moves with the one documented replacement, its anchor kept
+    let base = "https://docs.example.com/tidepool/operations";
+    let snippet = runbook_snippet();
+    assert!(snippet.contains(base), "{snippet}");
+    let moved = tools::documents(&tools::render_with(&["servicemonitor"], &snippet));
+    assert!(
+        !moved
+            .iter()
+            .any(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "tidepool-runbooks"),
+        "the snippet's ConfigMap is local: never applied"
+    );
+    let moved = find(&moved, "PrometheusRule", "tidepool");
+    let mut n = 0;
+    for (group, before) in moved["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(rule["spec"]["groups"].as_array().unwrap())
+    {
+        for (r, was) in group["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(before["rules"].as_array().unwrap())
+        {
+            let anchor = r["alert"].as_str().unwrap().to_lowercase();
+            assert_eq!(
+                was["annotations"]["runbook_url"],
+                format!("{RUNBOOK_BASE}#{anchor}")
+            );
+            assert_eq!(r["annotations"]["runbook_url"], format!("{base}#{anchor}"));
+            n += 1;
+        }
+    }
+    assert_eq!(n, queries::alerts(&queries::rules()).len());
+}
+
+/// `patch` on Nodes (the exhaustion taint) is granted only with the component that also
+/// turns `--taint-exhausted-nodes` on.
+#[test]
+fn nodes_are_patched_only_with_the_taint_component() {
+    let patches_nodes = |docs: &[Value]| {
+        find(docs, "ClusterRole", "tidepool-operator")["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| {
+                strs(&r["resources"]).contains(&"nodes") && strs(&r["verbs"]).contains(&"patch")
+            })
+    };
+    let tainting = |docs: &[Value]| {
+        let op = container(
+            pod(find(docs, "Deployment", "tidepool-operator")),
+            "operator",
+        );
+        strs(&op["args"]).contains(&"--taint-exhausted-nodes")
+    };
+    let base = tools::documents(&tools::render(&[]));
+    assert!(!patches_nodes(&base) && !tainting(&base));
+    let with = tools::documents(&tools::render(&["taint-exhausted-nodes"]));
+    assert!(patches_nodes(&with) && tainting(&with));
+}
+
+/// A query with the dashboard's variables replaced by what Grafana would send (each
+/// variable's All, `.*`).
 fn substituted(expr: &str) -> String {
     expr.replace("$__rate_interval", "5m")
+        .replace("$cluster", ".*")
         .replace("$pool", ".*")
-        .replace("$agent", ".*")
+        .replace("$node", ".*")
+}
+
+/// `metric` or `metric{matchers}` of a `label_values` variable with `label=~".+"` added.
+fn with_label(metric: &str, label: &str) -> String {
+    match metric.strip_suffix('}') {
+        Some(open) => format!("{open}, {label}=~\".+\"}}"),
+        None => format!("{metric}{{{label}=~\".+\"}}"),
+    }
+}
+
+/// The variables that keep one cluster's series apart in a shared Prometheus (`cluster`,
+/// All matching series without the label too) and pick node agents by node (`node`).
+fn assert_scoping_variables(var: impl Fn(&str) -> Value) {
+    let cluster = var("cluster");
+    assert_eq!(
+        cluster["query"]["query"],
+        "label_values(tidepool_build_info, cluster)"
+    );
+    assert_eq!(cluster["includeAll"], true);
+    assert_eq!(
+        cluster["allValue"], ".*",
+        "All matches a Prometheus of one cluster"
+    );
+    assert_eq!(
+        var("node")["query"]["query"],
+        "label_values(tidepool_agent_ips{cluster=~\"$cluster\"}, node)"
+    );
+    assert_eq!(
+        var("pool")["query"]["query"],
+        "label_values(tidepool_ipam_pool_ips{cluster=~\"$cluster\"}, pool)"
+    );
 }
 
 #[test]
@@ -1099,17 +1355,15 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
         vars.iter()
             .find(|v| v["name"] == name)
             .unwrap_or_else(|| panic!("variable {name}"))
+            .clone()
     };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
     for (name, metric, label) in queries::label_values_variables(&dash) {
-        let problems = promql::check(&format!("{metric}{{{label}=~\".+\"}}"));
+        let problems = promql::check(&substituted(&with_label(&metric, &label)));
         assert!(problems.is_empty(), "variable {name}: {problems:?}");
     }
-    assert_eq!(
-        var("pool")["query"]["query"],
-        "label_values(tidepool_ipam_pool_ips, pool)"
-    );
+    assert_scoping_variables(var);
 
     const CURRENT: &[&str] = &[
         "row",
@@ -1147,16 +1401,22 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             for r in &names.ranges {
                 assert_eq!(r, "$__rate_interval", "{title}: a fixed window in {expr}");
             }
-            for s in names
-                .selectors
-                .iter()
-                .filter(|s| s.name == tidepool_metrics::POOL_IPS)
-            {
-                assert!(
+            for s in &names.selectors {
+                let applies = |label: &str, var: &str| {
                     s.matchers
-                        .contains(&("pool".into(), "=~".into(), "$pool".into())),
-                    "{title}: the pool variable is not applied in {expr}"
+                        .contains(&(label.into(), "=~".into(), format!("${var}")))
+                };
+                assert!(
+                    applies("cluster", "cluster"),
+                    "{title}: {} does not select the cluster variable in {expr}",
+                    s.name
                 );
+                if s.name == tidepool_metrics::POOL_IPS {
+                    assert!(applies("pool", "pool"), "{title}: no $pool in {expr}");
+                }
+                if s.name.starts_with("tidepool_agent_") {
+                    assert!(applies("node", "node"), "{title}: no $node in {expr}");
+                }
             }
             let problems = promql::check(&substituted(expr));
             assert!(problems.is_empty(), "{title}: {problems:?}");
@@ -1166,6 +1426,26 @@ fn the_dashboard_names_only_exported_metrics_and_shows_them_all() {
             ));
         }
     }
+    // free addresses per family, held by the nodes and left in the pools
+    let per_family = |metric: &str| {
+        exprs.iter().any(|(_, e)| {
+            let n = promql::names(e).unwrap();
+            n.grouping.first().is_some_and(|g| g == "family")
+                && n.selectors.iter().any(|s| {
+                    s.name == metric
+                        && s.matchers
+                            .contains(&("state".into(), "=".into(), "free".into()))
+                })
+        })
+    };
+    assert!(
+        per_family(tidepool_metrics::IPS),
+        "nodes' free addresses per family"
+    );
+    assert!(
+        per_family(tidepool_metrics::POOL_IPS),
+        "pools' free addresses per family"
+    );
     // every query parses (promtool's parser, through recording rules)
     let dir = tools::TempDir::new("dashboard");
     let mut rules = String::from("groups:\n- name: dashboard\n  rules:\n");

@@ -1480,6 +1480,7 @@ async fn a_nodes_spec_pools_choose_its_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_node_is_blocked_until_the_pool_grows() {
     let (server, admin) = operator_cluster().await;
+    grant_taint_exhausted_nodes(&admin).await;
     let pool = |cidrs: &[&str]| pool_json("default", cidrs, json!({"ipv4": 28}));
     // one block in all
     create_object(&admin, pool(&["10.120.0.0/28"])).await;

@@ -65,7 +65,7 @@ struct Flags {
     /// Where Prometheus metrics are served (/metrics). Loopback by default: the DaemonSet
     /// runs on the host network, so a wildcard address would expose it on the node's
     /// addresses.
-    #[arg(long, default_value = "127.0.0.1:9965", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
+    #[arg(long, default_value = "127.0.0.1:9692", value_parser = listen_addr, env = "TIDEPOOL_METRICS_ADDR")]
     metrics_addr: SocketAddr,
     /// Where /healthz (the process serves) and /readyz (restored and serving the socket) are
     /// served [default: not served].
@@ -201,7 +201,8 @@ fn init_logging(f: &Flags) -> anyhow::Result<()> {
 /// Serves /metrics (the agent's series registered at zero) and, with --health-addr, the
 /// probes; a bad or busy address fails start-up naming the flag.
 async fn serve_observability(f: &Flags, ready: &Readiness) -> anyhow::Result<()> {
-    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Agent)
+    let build = tidepool_metrics::build_info!();
+    tidepool_metrics::install_exporter(f.metrics_addr, tidepool_metrics::Binary::Agent, build)
         .with_context(|| format!("serving metrics on --metrics-addr {}", f.metrics_addr))?;
     tracing::info!(addr = %f.metrics_addr, "serving /metrics");
     if let Some(addr) = f.health_addr {

@@ -166,6 +166,25 @@ fn is_stray(e: &PoolError) -> bool {
 }
 
 /// Whether any of `addrs` lies in the block.
+/// Sets each valid pool's `tidepool_ipam_pool_ips` (capacity, allocated, free): at each
+/// repair, and after each claim or release, so the free count follows them.
+fn record_pool_ips(pools: &PoolSet) {
+    for p in pools.valid() {
+        for f in Family::ALL {
+            if let Some(fi) = p.family(f) {
+                let c = fi.addresses();
+                for (state, v) in [
+                    (PoolState::Capacity, c.capacity),
+                    (PoolState::Allocated, c.allocated),
+                    (PoolState::Free, c.free),
+                ] {
+                    record::pool_ips(p.name(), f.into(), state, v as f64);
+                }
+            }
+        }
+    }
+}
+
 fn touches(addrs: &AddrSet, b: &IpamBlock) -> bool {
     let (f, run) = span(&b.cidr);
     addrs.overlaps(f, &run)
@@ -653,20 +672,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             for (kind, n) in report.counts() {
                 record::repair_issues(kind, n as u64);
             }
-            for p in s.pools.valid() {
-                for f in Family::ALL {
-                    if let Some(fi) = p.family(f) {
-                        let c = fi.addresses();
-                        for (state, v) in [
-                            (PoolState::Capacity, c.capacity),
-                            (PoolState::Allocated, c.allocated),
-                            (PoolState::Free, c.free),
-                        ] {
-                            record::pool_ips(p.name(), f.into(), state, v as f64);
-                        }
-                    }
-                }
-            }
+            record_pool_ips(&s.pools);
             for ((pool, f), fill) in super::fill::block_fill(&s.pools, &claims, &nodes) {
                 for (state, v) in [
                     (BlockState::Full, fill.full),
@@ -840,6 +846,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 }
             }
         }
+        record_pool_ips(&self.state.lock().pools);
         Ok(out)
     }
 
@@ -907,6 +914,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
                 }
             }
         }
+        record_pool_ips(&self.state.lock().pools);
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),

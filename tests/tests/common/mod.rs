@@ -232,6 +232,35 @@ pub async fn create_object(client: &kube::Client, v: serde_json::Value) -> Dynam
         .unwrap_or_else(|e| panic!("create {:?}: {e}", obj.metadata.name))
 }
 
+/// Grants the operator what `deploy/components/taint-exhausted-nodes` adds to its role
+/// (`--taint-exhausted-nodes` needs it): the rule that component's JSON patch appends to
+/// the ClusterRole (`op: add`, `path: /rules/-`).
+pub async fn grant_taint_exhausted_nodes(admin: &kube::Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+    const COMPONENT: &str =
+        include_str!("../../../deploy/components/taint-exhausted-nodes/kustomization.yaml");
+    let k: serde_json::Value = serde_saphyr::from_str(COMPONENT).expect("component yaml");
+    let patch = k["patches"]
+        .as_array()
+        .expect("patches")
+        .iter()
+        .find(|p| p["target"]["kind"] == "ClusterRole")
+        .expect("the ClusterRole's patch");
+    let ops: serde_json::Value =
+        serde_saphyr::from_str(patch["patch"].as_str().unwrap()).expect("a JSON patch");
+    assert_eq!(ops[0]["op"], "add");
+    assert_eq!(ops[0]["path"], "/rules/-");
+    let rule: PolicyRule = serde_json::from_value(ops[0]["value"].clone()).expect("a rule");
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let name = patch["target"]["name"].as_str().unwrap();
+    let mut role = roles.get(name).await.expect("the operator's role");
+    role.rules.get_or_insert_default().push(rule);
+    roles
+        .replace(name, &PostParams::default(), &role)
+        .await
+        .expect("the component's grant");
+}
+
 /// A server with RBAC on, tidepool's three CRDs established and the operator's role
 /// granted; the admin's client.
 pub async fn operator_cluster() -> (ApiServer, kube::Client) {

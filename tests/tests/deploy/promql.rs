@@ -10,8 +10,10 @@
 use tidepool_metrics::{Def, Kind, Values};
 
 /// Labels Prometheus attaches to every scraped series (target labels), plus `node`, which
-/// components/servicemonitor adds to the agents' series.
+/// components/servicemonitor adds to the agents' series, and `cluster`, which a Prometheus
+/// shared by several clusters puts on each (external labels, or relabelling).
 pub const TARGET_LABELS: &[&str] = &[
+    "cluster",
     "job",
     "instance",
     "namespace",
@@ -22,8 +24,19 @@ pub const TARGET_LABELS: &[&str] = &[
     "node",
 ];
 
-/// Metrics Prometheus itself makes for every target.
-pub const PROMETHEUS_METRICS: &[&str] = &["up"];
+/// Metrics Prometheus itself makes for every target, and the standard process collector's
+/// (metrics-process, refreshed on each scrape) that every binary exports beside
+/// tidepool-metrics' table.
+pub const PROMETHEUS_METRICS: &[&str] = &[
+    "up",
+    "process_start_time_seconds",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_threads",
+];
 
 const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset"];
 const GROUPING: &[&str] = &[

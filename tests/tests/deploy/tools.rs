@@ -124,6 +124,13 @@ pub fn render(components: &[&str]) -> String {
     if components.is_empty() {
         return ok(&KUBECTL, [OsStr::new("kustomize"), deploy.as_os_str()]);
     }
+    render_with(components, "")
+}
+
+/// [`render`] through an overlay that also holds `extra` (YAML, top-level fields of the
+/// kustomization other than `resources` and `components`).
+pub fn render_with(components: &[&str], extra: &str) -> String {
+    let deploy = repo().join("deploy").canonicalize().expect("deploy/");
     let dir = TempDir::new("overlay");
     let mut k = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\ncomponents:\n",
@@ -135,6 +142,7 @@ pub fn render(components: &[&str]) -> String {
             relative(&dir.0, &deploy.join("components").join(c))
         ));
     }
+    k.push_str(extra);
     std::fs::write(dir.0.join("kustomization.yaml"), k).expect("overlay");
     ok(&KUBECTL, [OsStr::new("kustomize"), dir.0.as_os_str()])
 }

@@ -149,7 +149,7 @@ pub struct Override {
 
 /// Every change made to the rendered args, in one place. `dir` is the process's own temp
 /// dir (the agent's: its node's). The agent's listen addresses stay as rendered
-/// (127.0.0.1:9965/9966): each agent runs in its node's network namespace, whose loopback
+/// (127.0.0.1:9692/9693): each agent runs in its node's network namespace, whose loopback
 /// is its own, as a host-network pod's is its node's. `--netns-dir` stays too: the
 /// harness's sandboxes are `ip netns` namespaces in /var/run/netns, the rendered path.
 pub fn overrides(role: Role, dir: &Path, kubeconfig: &Path) -> Vec<Override> {

@@ -7,7 +7,8 @@
 //! What it holds: an in-process API server with RBAC, the CRDs, both roles and the agent's
 //! own-node policy; objects as the operator creates them; the plugin binary run as a runtime
 //! runs it; the agent run in a temp dir, pods on its node and its socket read ([`running`]);
-//! the agent binary ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]); the
+//! the agent binary ([`agent_process`]); a real Prometheus and promtool ([`prometheus`]), and
+//! what every binary's /metrics says of its process ([`process_metrics`]); the
 //! whole system with stand-ins for the scheduler, the kubelets and the Deployment controller,
 //! and its judgement ([`e2e`], [`kubelet`], [`deployments`], [`judge`]); the deploy bundle's
 //! rendered workloads ([`deployed`]).
@@ -22,6 +23,7 @@ pub mod figures;
 pub mod forward;
 pub mod judge;
 pub mod kubelet;
+pub mod process_metrics;
 pub mod prometheus;
 
 use std::io::Write;
