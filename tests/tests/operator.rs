@@ -170,6 +170,18 @@ async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
                 .contains(&api::names::FINALIZER.to_string())
         );
     }
+    // each IPAMNode names the pool its blocks come from (`status.pools`, the POOL column)
+    for n in uids.keys() {
+        let pools = eventually(Duration::from_secs(20), "status.pools written", || {
+            let api = ipamnodes.clone();
+            async move {
+                let obj = api.get_opt(n).await.ok().flatten()?;
+                obj.status.filter(|s| !s.pools.is_empty()).map(|s| s.pools)
+            }
+        })
+        .await;
+        assert_eq!(pools, ["default"], "{n}");
+    }
     stop.send(()).unwrap();
     task.await.unwrap();
 }
