@@ -205,7 +205,8 @@ pub struct IPAMNodeStatus {
     /// IPv6 addresses held and in use (`allocated`: operator; `used`: node side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<NodeUsage>,
-    /// `PoolReady`, `Blocked`, `WatermarksValid` (operator), `AgentReady` (node side).
+    /// `PoolReady`, `Blocked`, `WatermarksValid`, `Deleting` (operator), `AgentReady` (node
+    /// side).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions")]
     pub conditions: Vec<Condition>,

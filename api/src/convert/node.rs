@@ -122,6 +122,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             .finalizers
             .as_ref()
             .is_some_and(|f| f.iter().any(|x| x == FINALIZER)),
+        deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let view = NodeView {
         node: Arc::new(node),
