@@ -33,6 +33,9 @@ pub mod condition {
     /// IPAMNode (operator): the per-node watermark overrides are valid (`False` stops claims
     /// and marks until `spec.watermarks` changes).
     pub const WATERMARKS_VALID: &str = ConditionType::WatermarksValid.as_str();
+    /// IPAMNode (operator): on its way out, it waits (the reason says for what:
+    /// [`tidepool_ipam::DeletionWait`]).
+    pub const DELETING: &str = ConditionType::Deleting.as_str();
     /// IPAMNode (node side): the agent serves its node.
     pub const AGENT_READY: &str = ConditionType::AgentReady.as_str();
     /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes

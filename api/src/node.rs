@@ -47,6 +47,7 @@ use crate::schema::{conditions, granular_map};
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Blocked\")].reason"
     ),
+    printcolumn(name = "Pool", type_ = "string", json_path = ".status.pools"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -194,13 +195,18 @@ pub struct IPAMNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub in_use: Option<i64>,
+    /// The pools the node's addresses come from, sorted (operator; for `kubectl get`): its
+    /// blocks' `spec.pool`. Empty for cloud sources' addresses, which have no pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
     /// IPv4 addresses held and in use (`allocated`: operator; `used`: node side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<NodeUsage>,
     /// IPv6 addresses held and in use (`allocated`: operator; `used`: node side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<NodeUsage>,
-    /// `PoolReady`, `Blocked`, `WatermarksValid` (operator), `AgentReady` (node side).
+    /// `PoolReady`, `Blocked`, `WatermarksValid`, `Deleting` (operator), `AgentReady` (node
+    /// side).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions")]
     pub conditions: Vec<Condition>,

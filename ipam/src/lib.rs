@@ -67,5 +67,5 @@ pub use types::{
     NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason,
     ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap, WatermarkOverrides,
 };
-pub use vocab::{Blocked, ConditionReason, ConditionType, EventReason};
+pub use vocab::{Blocked, ConditionReason, ConditionType, DeletionWait, EventReason};
 pub use watermarks::Watermarks;

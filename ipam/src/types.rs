@@ -370,6 +370,8 @@ pub struct IpamNode {
     pub node: NodeSideFields,
     /// The operator's finalizer is present.
     pub finalizer: bool,
+    /// Someone deleted it (its `deletionTimestamp` is set; the finalizer holds it).
+    pub deleting: bool,
 }
 
 impl IpamNode {
@@ -382,6 +384,7 @@ impl IpamNode {
             operator: OperatorFields::default(),
             node: NodeSideFields::default(),
             finalizer: true,
+            deleting: false,
         }
     }
 }

@@ -74,6 +74,37 @@ impl fmt::Display for Blocked {
     }
 }
 
+/// What an IPAMNode on its way out waits for (the `Deleting` condition's reason):
+/// DESIGN.md "Reclaim", whole-node reclaim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletionWait {
+    /// The IPAMNode was deleted while its Node exists: the finalizer holds it until the
+    /// Node goes and its addresses are reclaimed.
+    NodeExists,
+    /// Its Node is gone, but pods that are not terminal are still bound to the node name.
+    PodsStillBound,
+    /// Its Node is gone: `node_reclaim_grace` has not passed since its deletion (and the
+    /// source does not say the machine is gone).
+    ReclaimGrace,
+}
+
+impl DeletionWait {
+    pub const ALL: [DeletionWait; 3] = [
+        DeletionWait::NodeExists,
+        DeletionWait::PodsStillBound,
+        DeletionWait::ReclaimGrace,
+    ];
+
+    /// The `Deleting` condition's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DeletionWait::NodeExists => "NodeExists",
+            DeletionWait::PodsStillBound => "PodsStillBound",
+            DeletionWait::ReclaimGrace => "WaitingForReclaimGrace",
+        }
+    }
+}
+
 /// Condition types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConditionType {
@@ -84,6 +115,9 @@ pub enum ConditionType {
     /// IPAMNode (operator): the per-node watermark overrides are valid (`False` stops claims
     /// and marks until `spec.watermarks` changes).
     WatermarksValid,
+    /// IPAMNode (operator): on its way out (deleted, or its Node is), it waits for
+    /// [`DeletionWait`].
+    Deleting,
     /// IPAMNode (node side): the agent serves its node.
     AgentReady,
     /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes fit).
@@ -92,10 +126,11 @@ pub enum ConditionType {
 
 impl ConditionType {
     /// The condition types the operator writes on an IPAMNode (the others are not its own).
-    pub const OPERATOR: [ConditionType; 3] = [
+    pub const OPERATOR: [ConditionType; 4] = [
         ConditionType::PoolReady,
         ConditionType::Blocked,
         ConditionType::WatermarksValid,
+        ConditionType::Deleting,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -103,6 +138,7 @@ impl ConditionType {
             ConditionType::PoolReady => "PoolReady",
             ConditionType::Blocked => "Blocked",
             ConditionType::WatermarksValid => "WatermarksValid",
+            ConditionType::Deleting => "Deleting",
             ConditionType::AgentReady => "AgentReady",
             ConditionType::Valid => "Valid",
         }
@@ -122,6 +158,8 @@ pub enum ConditionReason {
     Blocked(Blocked),
     /// `WatermarksValid=False`.
     InvalidWatermarks,
+    /// `Deleting=True`: what the IPAMNode's deletion waits for.
+    Deleting(DeletionWait),
     /// `PoolReady=True`.
     AtTarget,
     /// A reason read back that this build does not write (an older operator's); the next
@@ -134,6 +172,7 @@ impl ConditionReason {
         match self {
             ConditionReason::Blocked(b) => b.reason(),
             ConditionReason::InvalidWatermarks => "InvalidWatermarks",
+            ConditionReason::Deleting(w) => w.reason(),
             ConditionReason::AtTarget => "AtTarget",
             ConditionReason::Unknown => "Unknown",
         }
@@ -144,6 +183,7 @@ impl ConditionReason {
         let mut known = Blocked::ALL
             .into_iter()
             .map(ConditionReason::Blocked)
+            .chain(DeletionWait::ALL.into_iter().map(ConditionReason::Deleting))
             .chain([
                 ConditionReason::InvalidWatermarks,
                 ConditionReason::AtTarget,
@@ -226,6 +266,10 @@ mod tests {
             ConditionReason::AtTarget,
         ] {
             assert_eq!(ConditionReason::parse(&r.to_string()), r);
+        }
+        for w in DeletionWait::ALL {
+            let r = ConditionReason::Deleting(w);
+            assert_eq!(ConditionReason::parse(r.as_str()), r);
         }
         assert_eq!(ConditionReason::parse("Gone"), ConditionReason::Unknown);
         assert_eq!(

@@ -345,10 +345,22 @@ fn scenario(dir: &Dir) {
             "V6-USED",
             "AGENT",
             "BLOCKED",
+            "POOL",
             "AGE"
         ],
         "{table}"
     );
+    // the POOL column names the pool the node's blocks come from (`status.pools`, a list
+    // printed as JSON, as kube-apiserver's table convertor prints a list value); a cell
+    // is read at its header's offset (kubectl aligns columns left, blank cells are blank)
+    let pool = table.lines().next().unwrap().find("POOL").unwrap();
+    for row in table.lines().filter(|l| l.starts_with("node-")) {
+        assert_eq!(
+            row.get(pool..).and_then(|c| c.split_whitespace().next()),
+            Some(r#"["default"]"#),
+            "{table}"
+        );
+    }
     let blocks = dir.ok(&["get", "ipamblocks"]);
     let header: Vec<&str> = blocks.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(

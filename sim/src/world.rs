@@ -1196,6 +1196,7 @@ fn project(node: &IpamNode, blocks: &[node_side::BlockView]) -> IpamNode {
         },
         node: tidepool_ipam::NodeSideFields::default(),
         finalizer: node.finalizer,
+        deleting: node.deleting,
     };
     node_side::project(&slim, blocks)
 }

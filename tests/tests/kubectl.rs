@@ -887,6 +887,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
             "V6-USED",
             "AGENT",
             "BLOCKED",
+            "POOL",
             "AGE"
         ],
         "{table}"

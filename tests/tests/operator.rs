@@ -24,6 +24,17 @@ fn settings() -> Settings {
     operator_settings()
 }
 
+/// [`settings`] with `node_reclaim_grace` set to `grace`.
+fn with_node_grace(grace: Duration) -> Settings {
+    Settings {
+        engine: EngineConfig {
+            node_reclaim_grace: grace,
+            ..settings().engine
+        },
+        ..settings()
+    }
+}
+
 /// Starts the operator's runtime as the operator's service account; dropping the sender
 /// stops it.
 async fn start_operator(
@@ -106,6 +117,15 @@ async fn blocks_of(admin: &kube::Client, node: &str) -> (usize, AddrSet) {
     (mine.len(), addrs)
 }
 
+/// Waits until `node` holds a block.
+async fn until_blocks(admin: &kube::Client, node: &str) {
+    let what = format!("{node}'s block");
+    eventually(Duration::from_secs(20), &what, || async move {
+        (blocks_of(admin, node).await.0 >= 1).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
     let (server, admin) = operator_cluster().await;
@@ -170,6 +190,18 @@ async fn nodes_get_ipamnodes_and_blocks_for_their_waiting_pods() {
                 .contains(&api::names::FINALIZER.to_string())
         );
     }
+    // each IPAMNode names the pool its blocks come from (`status.pools`, the POOL column)
+    for n in uids.keys() {
+        let pools = eventually(Duration::from_secs(20), "status.pools written", || {
+            let api = ipamnodes.clone();
+            async move {
+                let obj = api.get_opt(n).await.ok().flatten()?;
+                obj.status.filter(|s| !s.pools.is_empty()).map(|s| s.pools)
+            }
+        })
+        .await;
+        assert_eq!(pools, ["default"], "{n}");
+    }
     stop.send(()).unwrap();
     task.await.unwrap();
 }
@@ -179,19 +211,9 @@ async fn a_deleted_node_gives_its_blocks_back() {
     let (server, admin) = operator_cluster().await;
     create_pool(&admin, "default", &["fd00:10::/64"], json!({"ipv6": 120})).await;
     add_node(&admin, "node-a").await;
-    let s = Settings {
-        engine: EngineConfig {
-            node_reclaim_grace: Duration::from_millis(500),
-            ..settings().engine
-        },
-        ..settings()
-    };
+    let s = with_node_grace(Duration::from_millis(500));
     let (stop, task) = start_operator(&server, s).await;
-    eventually(Duration::from_secs(20), "node-a's block", || {
-        let admin = admin.clone();
-        async move { (blocks_of(&admin, "node-a").await.0 >= 1).then_some(()) }
-    })
-    .await;
+    until_blocks(&admin, "node-a").await;
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes
         .delete("node-a", &DeleteParams::default())
@@ -217,6 +239,78 @@ async fn a_deleted_node_gives_its_blocks_back() {
     task.await.unwrap();
 }
 
+/// `node`'s IPAMNode's `Deleting` condition (status True), as (reason, message); None
+/// while it has none (or the object is gone).
+async fn deleting(ipamnodes: &Api<api::IPAMNode>, node: &str) -> Option<(String, String)> {
+    let o = ipamnodes.get_opt(node).await.ok()??;
+    let c = o.status.map(|s| s.conditions).unwrap_or_default();
+    let d = c
+        .into_iter()
+        .find(|c| c.type_ == api::names::condition::DELETING)?;
+    assert_eq!(d.status, "True", "{d:?}");
+    Some((d.reason, d.message))
+}
+
+/// Waits until `node`'s IPAMNode says it waits for `reason`; returns the message.
+async fn deleting_for(ipamnodes: &Api<api::IPAMNode>, node: &str, reason: &str) -> String {
+    let what = format!("{node}'s IPAMNode Deleting for {reason}");
+    eventually(Duration::from_secs(20), &what, || async move {
+        let (r, m) = deleting(ipamnodes, node).await?;
+        (r == reason).then_some(m)
+    })
+    .await
+}
+
+/// An IPAMNode whose deletion waits says why in its `Deleting` condition: deleted while
+/// its Node exists (`NodeExists`), then its Node deleted while a pod is still bound to it
+/// (`PodsStillBound`), then the pod gone but the node grace not yet passed
+/// (`WaitingForReclaimGrace`); after the grace its blocks and the object go. Until the
+/// Node goes, its blocks stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipamnode_whose_deletion_waits_says_why() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.36.0.0/16"], json!({"ipv4": 28})).await;
+    add_node(&admin, "node-a").await;
+    add_pod(&admin, "p0", "node-a").await;
+    let s = with_node_grace(Duration::from_secs(3));
+    let (stop, task) = start_operator(&server, s).await;
+    until_blocks(&admin, "node-a").await;
+    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    assert_eq!(deleting(&ipamnodes, "node-a").await, None);
+    // a user deletes the IPAMNode: the finalizer holds it while its Node exists
+    ipamnodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let m = deleting_for(&ipamnodes, "node-a", "NodeExists").await;
+    assert!(m.contains("node-a"), "{m}");
+    assert!(blocks_of(&admin, "node-a").await.0 >= 1, "its block stays");
+    // its Node goes while p0 is still bound to it
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .delete("node-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let m = deleting_for(&ipamnodes, "node-a", "PodsStillBound").await;
+    assert!(m.contains("1 pod"), "{m}");
+    // p0 goes: the node grace is what it waits for now
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    pods.delete("p0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let m = deleting_for(&ipamnodes, "node-a", "WaitingForReclaimGrace").await;
+    assert!(m.contains("3s"), "{m}");
+    // once the grace has passed, nothing holds it: its blocks and the object go
+    eventually(Duration::from_secs(20), "node-a's blocks gone", || {
+        let admin = admin.clone();
+        async move { (blocks_of(&admin, "node-a").await.0 == 0).then_some(()) }
+    })
+    .await;
+    gone(&ipamnodes, "node-a", Duration::from_secs(20)).await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
 /// A Node deleted while no operator runs: the next operator finds its IPAMNode without a
 /// Node and gives everything back after the node grace (no pod is bound to it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,13 +319,7 @@ async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
     create_pool(&admin, "default", &["10.35.0.0/16"], json!({"ipv4": 28})).await;
     add_node(&admin, "node-a").await;
     add_node(&admin, "node-b").await;
-    let s = || Settings {
-        engine: EngineConfig {
-            node_reclaim_grace: Duration::from_millis(500),
-            ..settings().engine
-        },
-        ..settings()
-    };
+    let s = || with_node_grace(Duration::from_millis(500));
     let (stop, task) = start_operator(&server, s()).await;
     eventually(Duration::from_secs(20), "both nodes' blocks", || {
         let admin = admin.clone();
@@ -1269,13 +1357,7 @@ async fn a_node_re_created_after_its_reclaim_starts_afresh() {
     let (server, admin) = operator_cluster().await;
     create_pool(&admin, "default", &["10.100.0.0/24"], json!({"ipv4": 28})).await;
     let old_uid = add_node(&admin, "node-a").await;
-    let s = Settings {
-        engine: EngineConfig {
-            node_reclaim_grace: Duration::from_millis(800),
-            ..settings().engine
-        },
-        ..settings()
-    };
+    let s = with_node_grace(Duration::from_millis(800));
     let (stop, task) = start_operator(&server, s).await;
     let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());

@@ -151,6 +151,7 @@ pub fn node_status_body(
             .collect(),
         reclaim_ack,
         allocated: None,
+        pools: Vec::new(),
         conditions: ready
             .map(|r| condition(AGENT_READY, r.ready, &r.reason, &r.message, since))
             .into_iter()

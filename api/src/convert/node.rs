@@ -34,6 +34,8 @@ pub struct NodeView {
     /// The operator's count as last written (None: not all of its fields are there, or
     /// they disagree).
     pub allocated: Option<HeldCount>,
+    /// `status.pools` as last written: the pools the operator found the node's blocks in.
+    pub held_pools: Vec<String>,
     /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
     /// `default`).
     pub pools: tidepool_ipam::PerFamily<Option<String>>,
@@ -120,6 +122,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             .finalizers
             .as_ref()
             .is_some_and(|f| f.iter().any(|x| x == FINALIZER)),
+        deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let view = NodeView {
         node: Arc::new(node),
@@ -127,6 +130,11 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
         allocations,
         terminating: obj.metadata.deletion_timestamp.is_some(),
         allocated: obj.status.as_ref().and_then(HeldCount::recorded),
+        held_pools: obj
+            .status
+            .as_ref()
+            .map(|s| s.pools.clone())
+            .unwrap_or_default(),
         pools: tidepool_ipam::PerFamily {
             v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
             v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),

@@ -1,5 +1,6 @@
 //! The conditions a pass sets on the operator's fields: `Blocked` with the plan's reason,
 //! `WatermarksValid` while the overrides are invalid; each new one with its event.
+//! (`Deleting` is `deletion`'s.)
 
 use std::borrow::Cow;
 
@@ -35,15 +36,14 @@ pub(super) fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
         return;
     }
     let message = format!("the node needs addresses and gets none: {}", b.as_str());
-    let fields = fields.to_mut();
-    drop_condition(fields, BLOCKED);
-    fields.conditions.push(Condition {
+    let condition = Condition {
         type_: BLOCKED,
         status: true,
         reason,
         message: message.clone(),
         last_transition: shared.clock.utc(),
-    });
+    };
+    replace_condition(fields.to_mut(), condition);
     if b == Blocked::Exhausted {
         shared.store.event(
             &h.name,
@@ -54,8 +54,14 @@ pub(super) fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
     }
 }
 
-fn drop_condition(fields: &mut OperatorFields, type_: ConditionType) {
+pub(super) fn drop_condition(fields: &mut OperatorFields, type_: ConditionType) {
     fields.conditions.retain(|c| c.type_ != type_);
+}
+
+/// Sets `condition`, in place of any of its type.
+pub(super) fn replace_condition(fields: &mut OperatorFields, condition: Condition) {
+    drop_condition(fields, condition.type_);
+    fields.conditions.push(condition);
 }
 
 /// `WatermarksValid`: dropped once the overrides are valid (`invalid` none); with invalid
@@ -96,14 +102,14 @@ fn set_invalid_condition<S: IpSource, N: NodeStore, P: PodView>(
     if already {
         return;
     }
-    drop_condition(fields, WATERMARKS_VALID);
-    fields.conditions.push(Condition {
+    let condition = Condition {
         type_: WATERMARKS_VALID,
         status: false,
         reason: ConditionReason::InvalidWatermarks,
         message: message.clone(),
         last_transition: shared.clock.utc(),
-    });
+    };
+    replace_condition(fields, condition);
     shared.store.event(
         &h.name,
         EventType::Warning,

@@ -1,35 +1,46 @@
 //! Whole-node reclaim of a deleted node.
 
+use std::borrow::Cow;
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::Outcome;
-use super::calls::{Requests, source_release};
+use super::calls::{self, Requests, source_release};
+use super::deletion::{Leaving, deletion_wait, set_deleting_condition};
 use crate::budget::Api;
 use crate::error::IpamError;
 use crate::pods::PodView;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
-use crate::vocab::EventReason;
+use crate::vocab::{DeletionWait, EventReason};
 
 use tidepool_metrics::{ApiOp, ApiOutcome, KubeOp, ReclaimOutcome, ReclaimReason, record};
 
 /// Whole-node reclaim (DESIGN.md): only when no non-terminal pod is bound to the node
 /// name and either the source says the machine is gone or `node_reclaim_grace` has passed
 /// since the Node's deletion; then every address goes back to the source and the
-/// IPAMNode's finalizer goes.
+/// IPAMNode's finalizer goes. Until then its `Deleting` condition says what it waits for.
 pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     deleted_at: Instant,
 ) -> Result<Outcome, IpamError> {
-    let now = Instant::now();
-    if shared.pods.bound_pods(&h.name) > 0 {
-        return Ok(Outcome::Idle(None)); // pod deletions trigger us again
-    }
+    let bound_pods = shared.pods.bound_pods(&h.name);
     let due = deleted_at + shared.cfg.node_reclaim_grace;
-    if now < due && !shared.source.machine_gone(&h.name) {
-        return Ok(Outcome::Idle(Some(due)));
+    let grace_left = match shared.source.machine_gone(&h.name) {
+        true => Duration::ZERO,
+        false => due.saturating_duration_since(Instant::now()),
+    };
+    let leaving = Leaving::NodeGone {
+        bound_pods,
+        grace_left,
+    };
+    if let Some(wait) = deletion_wait(&h.name, shared.cfg.node_reclaim_grace, leaving) {
+        say_why(shared, h, wait).await?;
+        // pod deletions trigger us again
+        return Ok(Outcome::Idle((bound_pods == 0).then_some(due)));
     }
     // one place in the kube budget's queue for this pass's writes (cluster-pool: the
     // blocks' deletes too), waited for in place
@@ -70,4 +81,24 @@ pub(super) async fn node_deleted<S: IpSource, N: NodeStore, P: PodView>(
     shared.store.remove(&h.name, &mut gate).await?;
     record::api_requests(ApiOp::Kube(KubeOp::Delete), ApiOutcome::Success);
     Ok(Outcome::Finished)
+}
+
+/// What the IPAMNode waits for, in its `Deleting` condition: written when it changed (an
+/// IPAMNode the store never wrote, or no longer holds, is not written).
+async fn say_why<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    wait: (DeletionWait, String),
+) -> Result<(), IpamError> {
+    let cached = shared.store.cached(&h.name);
+    let Some(node) = cached.filter(|n| n.resource_version.is_some()) else {
+        return Ok(());
+    };
+    let mut fields = Cow::Borrowed(&node.operator);
+    set_deleting_condition(&mut fields, Some(wait), shared.clock.utc());
+    let Cow::Owned(fields) = fields else {
+        return Ok(());
+    };
+    let mut kube = shared.kube_budget.pass(h.priority.clone());
+    calls::write(shared, h, &mut kube, node.node_uid, fields).await
 }

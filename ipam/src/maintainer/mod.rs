@@ -5,11 +5,13 @@
 //! A pass ([`pass`]) reads the node, plans ([`crate::plan`], where its decisions are),
 //! and runs the plan in named phases: confirm reclaims, release, claim, mark, write.
 //! The calls the phases make through the budgets are in `calls`, a deleted node's
-//! whole-node reclaim in `deleted`.
+//! whole-node reclaim in `deleted`, what an IPAMNode on its way out waits for (its
+//! `Deleting` condition) in `deletion`.
 
 mod calls;
 mod conditions;
 mod deleted;
+mod deletion;
 mod pass;
 mod place;
 mod reclaim;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::calls::{self, Requests};
+use super::deletion::{self, Leaving};
 use super::{Local, Outcome, conditions, reclaim};
 use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
@@ -416,12 +417,19 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
         }
     }
 
-    /// The `Blocked` condition, then the one coalesced write (also when nothing changed
-    /// for an IPAMNode that does not exist yet, or names another Node's UID: the operator
-    /// creates or adopts it). A failed write reports the tombstones it lost.
+    /// The `Blocked` and `Deleting` conditions, then the one coalesced write (also when
+    /// nothing changed for an IPAMNode that does not exist yet, or names another Node's
+    /// UID: the operator creates or adopts it). A failed write reports the tombstones it
+    /// lost.
     async fn write(&mut self, plan: &Plan<'_>, node_uid: NodeUid) -> Result<(), IpamError> {
         let reason = plan.condition_reason(self.local.claim_blocked());
         conditions::set_blocked_condition(self.shared, self.h, &mut self.fields, reason);
+        let leaving = Leaving::NodeLive {
+            deleting: self.node.deleting,
+        };
+        let grace = self.shared.cfg.node_reclaim_grace;
+        let wait = deletion::deletion_wait(&self.h.name, grace, leaving);
+        deletion::set_deleting_condition(&mut self.fields, wait, self.shared.clock.utc());
         if !self.rule.due(&self.fields) {
             return Ok(());
         }

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use tidepool_api as api;
-use tidepool_api::convert::{Allocations, HeldCount, apply_envelope, condition};
+use tidepool_api::convert::{Allocations, HeldCount, NodeView, apply_envelope, condition};
 use tidepool_api::names::FINALIZER;
 use tidepool_ipam::{Condition, NodeUid, OperatorFields};
 
@@ -54,10 +54,28 @@ pub fn spec_body(
     body
 }
 
-/// The operator's apply of an IPAMNode's status (through `/status`): its conditions and
-/// the count of addresses the node holds: exact per family (`ipv4.allocated`,
-/// `ipv6.allocated`, both always) and clamped in the int64 `allocated` (a printer column).
-pub fn status_body(to: Target<'_>, conditions: &[Condition], held: HeldCount) -> Value {
+/// What the operator records of the addresses a node holds: their count, and the pools
+/// they come from (its blocks' `spec.pool`, sorted, each once).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    pub count: HeldCount,
+    pub pools: Vec<String>,
+}
+
+impl Held {
+    /// The object records exactly this (`status.allocated`, `ipv4`/`ipv6`, `pools`).
+    pub fn recorded_in(&self, view: &NodeView) -> bool {
+        view.allocated == Some(self.count) && view.held_pools == self.pools
+    }
+}
+
+/// The operator's apply of an IPAMNode's status (through `/status`): its conditions, the
+/// count of addresses the node holds: exact per family (`ipv4.allocated`, `ipv6.allocated`,
+/// both always) and clamped in the int64 `allocated` (a printer column), and the pools
+/// they come from (`pools`, a printer column; left out when none, so the field goes).
+pub fn status_body(to: Target<'_>, conditions: &[Condition], held: &Held) -> Value {
+    let held_pools = held.pools.clone();
+    let held = held.count;
     let usage = |n: u128| {
         Some(api::NodeUsage {
             allocated: Some(n.to_string()),
@@ -68,6 +86,7 @@ pub fn status_body(to: Target<'_>, conditions: &[Condition], held: HeldCount) ->
         allocated: Some(held.clamped()),
         ipv4: usage(held.v4),
         ipv6: usage(held.v6),
+        pools: held_pools,
         // none: no `conditions` key (left out when empty), which on a real server owns
         // nothing either (an empty associative list records no ownership), and never claims
         // the list the agent's `AgentReady` item is in
@@ -187,11 +206,14 @@ mod tests {
             name: "n1",
             uid: Some(UID),
         };
-        let held = HeldCount {
-            v4: 16,
-            v6: 1 << 64,
+        let held = Held {
+            count: HeldCount {
+                v4: 16,
+                v6: 1 << 64,
+            },
+            pools: vec!["default".into(), "v6".into()],
         };
-        let body = status_body(to, &v.node.operator.conditions, held);
+        let body = status_body(to, &v.node.operator.conditions, &held);
         assert_eq!(body["metadata"]["uid"], json!(UID));
         assert_eq!(body["status"]["allocated"], json!(i64::MAX));
         assert_eq!(body["status"]["ipv4"], json!({ "allocated": "16" }));
@@ -202,14 +224,26 @@ mod tests {
         // read back, the count is what was written: nothing looks stale
         let mut obj = busy_node();
         obj.status = serde_json::from_value(body["status"].clone()).unwrap();
-        assert_eq!(node_from_api(&obj).0.allocated, Some(held));
+        assert_eq!(body["status"]["pools"], json!(["default", "v6"]));
+        assert!(held.recorded_in(&node_from_api(&obj).0));
+        let other = Held {
+            pools: vec!["default".into()],
+            ..held.clone()
+        };
+        assert!(
+            !other.recorded_in(&node_from_api(&obj).0),
+            "a pool less is a change"
+        );
         assert_eq!(body["status"]["conditions"][0]["type"], json!("Blocked"));
         assert_eq!(
             body["status"]["conditions"][0]["lastTransitionTime"],
             json!("2026-11-24T10:00:00Z")
         );
         assert!(body.get("spec").is_none());
-        let none = status_body(to, &[], HeldCount { v4: 3, v6: 0 });
+        let count = HeldCount { v4: 3, v6: 0 };
+        let pools = Vec::new();
+        let none = status_body(to, &[], &Held { count, pools });
         assert!(none["status"].get("conditions").is_none(), "{none}");
+        assert!(none["status"].get("pools").is_none(), "{none}");
     }
 }

@@ -175,8 +175,8 @@ mod tests {
                 name: "n",
                 uid: None,
             };
-            let none = tidepool_api::convert::HeldCount::default();
-            let mut obj = status_body(target, &written.operator.conditions, none);
+            let none = crate::convert::Held::default();
+            let mut obj = status_body(target, &written.operator.conditions, &none);
             obj["spec"] = serde_json::json!({ "nodeUID": "00000000-0000-0000-0000-000000000001" });
             let obj = serde_json::from_value(obj).expect("an IPAMNode");
             let (read, bad) = node_from_api(&obj);

@@ -15,7 +15,7 @@ pub mod cache;
 mod errors;
 mod events;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -33,8 +33,8 @@ use tidepool_ipam::{
 };
 
 use crate::convert::{
-    NodeView, Target, block_for_create, block_from_api, block_mark_body, node_from_api, spec_body,
-    status_body,
+    Held, NodeView, Target, block_for_create, block_from_api, block_mark_body, node_from_api,
+    spec_body, status_body,
 };
 use crate::leader::{Fence, Fenced};
 pub use cache::{Applied, Cache};
@@ -61,7 +61,7 @@ pub struct KubeStore {
 /// When [`KubeStore::write_status`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StatusWrite {
-    /// When the conditions or the count differ from the object's.
+    /// When the conditions, the count or the pools differ from the object's.
     IfChanged,
     /// Whatever the object holds (a create drops `status`).
     Always,
@@ -94,8 +94,8 @@ impl KubeStore {
         locks.entry(NodeName::from(name)).or_default().clone()
     }
 
-    /// The operator's status apply (its conditions and the count), as `when` says; one
-    /// status writer per IPAMNode at a time, each with the latest count. Returns the
+    /// The operator's status apply (its conditions, the count and the pools), as `when`
+    /// says; one status writer per IPAMNode at a time, each with the latest count. Returns the
     /// written object, None when nothing was due.
     async fn write_status<G: Gate>(
         &self,
@@ -106,14 +106,14 @@ impl KubeStore {
     ) -> Result<Option<Arc<IpamNode>>, IpamError> {
         let lock = self.status_lock(name);
         let _held = lock.lock().await;
-        let (view, allocated) = {
+        let (view, held) = {
             let c = self.cache.read();
             let Some(v) = c.node(name).filter(|v| v.node.resource_version.is_some()) else {
                 return Ok(None);
             };
-            (v.clone(), allocated_of(&c, name, &v.node.operator))
+            (v.clone(), held_of(&c, name, &v.node.operator))
         };
-        let same = view.node.operator.conditions == conditions && view.allocated == Some(allocated);
+        let same = view.node.operator.conditions == conditions && held.recorded_in(&view);
         if same && when == StatusWrite::IfChanged {
             return Ok(None);
         }
@@ -121,7 +121,7 @@ impl KubeStore {
             name,
             uid: view.uid.as_deref(),
         };
-        let body = status_body(to, conditions, allocated);
+        let body = status_body(to, conditions, &held);
         let rv = view.node.resource_version.as_ref();
         let pp = Self::apply_params();
         let patch = Patch::Apply(&body);
@@ -349,29 +349,32 @@ impl KubeStore {
 }
 
 /// Addresses the node holds, per family: its spec addresses (cloud sources) and the
-/// addresses of its blocks (cluster-pool).
-fn allocated_of(c: &Cache, name: &str, fields: &OperatorFields) -> HeldCount {
-    let mut held = HeldCount::default();
+/// addresses of its blocks (cluster-pool); and the pools of its blocks.
+fn held_of(c: &Cache, name: &str, fields: &OperatorFields) -> Held {
+    let mut count = HeldCount::default();
+    let mut pools = BTreeSet::new();
     for b in c.blocks_of(name) {
-        held.add(&tidepool_ipam::AddrSet::of_net(&b.cidr));
+        count.add(&tidepool_ipam::AddrSet::of_net(&b.cidr));
+        pools.insert(b.pool.to_string());
     }
-    held.add(&fields.addresses);
-    held
+    count.add(&fields.addresses);
+    let pools = pools.into_iter().collect();
+    Held { count, pools }
 }
 
 impl NodeStore for KubeStore {
-    /// IPAMNodes whose recorded count (`status.allocated`, `status.ipv4/ipv6.allocated`) no
-    /// longer matches their blocks and addresses.
+    /// IPAMNodes whose recorded count (`status.allocated`, `status.ipv4/ipv6.allocated`) or
+    /// pools (`status.pools`) no longer match their blocks and addresses.
     fn stale_counts(&self) -> Vec<NodeName> {
         let c = self.cache.read();
         c.nodes()
             .filter(|v| v.node.resource_version.is_some())
-            .filter(|v| v.allocated != Some(allocated_of(&c, &v.node.name, &v.node.operator)))
+            .filter(|v| !held_of(&c, &v.node.name, &v.node.operator).recorded_in(v))
             .map(|v| v.node.name.clone())
             .collect()
     }
 
-    /// Writes an IPAMNode's count when it is stale (a block was claimed or
+    /// Writes an IPAMNode's count and pools when they are stale (a block was claimed or
     /// released since), keeping the operator's conditions as they are, its request admitted
     /// by `gate`. Returns whether it wrote.
     async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
