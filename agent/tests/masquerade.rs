@@ -54,6 +54,16 @@ fn source_seen(from: &str, to_netns: &str, to: &str) -> String {
     panic!("no datagram from {from} reached {to}");
 }
 
+/// `iptables -t nat -S [chain]` in network namespace `netns`.
+fn nat_rules(netns: &str, chain: &[&str]) -> String {
+    let args = [
+        &["netns", "exec", netns, "iptables", "-t", "nat", "-S"][..],
+        chain,
+    ]
+    .concat();
+    run("ip", &args)
+}
+
 /// The outside host: its namespace on the segment, 198.51.100.1/24, the node subnet on-link.
 fn wire_outside(cluster: &Cluster) -> String {
     let ns = format!("tpe-{}-out", cluster.tag);
@@ -145,18 +155,7 @@ async fn pods_keep_their_source_between_nodes_and_hide_it_from_outside() {
     let rts = cluster.runtimes();
     let node_a = rts.iter().find(|r| r.name == "node-a").expect("node-a");
     until(&cluster, "node-a's masquerade rule", 20, async || {
-        let rules = run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &node_a.netns,
-                "iptables",
-                "-t",
-                "nat",
-                "-S",
-            ],
-        );
+        let rules = nat_rules(&node_a.netns, &[]);
         rules.contains("-j TIDEPOOL-MASQ") && rules.contains("-j MASQUERADE")
     })
     .await;
@@ -173,19 +172,7 @@ async fn pods_keep_their_source_between_nodes_and_hide_it_from_outside() {
         node_a.ip,
         "pod to outside leaves with node-a's address"
     );
-    let rules = run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &node_a.netns,
-            "iptables",
-            "-t",
-            "nat",
-            "-S",
-            "TIDEPOOL-MASQ",
-        ],
-    );
+    let rules = nat_rules(&node_a.netns, &["TIDEPOOL-MASQ"]);
     // the harness gives its agents --pod-network (the networks in effect)
     for cidr in [POD_NETWORK, "192.168.77.0/24", SERVICES] {
         assert!(

@@ -228,18 +228,10 @@ impl Node {
         container: &str,
         uid: &str,
     ) -> Output {
-        let plugin_dir = Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
-            .parent()
-            .expect("the plugin's directory");
-        let call = CniCall {
-            cmd,
-            netns: &format!("/var/run/netns/{pod_ns}"),
-            container,
-            pod: container,
-            uid,
-        };
+        let netns = format!("/var/run/netns/{pod_ns}");
+        let call = CniCall::new(cmd, &netns, container, uid);
         let plugin = main.split('+').next().unwrap_or(main);
-        exec_plugin(&self.name, plugin, &call, plugin_dir, self.conf(main)).await
+        exec_plugin(&self.name, plugin, &call, plugin_dir(), self.conf(main)).await
     }
 
     /// node-a's `status.used` (address → pod UID) and `status.cooldown` addresses.
@@ -293,9 +285,7 @@ impl Node {
         prev_result: Option<serde_json::Value>,
     ) -> Output {
         let (cmd, pod_ns, container, uid) = call;
-        let plugin_dir = Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
-            .parent()
-            .expect("the plugin's directory");
+        let netns = format!("/var/run/netns/{pod_ns}");
         let mut plugins = conflist["plugins"].as_array().expect("plugins").clone();
         if cmd == "DEL" {
             plugins.reverse();
@@ -314,15 +304,9 @@ impl Node {
             if let Some(r) = &prev {
                 p["prevResult"] = r.clone();
             }
-            let call = CniCall {
-                cmd,
-                netns: &format!("/var/run/netns/{pod_ns}"),
-                container,
-                pod: container,
-                uid,
-            };
+            let call = CniCall::new(cmd, &netns, container, uid);
             let plugin = p["type"].as_str().expect("a type").to_string();
-            let out = exec_plugin(&self.name, &plugin, &call, plugin_dir, p.to_string()).await;
+            let out = exec_plugin(&self.name, &plugin, &call, plugin_dir(), p.to_string()).await;
             if !out.status.success() {
                 return out;
             }
@@ -359,6 +343,26 @@ pub struct CniCall<'a> {
     /// The pod's name (default namespace) and UID, in `CNI_ARGS` as the kubelet passes them.
     pub pod: &'a str,
     pub uid: &'a str,
+}
+
+impl<'a> CniCall<'a> {
+    /// `cmd` for the pod named as its container (default namespace) with UID `uid`.
+    pub fn new(cmd: &'a str, netns: &'a str, container: &'a str, uid: &'a str) -> Self {
+        CniCall {
+            cmd,
+            netns,
+            container,
+            pod: container,
+            uid,
+        }
+    }
+}
+
+/// The directory of the built `tidepool-cni` (delegated plugins are found there first).
+fn plugin_dir() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tidepool-cni"))
+        .parent()
+        .expect("the plugin's directory")
 }
 
 /// Runs Debian's `plugin` inside network namespace `node_ns` with a clean `call`
