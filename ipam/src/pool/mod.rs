@@ -10,6 +10,9 @@
 //!   randomize it), claim a specific block (adoption, rebuild), release, counts. A dense two-level
 //!   bitmap for CIDRs of at most 2^24 blocks (any IPv4 pool in /28 blocks), a sparse two-level
 //!   bitmap otherwise (an IPv6 /64 in /124 blocks: memory proportional to what is granted).
+//! - [`choice`]: a pod's pool per family ([`choice::choose`]): eligibility by node, namespace
+//!   and pod selectors, then the pod's and the namespace's annotation, selectors, the node's
+//!   default; an annotation naming a pool the pod may not use is an error.
 //! - [`set`]: [`PoolSet`] — every pool in creation order with its validity, and
 //!   [`PoolSet::rebuild`] from typed block records with a typed [`RebuildReport`].
 //!
@@ -31,6 +34,7 @@
 //!   typo), may not overlap each other inside a pool, and hold at most 2^64 blocks each.
 
 pub mod bitmap;
+pub mod choice;
 pub mod fill;
 pub mod index;
 pub mod name;
