@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -96,6 +97,17 @@ pub struct IPPoolSpec {
     /// `default` serves nodes no other pool selects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Namespaces whose pods may take addresses from this pool: the access control of a
+    /// pool chosen per namespace or pod (a pod or namespace annotation
+    /// `ipam.tidepool.dev/pools` may name only a pool whose selector selects the pod's
+    /// namespace). Absent or empty: every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Pods that take addresses from this pool (among the pools their namespace may use; a
+    /// convenience, not access control: a pod's creator sets its labels). Absent or empty:
+    /// every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
 }
 
 /// The block size of the family of the CIDR `c` (CEL, for the rules below).

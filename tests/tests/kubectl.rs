@@ -849,6 +849,27 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         spec["pools"].is_object() && spec["watermarks"].is_object(),
         "{spec}"
     );
+    // a pool chosen per namespace and pod: label selectors, stored as written
+    let tenant = k.dir.join("tenant.yaml");
+    std::fs::write(
+        &tenant,
+        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: tenant-a\nspec:\n  cidrs: [10.81.0.0/16]\n  namespaceSelector:\n    matchLabels: {team: a}\n  podSelector:\n    matchExpressions:\n    - {key: app, operator: In, values: [web]}\n",
+    )
+    .unwrap();
+    k.ok(&["apply", "-f", tenant.to_str().unwrap()]).await;
+    let selectors = k
+        .ok(&["get", "ippool", "tenant-a", "-o", "jsonpath={.spec}"])
+        .await;
+    let selectors: Value = serde_json::from_str(&selectors).unwrap();
+    assert_eq!(
+        selectors["namespaceSelector"]["matchLabels"]["team"], "a",
+        "{selectors}"
+    );
+    assert_eq!(
+        selectors["podSelector"]["matchExpressions"][0]["values"][0], "web",
+        "{selectors}"
+    );
+    k.ok(&["delete", "ippool", "tenant-a"]).await;
     // the schema's default filled the gpu pool's IPv6 block size
     let gpu = k
         .ok(&["get", "ippool", "gpu", "-o", "jsonpath={.spec.blockSize}"])

@@ -2,8 +2,9 @@
 //! API server accepted but the engine cannot use still names its pool, and is held Invalid
 //! with [`PoolSpec::validate`]'s reason).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tidepool_ipam::PerFamily;
-use tidepool_ipam::pool::PoolSpec;
+use tidepool_ipam::pool::{PoolSpec, choice};
 
 use crate as api;
 use crate::IPPoolSpec;
@@ -18,6 +19,44 @@ pub fn pool_spec(name: &str, spec: &IPPoolSpec) -> Result<PoolSpec, String> {
         v6: spec.block_size.ipv6,
     };
     PoolSpec::read(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())
+}
+
+/// A label selector as the pool choice reads it (apimachinery's `LabelSelectorAsSelector`):
+/// an error names an unknown operator, or `In`/`NotIn` without values, or
+/// `Exists`/`DoesNotExist` with some.
+pub fn selector(s: &LabelSelector) -> Result<choice::Selector, String> {
+    let expressions = s.match_expressions.iter().flatten();
+    let match_expressions = expressions
+        .map(|e| {
+            let values = e.values.clone().unwrap_or_default();
+            let op = match (e.operator.as_str(), values.is_empty()) {
+                ("In", false) => choice::Operator::In(values),
+                ("NotIn", false) => choice::Operator::NotIn(values),
+                ("Exists", true) => choice::Operator::Exists,
+                ("DoesNotExist", true) => choice::Operator::DoesNotExist,
+                ("In" | "NotIn", true) => {
+                    return Err(format!(
+                        "{} {}: values must be non-empty",
+                        e.key, e.operator
+                    ));
+                }
+                ("Exists" | "DoesNotExist", false) => {
+                    return Err(format!("{} {}: values must be empty", e.key, e.operator));
+                }
+                (other, _) => {
+                    return Err(format!(
+                        "{}: {other:?} is not a valid label selector operator",
+                        e.key
+                    ));
+                }
+            };
+            Ok((e.key.clone(), op))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(choice::Selector {
+        match_labels: s.match_labels.clone().unwrap_or_default(),
+        match_expressions,
+    })
 }
 
 /// An address count for people (`kubectl get`): exact below a million, `2^k` for a power
@@ -41,6 +80,46 @@ pub fn readable_usage(capacity: u128, allocated: u128, free: u128) -> api::Usage
         capacity: readable_count(capacity),
         allocated: readable_count(allocated),
         free: readable_count(free),
+    }
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+
+    #[test]
+    fn a_label_selector_reads_as_apimachinery_reads_it() {
+        let s: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"team": "a"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["1", "2"]},
+                {"key": "legacy", "operator": "DoesNotExist"},
+            ],
+        }))
+        .unwrap();
+        let sel = selector(&s).unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> choice::Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(sel.matches(&labels(&[("team", "a"), ("tier", "2")])));
+        assert!(!sel.matches(&labels(&[("team", "a"), ("tier", "3")])));
+        assert!(!sel.matches(&labels(&[("team", "a"), ("tier", "1"), ("legacy", "y")])));
+        assert!(selector(&LabelSelector::default()).unwrap().is_empty());
+        for (op, values, says) in [
+            ("Equals", None, "not a valid label selector operator"),
+            ("In", None, "must be non-empty"),
+            ("Exists", Some(vec!["x".to_string()]), "must be empty"),
+        ] {
+            let bad: LabelSelector = serde_json::from_value(serde_json::json!({
+                "matchExpressions": [{"key": "k", "operator": op, "values": values}],
+            }))
+            .unwrap();
+            let e = selector(&bad).unwrap_err();
+            assert!(e.contains(says) && e.starts_with("k"), "{op}: {e}");
+        }
     }
 }
 
