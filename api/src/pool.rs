@@ -97,15 +97,14 @@ pub struct IPPoolSpec {
     /// `default` serves nodes no other pool selects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
-    /// Namespaces whose pods may take addresses from this pool: the access control of a
-    /// pool chosen per namespace or pod (a pod or namespace annotation
-    /// `ipam.tidepool.dev/pools` may name only a pool whose selector selects the pod's
-    /// namespace). Absent or empty: every namespace.
+    /// Not yet used by this release (pools are still chosen per node): namespaces whose
+    /// pods may take addresses from this pool, the access control of a pool chosen per
+    /// namespace or pod. Absent or empty: every namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
-    /// Pods that take addresses from this pool (among the pools their namespace may use; a
-    /// convenience, not access control: a pod's creator sets its labels). Absent or empty:
-    /// every pod.
+    /// Not yet used by this release (pools are still chosen per node): pods that take
+    /// addresses from this pool, among the pools their namespace may use (a convenience,
+    /// not access control: a pod's creator sets its labels). Absent or empty: every pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
 }
