@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use tidepool_metrics as m;
 
+#[path = "../../tests/tests/system/process_metrics.rs"]
+mod process_metrics;
+
 /// Renders everything either binary's exporter would export after start-up (both tables in
 /// one recorder) plus one sample of each kind, including the metrics with free labels.
 fn render_sample() -> String {
@@ -256,24 +259,7 @@ async fn install_exporter_serves_described_zeroed_series() {
         body.contains("tidepool_build_info{version=\"1.2.3\",commit=\"0abc123\"} 1"),
         "{body}"
     );
-    for family in [
-        "process_cpu_seconds_total",
-        "process_resident_memory_bytes",
-        "process_virtual_memory_bytes",
-        "process_start_time_seconds",
-        "process_open_fds",
-        "process_max_fds",
-        "process_threads",
-    ] {
-        assert!(
-            body.contains(&format!("# HELP {family} ")),
-            "{family}: {body}"
-        );
-        assert!(
-            body.lines().any(|l| l.starts_with(&format!("{family} "))),
-            "{family}"
-        );
-    }
+    process_metrics::assert_process_series(&body, "1.2.3");
 
     // The same address again: the bind fails, reported as a bind error.
     let err = m::install_exporter(addr, m::Binary::Operator, build).unwrap_err();

@@ -61,18 +61,8 @@ phases:\n\
 #[test]
 fn seeds_print_one_report_per_seed() {
     let path = temp_file("seeds.yaml", SMALL);
-    let out = bin()
-        .args(["simulate", "--scenario", path.to_str().unwrap()])
-        .args(["--seeds", "1..3", "--jobs", "2", "--report", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scenario = ["simulate", "--scenario", path.to_str().unwrap()];
+    let v = json_report(&[&scenario[..], &["--seeds", "1..3", "--jobs", "2"]].concat());
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
     assert_eq!(runs[2]["seed"], 3);
@@ -84,18 +74,8 @@ fn seeds_print_one_report_per_seed() {
 #[test]
 fn compare_scheduling_prints_both_modes_side_by_side() {
     let path = temp_file("compare.yaml", SMALL);
-    let out = bin()
-        .args(["simulate", "--scenario", path.to_str().unwrap()])
-        .args(["--compare-scheduling", "--seeds", "1,2", "--report", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scenario = ["simulate", "--scenario", path.to_str().unwrap()];
+    let v = json_report(&[&scenario[..], &["--compare-scheduling", "--seeds", "1,2"]].concat());
     let seeds = v["seeds"].as_array().unwrap();
     assert_eq!(seeds.len(), 2);
     for s in seeds {
@@ -185,20 +165,17 @@ fn the_text_summary_explains_convergence_and_lists_violations() {
 /// An IPv6-only cluster: a pool of one IPv6 CIDR gives every pod an IPv6 address.
 #[test]
 fn an_ipv6_only_pool_runs_with_ipv6_only_pods() {
-    let out = bin()
-        .args([
-            "simulate",
-            "--source",
-            "cluster-pool",
-            "--pool-cidr",
-            "fd00:10::/64",
-        ])
-        .args(["--nodes", "10", "--duration", "3m", "--report", "json"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_report(&[
+        "simulate",
+        "--source",
+        "cluster-pool",
+        "--pool-cidr",
+        "fd00:10::/64",
+        "--nodes",
+        "10",
+        "--duration",
+        "3m",
+    ]);
     // 10 nodes x 30 pods, one address each: every one from the IPv6-only pool
     assert_eq!(v["ips"]["used"], 300, "{v}");
     assert_eq!(v["invariants"]["lost_allocations"], 0);
@@ -225,23 +202,17 @@ fn crds_prints_what_deploy_crds_holds() {
 /// process-wide figures (peak RSS, the engine's heap per address) null.
 #[test]
 fn seeds_report_per_run_figures_only() {
-    let out = bin()
-        .args([
-            "simulate",
-            "--nodes",
-            "10",
-            "--duration",
-            "2m",
-            "--seeds",
-            "1..2",
-            "--jobs",
-            "2",
-        ])
-        .args(["--report", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_report(&[
+        "simulate",
+        "--nodes",
+        "10",
+        "--duration",
+        "2m",
+        "--seeds",
+        "1..2",
+        "--jobs",
+        "2",
+    ]);
     for run in v["runs"].as_array().unwrap() {
         let r = &run["report"];
         assert!(r["peak_rss_bytes"].is_null(), "{r}");

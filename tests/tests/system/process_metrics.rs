@@ -1,5 +1,6 @@
 //! What every binary's `/metrics` says of the process itself: `tidepool_build_info` and the
-//! standard `process_*` families, with sane values. Shared by the operator binary's test
+//! standard `process_*` families, with sane values. Shared by the exporter's test
+//! (metrics/tests/exporter.rs, by path), the operator binary's test
 //! (operator/tests/binary.rs, which includes this file by path) and the agent's
 //! (agent/tests/observability.rs, through the system harness). Standard library only.
 
