@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use tokio::time::Instant;
 
 use crate::error::IpamError;
+use crate::pool::choice::Subject;
 use crate::store::EventType;
 use crate::types::{NodeName, PodUid};
 use crate::vocab::EventReason;
@@ -168,6 +169,12 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn pending_pods(&self, node: &str) -> Vec<PodUid>;
     /// How many non-terminal pods are bound to `node`.
     fn bound_pods(&self, node: &str) -> usize;
+    /// What the pool choice reads of a pod and its namespace (labels, `ipam.tidepool.dev/pools`
+    /// annotations; the node's part is the source's): `None` for a view that has none, whose
+    /// pods all take their node's default pools.
+    fn pool_subject(&self, _uid: PodUid) -> Option<Subject> {
+        None
+    }
     /// Records a Kubernetes event on the pod (also after it left the cache, while its
     /// name is known); a view that cannot name it records nothing.
     fn event(&self, _uid: PodUid, _type: EventType, _reason: EventReason, _message: String) {}

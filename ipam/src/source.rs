@@ -10,9 +10,13 @@ use std::sync::Arc;
 
 use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
-use crate::error::IpamError;
+use crate::error::{ErrorClass, IpamError};
 use crate::gate::Gate;
-use crate::types::{Family, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck, ReleaseState};
+use crate::plan::NodePools;
+use crate::pool::choice::Subject;
+use crate::types::{
+    Family, NodeInfo, NodeName, NodeUid, PerFamily, PodUid, ReleaseAck, ReleaseState,
+};
 
 /// Capacity and free addresses of a source, per family.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,6 +49,44 @@ pub trait IpSource: Send + Sync + 'static {
         count: u64,
         gate: &mut G,
     ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
+    /// [`IpSource::prepare_allocation`] from `pool`, one of the node's pools other than its
+    /// default one ([`IpSource::node_pools`]). Sources without pools have none: 0.
+    fn prepare_pool_allocation(
+        &self,
+        _node: &NodeName,
+        _family: Family,
+        _pool: &str,
+        _want: u64,
+        _limit: u64,
+    ) -> u64 {
+        0
+    }
+    /// [`IpSource::allocate`] from `pool` (see [`IpSource::prepare_pool_allocation`]).
+    fn allocate_from_pool<G: Gate>(
+        &self,
+        node: &NodeName,
+        family: Family,
+        pool: &str,
+        _count: u64,
+        _gate: &mut G,
+    ) -> impl Future<Output = Result<AddrSet, IpamError>> + Send {
+        let e = IpamError::Source {
+            op: "allocate",
+            node: node.to_string(),
+            class: ErrorClass::Permanent,
+            message: format!(
+                "no pool {pool:?} of {}: this source has no pools",
+                family.as_str()
+            ),
+        };
+        async move { Err(e) }
+    }
+    /// The node's pools beyond its default ones: what it holds of each, and which of
+    /// `pending` (with what the pool choice reads of each: [`crate::PodView::pool_subject`])
+    /// wait for each. Sources without pools: none.
+    fn node_pools(&self, _node: &NodeName, _pending: &[(PodUid, Option<Subject>)]) -> NodePools {
+        NodePools::default()
+    }
     /// Which of `free` (the node's unused addresses of one family) can really be given
     /// back, at most `max`; the highest addresses are preferred.
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet;

@@ -110,6 +110,7 @@ fn plan_one(c: &mut Criterion) {
         families: &[Family::V4],
         grant_size: PerFamily { v4: 1, v6: 1 },
         pending: &pending,
+        pools: &plan::NodePools::EMPTY,
         release: ReleaseConfig::default(),
         reclaim: ReclaimConfig::default(),
     };

@@ -20,6 +20,7 @@ use tidepool_ipam::IpamError;
 use tidepool_ipam::addrs::Run;
 use tidepool_ipam::node as node_side;
 use tidepool_ipam::node::NodeSide;
+use tidepool_ipam::pool::choice::Subject;
 use tidepool_ipam::uid_table::{Keyed, UidTable};
 use tidepool_ipam::{
     AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid,
@@ -30,7 +31,7 @@ use tidepool_ipam::{Clock, TokioClock};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{Faults, IpSource, MemorySource};
 use tidepool_ipam::{MemoryNodeStore, NodeStore, NodeUid, StoreEvent};
-use tidepool_ipam::{MemoryPodView, PodPhase};
+use tidepool_ipam::{MemoryPodView, PodPhase, PodView};
 
 /// The engine as the simulator runs it.
 pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPodView>;
@@ -81,6 +82,19 @@ pub trait SimSource: IpSource + Clone {
     /// Counts changes of the pools' specs (a block's usable addresses change with them).
     fn pools_generation(&self) -> u64 {
         0
+    }
+    /// The addresses of `held` (the node's) a pod with `subject` may not take: those
+    /// outside its pool of each family (DESIGN.md "Pools per namespace and per pod"; the
+    /// agent's rule at ADD). None: it has no pool of some family. Sources without pools:
+    /// none.
+    fn outside_pod_pools(
+        &self,
+        _node: &NodeName,
+        _held: &AddrSet,
+        _subject: &Subject,
+        _families: &[Family],
+    ) -> Option<AddrSet> {
+        Some(AddrSet::new())
     }
 }
 
@@ -172,6 +186,21 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
 
     fn pools_generation(&self) -> u64 {
         tidepool_ipam::pool::ClusterPoolSource::pools_generation(self)
+    }
+
+    fn outside_pod_pools(
+        &self,
+        node: &NodeName,
+        held: &AddrSet,
+        subject: &Subject,
+        families: &[Family],
+    ) -> Option<AddrSet> {
+        let mut outside = held.clone();
+        for &f in families {
+            let pool = self.choose(node, f, subject).ok()?;
+            outside.subtract(&self.pool_addresses(node, &pool, f));
+        }
+        Some(outside)
     }
 }
 
@@ -607,6 +636,16 @@ impl<S: SimSource> World<S> {
 
     /// Schedules a new pod to `node`; its kubelet asks for addresses at once.
     pub fn schedule_pod(&self, node: &NodeName) -> PodUid {
+        self.schedule(node, None)
+    }
+
+    /// [`World::schedule_pod`] for a pod whose pools are chosen by `subject` (its labels
+    /// and annotations, its namespace's).
+    pub fn schedule_pod_with(&self, node: &NodeName, subject: Subject) -> PodUid {
+        self.schedule(node, Some(subject))
+    }
+
+    fn schedule(&self, node: &NodeName, subject: Option<Subject>) -> PodUid {
         let uid = {
             let mut g = self.inner.lock();
             g.next_uid += 1;
@@ -629,6 +668,9 @@ impl<S: SimSource> World<S> {
             g.stats.events += 1;
             uid
         };
+        if let Some(subject) = subject {
+            self.pods.set_pool_subject(uid, subject);
+        }
         self.pods.add(uid, node.clone());
         self.manager.on_pod_event(node);
         self.reconcile(node);
@@ -758,10 +800,15 @@ impl<S: SimSource> World<S> {
         let utc = self.clock.utc();
         let families = &self.cfg.families;
         let cd = self.cfg.reuse_cooldown;
+        // read before the update, which holds the store
+        let held = proj.as_ref().map(|p| p.view.operator.addresses.clone());
+        let exclude = self.outside_pools(&node, held.as_deref(), uid);
         let written = self.store.update_node(&node, |stored, side| {
             let n = proj.as_ref().map_or(stored, |p| &p.view);
             let mut ns = NodeSide::take_published(side, cd);
-            got = add(&mut ns, n, families, uid, cid, utc);
+            if let Some(exclude) = &exclude {
+                got = add(&mut ns, n, families, exclude, uid, cid, utc);
+            }
             publish(ns, side);
             got.as_ref().is_some_and(|a| !a.is_empty())
         });
@@ -980,6 +1027,11 @@ impl<S: SimSource> World<S> {
         };
         let (cd, families) = (self.cfg.reuse_cooldown, &self.cfg.families);
         let mut served = Served::default();
+        // read before the update, which holds the store
+        let held = proj.map(|p| p.view.operator.addresses.clone());
+        let excludes: Vec<Option<AddrSet>> = (queue.iter())
+            .map(|(uid, _)| self.outside_pools(name, held.as_deref(), *uid))
+            .collect();
         let written = self.store.update_node(name, |stored, side| {
             // sim-cloud: the object itself (its node-side fields are in `side`)
             let node = proj.map_or(stored, |p| &p.view);
@@ -992,12 +1044,18 @@ impl<S: SimSource> World<S> {
             ns.expire_cooldowns(utc);
             ns.forget_outside(&ops.addresses);
             let mut changed = ns.is_dirty();
-            for (uid, cid) in queue {
-                match add(&mut ns, node, families, *uid, *cid, utc) {
+            for ((uid, cid), exclude) in queue.iter().zip(&excludes) {
+                // no pool the pod may use: it waits, the others go on
+                let Some(exclude) = exclude else {
+                    continue;
+                };
+                match add(&mut ns, node, families, exclude, *uid, *cid, utc) {
                     Some(addrs) => {
                         changed |= !addrs.is_empty();
                         served.started.push((*uid, addrs));
                     }
+                    // a pod of a pool of its own waits for that pool alone
+                    None if !exclude.is_empty() => continue,
                     None => break,
                 }
             }
@@ -1007,6 +1065,21 @@ impl<S: SimSource> World<S> {
         });
         served.written = written.is_some();
         served
+    }
+
+    /// The addresses of `held` (the node's blocks', as its node side sees them; None off
+    /// the cluster pool) outside the pod's pools ([`SimSource::outside_pod_pools`]); none
+    /// for a pod without a pool choice of its own.
+    fn outside_pools(
+        &self,
+        name: &NodeName,
+        held: Option<&AddrSet>,
+        uid: PodUid,
+    ) -> Option<AddrSet> {
+        let (Some(held), Some(subject)) = (held, self.pods.pool_subject(uid)) else {
+            return Some(AddrSet::new());
+        };
+        (self.source).outside_pod_pools(name, held, &subject, &self.cfg.families)
     }
 
     /// The pods just served leave the queue; their wait for an address is counted.
@@ -1207,13 +1280,13 @@ fn add(
     ns: &mut NodeSide<AllocationId>,
     node: &IpamNode,
     families: &[Family],
+    exclude: &AddrSet,
     uid: PodUid,
     container_id: u64,
     now: SystemTime,
 ) -> Option<Vec<IpAddr>> {
-    let none = AddrSet::new();
     let key = allocation(container_id);
-    ns.add(node, families, &none, key, uid, now)
+    ns.add(node, families, exclude, key, uid, now)
         .ok()
         .map(|a| a.addrs)
 }

@@ -125,6 +125,7 @@ pub(super) async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
     family: Family,
+    pool: Option<&str>,
     count: u64,
     gate: &mut impl Gate,
 ) -> Result<AddrSet, IpamError> {
@@ -132,7 +133,15 @@ pub(super) async fn source_allocate<S: IpSource, N: NodeStore, P: PodView>(
         return Err(IpamError::NotLeader);
     }
     let started = Instant::now();
-    let r = shared.source.allocate(&h.name, family, count, gate).await;
+    let r = match pool {
+        None => shared.source.allocate(&h.name, family, count, gate).await,
+        Some(p) => {
+            (shared
+                .source
+                .allocate_from_pool(&h.name, family, p, count, gate))
+            .await
+        }
+    };
     let outcome = Outcome::of(&r);
     record::api_requests(ApiOp::Source(SourceOp::Allocate), outcome.into());
     record::allocation_ops(shared.source.name(), outcome);

@@ -15,14 +15,14 @@ use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
-use crate::plan::{self, Claim, Marks, Plan, Snapshot, WriteRule};
+use crate::plan::{self, Claim, Marks, NodePools, Plan, Snapshot, WriteRule};
 use crate::pods::PodView;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::Reason;
 use crate::types::{
-    Family, IpamNode, NodeInfo, NodeName, NodeUid, OperatorFields, PerFamily, ReleaseAck,
+    Family, IpamNode, NodeInfo, NodeName, NodeUid, OperatorFields, PerFamily, PodUid, ReleaseAck,
     ReleaseState,
 };
 use crate::vocab::EventReason;
@@ -93,7 +93,9 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         };
     let pending = shared.pods.pending_pods(&h.name);
     observe_waits(shared, local, node, &pending, now);
-    let (snap, invalid) = snapshot(shared, node, &operator, &release_ack, info, &pending, now);
+    let pools = node_pools(shared, &h.name, &pending);
+    let (mut snap, invalid) = snapshot(shared, node, &operator, &release_ack, info, &pending, now);
+    snap.pools = &pools;
     let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);
     // the plan's summary of its own fields, before a hold-back changes it
     let planned = plan.summary;
@@ -213,10 +215,23 @@ fn snapshot<'a, S: IpSource, N: NodeStore, P: PodView>(
         families: shared.source.families(),
         grant_size,
         pending,
+        pools: const { &NodePools::EMPTY },
         release: cfg.release,
         reclaim: cfg.reclaim,
     };
     (snap, invalid)
+}
+
+/// The node's pools beyond its default ones, and the pending pods each takes.
+fn node_pools<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    node: &NodeName,
+    pending: &[PodUid],
+) -> NodePools {
+    let subjects: Vec<_> = (pending.iter())
+        .map(|u| (*u, shared.pods.pool_subject(*u)))
+        .collect();
+    shared.source.node_pools(node, &subjects)
 }
 
 /// A source whose calls are API server writes (cluster-pool's block creates, deletes and
@@ -309,16 +324,24 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
     }
 
     /// Claims, each for what the source can give; none after a failure. A claim the source
-    /// has nothing for leaves the node exhausted (blocked, parked).
+    /// has nothing for leaves the node exhausted (blocked, parked) when it is of a default
+    /// pool; another pool's only leaves its own pods waiting, so those claims go first.
     async fn claim(&mut self, claims: &[Claim]) {
         let (shared, h) = (self.shared, self.h);
-        for c in claims {
+        let others = claims.iter().filter(|c| c.pool.is_some());
+        for c in others.chain(claims.iter().filter(|c| c.pool.is_none())) {
             if self.failure.is_some() {
                 break;
             }
-            let n = shared
-                .source
-                .prepare_allocation(&h.name, c.family, c.count, c.limit);
+            let n = match &c.pool {
+                None => (shared.source).prepare_allocation(&h.name, c.family, c.count, c.limit),
+                Some(p) => {
+                    (shared.source).prepare_pool_allocation(&h.name, c.family, p, c.count, c.limit)
+                }
+            };
+            if n == 0 && c.pool.is_some() {
+                continue;
+            }
             if n == 0 {
                 // parked either way: a pool that turns valid wakes it (the pools changed)
                 self.local.exhausted = Some(c.family);
@@ -338,7 +361,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             if !self.source_token().await {
                 break;
             }
-            match calls::source_allocate(shared, h, c.family, n, &mut self.requests()).await {
+            let pool = c.pool.as_deref();
+            let mut gate = self.requests();
+            let r = calls::source_allocate(shared, h, c.family, pool, n, &mut gate).await;
+            match r {
                 Ok(addrs) => {
                     // The source had less than the claim: look again at once, so a node
                     // still short is seen exhausted (blocked, parked) now, not at the next
@@ -347,6 +373,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                         h.trigger.trigger(Reason::Retry);
                     }
                     Arc::make_mut(&mut self.fields.to_mut().addresses).union_with(&addrs);
+                }
+                Err(e) if c.pool.is_some() && e.class() == ErrorClass::Exhausted => {
+                    self.local.needs_describe = true;
                 }
                 Err(e) => {
                     self.local.needs_describe = true;

@@ -18,6 +18,7 @@ fn planned(needed: u64) -> Plan<'static> {
     let mut p = Plan::default();
     p.claims.push(Claim {
         family: Family::V4,
+        pool: None,
         count: 2,
         limit: u64::MAX,
     });

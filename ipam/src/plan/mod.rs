@@ -8,8 +8,11 @@
 //! answered tombstone is reported, the `Blocked` reason) are pure too: [`execution`].
 
 mod execution;
+mod lanes;
 
 pub(crate) use execution::{Answered, WriteRule, marks_to_send, tombstone};
+use lanes::{Lane, lanes};
+pub use lanes::{NodePools, PoolLane};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +36,9 @@ use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
 #[derive(Debug, Default)]
 pub struct NodeMemory {
     pub reclaim: ReclaimTracker,
-    pub excess_since: PerFamily<Option<Instant>>,
+    /// Since when each lane's excess persists: the default pools', the others'.
+    excess_since: PerFamily<Option<Instant>>,
+    pool_excess_since: BTreeMap<(Family, Arc<str>), Instant>,
     /// The smallest groups of the address set last planned with (see [`smallest_group`]),
     /// kept while the set is the same (shared) one: a source's holdings change rarely.
     groups: Option<Groups>,
@@ -51,6 +56,23 @@ impl NodeMemory {
     pub fn reset(&mut self) {
         self.reclaim.reset();
         self.excess_since = PerFamily::default();
+        self.pool_excess_since.clear();
+    }
+
+    /// Since when a lane's excess persists.
+    fn excess_clock(&self, family: Family, pool: Option<&Arc<str>>) -> Option<Instant> {
+        match pool {
+            None => *self.excess_since.get(family),
+            Some(p) => self.pool_excess_since.get(&(family, p.clone())).copied(),
+        }
+    }
+
+    fn set_excess_clock(&mut self, family: Family, pool: Option<&Arc<str>>, at: Option<Instant>) {
+        match (pool, at) {
+            (None, at) => *self.excess_since.get_mut(family) = at,
+            (Some(p), Some(at)) => _ = self.pool_excess_since.insert((family, p.clone()), at),
+            (Some(p), None) => _ = self.pool_excess_since.remove(&(family, p.clone())),
+        }
     }
 
     /// [`smallest_groups`] of `addresses`, computed once per address set.
@@ -93,14 +115,19 @@ pub struct Snapshot<'a> {
     pub grant_size: PerFamily<u128>,
     /// Pods bound to the node, not terminal, without pod IPs.
     pub pending: &'a [PodUid],
+    /// The node's pools beyond its default ones (`watermarks` and the pods of `pending`
+    /// that no other pool takes are the default pools').
+    pub pools: &'a NodePools,
     pub release: ReleaseConfig,
     pub reclaim: ReclaimConfig,
 }
 
 /// A claim of one family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub family: Family,
+    /// The pool to claim from (None: the node's default pool for the family).
+    pub pool: Option<Arc<str>>,
     pub count: u64,
     /// Never go past this many addresses in total (a set max_allocate or the pods cap).
     pub limit: u64,
@@ -193,8 +220,27 @@ pub fn count(
     fields: &OperatorFields,
     pending: &[PodUid],
 ) -> PerFamily<FamilyCounts> {
+    count_of(node, fields, pending, false)
+}
+
+/// [`count`]; `restricted`: `fields` hold one pool's addresses of a node that holds others
+/// too, so only the `used` entries among them count.
+fn count_of(
+    node: &IpamNode,
+    fields: &OperatorFields,
+    pending: &[PodUid],
+    restricted: bool,
+) -> PerFamily<FamilyCounts> {
     let mut c: PerFamily<FamilyCounts> = PerFamily::default();
-    let used = per_family(node.node.used.keys());
+    let used = match restricted {
+        false => per_family(node.node.used.keys()),
+        true => per_family(
+            (node.node.used.keys())
+                .filter(|a| fields.addresses.contains(a))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        ),
+    };
     (c.v4.used, c.v6.used) = (used.v4, used.v6);
     let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
     if !pending.is_empty() {
@@ -425,57 +471,50 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         }
     }
 
-    // 3. Needed and excess per family; withdraw marks that are no longer justified.
-    for &f in s.families {
-        if p.fields.release.is_empty() {
-            break;
-        }
-        let counts = count(node, &p.fields, s.pending);
-        let sizing = watermarks::size(&s.watermarks, counts.get(f), cap(s, f));
-        let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
-        if counts.get(f).marked > keep {
-            handshake::withdraw_surplus(p.fields.to_mut(), s.release_ack, f, keep);
-        }
+    // 3. Needed and excess per lane; withdraw marks that are no longer justified.
+    if !p.fields.release.is_empty() {
+        withdraw_unjustified(s, p.fields.to_mut());
     }
     // 4. Claim or mark.
     let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
     p.summary = summarize_with(s, &p.fields, p.reclaim.candidates as u64, smallest);
-    for &f in s.families {
-        let sizing = *p.summary.sizing.get(f);
+    let counts = count(node, &p.fields, s.pending);
+    for lane in lanes(s.families, &p.fields, s.pending, s.watermarks, s.pools) {
+        let f = lane.family;
+        let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
-            let allocated = p.summary.counts.get(f).allocated;
             p.claims.push(Claim {
                 family: f,
+                pool: lane.pool.cloned(),
                 count: sizing.claim,
-                limit: cap(s, f).map_or(u64::MAX, |c| c.saturating_sub(allocated)),
+                limit: lane_cap(s, &lane, &c, &counts)
+                    .map_or(u64::MAX, |cap| cap.saturating_sub(c.allocated)),
             });
         }
-        if s.release.enabled && sizing.needed == 0 {
-            let mark = sizing.mark.min(p.summary.counts.get(f).free());
-            match handshake::excess_persisted(
-                mem.excess_since.get_mut(f),
-                mark,
-                s.now,
-                s.release.delay,
-            ) {
-                // a source granting blocks takes back whole free blocks only: when none
-                // fits, there is nothing to offer it
-                Ok(()) => {
-                    let grant = *s.grant_size.get(f);
-                    if grant <= 1
-                        || whole_free_blocks(node, &p.fields, f, grant, mark, *smallest.get(f)) > 0
-                    {
-                        p.marks.push(Marks {
-                            family: f,
-                            count: mark,
-                            free: free_addresses(node, &p.fields, f),
-                        });
-                    }
+        if !(s.release.enabled && sizing.needed == 0) {
+            mem.set_excess_clock(f, lane.pool, None);
+            continue;
+        }
+        let mark = sizing.mark.min(c.free());
+        let mut since = mem.excess_clock(f, lane.pool);
+        let persisted = handshake::excess_persisted(&mut since, mark, s.now, s.release.delay);
+        mem.set_excess_clock(f, lane.pool, since);
+        match persisted {
+            // a source granting blocks takes back whole free blocks only: when none
+            // fits, there is nothing to offer it
+            Ok(()) => {
+                let grant = *s.grant_size.get(f);
+                let smallest = lane_smallest(&lane, &smallest, s.grant_size);
+                if grant <= 1 || whole_free_blocks(node, &lane.fields, f, grant, mark, smallest) > 0
+                {
+                    p.marks.push(Marks {
+                        family: f,
+                        count: mark,
+                        free: free_addresses(node, &lane.fields, f),
+                    });
                 }
-                Err(at) => p.next_deadline = earliest(p.next_deadline, at),
             }
-        } else {
-            *mem.excess_since.get_mut(f) = None;
+            Err(at) => p.next_deadline = earliest(p.next_deadline, at),
         }
     }
     // the marked addresses answered ready that survived the withdrawals
@@ -485,6 +524,73 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
             .keys_where(|s| *s == ReleaseState::MarkedForRelease),
     );
     p
+}
+
+/// Withdraws, lane by lane, the marks its sizing no longer justifies (all of them while it
+/// needs addresses).
+fn withdraw_unjustified(s: &Snapshot<'_>, fields: &mut OperatorFields) {
+    let counts = count(s.node, fields, s.pending);
+    let mut gone = AddrSet::new();
+    for mut lane in lanes(s.families, fields, s.pending, s.watermarks, s.pools) {
+        let (c, sizing) = size_lane(s, &lane, &counts);
+        let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
+        if c.marked <= keep {
+            continue;
+        }
+        let before = lane.fields.release.keys();
+        handshake::withdraw_surplus(lane.fields.to_mut(), s.release_ack, lane.family, keep);
+        let mut withdrawn = before;
+        withdrawn.subtract(&lane.fields.release.keys());
+        gone.union_with(&withdrawn);
+    }
+    fields.release.remove_set(&gone);
+}
+
+/// A lane's counts and sizing; `counts`: the node's, for a lane that sees all of them.
+fn size_lane(
+    s: &Snapshot<'_>,
+    lane: &Lane<'_>,
+    counts: &PerFamily<FamilyCounts>,
+) -> (FamilyCounts, Sizing) {
+    let f = lane.family;
+    let c = match lane.restricted {
+        false => *counts.get(f),
+        true => *count_of(s.node, &lane.fields, &lane.pending, true).get(f),
+    };
+    let cap = lane_cap(s, lane, &c, counts);
+    (c, watermarks::size(&lane.watermarks, &c, cap))
+}
+
+/// The hard cap on a lane: the node's cap on its family less what its other pools hold,
+/// and a pool's own `max_allocate`.
+fn lane_cap(
+    s: &Snapshot<'_>,
+    lane: &Lane<'_>,
+    c: &FamilyCounts,
+    counts: &PerFamily<FamilyCounts>,
+) -> Option<u64> {
+    let f = lane.family;
+    let others = counts.get(f).allocated.saturating_sub(c.allocated);
+    let node = cap(s, f).map(|cap| cap.saturating_sub(others));
+    if lane.pool.is_none() {
+        return node;
+    }
+    match (
+        node,
+        watermarks::pool_cap(&lane.watermarks, None, *s.grant_size.get(f)),
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The smallest group of the lane's addresses: the node's, for a lane that sees all.
+fn lane_smallest(lane: &Lane<'_>, node: &PerFamily<u128>, grant: PerFamily<u128>) -> u128 {
+    let f = lane.family;
+    match lane.restricted {
+        false => *node.get(f),
+        true => *smallest_groups(&lane.fields.addresses, grant).get(f),
+    }
 }
 
 /// The hard cap on one family of the node's pool.
@@ -507,7 +613,8 @@ pub fn summarize(
     summarize_with(s, fields, reclaim_candidates, smallest)
 }
 
-/// [`summarize`] with the address set's [`smallest_groups`] at hand.
+/// [`summarize`] with the address set's [`smallest_groups`] at hand: each family's sizing
+/// is the sum of its lanes'.
 fn summarize_with(
     s: &Snapshot<'_>,
     fields: &OperatorFields,
@@ -522,8 +629,11 @@ fn summarize_with(
         ..NodeSummary::default()
     };
     for &f in s.families {
-        let c = counts.get(f);
-        let sizing = watermarks::size(&s.watermarks, c, cap(s, f));
+        *summary.pods_waiting.get_mut(f) = counts.get(f).waiting;
+    }
+    for lane in lanes(s.families, fields, s.pending, s.watermarks, s.pools) {
+        let f = lane.family;
+        let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 {
             if s.info.terminating {
                 summary.blocked = summary.blocked.or(Some(Blocked::Terminating));
@@ -538,15 +648,24 @@ fn summarize_with(
         let room = c.free().min(sizing.excess.saturating_sub(c.marked));
         let grant = *s.grant_size.get(f);
         let releasable = if grant > 1 && room > 0 {
-            whole_free_blocks(s.node, fields, f, grant, room, *smallest.get(f))
+            let smallest = lane_smallest(&lane, &smallest, s.grant_size);
+            whole_free_blocks(s.node, &lane.fields, f, grant, room, smallest)
         } else {
             room
         };
         summary.releasable += releasable + c.marked;
-        *summary.sizing.get_mut(f) = sizing;
-        *summary.pods_waiting.get_mut(f) = c.waiting;
+        add_sizing(summary.sizing.get_mut(f), &sizing);
     }
     summary
+}
+
+/// Adds a lane's sizing to its family's.
+fn add_sizing(total: &mut Sizing, lane: &Sizing) {
+    total.needed += lane.needed;
+    total.excess += lane.excess;
+    total.claim += lane.claim;
+    total.mark += lane.mark;
+    total.at_cap |= lane.at_cap;
 }
 
 #[cfg(test)]

@@ -65,6 +65,8 @@ struct Inner {
     changes: HashMap<NodeName, ChangeLog>,
     /// The last sequence number handed out (one counter for all nodes).
     seq: u64,
+    /// What the pool choice reads of the pods that carry it ([`PodView::pool_subject`]).
+    subjects: HashMap<PodUid, Arc<Subject>>,
 }
 
 /// Changes of one node's pods kept for [`PodCache::pod_changes`].
@@ -135,6 +137,11 @@ impl MemoryPodView {
         });
     }
 
+    /// The pod's labels and annotations and its namespace's, as the pool choice reads them.
+    pub fn set_pool_subject(&self, uid: PodUid, subject: Subject) {
+        self.inner.lock().subjects.insert(uid, Arc::new(subject));
+    }
+
     /// The pod runs with these addresses (its status.podIPs).
     pub fn set_running(&self, uid: PodUid, ips: impl IntoIterator<Item = IpAddr>) {
         let mut g = self.inner.lock();
@@ -180,6 +187,7 @@ impl MemoryPodView {
             }
             g.deleted.pop_front();
             g.pods.remove(&old);
+            g.subjects.remove(&old);
         }
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
@@ -316,6 +324,10 @@ impl PodView for MemoryPodView {
         _name: &str,
     ) -> Result<Option<PodInfo>, IpamError> {
         Ok(self.truth(uid))
+    }
+
+    fn pool_subject(&self, uid: PodUid) -> Option<Subject> {
+        self.inner.lock().subjects.get(&uid).map(|s| (**s).clone())
     }
 
     fn pending_pods(&self, node: &str) -> Vec<PodUid> {

@@ -37,27 +37,34 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+mod node_pools;
+
+use super::choice::{Selector, Subject};
 use super::repair::{self, BlockClaim, LiveNodes, RepairFix, RepairReport, RepairTracker};
 use super::{PoolError, PoolSet, PoolSpec, block_name, family_of};
 use crate::addrs::{AddrSet, saturate, span};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::gate::{Gate, Ungated};
+use crate::plan::NodePools;
 use crate::source::{Holdings, IpSource, Quota};
 use crate::store::{BlockStore, EventType, NodeStore, ReleaseMark};
 use crate::types::{
-    Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck, ReleaseState,
+    Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, PodUid, ReleaseAck, ReleaseState,
     ResourceVersion,
 };
 use crate::vocab::EventReason;
 
 use tidepool_metrics::{BlockState, PoolState, record};
 
-/// A pool and the labels a node must carry to get it (empty: no selector).
+/// A pool and the labels a node must carry to get it (empty: no selector), with the
+/// namespaces and pods it selects (DESIGN.md "Pools per namespace and per pod").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
     pub spec: PoolSpec,
     pub node_selector: BTreeMap<String, String>,
+    pub namespace_selector: Selector,
+    pub pod_selector: Selector,
 }
 
 impl PoolConfig {
@@ -65,6 +72,28 @@ impl PoolConfig {
         Self {
             spec,
             node_selector: BTreeMap::new(),
+            namespace_selector: Selector::default(),
+            pod_selector: Selector::default(),
+        }
+    }
+}
+
+/// A pool's selectors, in the pools' order (oldest first).
+#[derive(Debug)]
+struct Selectors {
+    name: String,
+    node: BTreeMap<String, String>,
+    namespace: Selector,
+    pod: Selector,
+}
+
+impl Selectors {
+    fn of(p: &PoolConfig) -> Self {
+        Self {
+            name: p.spec.name.clone(),
+            node: p.node_selector.clone(),
+            namespace: p.namespace_selector.clone(),
+            pod: p.pod_selector.clone(),
         }
     }
 }
@@ -101,7 +130,7 @@ impl Seen {
 
 struct State {
     pools: PoolSet,
-    selectors: Vec<(String, BTreeMap<String, String>)>,
+    selectors: Vec<Selectors>,
     nodes: HashMap<NodeName, NodeMeta>,
     /// Per node: the blocks (name, resourceVersion) last shown to the engine, and the
     /// holdings built from them (reused while the blocks are unchanged).
@@ -246,6 +275,12 @@ impl State {
             .is_some_and(|fi| fi.usable_count(&b.cidr).is_err_and(|e| is_stray(&e)))
     }
 
+    /// Whether a block counts in its node's holdings: neither drained (the source's own
+    /// handshake), nor stray, nor of an Invalid pool.
+    fn kept(&self, b: &IpamBlock) -> bool {
+        !self.drained(b) && !self.stray(b) && !self.of_invalid_pool(b)
+    }
+
     /// The node's pool for a family (see the module documentation for the precedence).
     fn pool_for(&self, node: &str, family: Family) -> Option<String> {
         let meta = self.nodes.get(node);
@@ -258,15 +293,13 @@ impl State {
                 .is_ok_and(|p| p.family(family).is_some())
         };
         let labels = meta.map(|m| &m.labels);
-        let by_selector = self.selectors.iter().find(|(name, sel)| {
-            !sel.is_empty()
-                && serves(name)
-                && sel
-                    .iter()
-                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        let by_selector = self.selectors.iter().find(|p| {
+            !p.node.is_empty()
+                && serves(&p.name)
+                && (p.node.iter()).all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
         });
         match by_selector {
-            Some((name, _)) => Some(name.clone()),
+            Some(p) => Some(p.name.clone()),
             None => Some(DEFAULT_POOL.to_string()),
         }
     }
@@ -299,15 +332,36 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.state.lock().usable(b)
     }
 
+    /// The pool of `family` a pod with `subject` takes on `node` (DESIGN.md "Pools per
+    /// namespace and per pod"): what the node side allocates from at ADD, and what the
+    /// engine counts the pod's demand for until then.
+    pub fn choose(
+        &self,
+        node: &str,
+        family: Family,
+        subject: &Subject,
+    ) -> Result<String, super::choice::ChoiceError> {
+        self.state.lock().choose(node, family, subject)
+    }
+
+    /// The usable addresses of the node's blocks of `pool` and `family`.
+    pub fn pool_addresses(&self, node: &NodeName, pool: &str, family: Family) -> AddrSet {
+        let blocks = self.store.blocks_of(node);
+        let s = self.state.lock();
+        let mut out = AddrSet::new();
+        let mine = |b: &&Arc<IpamBlock>| &*b.pool == pool && family_of(&b.cidr) == family;
+        for b in blocks.iter().filter(mine) {
+            out.union_with(&s.usable(b));
+        }
+        out
+    }
+
     /// A source over `store` serving `pools` (in creation order; invalid ones are kept,
     /// reported by [`Self::validity`], and never granted from). It serves the families its
     /// pools have CIDRs of, as they are now ([`Self::set_pools`]). The index is rebuilt from
     /// the blocks in the store before anything is granted.
     pub fn new(store: B, pools: Vec<PoolConfig>, seed: u64) -> Self {
-        let selectors = pools
-            .iter()
-            .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
-            .collect();
+        let selectors = pools.iter().map(Selectors::of).collect();
         let set = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
         let source = Self {
             store,
@@ -403,10 +457,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     pub fn set_pools(&self, pools: Vec<PoolConfig>) {
         {
             let mut s = self.state.lock();
-            s.selectors = pools
-                .iter()
-                .map(|p| (p.spec.name.clone(), p.node_selector.clone()))
-                .collect();
+            s.selectors = pools.iter().map(Selectors::of).collect();
             s.pools = PoolSet::new(pools.into_iter().map(|p| p.spec).collect());
             s.pools_generation += 1;
             // what is drained and what is usable may have changed
@@ -714,23 +765,19 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
     }
 }
 
-impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
-    fn name(&self) -> tidepool_metrics::Source {
-        tidepool_metrics::Source::ClusterPool
-    }
-
-    fn families(&self) -> &[Family] {
-        self.state.lock().pools.families()
-    }
-
-    fn grant_size(&self, family: Family) -> u128 {
-        self.block_size(family)
-    }
-
-    fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
+impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
+    /// [`IpSource::prepare_allocation`] from `pool`, or the node's default pool.
+    fn prepare_in(
+        &self,
+        node: &NodeName,
+        family: Family,
+        pool: Option<&str>,
+        want: u64,
+        limit: u64,
+    ) -> u64 {
         let s = self.state.lock();
-        let Some(fi) = s
-            .pool_for(node, family)
+        let Some(fi) = (pool.map(String::from))
+            .or_else(|| s.pool_for(node, family))
             .and_then(|p| s.pools.get(&p).ok())
             .and_then(|p| p.family(family))
         else {
@@ -743,18 +790,21 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         blocks.saturating_mul(bs)
     }
 
-    /// One block create per block (an AlreadyExists answer included), each admitted by
-    /// `gate`.
-    async fn allocate<G: Gate>(
+    /// [`IpSource::allocate`] from `pool`, or the node's default pool: one block create per
+    /// block (an AlreadyExists answer included), each admitted by `gate`.
+    async fn allocate_in<G: Gate>(
         &self,
         node: &NodeName,
         family: Family,
+        pool: Option<&str>,
         count: u64,
         gate: &mut G,
     ) -> Result<AddrSet, IpamError> {
         let (pool, uid, bs) = {
             let s = self.state.lock();
-            let pool = s.pool_for(node, family).unwrap_or_default();
+            let pool = (pool.map(String::from))
+                .or_else(|| s.pool_for(node, family))
+                .unwrap_or_default();
             let bs = match s.pools.get(&pool) {
                 Ok(p) => match p.family(family) {
                     Some(fi) => saturate(fi.block_addresses()),
@@ -848,6 +898,63 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         }
         record_pool_ips(&self.state.lock().pools);
         Ok(out)
+    }
+}
+
+impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
+    fn name(&self) -> tidepool_metrics::Source {
+        tidepool_metrics::Source::ClusterPool
+    }
+
+    fn families(&self) -> &[Family] {
+        self.state.lock().pools.families()
+    }
+
+    fn grant_size(&self, family: Family) -> u128 {
+        self.block_size(family)
+    }
+
+    fn prepare_allocation(&self, node: &NodeName, family: Family, want: u64, limit: u64) -> u64 {
+        self.prepare_in(node, family, None, want, limit)
+    }
+
+    fn prepare_pool_allocation(
+        &self,
+        node: &NodeName,
+        family: Family,
+        pool: &str,
+        want: u64,
+        limit: u64,
+    ) -> u64 {
+        self.prepare_in(node, family, Some(pool), want, limit)
+    }
+
+    async fn allocate<G: Gate>(
+        &self,
+        node: &NodeName,
+        family: Family,
+        count: u64,
+        gate: &mut G,
+    ) -> Result<AddrSet, IpamError> {
+        self.allocate_in(node, family, None, count, gate).await
+    }
+
+    async fn allocate_from_pool<G: Gate>(
+        &self,
+        node: &NodeName,
+        family: Family,
+        pool: &str,
+        count: u64,
+        gate: &mut G,
+    ) -> Result<AddrSet, IpamError> {
+        self.allocate_in(node, family, Some(pool), count, gate)
+            .await
+    }
+
+    fn node_pools(&self, node: &NodeName, pending: &[(PodUid, Option<Subject>)]) -> NodePools {
+        self.state
+            .lock()
+            .node_pools(&self.store.blocks_of(node), node, pending)
     }
 
     fn prepare_release(&self, node: &NodeName, free: &AddrSet, max: u64) -> AddrSet {
@@ -1006,8 +1113,7 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         // drained blocks are the source's own handshakes (see `drain`): the engine neither
         // counts them nor marks them, and tops the node up from the pools that remain; stray
         // blocks and those of an Invalid pool are left out alike, and never drained
-        let kept = |b: &&Arc<IpamBlock>| !s.drained(b) && !s.stray(b) && !s.of_invalid_pool(b);
-        for b in blocks.iter().filter(kept) {
+        for b in blocks.iter().filter(|b| s.kept(b)) {
             let addrs = s.usable(b);
             if b.release {
                 h.release.insert_set(&addrs, ReleaseState::MarkedForRelease);
@@ -1087,11 +1193,11 @@ mod tests {
         )
         .unwrap();
         PoolConfig {
-            spec,
             node_selector: selector
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ..PoolConfig::new(spec)
         }
     }
 

@@ -94,9 +94,15 @@ fn specs(m: &BTreeMap<String, api::IPPool>) -> Vec<(&String, &api::IPPoolSpec)> 
 /// One IPPool's spec as the source's configuration, read, not validated (the source
 /// validates it, [`tidepool_api::convert::pool_spec`]).
 pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> {
+    let selector = |s: &Option<_>, field: &str| match s {
+        Some(s) => tidepool_api::convert::selector(s).map_err(|e| format!("spec.{field}: {e}")),
+        None => Ok(Default::default()),
+    };
     Ok(PoolConfig {
         spec: tidepool_api::convert::pool_spec(name, spec)?,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
+        namespace_selector: selector(&spec.namespace_selector, "namespaceSelector")?,
+        pod_selector: selector(&spec.pod_selector, "podSelector")?,
     })
 }
 

@@ -149,7 +149,7 @@ pub async fn settle(world: &World, limit: Duration) {
 }
 
 /// The observer's invariants so far (no end-of-run check), asserted zero.
-pub fn assert_no_violations(world: &World) {
+pub fn assert_no_violations<S: tidepool_sim::SimSource>(world: &World<S>) {
     let inv = world.observer.invariants();
     assert_eq!(
         inv,

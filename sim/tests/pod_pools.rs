@@ -1,0 +1,179 @@
+//! Pools per namespace and per pod (DESIGN.md "Pools per namespace and per pod"), in the
+//! engine and the simulated node side: planning per (node, pool, family). A waiting pod is
+//! demand for its own pool, so a pool's first pod on a node gets a block before its ADD;
+//! one exhausted pool leaves the node's others serving; a pool other than the node's
+//! default keeps nothing idle.
+#![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use tidepool_ipam::pool::choice::{POOLS_ANNOTATION, Selector, Subject};
+use tidepool_ipam::pool::{ClusterPoolSource, DEFAULT_BLOCK_SIZE, PoolConfig, PoolSpec};
+use tidepool_ipam::{BlockStore, NodeName, PodUid};
+use tidepool_sim::{World, WorldConfig};
+
+use common::{Pool, assert_no_violations};
+
+const DEFAULT: &str = "10.0.0.0/24";
+const BLUE: &str = "10.1.0.0/24";
+
+fn spec(name: &str, cidr: &str) -> PoolSpec {
+    PoolSpec::parse(name, &[cidr], DEFAULT_BLOCK_SIZE, &[] as &[&str]).unwrap()
+}
+
+fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `default` over [`DEFAULT`] for every namespace, and `blue` over `blue` for the
+/// namespaces labelled `team=blue`.
+fn world(blue: &str) -> World<Pool> {
+    let pools = vec![
+        PoolConfig::new(spec("default", DEFAULT)),
+        PoolConfig {
+            namespace_selector: Selector {
+                match_labels: labels(&[("team", "blue")]),
+                ..Selector::default()
+            },
+            ..PoolConfig::new(spec("blue", blue))
+        },
+    ];
+    World::start_with(WorldConfig::default(), move |w, _obs, store| {
+        Ok(ClusterPoolSource::new(store.clone(), pools, w.seed))
+    })
+    .unwrap()
+}
+
+/// A pod of a namespace labelled `team`.
+fn of_team(team: &str) -> Subject {
+    Subject {
+        namespace_labels: labels(&[("team", team)]),
+        ..Subject::default()
+    }
+}
+
+fn inside(cidr: &str, a: &IpAddr) -> bool {
+    cidr.parse::<IpNet>().unwrap().contains(a)
+}
+
+/// The node's blocks of `pool`.
+fn blocks_of(w: &World<Pool>, node: &NodeName, pool: &str) -> usize {
+    let blocks = w.store.blocks_of(node);
+    blocks.iter().filter(|b| &*b.pool == pool).count()
+}
+
+/// The addresses of the node's `used` entries of `pods`.
+fn addresses_of(w: &World<Pool>, node: &str, pods: &[PodUid]) -> Vec<IpAddr> {
+    let n = w.node(node).unwrap();
+    let used = n.node.used.iter();
+    used.filter(|(_, e)| pods.contains(&e.pod_uid))
+        .map(|(a, _)| *a)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_namespace_gets_addresses_from_its_pool_and_the_others_from_the_default() {
+    let w = world(BLUE);
+    let n = w.add_node("n1");
+    assert!(w.settle(Duration::from_secs(30)).await);
+    assert_eq!(
+        (blocks_of(&w, &n, "default"), blocks_of(&w, &n, "blue")),
+        (1, 0),
+        "an idle node holds its default pool's pre-allocation and nothing of blue"
+    );
+    let blue: Vec<PodUid> = (0..3)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    let red: Vec<PodUid> = (0..3)
+        .map(|_| w.schedule_pod_with(&n, of_team("red")))
+        .collect();
+    assert!(w.settle(Duration::from_secs(30)).await);
+    assert_eq!(w.waiting(), 0);
+    let got = addresses_of(&w, "n1", &blue);
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|a| inside(BLUE, a)), "blue pods: {got:?}");
+    let got = addresses_of(&w, "n1", &red);
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|a| inside(DEFAULT, a)), "red pods: {got:?}");
+    assert_eq!(blocks_of(&w, &n, "blue"), 1);
+    assert_no_violations(&w);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_annotated_with_a_pool_its_namespace_may_not_use_gets_no_address() {
+    let w = world(BLUE);
+    let n = w.add_node("n1");
+    let forbidden = Subject {
+        pod_pools: Some("blue".into()),
+        ..of_team("red")
+    };
+    let uid = w.schedule_pod_with(&n, forbidden);
+    let other = w.schedule_pod_with(&n, of_team("red"));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(w.waiting_on("n1"), 1, "only the forbidden pod waits");
+    assert!(addresses_of(&w, "n1", &[uid]).is_empty());
+    assert_eq!(addresses_of(&w, "n1", &[other]).len(), 1);
+    assert_eq!(
+        blocks_of(&w, &n, "blue"),
+        0,
+        "no block of a pool the pod may not use is claimed for it"
+    );
+    assert_no_violations(&w);
+    assert_eq!(POOLS_ANNOTATION, "ipam.tidepool.dev/pools");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_pool_blocks_only_its_own_pods() {
+    // blue: one /28 block
+    let w = world("10.1.0.0/28");
+    let n = w.add_node("n1");
+    let blue: Vec<PodUid> = (0..20)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let red: Vec<PodUid> = (0..20)
+        .map(|_| w.schedule_pod_with(&n, of_team("red")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // (the pool's first and last addresses are not handed out)
+    let served = addresses_of(&w, "n1", &blue);
+    assert_eq!(served.len(), 14);
+    assert!(served.iter().all(|a| inside("10.1.0.0/28", a)));
+    assert_eq!(
+        addresses_of(&w, "n1", &red).len(),
+        20,
+        "the default pool serves its pods while blue is exhausted"
+    );
+    assert_eq!(w.waiting_on("n1"), 6);
+    assert_no_violations(&w);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_other_than_the_default_keeps_nothing_idle() {
+    let w = world(BLUE);
+    let n = w.add_node("n1");
+    let blue: Vec<PodUid> = (0..3)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    assert!(w.settle(Duration::from_secs(30)).await);
+    assert_eq!(blocks_of(&w, &n, "blue"), 1);
+    for uid in blue {
+        w.delete_pod(uid, false);
+    }
+    // past the release delay, the reclaim and the handshake
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(w.settle(Duration::from_secs(60)).await);
+    assert_eq!(
+        (blocks_of(&w, &n, "default"), blocks_of(&w, &n, "blue")),
+        (1, 0),
+        "blue's block went back once its pods were gone; the default keeps its pre-allocation"
+    );
+    assert_no_violations(&w);
+}
