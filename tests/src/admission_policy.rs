@@ -8,7 +8,8 @@
 //! validation names another reason).
 //!
 //! CEL is evaluated as `cel_expr` says. What it cannot evaluate is refused when the policy is
-//! written, never passed silently: functions beyond [`crate::cel_expr::FUNCTIONS`], the
+//! written, never passed silently: functions beyond [`crate::cel_expr::FUNCTIONS`],
+//! [`crate::cel_expr::STRINGS`] and the IP and CIDR library, the
 //! `authorizer` variable, and namespace or object selectors.
 
 use std::collections::{BTreeMap, HashMap};
