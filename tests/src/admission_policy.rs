@@ -1,13 +1,16 @@
 //! ValidatingAdmissionPolicy (`admissionregistration.k8s.io/v1`): every write that a policy's
 //! `matchConstraints` and a binding's `matchResources` select is checked by the policy's CEL
-//! validations over `object`, `oldObject`, `request` and `variables`, as the real server's
-//! validating admission plugin does, and refused in its words: `{resource} "{name}" is
-//! forbidden: ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request:
-//! {message}` (422 Invalid unless the validation names another reason).
+//! validations over `object`, `oldObject`, `request`, `namespaceObject`, `variables` and, with
+//! a `paramKind`, `params` (once per param the binding's `paramRef` finds:
+//! [`crate::admission_params`]), as the real server's validating admission plugin does, and
+//! refused in its words: `{resource} "{name}" is forbidden: ValidatingAdmissionPolicy
+//! '{policy}' with binding '{binding}' denied request: {message}` (422 Invalid unless the
+//! validation names another reason).
 //!
 //! CEL is evaluated as `cel_expr` says. What it cannot evaluate is refused when the policy is
-//! written, never passed silently: functions beyond [`crate::cel_expr::FUNCTIONS`], variables beyond
-//! [`VARIABLES`], `paramKind`/`paramRef`, and namespace or object selectors.
+//! written, never passed silently: functions beyond [`crate::cel_expr::FUNCTIONS`],
+//! [`crate::cel_expr::STRINGS`] and the IP and CIDR library, the
+//! `authorizer` variable, and namespace or object selectors.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use cel::Context;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
+use crate::admission_params::{self, ConfigError, Objects, ParamKind, ParamRef};
 use crate::cel_expr::{Expr, to_cel};
 use crate::error::Error;
 use crate::identity::UserInfo;
@@ -26,8 +30,18 @@ const GROUP: &str = "admissionregistration.k8s.io";
 const POLICY: &str = "ValidatingAdmissionPolicy";
 const BINDING: &str = "ValidatingAdmissionPolicyBinding";
 
-/// The variables a policy's expressions may read.
-pub(crate) const VARIABLES: [&str; 4] = ["object", "oldObject", "request", "variables"];
+/// The variables every policy's expressions may read; `params` too with a `paramKind`.
+const VARIABLES: [&str; 5] = [
+    "object",
+    "oldObject",
+    "request",
+    "namespaceObject",
+    "variables",
+];
+
+/// A variable of the real server's that this one does not evaluate (its library of
+/// authorization checks); refused when a policy reads it.
+const NOT_EVALUATED: &str = "authorizer";
 
 struct Validation {
     expr: Expr,
@@ -65,6 +79,8 @@ struct Bound {
     conditions: Vec<(String, Expr)>,
     variables: Vec<(String, Expr)>,
     validations: Vec<Validation>,
+    param_kind: Option<ParamKind>,
+    param_ref: Option<ParamRef>,
     fail_open: bool,
     deny: bool,
     warn: bool,
@@ -115,8 +131,9 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    /// Checks one write (`object` absent on DELETE, `old` absent on CREATE); returns the
-    /// warnings of `Warn` bindings, or the refusal of the first `Deny` binding that fails.
+    /// Checks one write (`object` absent on DELETE, `old` absent on CREATE), reading params
+    /// and the namespace from `objects`; returns the warnings of `Warn` bindings, or the
+    /// refusal of the first `Deny` binding that fails.
     #[allow(clippy::too_many_arguments)]
     pub fn check(
         &self,
@@ -128,6 +145,7 @@ impl Admission {
         object: Option<&Value>,
         old: Option<&Value>,
         dry_run: bool,
+        objects: &dyn Objects,
     ) -> Result<Vec<String>, Error> {
         if self.policies.bound.is_empty() {
             return Ok(Vec::new());
@@ -141,16 +159,20 @@ impl Admission {
             user: &self.user,
             dry_run,
         };
-        self.policies.admit(&req, object, old)
+        self.policies.admit(&req, object, old, objects)
     }
 }
 
 impl Policies {
+    /// validating/dispatcher.go `Dispatch`: each selected binding's params collected, the
+    /// policy evaluated once per param; a configuration error is a denial unless the policy
+    /// fails open.
     fn admit(
         &self,
         req: &Request,
         object: Option<&Value>,
         old: Option<&Value>,
+        objects: &dyn Objects,
     ) -> Result<Vec<String>, Error> {
         let mut selected = self.bound.iter().filter(|b| b.selects(req)).peekable();
         if selected.peek().is_none() {
@@ -161,27 +183,46 @@ impl Policies {
         ctx.add_variable_from_value("object", object.map_or(cel::Value::Null, to_cel));
         ctx.add_variable_from_value("oldObject", old.map_or(cel::Value::Null, to_cel));
         ctx.add_variable_from_value("request", to_cel(&req.to_json()));
+        ctx.add_variable_from_value("namespaceObject", to_cel(&namespace_object(req, objects)?));
         for b in selected {
-            let Some((message, reason)) = b.failure(&ctx) else {
-                continue;
+            let params = admission_params::collect(
+                b.param_kind.as_ref(),
+                b.param_ref.as_ref(),
+                req.namespace,
+                objects,
+            );
+            let params = match params {
+                Ok(params) => params,
+                Err(_) if b.fail_open => continue,
+                Err(e) => return Err(refusal(req, "Invalid", &b.config_denial(&e))),
             };
-            let (p, b_name) = (&b.policy, &b.binding);
-            if b.warn {
-                warnings.push(format!(
-                    "Validation failed for ValidatingAdmissionPolicy '{p}' with binding \
-                     '{b_name}': {message}"
-                ));
-            }
-            if b.deny {
-                let message = format!(
-                    "ValidatingAdmissionPolicy '{p}' with binding '{b_name}' denied request: \
-                     {message}"
+            for param in params {
+                let mut scope = ctx.new_inner_scope();
+                scope.add_variable_from_value(
+                    "params",
+                    param.as_deref().map_or(cel::Value::Null, to_cel),
                 );
-                return Err(refusal(req, &reason, &message));
+                if let Some(refused) = b.decide(req, &scope, &mut warnings) {
+                    return Err(refused);
+                }
             }
         }
         Ok(warnings)
     }
+}
+
+/// The request namespace's `namespaceObject` (null for a cluster-scoped resource and for a
+/// Namespace itself); a namespace that is gone is the lister's NotFound, as upstream returns
+/// it.
+fn namespace_object(req: &Request, objects: &dyn Objects) -> Result<Value, Error> {
+    let is_namespace = req.rt.group.is_empty() && req.rt.kind == "Namespace";
+    if req.namespace.is_empty() || is_namespace {
+        return Ok(Value::Null);
+    }
+    let ns = objects
+        .namespace(req.namespace)
+        .ok_or_else(|| Error::not_found("", "namespaces", req.namespace))?;
+    Ok(admission_params::namespace_object(Some(&ns)))
 }
 
 /// `admission.NewForbidden` with the validation's reason and code, and the message as a cause.
@@ -216,8 +257,44 @@ impl Bound {
         self.constraints.matches(req) && self.narrowed.as_ref().is_none_or(|m| m.matches(req))
     }
 
+    /// The denial of a configuration error (dispatcher.go `addConfigError`): without the
+    /// binding for the policy's own.
+    fn config_denial(&self, e: &ConfigError) -> String {
+        let p = &self.policy;
+        match e {
+            ConfigError::Policy(m) => format!(
+                "ValidatingAdmissionPolicy '{p}' denied request: failed to configure policy: {m}"
+            ),
+            ConfigError::Binding(m) => format!(
+                "ValidatingAdmissionPolicy '{p}' with binding '{}' denied request: failed to \
+                 configure binding: {m}",
+                self.binding
+            ),
+        }
+    }
+
+    /// Evaluates the policy in `ctx` (one param): a `Warn` failure adds to `warnings`, a
+    /// `Deny` failure is the refusal.
+    fn decide(&self, req: &Request, ctx: &Context, warnings: &mut Vec<String>) -> Option<Error> {
+        let (message, reason) = self.failure(ctx)?;
+        let (p, b) = (&self.policy, &self.binding);
+        if self.warn {
+            warnings.push(format!(
+                "Validation failed for ValidatingAdmissionPolicy '{p}' with binding '{b}': \
+                 {message}"
+            ));
+        }
+        self.deny.then(|| {
+            let message = format!(
+                "ValidatingAdmissionPolicy '{p}' with binding '{b}' denied request: {message}"
+            );
+            refusal(req, &reason, &message)
+        })
+    }
+
     /// The first failing validation's message and reason; `None` when all pass or the policy
     /// does not apply (a match condition is false). Evaluation errors follow failurePolicy.
+    /// A variable may read the ones before it.
     fn failure(&self, ctx: &Context) -> Option<(String, String)> {
         let mut scope = ctx.new_inner_scope();
         for (_, e) in &self.conditions {
@@ -228,13 +305,14 @@ impl Bound {
             }
         }
         let mut vars = HashMap::new();
+        scope.add_variable_from_value("variables", vars.clone());
         for (name, e) in &self.variables {
             match e.program.execute(&scope) {
                 Ok(v) => vars.insert(name.clone(), v),
                 Err(err) => return self.on_error(eval_error(e, &err)),
             };
+            scope.add_variable_from_value("variables", vars.clone());
         }
-        scope.add_variable_from_value("variables", vars);
         for v in &self.validations {
             match truth(&v.expr, &scope) {
                 Ok(true) => {}
@@ -367,17 +445,19 @@ fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The items of a list field with their compiled `key` expression; failures go to `causes`.
+/// The items of a list field with their compiled `key` expression, which may read
+/// `variables`; failures go to `causes`.
 fn exprs<'a>(
     list: &'a Value,
     field: &str,
     key: &str,
+    variables: &[&str],
     causes: &mut Vec<(String, String)>,
 ) -> Vec<(&'a Value, Expr)> {
     let mut out = Vec::new();
     for (i, item) in list.as_array().into_iter().flatten().enumerate() {
         let path = format!("spec.{field}[{i}].{key}");
-        match compile(item[key].as_str().unwrap_or_default(), &path) {
+        match compile(item[key].as_str().unwrap_or_default(), &path, variables) {
             Ok(e) => out.push((item, e)),
             Err(c) => causes.push(c),
         }
@@ -387,32 +467,49 @@ fn exprs<'a>(
 
 fn compile_bound(policy: &Value, binding: &Value) -> Result<Bound, Vec<(String, String)>> {
     let spec = &policy["spec"];
+    let param_kind = ParamKind::of(spec);
+    let mut vars = VARIABLES.to_vec();
+    if param_kind.is_some() {
+        vars.push("params");
+    }
     let mut causes = Vec::new();
     let conditions = exprs(
         &spec["matchConditions"],
         "matchConditions",
         "expression",
+        &vars,
         &mut causes,
     )
     .into_iter()
     .map(|(item, e)| (item["name"].as_str().unwrap_or_default().to_string(), e))
     .collect();
-    let variables = exprs(&spec["variables"], "variables", "expression", &mut causes)
-        .into_iter()
-        .map(|(item, e)| (item["name"].as_str().unwrap_or_default().to_string(), e))
-        .collect();
+    let variables = exprs(
+        &spec["variables"],
+        "variables",
+        "expression",
+        &vars,
+        &mut causes,
+    )
+    .into_iter()
+    .map(|(item, e)| (item["name"].as_str().unwrap_or_default().to_string(), e))
+    .collect();
     let mut validations = Vec::new();
     for (i, (item, expr)) in exprs(
         &spec["validations"],
         "validations",
         "expression",
+        &vars,
         &mut causes,
     )
     .into_iter()
     .enumerate()
     {
         let message_expr = match item["messageExpression"].as_str() {
-            Some(src) => match compile(src, &format!("spec.validations[{i}].messageExpression")) {
+            Some(src) => match compile(
+                src,
+                &format!("spec.validations[{i}].messageExpression"),
+                &vars,
+            ) {
                 Ok(e) => Some(e),
                 Err(c) => {
                     causes.push(c);
@@ -443,6 +540,8 @@ fn compile_bound(policy: &Value, binding: &Value) -> Result<Bound, Vec<(String, 
         conditions,
         variables,
         validations,
+        param_kind,
+        param_ref: ParamRef::of(&binding["spec"]),
         fail_open: spec["failurePolicy"].as_str() == Some("Ignore"),
         deny: actions.iter().any(|a| a == "Deny"),
         warn: actions.iter().any(|a| a == "Warn"),
@@ -470,10 +569,20 @@ fn matcher(m: &Value) -> Matcher {
     }
 }
 
-/// Compiles one expression, refusing what the `cel` crate cannot evaluate (module docs), with
-/// the cause the real server gives a policy whose expression does not compile.
-fn compile(source: &str, path: &str) -> Result<Expr, (String, String)> {
-    Expr::compile(source, &VARIABLES).map_err(|e| {
+/// Compiles one expression that may read `variables`, refusing what the `cel` crate cannot
+/// evaluate (module docs), with the cause the real server gives a policy whose expression does
+/// not compile, or one naming what this server does not evaluate.
+fn compile(source: &str, path: &str, variables: &[&str]) -> Result<Expr, (String, String)> {
+    let reads = |v| cel::Program::compile(source).is_ok_and(|p| p.references().has_variable(v));
+    if reads(NOT_EVALUATED) {
+        return Err((
+            path.to_string(),
+            format!(
+                "Forbidden: the '{NOT_EVALUATED}' variable is not evaluated by this test server"
+            ),
+        ));
+    }
+    Expr::compile(source, variables).map_err(|e| {
         (
             path.to_string(),
             format!("Invalid value: {source:?}: {}", e.detail()),
@@ -488,19 +597,9 @@ pub(crate) fn check_object(rt: &ResType, obj: &Value) -> Vec<(String, String)> {
     }
     let spec = &obj["spec"];
     let mut causes = Vec::new();
-    let unsupported = |field: &str| {
-        (
-            field.to_string(),
-            "Forbidden: not supported by this test server (no params, no namespace or object \
-             selectors)"
-                .to_string(),
-        )
-    };
     match rt.kind.as_str() {
         POLICY => {
-            if spec.get("paramKind").is_some_and(|p| !p.is_null()) {
-                causes.push(unsupported("spec.paramKind"));
-            }
+            causes.extend(admission_params::check_param_kind(spec));
             causes.extend(selectors(
                 &spec["matchConstraints"],
                 "spec.matchConstraints",
@@ -510,9 +609,7 @@ pub(crate) fn check_object(rt: &ResType, obj: &Value) -> Vec<(String, String)> {
             }
         }
         BINDING => {
-            if spec.get("paramRef").is_some_and(|p| !p.is_null()) {
-                causes.push(unsupported("spec.paramRef"));
-            }
+            causes.extend(admission_params::check_param_ref(spec));
             causes.extend(selectors(&spec["matchResources"], "spec.matchResources"));
             let actions = strings(&spec["validationActions"]);
             if actions.is_empty() {
@@ -560,6 +657,7 @@ mod tests {
         let (path, msg) = compile(
             "object.s.lowerAscii() == 'abc'",
             "spec.validations[0].expression",
+            &VARIABLES,
         )
         .err()
         .expect("refused");
@@ -568,12 +666,16 @@ mod tests {
             msg.contains("undeclared reference to 'lowerAscii'"),
             "{msg}"
         );
-        let (_, msg) = compile("params.x == 1", "p").err().expect("refused");
+        let (_, msg) = compile("params.x == 1", "p", &VARIABLES)
+            .err()
+            .expect("refused");
         assert!(msg.contains("undeclared reference to 'params'"), "{msg}");
-        let (_, msg) = compile("object.foo(", "p").err().expect("refused");
+        let (_, msg) = compile("object.foo(", "p", &VARIABLES)
+            .err()
+            .expect("refused");
         assert!(msg.starts_with("Invalid value: \"object.foo(\": compilation failed: ERROR: <input>:1:12: Syntax error"), "{msg}");
         assert!(
-            compile("object.l.all(item, item > 0)", "p").is_ok(),
+            compile("object.l.all(item, item > 0)", "p", &VARIABLES).is_ok(),
             "a comprehension's variable"
         );
     }

@@ -32,16 +32,25 @@ pub(crate) const FUNCTIONS: [&str; 12] = [
     "type",
 ];
 
-/// The environment expressions run in: the standard library and [`crate::cel_net`].
+/// The functions of Kubernetes' strings library (cel-go `ext.Strings`, in the base
+/// environment of both rule kinds) that rules may call, evaluated by the `cel` crate's strings
+/// extension: `split` (Go's `strings.Split`) and `trim` (leading and trailing white space).
+pub(crate) const STRINGS: [&str; 2] = ["split", "trim"];
+
+/// The environment expressions run in: the standard library, the strings extension (only
+/// [`STRINGS`] may be called) and [`crate::cel_net`].
 pub(crate) fn env() -> Arc<cel::Env> {
     let mut env = cel::Env::stdlib();
+    cel::extensions::strings(&mut env).expect("the strings library registers once");
     crate::cel_net::extension(&mut env).expect("the IP and CIDR library registers once");
     Arc::new(env)
 }
 
 /// Whether this server evaluates calls of `function`.
 fn evaluated(function: &str) -> bool {
-    FUNCTIONS.contains(&function) || crate::cel_net::FUNCTIONS.contains(&function)
+    FUNCTIONS.contains(&function)
+        || STRINGS.contains(&function)
+        || crate::cel_net::FUNCTIONS.contains(&function)
 }
 
 /// The longest message a `messageExpression` may produce (`celconfig`'s
@@ -72,8 +81,9 @@ impl CompileError {
             CompileError::Invalid(why) => format!("compilation failed: ERROR: <input>:{why}"),
             CompileError::Unsupported(f) => format!(
                 "compilation failed: ERROR: <input>: undeclared reference to '{f}' (in \
-                 container ''): this test server's CEL evaluates only {FUNCTIONS:?}, the \
-                 IP and CIDR library {:?}, the operators and the macros",
+                 container ''): this test server's CEL evaluates only {FUNCTIONS:?}, \
+                 {STRINGS:?} of the strings library, the IP and CIDR library {:?}, the \
+                 operators and the macros",
                 crate::cel_net::FUNCTIONS
             ),
         }
@@ -186,7 +196,7 @@ mod tests {
 
     fn eval(src: &str) -> cel::Value {
         let e = Expr::compile(src, &["object"]).expect("compiles");
-        let mut ctx = Context::default();
+        let mut ctx = Context::with_env(env());
         let object = json!({"s": "abc", "l": [1, 2], "m": {"k": "v"}});
         ctx.add_variable_from_value("object", to_cel(&object));
         e.program.execute(&ctx).expect("evaluates")
@@ -215,6 +225,10 @@ mod tests {
             ),
             ("object.l.filter(x, x > 1) == [2]", true),
             ("object.m == {'k': 'v'} && object == object", true),
+            (
+                "' a , b,'.split(',').map(x, x.trim()) == ['a', 'b', ''] && object.s.split('') == ['a', 'b', 'c']",
+                true,
+            ),
         ] {
             assert_eq!(eval(src), cel::Value::Bool(want), "{src}");
         }
@@ -222,6 +236,7 @@ mod tests {
         let sources =
             "size contains startsWith endsWith matches int uint double string bool bytes type";
         assert_eq!(sources.split(' ').collect::<Vec<_>>(), FUNCTIONS);
+        assert_eq!(["split", "trim"], STRINGS, "both exercised above");
     }
 
     #[test]

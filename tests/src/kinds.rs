@@ -236,7 +236,7 @@ fn requirements(sel: &Value) -> Vec<Requirement<'_>> {
 
 /// Whether `labels` satisfy `selector` (`LabelSelectorAsSelector(selector).Matches`); `None`
 /// when the selector cannot be converted (an unknown operator), as then no match check is made.
-fn selector_matches(selector: Option<&Value>, labels: Option<&Value>) -> Option<bool> {
+pub(crate) fn selector_matches(selector: Option<&Value>, labels: Option<&Value>) -> Option<bool> {
     let Some(sel) = selector.filter(|s| !s.is_null()) else {
         return Some(false); // labels.Nothing()
     };

@@ -9,6 +9,7 @@
 
 mod access_review;
 mod admission;
+mod admission_params;
 mod admission_policy;
 mod cel_expr;
 mod cel_net;

@@ -275,15 +275,57 @@ async fn what_cannot_be_enforced_is_refused_when_written() {
     p["spec"]["validations"][0]["expression"] = json!("variables.node != '");
     let s = status(&create(&admin, p).await.expect_err("refused")).clone();
     assert!(s.message.contains("spec.validations[0].expression: Invalid value: \"variables.node != '\": compilation failed: ERROR: <input>:1:"), "{}", s.message);
+    // `params` is declared only with a paramKind (k8s.io/kubernetes pkg/apis/
+    // admissionregistration/validation/validation.go `validateValidation`: HasParams)
     let mut p = own_node_policy();
-    p["spec"]["paramKind"] = json!({"apiVersion": "v1", "kind": "ConfigMap"});
+    p["spec"]["validations"][0]["expression"] = json!("params.x == 1");
     let s = status(&create(&admin, p).await.expect_err("refused")).clone();
     assert!(
-        s.message
-            .contains("spec.paramKind: Forbidden: not supported by this test server"),
+        s.message.contains("spec.validations[0].expression: Invalid value: \"params.x == 1\": compilation failed: ERROR: <input>: undeclared reference to 'params'"),
         "{}",
         s.message
     );
+    // `validateParamKind`
+    let mut p = own_node_policy();
+    p["spec"]["paramKind"] = json!({"kind": "ConfigMap"});
+    let s = status(&create(&admin, p).await.expect_err("refused")).clone();
+    assert!(
+        s.message
+            .contains("spec.paramKind.apiVersion: Required value"),
+        "{}",
+        s.message
+    );
+    // `authorizer` is not evaluated here: refused, naming it
+    let mut p = own_node_policy();
+    p["spec"]["validations"][0]["expression"] =
+        json!("authorizer.group('').resource('pods').check('get').allowed()");
+    let s = status(&create(&admin, p).await.expect_err("refused")).clone();
+    assert!(
+        s.message.contains("spec.validations[0].expression: Forbidden: the 'authorizer' variable is not evaluated by this test server"),
+        "{}",
+        s.message
+    );
+    // `validateParamRef`
+    let mut b = binding("b", POLICY, &["Deny"]);
+    b["spec"]["paramRef"] =
+        json!({"name": "x", "selector": {}, "parameterNotFoundAction": "Block"});
+    let s = status(&create(&admin, b).await.expect_err("refused")).clone();
+    for cause in [
+        "spec.paramRef.name: Forbidden: name and selector are mutually exclusive",
+        "spec.paramRef.selector: Forbidden: name and selector are mutually exclusive",
+        "spec.paramRef.parameterNotFoundAction: Unsupported value: \"Block\": supported values: \"Deny\", \"Allow\"",
+    ] {
+        assert!(s.message.contains(cause), "{cause}: {}", s.message);
+    }
+    let mut b = binding("b", POLICY, &["Deny"]);
+    b["spec"]["paramRef"] = json!({});
+    let s = status(&create(&admin, b).await.expect_err("refused")).clone();
+    for cause in [
+        "spec.paramRef: Required value: one of name or selector must be specified",
+        "spec.paramRef.parameterNotFoundAction: Required value",
+    ] {
+        assert!(s.message.contains(cause), "{cause}: {}", s.message);
+    }
     let s = status(
         &create(&admin, binding("b", POLICY, &["Deny", "Warn"]))
             .await
@@ -388,4 +430,257 @@ async fn only_the_operator_changes_an_ipamnodes_node_uid() {
         .patch("node-a", &pp, &by_patch)
         .await
         .expect("the operator may");
+}
+
+/// A policy on ConfigMap CREATEs named `names` whose params are IPPools: a ConfigMap may not
+/// take the name of a param (`validation` overrides the expression).
+fn pool_param_policy(name: &str, names: &[&str], failure: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": failure,
+            "paramKind": {"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool"},
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["configmaps"], "resourceNames": names}]},
+            "validations": [{"expression": "object.metadata.name != params.metadata.name",
+                "messageExpression": "'configmap ' + object.metadata.name + ' takes the name of IPPool ' + params.metadata.name"}]}})
+}
+
+fn param_binding(name: &str, policy: &str, param_ref: Value) -> Value {
+    let mut b = binding(name, policy, &["Deny"]);
+    b["spec"]["paramRef"] = param_ref;
+    b
+}
+
+fn ippool(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"cidrs": ["10.0.0.0/16"], "blockSize": {"ipv4": 24}}})
+}
+
+fn configmap(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default"}})
+}
+
+/// A server with every tidepool CRD and `objects` created.
+async fn params_setup(objects: Vec<Value>) -> (ApiServer, kube::Client) {
+    let server = ApiServer::start_with(fast_config()).await.unwrap();
+    let admin = server.client(ADMIN).await.unwrap();
+    for crd in tidepool_api::crds() {
+        create_established(&admin, &crd).await;
+    }
+    for o in objects {
+        create(&admin, o).await.expect("accepted");
+    }
+    (server, admin)
+}
+
+/// `paramKind` and `paramRef` as kube-apiserver's policy dispatcher resolves them
+/// (k8s.io/apiserver pkg/admission/plugin/policy/generic/policy_dispatcher.go
+/// `CollectParams`, validating/dispatcher.go `Dispatch`): a selector evaluates the policy
+/// once per matching param and every one must pass; a name, one param; none found is
+/// allowed, or refused by `parameterNotFoundAction: Deny` as a configuration error of the
+/// binding (failurePolicy decides); a paramKind no resource serves is one of the policy
+/// (policy_source.go `ensureParamsForPolicyLocked`); a policy with paramKind whose binding has
+/// no paramRef runs once with `params` null.
+#[tokio::test]
+async fn params_are_collected_as_the_policy_dispatcher_collects_them() {
+    let selected = json!({"selector": {"matchLabels": {"tier": "x"}},
+        "parameterNotFoundAction": "Deny"});
+    let (server, admin) = params_setup(vec![
+        pool_param_policy(
+            "p-selector",
+            &["pool-a", "pool-b", "pool-c", "other"],
+            "Fail",
+        ),
+        param_binding("b-selector", "p-selector", selected),
+        pool_param_policy("p-by-name", &["named"], "Fail"),
+        param_binding(
+            "b-by-name",
+            "p-by-name",
+            json!({"name": "named", "parameterNotFoundAction": "Allow"}),
+        ),
+        pool_param_policy("p-ignored", &["ignored"], "Ignore"),
+        param_binding(
+            "b-ignored",
+            "p-ignored",
+            json!({"selector": {}, "parameterNotFoundAction": "Deny"}),
+        ),
+    ])
+    .await;
+    let cms: Api<DynamicObject> = Api::namespaced_with(
+        server.client("tester").await.unwrap(),
+        "default",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let pp = PostParams::default();
+    let denied = "ValidatingAdmissionPolicy 'p-selector' with binding 'b-selector' denied \
+        request: failed to configure binding: no params found for policy binding with `Deny` \
+        parameterNotFoundAction";
+    let s = refused(cms.create(&pp, &dynamic(configmap("other"))).await, 422);
+    assert_eq!(s.reason, "Invalid");
+    assert_eq!(
+        s.message,
+        format!("configmaps \"other\" is forbidden: {denied}")
+    );
+    cms.create(&pp, &dynamic(configmap("named")))
+        .await
+        .expect("Allow: no param named `named` yet");
+    cms.create(&pp, &dynamic(configmap("ignored")))
+        .await
+        .expect("a binding's configuration error follows failurePolicy Ignore");
+
+    for (name, tier) in [
+        ("pool-a", "x"),
+        ("pool-b", "x"),
+        ("pool-c", "y"),
+        ("named", "z"),
+    ] {
+        create(&admin, ippool(name, json!({"tier": tier})))
+            .await
+            .unwrap();
+    }
+    for name in ["pool-a", "pool-b"] {
+        let s = refused(cms.create(&pp, &dynamic(configmap(name))).await, 422);
+        assert!(
+            s.message.ends_with(&format!(
+                "denied request: configmap {name} takes the name of IPPool {name}"
+            )),
+            "every selected param is checked: {}",
+            s.message
+        );
+    }
+    cms.create(&pp, &dynamic(configmap("pool-c")))
+        .await
+        .expect("pool-c is not selected");
+    cms.create(&pp, &dynamic(configmap("other")))
+        .await
+        .expect("params found, and every one passes");
+    let public: Api<DynamicObject> = Api::namespaced_with(
+        server.client("tester").await.unwrap(),
+        "kube-public",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let mut named = configmap("named");
+    named["metadata"]["namespace"] = json!("kube-public");
+    let s = refused(public.create(&pp, &dynamic(named)).await, 422);
+    assert!(
+        s.message.contains("takes the name of IPPool named"),
+        "{}",
+        s.message
+    );
+}
+
+/// The configuration errors of params, in the real server's words, and `params` null when a
+/// binding of a policy with paramKind has no paramRef.
+#[tokio::test]
+async fn params_configuration_errors_and_a_binding_without_param_ref() {
+    let mut unknown = pool_param_policy("p-unknown", &["unknown"], "Fail");
+    unknown["spec"]["paramKind"] = json!({"apiVersion": "example.com/v1", "kind": "Nope"});
+    let mut null = pool_param_policy("p-null", &["null"], "Fail");
+    null["spec"]["validations"] =
+        json!([{"expression": "params == null", "message": "params is set"}]);
+    let (server, _) = params_setup(vec![
+        unknown,
+        param_binding(
+            "b-unknown",
+            "p-unknown",
+            json!({"selector": {}, "parameterNotFoundAction": "Allow"}),
+        ),
+        pool_param_policy("p-namespaced", &["namespaced"], "Fail"),
+        param_binding(
+            "b-namespaced",
+            "p-namespaced",
+            json!({"name": "x", "namespace": "default", "parameterNotFoundAction": "Allow"}),
+        ),
+        null,
+        binding("b-null", "p-null", &["Deny"]),
+    ])
+    .await;
+    let cms: Api<DynamicObject> = Api::namespaced_with(
+        server.client("tester").await.unwrap(),
+        "default",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let pp = PostParams::default();
+    let s = refused(cms.create(&pp, &dynamic(configmap("unknown"))).await, 422);
+    assert_eq!(
+        s.message,
+        "configmaps \"unknown\" is forbidden: ValidatingAdmissionPolicy 'p-unknown' denied \
+         request: failed to configure policy: failed to find resource referenced by paramKind: \
+         'example.com/v1, Kind=Nope'"
+    );
+    let s = refused(
+        cms.create(&pp, &dynamic(configmap("namespaced"))).await,
+        422,
+    );
+    assert!(
+        s.message.ends_with(
+            "with binding 'b-namespaced' denied request: failed to configure binding: \
+             paramRef.namespace must not be provided for a cluster-scoped `paramKind`"
+        ),
+        "{}",
+        s.message
+    );
+    cms.create(&pp, &dynamic(configmap("null")))
+        .await
+        .expect("no paramRef: params is null");
+}
+
+/// `namespaceObject` (k8s.io/apiserver pkg/admission/plugin/cel/filter.go
+/// `CreateNamespaceObject`): the request namespace's Namespace with its metadata's name,
+/// labels, annotations, …, spec and status; null for a cluster-scoped resource.
+#[tokio::test]
+async fn namespace_object_is_the_requests_namespace() {
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "p-ns"},
+        "spec": {"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                 "resources": ["configmaps"]},
+                {"apiGroups": ["ipam.tidepool.dev"], "apiVersions": ["v1alpha1"],
+                 "operations": ["CREATE"], "resources": ["ippools"]}]},
+            "validations": [
+                {"expression": "request.namespace == '' ? namespaceObject == null : namespaceObject.metadata.name == request.namespace && namespaceObject.status.phase == 'Active' && !has(namespaceObject.metadata.managedFields)",
+                 "message": "not the request's namespace"},
+                {"expression": "namespaceObject == null || (has(namespaceObject.metadata.labels) && 'team' in namespaceObject.metadata.labels && namespaceObject.metadata.labels['team'] == 'a')",
+                 "messageExpression": "'namespace ' + namespaceObject.metadata.name + ' is not team a'"}]}});
+    let (server, admin) = params_setup(vec![policy, binding("b-ns", "p-ns", &["Deny"])]).await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    for (ns, team) in [("team-a", "a"), ("team-b", "b")] {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                "metadata": {"name": ns, "labels": {"team": team}}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let tester = server.client("tester").await.unwrap();
+    let cm = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let pp = PostParams::default();
+    let ok = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+    Api::<DynamicObject>::namespaced_with(tester.clone(), "team-a", &cm)
+        .create(&pp, &dynamic(ok.clone()))
+        .await
+        .expect("team a's namespace");
+    let s = refused(
+        Api::<DynamicObject>::namespaced_with(tester.clone(), "team-b", &cm)
+            .create(&pp, &dynamic(ok))
+            .await,
+        422,
+    );
+    assert!(
+        s.message
+            .ends_with("denied request: namespace team-b is not team a"),
+        "{}",
+        s.message
+    );
+    create(&tester, ippool("cluster-scoped", json!({})))
+        .await
+        .expect("a cluster-scoped resource: namespaceObject is null");
 }

@@ -1751,3 +1751,108 @@ async fn kubectl_applies_the_shipped_bundle() {
     assert_eq!(out.trim(), "resourcequota/tidepool-critical-pods");
     server.shutdown();
 }
+
+/// The bundle's `tidepool-pod-pools` policy (deploy/operator/pod-pools-policy.yaml, issue
+/// 29): a pod whose `ipam.tidepool.dev/pools` annotation names an IPPool whose
+/// `namespaceSelector` does not select the pod's namespace is refused at CREATE, naming the
+/// pod, the pool and the namespace; an unrestricted pool is allowed everywhere; a pod without
+/// the annotation is never judged (its matchConditions), even where the policy would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_the_bundles_pod_pools_policy_keeps_a_namespace_to_its_pools() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    k.install_crds().await;
+    let out = k.ok(&["apply", "-k", DEPLOY]).await;
+    for what in [
+        "validatingadmissionpolicy.admissionregistration.k8s.io/tidepool-pod-pools created",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/tidepool-pod-pools created",
+    ] {
+        assert!(out.contains(what), "missing {what:?} in:\n{out}");
+    }
+    let file = |name: &str, yaml: &str| {
+        let p = k.dir.join(name);
+        std::fs::write(&p, yaml).unwrap();
+        p.display().to_string()
+    };
+    let pod = |name: &str, ns: &str, pools: Option<&str>| {
+        let annotations = pools.map_or(String::new(), |p| {
+            format!("\n  annotations:\n    ipam.tidepool.dev/pools: \"{p}\"")
+        });
+        file(
+            &format!("{ns}-{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}{annotations}\n\
+                 spec:\n  containers:\n  - name: c\n    image: registry.k8s.io/pause:3.10\n"
+            ),
+        )
+    };
+    // no pool yet: parameterNotFoundAction Allow lets an annotated pod through
+    k.ok(&["create", "namespace", "team-a"]).await;
+    k.ok(&["create", "namespace", "team-b"]).await;
+    k.ok(&["apply", "-f", &pod("early", "team-b", Some("team-a"))])
+        .await;
+    k.ok(&["label", "namespace", "team-a", "team=a"]).await;
+    k.ok(&["label", "namespace", "team-b", "team=b"]).await;
+    let pools = file(
+        "pools.yaml",
+        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: team-a\n\
+         spec:\n  cidrs: [10.70.0.0/16]\n  namespaceSelector:\n    matchLabels:\n      team: a\n\
+         ---\napiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: shared\n\
+         spec:\n  cidrs: [10.80.0.0/16, fd00:80::/64]\n\
+         ---\napiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: not-b\n\
+         spec:\n  cidrs: [fd00:90::/64]\n  namespaceSelector:\n    matchExpressions:\n\
+         \x20   - {key: team, operator: NotIn, values: [b]}\n    - {key: team, operator: Exists}\n",
+    );
+    k.ok(&["apply", "-f", &pools]).await;
+
+    let err = k
+        .fails(&["apply", "-f", &pod("web", "team-b", Some("shared, team-a"))])
+        .await;
+    assert!(
+        err.contains(
+            "pods \"web\" is forbidden: ValidatingAdmissionPolicy 'tidepool-pod-pools' with \
+             binding 'tidepool-pod-pools' denied request: pod team-b/web may not use IPPool \
+             team-a: its namespaceSelector does not select namespace team-b"
+        ),
+        "{err}"
+    );
+    let err = k
+        .fails(&["apply", "-f", &pod("v6", "team-b", Some("not-b"))])
+        .await;
+    assert!(err.contains("may not use IPPool not-b"), "{err}");
+    k.ok(&["apply", "-f", &pod("web", "team-a", Some("team-a,not-b"))])
+        .await;
+    for ns in ["team-a", "team-b", "default"] {
+        k.ok(&["apply", "-f", &pod("any", ns, Some("shared"))])
+            .await;
+    }
+    k.ok(&["apply", "-f", &pod("plain", "team-b", None)]).await;
+
+    // matchConditions: with every validation failing (a broken copy of the policy), a pod
+    // without the annotation is still created
+    let shipped =
+        std::fs::read_to_string(format!("{DEPLOY}/operator/pod-pools-policy.yaml")).unwrap();
+    for doc in shipped.split("\n---\n") {
+        let mut v: Value = serde_saphyr::from_str(doc).unwrap();
+        v["metadata"]["name"] = "broken-pod-pools".into();
+        if v["kind"] == "ValidatingAdmissionPolicy" {
+            v["spec"]["validations"] = serde_json::json!([{"expression": "false"}]);
+        } else {
+            v["spec"]["policyName"] = "broken-pod-pools".into();
+        }
+        let f = file(
+            &format!("broken-{}.json", v["kind"].as_str().unwrap()),
+            &v.to_string(),
+        );
+        k.ok(&["apply", "-f", &f]).await;
+    }
+    k.ok(&["apply", "-f", &pod("plain2", "team-a", None)]).await;
+    let err = k
+        .fails(&["apply", "-f", &pod("web2", "team-a", Some("shared"))])
+        .await;
+    assert!(
+        err.contains("ValidatingAdmissionPolicy 'broken-pod-pools'"),
+        "the broken copy judges annotated pods: {err}"
+    );
+    server.shutdown();
+}

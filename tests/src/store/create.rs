@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::crd::CRD_GR;
 use super::meta::{meta_mut, meta_str, now};
+use super::objects::Stored;
 use super::{Inner, Owners, Store, WriteOpts, Written, writer};
 use crate::error::Error;
 use crate::names;
@@ -81,7 +82,17 @@ impl Store {
         self.admit(rt, &mut obj, None, o.strict, &mut warnings)?;
         if let Some(a) = &o.admission {
             let name = meta_str(&obj, "name").to_string();
-            warnings.extend(a.check("CREATE", rt, "", ns, &name, Some(&obj), None, o.dry_run)?);
+            warnings.extend(a.check(
+                "CREATE",
+                rt,
+                "",
+                ns,
+                &name,
+                Some(&obj),
+                None,
+                o.dry_run,
+                &Stored(i),
+            )?);
         }
         if owners == Owners::Record {
             let (t, av) = (now(), rt.api_version());

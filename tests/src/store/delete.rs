@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::crd::CRD_GR;
 use super::meta::{finalizers, meta, meta_mut, meta_str, now};
+use super::objects::Stored;
 use super::{DeleteOpts, Inner, Store, Written};
 use crate::error::Error;
 use crate::registry::ResType;
@@ -38,7 +39,17 @@ impl Store {
         let mut warnings: Vec<String> = Vec::new();
         if let Some(a) = &d.admission {
             let (ns, name) = (meta_str(old, "namespace"), meta_str(old, "name"));
-            warnings = a.check("DELETE", rt, "", ns, name, None, Some(old), d.dry_run)?;
+            warnings = a.check(
+                "DELETE",
+                rt,
+                "",
+                ns,
+                name,
+                None,
+                Some(old),
+                d.dry_run,
+                &Stored(i),
+            )?;
         }
         let answer = |obj, code| Written {
             obj: Self::present(rt, &obj),

@@ -14,6 +14,26 @@ use crate::paging::{Token, key_of, start_after};
 use crate::registry::ResType;
 use crate::selector::Selector;
 
+/// The stored objects as admission policies read them (params, the request's namespace),
+/// under the lock a write holds.
+pub(super) struct Stored<'a>(pub(super) &'a Inner);
+
+impl crate::admission_params::Objects for Stored<'_> {
+    fn of_kind(&self, api_version: &str, kind: &str) -> Option<(bool, Vec<Arc<Value>>)> {
+        let rt =
+            (self.0.types.values()).find(|t| t.api_version() == api_version && t.kind == kind)?;
+        let objects = (self.0.objects.get(&rt.storage_gr()).into_iter())
+            .flat_map(|m| m.values().map(|o| Store::present(rt, o)))
+            .collect();
+        Some((rt.namespaced, objects))
+    }
+
+    fn namespace(&self, name: &str) -> Option<Arc<Value>> {
+        let key = (String::new(), name.to_string());
+        self.0.objects.get("namespaces")?.get(&key).cloned()
+    }
+}
+
 impl Store {
     /// Every stored object of a resource (`plural.group`), in all namespaces.
     pub(crate) fn objects_of(&self, gr: &str) -> Vec<Arc<Value>> {

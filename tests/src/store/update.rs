@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::crd::CRD_GR;
 use super::meta::{finalizers, meta, meta_mut, meta_str, now, spec_part, without_managed};
+use super::objects::Stored;
 use super::{Inner, Owners, Store, WriteOpts, Written, writer};
 use crate::error::Error;
 use crate::registry::ResType;
@@ -142,7 +143,17 @@ impl Store {
         if let Some(a) = &o.admission {
             let ns = meta_str(old, "namespace");
             let (sub, dry) = (o.subresource.as_str(), o.dry_run);
-            warnings.extend(a.check("UPDATE", rt, sub, ns, &name, Some(&new), Some(old), dry)?);
+            warnings.extend(a.check(
+                "UPDATE",
+                rt,
+                sub,
+                ns,
+                &name,
+                Some(&new),
+                Some(old),
+                dry,
+                &Stored(i),
+            )?);
         }
         if owners == Owners::Record {
             let (t, av) = (now(), rt.api_version());
