@@ -168,6 +168,27 @@ impl std::fmt::Display for Why {
     }
 }
 
+/// The node's default pool for a family (rule 4; DESIGN.md "Resources", IPAMNode
+/// `spec.pools`): the pool `spec.pools` names for it, else the first of `candidates` (the
+/// valid pools serving the family, oldest first, with their `nodeSelector` labels) whose
+/// non-empty node selector the node's `labels` match, else [`super::DEFAULT_POOL`]. The
+/// operator's source and the agent both call it.
+pub fn default_pool<'a>(
+    named: Option<&str>,
+    candidates: impl IntoIterator<Item = (&'a str, &'a Labels)>,
+    labels: &Labels,
+) -> String {
+    if let Some(p) = named {
+        return p.to_string();
+    }
+    let selects = |sel: &Labels| (sel.iter()).all(|(k, v)| labels.get(k) == Some(v));
+    let by_selector = (candidates.into_iter()).find(|(_, sel)| !sel.is_empty() && selects(sel));
+    by_selector.map_or_else(
+        || super::DEFAULT_POOL.to_string(),
+        |(name, _)| name.to_string(),
+    )
+}
+
 /// Whether `pool` may serve `subject` in `family`, or why not.
 pub fn eligible(pool: &PoolTerms, family: Family, subject: &Subject) -> Result<(), Why> {
     let node_ok =

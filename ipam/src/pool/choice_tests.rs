@@ -232,6 +232,25 @@ fn a_default_pool_the_namespace_may_not_use_is_no_pool() {
     );
 }
 
+#[test]
+fn the_node_default_is_spec_pools_then_the_oldest_matching_node_selector_then_default() {
+    let (gpu, rack) = (labels(&[("gpu", "yes")]), labels(&[("rack", "r1")]));
+    let none = Labels::new();
+    let candidates = [("any", &none), ("gpu", &gpu), ("rack", &rack)];
+    let node = labels(&[("gpu", "yes"), ("rack", "r1")]);
+    assert_eq!(default_pool(Some("mine"), candidates, &node), "mine");
+    assert_eq!(
+        default_pool(None, candidates, &node),
+        "gpu",
+        "the oldest whose non-empty selector matches; an empty selector chooses nothing"
+    );
+    assert_eq!(
+        default_pool(None, candidates[2..].iter().copied(), &node),
+        "rack"
+    );
+    assert_eq!(default_pool(None, candidates, &none), "default");
+}
+
 fn arb_labels() -> impl Strategy<Value = Labels> {
     proptest::collection::btree_map("[ab]", "[xy]", 0..3)
 }

@@ -284,24 +284,18 @@ impl State {
     /// The node's pool for a family (see the module documentation for the precedence).
     fn pool_for(&self, node: &str, family: Family) -> Option<String> {
         let meta = self.nodes.get(node);
-        if let Some(p) = meta.and_then(|m| m.pools.get(family).clone()) {
-            return Some(p);
-        }
         let serves = |name: &str| {
             self.pools
                 .get(name)
                 .is_ok_and(|p| p.family(family).is_some())
         };
-        let labels = meta.map(|m| &m.labels);
-        let by_selector = self.selectors.iter().find(|p| {
-            !p.node.is_empty()
-                && serves(&p.name)
-                && (p.node.iter()).all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        });
-        match by_selector {
-            Some(p) => Some(p.name.clone()),
-            None => Some(DEFAULT_POOL.to_string()),
-        }
+        let candidates = (self.selectors.iter())
+            .filter(|p| serves(&p.name))
+            .map(|p| (p.name.as_str(), &p.node));
+        let named = meta.and_then(|m| m.pools.get(family).as_deref());
+        let none = BTreeMap::new();
+        let labels = meta.map_or(&none, |m| &m.labels);
+        Some(super::choice::default_pool(named, candidates, labels))
     }
 
     /// Records the blocks shown to the engine (the store's `at` version of them); the
