@@ -2352,3 +2352,87 @@ async fn a_node_holding_a_slash_64_is_not_rewritten_while_nothing_changes() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// A pod `name` of namespace `ns` bound to `node`.
+async fn add_pod_in(admin: &kube::Client, ns: &str, name: &str, node: &str) {
+    create_object(
+        admin,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        }),
+    )
+    .await;
+}
+
+/// How many of `node`'s blocks come from `pool`.
+async fn blocks_of_pool(admin: &kube::Client, node: &str, pool: &str) -> usize {
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks.list(&ListParams::default()).await.expect("list");
+    (list.items.iter())
+        .filter(|b| b.spec.node == node && b.spec.pool == pool)
+        .count()
+}
+
+/// Waits until `node` holds a block of `pool`.
+async fn until_pool_block(admin: &kube::Client, node: &str, pool: &str) {
+    let what = format!("a block of {pool} for {node}");
+    eventually(Duration::from_secs(20), &what, || async move {
+        (blocks_of_pool(admin, node, pool).await > 0).then_some(())
+    })
+    .await;
+}
+
+/// DESIGN.md "Pools per namespace and per pod": a waiting pod whose namespace a pool's
+/// namespaceSelector selects is demand for that pool on its node, so the operator claims a
+/// block of it before any ADD; the other namespaces' pods take the default pool; and a
+/// namespace relabelled while its pods wait re-plans their nodes at once (the resync is
+/// off: the Namespace watch alone must do it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaces_waiting_pods_get_blocks_of_the_pool_that_selects_it() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.80.0.0/24"], json!({"ipv4": 28})).await;
+    let mut blue = pool_json("blue", &["10.81.0.0/24"], json!({"ipv4": 28}));
+    blue["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "blue"}});
+    create_object(&admin, blue).await;
+    for (ns, team) in [("team-blue", "blue"), ("team-red", "red")] {
+        let labels = json!({"team": team});
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": labels}});
+        create_object(&admin, obj).await;
+    }
+    add_node(&admin, "node-a").await;
+    add_pod_in(&admin, "team-red", "red-0", "node-a").await;
+    let mut s = settings();
+    s.engine.resync_interval = Duration::from_secs(600);
+    let (stop, task) = start_operator(&server, s).await;
+    until_pool_block(&admin, "node-a", "default").await;
+    assert_eq!(blocks_of_pool(&admin, "node-a", "blue").await, 0);
+
+    add_pod_in(&admin, "team-blue", "blue-0", "node-a").await;
+    until_pool_block(&admin, "node-a", "blue").await;
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    for b in blocks.list(&ListParams::default()).await.unwrap().items {
+        let cidr = if b.spec.pool == "blue" {
+            "10.81."
+        } else {
+            "10.80."
+        };
+        assert!(b.spec.cidr.0.starts_with(cidr), "{b:?}");
+    }
+
+    // team-red joins blue while node-b's pod waits: node-b gets a blue block
+    add_node(&admin, "node-b").await;
+    add_pod_in(&admin, "team-red", "red-1", "node-b").await;
+    until_pool_block(&admin, "node-b", "default").await;
+    assert_eq!(blocks_of_pool(&admin, "node-b", "blue").await, 0);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let relabel = Patch::Merge(json!({"metadata": {"labels": {"team": "blue"}}}));
+    (namespaces.patch("team-red", &PatchParams::default(), &relabel))
+        .await
+        .expect("relabel team-red");
+    until_pool_block(&admin, "node-b", "blue").await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

@@ -6,10 +6,12 @@
 //! buffered while the old view keeps answering; at `InitDone` the buffered set replaces
 //! the old one (objects not relisted are gone) and the index is ready.
 
+mod namespaces;
 mod nodes;
 mod pods;
 mod selector;
 
+pub use namespaces::{NamespaceIndex, NamespaceTerms};
 pub use nodes::{NodeChange, NodeIndex};
 pub use pods::{PodGetter, PodIndex};
 pub use selector::LabelSelector;

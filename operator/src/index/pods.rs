@@ -21,7 +21,9 @@ use project::{bound_node, pod_uid, project, split_key};
 use state::State;
 
 use super::LabelSelector;
+use super::namespaces::NamespaceIndex;
 use crate::store::Events;
+use tidepool_ipam::pool::choice::Subject;
 
 /// The direct GET behind [`PodView::pod_live`] (a `kube::Client`; tests pass a fake).
 pub trait PodGetter: Send + Sync + 'static {
@@ -54,6 +56,7 @@ pub struct PodIndex {
     state: Arc<RwLock<State>>,
     live: Arc<dyn PodGetter>,
     events: Events,
+    namespaces: NamespaceIndex,
 }
 
 impl PodIndex {
@@ -62,7 +65,23 @@ impl PodIndex {
             state: Arc::default(),
             live: Arc::new(live),
             events: Events::none(),
+            namespaces: NamespaceIndex::default(),
         }
+    }
+
+    /// The pool choice reads the pods' namespaces from `namespaces`.
+    pub fn with_namespaces(mut self, namespaces: NamespaceIndex) -> Self {
+        self.namespaces = namespaces;
+        self
+    }
+
+    /// The nodes with a pod of `namespace` waiting for its addresses (their demand's pools
+    /// follow the namespace).
+    pub fn waiting_in(&self, namespace: &str) -> Vec<NodeName> {
+        let mut nodes = self.state.read().waiting_in(namespace);
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
     }
 
     /// Pods matching `agents` are the node agents' (`--agent-pod-selector`): the index
@@ -176,6 +195,22 @@ impl PodView for PodIndex {
 
     fn bound_pods(&self, node: &str) -> usize {
         self.state.read().bound(node)
+    }
+
+    /// A waiting pod's labels and annotation, and its namespace's; `None` while the
+    /// namespace watch has not shown its namespace (the pod then counts for its node's
+    /// default pools until it does).
+    fn pool_subject(&self, uid: PodUid) -> Option<Subject> {
+        let st = self.state.read();
+        let (pod, key) = st.pool_terms(uid)?;
+        let ns = self.namespaces.get(split_key(key).0)?;
+        Some(Subject {
+            pod_labels: pod.labels.clone(),
+            pod_pools: pod.pools.clone(),
+            namespace_labels: ns.labels.clone(),
+            namespace_pools: ns.pools.clone(),
+            ..Subject::default()
+        })
     }
 
     fn event(&self, uid: PodUid, type_: EventType, reason: EventReason, message: String) {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -43,7 +43,7 @@ use tidepool_ipam::{
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::index::{LabelSelector, NodeChange, NodeIndex, PodIndex};
+use crate::index::{LabelSelector, NamespaceIndex, NodeChange, NodeIndex, PodIndex};
 use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
 pub use pools::Pools;
@@ -91,6 +91,7 @@ pub struct Election {
 struct Parts {
     store: KubeStore,
     pods: PodIndex,
+    namespaces: NamespaceIndex,
     nodes: NodeIndex,
     pools: Arc<Mutex<Pools>>,
     engine: Arc<Mutex<Option<Engine>>>,
@@ -245,11 +246,14 @@ pub async fn run(
         std::num::NonZeroU32::new(100).expect("nonzero"),
     )
     .with_fence(lead.fence());
+    let namespaces = NamespaceIndex::default();
     let parts = Parts {
         store: KubeStore::new(client.clone(), events.clone()).with_fence(lead.fence()),
         pods: PodIndex::new(client.clone())
             .with_events(events.clone())
-            .with_agent_pods(s.agent_pods.clone()),
+            .with_agent_pods(s.agent_pods.clone())
+            .with_namespaces(namespaces.clone()),
+        namespaces,
         nodes: NodeIndex::new(s.node_selector.clone()),
         pools: Arc::default(),
         engine: Arc::default(),
@@ -525,7 +529,22 @@ fn watch_others(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<(
             }
         },
     );
-    vec![pods, nodes, ippools]
+    let p = parts.clone();
+    // a namespace's labels or pools annotation changed: its waiting pods' pools may have
+    let namespaces = drive(
+        Api::<Namespace>::all(client.clone()),
+        from_cache(),
+        parts.progress.of("namespaces"),
+        move |ev| {
+            let changed = p.namespaces.apply(ev);
+            if let Some(e) = p.engine.lock().as_ref() {
+                for node in changed.iter().flat_map(|ns| p.pods.waiting_in(ns)) {
+                    e.manager.on_pod_event(&node);
+                }
+            }
+        },
+    );
+    vec![pods, nodes, ippools, namespaces]
 }
 
 impl Parts {
@@ -590,6 +609,7 @@ async fn wait_synced(parts: &Parts, timeout: Duration) -> Result<(), Error> {
             (blocks_ok, "ipamblocks"),
             (parts.nodes.ready(), "nodes"),
             (parts.pods.ready(), "pods"),
+            (parts.namespaces.ready(), "namespaces"),
         ];
         listed
             .into_iter()

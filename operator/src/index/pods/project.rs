@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
+use tidepool_ipam::pool::choice::{Labels, POOLS_ANNOTATION};
 use tidepool_ipam::{NodeName, PodInfo, PodIps, PodPhase, PodUid};
 
 use crate::index::{LabelSelector, parse_uid};
@@ -20,6 +21,16 @@ pub(super) struct PodRecord {
     /// A node agent's pod (`--agent-pod-selector`): whether its `Ready` condition is True
     /// (the kubelet probes the agent's `/readyz`). `None`: not an agent pod.
     pub agent_ready: Option<bool>,
+    /// What the pool choice reads of a pod waiting for its addresses; none of the others
+    /// (from its ADD on, a pod's pool is its `used` entries').
+    pub pool_terms: Option<Box<PodTerms>>,
+}
+
+/// A waiting pod's labels and [`POOLS_ANNOTATION`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PodTerms {
+    pub labels: Labels,
+    pub pools: Option<String>,
 }
 
 /// A record's `key` as (namespace, name).
@@ -83,6 +94,14 @@ pub(super) fn project(
         meta.name.as_deref().unwrap_or("")
     );
     let agent = (agents.zip(meta.labels.as_ref())).is_some_and(|(s, l)| s.matches(l));
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+    let waiting = !phase.is_terminal() && ips.is_empty() && !host_network;
+    let pool_terms = waiting.then(|| {
+        Box::new(PodTerms {
+            labels: meta.labels.clone().unwrap_or_default(),
+            pools: (meta.annotations.as_ref()).and_then(|a| a.get(POOLS_ANNOTATION).cloned()),
+        })
+    });
     PodRecord {
         info: PodInfo {
             uid,
@@ -91,8 +110,9 @@ pub(super) fn project(
             ips,
         },
         key: key.into_boxed_str(),
-        host_network: pod.spec.as_ref().and_then(|s| s.host_network) == Some(true),
+        host_network,
         agent_ready: agent.then(|| is_ready(pod)),
+        pool_terms,
     }
 }
 

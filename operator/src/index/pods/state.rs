@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::changes::{ChangeLog, changes_without_log};
 use super::departed::Departed;
-use super::project::{PodRecord, bound_node, project};
+use super::project::{PodRecord, PodTerms, bound_node, project, split_key};
 use crate::index::LabelSelector;
 
 /// One node's pods (any phase) and their recent changes. Dropped once it has no pod.
@@ -179,6 +179,21 @@ impl State {
 impl State {
     pub fn pod(&self, uid: PodUid) -> Option<&PodInfo> {
         self.pods.get(&uid).map(|r| &r.info)
+    }
+
+    /// A waiting pod's pool terms and its `namespace/name`.
+    pub fn pool_terms(&self, uid: PodUid) -> Option<(&PodTerms, &str)> {
+        let r = self.pods.get(&uid)?;
+        Some((r.pool_terms.as_deref()?, &r.key))
+    }
+
+    /// The nodes with a pod of `namespace` waiting for its addresses.
+    pub fn waiting_in(&self, namespace: &str) -> Vec<NodeName> {
+        let of = |r: &&PodRecord| r.pool_terms.is_some() && split_key(&r.key).0 == namespace;
+        (self.pods.values())
+            .filter(of)
+            .map(|r| r.info.node.clone())
+            .collect()
     }
 
     /// `namespace/name` of a pod in the index or recently gone from it.
