@@ -107,6 +107,11 @@ pub struct IPPoolSpec {
     /// not access control: a pod's creator sets its labels). Absent or empty: every pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
+    /// The pool's watermarks on each node it serves, over the operator's flags for a
+    /// node's default pool (whose IPAMNode `spec.watermarks` override them in turn), and
+    /// over no pre-allocation for the node's other pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<crate::node::Watermarks>,
 }
 
 /// The block size of the family of the CIDR `c` (CEL, for the rules below).

@@ -314,6 +314,26 @@ pub struct WatermarkOverrides {
     pub max_above_watermark: Option<u32>,
 }
 
+impl WatermarkOverrides {
+    pub const NONE: WatermarkOverrides = WatermarkOverrides {
+        pre_allocate: None,
+        min_allocate: None,
+        max_allocate: None,
+        max_above_watermark: None,
+    };
+
+    /// These overrides where `over` sets none (a pool's under its node's).
+    pub fn under(&self, over: &WatermarkOverrides) -> WatermarkOverrides {
+        let keep = |mine: Option<u32>, theirs: Option<u32>| theirs.map_or(mine, |_| None);
+        WatermarkOverrides {
+            pre_allocate: keep(self.pre_allocate, over.pre_allocate),
+            min_allocate: keep(self.min_allocate, over.min_allocate),
+            max_allocate: keep(self.max_allocate, over.max_allocate),
+            max_above_watermark: keep(self.max_above_watermark, over.max_above_watermark),
+        }
+    }
+}
+
 /// A status condition (operator): `type` is the list-map key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Condition {
@@ -445,6 +465,27 @@ impl NodeInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool's overrides count where its node's set nothing.
+    #[test]
+    fn overrides_under_others_keep_what_the_others_leave_unset() {
+        let pool = WatermarkOverrides {
+            pre_allocate: Some(40),
+            max_allocate: Some(64),
+            ..WatermarkOverrides::NONE
+        };
+        let node = WatermarkOverrides {
+            pre_allocate: Some(8),
+            min_allocate: Some(2),
+            ..WatermarkOverrides::NONE
+        };
+        let want = WatermarkOverrides {
+            max_allocate: Some(64),
+            ..WatermarkOverrides::NONE
+        };
+        assert_eq!(pool.under(&node), want);
+        assert_eq!(pool.under(&WatermarkOverrides::NONE), pool);
+    }
 
     /// The metrics' labels of a family and a reclaim reason are the strings the engine
     /// recorded before it recorded through their enums.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tidepool_ipam::pool::choice::{POOLS_ANNOTATION, Selector, Subject};
 use tidepool_ipam::pool::{ClusterPoolSource, DEFAULT_BLOCK_SIZE, PoolConfig, PoolSpec};
-use tidepool_ipam::{BlockStore, NodeName, PodUid};
+use tidepool_ipam::{BlockStore, NodeName, PodUid, WatermarkOverrides};
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, assert_no_violations};
@@ -174,6 +174,40 @@ async fn a_pool_other_than_the_default_keeps_nothing_idle() {
         (blocks_of(&w, &n, "default"), blocks_of(&w, &n, "blue")),
         (1, 0),
         "blue's block went back once its pods were gone; the default keeps its pre-allocation"
+    );
+    assert_no_violations(&w);
+}
+
+/// Watermarks per (node, pool): an IPPool's `spec.watermarks` apply over the flags for
+/// the nodes it is the default pool of, and an IPAMNode's `spec.watermarks` over both.
+#[tokio::test(start_paused = true)]
+async fn a_pools_watermarks_sit_between_the_flags_and_the_nodes() {
+    let default = PoolConfig {
+        watermarks: WatermarkOverrides {
+            pre_allocate: Some(40),
+            ..WatermarkOverrides::default()
+        },
+        ..PoolConfig::new(spec("default", DEFAULT))
+    };
+    let w = World::start_with(WorldConfig::default(), move |w, _obs, store| {
+        Ok(ClusterPoolSource::new(store.clone(), vec![default], w.seed))
+    })
+    .unwrap();
+    let n = w.add_node("n1");
+    assert!(w.settle(Duration::from_secs(30)).await);
+    // 40 free addresses in /28 blocks of 14 usable (the pool's first and last are not)
+    assert_eq!(
+        blocks_of(&w, &n, "default"),
+        3,
+        "the pool's 40, not the flags' 8"
+    );
+    w.set_watermarks(&n, common::overrides(8, 0, 0, 0));
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(w.settle(Duration::from_secs(60)).await);
+    assert_eq!(
+        blocks_of(&w, &n, "default"),
+        1,
+        "the node's 8 over the pool's 40: the surplus went back"
     );
     assert_no_violations(&w);
 }

@@ -853,7 +853,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
     let tenant = k.dir.join("tenant.yaml");
     std::fs::write(
         &tenant,
-        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: tenant-a\nspec:\n  cidrs: [10.81.0.0/16]\n  namespaceSelector:\n    matchLabels: {team: a}\n  podSelector:\n    matchExpressions:\n    - {key: app, operator: In, values: [web]}\n",
+        "apiVersion: ipam.tidepool.dev/v1alpha1\nkind: IPPool\nmetadata:\n  name: tenant-a\nspec:\n  cidrs: [10.81.0.0/16]\n  namespaceSelector:\n    matchLabels: {team: a}\n  podSelector:\n    matchExpressions:\n    - {key: app, operator: In, values: [web]}\n  watermarks: {preAllocate: 4}\n",
     )
     .unwrap();
     k.ok(&["apply", "-f", tenant.to_str().unwrap()]).await;
@@ -869,6 +869,7 @@ async fn kubectl_applies_tidepool_crds_and_examples() {
         selectors["podSelector"]["matchExpressions"][0]["values"][0], "web",
         "{selectors}"
     );
+    assert_eq!(selectors["watermarks"]["preAllocate"], 4, "{selectors}");
     k.ok(&["delete", "ippool", "tenant-a"]).await;
     // the schema's default filled the gpu pool's IPv6 block size
     let gpu = k

@@ -3,8 +3,8 @@
 //! with [`PoolSpec::validate`]'s reason).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use tidepool_ipam::PerFamily;
 use tidepool_ipam::pool::{PoolSpec, choice};
+use tidepool_ipam::{PerFamily, WatermarkOverrides};
 
 use crate as api;
 use crate::IPPoolSpec;
@@ -19,6 +19,25 @@ pub fn pool_spec(name: &str, spec: &IPPoolSpec) -> Result<PoolSpec, String> {
         v6: spec.block_size.ipv6,
     };
     PoolSpec::read(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())
+}
+
+/// Pool `name`'s `spec.watermarks` as overrides (none set: no override); an error names
+/// a value out of range.
+pub fn pool_watermarks(spec: &IPPoolSpec) -> Result<WatermarkOverrides, String> {
+    let Some(w) = &spec.watermarks else {
+        return Ok(WatermarkOverrides::default());
+    };
+    let one = |field: &str, v: Option<i64>| match v {
+        None => Ok(None),
+        Some(v) => (u32::try_from(v).map(Some))
+            .map_err(|_| format!("spec.watermarks.{field}: {v} is out of range")),
+    };
+    Ok(WatermarkOverrides {
+        pre_allocate: one("preAllocate", w.pre_allocate)?,
+        min_allocate: one("minAllocate", w.min_allocate)?,
+        max_allocate: one("maxAllocate", w.max_allocate)?,
+        max_above_watermark: one("maxAboveWatermark", w.max_above_watermark)?,
+    })
 }
 
 /// A label selector as the pool choice reads it (apimachinery's `LabelSelectorAsSelector`):
@@ -137,5 +156,28 @@ mod readable_tests {
         assert_eq!(readable_count((1 << 64) - 16), "1.84e19");
         assert_eq!(readable_count(16_777_200), "1.67e7");
         assert_eq!(readable_count(1_000_001), "1.00e6");
+    }
+}
+
+#[cfg(test)]
+mod watermarks_tests {
+    use super::*;
+
+    #[test]
+    fn a_pools_watermarks_read_as_overrides_and_a_value_out_of_range_is_named() {
+        let spec = |w: serde_json::Value| -> IPPoolSpec {
+            serde_json::from_value(serde_json::json!({"cidrs": ["10.0.0.0/16"], "watermarks": w}))
+                .unwrap()
+        };
+        let got = pool_watermarks(&spec(serde_json::json!({"preAllocate": 4}))).unwrap();
+        let want = WatermarkOverrides {
+            pre_allocate: Some(4),
+            ..WatermarkOverrides::NONE
+        };
+        assert_eq!(got, want);
+        let none = pool_watermarks(&spec(serde_json::Value::Null)).unwrap();
+        assert_eq!(none, WatermarkOverrides::NONE);
+        let e = pool_watermarks(&spec(serde_json::json!({"maxAllocate": -1}))).unwrap_err();
+        assert_eq!(e, "spec.watermarks.maxAllocate: -1 is out of range");
     }
 }

@@ -93,7 +93,8 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         };
     let pending = shared.pods.pending_pods(&h.name);
     observe_waits(shared, local, node, &pending, now);
-    let pools = node_pools(shared, &h.name, &pending);
+    // boxed: held across the awaits below, in every node's task future
+    let pools = Box::new(node_pools(shared, &h.name, &pending));
     let (mut snap, invalid) = snapshot(shared, node, &operator, &release_ack, info, &pending, now);
     snap.pools = &pools;
     let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::addrs::AddrSet;
-use crate::types::{Family, OperatorFields, PerFamily, PodUid};
+use crate::types::{Family, OperatorFields, PerFamily, PodUid, WatermarkOverrides};
 use crate::watermarks::Watermarks;
 
 /// One of the node's pools for one family other than its default pool: what it holds on the
@@ -33,6 +33,9 @@ pub struct NodePools {
     /// Pods waiting with no pool for a family (an annotation names a pool they may not
     /// use): demand for no lane of it.
     pub unplaced: PerFamily<Vec<PodUid>>,
+    /// The default pools' `spec.watermarks`, per family: over the flags, under the
+    /// IPAMNode's `spec.watermarks`.
+    pub default_overrides: PerFamily<WatermarkOverrides>,
 }
 
 impl NodePools {
@@ -41,6 +44,10 @@ impl NodePools {
         unplaced: PerFamily {
             v4: Vec::new(),
             v6: Vec::new(),
+        },
+        default_overrides: PerFamily {
+            v4: WatermarkOverrides::NONE,
+            v6: WatermarkOverrides::NONE,
         },
     };
 
@@ -63,17 +70,20 @@ pub(super) struct Lane<'s> {
     pub pending: Cow<'s, [PodUid]>,
 }
 
-/// The lanes of `families`: the default pool's of each (with `default_watermarks` and the
-/// pods no other lane takes), then the others' in `pools` order.
+/// The lanes of `families`: the default pool's of each (with `watermarks`, the flags under
+/// the node's `overrides`, and the default pool's own between them; and the pods no other
+/// lane takes), then the others' in `pools` order.
 pub(super) fn lanes<'s>(
     families: &[Family],
     fields: &'s OperatorFields,
     pending: &'s [PodUid],
-    default_watermarks: Watermarks,
+    (watermarks, overrides): (Watermarks, &WatermarkOverrides),
     pools: &'s NodePools,
 ) -> Vec<Lane<'s>> {
     let mut out = Vec::with_capacity(families.len());
     for &family in families {
+        let pool = pools.default_overrides.get(family).under(overrides);
+        let default_watermarks = watermarks.with_overrides(&pool).unwrap_or(watermarks);
         let others: Vec<&PoolLane> = pools.lanes.iter().filter(|l| l.family == family).collect();
         let unplaced = pools.unplaced.get(family);
         if others.is_empty() && unplaced.is_empty() {
@@ -165,7 +175,13 @@ mod tests {
         let f = fields(&["10.0.0.1", "fd00::1"], &[]);
         let pending = [PodUid(1)];
         let pools = NodePools::default();
-        let l = lanes(&Family::ALL, &f, &pending, Watermarks::default(), &pools);
+        let l = lanes(
+            &Family::ALL,
+            &f,
+            &pending,
+            (Watermarks::default(), &WatermarkOverrides::NONE),
+            &pools,
+        );
         assert_eq!(l.len(), 2);
         for lane in &l {
             assert!(lane.pool.is_none() && !lane.restricted);
@@ -194,8 +210,16 @@ mod tests {
                 v4: vec![PodUid(3)],
                 v6: vec![],
             },
+            ..NodePools::default()
         };
-        let l = lanes(&[Family::V4], &f, &pending, Watermarks::default(), &pools);
+        let no = &WatermarkOverrides::NONE;
+        let l = lanes(
+            &[Family::V4],
+            &f,
+            &pending,
+            (Watermarks::default(), no),
+            &pools,
+        );
         assert_eq!(l.len(), 2);
         let (default, blue) = (&l[0], &l[1]);
         assert_eq!(*default.fields.addresses, set(&["10.0.0.1"]));

@@ -38,7 +38,8 @@ pub struct NodeMemory {
     pub reclaim: ReclaimTracker,
     /// Since when each lane's excess persists: the default pools', the others'.
     excess_since: PerFamily<Option<Instant>>,
-    pool_excess_since: BTreeMap<(Family, Arc<str>), Instant>,
+    /// (boxed: most nodes have no other pool, and every node has a memory)
+    pool_excess_since: Option<Box<BTreeMap<(Family, Arc<str>), Instant>>>,
     /// The smallest groups of the address set last planned with (see [`smallest_group`]),
     /// kept while the set is the same (shared) one: a source's holdings change rarely.
     groups: Option<Groups>,
@@ -56,22 +57,34 @@ impl NodeMemory {
     pub fn reset(&mut self) {
         self.reclaim.reset();
         self.excess_since = PerFamily::default();
-        self.pool_excess_since.clear();
+        self.pool_excess_since = None;
     }
 
     /// Since when a lane's excess persists.
     fn excess_clock(&self, family: Family, pool: Option<&Arc<str>>) -> Option<Instant> {
         match pool {
             None => *self.excess_since.get(family),
-            Some(p) => self.pool_excess_since.get(&(family, p.clone())).copied(),
+            Some(p) => {
+                (self.pool_excess_since.as_ref()).and_then(|m| m.get(&(family, p.clone())).copied())
+            }
         }
     }
 
     fn set_excess_clock(&mut self, family: Family, pool: Option<&Arc<str>>, at: Option<Instant>) {
         match (pool, at) {
             (None, at) => *self.excess_since.get_mut(family) = at,
-            (Some(p), Some(at)) => _ = self.pool_excess_since.insert((family, p.clone()), at),
-            (Some(p), None) => _ = self.pool_excess_since.remove(&(family, p.clone())),
+            (Some(p), Some(at)) => {
+                let clocks = self.pool_excess_since.get_or_insert_default();
+                clocks.insert((family, p.clone()), at);
+            }
+            (Some(p), None) => {
+                if let Some(clocks) = &mut self.pool_excess_since {
+                    clocks.remove(&(family, p.clone()));
+                    if clocks.is_empty() {
+                        self.pool_excess_since = None;
+                    }
+                }
+            }
         }
     }
 
@@ -479,7 +492,13 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
     p.summary = summarize_with(s, &p.fields, p.reclaim.candidates as u64, smallest);
     let counts = count(node, &p.fields, s.pending);
-    for lane in lanes(s.families, &p.fields, s.pending, s.watermarks, s.pools) {
+    for lane in lanes(
+        s.families,
+        &p.fields,
+        s.pending,
+        (s.watermarks, &node.watermarks),
+        s.pools,
+    ) {
         let f = lane.family;
         let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
@@ -531,7 +550,13 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
 fn withdraw_unjustified(s: &Snapshot<'_>, fields: &mut OperatorFields) {
     let counts = count(s.node, fields, s.pending);
     let mut gone = AddrSet::new();
-    for mut lane in lanes(s.families, fields, s.pending, s.watermarks, s.pools) {
+    for mut lane in lanes(
+        s.families,
+        fields,
+        s.pending,
+        (s.watermarks, &s.node.watermarks),
+        s.pools,
+    ) {
         let (c, sizing) = size_lane(s, &lane, &counts);
         let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
         if c.marked <= keep {
@@ -631,7 +656,13 @@ fn summarize_with(
     for &f in s.families {
         *summary.pods_waiting.get_mut(f) = counts.get(f).waiting;
     }
-    for lane in lanes(s.families, fields, s.pending, s.watermarks, s.pools) {
+    for lane in lanes(
+        s.families,
+        fields,
+        s.pending,
+        (s.watermarks, &s.node.watermarks),
+        s.pools,
+    ) {
         let f = lane.family;
         let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 {

@@ -49,6 +49,7 @@ use crate::gate::{Gate, Ungated};
 use crate::plan::NodePools;
 use crate::source::{Holdings, IpSource, Quota};
 use crate::store::{BlockStore, EventType, NodeStore, ReleaseMark};
+use crate::types::WatermarkOverrides;
 use crate::types::{
     Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, PodUid, ReleaseAck, ReleaseState,
     ResourceVersion,
@@ -65,6 +66,8 @@ pub struct PoolConfig {
     pub node_selector: BTreeMap<String, String>,
     pub namespace_selector: Selector,
     pub pod_selector: Selector,
+    /// The pool's `spec.watermarks` (DESIGN.md "Pools per namespace and per pod").
+    pub watermarks: WatermarkOverrides,
 }
 
 impl PoolConfig {
@@ -74,6 +77,7 @@ impl PoolConfig {
             node_selector: BTreeMap::new(),
             namespace_selector: Selector::default(),
             pod_selector: Selector::default(),
+            watermarks: WatermarkOverrides::default(),
         }
     }
 }
@@ -85,6 +89,7 @@ struct Selectors {
     node: BTreeMap<String, String>,
     namespace: Selector,
     pod: Selector,
+    watermarks: WatermarkOverrides,
 }
 
 impl Selectors {
@@ -94,6 +99,7 @@ impl Selectors {
             node: p.node_selector.clone(),
             namespace: p.namespace_selector.clone(),
             pod: p.pod_selector.clone(),
+            watermarks: p.watermarks,
         }
     }
 }

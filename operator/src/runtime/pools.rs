@@ -103,6 +103,7 @@ pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> 
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         namespace_selector: selector(&spec.namespace_selector, "namespaceSelector")?,
         pod_selector: selector(&spec.pod_selector, "podSelector")?,
+        watermarks: tidepool_api::convert::pool_watermarks(spec)?,
     })
 }
 

@@ -22,6 +22,9 @@ const OTHER_POOL: Watermarks = Watermarks {
     max_above_watermark: 0,
 };
 
+/// The lanes found so far, by family and pool.
+type Lanes = BTreeMap<(Family, Arc<str>), PoolLane>;
+
 impl State {
     /// See [`IpSource::node_pools`](crate::IpSource); `blocks`: the node's.
     pub(super) fn node_pools(
@@ -35,28 +38,12 @@ impl State {
             v6: self.pool_for(node, Family::V6),
         };
         let is_default = |f: Family, pool: &str| defaults.get(f).as_deref() == Some(pool);
-        let mut lanes: BTreeMap<(Family, Arc<str>), PoolLane> = BTreeMap::new();
-        fn lane(
-            lanes: &mut BTreeMap<(Family, Arc<str>), PoolLane>,
-            family: Family,
-            pool: Arc<str>,
-        ) -> &mut PoolLane {
-            lanes
-                .entry((family, pool.clone()))
-                .or_insert_with(|| PoolLane {
-                    family,
-                    pool,
-                    addresses: AddrSet::new(),
-                    watermarks: OTHER_POOL,
-                    pending: Vec::new(),
-                })
-        }
+        let mut lanes = Lanes::new();
         for b in blocks.iter().filter(|b| self.kept(b)) {
             let f = family_of(&b.cidr);
             if !is_default(f, &b.pool) {
-                lane(&mut lanes, f, b.pool.clone())
-                    .addresses
-                    .union_with(&self.usable(b));
+                let lane = self.lane(&mut lanes, f, b.pool.clone());
+                lane.addresses.union_with(&self.usable(b));
             }
         }
         let mut unplaced: PerFamily<Vec<PodUid>> = PerFamily::default();
@@ -72,7 +59,7 @@ impl State {
                 for &f in self.pools.families() {
                     match choice::choose(f, &terms, &subject, defaults.get(f).as_deref()) {
                         Ok(p) if is_default(f, &p) => {}
-                        Ok(p) => lane(&mut lanes, f, p.into()).pending.push(uid),
+                        Ok(p) => self.lane(&mut lanes, f, p.into()).pending.push(uid),
                         // the node's default pool is missing or invalid: the node's problem,
                         // shown as today (its claims find nothing)
                         Err(ChoiceError::NoEligiblePool {
@@ -84,10 +71,39 @@ impl State {
                 }
             }
         }
+        let overrides = |f: Family| {
+            let of = |name: &String| self.selectors.iter().find(|p| &p.name == name);
+            (defaults.get(f).as_ref())
+                .and_then(of)
+                .map(|p| p.watermarks)
+                .unwrap_or_default()
+        };
         NodePools {
             lanes: lanes.into_values().collect(),
             unplaced,
+            default_overrides: PerFamily {
+                v4: overrides(Family::V4),
+                v6: overrides(Family::V6),
+            },
         }
+    }
+
+    /// The lane of `pool` and `family`, new ones with the pool's watermarks on a node
+    /// whose default pool it is not: its `spec.watermarks` over no pre-allocation (invalid
+    /// ones: none).
+    fn lane<'l>(&self, lanes: &'l mut Lanes, family: Family, pool: Arc<str>) -> &'l mut PoolLane {
+        lanes.entry((family, pool.clone())).or_insert_with(|| {
+            let set = self.selectors.iter().find(|p| *p.name == *pool);
+            let watermarks = (set.and_then(|p| OTHER_POOL.with_overrides(&p.watermarks).ok()))
+                .unwrap_or(OTHER_POOL);
+            PoolLane {
+                family,
+                pool,
+                addresses: AddrSet::new(),
+                watermarks,
+                pending: Vec::new(),
+            }
+        })
     }
 
     /// The pod's pool for `family` on `node` ([`choice::choose`] with the node's part).
