@@ -2436,3 +2436,68 @@ async fn a_namespaces_waiting_pods_get_blocks_of_the_pool_that_selects_it() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// Sets (or with `None` removes) `ns`'s `ipam.tidepool.dev/pools` annotation, as `kubectl
+/// annotate` does.
+async fn annotate_namespace(admin: &kube::Client, ns: &str, pools: Option<&str>) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let patch = json!({"metadata": {"annotations": {"ipam.tidepool.dev/pools": pools}}});
+    (namespaces.patch(ns, &PatchParams::default(), &Patch::Merge(patch)))
+        .await
+        .expect("annotate the namespace");
+}
+
+/// Waits until `node` holds no block of `pool`, answering release marks as a node side
+/// with nothing in use would.
+async fn until_pool_gone(admin: &kube::Client, node: &str, pool: &str) {
+    let what = format!("{node}'s blocks of {pool} given back");
+    eventually(Duration::from_secs(30), &what, || async move {
+        answer_marks(admin, node).await;
+        (blocks_of_pool(admin, node, pool).await == 0).then_some(())
+    })
+    .await;
+}
+
+/// DESIGN.md "Pools per namespace and per pod": a pool created while the operator runs is
+/// used for the waiting pods that name it with no restart; a namespace annotation changed
+/// while its pod waits moves the demand to the new pool, and the old pool's block, claimed
+/// for that pod, is not stranded: it goes back (the release handshake, answered as a node
+/// side with nothing in use answers); a dual-stack pod takes IPv4 from one pool and IPv6
+/// from another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_named_by_a_namespace_follow_its_annotation_without_a_stranded_block() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.90.0.0/24"], json!({"ipv4": 28})).await;
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant"}});
+    create_object(&admin, ns).await;
+    annotate_namespace(&admin, "tenant", Some("blue")).await;
+    add_node(&admin, "node-a").await;
+    add_pod_in(&admin, "tenant", "web-0", "node-a").await;
+    let mut s = settings();
+    s.engine.release.delay = Duration::from_millis(200);
+    let (stop, task) = start_operator(&server, s).await;
+    until_pool_block(&admin, "node-a", "default").await;
+    assert_eq!(
+        blocks_of_pool(&admin, "node-a", "blue").await,
+        0,
+        "no pool blue yet"
+    );
+
+    // the pool the namespace names appears: its block comes with no restart
+    create_pool(&admin, "blue", &["10.91.0.0/24"], json!({"ipv4": 28})).await;
+    until_pool_block(&admin, "node-a", "blue").await;
+
+    // the namespace moves to green while the pod waits: green's block comes, blue's goes
+    create_pool(&admin, "green", &["10.92.0.0/24"], json!({"ipv4": 28})).await;
+    annotate_namespace(&admin, "tenant", Some("green")).await;
+    until_pool_block(&admin, "node-a", "green").await;
+    until_pool_gone(&admin, "node-a", "blue").await;
+
+    // IPv4 from green, IPv6 from a pool of its own
+    create_pool(&admin, "six", &["fd00:93::/64"], json!({"ipv6": 124})).await;
+    annotate_namespace(&admin, "tenant", Some("green,six")).await;
+    until_pool_block(&admin, "node-a", "six").await;
+    assert_eq!(blocks_of_pool(&admin, "node-a", "green").await, 1);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
