@@ -314,8 +314,11 @@ pub fn text(r: &Report, cfg: &SimConfig) -> String {
     );
     out += &memory_line(r);
     out += &format!(
-        "invariants       {} double allocations, {} live addresses reclaimed, {} lost\n",
-        inv.double_allocations, inv.live_ip_reclaimed, inv.lost_allocations,
+        "invariants       {} double allocations, {} live addresses reclaimed, {} lost{}\n",
+        inv.double_allocations,
+        inv.live_ip_reclaimed,
+        inv.lost_allocations,
+        outside_line(inv),
     );
     if r.pods.waiting_at_start > 0 {
         out.push_str(&format!(
@@ -538,14 +541,24 @@ fn run_all(f: &SimulateFlags, cfgs: Vec<SimConfig>) -> anyhow::Result<Vec<Report
         .collect()
 }
 
+/// The pool invariant's count, shown only when broken (runs without pools of their own
+/// cannot break it).
+fn outside_line(i: &Invariants) -> String {
+    match i.outside_pod_pool {
+        0 => String::new(),
+        n => format!(", {n} addresses outside their pods' pools"),
+    }
+}
+
 fn violated(i: &Invariants) -> bool {
-    i.double_allocations + i.live_ip_reclaimed + i.lost_allocations > 0
+    !i.ok()
 }
 
 fn add(a: &mut Invariants, b: &Invariants) {
     a.double_allocations += b.double_allocations;
     a.live_ip_reclaimed += b.live_ip_reclaimed;
     a.lost_allocations += b.lost_allocations;
+    a.outside_pod_pool += b.outside_pod_pool;
 }
 
 #[derive(Serialize)]
@@ -621,13 +634,14 @@ fn seeds_text(r: &SeedsReport) -> String {
         );
     }
     s += &format!(
-        "{} runs in {:.1} s wall: {} with an invariant violated ({} double allocations, {} live addresses reclaimed, {} lost)\n",
+        "{} runs in {:.1} s wall: {} with an invariant violated ({} double allocations, {} live addresses reclaimed, {} lost{})\n",
         r.runs.len(),
         r.wall_seconds,
         r.runs_violating,
         r.invariants.double_allocations,
         r.invariants.live_ip_reclaimed,
         r.invariants.lost_allocations,
+        outside_line(&r.invariants),
     );
     s
 }

@@ -282,15 +282,29 @@ fn change_counters_advance_per_node() {
         idx.pod_changes("n1", Some(s1)).unwrap().changed.is_empty(),
         "n2's pod"
     );
-    // a change the engine does not see (a label) is not one
+    // a waiting pod's labels choose its pool (DESIGN.md "Pools per namespace and per pod"):
+    // a change of them is one
     let mut relabelled = pod(1, "n1", "Pending", &[]);
     relabelled.metadata.labels = None;
-    assert!(idx.apply(&Event::Apply(relabelled)).is_empty());
-    assert_eq!(since(&idx, "n1").seq, s1.seq);
+    assert_eq!(
+        idx.apply(&Event::Apply(relabelled)),
+        vec![NodeName::from("n1")]
+    );
+    assert_eq!(
+        idx.pod_changes("n1", Some(s1)).unwrap().changed,
+        vec![PodUid(1)]
+    );
+    let s1 = since(&idx, "n1");
     idx.apply(&Event::Apply(pod(1, "n1", "Running", &["10.0.0.1"])));
     let c = idx.pod_changes("n1", Some(s1)).unwrap();
     assert_eq!(c.changed, vec![PodUid(1)]);
     assert!(c.seq > s1.seq);
+    // a change the engine does not see (a label of a pod that has its addresses) is not one
+    let seen = since(&idx, "n1");
+    let mut relabelled = pod(1, "n1", "Running", &["10.0.0.1"]);
+    relabelled.metadata.labels = None;
+    assert!(idx.apply(&Event::Apply(relabelled)).is_empty());
+    assert_eq!(since(&idx, "n1").seq, seen.seq);
     // more changes than are kept: it can no longer tell which
     for u in 10..26 {
         idx.apply(&Event::Apply(pod(u, "n1", "Pending", &[])));
@@ -563,4 +577,42 @@ fn node_selectors_parse_equality_and_existence_and_refuse_the_rest() {
         let err = bad.parse::<LabelSelector>().expect_err(bad).to_string();
         assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
     }
+}
+
+/// What the pool choice reads of a waiting pod: its labels and pools annotation and its
+/// namespace's, once the namespace watch has shown it; nothing for a pod that has its
+/// addresses (its pool is fixed), and nothing before its namespace is known (not in the
+/// cache is not "no labels").
+#[test]
+fn a_waiting_pods_pool_subject_joins_its_namespaces_terms() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use tidepool_operator::index::NamespaceIndex;
+    let namespaces = NamespaceIndex::default();
+    let idx = PodIndex::new(FakeServer::default()).with_namespaces(namespaces.clone());
+    let mut waiting = pod(1, "n1", "Pending", &[]);
+    let pools = BTreeMap::from([("ipam.tidepool.dev/pools".to_string(), "blue".to_string())]);
+    waiting.metadata.annotations = Some(pools);
+    idx.apply(&Event::Apply(waiting));
+    idx.apply(&Event::Apply(pod(2, "n2", "Running", &["10.0.0.2"])));
+    assert_eq!(
+        idx.pool_subject(PodUid(1)),
+        None,
+        "its namespace is not known yet"
+    );
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ns", "labels": {"team": "blue"}},
+    }))
+    .unwrap();
+    assert_eq!(namespaces.apply(&Event::Apply(ns)), vec!["ns".to_string()]);
+    let s = idx.pool_subject(PodUid(1)).expect("a subject");
+    assert_eq!(s.pod_pools.as_deref(), Some("blue"));
+    assert_eq!(s.pod_labels["app"], "web");
+    assert_eq!(s.namespace_labels["team"], "blue");
+    assert_eq!(
+        idx.pool_subject(PodUid(2)),
+        None,
+        "a pod with its addresses"
+    );
+    assert_eq!(idx.waiting_in("ns"), names(&["n1"]));
+    assert!(idx.waiting_in("other").is_empty());
 }

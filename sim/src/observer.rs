@@ -20,6 +20,9 @@ pub struct Invariants {
     pub double_allocations: u64,
     pub live_ip_reclaimed: u64,
     pub lost_allocations: u64,
+    /// A pod's address lies outside the pool it resolved to at its ADD (DESIGN.md "Pools
+    /// per namespace and per pod").
+    pub outside_pod_pool: u64,
 }
 
 impl Invariants {
@@ -203,6 +206,12 @@ impl Observer {
             }
         }
         s.live.insert(uid, addrs.into());
+    }
+
+    /// A pod started with `addr`, which lies outside the pool it resolved to (`why`).
+    pub fn outside_pod_pool(&self, node: &NodeName, uid: PodUid, addr: IpAddr, why: &str) {
+        let msg = format!("pod {uid} on {node} got {addr}, outside its pool: {why}");
+        self.s.lock().violate(|i| &mut i.outside_pod_pool, msg);
     }
 
     /// A pod's containers stopped (DEL, crash or machine loss). `timed` says whether the

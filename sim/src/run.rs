@@ -13,12 +13,12 @@ use tokio::time::Instant;
 
 use crate::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::observer::Invariants;
-use crate::scenario::{Action, DEFAULT_GROUP, Scenario};
+use crate::scenario::{Action, DEFAULT_GROUP, Scenario, Tenant};
 use crate::world::{SimSource, World, WorldConfig};
 use tidepool_ipam::IpamError;
 use tidepool_ipam::MemoryNodeStore;
 use tidepool_ipam::Watermarks;
-use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig};
+use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec};
 use tidepool_ipam::{Family, NodeName, PerFamily, PodUid, WatermarkOverrides};
 use tidepool_ipam::{Faults, MemorySource};
 
@@ -52,6 +52,30 @@ pub struct PoolChoice {
 }
 
 impl PoolChoice {
+    /// The pools of a run: the flags' `default`, then the scenario's (oldest first, in
+    /// file order); errors name the pool.
+    pub fn configs(
+        &self,
+        families: &[Family],
+        scenario: Option<&Scenario>,
+    ) -> Result<Vec<PoolConfig>, IpamError> {
+        let mut pools = vec![PoolConfig::new(self.spec(families)?)];
+        for p in scenario.map_or(&[][..], |s| &s.pools) {
+            let spec = PoolSpec::parse(&p.name, &p.cidrs, self.block_size, &[] as &[String])
+                .map_err(|e| IpamError::InvalidSetting {
+                    name: "scenario pools",
+                    value: p.name.clone(),
+                    reason: e.to_string(),
+                })?;
+            pools.push(PoolConfig {
+                namespace_selector: p.namespace_selector.clone(),
+                pod_selector: p.pod_selector.clone(),
+                ..PoolConfig::new(spec)
+            });
+        }
+        Ok(pools)
+    }
+
     /// The pool's spec, checked; errors name the flag and the value.
     pub fn spec(&self, families: &[Family]) -> Result<tidepool_ipam::pool::PoolSpec, IpamError> {
         let spec = tidepool_ipam::pool::PoolSpec::parse(
@@ -171,8 +195,17 @@ impl SimConfig {
         if self.nodes == 0 {
             return bad("nodes", "0".into(), "must be at least 1");
         }
-        if let SourceChoice::ClusterPool(p) = &self.source {
-            p.spec(&self.world.families)?;
+        let scenario = self.scenario.as_deref();
+        match &self.source {
+            SourceChoice::ClusterPool(p) => _ = p.configs(&self.world.families, scenario)?,
+            _ if scenario.is_some_and(|s| !s.pools.is_empty()) => {
+                return bad(
+                    "scenario pools",
+                    String::new(),
+                    "need --source cluster-pool",
+                );
+            }
+            _ => {}
         }
         if let SourceChoice::SimCloud(c) = &self.source {
             // the subnet layout and the cloud's rate limit are checked as the run builds them
@@ -556,6 +589,8 @@ struct Workload {
     settings: BTreeSet<(Duration, usize)>,
     /// Nodes whose watermark overrides wait for their IPAMNode to exist.
     pending_watermarks: BTreeSet<NodeName>,
+    /// The scenario's namespaces new pods are created in.
+    tenants: Vec<Tenant>,
 }
 
 impl Workload {
@@ -581,7 +616,24 @@ impl Workload {
             group_of: BTreeMap::new(),
             settings: BTreeSet::new(),
             pending_watermarks: BTreeSet::new(),
+            tenants: scenario.map(|s| s.tenants.clone()).unwrap_or_default(),
         }
+    }
+
+    /// Schedules a pod to `node`: with tenants, in one drawn by their shares (the rest in a
+    /// namespace with no labels and no annotation).
+    fn schedule_pod<S: SimSource>(&mut self, world: &World<S>, node: &NodeName) -> PodUid {
+        if self.tenants.is_empty() {
+            return world.schedule_pod(node);
+        }
+        let mut r: f64 = self.rng.random();
+        for t in &self.tenants {
+            if r < t.share {
+                return world.schedule_pod_with(node, t.subject.clone());
+            }
+            r -= t.share;
+        }
+        world.schedule_pod_with(node, Default::default())
     }
 
     fn push(&mut self, at: Instant, ev: Ev) {
@@ -629,12 +681,10 @@ pub async fn simulate(
     let cpu0 = cpu_seconds();
     match cfg.source.clone() {
         SourceChoice::ClusterPool(p) => {
-            let spec = p.spec(&cfg.world.families)?;
+            let pools = p.configs(&cfg.world.families, cfg.scenario.as_deref())?;
             let world = World::start_with(cfg.world.clone(), |w, _observer, store| {
-                Ok(
-                    ClusterPoolSource::new(store.clone(), vec![PoolConfig::new(spec)], w.seed)
-                        .with_latency(w.source_latency),
-                )
+                Ok(ClusterPoolSource::new(store.clone(), pools, w.seed)
+                    .with_latency(w.source_latency))
             })?;
             // block writes are API server writes: source faults do not apply
             let set_faults = |_: &ClusterPoolSource<MemoryNodeStore>, _: &SourceFaults| {};
@@ -1178,7 +1228,7 @@ fn act<S: SimSource>(
                     let want = if step { 1 } else { pods as usize };
                     let fits = max_pods.saturating_sub(world.pods_on(&n).len()).min(want);
                     for _ in 0..fits {
-                        world.schedule_pod(&n);
+                        wl.schedule_pod(world, &n);
                     }
                     wl.unschedulable += (want - fits) as u64;
                 }
@@ -1482,7 +1532,7 @@ fn add_node<S: SimSource>(world: &World<S>, wl: &mut Workload, group: usize) -> 
     wl.next_node += 1;
     wl.group_of.insert(name.clone(), group);
     for _ in 0..wl.group_pods[group] {
-        world.schedule_pod(&name);
+        wl.schedule_pod(world, &name);
     }
     name
 }
@@ -1503,7 +1553,7 @@ fn churn<S: SimSource>(world: &World<S>, wl: &mut Workload) {
         let crash = wl.rng.random_bool(wl.rates.crash_rate);
         world.delete_pod(uid, crash);
     }
-    world.schedule_pod(&node);
+    wl.schedule_pod(world, &node);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -34,6 +34,10 @@
 //! active period, watermarks until the end of the run; overlapping settings layer, the
 //! later-starting phase winning field by field (faults add up).
 
+mod tenancy;
+
+pub use tenancy::{ScenarioPool, Tenant};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
@@ -61,6 +65,10 @@ pub struct Scenario {
     /// The active period, if the scenario sets it.
     pub duration: Option<Duration>,
     pub phases: Vec<Phase>,
+    /// Cluster pools beyond the flags' `default`.
+    pub pools: Vec<ScenarioPool>,
+    /// The namespaces new pods are created in (the rest: no labels, no annotation).
+    pub tenants: Vec<Tenant>,
 }
 
 /// The cluster at the start; unset values come from the flags.
@@ -327,6 +335,10 @@ struct RawFile {
     start: Option<RawStart>,
     #[serde(default)]
     phases: Option<Vec<RawPhase>>,
+    #[serde(default)]
+    pools: Vec<tenancy::RawPool>,
+    #[serde(default)]
+    tenants: Vec<tenancy::RawTenant>,
 }
 
 #[derive(Deserialize)]
@@ -828,6 +840,8 @@ impl Scenario {
             start,
             duration: raw.duration.map(|d| d.0),
             phases,
+            pools: tenancy::check_pools(raw.pools).map_err(|m| err(None, m))?,
+            tenants: tenancy::check_tenants(raw.tenants).map_err(|m| err(None, m))?,
         })
     }
 

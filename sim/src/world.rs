@@ -96,6 +96,17 @@ pub trait SimSource: IpSource + Clone {
     ) -> Option<AddrSet> {
         Some(AddrSet::new())
     }
+    /// Why `addr`, given to a pod with `subject` on `node`, lies outside the pool the pod
+    /// resolves to (the observer's check, from the blocks and the pools, not from what the
+    /// node side was told); None when it lies inside. Sources without pools: None.
+    fn outside_pod_pool(
+        &self,
+        _node: &NodeName,
+        _subject: &Subject,
+        _addr: &IpAddr,
+    ) -> Option<String> {
+        None
+    }
 }
 
 /// Per-address grants gathered into one set per node.
@@ -201,6 +212,28 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
             outside.subtract(&self.pool_addresses(node, &pool, f));
         }
         Some(outside)
+    }
+
+    fn outside_pod_pool(
+        &self,
+        node: &NodeName,
+        subject: &Subject,
+        addr: &IpAddr,
+    ) -> Option<String> {
+        let pool = match self.choose(node, Family::of(addr), subject) {
+            Ok(p) => p,
+            Err(e) => return Some(e.to_string()),
+        };
+        match self.block_holding(node, addr) {
+            Some(b) if *b.pool == *pool => None,
+            Some(b) => Some(format!(
+                "block {} is of pool {}, the pod's is {pool}",
+                b.name, b.pool
+            )),
+            None => Some(format!(
+                "no block of {node} holds it (the pod's pool is {pool})"
+            )),
+        }
     }
 }
 
@@ -818,6 +851,7 @@ impl<S: SimSource> World<S> {
         written?;
         let addrs = got?;
         self.observer.pod_started(&node, uid, &addrs);
+        self.check_pools(&node, uid, &addrs);
         self.pods.set_running(uid, addrs.clone());
         self.manager.on_pod_event(&node);
         Some(addrs)
@@ -959,6 +993,7 @@ impl<S: SimSource> World<S> {
         self.count_started(name, &served.started, now);
         for (uid, addrs) in served.started {
             self.observer.pod_started(name, uid, &addrs);
+            self.check_pools(name, uid, &addrs);
             self.pods.set_running(uid, addrs);
         }
         self.manager.on_pod_event(name);
@@ -1080,6 +1115,19 @@ impl<S: SimSource> World<S> {
             return Some(AddrSet::new());
         };
         (self.source).outside_pod_pools(name, held, &subject, &self.cfg.families)
+    }
+
+    /// The observer's check that a pod with a pool choice of its own got its addresses from
+    /// its pools.
+    fn check_pools(&self, node: &NodeName, uid: PodUid, addrs: &[IpAddr]) {
+        let Some(subject) = self.pods.pool_subject(uid) else {
+            return;
+        };
+        for a in addrs {
+            if let Some(why) = self.source.outside_pod_pool(node, &subject, a) {
+                self.observer.outside_pod_pool(node, uid, *a, &why);
+            }
+        }
     }
 
     /// The pods just served leave the queue; their wait for an address is counted.

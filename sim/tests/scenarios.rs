@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tidepool_ipam::PerFamily;
 use tidepool_ipam::SchedulingMode;
 use tidepool_sim::cloud::InstanceType;
 use tidepool_sim::run::{simulate_many, simulate_paused};
 use tidepool_sim::scenario::Scenario;
-use tidepool_sim::{CloudChoice, Report, SimConfig, SourceChoice, WorldConfig};
+use tidepool_sim::{CloudChoice, PoolChoice, Report, SimConfig, SourceChoice, WorldConfig};
 
 fn scenario_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -24,7 +25,16 @@ fn scenario_path(name: &str) -> PathBuf {
 fn from_file(name: &str) -> SimConfig {
     let s = Scenario::load(&scenario_path(name)).unwrap_or_else(|e| panic!("{e}"));
     let d = SimConfig::default();
+    // a scenario with pools of its own runs on the cluster pool (its header gives the flags)
+    let source = match s.pools.is_empty() {
+        true => d.source.clone(),
+        false => SourceChoice::ClusterPool(PoolChoice {
+            cidrs: vec!["10.0.0.0/14".into()],
+            block_size: PerFamily { v4: 28, v6: 124 },
+        }),
+    };
     SimConfig {
+        source,
         nodes: s.start.nodes.unwrap_or(d.nodes),
         pods_per_node: s.start.pods_per_node.unwrap_or(d.pods_per_node),
         churn: s.start.churn.unwrap_or(d.churn),
@@ -78,6 +88,7 @@ fn every_shipped_scenario_parses_and_fits_its_run() {
         "node-loss.yaml",
         "priority-vs-fifo.yaml",
         "scale-up.yaml",
+        "tenants.yaml",
         "watermark-change.yaml",
     ] {
         assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
@@ -411,4 +422,30 @@ fn scale_up_pods_fit_the_nodes_allocatable_pods() {
     assert_eq!(r.pods.started, 2 * 20, "{:?}", r.pods);
     assert_eq!(r.pods.unschedulable, 2 * 5 * 60 - 2 * 10, "{:?}", r.pods);
     assert_eq!(r.ips.used, 2 * 20);
+}
+
+/// DESIGN.md "Pools per namespace and per pod": tenants.yaml's namespaces and pods take their
+/// own pools while pods churn and nodes join; every address lies in its pod's pool (the
+/// observer's `outside_pod_pool`), no pod goes unserved, and the other pools keep no idle
+/// reserve: fewer idle addresses than a node's default pre-allocation per pool would give.
+#[test]
+fn tenants_take_their_pools_and_every_address_lies_in_its_pods_pool() {
+    let r = run(from_file("tenants.yaml"));
+    assert_eq!(r.invariants.outside_pod_pool, 0);
+    assert_eq!(r.pods.never_served, 0, "{:?}", r.pods);
+}
+
+/// The scenario pools need the cluster pool: on another source the run is refused, naming
+/// the setting.
+#[test]
+fn scenario_pools_need_the_cluster_pool() {
+    let cfg = inline(
+        "pools: [{name: blue, cidrs: [10.64.0.0/16]}]\nphases: [{kind: churn, at: 0, churn: 1}]",
+        quiet(2, 2, 1),
+    );
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("scenario pools") && e.contains("cluster-pool"),
+        "{e}"
+    );
 }

@@ -344,6 +344,17 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         self.state.lock().choose(node, family, subject)
     }
 
+    /// The node's block that holds `addr`.
+    pub fn block_holding(
+        &self,
+        node: &NodeName,
+        addr: &std::net::IpAddr,
+    ) -> Option<Arc<IpamBlock>> {
+        (self.store.blocks_of(node).iter())
+            .find(|b| b.cidr.contains(addr))
+            .cloned()
+    }
+
     /// The usable addresses of the node's blocks of `pool` and `family`.
     pub fn pool_addresses(&self, node: &NodeName, pool: &str, family: Family) -> AddrSet {
         let blocks = self.store.blocks_of(node);
