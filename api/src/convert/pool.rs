@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tidepool_ipam::PerFamily;
-use tidepool_ipam::pool::{PoolSpec, choice};
+use tidepool_ipam::pool::{PoolConfig, PoolSpec, choice};
 
 use crate as api;
 use crate::IPPoolSpec;
@@ -19,6 +19,22 @@ pub fn pool_spec(name: &str, spec: &IPPoolSpec) -> Result<PoolSpec, String> {
         v6: spec.block_size.ipv6,
     };
     PoolSpec::read(name, &cidrs, block_size, &exclude).map_err(|e| e.to_string())
+}
+
+/// Pool `name`'s spec with its node, namespace and pod selectors, read, not validated (see
+/// [`pool_spec`]); an error names the field that cannot be read. The operator's source and
+/// the agent's pool choice read IPPools with it.
+pub fn pool_config(name: &str, spec: &IPPoolSpec) -> Result<PoolConfig, String> {
+    let selector = |s: &Option<LabelSelector>, field: &str| match s {
+        Some(s) => selector(s).map_err(|e| format!("spec.{field}: {e}")),
+        None => Ok(choice::Selector::default()),
+    };
+    Ok(PoolConfig {
+        spec: pool_spec(name, spec)?,
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        namespace_selector: selector(&spec.namespace_selector, "namespaceSelector")?,
+        pod_selector: selector(&spec.pod_selector, "podSelector")?,
+    })
 }
 
 /// A label selector as the pool choice reads it (apimachinery's `LabelSelectorAsSelector`):
