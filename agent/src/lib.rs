@@ -14,6 +14,8 @@
 //!   ([`kube::Publisher`]).
 //! - [`pods`]: the live pods on the node (UID, `status.podIPs`): their addresses are never
 //!   handed out, and reconcile frees nothing they list.
+//! - [`pool_choice`]: the pod's pool per family at ADD (pod, namespace, IPPools, node), as the
+//!   operator resolves it, and the node's addresses outside it.
 //! - [`reconcile`]: reconcile against the container runtime — an allocation whose sandbox
 //!   is gone (netns directory, libcni's result cache, live pods; seen twice) is freed.
 //! - [`routes`]: `--node-routes` — a route to every other node's blocks via its InternalIP
@@ -34,6 +36,7 @@ pub mod kube;
 pub mod masq;
 pub mod observe;
 pub mod pods;
+pub mod pool_choice;
 pub mod reconcile;
 pub mod routes;
 pub mod run;

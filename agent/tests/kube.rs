@@ -147,6 +147,7 @@ fn side(n: u8) -> NodeSide {
     NodeSide {
         fields,
         allocations,
+        pools: BTreeMap::new(),
         ready: Some(AgentReady::serving()),
         block_acks: BTreeMap::from([("v4-10-0-0-0-28".to_string(), ReleaseAck::DoNotRelease)]),
     }
@@ -319,8 +320,16 @@ async fn the_agent_is_refused_on_another_nodes_objects() {
     let blocks: Api<api::IPAMBlock> = Api::all(agent.clone());
     let pp = PatchParams::apply(AGENT_MANAGER).force();
     let s = side(1);
-    let body =
-        |name: &str| node_status_body(name, &s.fields, &s.allocations, s.ready.as_ref(), at(0));
+    let body = |name: &str| {
+        node_status_body(
+            name,
+            &s.fields,
+            &s.allocations,
+            &s.pools,
+            s.ready.as_ref(),
+            at(0),
+        )
+    };
     nodes
         .patch_status("node-a", &pp, &Patch::Apply(body("node-a")))
         .await

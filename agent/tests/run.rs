@@ -20,6 +20,7 @@ use tidepool_api as api;
 use tidepool_tests::{ApiServer, Config};
 
 const POD: &str = "0badc0de-0000-4000-8000-000000000001";
+const POD_2: &str = "0badc0de-0000-4000-8000-000000000002";
 
 /// node-a's IPAMNode status: (used addresses, cooling addresses).
 async fn status(nodes: &Api<api::IPAMNode>) -> (Vec<String>, Vec<String>) {
@@ -176,10 +177,24 @@ async fn the_agent_allocates_only_from_blocks_their_pools_grant() {
         11,
         "the other block left out"
     );
-    create_ipv4_pool(&admin, "other", &["10.251.0.0/24"], 28).await;
+    // pool `other` selects every namespace (a non-empty selector), so it is the pod's pool
+    // from now on (issue 29: the agent allocates only from the pod's pool's blocks)
+    create_object(
+        &admin,
+        serde_json::json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+            "metadata": { "name": "other" },
+            "spec": { "cidrs": ["10.251.0.0/24"], "blockSize": { "ipv4": 28 },
+                      "namespaceSelector": { "matchExpressions": [
+                          { "key": "tidepool.dev/none", "operator": "DoesNotExist" }] } },
+        }),
+    )
+    .await;
     let other: ipnet::IpNet = "10.251.0.0/28".parse().expect("net");
     let served = eventually("an ADD served from the block of the new pool", || async {
-        let run = add("c17".into()).await;
+        // another pod: POD keeps the pool of the addresses it holds
+        let config = config(&s);
+        let run = blocking(move || plugin("ADD", "c17", POD_2, &config)).await;
         (run.code == 0).then(|| run.json()["ips"][0].clone())
     })
     .await;

@@ -244,6 +244,12 @@ pub struct UsedEntry {
     #[schemars(length(min = 1, max = 15))]
     pub ifname: String,
     pub since: Time,
+    /// The pool the address was allocated from, as the pod's pool was chosen at its ADD
+    /// (written by the node side; never re-evaluated). Absent in entries written before it:
+    /// such an entry belongs to the pool whose block holds its address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: Option<String>,
 }
 
 /// The node side's answer to a release mark.

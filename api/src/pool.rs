@@ -97,14 +97,14 @@ pub struct IPPoolSpec {
     /// `default` serves nodes no other pool selects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
-    /// Not yet used by this release (pools are still chosen per node): namespaces whose
-    /// pods may take addresses from this pool, the access control of a pool chosen per
-    /// namespace or pod. Absent or empty: every namespace.
+    /// Namespaces whose pods may take addresses from this pool: the access control of a
+    /// pool chosen per namespace or pod (and, set, it chooses this pool for their pods that
+    /// name none). Absent or empty: every namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
-    /// Not yet used by this release (pools are still chosen per node): pods that take
-    /// addresses from this pool, among the pools their namespace may use (a convenience,
-    /// not access control: a pod's creator sets its labels). Absent or empty: every pod.
+    /// Pods that take addresses from this pool, among the pools their namespace may use (a
+    /// convenience, not access control: a pod's creator sets its labels). Absent or empty:
+    /// every pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
     /// The pool's watermarks on each node it serves, over the operator's flags for a

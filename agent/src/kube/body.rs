@@ -12,6 +12,8 @@ use tidepool_api::convert::{Allocations, apply_envelope, condition, from_system}
 use tidepool_api::names::condition::AGENT_READY;
 use tidepool_ipam::{NodeSideFields, ReleaseAck};
 
+use crate::state::AddrPools;
+
 /// The agent's `AgentReady` condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentReady {
@@ -62,6 +64,8 @@ impl AgentReady {
 pub struct NodeSide {
     pub fields: NodeSideFields,
     pub allocations: Allocations,
+    /// The pool of each address that has one recorded (`status.used[addr].pool`).
+    pub pools: AddrPools,
     pub ready: Option<AgentReady>,
     pub block_acks: BTreeMap<String, ReleaseAck>,
 }
@@ -81,6 +85,7 @@ impl NodeSide {
         Self {
             fields: state.node_side(),
             allocations,
+            pools: state.pools(),
             ready,
             block_acks: state.block_release_acks().clone(),
         }
@@ -91,11 +96,13 @@ impl NodeSide {
 /// `reclaimAck`, `inUse`, `ipv4.used` and `ipv6.used` (both always; the operator owns their
 /// `allocated`) and the `AgentReady` condition (last changed at `since`). Entries
 /// whose allocation strings are unknown cannot be written (containerID and ifname are
-/// required) and are left out; the caller's [`Allocations`] should always hold them.
+/// required) and are left out; the caller's [`Allocations`] should always hold them. An
+/// entry's `pool` is its address's in `pools` (none: the pool whose block holds it).
 pub fn node_status_body(
     name: &str,
     fields: &NodeSideFields,
     all: &Allocations,
+    pools: &AddrPools,
     ready: Option<&AgentReady>,
     since: SystemTime,
 ) -> Value {
@@ -111,6 +118,7 @@ pub fn node_status_body(
                 container_id: cid.to_string(),
                 ifname: ifname.to_string(),
                 since: from_system(e.since),
+                pool: pools.get(a).map(|p| p.to_string()),
             };
             Some((a.to_string(), v))
         })
@@ -238,7 +246,8 @@ mod tests {
     fn the_node_status_body_round_trips_through_the_operators_reading() {
         let (fields, all) = side();
         let ready = AgentReady::serving();
-        let mut body = node_status_body("n1", &fields, &all, Some(&ready), at(5));
+        let mut body =
+            node_status_body("n1", &fields, &all, &AddrPools::new(), Some(&ready), at(5));
         assert!(body.get("spec").is_none());
         assert_eq!(body["status"]["inUse"], json!(2));
         assert_eq!(body["status"]["ipv4"], json!({ "used": "1" }));
@@ -264,6 +273,7 @@ mod tests {
             "n1",
             &NodeSideFields::default(),
             &Allocations::new(),
+            &AddrPools::new(),
             None,
             at(0),
         );
@@ -277,7 +287,7 @@ mod tests {
     fn an_entry_without_its_strings_is_left_out() {
         let (fields, mut all) = side();
         all.clear();
-        let body = node_status_body("n1", &fields, &all, None, at(0));
+        let body = node_status_body("n1", &fields, &all, &AddrPools::new(), None, at(0));
         assert_eq!(body["status"]["used"], json!({}));
         assert_eq!(body["status"]["reclaimAck"], json!({}));
         assert_eq!(
@@ -300,7 +310,14 @@ mod tests {
             .unwrap();
         let side = NodeSide::from_state(&st, Some(AgentReady::serving()));
         assert_eq!(side.fields, st.node_side());
-        let body = node_status_body("n1", &side.fields, &side.allocations, None, at(2));
+        let body = node_status_body(
+            "n1",
+            &side.fields,
+            &side.allocations,
+            &side.pools,
+            None,
+            at(2),
+        );
         let e = &body["status"]["used"]["10.0.0.2"];
         assert_eq!(e["containerID"], json!("containerd://abc"));
         assert_eq!(e["ifname"], json!("eth0"));

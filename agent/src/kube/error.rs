@@ -19,8 +19,8 @@ pub enum KubeError {
     PoolsNotListed { waited: Duration },
 
     #[error(
-        "the pods on node {node} were not listed within {waited:?} (may the agent list and \
-         watch pods? deploy/agent/rbac.yaml grants it)"
+        "the pods on node {node} or the namespaces were not listed within {waited:?} (may \
+         the agent list and watch pods and namespaces? deploy/agent/rbac.yaml grants it)"
     )]
     PodsNotListed { node: String, waited: Duration },
 

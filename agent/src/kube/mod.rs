@@ -12,7 +12,8 @@
 //!   when the IPAMNode's UID changes.
 //! - [`PodWatch`]: the pods bound to this node (field selector `spec.nodeName`), kept as
 //!   [`crate::pods::LivePods`] (UID, terminal or not, `status.podIPs`) for the exclusion of
-//!   live pods' addresses and for reconcile.
+//!   live pods' addresses and for reconcile, and with the Namespaces, their labels and
+//!   pools annotations for the pool choice at ADD.
 //! - [`read_node`]: the IPAMNode read from the server, not the cache (the rebuild after a
 //!   corrupt checkpoint).
 //! - [`ClusterWatch`]: for `--node-routes` only, every IPAMBlock and every Node (UID and
@@ -52,6 +53,10 @@ impl crate::serve::NodeSource for NodeWatch {
     fn pod_networks(&self) -> Option<std::sync::Arc<crate::serve::PodNetworks>> {
         Some(NodeWatch::pod_networks(self))
     }
+
+    fn pool_choice(&self) -> Option<std::sync::Arc<crate::pool_choice::PoolChoice>> {
+        NodeWatch::pool_choice(self)
+    }
 }
 
 /// The socket server's "publish now" is the publisher's coalescing notify.
@@ -65,5 +70,13 @@ impl crate::serve::Publish for Publisher {
 impl crate::serve::PodSource for PodWatch {
     fn live_pods(&self) -> Option<std::sync::Arc<crate::pods::LivePods>> {
         self.live()
+    }
+
+    fn subject(
+        &self,
+        uid: tidepool_ipam::PodUid,
+        namespace: &str,
+    ) -> tidepool_ipam::pool::choice::Subject {
+        PodWatch::subject(self, uid, namespace)
     }
 }

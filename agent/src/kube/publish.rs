@@ -190,6 +190,7 @@ impl<S: NodeSideSource> Task<S> {
             &name,
             &side.fields,
             &side.allocations,
+            &side.pools,
             side.ready.as_ref(),
             since,
         );

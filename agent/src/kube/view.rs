@@ -9,10 +9,12 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tidepool_api::convert::{Allocations, NodeView};
 use tidepool_ipam::node::{BlockView, project};
+use tidepool_ipam::pool::choice::{Labels, PoolTerms, Selector};
 use tidepool_ipam::pool::repair::{BlockIssue, block_issue};
-use tidepool_ipam::pool::{PoolSet, PoolSpec};
-use tidepool_ipam::{AddrSet, IpamBlock, IpamNode, NodeUid};
+use tidepool_ipam::pool::{PoolConfig, PoolSet, PoolSpec};
+use tidepool_ipam::{AddrSet, Family, IpamBlock, IpamNode, NodeUid};
 
+use crate::pool_choice::PoolChoice;
 use crate::serve::PodNetworks;
 
 /// One listed kind (the IPAMNode, or the blocks) as kube's reflector keeps it: `Apply` and
@@ -65,14 +67,18 @@ impl<T> Listed<T> {
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
         self.live.values()
     }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&String, &T)> {
+        self.live.iter()
+    }
 }
 
-/// An IPPool as the agent reads it: its spec, and its place in creation order (an older
-/// pool wins an overlap, [`PoolSet::new`]).
+/// An IPPool as the agent reads it: its spec and selectors, and its place in creation order
+/// (an older pool wins an overlap, [`PoolSet::new`]).
 #[derive(Debug, Clone)]
 pub(crate) struct PoolEntry {
     pub(crate) created: Option<Time>,
-    pub(crate) spec: PoolSpec,
+    pub(crate) config: PoolConfig,
 }
 
 /// What the watch has seen, and the projection built from it.
@@ -81,8 +87,12 @@ pub(crate) struct Seen {
     pub(crate) node: Listed<NodeView>,
     pub(crate) blocks: Listed<IpamBlock>,
     pub(crate) pools: Listed<PoolEntry>,
+    /// The node's Node: its labels.
+    pub(crate) node_labels: Listed<Labels>,
     /// The pools as the engine holds them, rebuilt when they change ([`Self::pools_changed`]).
     pool_set: PoolSet,
+    /// The pools as the pool choice reads them, rebuilt with [`Self::pool_set`].
+    terms: Vec<PoolTerms>,
     /// The valid pools' CIDRs as pod networks, rebuilt with [`Self::pool_set`].
     pod_networks: Arc<PodNetworks>,
 }
@@ -93,7 +103,9 @@ impl Default for Seen {
             node: Listed::default(),
             blocks: Listed::default(),
             pools: Listed::default(),
+            node_labels: Listed::default(),
             pool_set: PoolSet::new(Vec::new()),
+            terms: Vec::new(),
             pod_networks: Arc::default(),
         }
     }
@@ -118,6 +130,9 @@ pub(crate) struct Projected {
     pub(crate) allocations: Arc<Allocations>,
     /// The valid IPPools' CIDRs: each address's prefix length and gateway in an ADD result.
     pub(crate) pod_networks: Arc<PodNetworks>,
+    /// What the pod's pool choice reads of the pools and the node, and the addresses of the
+    /// node's usable blocks per pool (`None` until the IPAMNode is read).
+    pub(crate) choice: Option<Arc<PoolChoice>>,
 }
 
 /// A block as the node rules read it: every address of its CIDR is the node's (which of
@@ -153,12 +168,30 @@ impl Seen {
             .collect();
         let mut usable = Vec::with_capacity(own.len());
         let mut left_out = Vec::new();
+        let mut by_pool: BTreeMap<(Arc<str>, Family), AddrSet> = BTreeMap::new();
         for b in &own {
             match block_issue(&self.pool_set, &b.pool, &b.cidr) {
-                None => usable.push(block_view(b)),
+                None => {
+                    let view = block_view(b);
+                    (by_pool.entry((b.pool.clone(), Family::of(&b.cidr.network()))))
+                        .or_default()
+                        .union_with(&view.addrs);
+                    usable.push(view);
+                }
                 Some(why) => left_out.push((b.name.clone(), why)),
             }
         }
+        let choice = PoolChoice {
+            pools: self.terms.clone(),
+            node_labels: self
+                .node_labels
+                .values()
+                .next()
+                .cloned()
+                .unwrap_or_default(),
+            named: view.pools.clone(),
+            addresses: by_pool,
+        };
         Projected {
             node_uid: Some(uid),
             node: Some(Arc::new(project(&view.node, &usable))),
@@ -166,14 +199,17 @@ impl Seen {
             left_out: left_out.into(),
             allocations: Arc::new(view.allocations.clone()),
             pod_networks: self.pod_networks.clone(),
+            choice: Some(Arc::new(choice)),
         }
     }
 
     /// The IPPools changed: the engine's view of them is rebuilt (creation order, then name).
     pub(crate) fn pools_changed(&mut self) {
         let mut pools: Vec<&PoolEntry> = self.pools.values().collect();
-        pools.sort_by(|a, b| (&a.created, &a.spec.name).cmp(&(&b.created, &b.spec.name)));
-        let specs: Vec<PoolSpec> = pools.into_iter().map(|p| p.spec.clone()).collect();
+        pools.sort_by(|a, b| {
+            (&a.created, &a.config.spec.name).cmp(&(&b.created, &b.config.spec.name))
+        });
+        let specs: Vec<PoolSpec> = pools.iter().map(|p| p.config.spec.clone()).collect();
         self.pool_set = PoolSet::new(specs.clone());
         let valid = specs
             .iter()
@@ -181,6 +217,26 @@ impl Seen {
             .filter(|(_, (_, v))| v.is_ok());
         let cidrs = valid.flat_map(|(spec, _)| spec.cidrs.iter().copied());
         self.pod_networks = Arc::new(PodNetworks::from_pools(cidrs));
+        self.terms = pools.iter().map(|p| self.terms_of(&p.config)).collect();
+    }
+
+    /// A pool as the choice reads it (as the operator's source does: an Invalid pool serves
+    /// no family).
+    fn terms_of(&self, p: &PoolConfig) -> PoolTerms {
+        let valid = self.pool_set.get(&p.spec.name).ok();
+        let serves = |f| valid.is_some_and(|v| v.family(f).is_some());
+        PoolTerms {
+            name: p.spec.name.clone(),
+            valid: valid.is_some(),
+            v4: serves(Family::V4),
+            v6: serves(Family::V6),
+            node_selector: Selector {
+                match_labels: p.node_selector.clone(),
+                match_expressions: Vec::new(),
+            },
+            namespace_selector: p.namespace_selector.clone(),
+            pod_selector: p.pod_selector.clone(),
+        }
     }
 
     /// All three lists are done (ADD is served only after the first IPPool list).
@@ -233,7 +289,7 @@ mod tests {
             serde_json::from_value(json!(format!("2026-01-01T00:00:{created:02}Z")));
         PoolEntry {
             created: Some(at.unwrap()),
-            spec: spec.unwrap(),
+            config: PoolConfig::new(spec.unwrap()),
         }
     }
 
@@ -245,7 +301,7 @@ mod tests {
         seen.node.init_done();
         seen.pools.init();
         for p in pools {
-            seen.pools.init_apply(p.spec.name.clone(), p);
+            seen.pools.init_apply(p.config.spec.name.clone(), p);
         }
         seen.pools.init_done();
         seen.pools_changed();

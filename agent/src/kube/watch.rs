@@ -1,16 +1,18 @@
-//! [`NodeWatch`]: the agent's watch of its own IPAMNode (field selector `metadata.name`), its
-//! node's IPAMBlocks (the CRD's selectable field `spec.node`) and the IPPools, list then watch
+//! [`NodeWatch`]: the agent's watch of its own IPAMNode and Node (field selector
+//! `metadata.name`; of the Node only its labels are kept, for the pool choice), its node's
+//! IPAMBlocks (the CRD's selectable field `spec.node`) and the IPPools, list then watch
 //! with kube's default backoff, and the node projected from them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_objects};
 use tidepool_api as api;
-use tidepool_api::convert::{block_from_api, node_from_api, pool_spec};
+use tidepool_api::convert::{block_from_api, node_from_api, pool_config};
 use tidepool_ipam::node::BlockView;
 use tidepool_ipam::pool::repair::BlockIssue;
 use tidepool_ipam::{IpamNode, NodeUid};
@@ -19,11 +21,14 @@ use tokio::sync::watch;
 use super::KubeError;
 use super::running::Running;
 use super::view::{PoolEntry, Projected, Seen};
+use crate::pool_choice::PoolChoice;
 use crate::serve::PodNetworks;
 
-/// One event of either watch (boxed: the objects are large, and the two differ in size).
+/// One event of any watch (boxed: the objects are large, and they differ in size).
 enum Change {
     Node(Box<Event<api::IPAMNode>>),
+    /// The node's Node (its labels, for the pool choice).
+    Labels(Box<Event<Node>>),
     Block(Box<Event<api::IPAMBlock>>),
     Pool(Box<Event<api::IPPool>>),
 }
@@ -66,9 +71,13 @@ impl NodeWatch {
         });
         let nodes: Api<api::IPAMNode> = Api::all(client.clone());
         let blocks: Api<api::IPAMBlock> = Api::all(client.clone());
-        let pools: Api<api::IPPool> = Api::all(client);
+        let pools: Api<api::IPPool> = Api::all(client.clone());
+        let nodes_k8s: Api<Node> = Api::all(client);
         let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let by_node = watcher::Config::default().fields(&format!("spec.node={node}"));
+        let labels = watch_objects(nodes_k8s, by_name.clone())
+            .default_backoff()
+            .map_ok(|e| Change::Labels(Box::new(e)));
         let events = futures::stream::select(
             futures::stream::select(
                 watch_objects(nodes, by_name)
@@ -78,9 +87,12 @@ impl NodeWatch {
                     .default_backoff()
                     .map_ok(|e| Change::Block(Box::new(e))),
             ),
-            watch_objects(pools, watcher::Config::default())
-                .default_backoff()
-                .map_ok(|e| Change::Pool(Box::new(e))),
+            futures::stream::select(
+                watch_objects(pools, watcher::Config::default())
+                    .default_backoff()
+                    .map_ok(|e| Change::Pool(Box::new(e))),
+                labels,
+            ),
         );
         let task = tokio::spawn(drive(shared.clone(), events));
         Self {
@@ -107,6 +119,12 @@ impl NodeWatch {
     /// The (containerID, ifname) of each allocation the IPAMNode names (its tombstones').
     pub fn allocations(&self) -> Arc<tidepool_api::convert::Allocations> {
         self.shared().projected.borrow().allocations.clone()
+    }
+
+    /// What the pod's pool choice reads of the IPPools and the node (`None` until the
+    /// IPAMNode is read).
+    pub fn pool_choice(&self) -> Option<Arc<PoolChoice>> {
+        self.shared().projected.borrow().choice.clone()
     }
 
     /// The valid IPPools' CIDRs as pod networks (empty until the IPPools are listed).
@@ -185,7 +203,7 @@ async fn drive(
             Err(e) => tracing::warn!(node = %shared.node, error = %e, "watch failed; retrying"),
         }
     }
-    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "IPAMNode, IPAMBlocks and IPPools" });
+    tracing::error!(node = %shared.node, "{}", KubeError::WatchEnded { what: "IPAMNode, IPAMBlocks, IPPools and Node" });
 }
 
 /// Takes one event in; whether the live view may have changed.
@@ -197,6 +215,9 @@ fn take(seen: &mut Seen, change: Change) -> bool {
                 tracing::warn!(%m, "malformed entry skipped");
             }
             Some(view)
+        }),
+        Change::Labels(e) => on_event(&mut seen.node_labels, *e, |o: &Node| {
+            Some(o.metadata.labels.clone().unwrap_or_default())
         }),
         Change::Block(e) => on_event(&mut seen.blocks, *e, |o| {
             block_from_api(o)
@@ -221,10 +242,10 @@ fn take(seen: &mut Seen, change: Change) -> bool {
 /// left out, so its blocks are too.
 fn read_pool(o: &api::IPPool) -> Option<PoolEntry> {
     let name = o.metadata.name.as_deref().unwrap_or_default();
-    match pool_spec(name, &o.spec) {
-        Ok(spec) => Some(PoolEntry {
+    match pool_config(name, &o.spec) {
+        Ok(config) => Some(PoolEntry {
             created: o.metadata.creation_timestamp.clone(),
-            spec,
+            config,
         }),
         Err(e) => {
             tracing::warn!(pool = name, error = %e, "unreadable IPPool ignored");
@@ -277,7 +298,8 @@ fn publish(shared: &Shared, seen: &Seen) {
         let same = p.node_uid == next.node_uid
             && p.node == next.node
             && p.blocks == next.blocks
-            && p.pod_networks == next.pod_networks;
+            && p.pod_networks == next.pod_networks
+            && p.choice == next.choice;
         if !same {
             report_left_out(&shared.node, &p.left_out, &next.left_out);
             *p = next;

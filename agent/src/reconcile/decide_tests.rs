@@ -24,6 +24,7 @@ fn alloc(uid: u128, addr: &str, netns: Option<&str>) -> Allocation {
         boot_id: "boot".into(),
         netns: netns.map(String::from),
         network: None,
+        pools: Default::default(),
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use tidepool_api::convert::Allocations;
-use tidepool_ipam::PodUid;
 use tidepool_ipam::node::{BlockView, Refused};
+use tidepool_ipam::{AddrSet, Family, IpamNode, PodUid};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -21,6 +21,7 @@ use crate::cni::proto::code;
 use crate::error::{Error, Result};
 use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
+use crate::pool_choice::PodPools;
 use crate::reconcile::Tracker;
 use crate::state::{
     AllocKey, Attachment, NodeState, PodRef, StateDir, StateError, pool_families, spooled,
@@ -446,14 +447,29 @@ fn try_add(
         namespace: req.pod_namespace.clone().unwrap_or_default(),
         name: req.pod_name.clone().unwrap_or_default(),
     };
+    let pools = match pod_pools(s, i, &node, &pod) {
+        Ok(Some((pools, outside))) => {
+            exclude.union_with(&outside);
+            pools
+        }
+        Ok(None) => PodPools::default(),
+        Err(reply) => return done(reply, false),
+    };
     let at = Attachment {
         netns: req.netns.clone(),
         network: req.network().map(Arc::from),
+        pools,
     };
+    let pools = at.pools.clone();
     let addrs = match s.add(&node, &exclude, key.clone(), pod, at, now) {
         Ok(added) => added.addrs,
         Err(Refused::NoFreeAddress { family }) => {
-            let why = format!("no free {} address in the node's blocks", family.as_str());
+            let of_pool =
+                (pools.get(family).as_deref()).map_or(String::new(), |p| format!(" of pool {p}"));
+            let why = format!(
+                "no free {} address in the node's blocks{of_pool}",
+                family.as_str()
+            );
             return (Attempt::Empty(why), false);
         }
         Err(e) => return done(refused(&e.into()), false),
@@ -474,6 +490,44 @@ fn try_add(
     match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
         Ok(_) => done(Reply::ok(result), true),
         Err(e) => done(not_durable(e), false),
+    }
+}
+
+/// The pod's pool per family the node serves, and the node's addresses outside them
+/// ([`crate::pool_choice`]): `None` when the source knows no pools; a reply (code 11, naming
+/// the pool and why) when the pod may use none.
+fn pod_pools(
+    s: &NodeState,
+    i: &Inner,
+    node: &IpamNode,
+    pod: &PodRef,
+) -> Result<Option<(PodPools, AddrSet)>, Reply> {
+    let Some(choice) = i.source.pool_choice() else {
+        return Ok(None);
+    };
+    let subject = i.pods.subject(pod.uid, &pod.namespace);
+    // a new sandbox of the same pod: the pool of the address it holds of the family
+    let held = |f: Family| {
+        let mine = s.allocations().filter(|(_, a)| a.pod.uid == pod.uid);
+        let addrs = mine.flat_map(|(_, a)| {
+            let pools = a.pools;
+            a.addrs
+                .into_iter()
+                .map(move |x| (x, pools.get(&x).cloned()))
+        });
+        let mut of_family = addrs.filter(|(x, _)| Family::of(x) == f);
+        of_family.find_map(|(x, p)| p.or_else(|| choice.pool_of(&x).cloned()))
+    };
+    match choice.pod_pools(&pool_families(node), &subject, held) {
+        Ok(pools) => {
+            let outside = choice.outside(&node.operator.addresses, &pools);
+            Ok(Some((pools, outside)))
+        }
+        Err(e) => Err(Reply::error(
+            code::TRY_AGAIN_LATER,
+            "the pod has no pool it may use",
+            e.to_string(),
+        )),
     }
 }
 

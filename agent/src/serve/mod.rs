@@ -17,7 +17,12 @@
 //! one address per family the node's pool has (dual-stack: one of each, all or none), the
 //! lowest free one by `ipam`'s `NodeSide::add` — never a gateway, nor an address a live pod
 //! on the node lists ([`PodSource`]), whether or not the state holds it (both are its
-//! `exclude` set). An empty pool (or no IPAMNode read yet)
+//! `exclude` set), nor one outside the pod's pool of its family ([`crate::pool_choice`]:
+//! chosen at ADD from the pod, its namespace, the IPPools and the node, or the pool of the
+//! address the pod already holds; a pod that may use no pool gets code 11 naming the pool
+//! and why, and the pool of each address is recorded for `status.used`). With
+//! `--pod-network`, an address of a pool whose CIDR lies in no configured network fails the
+//! ADD (code 7, naming it) and goes back, as before. An empty pool (or no IPAMNode read yet)
 //! waits up to [`Config::empty_pool_wait`] for [`NodeSource::changes`] to bring an address,
 //! then answers code 11. An ADD without a pod UID (a UUID) is refused: the UID is the
 //! allocation's identity.

@@ -9,10 +9,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tidepool_ipam::{AddrSet, IpamNode, NodeName, NodeUid};
+use tidepool_ipam::pool::choice::Subject;
+use tidepool_ipam::{AddrSet, IpamNode, NodeName, NodeUid, PodUid};
 use tokio::sync::watch;
 
 use crate::pods::LivePods;
+use crate::pool_choice::PoolChoice;
 
 /// The node as the server allocates from it.
 pub trait NodeSource: Send + Sync + 'static {
@@ -27,6 +29,11 @@ pub trait NodeSource: Send + Sync + 'static {
     fn pod_networks(&self) -> Option<Arc<super::PodNetworks>> {
         None
     }
+    /// What the pod's pool choice reads of the IPPools and the node (`None`: this source
+    /// knows no pools, and an ADD takes any of the node's addresses).
+    fn pool_choice(&self) -> Option<Arc<PoolChoice>> {
+        None
+    }
 }
 
 /// The live pods on the node (the kube layer's pod watch): their addresses are never
@@ -34,6 +41,10 @@ pub trait NodeSource: Send + Sync + 'static {
 pub trait PodSource: Send + Sync + 'static {
     /// `None` until the pods have been listed.
     fn live_pods(&self) -> Option<Arc<LivePods>>;
+    /// What the pool choice reads of pod `uid` and of `namespace` (unknown: nothing).
+    fn subject(&self, _uid: PodUid, _namespace: &str) -> Subject {
+        Subject::default()
+    }
 }
 
 /// No pod view (an agent run without a cluster): nothing excluded, and reconcile, which
@@ -68,6 +79,10 @@ impl<T: PodSource> PodSource for Arc<T> {
     fn live_pods(&self) -> Option<Arc<LivePods>> {
         (**self).live_pods()
     }
+
+    fn subject(&self, uid: PodUid, namespace: &str) -> Subject {
+        (**self).subject(uid, namespace)
+    }
 }
 
 /// Told after every durable change of the node state: the kube layer publishes the node
@@ -80,6 +95,7 @@ pub trait Publish: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct MemoryNodeSource {
     node: std::sync::Mutex<Option<Arc<IpamNode>>>,
+    choice: std::sync::Mutex<Option<Arc<PoolChoice>>>,
     version: watch::Sender<u64>,
 }
 
@@ -87,6 +103,7 @@ impl Default for MemoryNodeSource {
     fn default() -> Self {
         MemoryNodeSource {
             node: std::sync::Mutex::new(None),
+            choice: std::sync::Mutex::new(None),
             version: watch::channel(0).0,
         }
     }
@@ -113,6 +130,12 @@ impl MemoryNodeSource {
         self.version.send_modify(|v| *v += 1);
     }
 
+    /// Replaces the pool choice's view and bumps [`NodeSource::changes`].
+    pub fn set_choice(&self, choice: Option<PoolChoice>) {
+        *self.choice.lock().unwrap_or_else(|e| e.into_inner()) = choice.map(Arc::new);
+        self.version.send_modify(|v| *v += 1);
+    }
+
     /// Sets node `name` with `pool` as its addresses.
     pub fn set_pool(&self, name: &str, pool: AddrSet) {
         let mut node = IpamNode::new(NodeName::from(name), NodeUid(1));
@@ -128,6 +151,13 @@ impl NodeSource for MemoryNodeSource {
 
     fn changes(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
+    }
+
+    fn pool_choice(&self) -> Option<Arc<PoolChoice>> {
+        self.choice
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -160,5 +190,9 @@ impl<T: NodeSource> NodeSource for Arc<T> {
 
     fn changes(&self) -> watch::Receiver<u64> {
         (**self).changes()
+    }
+
+    fn pool_choice(&self) -> Option<Arc<PoolChoice>> {
+        (**self).pool_choice()
     }
 }

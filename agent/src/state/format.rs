@@ -6,10 +6,12 @@
 //! them), and why each file carries `minReaderVersion`, the oldest format that may read it:
 //! a format that older agents must not read says so, and they refuse it rather than
 //! misread it. Format 1: the allocations, cooldowns and acks. Format 2 adds an
-//! allocation's `netns`, and later its `network` (the CNI network it attaches). `network`
-//! needs no new format: a reader that ignores it misreads nothing — an entry without it
-//! has an unknown network, which no GC frees (the safe side) — so the previous release and
-//! format-1 agents read these files as they are, and this agent reads theirs.
+//! allocation's `netns`, and later its `network` (the CNI network it attaches) and its
+//! `pools` (address → the pool it came from). Neither needs a new format: a reader that
+//! ignores them misreads nothing — an entry without `network` has an unknown network, which
+//! no GC frees (the safe side), and an address without a pool belongs to the pool whose
+//! block holds it — so the previous release and format-1 agents read these files as they
+//! are, and this agent reads theirs.
 //!
 //! Times are Unix milliseconds; pod UIDs are the API server's strings.
 
@@ -89,6 +91,10 @@ pub(crate) struct AllocationRecord {
     /// Format 2, later: absent in files written before it (the network is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// Address → the pool it was allocated from. Like `network`, no new format: a reader
+    /// that ignores it derives each address's pool from the block holding it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pools: BTreeMap<IpAddr, String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -188,6 +194,7 @@ pub(crate) fn encode(state: &NodeState) -> CheckpointFile {
             boot_id: a.boot_id,
             netns: a.netns,
             network: a.network.as_deref().map(String::from),
+            pools: (a.pools.iter()).map(|(a, p)| (*a, p.to_string())).collect(),
         })
         .collect();
     let release_ack = state
@@ -253,6 +260,9 @@ pub(crate) fn decode(
             name: r.pod,
             boot_id: r.boot_id,
             netns: r.netns,
+            pools: (r.pools.into_iter())
+                .map(|(a, p)| (a, Arc::from(p)))
+                .collect(),
         };
         own.insert(key.clone(), o);
         allocations.push(RecordedAllocation {

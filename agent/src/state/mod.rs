@@ -52,7 +52,7 @@ pub use format::{FORMAT_VERSION, MIN_READER_VERSION};
 pub use fs::{Fs, FsFile, StdFs};
 pub use lock::{DirLock, LOCK_FILE};
 pub use model::{
-    AllocKey, Allocation, Attachment, NodeState, PodRef, ReclaimAnswer, parse_pod_uid,
+    AddrPools, AllocKey, Allocation, Attachment, NodeState, PodRef, ReclaimAnswer, parse_pod_uid,
     pool_families,
 };
 pub use recording::{Op, OpKind, RecordingFs};

@@ -19,7 +19,8 @@ use tidepool_ipam::node::{
     Added, Answers, BlockView, DelOutcome, Held, Key, Network, NodeSide, Owner, Refused,
 };
 use tidepool_ipam::{
-    AddrMap, AddrSet, AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReleaseAck, Tombstone,
+    AddrMap, AddrSet, AllocationId, Family, IpamNode, NodeSideFields, PerFamily, PodUid,
+    ReleaseAck, Tombstone,
 };
 
 use super::error::{Result, StateError};
@@ -75,14 +76,23 @@ pub struct Allocation {
     pub netns: Option<String>,
     /// The CNI network it attaches (the network config's `name`); `None`: unknown.
     pub network: Network,
+    /// The pool each address was allocated from, as chosen at the ADD (`status.used[addr]
+    /// .pool`); an address without one (recorded before pools were chosen per pod, or
+    /// rebuilt from `status.used`) belongs to the pool whose block holds it.
+    pub pools: AddrPools,
 }
 
+/// Address → the pool it was allocated from.
+pub type AddrPools = BTreeMap<IpAddr, Arc<str>>;
+
 /// Where an ADD attaches its allocation: the sandbox's network namespace path
-/// (`CNI_NETNS`) and the CNI network (the network config's `name`, what a GC names).
+/// (`CNI_NETNS`), the CNI network (the network config's `name`, what a GC names), and the
+/// pod's pool per family (`None`: not known, nothing recorded).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attachment {
     pub netns: Option<String>,
     pub network: Network,
+    pub pools: PerFamily<Option<Arc<str>>>,
 }
 
 /// A tombstone answered, on the full key.
@@ -95,6 +105,7 @@ pub(super) struct Own {
     pub name: String,
     pub boot_id: String,
     pub netns: Option<String>,
+    pub pools: AddrPools,
 }
 
 /// The node's allocations, cooldowns and answers. See the module doc.
@@ -154,6 +165,7 @@ impl NodeState {
             name: String::new(),
             boot_id: self.boot_id.clone(),
             netns: None,
+            pools: AddrPools::new(),
         });
         Allocation {
             pod: PodRef {
@@ -166,6 +178,7 @@ impl NodeState {
             boot_id: own.boot_id,
             netns: own.netns,
             network: held.network.clone(),
+            pools: own.pools,
         }
     }
 
@@ -206,7 +219,10 @@ impl NodeState {
         let added = self
             .side
             .add(node, &families, exclude, key.clone(), owner, now)?;
-        self.own_new(&added, key, pod, at.netns);
+        let pools = (added.addrs.iter())
+            .filter_map(|a| Some((*a, at.pools.get(Family::of(a)).clone()?)))
+            .collect();
+        self.own_new(&added, key, pod, at.netns, pools);
         Ok(added)
     }
 
@@ -221,17 +237,25 @@ impl NodeState {
         since: SystemTime,
     ) -> Result<Added, Refused<AllocKey>> {
         let added = self.side.adopt(key.clone(), pod.uid, addrs, since)?;
-        self.own_new(&added, key, pod, netns);
+        self.own_new(&added, key, pod, netns, AddrPools::new());
         Ok(added)
     }
 
-    fn own_new(&mut self, added: &Added, key: AllocKey, pod: PodRef, netns: Option<String>) {
+    fn own_new(
+        &mut self,
+        added: &Added,
+        key: AllocKey,
+        pod: PodRef,
+        netns: Option<String>,
+        pools: AddrPools,
+    ) {
         if !added.repeated {
             let own = Own {
                 namespace: pod.namespace,
                 name: pod.name,
                 boot_id: self.boot_id.clone(),
                 netns,
+                pools,
             };
             self.own.insert(key, own);
         }
@@ -327,6 +351,12 @@ impl NodeState {
                 |o| (Arc::from(o.namespace.as_str()), Arc::from(o.name.as_str())),
             )
         })
+    }
+
+    /// The pool of each address allocated with one recorded (`status.used[addr].pool`).
+    pub fn pools(&self) -> AddrPools {
+        let recorded = self.own.values().flat_map(|o| o.pools.iter());
+        recorded.map(|(a, p)| (*a, p.clone())).collect()
     }
 
     /// Writes the checkpoint durably: temp file, write, fsync, rename over the checkpoint,

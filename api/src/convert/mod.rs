@@ -28,7 +28,7 @@ mod write;
 
 pub use block::block_from_api;
 pub use node::{AgentReady, Allocations, HeldCount, NodeView, node_from_api};
-pub use pool::{pool_spec, pool_watermarks, readable_count, readable_usage, selector};
+pub use pool::{pool_config, pool_spec, pool_watermarks, readable_count, readable_usage, selector};
 pub use time::{from_system, to_system};
 pub use uid::parse_uid;
 pub use write::{apply_envelope, condition};

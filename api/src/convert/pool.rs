@@ -3,7 +3,7 @@
 //! with [`PoolSpec::validate`]'s reason).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use tidepool_ipam::pool::{PoolSpec, choice};
+use tidepool_ipam::pool::{PoolConfig, PoolSpec, choice};
 use tidepool_ipam::{PerFamily, WatermarkOverrides};
 
 use crate as api;
@@ -37,6 +37,23 @@ pub fn pool_watermarks(spec: &IPPoolSpec) -> Result<WatermarkOverrides, String> 
         min_allocate: one("minAllocate", w.min_allocate)?,
         max_allocate: one("maxAllocate", w.max_allocate)?,
         max_above_watermark: one("maxAboveWatermark", w.max_above_watermark)?,
+    })
+}
+
+/// Pool `name`'s spec with its node, namespace and pod selectors, read, not validated (see
+/// [`pool_spec`]); an error names the field that cannot be read. The operator's source and
+/// the agent's pool choice read IPPools with it.
+pub fn pool_config(name: &str, spec: &IPPoolSpec) -> Result<PoolConfig, String> {
+    let selector = |s: &Option<LabelSelector>, field: &str| match s {
+        Some(s) => selector(s).map_err(|e| format!("spec.{field}: {e}")),
+        None => Ok(choice::Selector::default()),
+    };
+    Ok(PoolConfig {
+        spec: pool_spec(name, spec)?,
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        namespace_selector: selector(&spec.namespace_selector, "namespaceSelector")?,
+        pod_selector: selector(&spec.pod_selector, "podSelector")?,
+        watermarks: pool_watermarks(spec)?,
     })
 }
 

@@ -78,7 +78,7 @@ impl Pools {
         let mut bad = Vec::new();
         for p in ordered {
             let name = p.metadata.name.clone().unwrap_or_default();
-            match config(&name, &p.spec) {
+            match tidepool_api::convert::pool_config(&name, &p.spec) {
                 Ok(c) => ok.push(c),
                 Err(e) => bad.push((name, e)),
             }
@@ -89,22 +89,6 @@ impl Pools {
 
 fn specs(m: &BTreeMap<String, api::IPPool>) -> Vec<(&String, &api::IPPoolSpec)> {
     m.iter().map(|(n, p)| (n, &p.spec)).collect()
-}
-
-/// One IPPool's spec as the source's configuration, read, not validated (the source
-/// validates it, [`tidepool_api::convert::pool_spec`]).
-pub fn config(name: &str, spec: &api::IPPoolSpec) -> Result<PoolConfig, String> {
-    let selector = |s: &Option<_>, field: &str| match s {
-        Some(s) => tidepool_api::convert::selector(s).map_err(|e| format!("spec.{field}: {e}")),
-        None => Ok(Default::default()),
-    };
-    Ok(PoolConfig {
-        spec: tidepool_api::convert::pool_spec(name, spec)?,
-        node_selector: spec.node_selector.clone().unwrap_or_default(),
-        namespace_selector: selector(&spec.namespace_selector, "namespaceSelector")?,
-        pod_selector: selector(&spec.pod_selector, "podSelector")?,
-        watermarks: tidepool_api::convert::pool_watermarks(spec)?,
-    })
 }
 
 #[cfg(test)]
