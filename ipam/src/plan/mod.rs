@@ -32,6 +32,9 @@ use crate::types::{
 use crate::vocab::Blocked;
 use crate::watermarks::{self, FamilyCounts, Sizing, Watermarks};
 
+/// Since when the excess of each of a node's other pools persists, by family and pool.
+type PoolClocks = BTreeMap<(Family, Arc<str>), Instant>;
+
 /// What the maintainer remembers of a node between passes.
 #[derive(Debug, Default)]
 pub struct NodeMemory {
@@ -39,7 +42,7 @@ pub struct NodeMemory {
     /// Since when each lane's excess persists: the default pools', the others'.
     excess_since: PerFamily<Option<Instant>>,
     /// (boxed: most nodes have no other pool, and every node has a memory)
-    pool_excess_since: Option<Box<BTreeMap<(Family, Arc<str>), Instant>>>,
+    pool_excess_since: Option<Box<PoolClocks>>,
     /// The smallest groups of the address set last planned with (see [`smallest_group`]),
     /// kept while the set is the same (shared) one: a source's holdings change rarely.
     groups: Option<Groups>,
