@@ -9,7 +9,7 @@
 //! cargo build -p tidepool-operator --bin tidepool-operator
 //! cargo bench -p tidepool-agent --bench ready
 //! # env: READY_PODS (100, the warm case's pods, one at a time), READY_BURST (200),
-//! #      READY_FRESH_NODES (10) × READY_FRESH_PODS (10)
+//! #      READY_FRESH_NODES (10) × READY_FRESH_PODS (10), READY_COLD_POOLS (100)
 //! ```
 //!
 //! Cases:
@@ -21,6 +21,8 @@
 //!   DaemonSet pod would be. Each pod waits for the IPAMNode, the first block and the agent.
 //!   Repeated on READY_FRESH_NODES new nodes; also printed: how long the registration took
 //!   (kubectl, counted in the latency) and when each agent served.
+//! - cold pool: issue 29's first pod of a pool on a node that holds no block of it (see
+//!   [`cold_pools`]), READY_COLD_POOLS times.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/system/mod.rs"]
@@ -112,6 +114,8 @@ async fn bench() {
 
     ensure_operator(&mut cluster).await;
     fresh_nodes(&mut cluster, &kubelet).await;
+    ensure_operator(&mut cluster).await;
+    cold_pools(&cluster, &kubelet).await;
 }
 
 /// Restarts the operator if it exited, as Kubernetes restarts its container, and waits
@@ -174,6 +178,69 @@ async fn fresh_nodes(cluster: &mut Cluster, kubelet: &Kubelet) {
          patch) p50 {r50:.0} ms, max {r99:.0} ms; its agent serving p50 {s50:.0} ms, max \
          {s99:.0} ms; failed ADDs (retried): {failed}"
     );
+}
+
+/// Issue 29's cold pool (DESIGN.md "Pools per namespace and per pod"): a pod whose
+/// annotation names a pool its node holds no block of, on an idle operator with its default
+/// flags. The waiting pod is the pool's demand on its node, so the block is claimed while
+/// its ADD waits. READY_COLD_POOLS pools, each created and seen Valid first (the operator
+/// idle again), then one pod naming it; one at a time.
+async fn cold_pools(cluster: &Cluster, kubelet: &Kubelet) {
+    let pools: usize = env_or("READY_COLD_POOLS", 100);
+    let failed_before = kubelet.record(|r| r.failed_adds);
+    let mut lat = Vec::new();
+    for i in 0..pools {
+        let pool = format!("cold-{i}");
+        let cidr = format!("10.{}.{}.0/24", 100 + i / 256, i % 256);
+        create_valid_pool(&cluster.admin, &pool, &cidr).await;
+        let before = kubelet.record(|r| r.ready_latency.len());
+        create_pod_of_pool(&cluster.admin, &format!("cold-pod-{i}"), &pool).await;
+        until_ready(kubelet, before + 1).await;
+        lat.extend(kubelet.record(|r| r.ready_latency[before..].to_vec()));
+    }
+    row("first pod of a pool its node holds no block of", &lat);
+    let failed = kubelet.record(|r| r.failed_adds) - failed_before;
+    println!("cold pools: {pools} pools; failed ADDs (retried): {failed}");
+}
+
+/// IPPool `name` over `cidr` in /28 blocks, once the operator has found it Valid.
+async fn create_valid_pool(admin: &kube::Client, name: &str, cidr: &str) {
+    let pools: Api<tidepool_api::IPPool> = Api::all(admin.clone());
+    let pool: tidepool_api::IPPool = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"cidrs": [cidr], "blockSize": {"ipv4": 28}},
+    }))
+    .expect("a pool");
+    pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the pool");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = pools.get(name).await.expect("the pool");
+        let conditions = p.status.map(|s| s.conditions).unwrap_or_default();
+        if (conditions.iter()).any(|c| c.type_ == "Valid" && c.status == "True") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pool {name} never Valid");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A pod whose `ipam.tidepool.dev/pools` annotation names `pool`.
+async fn create_pod_of_pool(admin: &kube::Client, name: &str, pool: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default",
+                     "annotations": {"ipam.tidepool.dev/pools": pool}},
+        "spec": {"containers": [{"name": "c", "image": "pause"}]},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create the pod");
 }
 
 /// A pod bound to `node` at its creation (`spec.nodeName`, as after a Binding).
