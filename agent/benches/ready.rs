@@ -47,9 +47,14 @@ fn main() {
 }
 
 async fn create_pod(admin: &kube::Client, name: &str) {
+    create_annotated_pod(admin, name, json!({})).await;
+}
+
+/// A pod of namespace `default` with `annotations`, for the scheduler stand-in to bind.
+async fn create_annotated_pod(admin: &kube::Client, name: &str, annotations: serde_json::Value) {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
         "spec": {"containers": [{"name": "c", "image": "pause"}]},
     }))
     .expect("a pod");
@@ -57,6 +62,18 @@ async fn create_pod(admin: &kube::Client, name: &str) {
         .create(&PostParams::default(), &pod)
         .await
         .expect("create the pod");
+}
+
+/// Whether the kubelet has `n` latencies recorded within `limit`.
+async fn ready_within(k: &Kubelet, n: usize, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while k.record(|r| r.ready_latency.len()) < n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
 }
 
 /// Waits until the kubelet has `n` latencies recorded (120 s at most).
@@ -191,11 +208,36 @@ async fn cold_pools(cluster: &Cluster, kubelet: &Kubelet) {
     let mut lat = Vec::new();
     for i in 0..pools {
         let pool = format!("cold-{i}");
-        let cidr = format!("10.{}.{}.0/24", 100 + i / 256, i % 256);
+        // inside the agents' --pod-network (10.77.0.0/16), beside the warm pool's /18
+        let cidr = format!("10.77.{}.0/24", 64 + i % 192);
         create_valid_pool(&cluster.admin, &pool, &cidr).await;
         let before = kubelet.record(|r| r.ready_latency.len());
-        create_pod_of_pool(&cluster.admin, &format!("cold-pod-{i}"), &pool).await;
-        until_ready(kubelet, before + 1).await;
+        let names = json!({"ipam.tidepool.dev/pools": pool});
+        let pod = format!("cold-pod-{i}");
+        create_annotated_pod(&cluster.admin, &pod, names).await;
+        if !ready_within(kubelet, before + 1, Duration::from_secs(60)).await {
+            let blocks = cluster
+                .kubectl
+                .ok(&["get", "ipamblocks", "-o", "wide"], None)
+                .await;
+            let jp = "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase}{'\\n'}{end}";
+            let pods = cluster.kubectl.ok(&["get", "pods", "-o", jp], None).await;
+            let nodes = cluster
+                .kubectl
+                .ok(&["get", "ipamnodes", "-o", "yaml"], None)
+                .await;
+            let pods = format!("{pods}\nipamnodes:\n{nodes}");
+            let op = cluster
+                .operators
+                .last()
+                .map(|o| o.tail(40))
+                .unwrap_or_default();
+            let logs = cluster.logs_matching(&[pod.clone(), pool.clone()]);
+            panic!(
+                "{pod} (pool {pool}, #{i}) did not become ready; blocks:\n{blocks}\npods:\n{pods}\n\
+                 operator:\n{op}\nlogs:\n{logs}"
+            );
+        }
         lat.extend(kubelet.record(|r| r.ready_latency[before..].to_vec()));
     }
     row("first pod of a pool its node holds no block of", &lat);
@@ -226,21 +268,6 @@ async fn create_valid_pool(admin: &kube::Client, name: &str, cidr: &str) {
         assert!(Instant::now() < deadline, "pool {name} never Valid");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// A pod whose `ipam.tidepool.dev/pools` annotation names `pool`.
-async fn create_pod_of_pool(admin: &kube::Client, name: &str, pool: &str) {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default",
-                     "annotations": {"ipam.tidepool.dev/pools": pool}},
-        "spec": {"containers": [{"name": "c", "image": "pause"}]},
-    }))
-    .expect("a pod");
-    Api::<Pod>::namespaced(admin.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create the pod");
 }
 
 /// A pod bound to `node` at its creation (`spec.nodeName`, as after a Binding).

@@ -35,6 +35,11 @@ fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
 /// `default` over [`DEFAULT`] for every namespace, and `blue` over `blue` for the
 /// namespaces labelled `team=blue`.
 fn world(blue: &str) -> World<Pool> {
+    world_with(WorldConfig::default(), blue)
+}
+
+/// [`world`] with `cfg`.
+fn world_with(cfg: WorldConfig, blue: &str) -> World<Pool> {
     let pools = vec![
         PoolConfig::new(spec("default", DEFAULT)),
         PoolConfig {
@@ -45,7 +50,7 @@ fn world(blue: &str) -> World<Pool> {
             ..PoolConfig::new(spec("blue", blue))
         },
     ];
-    World::start_with(WorldConfig::default(), move |w, _obs, store| {
+    World::start_with(cfg, move |w, _obs, store| {
         Ok(ClusterPoolSource::new(store.clone(), pools, w.seed))
     })
     .unwrap()
@@ -209,5 +214,37 @@ async fn a_pools_watermarks_sit_between_the_flags_and_the_nodes() {
         1,
         "the node's 8 over the pool's 40: the surplus went back"
     );
+    assert_no_violations(&w);
+}
+
+/// The node's allocatable pods cap its pools together, each pool rounded up to whole
+/// blocks: the default pool's rounding (and pre-allocation) takes no room from another
+/// pool's pods.
+#[tokio::test(start_paused = true)]
+async fn the_allocatable_pods_cap_counts_pods_not_each_pools_rounding() {
+    let w = world_with(
+        WorldConfig {
+            max_pods: 20,
+            ..WorldConfig::default()
+        },
+        BLUE,
+    );
+    let n = w.add_node("n1");
+    let red: Vec<PodUid> = (0..12)
+        .map(|_| w.schedule_pod_with(&n, of_team("red")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(blocks_of(&w, &n, "default"), 2, "12 pods and 8 spare");
+    let blue: Vec<PodUid> = (0..6)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(addresses_of(&w, "n1", &red).len(), 12);
+    assert_eq!(
+        addresses_of(&w, "n1", &blue).len(),
+        6,
+        "the default pool's two blocks (32 addresses for 20 pods) leave blue its pods' room"
+    );
+    assert_eq!(w.waiting_on("n1"), 0);
     assert_no_violations(&w);
 }

@@ -589,8 +589,9 @@ fn size_lane(
     (c, watermarks::size(&lane.watermarks, &c, cap))
 }
 
-/// The hard cap on a lane: the node's cap on its family less what its other pools hold,
-/// and a pool's own `max_allocate`.
+/// The hard cap on a lane: the node's allocatable pods less the pods its other pools of
+/// the family hold or wait for, rounded up to whole blocks (one pool's rounding takes no
+/// room from another's), and `max_allocate` (the node's, and a pool's own for another pool).
 fn lane_cap(
     s: &Snapshot<'_>,
     lane: &Lane<'_>,
@@ -598,15 +599,15 @@ fn lane_cap(
     counts: &PerFamily<FamilyCounts>,
 ) -> Option<u64> {
     let f = lane.family;
-    let others = counts.get(f).allocated.saturating_sub(c.allocated);
-    let node = cap(s, f).map(|cap| cap.saturating_sub(others));
+    let others = counts.get(f).demand().saturating_sub(c.demand());
+    let others = u32::try_from(others).unwrap_or(u32::MAX);
+    let pods = s.info.allocatable_pods.saturating_sub(others);
+    let grant = *s.grant_size.get(f);
+    let node = watermarks::pool_cap(&s.watermarks, Some(pods), grant);
     if lane.pool.is_none() {
         return node;
     }
-    match (
-        node,
-        watermarks::pool_cap(&lane.watermarks, None, *s.grant_size.get(f)),
-    ) {
+    match (node, watermarks::pool_cap(&lane.watermarks, None, grant)) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
@@ -619,15 +620,6 @@ fn lane_smallest(lane: &Lane<'_>, node: &PerFamily<u128>, grant: PerFamily<u128>
         false => *node.get(f),
         true => *smallest_groups(&lane.fields.addresses, grant).get(f),
     }
-}
-
-/// The hard cap on one family of the node's pool.
-fn cap(s: &Snapshot<'_>, f: Family) -> Option<u64> {
-    watermarks::pool_cap(
-        &s.watermarks,
-        Some(s.info.allocatable_pods),
-        *s.grant_size.get(f),
-    )
 }
 
 /// Summarizes the node as it would be with `fields` as the operator's fields.
