@@ -204,12 +204,16 @@ async fn fresh_nodes(cluster: &mut Cluster, kubelet: &Kubelet) {
 /// idle again), then one pod naming it; one at a time.
 async fn cold_pools(cluster: &Cluster, kubelet: &Kubelet) {
     let pools: usize = env_or("READY_COLD_POOLS", 100);
+    assert!(
+        pools <= 192,
+        "READY_COLD_POOLS: at most 192 (a /24 each in 10.77.64.0/18 and up)"
+    );
     let failed_before = kubelet.record(|r| r.failed_adds);
     let mut lat = Vec::new();
     for i in 0..pools {
         let pool = format!("cold-{i}");
         // inside the agents' --pod-network (10.77.0.0/16), beside the warm pool's /18
-        let cidr = format!("10.77.{}.0/24", 64 + i % 192);
+        let cidr = format!("10.77.{}.0/24", 64 + i);
         create_valid_pool(&cluster.admin, &pool, &cidr).await;
         let before = kubelet.record(|r| r.ready_latency.len());
         let names = json!({"ipam.tidepool.dev/pools": pool});
