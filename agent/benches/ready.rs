@@ -236,7 +236,7 @@ async fn cold_pools(cluster: &Cluster, kubelet: &Kubelet) {
                 .last()
                 .map(|o| o.tail(40))
                 .unwrap_or_default();
-            let logs = cluster.logs_matching(&[pod.clone(), pool.clone()]);
+            let logs = cluster.logs_matching(&[pod.clone(), pool.clone(), "failed".into()]);
             panic!(
                 "{pod} (pool {pool}, #{i}) did not become ready; blocks:\n{blocks}\npods:\n{pods}\n\
                  operator:\n{op}\nlogs:\n{logs}"

@@ -697,8 +697,14 @@ pub fn operator_command(name: &str, kubeconfig: &Path, t: &Tuning, metrics: &str
         .args(["--kube-api-qps", "200", "--kube-api-burst", "200"])
         .env_clear()
         .env("POD_NAME", name)
-        .env("TIDEPOOL_LOG_LEVEL", "info");
+        // TIDEPOOL_E2E_OPERATOR_LOG (e.g. `info,tidepool_ipam=debug`) when a run is debugged
+        .env("TIDEPOOL_LOG_LEVEL", operator_log_level());
     cmd
+}
+
+/// The operators' log filter: `TIDEPOOL_E2E_OPERATOR_LOG`, else `info`.
+fn operator_log_level() -> String {
+    std::env::var("TIDEPOOL_E2E_OPERATOR_LOG").unwrap_or_else(|_| "info".into())
 }
 
 /// Waits (`secs` at most) until `f` holds, else fails with the cluster's logs.
