@@ -50,10 +50,6 @@ impl NodePools {
             v6: WatermarkOverrides::NONE,
         },
     };
-
-    pub fn is_empty(&self) -> bool {
-        self.lanes.is_empty() && self.unplaced.v4.is_empty() && self.unplaced.v6.is_empty()
-    }
 }
 
 /// A lane as a pass sizes it.
