@@ -493,23 +493,16 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     }
     // 4. Claim or mark.
     let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
-    p.summary = summarize_with(s, &p.fields, p.reclaim.candidates as u64, smallest);
-    let counts = count(node, &p.fields, s.pending);
-    for lane in lanes(
-        s.families,
-        &p.fields,
-        s.pending,
-        (s.watermarks, &node.watermarks),
-        s.pools,
-    ) {
+    let sized = sized_lanes(s, &p.fields);
+    p.summary = summary_of(s, &sized, p.reclaim.candidates as u64, smallest);
+    for (lane, c, sizing) in &sized.lanes {
         let f = lane.family;
-        let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
             p.claims.push(Claim {
                 family: f,
                 pool: lane.pool.cloned(),
                 count: sizing.claim,
-                limit: lane_cap(s, &lane, &c, &counts)
+                limit: lane_cap(s, lane, c, &sized.counts)
                     .map_or(u64::MAX, |cap| cap.saturating_sub(c.allocated)),
             });
         }
@@ -526,7 +519,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
             // fits, there is nothing to offer it
             Ok(()) => {
                 let grant = *s.grant_size.get(f);
-                let smallest = lane_smallest(&lane, &smallest, s.grant_size);
+                let smallest = lane_smallest(lane, &smallest, s.grant_size);
                 if grant <= 1 || whole_free_blocks(node, &lane.fields, f, grant, mark, smallest) > 0
                 {
                     p.marks.push(Marks {
@@ -551,16 +544,8 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
 /// Withdraws, lane by lane, the marks its sizing no longer justifies (all of them while it
 /// needs addresses).
 fn withdraw_unjustified(s: &Snapshot<'_>, fields: &mut OperatorFields) {
-    let counts = count(s.node, fields, s.pending);
     let mut gone = AddrSet::new();
-    for mut lane in lanes(
-        s.families,
-        fields,
-        s.pending,
-        (s.watermarks, &s.node.watermarks),
-        s.pools,
-    ) {
-        let (c, sizing) = size_lane(s, &lane, &counts);
+    for (mut lane, c, sizing) in sized_lanes(s, fields).lanes {
         let keep = if sizing.needed > 0 { 0 } else { sizing.excess };
         if c.marked <= keep {
             continue;
@@ -633,15 +618,49 @@ pub fn summarize(
     summarize_with(s, fields, reclaim_candidates, smallest)
 }
 
-/// [`summarize`] with the address set's [`smallest_groups`] at hand: each family's sizing
-/// is the sum of its lanes'.
+/// [`summarize`] with the address set's [`smallest_groups`] at hand.
 fn summarize_with(
     s: &Snapshot<'_>,
     fields: &OperatorFields,
     reclaim_candidates: u64,
     smallest: PerFamily<u128>,
 ) -> NodeSummary {
+    summary_of(s, &sized_lanes(s, fields), reclaim_candidates, smallest)
+}
+
+/// The node's counts, and its lanes with theirs and their sizing.
+struct SizedLanes<'s> {
+    counts: PerFamily<FamilyCounts>,
+    lanes: Vec<(Lane<'s>, FamilyCounts, Sizing)>,
+}
+
+/// Counts and sizes the node's lanes as they are with `fields` as the operator's fields.
+fn sized_lanes<'s>(s: &'s Snapshot<'_>, fields: &'s OperatorFields) -> SizedLanes<'s> {
     let counts = count(s.node, fields, s.pending);
+    let lanes = lanes(
+        s.families,
+        fields,
+        s.pending,
+        (s.watermarks, &s.node.watermarks),
+        s.pools,
+    );
+    let lanes = (lanes.into_iter())
+        .map(|lane| {
+            let (c, sizing) = size_lane(s, &lane, &counts);
+            (lane, c, sizing)
+        })
+        .collect();
+    SizedLanes { counts, lanes }
+}
+
+/// The node's summary from its sized lanes: each family's sizing is the sum of its lanes'.
+fn summary_of(
+    s: &Snapshot<'_>,
+    sized: &SizedLanes<'_>,
+    reclaim_candidates: u64,
+    smallest: PerFamily<u128>,
+) -> NodeSummary {
+    let counts = sized.counts;
     let mut summary = NodeSummary {
         counts,
         release_enabled: s.release.enabled,
@@ -651,15 +670,8 @@ fn summarize_with(
     for &f in s.families {
         *summary.pods_waiting.get_mut(f) = counts.get(f).waiting;
     }
-    for lane in lanes(
-        s.families,
-        fields,
-        s.pending,
-        (s.watermarks, &s.node.watermarks),
-        s.pools,
-    ) {
+    for (lane, c, sizing) in &sized.lanes {
         let f = lane.family;
-        let (c, sizing) = size_lane(s, &lane, &counts);
         if sizing.claim > 0 {
             if s.info.terminating {
                 summary.blocked = summary.blocked.or(Some(Blocked::Terminating));
@@ -674,13 +686,13 @@ fn summarize_with(
         let room = c.free().min(sizing.excess.saturating_sub(c.marked));
         let grant = *s.grant_size.get(f);
         let releasable = if grant > 1 && room > 0 {
-            let smallest = lane_smallest(&lane, &smallest, s.grant_size);
+            let smallest = lane_smallest(lane, &smallest, s.grant_size);
             whole_free_blocks(s.node, &lane.fields, f, grant, room, smallest)
         } else {
             room
         };
         summary.releasable += releasable + c.marked;
-        add_sizing(summary.sizing.get_mut(f), &sizing);
+        add_sizing(summary.sizing.get_mut(f), sizing);
     }
     summary
 }
