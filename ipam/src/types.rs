@@ -355,6 +355,17 @@ pub struct OperatorFields {
     pub release: AddrMap<ReleaseState>,
     pub reclaim: BTreeMap<IpAddr, Tombstone>,
     pub conditions: Vec<Condition>,
+    /// The pools the node's pods wait for and get no address of (`status.poolUsage[]
+    /// .blocked`), sorted, each once.
+    pub blocked_pools: Vec<BlockedPool>,
+}
+
+/// A pool of one family the node's pods wait for and cannot get addresses of: it has none
+/// left, or a pod's annotation names it and the pod may not use it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockedPool {
+    pub pool: Arc<str>,
+    pub family: Family,
 }
 
 impl OperatorFields {

@@ -22,10 +22,13 @@ pub enum Blocked {
     /// Repair found one of its addresses held by another live node too (never fixed
     /// automatically; blocked until an operator resolves it).
     Duplicate,
+    /// Only pools other than the node's default ones are blocked (`status.poolUsage`
+    /// names them): their pods wait, the node's others do not, so no taint.
+    Pools,
 }
 
 impl Blocked {
-    pub const ALL: [Blocked; 7] = [
+    pub const ALL: [Blocked; 8] = [
         Blocked::Exhausted,
         Blocked::PoolInvalid,
         Blocked::AtCap,
@@ -33,6 +36,7 @@ impl Blocked {
         Blocked::Terminating,
         Blocked::InvalidSpec,
         Blocked::Duplicate,
+        Blocked::Pools,
     ];
 
     /// The short word for reports and messages (`exhausted`, `at-capacity`, …).
@@ -45,6 +49,7 @@ impl Blocked {
             Blocked::Terminating => "terminating",
             Blocked::InvalidSpec => "invalid-spec",
             Blocked::Duplicate => "duplicate",
+            Blocked::Pools => "pools-blocked",
         }
     }
 
@@ -58,6 +63,7 @@ impl Blocked {
             Blocked::Terminating => "Terminating",
             Blocked::InvalidSpec => "InvalidSpec",
             Blocked::Duplicate => "Duplicate",
+            Blocked::Pools => "PoolsBlocked",
         }
     }
 
@@ -226,6 +232,9 @@ pub enum EventReason {
     /// another field manager owns a field it writes. It is not retried until the object
     /// changes (the operator forces its applies, so this means something else is wrong).
     ApplyConflict,
+    /// On a pod (Warning): it waits for a pool it gets no address of: its annotation names
+    /// a pool it may not use, or the pool has none left for its node.
+    PoolUnavailable,
 }
 
 impl EventReason {
@@ -240,6 +249,7 @@ impl EventReason {
             EventReason::InvalidPool => "InvalidPool",
             EventReason::AgentNotReady => "AgentNotReady",
             EventReason::ApplyConflict => "ApplyConflict",
+            EventReason::PoolUnavailable => "PoolUnavailable",
         }
     }
 }

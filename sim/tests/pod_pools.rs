@@ -14,7 +14,10 @@ use std::time::Duration;
 use ipnet::IpNet;
 use tidepool_ipam::pool::choice::{POOLS_ANNOTATION, Selector, Subject};
 use tidepool_ipam::pool::{ClusterPoolSource, DEFAULT_BLOCK_SIZE, PoolConfig, PoolSpec};
-use tidepool_ipam::{BlockStore, NodeName, PodUid, WatermarkOverrides};
+use tidepool_ipam::{
+    BlockStore, Blocked, BlockedPool, ConditionReason, ConditionType, EventReason, Family,
+    IpamNode, NodeName, PodUid, WatermarkOverrides,
+};
 use tidepool_sim::{World, WorldConfig};
 
 use common::{Pool, assert_no_violations};
@@ -74,6 +77,23 @@ fn blocks_of(w: &World<Pool>, node: &NodeName, pool: &str) -> usize {
     blocks.iter().filter(|b| &*b.pool == pool).count()
 }
 
+/// `pool` of IPv4, blocked.
+fn blocked(pool: &str) -> BlockedPool {
+    BlockedPool {
+        pool: pool.into(),
+        family: Family::V4,
+    }
+}
+
+/// The node's `Blocked` condition: its reason and message.
+fn blocked_condition(node: &IpamNode) -> Option<(Blocked, String)> {
+    let c = (node.operator.conditions.iter()).find(|c| c.type_ == ConditionType::Blocked)?;
+    match c.reason {
+        ConditionReason::Blocked(b) if c.status => Some((b, c.message.clone())),
+        _ => None,
+    }
+}
+
 /// The addresses of the node's `used` entries of `pods`.
 fn addresses_of(w: &World<Pool>, node: &str, pods: &[PodUid]) -> Vec<IpAddr> {
     let n = w.node(node).unwrap();
@@ -130,6 +150,19 @@ async fn a_pod_annotated_with_a_pool_its_namespace_may_not_use_gets_no_address()
         0,
         "no block of a pool the pod may not use is claimed for it"
     );
+    let node = w.node("n1").unwrap();
+    assert_eq!(node.operator.blocked_pools, [blocked("blue")]);
+    let (reason, message) = blocked_condition(&node).expect("a Blocked condition");
+    assert_eq!(reason, Blocked::Pools);
+    assert!(message.ends_with("blue (ipv4)"), "{message}");
+    assert_eq!(
+        w.pods.event_count(EventReason::PoolUnavailable),
+        1,
+        "told once, not on every pass"
+    );
+    let (pod, why) = w.pods.last_event(EventReason::PoolUnavailable).unwrap();
+    assert_eq!(pod, uid);
+    assert!(why.contains("which the pod may not use"), "{why}");
     assert_no_violations(&w);
     assert_eq!(POOLS_ANNOTATION, "ipam.tidepool.dev/pools");
 }
@@ -157,6 +190,19 @@ async fn an_exhausted_pool_blocks_only_its_own_pods() {
         "the default pool serves its pods while blue is exhausted"
     );
     assert_eq!(w.waiting_on("n1"), 6);
+    let node = w.node("n1").unwrap();
+    assert_eq!(node.operator.blocked_pools, [blocked("blue")]);
+    let (reason, message) = blocked_condition(&node).expect("a Blocked condition");
+    assert_eq!(
+        reason,
+        Blocked::Pools,
+        "not the taint's Exhausted: {message}"
+    );
+    assert_eq!(
+        w.pods.event_count(EventReason::PoolUnavailable),
+        6,
+        "each waiting pod of blue told once"
+    );
     assert_no_violations(&w);
 }
 
@@ -246,5 +292,39 @@ async fn the_allocatable_pods_cap_counts_pods_not_each_pools_rounding() {
         "the default pool's two blocks (32 addresses for 20 pods) leave blue its pods' room"
     );
     assert_eq!(w.waiting_on("n1"), 0);
+    assert_no_violations(&w);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_short_of_another_pool_is_woken_when_the_pool_frees() {
+    let mut cfg = WorldConfig::default();
+    // no resync to fall back on: only the release wakes the node
+    cfg.engine.resync_interval = Duration::from_secs(3600);
+    cfg.engine.release.delay = Duration::from_secs(10);
+    // blue: one /28 block
+    let w = world_with(cfg, "10.1.0.0/28");
+    let (n1, n2) = (w.add_node("n1"), w.add_node("n2"));
+    let first: Vec<PodUid> = (0..3)
+        .map(|_| w.schedule_pod_with(&n2, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(addresses_of(&w, "n2", &first).len(), 3);
+    let second: Vec<PodUid> = (0..3)
+        .map(|_| w.schedule_pod_with(&n1, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(w.waiting_on("n1"), 3, "blue's only block is n2's");
+    for uid in first {
+        w.delete_pod(uid, false);
+    }
+    // the release delay, the handshake, then n1's claim: well within a minute
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(blocks_of(&w, &n2, "blue"), 0, "n2 released blue's block");
+    assert_eq!(
+        addresses_of(&w, "n1", &second).len(),
+        3,
+        "n1 was woken by the release, not left for the resync an hour away"
+    );
+    assert!(w.node("n1").unwrap().operator.blocked_pools.is_empty());
     assert_no_violations(&w);
 }

@@ -9,15 +9,16 @@ use crate::pods::PodView;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
-use crate::types::{Condition, OperatorFields};
+use crate::types::{BlockedPool, Condition, OperatorFields};
 use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 
 const WATERMARKS_VALID: ConditionType = ConditionType::WatermarksValid;
 const BLOCKED: ConditionType = ConditionType::Blocked;
 
-/// Sets `Blocked` (status True, with the reason) while the node needs addresses it cannot
-/// get, and drops it once it can grow again or needs none; a pool exhausted for the node
-/// also gets a `PoolExhausted` warning event when the condition appears.
+/// Sets `Blocked` (status True, with the reason; its message names the blocked pools) while
+/// the node needs addresses it cannot get, and drops it once it can grow again or needs
+/// none; a pool exhausted for the node also gets a `PoolExhausted` warning event when the
+/// condition appears.
 pub(super) fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     h: &NodeHandle,
@@ -32,25 +33,50 @@ pub(super) fn set_blocked_condition<S: IpSource, N: NodeStore, P: PodView>(
         return;
     };
     let reason = ConditionReason::Blocked(b);
-    if current.is_some_and(|c| c.reason == reason) {
+    let message = blocked_message(b, &fields.blocked_pools);
+    if current.is_some_and(|c| c.reason == reason && c.message == message) {
         return;
     }
-    let message = format!("the node needs addresses and gets none: {}", b.as_str());
+    let new_reason = current.is_none_or(|c| c.reason != reason);
     let condition = Condition {
         type_: BLOCKED,
         status: true,
         reason,
         message: message.clone(),
-        last_transition: shared.clock.utc(),
+        // the status stays True: a new list of pools is no transition
+        last_transition: (current.filter(|c| c.status))
+            .map_or_else(|| shared.clock.utc(), |c| c.last_transition),
     };
     replace_condition(fields.to_mut(), condition);
-    if b == Blocked::Exhausted {
+    if b == Blocked::Exhausted && new_reason {
         shared.store.event(
             &h.name,
             EventType::Warning,
             EventReason::PoolExhausted,
             message,
         );
+    }
+}
+
+/// The `Blocked` condition's message: why, and the pools that give the node's waiting pods
+/// nothing.
+fn blocked_message(b: Blocked, pools: &[BlockedPool]) -> String {
+    let named = || {
+        let list: Vec<String> = (pools.iter())
+            .map(|p| format!("{} ({})", p.pool, p.family.as_str()))
+            .collect();
+        list.join(", ")
+    };
+    match (b, pools.is_empty()) {
+        (Blocked::Pools, _) => {
+            format!("pods wait for pools that give them no address: {}", named())
+        }
+        (_, true) => format!("the node needs addresses and gets none: {}", b.as_str()),
+        (_, false) => format!(
+            "the node needs addresses and gets none: {}; blocked pools: {}",
+            b.as_str(),
+            named()
+        ),
     }
 }
 

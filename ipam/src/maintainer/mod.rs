@@ -14,6 +14,7 @@ mod deleted;
 mod deletion;
 mod pass;
 mod place;
+mod pools;
 mod reclaim;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -34,7 +35,7 @@ use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::NodeStore;
 use crate::trigger::{Reason, TriggerRx};
-use crate::types::{Family, IpamNode};
+use crate::types::{BlockedPool, Family, IpamNode};
 use crate::vocab::Blocked;
 use place::Place;
 
@@ -50,6 +51,10 @@ struct Local {
     exhausted: Option<Family>,
     /// That claim found the node's pool Invalid (not a lack of addresses).
     pool_invalid: bool,
+    /// The pools other than the default whose claims got nothing in the last pass.
+    exhausted_pools: Vec<BlockedPool>,
+    /// What the node's waiting pods were told of their pools.
+    told: pools::Told,
     /// The last pass's own next deadline (reclaim's second observation, the release
     /// delay), kept when the pass failed.
     deadline: Option<Instant>,
@@ -73,6 +78,8 @@ impl Local {
             needs_describe: false,
             exhausted: None,
             pool_invalid: false,
+            exhausted_pools: Vec::new(),
+            told: pools::Told::new(),
             deadline: None,
             ticket: Place::Empty,
             kube: Place::Empty,
@@ -154,6 +161,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
                 if let Some(d) = deadline {
                     h.trigger.trigger_at(d, Reason::Deadline);
                 }
+                park_for_pools(&shared, &h, &local);
             }
             Err(e) => {
                 tracing::debug!(node = %h.name, error = %e, "maintenance pass failed");
@@ -191,6 +199,26 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
                 }
             }
         }
+    }
+}
+
+/// A pass that found another pool than the node's default exhausted parks the node for
+/// it (the node's other work goes on): a release of any pool wakes it. Park first, then
+/// look, as for the default pool (a release between the claim and the park).
+fn park_for_pools<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    h: &NodeHandle,
+    local: &Local,
+) {
+    if local.exhausted_pools.is_empty() {
+        return;
+    }
+    shared.park(&h.name);
+    let claimable = (local.exhausted_pools.iter()).any(|p| {
+        (shared.source).prepare_pool_allocation(&h.name, p.family, &p.pool, 1, u64::MAX) > 0
+    });
+    if claimable {
+        h.trigger.trigger(Reason::PoolFreed);
     }
 }
 

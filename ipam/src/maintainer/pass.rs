@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::calls::{self, Requests};
 use super::deletion::{self, Leaving};
-use super::{Local, Outcome, conditions, reclaim};
+use super::{Local, Outcome, conditions, pools as blocked, reclaim};
 use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
@@ -35,6 +35,8 @@ struct PassCtx<'p, S, N, P> {
     h: &'p NodeHandle,
     local: &'p mut Local,
     now: Instant,
+    /// The node's pools beyond its default ones.
+    pools: &'p NodePools,
     /// The node as planned from (repaired from the source after a lost reply).
     node: &'p IpamNode,
     rule: WriteRule<'p>,
@@ -62,6 +64,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let now = Instant::now();
     local.exhausted = None;
     local.pool_invalid = false;
+    local.exhausted_pools.clear();
     local.deadline = None;
     // A source that keeps the node's addresses and handshakes (cluster-pool's blocks) is
     // the truth each pass; the others' are repaired from `describe` when a reply was lost.
@@ -113,6 +116,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         shared,
         h,
         local,
+        pools: &pools,
         now,
         node,
         rule,
@@ -340,7 +344,8 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                     (shared.source).prepare_pool_allocation(&h.name, c.family, p, c.count, c.limit)
                 }
             };
-            if n == 0 && c.pool.is_some() {
+            if let (0, Some(pool)) = (n, &c.pool) {
+                self.pool_exhausted(pool, c.family);
                 continue;
             }
             if n == 0 {
@@ -377,6 +382,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 }
                 Err(e) if c.pool.is_some() && e.class() == ErrorClass::Exhausted => {
                     self.local.needs_describe = true;
+                    self.pool_exhausted(c.pool.as_ref().expect("a pool"), c.family);
                 }
                 Err(e) => {
                     self.local.needs_describe = true;
@@ -387,6 +393,23 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 }
             }
         }
+    }
+
+    /// A pool other than the default has nothing for the node: only its pods wait.
+    fn pool_exhausted(&mut self, pool: &Arc<str>, family: Family) {
+        let pool = pool.clone();
+        (self.local.exhausted_pools).push(crate::types::BlockedPool { pool, family });
+    }
+
+    /// The node's blocked pools in its fields, and their pods told why.
+    fn blocked_pools(&mut self) {
+        let exhausted = &self.local.exhausted_pools;
+        let list = blocked::blocked_pools(self.pools, self.local.exhausted, exhausted);
+        if list != self.fields.blocked_pools {
+            self.fields.to_mut().blocked_pools = list;
+        }
+        let notes = blocked::pod_notes(&self.h.name, self.pools, exhausted);
+        blocked::tell_pods(self.shared, &mut self.local.told, notes);
     }
 
     /// The node's grants carry the Node's UID `uid` (cluster-pool: its blocks): a Node
@@ -452,7 +475,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
     /// UID: the operator creates or adopts it). A failed write reports the tombstones it
     /// lost.
     async fn write(&mut self, plan: &Plan<'_>, node_uid: NodeUid) -> Result<(), IpamError> {
-        let reason = plan.condition_reason(self.local.claim_blocked());
+        self.blocked_pools();
+        let pools_blocked = !self.fields.blocked_pools.is_empty();
+        let reason = (plan.condition_reason(self.local.claim_blocked()))
+            .or(pools_blocked.then_some(crate::vocab::Blocked::Pools));
         conditions::set_blocked_condition(self.shared, self.h, &mut self.fields, reason);
         let leaving = Leaving::NodeLive {
             deleting: self.node.deleting,

@@ -70,7 +70,7 @@ impl Plan<'_> {
 pub(crate) struct WriteRule<'a> {
     stored: &'a OperatorFields,
     /// A source keeps the node's addresses and marks ([`crate::source::IpSource::holdings`]):
-    /// only tombstones and conditions are the IPAMNode's to write.
+    /// only tombstones, conditions and blocked pools are the IPAMNode's to write.
     held: bool,
     /// Written whatever changed: the object does not exist yet (the operator creates it),
     /// or names another Node's UID, or an unknown one (the operator adopts it).
@@ -104,7 +104,9 @@ impl<'a> WriteRule<'a> {
     /// Whether `fields` differ from the stored ones in what the pass writes.
     pub fn changed(&self, fields: &OperatorFields) -> bool {
         if self.held {
-            fields.reclaim != self.stored.reclaim || fields.conditions != self.stored.conditions
+            fields.reclaim != self.stored.reclaim
+                || fields.conditions != self.stored.conditions
+                || fields.blocked_pools != self.stored.blocked_pools
         } else {
             *fields != *self.stored
         }
@@ -124,6 +126,7 @@ impl<'a> WriteRule<'a> {
                 release: self.stored.release.clone(),
                 reclaim: fields.reclaim.clone(),
                 conditions: fields.conditions.clone(),
+                blocked_pools: fields.blocked_pools.clone(),
             }
         } else {
             fields.clone()

@@ -32,7 +32,10 @@ pub struct NodePools {
     pub lanes: Vec<PoolLane>,
     /// Pods waiting with no pool for a family (an annotation names a pool they may not
     /// use): demand for no lane of it.
-    pub unplaced: PerFamily<Vec<PodUid>>,
+    pub unplaced: PerFamily<Vec<Unplaced>>,
+    /// The node's default pool of each family, when the source has pools (for
+    /// `status.poolUsage`).
+    pub defaults: PerFamily<Option<Arc<str>>>,
     /// The default pools' `spec.watermarks`, per family: over the flags, under the
     /// IPAMNode's `spec.watermarks`.
     pub default_overrides: PerFamily<WatermarkOverrides>,
@@ -45,11 +48,23 @@ impl NodePools {
             v4: Vec::new(),
             v6: Vec::new(),
         },
+        defaults: PerFamily { v4: None, v6: None },
         default_overrides: PerFamily {
             v4: WatermarkOverrides::NONE,
             v6: WatermarkOverrides::NONE,
         },
     };
+}
+
+/// A pending pod with no pool for a family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplaced {
+    pub pod: PodUid,
+    /// The pool it is refused (see [`crate::pool::choice::ChoiceError::pool`]), shown
+    /// blocked on the node.
+    pub pool: Option<Arc<str>>,
+    /// Why, for the pod's event.
+    pub why: String,
 }
 
 /// A lane as a pass sizes it.
@@ -94,7 +109,7 @@ pub(super) fn lanes<'s>(
             continue;
         }
         let mut mine = fields.addresses.of_family(family);
-        let mut elsewhere: BTreeSet<PodUid> = unplaced.iter().copied().collect();
+        let mut elsewhere: BTreeSet<PodUid> = unplaced.iter().map(|u| u.pod).collect();
         for o in &others {
             mine.subtract(&o.addresses);
             elsewhere.extend(o.pending.iter().copied());
@@ -137,6 +152,7 @@ fn restrict(fields: &OperatorFields, addresses: AddrSet) -> OperatorFields {
         release,
         reclaim: fields.reclaim.clone(),
         conditions: Vec::new(),
+        blocked_pools: Vec::new(),
     }
 }
 
@@ -203,7 +219,11 @@ mod tests {
                 pending: vec![PodUid(2)],
             }],
             unplaced: PerFamily {
-                v4: vec![PodUid(3)],
+                v4: vec![Unplaced {
+                    pod: PodUid(3),
+                    pool: Some("red".into()),
+                    why: "may not".into(),
+                }],
                 v6: vec![],
             },
             ..NodePools::default()

@@ -12,7 +12,7 @@ mod lanes;
 
 pub(crate) use execution::{Answered, WriteRule, marks_to_send, tombstone};
 use lanes::{Lane, lanes};
-pub use lanes::{NodePools, PoolLane};
+pub use lanes::{NodePools, PoolLane, Unplaced};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};

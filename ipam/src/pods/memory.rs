@@ -67,6 +67,8 @@ struct Inner {
     seq: u64,
     /// What the pool choice reads of the pods that carry it ([`PodView::pool_subject`]).
     subjects: HashMap<PodUid, Arc<Subject>>,
+    /// Events on pods: how many of each reason, and the last one's pod and message.
+    events: HashMap<EventReason, (u64, PodUid, String)>,
 }
 
 /// Changes of one node's pods kept for [`PodCache::pod_changes`].
@@ -116,6 +118,17 @@ impl MemoryPodView {
 
     fn now(&self) -> Nanos {
         Nanos::since(self.base, Instant::now())
+    }
+
+    /// How many events of `reason` pods got.
+    pub fn event_count(&self, reason: EventReason) -> u64 {
+        self.inner.lock().events.get(&reason).map_or(0, |e| e.0)
+    }
+
+    /// The pod and the message of the last event of `reason` on a pod, if any.
+    pub fn last_event(&self, reason: EventReason) -> Option<(PodUid, String)> {
+        let g = self.inner.lock();
+        g.events.get(&reason).map(|(_, uid, m)| (*uid, m.clone()))
     }
 
     /// A pod is scheduled to `node` (Pending, no IPs).
@@ -328,6 +341,12 @@ impl PodView for MemoryPodView {
 
     fn pool_subject(&self, uid: PodUid) -> Option<Subject> {
         self.inner.lock().subjects.get(&uid).map(|s| (**s).clone())
+    }
+
+    fn event(&self, uid: PodUid, _type: EventType, reason: EventReason, message: String) {
+        let mut g = self.inner.lock();
+        let e = g.events.entry(reason).or_insert((0, uid, String::new()));
+        *e = (e.0 + 1, uid, message);
     }
 
     fn pending_pods(&self, node: &str) -> Vec<PodUid> {

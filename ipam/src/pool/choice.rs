@@ -128,6 +128,20 @@ pub enum ChoiceError {
     },
 }
 
+impl ChoiceError {
+    /// The pool the pod is refused: the one its annotation names, or the node's default it
+    /// may not use (None: the annotation names two, or there is no default).
+    pub fn pool(&self) -> Option<&str> {
+        match self {
+            ChoiceError::NoSuchPool { name, .. } | ChoiceError::NotEligible { name, .. } => {
+                Some(name)
+            }
+            ChoiceError::TwoForFamily { .. } => None,
+            ChoiceError::NoEligiblePool { default, .. } => default.as_deref(),
+        }
+    }
+}
+
 /// Whose annotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum By {

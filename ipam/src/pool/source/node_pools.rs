@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::State;
 use crate::addrs::AddrSet;
-use crate::plan::{NodePools, PoolLane};
+use crate::plan::{NodePools, PoolLane, Unplaced};
 use crate::pool::choice::{self, ChoiceError, PoolTerms, Selector, Subject, Why};
 use crate::pool::family_of;
 use crate::types::{Family, IpamBlock, PerFamily, PodUid};
@@ -46,7 +46,7 @@ impl State {
                 lane.addresses.union_with(&self.usable(b));
             }
         }
-        let mut unplaced: PerFamily<Vec<PodUid>> = PerFamily::default();
+        let mut unplaced: PerFamily<Vec<Unplaced>> = PerFamily::default();
         let choosing = pending.iter().filter_map(|(u, s)| Some((*u, s.as_ref()?)));
         if self.selects_pods()
             || pending
@@ -66,7 +66,11 @@ impl State {
                             why: Why::Missing | Why::Invalid,
                             ..
                         }) => {}
-                        Err(_) => unplaced.get_mut(f).push(uid),
+                        Err(e) => unplaced.get_mut(f).push(Unplaced {
+                            pod: uid,
+                            pool: e.pool().map(Arc::from),
+                            why: e.to_string(),
+                        }),
                     }
                 }
             }
@@ -81,6 +85,10 @@ impl State {
         NodePools {
             lanes: lanes.into_values().collect(),
             unplaced,
+            defaults: PerFamily {
+                v4: defaults.v4.as_deref().map(Arc::from),
+                v6: defaults.v6.as_deref().map(Arc::from),
+            },
             default_overrides: PerFamily {
                 v4: overrides(Family::V4),
                 v6: overrides(Family::V6),
