@@ -25,8 +25,9 @@ mod schema;
 
 pub use block::{BlockAck, BlockRelease, IPAMBlock, IPAMBlockSpec, IPAMBlockStatus};
 pub use node::{
-    AddressRelease, IPAMNode, IPAMNodeSpec, IPAMNodeStatus, NodePools, NodeUsage, ReclaimAnswer,
-    ReclaimOutcome, ReclaimReason, ReleaseAnswer, TombstoneSpec, UsedEntry, Watermarks,
+    AddressRelease, IPAMNode, IPAMNodeSpec, IPAMNodeStatus, NodePoolUsage, NodePools, NodeUsage,
+    ReclaimAnswer, ReclaimOutcome, ReclaimReason, ReleaseAnswer, TombstoneSpec, UsedEntry,
+    Watermarks,
 };
 pub use pool::{BlockSize, IPPool, IPPoolSpec, IPPoolStatus, PoolUsage, UsageReadable};
 pub use schema::Cidr;

@@ -8,7 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::schema::{conditions, granular_map};
+use crate::schema::{conditions, granular_map, pool_usage};
 
 /// A node's address pool: what it may use, what it uses, and the release and reclaim
 /// handshakes between the operator and the node side.
@@ -199,6 +199,12 @@ pub struct IPAMNodeStatus {
     /// blocks' `spec.pool`. Empty for cloud sources' addresses, which have no pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<String>,
+    /// The node's addresses per pool and family, and whether its pods wait for a pool that
+    /// gives them none (operator; `status.pools` above is the list of names, kept for
+    /// `kubectl get`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "pool_usage")]
+    pub pool_usage: Vec<NodePoolUsage>,
     /// IPv4 addresses held and in use (`allocated`: operator; `used`: node side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<NodeUsage>,
@@ -224,6 +230,31 @@ pub struct NodeUsage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+$"))]
     pub used: Option<String>,
+}
+
+/// The node's addresses of one pool and family (an item of `status.poolUsage`, keyed by
+/// `name` and `family`), written by the operator from the node's blocks and `used` entries.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolUsage {
+    /// The IPPool.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `ipv4` or `ipv6`.
+    #[schemars(regex(pattern = r"^ipv[46]$"))]
+    pub family: String,
+    /// Addresses of the node's blocks of the pool (a decimal string: a /64 holds more than
+    /// an int64).
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub allocated: String,
+    /// Of those, addresses in `used`.
+    #[schemars(regex(pattern = r"^[0-9]+$"))]
+    pub used: String,
+    /// Pods of the node wait for the pool and get no address of it: it has none left for
+    /// the node, or their annotation names it and they may not use it (the `Blocked`
+    /// condition says which).
+    #[serde(default)]
+    pub blocked: bool,
 }
 
 /// Which allocation holds an address.

@@ -56,6 +56,17 @@ pub fn granular_map<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// `status.poolUsage`: a list-map keyed by pool `name` and `family`.
+pub fn pool_usage(g: &mut SchemaGenerator) -> Schema {
+    let item = g.subschema_for::<crate::node::NodePoolUsage>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name", "family"],
+    })
+}
+
 /// Standard conditions: a list-map keyed by `type` (`x-kubernetes-list-type: map`), so a
 /// writer's apply touches only the condition types it owns.
 pub fn conditions(g: &mut SchemaGenerator) -> Schema {

@@ -2501,3 +2501,123 @@ async fn pools_named_by_a_namespace_follow_its_annotation_without_a_stranded_blo
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// `node`'s `status.poolUsage` as (pool, family, allocated, blocked).
+async fn pool_usage(admin: &kube::Client, node: &str) -> Vec<(String, String, String, bool)> {
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let Ok(o) = nodes.get(node).await else {
+        return Vec::new();
+    };
+    let usage = o.status.map(|s| s.pool_usage).unwrap_or_default();
+    (usage.into_iter())
+        .map(|u| (u.name, u.family, u.allocated, u.blocked))
+        .collect()
+}
+
+/// `ns`'s events of `reason` (their notes, each once), as a pod's events are recorded.
+async fn event_notes(admin: &kube::Client, ns: &str, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), ns);
+    let list = events.list(&ListParams::default()).await.expect("events");
+    (list.items.into_iter())
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// DESIGN.md "Pools per namespace and per pod": a pool exhausted for a node blocks only its
+/// own pods there. The node's `status.poolUsage` says which pool (and what each holds), the
+/// `Blocked` condition names it with the reason `PoolsBlocked`, which is no reason for the
+/// exhaustion taint (a NoSchedule taint would repel every pod); the waiting pod gets a
+/// `PoolUnavailable` event, as does a pod whose annotation names a pool its namespace may
+/// not use (never a fall-through to another pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_blocks_only_its_own_pods_and_says_so() {
+    let (server, admin) = operator_cluster().await;
+    grant_taint_exhausted_nodes(&admin).await;
+    create_pool(&admin, "default", &["10.95.0.0/24"], json!({"ipv4": 28})).await;
+    // blue: one block in all, for namespaces labelled team=blue
+    let mut blue = pool_json("blue", &["10.96.0.0/28"], json!({"ipv4": 28}));
+    blue["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "blue"}});
+    create_object(&admin, blue).await;
+    for (ns, team) in [("team-blue", "blue"), ("team-red", "red")] {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"team": team}}});
+        create_object(&admin, obj).await;
+    }
+    add_node(&admin, "node-a").await;
+    add_node(&admin, "node-b").await;
+    add_pod_in(&admin, "team-blue", "blue-a", "node-a").await;
+    let s = Settings {
+        taint_exhausted_nodes: true,
+        ..settings()
+    };
+    let (stop, task) = start_operator(&server, s).await;
+    until_pool_block(&admin, "node-a", "blue").await;
+
+    add_pod_in(&admin, "team-blue", "blue-b", "node-b").await;
+    add_pod_in(&admin, "team-red", "red-b", "node-b").await;
+    // a pod naming a pool its namespace may not use
+    create_object(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "sneaky", "namespace": "team-red",
+                         "annotations": {"ipam.tidepool.dev/pools": "blue"}},
+            "spec": {"nodeName": "node-b", "containers": [{"name": "c", "image": "pause"}]}}),
+    )
+    .await;
+    until_pool_block(&admin, "node-b", "default").await;
+    let want = vec![
+        (
+            "blue".to_string(),
+            "ipv4".to_string(),
+            "0".to_string(),
+            true,
+        ),
+        ("default".into(), "ipv4".into(), "16".into(), false),
+    ];
+    eventually(Duration::from_secs(20), "node-b's pool usage", || async {
+        (pool_usage(&admin, "node-b").await == want).then_some(())
+    })
+    .await;
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let status = nodes.get("node-b").await.unwrap().status.unwrap();
+    let blocked = status.conditions.iter().find(|c| c.type_ == "Blocked");
+    let blocked = blocked.expect("a Blocked condition");
+    assert_eq!(
+        (&*blocked.status, &*blocked.reason),
+        ("True", "PoolsBlocked")
+    );
+    assert!(blocked.message.ends_with("blue (ipv4)"), "{blocked:?}");
+    assert_eq!(blocks_of_pool(&admin, "node-b", "blue").await, 0);
+    let a = pool_usage(&admin, "node-a").await;
+    assert!(
+        a.contains(&("blue".into(), "ipv4".into(), "16".into(), false)),
+        "node-a holds blue's only block: {a:?}"
+    );
+    let notes = || async {
+        let mut n = event_notes(&admin, "team-blue", "PoolUnavailable").await;
+        n.extend(event_notes(&admin, "team-red", "PoolUnavailable").await);
+        (n.len() == 2).then_some(n)
+    };
+    let notes = eventually(Duration::from_secs(20), "two PoolUnavailable events", notes).await;
+    assert!(
+        notes.iter().any(|n| n.contains("no ipv4 address left")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("which the pod may not use")),
+        "{notes:?}"
+    );
+    let node_b: Api<Node> = Api::all(admin.clone());
+    let taints = node_b
+        .get("node-b")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.taints);
+    assert_eq!(taints, None, "another pool's exhaustion taints nothing");
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

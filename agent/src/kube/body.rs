@@ -160,6 +160,7 @@ pub fn node_status_body(
         reclaim_ack,
         allocated: None,
         pools: Vec::new(),
+        pool_usage: Vec::new(),
         conditions: ready
             .map(|r| condition(AGENT_READY, r.ready, &r.reason, &r.message, since))
             .into_iter()

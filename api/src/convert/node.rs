@@ -8,9 +8,10 @@ use std::sync::Arc;
 use crate as api;
 use crate::names::{FINALIZER, condition};
 use tidepool_ipam::{
-    AddrMap, AddrSet, AllocationId, Condition, ConditionReason, ConditionType, IpamNode, NodeName,
-    NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck, ReclaimOutcome, ReclaimReason,
-    ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, WatermarkOverrides,
+    AddrMap, AddrSet, AllocationId, BlockedPool, Condition, ConditionReason, ConditionType, Family,
+    IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck,
+    ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry,
+    WatermarkOverrides,
 };
 
 use super::time::to_system;
@@ -36,6 +37,8 @@ pub struct NodeView {
     pub allocated: Option<HeldCount>,
     /// `status.pools` as last written: the pools the operator found the node's blocks in.
     pub held_pools: Vec<String>,
+    /// `status.poolUsage` as last written.
+    pub pool_usage: Vec<api::NodePoolUsage>,
     /// `spec.pools`: the pool per family a user set for the node (None: by selector, or
     /// `default`).
     pub pools: tidepool_ipam::PerFamily<Option<String>>,
@@ -135,6 +138,9 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             .as_ref()
             .map(|s| s.pools.clone())
             .unwrap_or_default(),
+        pool_usage: (obj.status.as_ref())
+            .map(|s| s.pool_usage.clone())
+            .unwrap_or_default(),
         pools: tidepool_ipam::PerFamily {
             v4: obj.spec.pools.as_ref().and_then(|p| p.ipv4.clone()),
             v6: obj.spec.pools.as_ref().and_then(|p| p.ipv6.clone()),
@@ -233,7 +239,24 @@ fn operator_fields(
         release,
         reclaim,
         conditions,
+        blocked_pools: blocked_pools(obj),
     }
+}
+
+/// The pools `status.poolUsage` says are blocked, sorted (an item of a family this build
+/// does not know is left out).
+fn blocked_pools(obj: &api::IPAMNode) -> Vec<BlockedPool> {
+    let usage = obj.status.iter().flat_map(|s| &s.pool_usage);
+    let mut out: Vec<BlockedPool> = (usage.filter(|u| u.blocked))
+        .filter_map(|u| {
+            let family = Family::ALL.into_iter().find(|f| f.as_str() == u.family)?;
+            let pool = u.name.as_str().into();
+            Some(BlockedPool { pool, family })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> NodeSideFields {

@@ -7,5 +7,5 @@ mod block;
 mod node;
 
 pub use block::{block_for_create, block_mark_body};
-pub use node::{Held, Target, spec_body, status_body};
+pub use node::{Held, PoolTally, Target, pool_usage, spec_body, status_body};
 pub use tidepool_api::convert::{Allocations, Malformed, NodeView, block_from_api, node_from_api};

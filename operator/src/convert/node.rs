@@ -2,10 +2,12 @@
 //! one write each per pass). Reading the object is [`tidepool_api::convert`]'s.
 
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use tidepool_api as api;
 use tidepool_api::convert::{Allocations, HeldCount, NodeView, apply_envelope, condition};
 use tidepool_api::names::FINALIZER;
-use tidepool_ipam::{Condition, NodeUid, OperatorFields};
+
+use tidepool_ipam::{Condition, Family, NodeUid, OperatorFields};
 
 /// Which IPAMNode a body is for: its name and its `metadata.uid` (None: the body creates it).
 #[derive(Debug, Clone, Copy)]
@@ -54,28 +56,55 @@ pub fn spec_body(
     body
 }
 
-/// What the operator records of the addresses a node holds: their count, and the pools
-/// they come from (its blocks' `spec.pool`, sorted, each once).
+/// What the operator records of the addresses a node holds: their count, the pools they
+/// come from (its blocks' `spec.pool`, sorted, each once), and per pool and family what it
+/// holds and uses and whether it is blocked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Held {
     pub count: HeldCount,
     pub pools: Vec<String>,
+    /// `status.poolUsage`, sorted by pool and family.
+    pub usage: Vec<api::NodePoolUsage>,
 }
 
 impl Held {
-    /// The object records exactly this (`status.allocated`, `ipv4`/`ipv6`, `pools`).
+    /// The object records exactly this (`status.allocated`, `ipv4`/`ipv6`, `pools`,
+    /// `poolUsage`).
     pub fn recorded_in(&self, view: &NodeView) -> bool {
-        view.allocated == Some(self.count) && view.held_pools == self.pools
+        view.allocated == Some(self.count)
+            && view.held_pools == self.pools
+            && view.pool_usage == self.usage
     }
+}
+
+/// Per pool and family: addresses held and used, and whether blocked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolTally {
+    pub allocated: u128,
+    pub used: u64,
+    pub blocked: bool,
+}
+
+/// `status.poolUsage` of `tally`, in its (pool, family) order.
+pub fn pool_usage(tally: &BTreeMap<(String, Family), PoolTally>) -> Vec<api::NodePoolUsage> {
+    (tally.iter())
+        .map(|((name, family), t)| api::NodePoolUsage {
+            name: name.clone(),
+            family: family.as_str().to_string(),
+            allocated: t.allocated.to_string(),
+            used: t.used.to_string(),
+            blocked: t.blocked,
+        })
+        .collect()
 }
 
 /// The operator's apply of an IPAMNode's status (through `/status`): its conditions, the
 /// count of addresses the node holds: exact per family (`ipv4.allocated`, `ipv6.allocated`,
-/// both always) and clamped in the int64 `allocated` (a printer column), and the pools
-/// they come from (`pools`, a printer column; left out when none, so the field goes).
+/// both always) and clamped in the int64 `allocated` (a printer column), the pools they
+/// come from (`pools`, a printer column; left out when none, so the field goes), and per
+/// pool and family (`poolUsage`).
 pub fn status_body(to: Target<'_>, conditions: &[Condition], held: &Held) -> Value {
-    let held_pools = held.pools.clone();
-    let held = held.count;
+    let count = held.count;
     let usage = |n: u128| {
         Some(api::NodeUsage {
             allocated: Some(n.to_string()),
@@ -83,10 +112,11 @@ pub fn status_body(to: Target<'_>, conditions: &[Condition], held: &Held) -> Val
         })
     };
     let status = api::IPAMNodeStatus {
-        allocated: Some(held.clamped()),
-        ipv4: usage(held.v4),
-        ipv6: usage(held.v6),
-        pools: held_pools,
+        allocated: Some(count.clamped()),
+        ipv4: usage(count.v4),
+        ipv6: usage(count.v6),
+        pools: held.pools.clone(),
+        pool_usage: held.usage.clone(),
         // none: no `conditions` key (left out when empty), which on a real server owns
         // nothing either (an empty associative list records no ownership), and never claims
         // the list the agent's `AgentReady` item is in
@@ -212,8 +242,34 @@ mod tests {
                 v6: 1 << 64,
             },
             pools: vec!["default".into(), "v6".into()],
+            usage: pool_usage(&BTreeMap::from([
+                (
+                    ("blue".to_string(), Family::V4),
+                    PoolTally {
+                        allocated: 0,
+                        used: 0,
+                        blocked: true,
+                    },
+                ),
+                (
+                    ("v6".to_string(), Family::V6),
+                    PoolTally {
+                        allocated: 1 << 64,
+                        used: 2,
+                        blocked: false,
+                    },
+                ),
+            ])),
         };
         let body = status_body(to, &v.node.operator.conditions, &held);
+        assert_eq!(
+            body["status"]["poolUsage"],
+            json!([
+                { "name": "blue", "family": "ipv4", "allocated": "0", "used": "0", "blocked": true },
+                { "name": "v6", "family": "ipv6", "allocated": "18446744073709551616", "used": "2",
+                  "blocked": false },
+            ])
+        );
         assert_eq!(body["metadata"]["uid"], json!(UID));
         assert_eq!(body["status"]["allocated"], json!(i64::MAX));
         assert_eq!(body["status"]["ipv4"], json!({ "allocated": "16" }));
@@ -234,6 +290,21 @@ mod tests {
             !other.recorded_in(&node_from_api(&obj).0),
             "a pool less is a change"
         );
+        let (read, _) = node_from_api(&obj);
+        assert_eq!(
+            read.node.operator.blocked_pools,
+            [tidepool_ipam::BlockedPool {
+                pool: "blue".into(),
+                family: Family::V4
+            }],
+            "the blocked pools read back as written"
+        );
+        let mut unblocked = held.clone();
+        unblocked.usage[0].blocked = false;
+        assert!(
+            !unblocked.recorded_in(&read),
+            "a pool unblocked is a change"
+        );
         assert_eq!(body["status"]["conditions"][0]["type"], json!("Blocked"));
         assert_eq!(
             body["status"]["conditions"][0]["lastTransitionTime"],
@@ -242,8 +313,18 @@ mod tests {
         assert!(body.get("spec").is_none());
         let count = HeldCount { v4: 3, v6: 0 };
         let pools = Vec::new();
-        let none = status_body(to, &[], &Held { count, pools });
+        let usage = Vec::new();
+        let none = status_body(
+            to,
+            &[],
+            &Held {
+                count,
+                pools,
+                usage,
+            },
+        );
         assert!(none["status"].get("conditions").is_none(), "{none}");
         assert!(none["status"].get("pools").is_none(), "{none}");
+        assert!(none["status"].get("poolUsage").is_none(), "{none}");
     }
 }

@@ -15,7 +15,7 @@ pub mod cache;
 mod errors;
 mod events;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -28,13 +28,13 @@ use tidepool_api as api;
 use tidepool_api::convert::HeldCount;
 use tidepool_api::names::{FINALIZER, OPERATOR_MANAGER};
 use tidepool_ipam::{
-    BlockStore, EventReason, EventType, Gate, IpamBlock, IpamError, IpamNode, NodeName, NodeStore,
-    NodeUid, OperatorFields, ReleaseMark, ResourceVersion,
+    BlockStore, EventReason, EventType, Family, Gate, IpamBlock, IpamError, IpamNode, NodeName,
+    NodeStore, NodeUid, OperatorFields, ReleaseMark, ResourceVersion,
 };
 
 use crate::convert::{
-    Held, NodeView, Target, block_for_create, block_from_api, block_mark_body, node_from_api,
-    spec_body, status_body,
+    Held, NodeView, PoolTally, Target, block_for_create, block_from_api, block_mark_body,
+    node_from_api, pool_usage, spec_body, status_body,
 };
 use crate::leader::{Fence, Fenced};
 pub use cache::{Applied, Cache};
@@ -100,7 +100,7 @@ impl KubeStore {
     async fn write_status<G: Gate>(
         &self,
         name: &str,
-        conditions: &[tidepool_ipam::Condition],
+        fields: &OperatorFields,
         when: StatusWrite,
         gate: &mut G,
     ) -> Result<Option<Arc<IpamNode>>, IpamError> {
@@ -111,9 +111,10 @@ impl KubeStore {
             let Some(v) = c.node(name).filter(|v| v.node.resource_version.is_some()) else {
                 return Ok(None);
             };
-            (v.clone(), held_of(&c, name, &v.node.operator))
+            (v.clone(), held_of(&c, &v.node, fields))
         };
-        let same = view.node.operator.conditions == conditions && held.recorded_in(&view);
+        let conditions = &fields.conditions;
+        let same = view.node.operator.conditions == *conditions && held.recorded_in(&view);
         if same && when == StatusWrite::IfChanged {
             return Ok(None);
         }
@@ -309,7 +310,7 @@ impl KubeStore {
         let node = self.take_node(&created);
         // a create drops `status`: the conditions and the count follow through /status
         let written = self
-            .write_status(name, &fields.conditions, StatusWrite::Always, gate)
+            .write_status(name, fields, StatusWrite::Always, gate)
             .await?;
         Ok(written.unwrap_or(node))
     }
@@ -349,17 +350,41 @@ impl KubeStore {
 }
 
 /// Addresses the node holds, per family: its spec addresses (cloud sources) and the
-/// addresses of its blocks (cluster-pool); and the pools of its blocks.
-fn held_of(c: &Cache, name: &str, fields: &OperatorFields) -> Held {
+/// addresses of its blocks (cluster-pool); the pools of its blocks; and per pool and
+/// family, its blocks' addresses, those of them in `used`, and whether `fields` say it is
+/// blocked.
+fn held_of(c: &Cache, node: &IpamNode, fields: &OperatorFields) -> Held {
     let mut count = HeldCount::default();
-    let mut pools = BTreeSet::new();
-    for b in c.blocks_of(name) {
-        count.add(&tidepool_ipam::AddrSet::of_net(&b.cidr));
-        pools.insert(b.pool.to_string());
+    let mut tally: BTreeMap<(String, Family), PoolTally> = BTreeMap::new();
+    for b in c.blocks_of(&node.name) {
+        let addrs = tidepool_ipam::AddrSet::of_net(&b.cidr);
+        count.add(&addrs);
+        let family = Family::of(&b.cidr.addr());
+        let t = tally.entry((b.pool.to_string(), family)).or_default();
+        t.allocated = t.allocated.saturating_add(addrs.len(family));
+        t.used += node
+            .node
+            .used
+            .keys()
+            .filter(|a| b.cidr.contains(*a))
+            .count() as u64;
     }
     count.add(&fields.addresses);
-    let pools = pools.into_iter().collect();
-    Held { count, pools }
+    let pools = tally
+        .keys()
+        .map(|(p, _)| p.clone())
+        .collect::<BTreeSet<_>>();
+    for p in &fields.blocked_pools {
+        tally
+            .entry((p.pool.to_string(), p.family))
+            .or_default()
+            .blocked = true;
+    }
+    Held {
+        count,
+        pools: pools.into_iter().collect(),
+        usage: pool_usage(&tally),
+    }
 }
 
 impl NodeStore for KubeStore {
@@ -369,7 +394,7 @@ impl NodeStore for KubeStore {
         let c = self.cache.read();
         c.nodes()
             .filter(|v| v.node.resource_version.is_some())
-            .filter(|v| !held_of(&c, &v.node.name, &v.node.operator).recorded_in(v))
+            .filter(|v| !held_of(&c, &v.node, &v.node.operator).recorded_in(v))
             .map(|v| v.node.name.clone())
             .collect()
     }
@@ -378,11 +403,11 @@ impl NodeStore for KubeStore {
     /// released since), keeping the operator's conditions as they are, its request admitted
     /// by `gate`. Returns whether it wrote.
     async fn refresh_count<G: Gate>(&self, name: &str, gate: &mut G) -> Result<bool, IpamError> {
-        let Some(conditions) = self.cached(name).map(|n| n.operator.conditions.clone()) else {
+        let Some(node) = self.cached(name) else {
             return Ok(false);
         };
         Ok(self
-            .write_status(name, &conditions, StatusWrite::IfChanged, gate)
+            .write_status(name, &node.operator, StatusWrite::IfChanged, gate)
             .await?
             .is_some())
     }
@@ -430,7 +455,7 @@ impl NodeStore for KubeStore {
             node = self.take_node(&obj);
         }
         if let Some(written) = self
-            .write_status(name, &fields.conditions, StatusWrite::IfChanged, gate)
+            .write_status(name, &fields, StatusWrite::IfChanged, gate)
             .await?
         {
             node = written;
