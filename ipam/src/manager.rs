@@ -166,6 +166,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
                 info,
                 deleted_at: None,
                 summary: NodeSummary::default(),
+                lanes: Vec::new(),
             }),
             own_write: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -304,7 +305,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
 
     /// Aggregate stats (kept incrementally).
     pub fn stats(&self) -> Stats {
-        *self.shared.stats.lock()
+        self.shared.stats.lock().clone()
     }
 
     /// A node's last summary.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::budget::{Api, Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
-use crate::plan::NodeSummary;
+use crate::plan::{LaneSummary, NodeSummary};
 use crate::pods::PodView;
 use crate::source::IpSource;
 use crate::stats::Stats;
@@ -40,6 +40,8 @@ pub(crate) struct NodeState {
     /// When the Node object was deleted.
     pub deleted_at: Option<Instant>,
     pub summary: NodeSummary,
+    /// Its figures per pool and family, as last published.
+    pub lanes: Vec<LaneSummary>,
 }
 
 pub(crate) struct Shared<S, N, P> {
@@ -88,10 +90,18 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         stats.publish();
     }
 
-    /// Publishes a node's new summary into the aggregate stats.
-    pub fn publish(&self, h: &NodeHandle, summary: NodeSummary) {
-        let old = std::mem::replace(&mut h.state.lock().summary, summary);
-        if old != summary {
+    /// Publishes a node's new summary, and its figures per pool, into the aggregate stats.
+    pub fn publish(&self, h: &NodeHandle, summary: NodeSummary, lanes: &[LaneSummary]) {
+        let (old, lanes_changed) = {
+            let mut st = h.state.lock();
+            let changed = st.lanes != lanes;
+            if changed {
+                let old = std::mem::replace(&mut st.lanes, lanes.to_vec());
+                self.stats.lock().replace_lanes(&old, lanes);
+            }
+            (std::mem::replace(&mut st.summary, summary), changed)
+        };
+        if old != summary || lanes_changed {
             self.restat(Some(&old), Some(&summary));
             if self.cfg.per_node_metrics {
                 crate::stats::publish_node(&h.name, &summary);
@@ -139,7 +149,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         nodes.remove(&h.name);
         drop(nodes);
         self.parked.lock().remove(&h.name);
-        let summary = h.state.lock().summary;
+        let (summary, lanes) = {
+            let mut st = h.state.lock();
+            (st.summary, std::mem::take(&mut st.lanes))
+        };
+        self.stats.lock().replace_lanes(&lanes, &[]);
         self.restat(Some(&summary), None);
         true
     }

@@ -1,9 +1,13 @@
 //! Aggregate statistics over all nodes, kept incrementally: each pass replaces its node's
 //! contribution, so reading them never walks the nodes.
 
-use crate::plan::NodeSummary;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::plan::{LaneSummary, NodeSummary};
 use crate::types::{Family, PerFamily};
 use crate::vocab::Blocked;
+use crate::watermarks::{FamilyCounts, Sizing};
 
 /// Totals over one family. A node's counts reach u64::MAX (a /64 block), so the sums over
 /// many nodes are kept in i128.
@@ -17,8 +21,40 @@ pub struct FamilyTotals {
     pub excess: i128,
 }
 
-/// Totals over all nodes.
+impl FamilyTotals {
+    /// Adds `sign` times a node's (or a lane's) counts and sizing.
+    fn add(&mut self, c: &FamilyCounts, z: &Sizing, sign: i128) {
+        self.allocated += sign * i128::from(c.allocated);
+        self.used += sign * i128::from(c.used);
+        self.free += sign * i128::from(c.free());
+        self.cooldown += sign * i128::from(c.cooldown);
+        self.needed += sign * i128::from(z.needed);
+        self.excess += sign * i128::from(z.excess);
+    }
+
+    /// The totals as the `state` label names them.
+    fn by_state(&self) -> [(tidepool_metrics::IpsState, i128); 6] {
+        use tidepool_metrics::IpsState as St;
+        [
+            (St::Allocated, self.allocated),
+            (St::Used, self.used),
+            (St::Free, self.free),
+            (St::Cooldown, self.cooldown),
+            (St::Needed, self.needed),
+            (St::Excess, self.excess),
+        ]
+    }
+}
+
+/// Totals over one pool and family.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolTotals {
+    pub ips: FamilyTotals,
+    pub pods_waiting: i128,
+}
+
+/// Totals over all nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     pub ips: PerFamily<FamilyTotals>,
     pub nodes: i64,
@@ -31,22 +67,19 @@ pub struct Stats {
     pub pods_waiting: PerFamily<i128>,
     /// Nodes neither at target nor blocked with a reason ([`NodeSummary::settled`]).
     pub unsettled: i64,
+    /// Per pool and family (pool "" for a source without pools): the metrics' `pool`
+    /// label. A pool once seen keeps its entry (at zero when no node holds it).
+    pub by_pool: BTreeMap<(Arc<str>, Family), PoolTotals>,
 }
 
 impl Stats {
     fn add(&mut self, s: &NodeSummary, sign: i64) {
         for f in Family::ALL {
-            let c = s.counts.get(f);
-            let z = s.sizing.get(f);
-            let t = self.ips.get_mut(f);
-            let sign = i128::from(sign);
-            t.allocated += sign * i128::from(c.allocated);
-            t.used += sign * i128::from(c.used);
-            t.free += sign * i128::from(c.free());
-            t.cooldown += sign * i128::from(c.cooldown);
-            t.needed += sign * i128::from(z.needed);
-            t.excess += sign * i128::from(z.excess);
-            *self.pods_waiting.get_mut(f) += sign * i128::from(*s.pods_waiting.get(f));
+            let wide = i128::from(sign);
+            self.ips
+                .get_mut(f)
+                .add(s.counts.get(f), s.sizing.get(f), wide);
+            *self.pods_waiting.get_mut(f) += wide * i128::from(*s.pods_waiting.get(f));
         }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
@@ -68,21 +101,25 @@ impl Stats {
         }
     }
 
+    /// Replaces one node's per-pool contribution (`old`: its lanes as last published).
+    pub fn replace_lanes(&mut self, old: &[LaneSummary], new: &[LaneSummary]) {
+        for (lanes, sign) in [(old, -1), (new, 1)] {
+            for l in lanes {
+                let t = self.by_pool.entry((l.pool.clone(), l.family)).or_default();
+                t.ips.add(&l.counts, &l.sizing, sign);
+                t.pods_waiting += sign * i128::from(l.counts.waiting);
+            }
+        }
+    }
+
     /// Sets the aggregate gauges.
     pub fn publish(&self) {
-        use tidepool_metrics::{IpsState as St, NodeCategory as Cat, record};
-        for f in Family::ALL {
-            let t = self.ips.get(f);
-            for (state, v) in [
-                (St::Allocated, t.allocated),
-                (St::Used, t.used),
-                (St::Free, t.free),
-                (St::Cooldown, t.cooldown),
-                (St::Needed, t.needed),
-                (St::Excess, t.excess),
-            ] {
-                record::ips(f.into(), state, v as f64);
+        use tidepool_metrics::{NodeCategory as Cat, record};
+        for ((pool, f), t) in &self.by_pool {
+            for (state, v) in t.ips.by_state() {
+                record::ips((*f).into(), state, pool, v as f64);
             }
+            record::pods_waiting((*f).into(), pool, t.pods_waiting as f64);
         }
         for (category, v) in [
             (Cat::Total, self.nodes),
@@ -94,28 +131,17 @@ impl Stats {
             record::nodes(category, v as f64);
         }
         record::reclaim_candidates(self.reclaim_candidates as f64);
-        for f in Family::ALL {
-            record::pods_waiting(f.into(), *self.pods_waiting.get(f) as f64);
-        }
     }
 }
 
 /// Sets one node's `tidepool_ipam_node_ips` gauges (`--per-node-metrics`), both families,
 /// the same states as the cluster-wide `tidepool_ipam_ips`.
 pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
-    use tidepool_metrics::{IpsState as St, record};
     for f in Family::ALL {
-        let c = s.counts.get(f);
-        let z = s.sizing.get(f);
-        for (state, v) in [
-            (St::Allocated, c.allocated),
-            (St::Used, c.used),
-            (St::Free, c.free()),
-            (St::Cooldown, c.cooldown),
-            (St::Needed, z.needed),
-            (St::Excess, z.excess),
-        ] {
-            record::node_ips(name, f.into(), state, v as f64);
+        let mut t = FamilyTotals::default();
+        t.add(s.counts.get(f), s.sizing.get(f), 1);
+        for (state, v) in t.by_state() {
+            tidepool_metrics::record::node_ips(name, f.into(), state, v as f64);
         }
     }
 }
@@ -123,7 +149,33 @@ pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watermarks::FamilyCounts;
+
+    #[test]
+    fn a_nodes_lanes_count_under_their_pools_and_leave_with_it() {
+        let lane = |pool: &str, used: u64, waiting: u64| LaneSummary {
+            pool: pool.into(),
+            family: Family::V4,
+            counts: FamilyCounts {
+                allocated: 16,
+                used,
+                waiting,
+                ..FamilyCounts::default()
+            },
+            sizing: Sizing::default(),
+        };
+        let mut st = Stats::default();
+        st.replace_lanes(&[], &[lane("default", 3, 0), lane("blue", 16, 2)]);
+        st.replace_lanes(&[], &[lane("blue", 1, 0)]);
+        let blue = st.by_pool[&(Arc::from("blue"), Family::V4)];
+        assert_eq!((blue.ips.allocated, blue.ips.used), (32, 17));
+        assert_eq!((blue.ips.free, blue.pods_waiting), (15, 2));
+        // the first node's blue lane goes: its figures leave, the pool's entry stays
+        st.replace_lanes(&[lane("default", 3, 0), lane("blue", 16, 2)], &[]);
+        let blue = st.by_pool[&(Arc::from("blue"), Family::V4)];
+        assert_eq!((blue.ips.used, blue.pods_waiting), (1, 0));
+        let default = st.by_pool[&(Arc::from("default"), Family::V4)];
+        assert_eq!(default, PoolTotals::default());
+    }
 
     #[test]
     fn replace_is_incremental() {

@@ -30,10 +30,16 @@ pub fn build_info(build: BuildInfo) {
 // ---------------------------------------------------------------------------------------------
 // The operator's.
 
-/// Sets [`IPS`]: the cluster's addresses of `family` in `state`.
-pub fn ips(family: Family, state: IpsState, value: f64) {
-    metrics::gauge!(IPS, family::KEY => family.as_str(), ips_state::KEY => state.as_str())
-        .set(value);
+/// Sets [`IPS`]: the cluster's addresses of `family` in `state` of the pool named `pool`
+/// ("" for a source without pools).
+pub fn ips(family: Family, state: IpsState, pool: &str, value: f64) {
+    metrics::gauge!(
+        IPS,
+        family::KEY => family.as_str(),
+        ips_state::KEY => state.as_str(),
+        pool::KEY => pool.to_owned(),
+    )
+    .set(value);
 }
 
 /// Sets [`NODES`]: the nodes in `category`.
@@ -174,9 +180,15 @@ pub fn node_ips(node: &str, family: Family, state: IpsState, value: f64) {
     .set(value);
 }
 
-/// Sets [`PODS_WAITING`]: the pods waiting for an address of `family`.
-pub fn pods_waiting(family: Family, value: f64) {
-    metrics::gauge!(PODS_WAITING, family::KEY => family.as_str()).set(value);
+/// Sets [`PODS_WAITING`]: the pods waiting for an address of `family` from the pool named
+/// `pool` ("" for a source without pools; a pod refused its pool counts under that pool).
+pub fn pods_waiting(family: Family, pool: &str, value: f64) {
+    metrics::gauge!(
+        PODS_WAITING,
+        family::KEY => family.as_str(),
+        pool::KEY => pool.to_owned(),
+    )
+    .set(value);
 }
 
 /// Records one pod's wait from bound to its address in use ([`POD_IP_WAIT_SECONDS`]).

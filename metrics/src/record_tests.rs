@@ -39,7 +39,7 @@ fn record_every_value() {
     let d = Duration::from_millis(5);
     for &f in Family::ALL {
         for &s in IpsState::ALL {
-            ips(f, s, 1.0);
+            ips(f, s, "default", 1.0);
             node_ips("node-1", f, s, 1.0);
         }
         for &s in PoolState::ALL {
@@ -54,7 +54,7 @@ fn record_every_value() {
         }
         ips_allocated(f, 1);
         ips_released(f, 1);
-        pods_waiting(f, 1.0);
+        pods_waiting(f, "default", 1.0);
     }
     for &c in NodeCategory::ALL {
         nodes(c, 1.0);

@@ -130,10 +130,11 @@ pub const OPERATOR: &[Def] = &[
         name: IPS,
         kind: Kind::Gauge,
         unit: Some(Unit::Count),
-        help: "Addresses in the cluster by family and state (allocated to nodes, used by pods, free, in cooldown, needed to reach the watermarks, excess above them).",
+        help: "Addresses in the cluster by family, state (allocated to nodes, used by pods, free, in cooldown, needed to reach the watermarks, excess above them) and pool (empty for a source without pools).",
         labels: &[
             (family::KEY, E(family::ALL)),
             (ips_state::KEY, E(ips_state::ALL)),
+            (pool::KEY, Free),
         ],
     },
     Def {
@@ -304,8 +305,8 @@ pub const OPERATOR: &[Def] = &[
         name: PODS_WAITING,
         kind: Kind::Gauge,
         unit: Some(Unit::Count),
-        help: "Pods bound to a node, not terminal, that have no address yet of a family their node serves (the engine's waiting count, summed over nodes), by family.",
-        labels: &[(family::KEY, E(family::ALL))],
+        help: "Pods bound to a node, not terminal, that have no address yet of a family their node serves (the engine's waiting count, summed over nodes), by family and by the pool they wait for (empty for a source without pools).",
+        labels: &[(family::KEY, E(family::ALL)), (pool::KEY, Free)],
     },
     Def {
         name: POD_IP_WAIT_SECONDS,

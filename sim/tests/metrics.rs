@@ -104,8 +104,14 @@ async fn pods_waiting_and_their_wait_match_the_worlds_count() {
     advance(secs(65)).await;
     assert_eq!(world.waiting(), 6, "the world's own count");
     let s = series(&snap);
-    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(6.0));
-    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv6")]), Some(0.0));
+    // a source without pools: the `pool` label is empty
+    let no_pool = |family| [("family", family), ("pool", "")];
+    assert_eq!(gauge(&s, m::PODS_WAITING, &no_pool("ipv4")), Some(6.0));
+    assert_eq!(
+        gauge(&s, m::PODS_WAITING, &no_pool("ipv6")),
+        None,
+        "the node serves no IPv6: no series of it"
+    );
     let mut ours = samples(&s, m::POD_IP_WAIT_SECONDS);
     let theirs = world.workload_stats().wait_seconds;
     assert_eq!(theirs.len(), 4, "only started pods have a wait: {theirs:?}");
@@ -131,7 +137,7 @@ async fn pods_waiting_and_their_wait_match_the_worlds_count() {
     .await;
     advance(secs(65)).await;
     let s = series(&snap);
-    assert_eq!(gauge(&s, m::PODS_WAITING, &[("family", "ipv4")]), Some(2.0));
+    assert_eq!(gauge(&s, m::PODS_WAITING, &no_pool("ipv4")), Some(2.0));
     ours.extend(samples(&s, m::POD_IP_WAIT_SECONDS));
     let theirs = world.workload_stats().wait_seconds;
     assert_eq!(theirs.len(), 8);
@@ -327,7 +333,7 @@ async fn watched_gauges_follow_each_change_before_the_resync() {
                 .ok()
         })
     };
-    let waiting = || exported("tidepool_ipam_pods_waiting{family=\"ipv4\"}");
+    let waiting = || exported("tidepool_ipam_pods_waiting{family=\"ipv4\",pool=\"default\"}");
     let in_deficit = || exported("tidepool_ipam_nodes{category=\"in-deficit\"}");
     let pool_free =
         || exported("tidepool_ipam_pool_ips{pool=\"default\",family=\"ipv4\",state=\"free\"}");

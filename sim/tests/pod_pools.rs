@@ -169,6 +169,11 @@ async fn a_pod_annotated_with_a_pool_its_namespace_may_not_use_gets_no_address()
 
 #[tokio::test(start_paused = true)]
 async fn an_exhausted_pool_blocks_only_its_own_pods() {
+    let recorder = tidepool_metrics::prometheus_builder()
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
     // blue: one /28 block
     let w = world("10.1.0.0/28");
     let n = w.add_node("n1");
@@ -203,6 +208,27 @@ async fn an_exhausted_pool_blocks_only_its_own_pods() {
         6,
         "each waiting pod of blue told once"
     );
+    // the metrics count each pool apart
+    let text = handle.render();
+    let exported = |series: &str| {
+        let line = text.lines().find(|l| l.starts_with(&format!("{series} ")));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let waiting = |pool: &str| {
+        exported(&format!(
+            "tidepool_ipam_pods_waiting{{family=\"ipv4\",pool=\"{pool}\"}}"
+        ))
+    };
+    assert_eq!(
+        (waiting("blue"), waiting("default")),
+        (Some(6.0), Some(0.0))
+    );
+    let used = |pool: &str| {
+        exported(&format!(
+            "tidepool_ipam_ips{{family=\"ipv4\",state=\"used\",pool=\"{pool}\"}}"
+        ))
+    };
+    assert_eq!((used("blue"), used("default")), (Some(14.0), Some(20.0)));
     assert_no_violations(&w);
 }
 

@@ -105,7 +105,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let planned = plan.summary;
     conditions::set_watermarks_condition(shared, h, &mut plan.fields, invalid.as_ref());
     plan.hold_back(invalid.is_some(), shared.source.node_blocked(&h.name));
-    shared.publish(h, plan.summary);
+    shared.publish(h, plan.summary, &plan.lanes);
     let rule = WriteRule::new(stored, &node.operator, info.uid, held);
     if !take_kube_place(shared, h, local, &plan, &rule, &operator.release).await {
         local.deadline = plan.next_deadline;
@@ -521,15 +521,16 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             self.shared.pool_freed();
         }
         // fields nothing changed since the plan summarized them need no second count
-        let mut summary = match &self.fields {
-            Cow::Borrowed(_) => planned,
+        let (mut summary, lanes) = match &self.fields {
+            Cow::Borrowed(_) => (planned, Cow::Borrowed(&plan.lanes)),
             Cow::Owned(f) => {
                 let candidates = plan.summary.reclaim_candidates;
-                plan::summarize(&mut self.local.mem, snap, f, candidates)
+                let (summary, lanes) = plan::summarize(&mut self.local.mem, snap, f, candidates);
+                (summary, Cow::Owned(lanes))
             }
         };
         summary.blocked = plan.blocked(&summary, self.local.claim_blocked());
-        self.shared.publish(self.h, summary);
+        self.shared.publish(self.h, summary, &lanes);
         self.local.deadline = plan.next_deadline;
         match self.failure {
             Some(e) => Err(e),

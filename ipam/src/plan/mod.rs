@@ -158,6 +158,17 @@ pub struct Marks {
     pub free: AddrSet,
 }
 
+/// One lane's figures (a pool and family of a node), for the metrics' `pool` label; the
+/// node's pods refused a pool count as waiting under it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSummary {
+    /// The pool ("" for a source without pools).
+    pub pool: Arc<str>,
+    pub family: Family,
+    pub counts: FamilyCounts,
+    pub sizing: Sizing,
+}
+
 /// One node's state summarized for stats, resync and the settled check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NodeSummary {
@@ -218,6 +229,8 @@ pub struct Plan<'a> {
     pub claims: Vec<Claim>,
     pub marks: Vec<Marks>,
     pub summary: NodeSummary,
+    /// The node's figures per pool and family (the metrics' `pool` label).
+    pub lanes: Vec<LaneSummary>,
     pub next_deadline: Option<Instant>,
     /// Why the node gets nothing new whatever it needs (`Plan::hold_back`).
     pub held_back: Option<Blocked>,
@@ -495,6 +508,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
     let sized = sized_lanes(s, &p.fields);
     p.summary = summary_of(s, &sized, p.reclaim.candidates as u64, smallest);
+    p.lanes = lane_summaries(s, &sized);
     for (lane, c, sizing) in &sized.lanes {
         let f = lane.family;
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
@@ -613,19 +627,50 @@ pub fn summarize(
     s: &Snapshot<'_>,
     fields: &OperatorFields,
     reclaim_candidates: u64,
-) -> NodeSummary {
+) -> (NodeSummary, Vec<LaneSummary>) {
     let smallest = mem.smallest_groups(&fields.addresses, s.grant_size);
-    summarize_with(s, fields, reclaim_candidates, smallest)
+    let sized = sized_lanes(s, fields);
+    let summary = summary_of(s, &sized, reclaim_candidates, smallest);
+    (summary, lane_summaries(s, &sized))
 }
 
-/// [`summarize`] with the address set's [`smallest_groups`] at hand.
-fn summarize_with(
-    s: &Snapshot<'_>,
-    fields: &OperatorFields,
-    reclaim_candidates: u64,
-    smallest: PerFamily<u128>,
-) -> NodeSummary {
-    summary_of(s, &sized_lanes(s, fields), reclaim_candidates, smallest)
+/// Each lane's figures, under its pool's name (the node's default pool's, when the source
+/// names it), and the pods refused a pool, waiting under it.
+fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> {
+    let name = |f: Family, pool: Option<&Arc<str>>| {
+        (pool.or(s.pools.defaults.get(f).as_ref()))
+            .cloned()
+            .unwrap_or_else(|| Arc::from(""))
+    };
+    let mut out: Vec<LaneSummary> = (sized.lanes.iter())
+        .map(|(lane, c, sizing)| LaneSummary {
+            pool: name(lane.family, lane.pool),
+            family: lane.family,
+            counts: *c,
+            sizing: *sizing,
+        })
+        .collect();
+    for &family in s.families {
+        for u in s.pools.unplaced.get(family) {
+            let pool = name(family, u.pool.as_ref());
+            match out
+                .iter_mut()
+                .find(|l| l.family == family && l.pool == pool)
+            {
+                Some(l) => l.counts.waiting += 1,
+                None => out.push(LaneSummary {
+                    pool,
+                    family,
+                    counts: FamilyCounts {
+                        waiting: 1,
+                        ..FamilyCounts::default()
+                    },
+                    sizing: Sizing::default(),
+                }),
+            }
+        }
+    }
+    out
 }
 
 /// The node's counts, and its lanes with theirs and their sizing.

@@ -488,6 +488,7 @@ mod tests {
     fn accepts_what_the_table_defines() {
         for ok in [
             r#"max by (family, state) (tidepool_ipam_ips{state="free"})"#,
+            r#"sum by (pool) (tidepool_ipam_pods_waiting{pool=~"blue|default"})"#,
             r#"histogram_quantile(0.99, sum by (le, api) (rate(tidepool_ipam_api_wait_seconds_bucket[5m])))"#,
             r#"sum(rate(tidepool_ipam_api_requests_total{api="kube", op="apply", outcome=~"failure|throttled"}[5m]))"#,
             r#"up{job="tidepool-agent"} == 0"#,
@@ -507,7 +508,10 @@ mod tests {
                 "\"lost\" is none of",
             ),
             ("rate(tidepool_ipam_api_wait_seconds[5m])", "is a histogram"),
-            ("sum by (pool) (tidepool_ipam_ips)", "grouping label pool"),
+            (
+                "sum by (colour) (tidepool_ipam_ips)",
+                "grouping label colour",
+            ),
             (r#"tidepool_ipam_ips{le="1"}"#, "no label le"),
             (r#"up{state="x"}"#, "not a target label"),
             ("sum(rate(node_cpu_seconds_total[5m]))", "not a metric"),
