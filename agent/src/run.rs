@@ -434,7 +434,12 @@ async fn adopt_published(
         tracing::warn!("the IPAMNode changed UID since it was watched: nothing adopted");
         return Ok(());
     }
-    let adopted = state.adopt(&view.node.node, &view.allocations, SystemTime::now());
+    let adopted = state.adopt(
+        &view.node.node,
+        &view.allocations,
+        &view.used_pools,
+        SystemTime::now(),
+    );
     for why in &adopted.skipped {
         tracing::warn!(%why, "a published entry could not be adopted");
     }

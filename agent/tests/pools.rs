@@ -5,7 +5,8 @@
 //! makes them. A blue pod gets a blue address, a red pod a default one, each with its own
 //! pool's prefix and gateway; a red pod whose annotation names `blue` gets no address and
 //! an error naming the pool and why; a pod of pool `green`, of which node-a holds no block,
-//! waits for one and then gets code 11; `status.used` names each address's pool.
+//! waits for one and then gets code 11; `status.used` names each address's pool. A new
+//! sandbox of a pod takes its earlier sandbox's pool after the namespace no longer selects it.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/system/mod.rs"]
@@ -14,7 +15,7 @@ mod common;
 use common::running::RunningAgent;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tidepool_api as api;
 
@@ -167,6 +168,67 @@ async fn a_pod_gets_an_address_of_its_namespaces_pool_only() {
             .len(),
         2,
         "nothing for the refused or waiting pods"
+    );
+    agent.stop().await;
+}
+
+/// A new sandbox of a pod whose earlier sandbox still holds an address takes that address's
+/// pool, even when the choice now says another (DESIGN.md: from the ADD on the pool is
+/// `status.used[addr].pool`, never re-evaluated): namespace blue relabelled team=red makes
+/// its new pods the default pool's, but pod b's second sandbox stays in blue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sandbox_of_a_pod_keeps_its_pool() {
+    let (server, admin) = cluster().await;
+    namespace(&admin, "blue", "blue").await;
+    create_block(&admin, "10.250.0.16/28", "node-a", UID_A, false).await;
+    team_pool(&admin, "blue", "10.60.0.0/24", "blue").await;
+    pool_block(&admin, "blue", "10.60.0.16/28").await;
+    let b = pod(&admin, "blue", "b", None).await;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = settings(dir.path());
+    let client = server.client(&agent_on("node-a")).await.expect("client");
+    let agent = RunningAgent::start(client, &s).await;
+    let call = |uid: &String, c: &'static str| {
+        let (config, uid) = (config(&s), uid.clone());
+        blocking(move || add(&config, "blue", "b", &uid, c))
+    };
+    let first = call(&b, "c-b1").await;
+    assert!(first.addr().starts_with("10.60.0."), "{}", first.stdout);
+
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let red = json!({ "metadata": { "labels": { "team": "red" } } });
+    namespaces
+        .patch("blue", &PatchParams::default(), &Patch::Merge(red))
+        .await
+        .expect("relabel");
+    // once the agent sees the label, a new pod of the namespace is the default pool's
+    // (a pod per try: one that got a blue address keeps blue)
+    let mut tries = 0;
+    let fresh = eventually(
+        "a new pod of the relabelled namespace in the default pool",
+        || {
+            tries += 1;
+            let (admin, config, name) = (admin.clone(), config(&s), format!("n{tries}"));
+            async move {
+                let uid = pod(&admin, "blue", &name, None).await;
+                let c = format!("c-{name}");
+                let r = blocking(move || add(&config, "blue", &name, &uid, &c)).await;
+                (r.code == 0)
+                    .then(|| r.addr())
+                    .filter(|a| a.starts_with("10.250.0."))
+            }
+        },
+    )
+    .await;
+    assert!(fresh.starts_with("10.250.0."));
+
+    let second = call(&b, "c-b2").await;
+    assert_eq!(second.code, 0, "{}", second.stdout);
+    assert!(
+        second.addr().starts_with("10.60.0.") && second.addr() != first.addr(),
+        "the earlier sandbox's pool, blue: {}",
+        second.stdout
     );
     agent.stop().await;
 }

@@ -9,8 +9,9 @@
 //! - with no checkpoint, a live pod's podIP is never handed out (the pool filled), and is
 //!   again once the pod is gone; a terminal pod's is;
 //! - after a corrupt checkpoint the published `status.used` and cooldowns are adopted: the
-//!   same key gets its address back, no other key gets an adopted or cooling address, and
-//!   the rebuild is saved.
+//!   same key gets its address back, no other key gets an adopted or cooling address, the
+//!   rebuild is saved, and each entry's `pool` is kept (published again, and in the
+//!   checkpoint), an entry without one published without one.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 #[path = "../../tests/tests/system/mod.rs"]
@@ -196,11 +197,14 @@ async fn a_corrupt_checkpoint_adopts_the_published_node_side() {
         json!({"podUID": uid, "namespace": "default", "pod": format!("web-{c}"),
                "containerID": c, "ifname": "eth0", "since": since})
     };
+    // c1's pool was chosen at its ADD; c2's entry predates pools per pod
+    let mut chosen = entry(POD, "c1");
+    chosen["pool"] = json!("default");
     let status = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
         "metadata": {"name": "node-a"},
         "status": {
-            "used": {"10.250.0.18": entry(POD, "c1"), "10.250.0.19": entry(POD2, "c2")},
+            "used": {"10.250.0.18": chosen, "10.250.0.19": entry(POD2, "c2")},
             "cooldown": {"10.250.0.17": until},
         },
     });
@@ -255,9 +259,18 @@ async fn a_corrupt_checkpoint_adopts_the_published_node_side() {
         ]
     );
     assert!(saved["cooldown"].get("10.250.0.17").is_some(), "{saved}");
+    let c1 = saved["allocations"].as_array().expect("allocations").iter();
+    let c1 = c1.clone().find(|a| a["containerID"] == "c1").expect("c1");
+    assert_eq!(c1["pools"]["10.250.0.18"], "default", "{saved}");
     let (used, cooling) = node_a_status(&admin).await;
     assert_eq!(used, ["10.250.0.18", "10.250.0.19"], "published as adopted");
     assert_eq!(cooling, ["10.250.0.17"]);
+    // published again with each entry's pool as it was (none where there was none)
+    let node = Api::<api::IPAMNode>::all(admin.clone()).get("node-a").await;
+    let used = node.expect("node-a").status.expect("status").used;
+    let pool = |a: &str| used[a].pool.clone();
+    assert_eq!(pool("10.250.0.18").as_deref(), Some("default"));
+    assert_eq!(pool("10.250.0.19"), None);
 
     let config = config(&s);
     assert_eq!(add(&config, "c1", POD).await.addr(), "10.250.0.18");

@@ -1,6 +1,7 @@
 //! `tidepool-operator check` against the in-process API server, with RBAC on and the
 //! operator's own role (`deploy/operator/rbac.yaml`): a cluster holding a duplicate, a leak,
-//! an orphan block and a reclaim candidate is reported as such, through the library function
+//! an orphan block, an address outside its pod's pool and a reclaim candidate is reported as
+//! such, through the library function
 //! the binary calls and through the binary itself (table and JSON, exit status 1), and the
 //! server counts no write while it runs.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
@@ -125,7 +126,8 @@ async fn add_ipam_node(
 }
 
 /// Two live nodes and a gone one's block; node-a records a pod that no longer exists
-/// (reclaim candidate) and an address outside its blocks (leak); node-b records node-a's
+/// (reclaim candidate), an address outside its blocks (leak) and a pod whose entry names
+/// pool `blue` in its block of pool `default` (outside its pool); node-b records node-a's
 /// pod's address for a pod of its own (duplicate).
 async fn troubled_cluster(admin: &kube::Client) {
     let pools: Api<api::IPPool> = Api::all(admin.clone());
@@ -146,6 +148,7 @@ async fn troubled_cluster(admin: &kube::Client) {
     let pl = add_pod(admin, "pl", "node-a", None).await;
     let pb = add_pod(admin, "pb", "node-b", Some("10.30.0.17")).await;
     let px = add_pod(admin, "px", "node-b", None).await;
+    let pw = add_pod(admin, "pw", "node-a", None).await;
     add_block(admin, "10.30.0.0/28", "node-a", &a).await;
     add_block(admin, "10.30.0.16/28", "node-b", &b).await;
     add_block(admin, "10.30.0.32/28", "node-gone", GONE_NODE_UID).await;
@@ -157,9 +160,16 @@ async fn troubled_cluster(admin: &kube::Client) {
             ("10.30.0.1", "pa", &pa),
             ("10.30.0.2", "gone", DELETED_POD_UID),
             ("10.30.5.5", "pl", &pl),
+            ("10.30.0.3", "pw", &pw),
         ],
     )
     .await;
+    // the pool pw's ADD chose, as the node side writes it
+    let blue = json!({"status": {"used": {"10.30.0.3": {"pool": "blue"}}}});
+    Api::<api::IPAMNode>::all(admin.clone())
+        .patch_status("node-a", &PatchParams::default(), &Patch::Merge(blue))
+        .await
+        .expect("pw's pool");
     add_ipam_node(
         admin,
         "node-b",
@@ -209,7 +219,7 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     assert!(
         kinds
             .iter()
-            .all(|k| ["duplicate", "leaked", "orphan-block"].contains(k)),
+            .all(|k| ["duplicate", "leaked", "orphan-block", "outside-pool"].contains(k)),
         "{:#?}",
         report.problems
     );
@@ -229,6 +239,22 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     assert_eq!(orphans.len(), 1, "{orphans:#?}");
     assert_eq!(orphans[0].objects, vec!["ipamblock/v4-10-30-0-32-28"]);
     assert!(orphans[0].detail.contains("no Node node-gone exists"));
+    // pw's address: in node-a's block of pool default, its entry names blue
+    let outside: Vec<_> = report.of_kind(ProblemKind::OutsidePool).collect();
+    assert_eq!(outside.len(), 1, "{outside:#?}");
+    assert_eq!(
+        outside[0].objects,
+        vec!["ipamnode/node-a", "ipamblock/v4-10-30-0-0-28"]
+    );
+    assert_eq!(
+        (outside[0].address, outside[0].pool.as_deref()),
+        (Some("10.30.0.3".parse().unwrap()), Some("blue"))
+    );
+    assert!(
+        outside[0].detail.contains("default/pw") && outside[0].detail.contains("of pool default"),
+        "{}",
+        outside[0].detail
+    );
     // the reclaim candidate: a pod that no longer exists (and only it: pa is Running with
     // its address, pl and px are Pending)
     assert_eq!(
@@ -243,7 +269,7 @@ async fn check_reports_the_troubles_and_writes_nothing() {
         ("node-a", "10.30.0.2".to_string(), "pod-deleted")
     );
     assert_eq!(c.pod_uid, DELETED_POD_UID);
-    // usage: three /28s of the /16 granted, five entries inside it
+    // usage: three /28s of the /16 granted, six entries inside it
     let usage = &report.pools[0];
     assert_eq!((usage.pool.as_str(), usage.family), ("default", "ipv4"));
     let blocks = usage.blocks.as_ref().unwrap();
@@ -251,8 +277,8 @@ async fn check_reports_the_troubles_and_writes_nothing() {
         (blocks.allocated.as_str(), blocks.capacity.as_str()),
         ("3", "4096")
     );
-    assert_eq!(usage.in_use, 5);
-    assert_eq!(report.summary.pods, 4);
+    assert_eq!(usage.in_use, 6);
+    assert_eq!(report.summary.pods, 5);
     assert!(report.needs_attention());
     assert_eq!(report.exit_code(), 1);
 
@@ -279,10 +305,12 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     for want in [
         "Checking IPAM for inconsistencies...",
         "Found 1 IP pool (1 valid).",
-        "Found 3 IPAM blocks, 2 IPAM nodes recording 5 addresses in use, 2 Nodes and 4 Pods.",
+        "Found 3 IPAM blocks, 2 IPAM nodes recording 6 addresses in use, 2 Nodes and 5 Pods.",
         "Found 1 reclaim candidate (informational: the operator reclaims these itself",
         "Found 1 leaked entry (an address used outside its node's blocks).",
         "Found 1 orphan block (its Node is gone or has another UID).",
+        "Found 1 address outside its pod's pool (the pool its entry names).",
+        "Found 0 addresses in no pool (their block's pool is missing or invalid).",
         "Found 0 malformed entries.",
         "need a person.",
     ] {
@@ -298,6 +326,7 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     );
     let problem_row = |kind: &str| text.lines().any(|l| l.starts_with(kind));
     assert!(problem_row("duplicate ") && problem_row("leaked ") && problem_row("orphan-block "));
+    assert!(problem_row("outside-pool "), "{text}");
     assert!(
         text.lines().any(|l| l.starts_with("node-a")
             && l.contains("10.30.0.2")
@@ -320,6 +349,8 @@ async fn check_reports_the_troubles_and_writes_nothing() {
     assert_eq!(v["summary"]["needs_attention"], true);
     assert_eq!(v["summary"]["problems"]["leaked"], 1);
     assert_eq!(v["summary"]["problems"]["orphan-block"], 1);
+    assert_eq!(v["summary"]["problems"]["outside-pool"], 1);
+    assert_eq!(v["summary"]["problems"]["no-pool"], 0);
     assert_eq!(v["summary"]["reclaim_candidates"], 1);
     assert_eq!(v["reclaim_candidates"][0]["address"], "10.30.0.2");
 

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use tidepool_api::convert::Allocations;
 use tidepool_ipam::{AllocationId, NodeSideFields, UsedEntry};
 
-use super::model::{AllocKey, NodeState, PodRef};
+use super::model::{AddrPools, AllocKey, NodeState, PodRef};
 
 /// What [`NodeState::adopt`] took over.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -30,12 +30,19 @@ impl NodeState {
     /// again (entries of one (containerID, ifname) — dual-stack — as one, its addresses in
     /// family order, since the oldest entry's `since`, under this boot), and every cooldown
     /// not over at `now` cools on. `keys` gives the (containerID, ifname) strings behind the
-    /// entries' hashes. Entries that conflict with the state or each other are skipped and
-    /// reported. The state is left dirty: save it before publishing.
-    pub fn adopt(&mut self, side: &NodeSideFields, keys: &Allocations, now: SystemTime) -> Adopted {
+    /// entries' hashes, `pools` the pool each entry names (`status.used[addr].pool`, kept:
+    /// it is never re-evaluated). Entries that conflict with the state or each other are
+    /// skipped and reported. The state is left dirty: save it before publishing.
+    pub fn adopt(
+        &mut self,
+        side: &NodeSideFields,
+        keys: &Allocations,
+        pools: &AddrPools,
+        now: SystemTime,
+    ) -> Adopted {
         let mut out = Adopted::default();
         for (id, entries) in by_allocation(side) {
-            match self.adopt_one(id, &entries, keys) {
+            match self.adopt_one(id, &entries, keys, pools) {
                 Ok(()) => out.allocations += 1,
                 Err(why) => out.skipped.push(why),
             }
@@ -53,6 +60,7 @@ impl NodeState {
         id: AllocationId,
         entries: &[(IpAddr, &UsedEntry)],
         keys: &Allocations,
+        pools: &AddrPools,
     ) -> Result<(), String> {
         let addrs: Vec<IpAddr> = entries.iter().map(|(a, _)| *a).collect();
         let Some((container_id, ifname)) = keys.get(&id) else {
@@ -75,7 +83,10 @@ impl NodeState {
             name: first.pod.to_string(),
         };
         let key = AllocKey::new(container_id.as_ref(), ifname.as_ref());
-        self.adopt_allocation(key, pod, &addrs, None, since)
+        let named = addrs
+            .iter()
+            .filter_map(|a| Some((*a, pools.get(a)?.clone())));
+        self.adopt_in_pools(key, pod, &addrs, None, since, named.collect())
             .map(|_| ())
             .map_err(|e| format!("{addrs:?}: {}", super::StateError::from(e)))
     }
@@ -145,8 +156,10 @@ mod tests {
         side.cooldown.insert(ip("10.0.0.8"), at(200));
         side.cooldown.insert(ip("10.0.0.9"), at(50));
         let keys = names(&[&dual, &single]);
+        // the dual-stack pod's v6 address came from pool blue; the others name none
+        let pools = AddrPools::from([(ip("fd00::5"), Arc::from("blue"))]);
         let mut st = NodeState::new("boot", Duration::from_secs(30));
-        let out = st.adopt(&side, &keys, at(100));
+        let out = st.adopt(&side, &keys, &pools, at(100));
         assert_eq!((out.allocations, out.cooldowns), (2, 1));
         assert_eq!(out.skipped.len(), 1, "c3's strings are unknown: {out:?}");
         assert!(st.is_dirty());
@@ -156,6 +169,8 @@ mod tests {
             (a.pod.uid, a.since, a.boot_id.as_str()),
             (PodUid(1), at(10), "boot")
         );
+        assert_eq!(a.pools, pools, "the pool each entry named, kept");
+        assert_eq!(st.pools(), pools);
         assert_eq!(st.get(&single).expect("c2").addrs, vec![ip("10.0.0.6")]);
         assert_eq!(st.cooldowns().get(&ip("10.0.0.8")), Some(&at(200)));
         assert!(!st.cooldowns().contains_key(&ip("10.0.0.9")), "over");
@@ -185,7 +200,7 @@ mod tests {
         side.used.insert(ip("10.0.0.5"), entry(1, &key, 10));
         side.used.insert(ip("fd00::5"), entry(2, &key, 10));
         let mut st = NodeState::new("boot", Duration::from_secs(30));
-        let out = st.adopt(&side, &names(&[&key]), at(100));
+        let out = st.adopt(&side, &names(&[&key]), &AddrPools::new(), at(100));
         assert_eq!(out.allocations, 0);
         assert_eq!(out.skipped.len(), 1);
         assert!(st.get(&key).is_none());

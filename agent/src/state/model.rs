@@ -236,8 +236,22 @@ impl NodeState {
         netns: Option<String>,
         since: SystemTime,
     ) -> Result<Added, Refused<AllocKey>> {
+        self.adopt_in_pools(key, pod, addrs, netns, since, AddrPools::new())
+    }
+
+    /// [`Self::adopt_allocation`], each of `addrs` in its pool of `pools` (none: the pool
+    /// whose block holds it).
+    pub(super) fn adopt_in_pools(
+        &mut self,
+        key: AllocKey,
+        pod: PodRef,
+        addrs: &[IpAddr],
+        netns: Option<String>,
+        since: SystemTime,
+        pools: AddrPools,
+    ) -> Result<Added, Refused<AllocKey>> {
         let added = self.side.adopt(key.clone(), pod.uid, addrs, since)?;
-        self.own_new(&added, key, pod, netns, AddrPools::new());
+        self.own_new(&added, key, pod, netns, pools);
         Ok(added)
     }
 

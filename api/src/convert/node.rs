@@ -30,6 +30,10 @@ pub struct NodeView {
     /// object was deleted, or replaced by another of that name, is refused (never creates).
     pub uid: Option<String>,
     pub allocations: Allocations,
+    /// `status.used[addr].pool` of the entries `node` holds that name one: the pool the
+    /// entry's pod resolved to at its ADD (an entry without one belongs to the pool whose
+    /// block holds its address).
+    pub used_pools: BTreeMap<IpAddr, Arc<str>>,
     /// The object is being deleted (`deletionTimestamp` set).
     pub terminating: bool,
     /// The operator's count as last written (None: not all of its fields are there, or
@@ -128,6 +132,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
         deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let view = NodeView {
+        used_pools: used_pools(obj, &node.node),
         node: Arc::new(node),
         uid: obj.metadata.uid.clone(),
         allocations,
@@ -148,6 +153,16 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
         agent_ready: agent_ready(obj),
     };
     (view, r.finish())
+}
+
+/// The pools `status.used` names, of the entries `side` took.
+fn used_pools(obj: &api::IPAMNode, side: &NodeSideFields) -> BTreeMap<IpAddr, Arc<str>> {
+    let used = obj.status.iter().flat_map(|s| &s.used);
+    let named = used.filter_map(|(k, e)| Some((k.parse().ok()?, e.pool.as_deref()?)));
+    named
+        .filter(|(a, _)| side.used.contains_key(a))
+        .map(|(a, p)| (a, Arc::from(p)))
+        .collect()
 }
 
 fn addr(r: &mut Report<'_>, field: &str, key: &str) -> Option<IpAddr> {

@@ -4,23 +4,23 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use tidepool_ipam::IpamNode;
-use tidepool_ipam::NodeUid;
 use tidepool_ipam::pool::repair::{
     BlockClaim, BlockRef, Conflict, LiveNodes, RangeIssue, RangeSubject, RepairFinding,
     RepairReport, UsedRef,
 };
 use tidepool_ipam::pool::{FindingKind, RebuildReport};
+use tidepool_ipam::{NodeUid, PodUid, UsedEntry};
 
 use super::report::{Problem, ProblemKind};
 
 /// IPAMNodes by holder (name, node UID).
 pub(super) type Holders<'a> = HashMap<(&'a str, NodeUid), &'a IpamNode>;
 
-fn block_object(name: &str) -> String {
+pub(super) fn block_object(name: &str) -> String {
     format!("ipamblock/{name}")
 }
 
-fn node_object(name: &str) -> String {
+pub(super) fn node_object(name: &str) -> String {
     format!("ipamnode/{name}")
 }
 
@@ -31,9 +31,14 @@ fn pod_of(holders: &Holders<'_>, used: &UsedRef, address: IpAddr) -> String {
         .and_then(|n| n.node.used.get(&address))
         .filter(|e| e.pod_uid == used.pod_uid);
     match entry {
-        Some(e) => format!("pod {}/{} (UID {})", e.namespace, e.pod, used.pod_uid),
+        Some(e) => pod_desc(e, used.pod_uid),
         None => format!("pod UID {}", used.pod_uid),
     }
+}
+
+/// `pod namespace/name (UID …)` of an entry.
+pub(super) fn pod_desc(e: &UsedEntry, uid: PodUid) -> String {
+    format!("pod {}/{} (UID {uid})", e.namespace, e.pod)
 }
 
 /// Whether the address is one of the node's `spec.addresses` (a cloud source's grant).

@@ -16,6 +16,9 @@
 //!     it is neither leaked nor out of range for it. Rebuild's findings repair does not
 //!     cover are added: overlapping blocks of one node (`duplicate`) and a block whose name
 //!     is not its CIDR's canonical name (`malformed`: the name is the claim's lock);
+//!   - `no-pool`, `outside-pool`: a `status.used` entry in its node's block of a pool that
+//!     does not exist or is invalid, or of another pool than the one the entry names (the
+//!     pod's, fixed at its ADD) ([`entry_pools`]);
 //!   - `node-uid`: an IPAMNode whose `spec.nodeUID` is not its existing Node's UID (someone
 //!     else changed it; the node side then drops every block);
 //!   - `invalid-pool`: an IPPool the engine will not use (overlapping an older pool, a bad
@@ -32,6 +35,7 @@
 //! that is gone on the next run. The lists come in the order that keeps such false findings
 //! rare: IPPools, IPAMNodes, IPAMBlocks, Nodes, Pods.
 
+mod entry_pools;
 mod findings;
 pub mod io;
 mod reclaim;
@@ -238,6 +242,11 @@ pub fn check(inputs: &Inputs) -> Report {
         .collect();
     findings::from_repair(&repaired, &by_holder, &mut problems);
     findings::node_uids(&readable, &inputs.nodes, &mut problems);
+    let named: Vec<entry_pools::NamedPools<'_>> = (inputs.ipam_nodes.iter())
+        .filter(|n| n.uid_ok)
+        .map(|n| (&*n.view.node, &n.view.used_pools))
+        .collect();
+    entry_pools::check(&set, &claims, &named, &mut problems);
 
     for m in &inputs.malformed {
         problems.push(Problem {

@@ -22,6 +22,12 @@ pub enum ProblemKind {
     OutOfRange,
     /// A block naming a pool that does not exist or is invalid.
     UnknownPool,
+    /// A `status.used` entry whose address lies in its node's block of a pool that does not
+    /// exist or is invalid (and that names no other pool): the address is in no pool.
+    NoPool,
+    /// A `status.used` entry naming a pool (the pod's, fixed at its ADD) whose address lies
+    /// in its node's block of another pool.
+    OutsidePool,
     /// An IPPool the operator will not use.
     InvalidPool,
     /// Something the operator cannot read and skips.
@@ -32,12 +38,14 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
-    pub const ALL: [ProblemKind; 8] = [
+    pub const ALL: [ProblemKind; 10] = [
         ProblemKind::Duplicate,
         ProblemKind::Leaked,
         ProblemKind::OrphanBlock,
         ProblemKind::OutOfRange,
         ProblemKind::UnknownPool,
+        ProblemKind::NoPool,
+        ProblemKind::OutsidePool,
         ProblemKind::InvalidPool,
         ProblemKind::Malformed,
         ProblemKind::NodeUid,
@@ -51,6 +59,8 @@ impl ProblemKind {
             ProblemKind::OrphanBlock => "orphan-block",
             ProblemKind::OutOfRange => "out-of-range",
             ProblemKind::UnknownPool => "unknown-pool",
+            ProblemKind::NoPool => "no-pool",
+            ProblemKind::OutsidePool => "outside-pool",
             ProblemKind::InvalidPool => "invalid-pool",
             ProblemKind::Malformed => "malformed",
             ProblemKind::NodeUid => "node-uid",
@@ -76,6 +86,14 @@ impl ProblemKind {
             ProblemKind::UnknownPool => (
                 "block of an unknown or invalid pool",
                 "blocks of unknown or invalid pools",
+            ),
+            ProblemKind::NoPool => (
+                "address in no pool (its block's pool is missing or invalid)",
+                "addresses in no pool (their block's pool is missing or invalid)",
+            ),
+            ProblemKind::OutsidePool => (
+                "address outside its pod's pool (the pool its entry names)",
+                "addresses outside their pod's pool (the pool their entry names)",
             ),
             ProblemKind::InvalidPool => ("invalid IP pool", "invalid IP pools"),
             ProblemKind::Malformed => ("malformed entry", "malformed entries"),

@@ -189,7 +189,7 @@ fn candidates_section(out: &mut String, r: &Report) {
 /// The problems: a count per kind, then a row each.
 fn problems_section(out: &mut String, r: &Report) {
     out.push_str(
-        "Scanning for duplicates, leaks, orphan blocks, out-of-range and unknown-pool blocks and addresses, invalid pools and malformed entries...\n",
+        "Scanning for duplicates, leaks, orphan blocks, out-of-range and unknown-pool blocks and addresses, addresses in no pool or outside their pod's pool, invalid pools and malformed entries...\n",
     );
     for k in ProblemKind::ALL {
         let _ = writeln!(out, "Found {}.", k.describe(r.of_kind(k).count()));

@@ -139,10 +139,16 @@ impl World {
 
     /// Adds a `status.used` entry to an IPAMNode.
     fn use_addr(&mut self, node: &str, u: Use<'_>) {
+        self.use_in_pool(node, u, None);
+    }
+
+    /// Adds a `status.used` entry naming `pool` (none: an entry written before pools).
+    fn use_in_pool(&mut self, node: &str, u: Use<'_>, pool: Option<&str>) {
         let (a, uid, pod, container, since) = u;
         let n = self.ipam_node_mut(node);
         let entry: api::UsedEntry = from(json!({"podUID": uid, "namespace": "default",
-            "pod": pod, "containerID": container, "ifname": "eth0", "since": at(since)}));
+            "pod": pod, "containerID": container, "ifname": "eth0", "since": at(since),
+            "pool": pool}));
         n.status
             .get_or_insert_with(Default::default)
             .used
@@ -409,6 +415,113 @@ fn out_of_range_and_unknown_pool() {
         unknown
             .detail
             .contains("names pool nope, which does not exist")
+    );
+    assert_eq!(r.exit_code(), 1);
+}
+
+/// An entry names the pool its pod resolved to at its ADD; one without a name belongs to the
+/// pool of the node's block holding its address. An address in a block of no (valid) pool,
+/// and an address outside the pool its entry names, are each found once, naming the pod.
+#[test]
+fn an_entry_in_no_pool_or_outside_its_pool_is_reported() {
+    let mut w = World::clean();
+    w.pools.push(pool("blue", 10, &["10.1.0.0/16"]));
+    w.blocks.push(block("10.1.0.16/28", "blue", "n1", &uid(1)));
+    // a block naming a pool that does not exist, inside pool default's CIDRs
+    w.blocks.push(block("10.0.0.48/28", "gone", "n2", &uid(2)));
+    let (c, d) = (uid(103), uid(104));
+    // in their pools: named, or not named
+    w.use_in_pool("n1", ("10.1.0.17", &c, "c", "c1", 1), Some("blue"));
+    w.use_in_pool("n1", ("10.0.0.18", &c, "c", "c2", 1), Some("default"));
+    w.use_in_pool("n1", ("10.1.0.18", &c, "c", "c3", 1), None);
+    // outside the pool they name
+    w.use_in_pool("n1", ("10.1.0.19", &d, "d", "d1", 1), Some("default"));
+    w.use_in_pool("n1", ("10.0.0.19", &d, "d", "d2", 1), Some("blue"));
+    w.use_in_pool("n2", ("10.0.0.50", &d, "d", "d3", 1), Some("default"));
+    // in no pool: the block's pool does not exist
+    w.use_in_pool("n2", ("10.0.0.49", &d, "d", "d4", 1), None);
+    w.use_in_pool("n2", ("10.0.0.51", &d, "d", "d5", 1), Some("gone"));
+    // outside every pool and its node's blocks: leaked and out of range only
+    w.use_in_pool("n1", ("192.168.1.1", &d, "d", "d6", 1), Some("default"));
+    let r = w.report();
+    assert_eq!(
+        kinds(&r),
+        vec![
+            "leaked",
+            "out-of-range",
+            "unknown-pool",
+            "no-pool",
+            "no-pool",
+            "outside-pool",
+            "outside-pool",
+            "outside-pool"
+        ],
+        "{:#?}",
+        r.problems
+    );
+    let at = |kind: ProblemKind| -> Vec<(String, String)> {
+        (r.of_kind(kind))
+            .map(|p| (p.objects.join(","), p.address.unwrap().to_string()))
+            .collect()
+    };
+    let at_n2 = |a: &str| {
+        (
+            "ipamnode/n2,ipamblock/v4-10-0-0-48-28".to_string(),
+            a.to_string(),
+        )
+    };
+    assert_eq!(
+        at(ProblemKind::NoPool),
+        vec![at_n2("10.0.0.49"), at_n2("10.0.0.51")]
+    );
+    let no_pool = r.of_kind(ProblemKind::NoPool).next().unwrap();
+    assert_eq!(no_pool.pool.as_deref(), Some("gone"));
+    assert!(
+        no_pool
+            .detail
+            .contains("status.used[10.0.0.49] (pod default/d (UID")
+            && no_pool.detail.contains("pool gone, which does not exist"),
+        "{}",
+        no_pool.detail
+    );
+    assert_eq!(
+        at(ProblemKind::OutsidePool),
+        vec![
+            (
+                "ipamnode/n1,ipamblock/v4-10-0-0-16-28".to_string(),
+                "10.0.0.19".to_string()
+            ),
+            (
+                "ipamnode/n1,ipamblock/v4-10-1-0-16-28".to_string(),
+                "10.1.0.19".to_string()
+            ),
+            at_n2("10.0.0.50"),
+        ]
+    );
+    let outside: Vec<&Problem> = r.of_kind(ProblemKind::OutsidePool).collect();
+    assert_eq!(outside[0].pool.as_deref(), Some("blue"), "the entry's pool");
+    assert!(
+        outside[0].detail.contains("names pool blue")
+            && outside[0]
+                .detail
+                .contains("block 10.0.0.16/28 of pool default"),
+        "{}",
+        outside[0].detail
+    );
+    assert!(
+        outside[2]
+            .detail
+            .contains("pool gone, which does not exist"),
+        "{}",
+        outside[2].detail
+    );
+    assert_eq!(r.summary.problems["no-pool"], 2);
+    assert_eq!(r.summary.problems["outside-pool"], 3);
+    let text = table(&r);
+    assert!(
+        text.contains("Found 2 addresses in no pool")
+            && text.contains("Found 3 addresses outside their pod's pool"),
+        "{text}"
     );
     assert_eq!(r.exit_code(), 1);
 }
