@@ -276,6 +276,11 @@ async fn an_ipamnode_whose_deletion_waits_says_why() {
     let (stop, task) = start_operator(&server, s).await;
     until_blocks(&admin, "node-a").await;
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    // the pass claims the block before it writes the IPAMNode: wait for both
+    eventually(Duration::from_secs(20), "node-a's IPAMNode", || async {
+        ipamnodes.get_opt("node-a").await.ok()?.map(|_| ())
+    })
+    .await;
     assert_eq!(deleting(&ipamnodes, "node-a").await, None);
     // a user deletes the IPAMNode: the finalizer holds it while its Node exists
     ipamnodes
