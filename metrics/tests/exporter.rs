@@ -32,6 +32,8 @@ fn render_sample() -> String {
         metrics::gauge!(m::NODE_IPS, m::node::KEY => "node-1", m::family::KEY => m::family::IPV6, m::ips_state::KEY => m::ips_state::USED).set(3.0);
         metrics::gauge!(m::POOL_BLOCKS, m::pool::KEY => "default", m::family::KEY => m::family::IPV4, m::block_state::KEY => m::block_state::PARTIAL).set(7.0);
         m::record::pool_valid("default", false);
+        m::record::ips(m::Family::Ipv4, m::IpsState::Used, "default", 12.0);
+        m::record::pods_waiting(m::Family::Ipv6, "", 1.0);
         m::record::build_info(m::BuildInfo {
             version: "1.2.3",
             commit: "0abc123",

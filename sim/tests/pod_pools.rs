@@ -354,3 +354,102 @@ async fn a_node_short_of_another_pool_is_woken_when_the_pool_frees() {
     assert!(w.node("n1").unwrap().operator.blocked_pools.is_empty());
     assert_no_violations(&w);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_deleted_while_its_addresses_are_in_use_drains_without_dropping_them() {
+    let w = world(BLUE);
+    let n = w.add_node("n1");
+    let blue: Vec<PodUid> = (0..5)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let held = addresses_of(&w, "n1", &blue);
+    assert_eq!(held.len(), 5);
+    assert!(blocks_of(&w, &n, "blue") > 0);
+
+    // blue is deleted while its five pods run: they keep their addresses, its block stays
+    w.source
+        .set_pools(vec![PoolConfig::new(spec("default", DEFAULT))]);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        addresses_of(&w, "n1", &blue),
+        held,
+        "no live pod loses its address"
+    );
+    assert!(
+        blocks_of(&w, &n, "blue") > 0,
+        "a busy block of a deleted pool stays"
+    );
+    assert_no_violations(&w);
+
+    // its pods go: the block drains and nothing of blue is granted again
+    for uid in blue {
+        w.delete_pod(uid, false);
+    }
+    let later: Vec<PodUid> = (0..5)
+        .map(|_| w.schedule_pod_with(&n, of_team("blue")))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(900)).await;
+    assert_eq!(
+        blocks_of(&w, &n, "blue"),
+        0,
+        "the deleted pool's block went back"
+    );
+    let served = addresses_of(&w, "n1", &later);
+    assert_eq!(
+        served.len(),
+        5,
+        "blue's namespace falls to the default pool"
+    );
+    assert!(served.iter().all(|a| inside(DEFAULT, a)), "{served:?}");
+    assert_no_violations(&w);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dual_stack_pod_takes_each_family_from_its_pool_and_gives_both_back() {
+    let of = |name: &str, cidrs: &[&str]| {
+        PoolSpec::parse(name, cidrs, DEFAULT_BLOCK_SIZE, &[] as &[&str]).unwrap()
+    };
+    let pools = vec![
+        PoolConfig::new(of("default", &["10.0.0.0/24", "fd00::/116"])),
+        PoolConfig::new(of("green", &["10.2.0.0/24"])),
+        PoolConfig::new(of("six", &["fd00:6::/116"])),
+    ];
+    let cfg = WorldConfig {
+        families: Family::ALL.to_vec(),
+        ..WorldConfig::default()
+    };
+    let w = World::start_with(cfg, move |w, _obs, store| {
+        Ok(ClusterPoolSource::new(store.clone(), pools, w.seed))
+    })
+    .unwrap();
+    let n = w.add_node("n1");
+    let both = Subject {
+        pod_pools: Some("green,six".into()),
+        ..Subject::default()
+    };
+    let pod = w.schedule_pod_with(&n, both);
+    let other = w.schedule_pod(&n);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let mut got = addresses_of(&w, "n1", &[pod]);
+    got.sort();
+    assert_eq!(got.len(), 2, "one address per family: {got:?}");
+    assert!(inside("10.2.0.0/24", &got[0]), "IPv4 from green: {got:?}");
+    assert!(inside("fd00:6::/116", &got[1]), "IPv6 from six: {got:?}");
+    let theirs = addresses_of(&w, "n1", &[other]);
+    assert!(
+        theirs
+            .iter()
+            .all(|a| inside("10.0.0.0/24", a) || inside("fd00::/116", a))
+    );
+
+    // deleted without a DEL (a crash): both addresses are reclaimed, together
+    w.delete_pod(pod, true);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let used = w.node("n1").unwrap().node.used.clone();
+    assert!(
+        got.iter().all(|a| !used.contains_key(a)),
+        "both of the pod's addresses went back"
+    );
+    assert_no_violations(&w);
+}
