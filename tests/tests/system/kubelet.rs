@@ -1,5 +1,5 @@
 //! The harness's stand-ins for the scheduler and for each node's kubelet (issue 16), one
-//! loop over the pods of namespace `default`:
+//! loop over the pods of every namespace:
 //! - the scheduler binds a pod without `spec.nodeName` to the live node with the fewest
 //!   pods (a Binding, as kube-scheduler writes it);
 //! - the kubelet of a pod's node creates its sandbox — a network namespace, the CNI ADD
@@ -234,7 +234,7 @@ impl Kubelet {
 
     /// Whether every pod that exists runs and none is terminating.
     pub async fn settled(&self) -> bool {
-        let pods: Api<Pod> = Api::namespaced(self.inner.admin.clone(), "default");
+        let pods: Api<Pod> = Api::all(self.inner.admin.clone());
         let Ok(list) = pods.list(&ListParams::default()).await else {
             return false;
         };
@@ -257,8 +257,7 @@ async fn run(inner: Arc<Inner>) {
 
 /// One pass over the pods.
 async fn step(inner: &Arc<Inner>) -> Result<(), String> {
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
-    let list = pods
+    let list = Api::<Pod>::all(inner.admin.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("list pods: {e}"))?;
@@ -277,6 +276,8 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
     for p in list.items {
         let uid = p.metadata.uid.clone().unwrap_or_default();
         let name = p.metadata.name.clone().unwrap_or_default();
+        let namespace = p.metadata.namespace.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &namespace);
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
         let terminating = p.metadata.deletion_timestamp.is_some();
         let known = inner
@@ -311,7 +312,7 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
                 rec.sandboxes.insert(uid.clone(), Sandbox::Starting);
                 rec.names.insert(uid.clone(), name.clone());
                 drop(rec);
-                tokio::spawn(start(inner.clone(), rt, name, uid));
+                tokio::spawn(start(inner.clone(), rt, pods, name, uid));
             }
             (Some(_), Some(rt), Some(Sandbox::Running { .. }), true) => {
                 let sb = std::mem::replace(
@@ -324,7 +325,7 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
                         .expect("known"),
                     Sandbox::Stopping,
                 );
-                tokio::spawn(stop(inner.clone(), rt, name, uid, sb));
+                tokio::spawn(stop(inner.clone(), rt, pods, name, uid, sb));
             }
             (Some(_), Some(_), None | Some(Sandbox::Lost), true) => {
                 force_delete(&pods, &name, &uid).await?
@@ -380,10 +381,10 @@ fn gone_is_fine(e: kube::Error, name: &str) -> Result<(), String> {
     }
 }
 
-/// The sandbox's start: ADD until it succeeds (or the pod is deleted), then the status.
-async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
+/// The sandbox's start: ADD until it succeeds (or the pod is deleted), then the status;
+/// `pods` is the API of the pod's namespace.
+async fn start(inner: Arc<Inner>, rt: NodeRuntime, pods: Api<Pod>, name: String, uid: String) {
     let began = Instant::now();
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
     let seq = {
         let mut s = inner.seq.lock().expect("lock");
         *s += 1;
@@ -469,15 +470,22 @@ async fn set_running(pods: &Api<Pod>, name: &str, addr: &str) -> Result<(), Stri
     }
 }
 
-/// A terminating pod: DEL, the cache entry and namespace removed, then grace 0.
-async fn stop(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String, sb: Sandbox) {
+/// A terminating pod: DEL, the cache entry and namespace removed, then grace 0; `pods` is
+/// the API of the pod's namespace.
+async fn stop(
+    inner: Arc<Inner>,
+    rt: NodeRuntime,
+    pods: Api<Pod>,
+    name: String,
+    uid: String,
+    sb: Sandbox,
+) {
     let Sandbox::Running {
         netns, container, ..
     } = sb
     else {
         return;
     };
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
     let out = cni(&rt, "DEL", &netns, &container, &name, &uid).await;
     let done = Instant::now();
     let mut errors = Vec::new();
