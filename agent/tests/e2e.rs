@@ -186,7 +186,7 @@ async fn drain_removed(
     assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
     for (name, uid, node, addr) in &kept {
         assert_eq!(
-            snap.pods[uid].2,
+            snap.pods[uid].ips,
             vec![addr.clone()],
             "{name} kept its address"
         );
@@ -559,7 +559,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let named = |prefix: &str| {
         snap.pods
             .values()
-            .filter(|(n, ..)| n.starts_with(prefix))
+            .filter(|p| p.name.starts_with(prefix))
             .count()
     };
     assert_eq!(
@@ -680,15 +680,27 @@ fn summary(
 mod judge_can_fail {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::common::judge::{Crashes, Seen, Snapshot, violations};
+    use super::common::judge::{Crashes, LivePod, Seen, Snapshot, violations};
 
     const A: &str = "0a000000-0000-4000-8000-000000000001";
     const B: &str = "0b000000-0000-4000-8000-000000000002";
     const GONE: &str = "0c000000-0000-4000-8000-000000000003";
 
-    /// Pods a (10.77.0.2) and b (10.77.0.3) on node-a, block 10.77.0.0/28, pool /27.
+    /// Pods a (10.77.0.2) and b (10.77.0.3) of namespace `default` on node-a, block
+    /// 10.77.0.0/28 of pool `default` (/27), their `status.used` entries naming it.
     fn sound() -> Snapshot {
-        let pod = |n: &str, ip: &str| (n.to_string(), "node-a".to_string(), vec![ip.to_string()]);
+        let pod = |n: &str, ip: &str| LivePod {
+            name: n.to_string(),
+            namespace: "default".to_string(),
+            node: "node-a".to_string(),
+            ips: vec![ip.to_string()],
+        };
+        let entry = |ip: &str| {
+            (
+                ("node-a".to_string(), ip.to_string()),
+                "default".to_string(),
+            )
+        };
         Snapshot {
             pods: BTreeMap::from([
                 (A.to_string(), pod("a", "10.77.0.2")),
@@ -701,13 +713,18 @@ mod judge_can_fail {
                     ("10.77.0.3".to_string(), B.to_string()),
                 ]),
             )]),
-            pending_reclaims: 0,
+            used_pools: BTreeMap::from([entry("10.77.0.2"), entry("10.77.0.3")]),
             blocks: BTreeMap::from([(
                 "node-a".to_string(),
                 vec!["10.77.0.0/28".parse().expect("net")],
             )]),
-            draining: BTreeSet::new(),
+            block_pools: BTreeMap::from([(
+                "10.77.0.0/28".parse().expect("net"),
+                "default".to_string(),
+            )]),
             pool: vec!["10.77.0.0/27".parse().expect("net")],
+            namespace_labels: BTreeMap::from([("default".to_string(), BTreeMap::new())]),
+            ..Snapshot::default()
         }
     }
 
@@ -735,7 +752,7 @@ mod judge_can_fail {
         );
 
         let mut dup = sound();
-        dup.pods.get_mut(B).expect("b").2 = vec!["10.77.0.2".into()];
+        dup.pods.get_mut(B).expect("b").ips = vec!["10.77.0.2".into()];
         dup.used
             .get_mut("node-a")
             .expect("used")
@@ -827,6 +844,88 @@ mod judge_can_fail {
         assert!(
             !unused.settled(),
             "a drained block without users is not settled"
+        );
+    }
+
+    /// [`sound`] with pool `blue` (10.77.8.0/26) selecting namespace `blue` (team=blue);
+    /// `default` is labelled team=red, which no pool selects.
+    fn with_blue() -> Snapshot {
+        let team = |t: &str| BTreeMap::from([("team".to_string(), t.to_string())]);
+        let mut s = sound();
+        s.pool.push("10.77.8.0/26".parse().expect("net"));
+        s.namespace_selectors.insert("blue".into(), team("blue"));
+        s.namespace_labels.insert("blue".into(), team("blue"));
+        s.namespace_labels.insert("default".into(), team("red"));
+        s
+    }
+
+    /// [`with_blue`] with pod b in namespace `blue` at `ip`, its entry naming `entry_pool`,
+    /// and node-a holding block 10.77.8.0/28 of pool `blue`.
+    fn b_in_blue(ip: &str, entry_pool: Option<&str>) -> Snapshot {
+        let mut s = with_blue();
+        let b = s.pods.get_mut(B).expect("b");
+        b.namespace = "blue".into();
+        b.ips = vec![ip.into()];
+        let used = s.used.get_mut("node-a").expect("used");
+        used.remove("10.77.0.3");
+        used.insert(ip.into(), B.into());
+        s.used_pools.remove(&("node-a".into(), "10.77.0.3".into()));
+        if let Some(p) = entry_pool {
+            s.used_pools.insert(("node-a".into(), ip.into()), p.into());
+        }
+        let block: ipnet::IpNet = "10.77.8.0/28".parse().expect("net");
+        s.blocks.get_mut("node-a").expect("blocks").push(block);
+        s.block_pools.insert(block, "blue".into());
+        s
+    }
+
+    /// Issue 29: each live pod's address lies in a block of the pool its namespace
+    /// resolves to (`blue` for namespace `blue`, `default` otherwise), and its
+    /// `status.used` entry names that pool.
+    #[test]
+    fn an_address_outside_its_pods_pool_is_named() {
+        let judge = |s: &Snapshot| violations(s, &Crashes::default(), &none(), &none());
+        assert_eq!(judge(&with_blue()), Vec::<String>::new());
+        assert_eq!(
+            judge(&b_in_blue("10.77.8.2", Some("blue"))),
+            Vec::<String>::new()
+        );
+
+        // b in namespace blue with its address of the default pool
+        let v = judge(&b_in_blue("10.77.0.3", Some("default")));
+        assert!(
+            v.iter().any(|m| m.contains(
+                "10.77.0.3 is in block 10.77.0.0/28 of pool default, not of its pool blue"
+            )),
+            "{v:?}"
+        );
+        assert!(
+            v.iter().any(|m| m.contains(
+                "10.77.0.3: status.used on node-a names pool Some(\"default\"), not its pool blue"
+            )),
+            "{v:?}"
+        );
+        // the right block, but the entry names another pool, or none
+        for entry in [Some("default"), None] {
+            let v = judge(&b_in_blue("10.77.8.2", entry));
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert!(v[0].contains("status.used on node-a names pool"), "{v:?}");
+        }
+        // a pod of default in a blue block
+        let mut a_in_blue = b_in_blue("10.77.8.2", Some("blue"));
+        a_in_blue.pods.get_mut(A).expect("a").ips = vec!["10.77.8.3".into()];
+        let used = a_in_blue.used.get_mut("node-a").expect("used");
+        used.remove("10.77.0.2");
+        used.insert("10.77.8.3".into(), A.into());
+        a_in_blue
+            .used_pools
+            .insert(("node-a".into(), "10.77.8.3".into()), "blue".into());
+        let v = judge(&a_in_blue);
+        assert!(
+            v.iter().any(|m| m.contains(
+                "a's 10.77.8.3 is in block 10.77.8.0/28 of pool blue, not of its pool default"
+            )),
+            "{v:?}"
         );
     }
 
