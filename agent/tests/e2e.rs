@@ -3,12 +3,14 @@
 //! two `tidepool-operator run` replicas (the leader killed midway), an agent killed and
 //! restarted, pods created and deleted with kubectl whose sandboxes go through ptp →
 //! tidepool-cni, pods crashed without a DEL, a pool CIDR added while a node waits for
-//! addresses and the first one removed while pods use it, pods on different nodes pinging
-//! each other (through the agents' `--node-routes`), Deployments created, scaled and
-//! deleted with kubectl (a controller stand-in makes their pods) and churned for
-//! `TIDEPOOL_E2E_ROUNDS` rounds (1 by default), a node crashed at the end. Judged at the
-//! end by the simulator's invariants ([`common::judge`]). Needs root: fails (does not skip)
-//! without it.
+//! addresses and the first one removed while pods use it, two pools (issue 29: `default`,
+//! and `blue` serving namespace `blue`, created and labelled with kubectl, whose pods run
+//! on every node), pods of both pools on different nodes pinging each other (through the
+//! agents' `--node-routes`), Deployments created, scaled and deleted with kubectl (a
+//! controller stand-in makes their pods) and churned for `TIDEPOOL_E2E_ROUNDS` rounds (1
+//! by default), a node crashed at the end. Judged at the end by the simulator's invariants
+//! ([`common::judge`]), every address in its pod's pool among them. Needs root: fails
+//! (does not skip) without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
@@ -17,7 +19,7 @@
 #[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -30,14 +32,24 @@ use ipnet::IpNet;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
-/// `count` pods `e2e-{first}`…, as a YAML stream of JSON documents.
+/// The namespace pool [`BLUE`] selects (by its label `team: blue`), and that pool's name.
+const BLUE: &str = "blue";
+/// Pool [`BLUE`]'s CIDR, in the agents' `--pod-network` as every pool's.
+const BLUE_CIDR: &str = "10.77.8.0/26";
+
+/// `count` pods `e2e-{first}`… of namespace `default`, as a YAML stream of JSON documents.
 fn pods(first: usize, count: usize) -> String {
+    pods_of("default", "e2e", first, count)
+}
+
+/// `count` pods `{prefix}-{first}`… of `namespace`, as a YAML stream of JSON documents.
+fn pods_of(namespace: &str, prefix: &str, first: usize, count: usize) -> String {
     let docs: Vec<String> = (first..first + count)
         .map(|i| {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("e2e-{i}"), "namespace": "default",
-                             "labels": {"app": "e2e"}},
+                "metadata": {"name": format!("{prefix}-{i}"), "namespace": namespace,
+                             "labels": {"app": prefix}},
                 "spec": {"containers": [{"name": "c", "image": "pause"}]},
             })
             .to_string()
@@ -91,18 +103,19 @@ async fn crash_pod(
     crashes.sandboxes.insert((addr, uid));
 }
 
-/// The running pods: (name, UID).
+/// The running pods of namespace `default`: (name, UID).
 fn running(k: &Kubelet) -> Vec<(String, String)> {
     running_on(k, None)
 }
 
-/// The running pods on `node` (any node: `None`): (name, UID).
+/// The running pods of namespace `default` on `node` (any node: `None`): (name, UID).
 fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
     k.record(|r| {
         r.sandboxes
             .iter()
-            .filter(|(_, s)| {
-                matches!(s, Sandbox::Running { node: n, .. } if node.is_none_or(|w| w == n))
+            .filter(|(u, s)| {
+                r.namespaces[*u] == "default"
+                    && matches!(s, Sandbox::Running { node: n, .. } if node.is_none_or(|w| w == n))
             })
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
@@ -297,17 +310,32 @@ async fn blocks_in(admin: &kube::Client, net: &IpNet) -> Vec<tidepool_api::IPAMB
         .collect()
 }
 
-/// One pod of each node pings one pod of every other node: through the routes the agents
-/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks.
-/// Returns how many pairs of nodes were pinged.
+/// One running sandbox per (node, pod namespace): (netns, address).
+fn one_per_node_and_namespace(k: &Kubelet) -> BTreeMap<(String, String), (String, String)> {
+    k.record(|r| {
+        let mut one = BTreeMap::new();
+        for (uid, s) in &r.sandboxes {
+            if let Sandbox::Running {
+                node, netns, addr, ..
+            } = s
+            {
+                let key = (node.clone(), r.namespaces[uid].clone());
+                one.entry(key).or_insert((netns.clone(), addr.clone()));
+            }
+        }
+        one
+    })
+}
+
+/// One pod of each namespace (so of each pool: `default` and [`BLUE`]) on each node pings
+/// one pod of each namespace on every other node: through the routes the agents
+/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks of
+/// every pool. Returns how many pairs were pinged.
 fn ping_across_nodes(k: &Kubelet) -> usize {
-    let mut one_per_node = std::collections::BTreeMap::new();
-    for (node, netns, addr) in k.sandboxes() {
-        one_per_node.entry(node).or_insert((netns, addr));
-    }
+    let one = one_per_node_and_namespace(k);
     let mut pairs = 0;
-    for (from, (netns, _)) in &one_per_node {
-        for (to, (_, addr)) in &one_per_node {
+    for ((from, _), (netns, _)) in &one {
+        for ((to, _), (_, addr)) in &one {
             if from != to {
                 common::chain::ping(netns, addr);
                 pairs += 1;
@@ -315,6 +343,45 @@ fn ping_across_nodes(k: &Kubelet) -> usize {
         }
     }
     pairs
+}
+
+/// Namespace [`BLUE`] created and labelled with kubectl, and pool [`BLUE`] that selects it
+/// applied (/28 blocks, no pre-allocation: a node claims one for its first blue pod).
+async fn blue_pool(cluster: &Cluster) {
+    cluster
+        .kubectl
+        .ok(&["create", "namespace", BLUE], None)
+        .await;
+    cluster
+        .kubectl
+        .ok(&["label", "namespace", BLUE, "team=blue"], None)
+        .await;
+    let pool = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": BLUE},
+        "spec": {"cidrs": [BLUE_CIDR], "blockSize": {"ipv4": 28},
+                 "namespaceSelector": {"matchLabels": {"team": "blue"}}},
+    });
+    cluster.kubectl.apply(&pool.to_string()).await;
+}
+
+/// Three pods of namespace [`BLUE`] created with kubectl; waits until one runs on each
+/// node, with an address of pool [`BLUE`].
+async fn blue_pods(cluster: &Cluster, k: &Kubelet) {
+    cluster.kubectl.apply(&pods_of(BLUE, "blue", 0, 3)).await;
+    let blue: IpNet = BLUE_CIDR.parse().expect("a CIDR");
+    until(cluster, "a blue pod running on each node", 30, async || {
+        let one = one_per_node_and_namespace(k);
+        let on: Vec<&String> = one
+            .iter()
+            .filter(|((_, ns), (_, addr))| {
+                ns == BLUE && addr.parse().is_ok_and(|a: IpAddr| blue.contains(&a))
+            })
+            .map(|((node, _), _)| node)
+            .collect();
+        on.len() == 3
+    })
+    .await;
 }
 
 /// Every allocation the agents' reconcile freed, as (node, address, pod UID).
@@ -341,6 +408,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let tombstones = Tombstones::watch(cluster.admin.clone());
     // a /27: two /28 blocks for three nodes, so one node waits until the CIDR is added
     cluster.apply_pool(&["10.77.0.0/27"], 28).await;
+    blue_pool(&cluster).await;
     cluster.start_operator();
     cluster.start_operator();
     for n in ["node-a", "node-b", "node-c"] {
@@ -376,6 +444,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         running(&kubelet).len() == 9
     })
     .await;
+    // three pods of namespace blue, one per node: pool blue's first on each
+    blue_pods(&cluster, &kubelet).await;
 
     // the first CIDR removed while pods use it: it drains (DESIGN.md "Release handshake")
     let removed: IpNet = "10.77.0.0/27".parse().expect("a CIDR");
@@ -442,23 +512,25 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     }
 
     // lost sandboxes and ADDs retried after the agent's restart come back on the kubelet's
-    // backoff: wait until every node runs a sandbox again (CI once pinged while one did not)
+    // backoff: wait until every node runs a sandbox of each namespace again (CI once pinged
+    // while one did not)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let nodes: BTreeSet<String> = kubelet.sandboxes().into_iter().map(|s| s.0).collect();
-        if nodes.len() == 3 {
+        let on = one_per_node_and_namespace(&kubelet);
+        if on.len() == 6 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "a sandbox on every node in time: only on {nodes:?}"
+            "a sandbox of each namespace on every node in time: only {:?}",
+            on.keys()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pinged = ping_across_nodes(&kubelet);
     assert_eq!(
-        pinged, 6,
-        "one pod of each of the three nodes pinged the other two"
+        pinged, 24,
+        "a pod of each pool on each of the three nodes pinged one of each pool on the other two"
     );
 
     // once those are reclaimed, a node crashes: its agent, its namespaces and then its
@@ -498,11 +570,12 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .expect("a node");
     let on_lost = kubelet.crash_node(lost_node);
     cluster.crash_node(lost_node).await;
-    let lost_pods = kubelet.record(|r| {
-        on_lost
-            .iter()
-            .filter(|(_, uid)| r.names[uid].starts_with("e2e-"))
-            .count()
+    let (lost_pods, lost_blue) = kubelet.record(|r| {
+        let count = |f: &dyn Fn(&str) -> bool| on_lost.iter().filter(|(_, u)| f(u)).count();
+        (
+            count(&|u| r.names[u].starts_with("e2e-")),
+            count(&|u| r.namespaces[u] == BLUE),
+        )
     });
     crashes.nodes.insert(lost_node.to_string(), on_lost);
     crashes.deleted_before.extend(kubelet.deleted_on(lost_node));
@@ -568,10 +641,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         "9 + 6 created, 3 crashed, 3 + {drained} deleted, {lost_pods} on the crashed {lost_node}"
     );
     assert_eq!(
-        (named("web-"), named("api-"), snap.pods.len()),
-        (2, 0, 11 - drained - lost_pods),
-        "web's two replicas and no pod of the deleted api"
+        (named("web-"), named("api-"), named("blue-")),
+        (2, 0, 3 - lost_blue),
+        "web's two replicas, no pod of the deleted api, the blue pods off the crashed node"
     );
+    assert_eq!(snap.pods.len(), 14 - drained - lost_pods - lost_blue);
     // no sandbox started after the removal took effect got one of its addresses
     let late = kubelet.record(|r| {
         r.started
@@ -609,8 +683,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          addresses on the removed CIDR until deleted, then its blocks went; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
-         {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
-         nodes' pods pinged each other; {rounds} rounds of Deployment churn: pods created \
+         {lost_node} crashed with {lost_pods} + {lost_blue} blue pods and was reclaimed whole; \
+         {pinged} pairs of nodes' pods (both pools) pinged each other; {rounds} rounds of Deployment churn: pods created \
          {:?}, scaled down {:?}; bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         crashes.spooled.len(),
