@@ -264,7 +264,7 @@ async fn the_rendered_bundle_installs_runs_and_enforces_least_privilege() {
     let ag_id = agent.identity(Some(ag_node));
     let ag_user = agent.identity(None);
     let ag = cluster.server.client(&ag_id).await.expect("client");
-    let live = &snap.pods.values().next().expect("a live pod").0;
+    let live = &snap.pods.values().next().expect("a live pod").name;
     let pp = PatchParams::default();
     let mut expected = Vec::new();
     let mut check = |(code, message): (u16, String), want: String| {

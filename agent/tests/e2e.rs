@@ -3,12 +3,14 @@
 //! two `tidepool-operator run` replicas (the leader killed midway), an agent killed and
 //! restarted, pods created and deleted with kubectl whose sandboxes go through ptp →
 //! tidepool-cni, pods crashed without a DEL, a pool CIDR added while a node waits for
-//! addresses and the first one removed while pods use it, pods on different nodes pinging
-//! each other (through the agents' `--node-routes`), Deployments created, scaled and
-//! deleted with kubectl (a controller stand-in makes their pods) and churned for
-//! `TIDEPOOL_E2E_ROUNDS` rounds (1 by default), a node crashed at the end. Judged at the
-//! end by the simulator's invariants ([`common::judge`]). Needs root: fails (does not skip)
-//! without it.
+//! addresses and the first one removed while pods use it, two pools (issue 29: `default`,
+//! and `blue` serving namespace `blue`, created and labelled with kubectl, whose pods run
+//! on every node), pods of both pools on different nodes pinging each other (through the
+//! agents' `--node-routes`), Deployments created, scaled and deleted with kubectl (a
+//! controller stand-in makes their pods) and churned for `TIDEPOOL_E2E_ROUNDS` rounds (1
+//! by default), a node crashed at the end. Judged at the end by the simulator's invariants
+//! ([`common::judge`]), every address in its pod's pool among them. Needs root: fails
+//! (does not skip) without it.
 //!
 //! Run: `cargo build -p tidepool-operator --bin tidepool-operator && cargo test -p
 //! tidepool-agent --test e2e -- --nocapture` (the figures and a summary are printed).
@@ -17,7 +19,7 @@
 #[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -30,14 +32,24 @@ use ipnet::IpNet;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
-/// `count` pods `e2e-{first}`…, as a YAML stream of JSON documents.
+/// The namespace pool [`BLUE`] selects (by its label `team: blue`), and that pool's name.
+const BLUE: &str = "blue";
+/// Pool [`BLUE`]'s CIDR, in the agents' `--pod-network` as every pool's.
+const BLUE_CIDR: &str = "10.77.8.0/26";
+
+/// `count` pods `e2e-{first}`… of namespace `default`, as a YAML stream of JSON documents.
 fn pods(first: usize, count: usize) -> String {
+    pods_of("default", "e2e", first, count)
+}
+
+/// `count` pods `{prefix}-{first}`… of `namespace`, as a YAML stream of JSON documents.
+fn pods_of(namespace: &str, prefix: &str, first: usize, count: usize) -> String {
     let docs: Vec<String> = (first..first + count)
         .map(|i| {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("e2e-{i}"), "namespace": "default",
-                             "labels": {"app": "e2e"}},
+                "metadata": {"name": format!("{prefix}-{i}"), "namespace": namespace,
+                             "labels": {"app": prefix}},
                 "spec": {"containers": [{"name": "c", "image": "pause"}]},
             })
             .to_string()
@@ -91,18 +103,19 @@ async fn crash_pod(
     crashes.sandboxes.insert((addr, uid));
 }
 
-/// The running pods: (name, UID).
+/// The running pods of namespace `default`: (name, UID).
 fn running(k: &Kubelet) -> Vec<(String, String)> {
     running_on(k, None)
 }
 
-/// The running pods on `node` (any node: `None`): (name, UID).
+/// The running pods of namespace `default` on `node` (any node: `None`): (name, UID).
 fn running_on(k: &Kubelet, node: Option<&str>) -> Vec<(String, String)> {
     k.record(|r| {
         r.sandboxes
             .iter()
-            .filter(|(_, s)| {
-                matches!(s, Sandbox::Running { node: n, .. } if node.is_none_or(|w| w == n))
+            .filter(|(u, s)| {
+                r.namespaces[*u] == "default"
+                    && matches!(s, Sandbox::Running { node: n, .. } if node.is_none_or(|w| w == n))
             })
             .map(|(u, _)| (r.names[u].clone(), u.clone()))
             .collect()
@@ -186,7 +199,7 @@ async fn drain_removed(
     assert!(kept.iter().any(|k| k.0 == keeper), "{keeper} is kept");
     for (name, uid, node, addr) in &kept {
         assert_eq!(
-            snap.pods[uid].2,
+            snap.pods[uid].ips,
             vec![addr.clone()],
             "{name} kept its address"
         );
@@ -297,17 +310,32 @@ async fn blocks_in(admin: &kube::Client, net: &IpNet) -> Vec<tidepool_api::IPAMB
         .collect()
 }
 
-/// One pod of each node pings one pod of every other node: through the routes the agents
-/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks.
-/// Returns how many pairs of nodes were pinged.
+/// One running sandbox per (node, pod namespace): (netns, address).
+fn one_per_node_and_namespace(k: &Kubelet) -> BTreeMap<(String, String), (String, String)> {
+    k.record(|r| {
+        let mut one = BTreeMap::new();
+        for (uid, s) in &r.sandboxes {
+            if let Sandbox::Running {
+                node, netns, addr, ..
+            } = s
+            {
+                let key = (node.clone(), r.namespaces[uid].clone());
+                one.entry(key).or_insert((netns.clone(), addr.clone()));
+            }
+        }
+        one
+    })
+}
+
+/// One pod of each namespace (so of each pool: `default` and [`BLUE`]) on each node pings
+/// one pod of each namespace on every other node: through the routes the agents
+/// (`--node-routes`, inside their nodes' namespaces) keep to the other nodes' blocks of
+/// every pool. Returns how many pairs were pinged.
 fn ping_across_nodes(k: &Kubelet) -> usize {
-    let mut one_per_node = std::collections::BTreeMap::new();
-    for (node, netns, addr) in k.sandboxes() {
-        one_per_node.entry(node).or_insert((netns, addr));
-    }
+    let one = one_per_node_and_namespace(k);
     let mut pairs = 0;
-    for (from, (netns, _)) in &one_per_node {
-        for (to, (_, addr)) in &one_per_node {
+    for ((from, _), (netns, _)) in &one {
+        for ((to, _), (_, addr)) in &one {
             if from != to {
                 common::chain::ping(netns, addr);
                 pairs += 1;
@@ -315,6 +343,45 @@ fn ping_across_nodes(k: &Kubelet) -> usize {
         }
     }
     pairs
+}
+
+/// Namespace [`BLUE`] created and labelled with kubectl, and pool [`BLUE`] that selects it
+/// applied (/28 blocks, no pre-allocation: a node claims one for its first blue pod).
+async fn blue_pool(cluster: &Cluster) {
+    cluster
+        .kubectl
+        .ok(&["create", "namespace", BLUE], None)
+        .await;
+    cluster
+        .kubectl
+        .ok(&["label", "namespace", BLUE, "team=blue"], None)
+        .await;
+    let pool = json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": BLUE},
+        "spec": {"cidrs": [BLUE_CIDR], "blockSize": {"ipv4": 28},
+                 "namespaceSelector": {"matchLabels": {"team": "blue"}}},
+    });
+    cluster.kubectl.apply(&pool.to_string()).await;
+}
+
+/// Three pods of namespace [`BLUE`] created with kubectl; waits until one runs on each
+/// node, with an address of pool [`BLUE`].
+async fn blue_pods(cluster: &Cluster, k: &Kubelet) {
+    cluster.kubectl.apply(&pods_of(BLUE, "blue", 0, 3)).await;
+    let blue: IpNet = BLUE_CIDR.parse().expect("a CIDR");
+    until(cluster, "a blue pod running on each node", 30, async || {
+        let one = one_per_node_and_namespace(k);
+        let on: Vec<&String> = one
+            .iter()
+            .filter(|((_, ns), (_, addr))| {
+                ns == BLUE && addr.parse().is_ok_and(|a: IpAddr| blue.contains(&a))
+            })
+            .map(|((node, _), _)| node)
+            .collect();
+        on.len() == 3
+    })
+    .await;
 }
 
 /// Every allocation the agents' reconcile freed, as (node, address, pod UID).
@@ -341,6 +408,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let tombstones = Tombstones::watch(cluster.admin.clone());
     // a /27: two /28 blocks for three nodes, so one node waits until the CIDR is added
     cluster.apply_pool(&["10.77.0.0/27"], 28).await;
+    blue_pool(&cluster).await;
     cluster.start_operator();
     cluster.start_operator();
     for n in ["node-a", "node-b", "node-c"] {
@@ -376,6 +444,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         running(&kubelet).len() == 9
     })
     .await;
+    // three pods of namespace blue, one per node: pool blue's first on each
+    blue_pods(&cluster, &kubelet).await;
 
     // the first CIDR removed while pods use it: it drains (DESIGN.md "Release handshake")
     let removed: IpNet = "10.77.0.0/27".parse().expect("a CIDR");
@@ -442,23 +512,25 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     }
 
     // lost sandboxes and ADDs retried after the agent's restart come back on the kubelet's
-    // backoff: wait until every node runs a sandbox again (CI once pinged while one did not)
+    // backoff: wait until every node runs a sandbox of each namespace again (CI once pinged
+    // while one did not)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let nodes: BTreeSet<String> = kubelet.sandboxes().into_iter().map(|s| s.0).collect();
-        if nodes.len() == 3 {
+        let on = one_per_node_and_namespace(&kubelet);
+        if on.len() == 6 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "a sandbox on every node in time: only on {nodes:?}"
+            "a sandbox of each namespace on every node in time: only {:?}",
+            on.keys()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pinged = ping_across_nodes(&kubelet);
     assert_eq!(
-        pinged, 6,
-        "one pod of each of the three nodes pinged the other two"
+        pinged, 24,
+        "a pod of each pool on each of the three nodes pinged one of each pool on the other two"
     );
 
     // once those are reclaimed, a node crashes: its agent, its namespaces and then its
@@ -498,11 +570,12 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         .expect("a node");
     let on_lost = kubelet.crash_node(lost_node);
     cluster.crash_node(lost_node).await;
-    let lost_pods = kubelet.record(|r| {
-        on_lost
-            .iter()
-            .filter(|(_, uid)| r.names[uid].starts_with("e2e-"))
-            .count()
+    let (lost_pods, lost_blue) = kubelet.record(|r| {
+        let count = |f: &dyn Fn(&str) -> bool| on_lost.iter().filter(|(_, u)| f(u)).count();
+        (
+            count(&|u| r.names[u].starts_with("e2e-")),
+            count(&|u| r.namespaces[u] == BLUE),
+        )
     });
     crashes.nodes.insert(lost_node.to_string(), on_lost);
     crashes.deleted_before.extend(kubelet.deleted_on(lost_node));
@@ -559,7 +632,7 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
     let named = |prefix: &str| {
         snap.pods
             .values()
-            .filter(|(n, ..)| n.starts_with(prefix))
+            .filter(|p| p.name.starts_with(prefix))
             .count()
     };
     assert_eq!(
@@ -568,10 +641,11 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
         "9 + 6 created, 3 crashed, 3 + {drained} deleted, {lost_pods} on the crashed {lost_node}"
     );
     assert_eq!(
-        (named("web-"), named("api-"), snap.pods.len()),
-        (2, 0, 11 - drained - lost_pods),
-        "web's two replicas and no pod of the deleted api"
+        (named("web-"), named("api-"), named("blue-")),
+        (2, 0, 3 - lost_blue),
+        "web's two replicas, no pod of the deleted api, the blue pods off the crashed node"
     );
+    assert_eq!(snap.pods.len(), 14 - drained - lost_pods - lost_blue);
     // no sandbox started after the removal took effect got one of its addresses
     let late = kubelet.record(|r| {
         r.started
@@ -609,8 +683,8 @@ async fn three_nodes_two_operators_pods_crashes_and_a_new_cidr() {
          addresses on the removed CIDR until deleted, then its blocks went; {failed} ADDs failed and \
          were retried ({failed_while_down} while {down_node}'s agent was down, {} pods deleted \
          then, their DELs spooled); bound {bound:?}; {} tombstones and {} reconcile frees for {} crashed sandboxes; \
-         {lost_node} crashed with {lost_pods} pods and was reclaimed whole; {pinged} pairs of \
-         nodes' pods pinged each other; {rounds} rounds of Deployment churn: pods created \
+         {lost_node} crashed with {lost_pods} + {lost_blue} blue pods and was reclaimed whole; \
+         {pinged} pairs of nodes' pods (both pools) pinged each other; {rounds} rounds of Deployment churn: pods created \
          {:?}, scaled down {:?}; bound → Running: min {:?}, median {:?}, max {:?}",
         started.elapsed().as_secs_f64(),
         crashes.spooled.len(),
@@ -680,15 +754,27 @@ fn summary(
 mod judge_can_fail {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::common::judge::{Crashes, Seen, Snapshot, violations};
+    use super::common::judge::{Crashes, LivePod, Seen, Snapshot, violations};
 
     const A: &str = "0a000000-0000-4000-8000-000000000001";
     const B: &str = "0b000000-0000-4000-8000-000000000002";
     const GONE: &str = "0c000000-0000-4000-8000-000000000003";
 
-    /// Pods a (10.77.0.2) and b (10.77.0.3) on node-a, block 10.77.0.0/28, pool /27.
+    /// Pods a (10.77.0.2) and b (10.77.0.3) of namespace `default` on node-a, block
+    /// 10.77.0.0/28 of pool `default` (/27), their `status.used` entries naming it.
     fn sound() -> Snapshot {
-        let pod = |n: &str, ip: &str| (n.to_string(), "node-a".to_string(), vec![ip.to_string()]);
+        let pod = |n: &str, ip: &str| LivePod {
+            name: n.to_string(),
+            namespace: "default".to_string(),
+            node: "node-a".to_string(),
+            ips: vec![ip.to_string()],
+        };
+        let entry = |ip: &str| {
+            (
+                ("node-a".to_string(), ip.to_string()),
+                "default".to_string(),
+            )
+        };
         Snapshot {
             pods: BTreeMap::from([
                 (A.to_string(), pod("a", "10.77.0.2")),
@@ -701,13 +787,18 @@ mod judge_can_fail {
                     ("10.77.0.3".to_string(), B.to_string()),
                 ]),
             )]),
-            pending_reclaims: 0,
+            used_pools: BTreeMap::from([entry("10.77.0.2"), entry("10.77.0.3")]),
             blocks: BTreeMap::from([(
                 "node-a".to_string(),
                 vec!["10.77.0.0/28".parse().expect("net")],
             )]),
-            draining: BTreeSet::new(),
+            block_pools: BTreeMap::from([(
+                "10.77.0.0/28".parse().expect("net"),
+                "default".to_string(),
+            )]),
             pool: vec!["10.77.0.0/27".parse().expect("net")],
+            namespace_labels: BTreeMap::from([("default".to_string(), BTreeMap::new())]),
+            ..Snapshot::default()
         }
     }
 
@@ -735,7 +826,7 @@ mod judge_can_fail {
         );
 
         let mut dup = sound();
-        dup.pods.get_mut(B).expect("b").2 = vec!["10.77.0.2".into()];
+        dup.pods.get_mut(B).expect("b").ips = vec!["10.77.0.2".into()];
         dup.used
             .get_mut("node-a")
             .expect("used")
@@ -827,6 +918,88 @@ mod judge_can_fail {
         assert!(
             !unused.settled(),
             "a drained block without users is not settled"
+        );
+    }
+
+    /// [`sound`] with pool `blue` (10.77.8.0/26) selecting namespace `blue` (team=blue);
+    /// `default` is labelled team=red, which no pool selects.
+    fn with_blue() -> Snapshot {
+        let team = |t: &str| BTreeMap::from([("team".to_string(), t.to_string())]);
+        let mut s = sound();
+        s.pool.push("10.77.8.0/26".parse().expect("net"));
+        s.namespace_selectors.insert("blue".into(), team("blue"));
+        s.namespace_labels.insert("blue".into(), team("blue"));
+        s.namespace_labels.insert("default".into(), team("red"));
+        s
+    }
+
+    /// [`with_blue`] with pod b in namespace `blue` at `ip`, its entry naming `entry_pool`,
+    /// and node-a holding block 10.77.8.0/28 of pool `blue`.
+    fn b_in_blue(ip: &str, entry_pool: Option<&str>) -> Snapshot {
+        let mut s = with_blue();
+        let b = s.pods.get_mut(B).expect("b");
+        b.namespace = "blue".into();
+        b.ips = vec![ip.into()];
+        let used = s.used.get_mut("node-a").expect("used");
+        used.remove("10.77.0.3");
+        used.insert(ip.into(), B.into());
+        s.used_pools.remove(&("node-a".into(), "10.77.0.3".into()));
+        if let Some(p) = entry_pool {
+            s.used_pools.insert(("node-a".into(), ip.into()), p.into());
+        }
+        let block: ipnet::IpNet = "10.77.8.0/28".parse().expect("net");
+        s.blocks.get_mut("node-a").expect("blocks").push(block);
+        s.block_pools.insert(block, "blue".into());
+        s
+    }
+
+    /// Issue 29: each live pod's address lies in a block of the pool its namespace
+    /// resolves to (`blue` for namespace `blue`, `default` otherwise), and its
+    /// `status.used` entry names that pool.
+    #[test]
+    fn an_address_outside_its_pods_pool_is_named() {
+        let judge = |s: &Snapshot| violations(s, &Crashes::default(), &none(), &none());
+        assert_eq!(judge(&with_blue()), Vec::<String>::new());
+        assert_eq!(
+            judge(&b_in_blue("10.77.8.2", Some("blue"))),
+            Vec::<String>::new()
+        );
+
+        // b in namespace blue with its address of the default pool
+        let v = judge(&b_in_blue("10.77.0.3", Some("default")));
+        assert!(
+            v.iter().any(|m| m.contains(
+                "10.77.0.3 is in block 10.77.0.0/28 of pool default, not of its pool blue"
+            )),
+            "{v:?}"
+        );
+        assert!(
+            v.iter().any(|m| m.contains(
+                "10.77.0.3: status.used on node-a names pool Some(\"default\"), not its pool blue"
+            )),
+            "{v:?}"
+        );
+        // the right block, but the entry names another pool, or none
+        for entry in [Some("default"), None] {
+            let v = judge(&b_in_blue("10.77.8.2", entry));
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert!(v[0].contains("status.used on node-a names pool"), "{v:?}");
+        }
+        // a pod of default in a blue block
+        let mut a_in_blue = b_in_blue("10.77.8.2", Some("blue"));
+        a_in_blue.pods.get_mut(A).expect("a").ips = vec!["10.77.8.3".into()];
+        let used = a_in_blue.used.get_mut("node-a").expect("used");
+        used.remove("10.77.0.2");
+        used.insert("10.77.8.3".into(), A.into());
+        a_in_blue
+            .used_pools
+            .insert(("node-a".into(), "10.77.8.3".into()), "blue".into());
+        let v = judge(&a_in_blue);
+        assert!(
+            v.iter().any(|m| m.contains(
+                "a's 10.77.8.3 is in block 10.77.8.0/28 of pool blue, not of its pool default"
+            )),
+            "{v:?}"
         );
     }
 

@@ -340,7 +340,8 @@ pub struct CniCall<'a> {
     /// The pod's network namespace (a path).
     pub netns: &'a str,
     pub container: &'a str,
-    /// The pod's name (default namespace) and UID, in `CNI_ARGS` as the kubelet passes them.
+    /// The pod's namespace, name and UID, in `CNI_ARGS` as the kubelet passes them.
+    pub namespace: &'a str,
     pub pod: &'a str,
     pub uid: &'a str,
 }
@@ -352,6 +353,7 @@ impl<'a> CniCall<'a> {
             cmd,
             netns,
             container,
+            namespace: "default",
             pod: container,
             uid,
         }
@@ -379,6 +381,7 @@ pub async fn exec_plugin(
         cmd,
         netns,
         container,
+        namespace,
         pod,
         uid,
     } = call;
@@ -396,7 +399,7 @@ pub async fn exec_plugin(
         "CNI_IFNAME=eth0".into(),
         format!("CNI_PATH={}:{PLUGINS}", plugin_dir.display()),
         format!(
-            "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+            "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};K8S_POD_UID={uid}"
         ),
         format!("{PLUGINS}/{plugin}"),
     ];

@@ -1,6 +1,7 @@
 //! The run judged by the simulator's invariants (issue 16): no address on two live pods,
 //! no live pod's address reclaimed, every address of the nodes' blocks either used by a
-//! live pod (`status.used` ↔ live pods) or free, and reclaims equal to crashed pods.
+//! live pod (`status.used` ↔ live pods) or free, reclaims equal to crashed pods, and every
+//! address in its pod's pool (issue 29).
 //!
 //! [`Tombstones`] watches the IPAMNodes for the whole run and keeps every tombstone the
 //! operator wrote (`spec.reclaim`), however briefly it lived; [`Snapshot`] is the cluster
@@ -11,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
 use tidepool_api as api;
@@ -93,45 +94,73 @@ impl Seen {
     }
 }
 
+/// A live pod as the judge reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LivePod {
+    pub name: String,
+    pub namespace: String,
+    /// `spec.nodeName` (empty while unbound).
+    pub node: String,
+    /// `status.podIPs`.
+    pub ips: Vec<String>,
+}
+
 /// The cluster at the end of a run.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    /// Live pods: UID → (name, node, podIPs).
-    pub pods: BTreeMap<String, (String, String, Vec<String>)>,
+    /// Live pods of every namespace, by UID.
+    pub pods: BTreeMap<String, LivePod>,
     /// Per node: address → pod UID in `status.used`.
     pub used: BTreeMap<String, BTreeMap<String, String>>,
+    /// (node, address) → the pool its `status.used` entry names (entries naming none are
+    /// absent).
+    pub used_pools: BTreeMap<(String, String), String>,
     /// Per node: tombstones still pending in `spec.reclaim`.
     pub pending_reclaims: usize,
     /// Per node: its blocks' CIDRs.
     pub blocks: BTreeMap<String, Vec<ipnet::IpNet>>,
+    /// Each block's pool (`spec.pool`), by CIDR.
+    pub block_pools: BTreeMap<ipnet::IpNet, String>,
     /// The blocks the operator marked for release (`spec.release`): draining.
     pub draining: BTreeSet<ipnet::IpNet>,
-    /// The pool's CIDRs.
+    /// Every pool's CIDRs.
     pub pool: Vec<ipnet::IpNet>,
+    /// The pools with a `namespaceSelector`: name → its `matchLabels`.
+    pub namespace_selectors: BTreeMap<String, BTreeMap<String, String>>,
+    /// Namespace → its labels.
+    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Snapshot {
     pub async fn take(admin: &kube::Client) -> kube::Result<Snapshot> {
         let mut snap = Snapshot::default();
-        let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+        let pods: Api<Pod> = Api::all(admin.clone());
         for p in pods.list(&ListParams::default()).await? {
             let st = p.status.unwrap_or_default();
-            let ips = st
-                .pod_ips
-                .unwrap_or_default()
-                .into_iter()
-                .map(|i| i.ip)
-                .collect();
-            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
-            let name = p.metadata.name.unwrap_or_default();
-            snap.pods
-                .insert(p.metadata.uid.unwrap_or_default(), (name, node, ips));
+            let pod = LivePod {
+                name: p.metadata.name.unwrap_or_default(),
+                namespace: p.metadata.namespace.unwrap_or_default(),
+                node: p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+                ips: st
+                    .pod_ips
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|i| i.ip)
+                    .collect(),
+            };
+            snap.pods.insert(p.metadata.uid.unwrap_or_default(), pod);
         }
         let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
         for n in nodes.list(&ListParams::default()).await? {
             let name = n.metadata.name.clone().unwrap_or_default();
             snap.pending_reclaims += n.spec.reclaim.len();
             let used = n.status.map(|s| s.used).unwrap_or_default();
+            for (a, e) in &used {
+                if let Some(pool) = &e.pool {
+                    snap.used_pools
+                        .insert((name.clone(), a.clone()), pool.clone());
+                }
+            }
             snap.used.insert(
                 name,
                 used.into_iter().map(|(a, e)| (a, e.pod_uid)).collect(),
@@ -143,29 +172,51 @@ impl Snapshot {
             if b.spec.release.is_some() {
                 snap.draining.insert(net);
             }
+            snap.block_pools.insert(net, b.spec.pool.clone());
             snap.blocks
                 .entry(b.spec.node.clone())
                 .or_default()
                 .push(net);
         }
+        snap.take_pools(admin).await?;
+        Ok(snap)
+    }
+
+    /// The pools' CIDRs and namespace selectors, and the namespaces' labels.
+    async fn take_pools(&mut self, admin: &kube::Client) -> kube::Result<()> {
         let pools: Api<api::IPPool> = Api::all(admin.clone());
         for p in pools.list(&ListParams::default()).await? {
-            snap.pool.extend(
+            let name = p.metadata.name.clone().unwrap_or_default();
+            self.pool.extend(
                 p.spec
                     .cidrs
                     .iter()
                     .map(|c| c.0.parse::<ipnet::IpNet>().expect("a CIDR")),
             );
+            if let Some(sel) = p.spec.namespace_selector {
+                assert!(
+                    sel.match_expressions.unwrap_or_default().is_empty(),
+                    "the judge reads a namespaceSelector's matchLabels only ({name})"
+                );
+                let labels = sel.match_labels.unwrap_or_default();
+                self.namespace_selectors.insert(name, labels);
+            }
         }
-        Ok(snap)
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        for ns in namespaces.list(&ListParams::default()).await? {
+            let labels = ns.metadata.labels.unwrap_or_default();
+            self.namespace_labels
+                .insert(ns.metadata.name.unwrap_or_default(), labels);
+        }
+        Ok(())
     }
 
     /// Live pods' addresses as `status.used` should hold them: node → address → UID.
     pub fn expected_used(&self) -> BTreeMap<String, BTreeMap<String, String>> {
         let mut want: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-        for (uid, (_, node, ips)) in &self.pods {
-            for ip in ips {
-                want.entry(node.clone())
+        for (uid, p) in &self.pods {
+            for ip in &p.ips {
+                want.entry(p.node.clone())
                     .or_default()
                     .insert(ip.clone(), uid.clone());
             }
@@ -186,7 +237,7 @@ impl Snapshot {
     /// live pods', no tombstone waits, and every block outside the pool still has a user
     /// (a drained block goes once free).
     pub fn settled(&self) -> bool {
-        self.pods.values().all(|(_, _, ips)| !ips.is_empty())
+        self.pods.values().all(|p| !p.ips.is_empty())
             && self.used_nonempty() == self.expected_used()
             && self.pending_reclaims == 0
             && self.blocks.iter().all(|(node, blocks)| {
@@ -196,6 +247,23 @@ impl Snapshot {
             })
     }
 
+    /// The pool a pod of `namespace` resolves to, as the run sets pools up (DESIGN.md "Pools
+    /// per namespace and per pod", without annotations, pod or node selectors): the first
+    /// pool by name whose `namespaceSelector` selects the namespace, else `default`.
+    pub fn pool_of(&self, namespace: &str) -> &str {
+        let labels = self.namespace_labels.get(namespace);
+        let selects = |sel: &BTreeMap<String, String>| {
+            !sel.is_empty()
+                && sel
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        };
+        self.namespace_selectors
+            .iter()
+            .find(|(_, sel)| selects(sel))
+            .map_or("default", |(name, _)| name)
+    }
+
     /// Whether block `b` lies in one of the pool's CIDRs.
     pub fn in_pool(&self, b: &ipnet::IpNet) -> bool {
         self.pool.iter().any(|p| p.contains(b))
@@ -203,9 +271,9 @@ impl Snapshot {
 
     /// Whether a live pod on `node` holds an address in block `b`.
     pub fn has_user(&self, node: &str, b: &ipnet::IpNet) -> bool {
-        self.pods.values().any(|(_, n, ips)| {
-            n == node
-                && ips
+        self.pods.values().any(|p| {
+            p.node == node
+                && p.ips
                     .iter()
                     .any(|ip| ip.parse::<IpAddr>().is_ok_and(|a| b.contains(&a)))
         })
@@ -249,23 +317,27 @@ pub fn violations(
     let mut bad = Vec::new();
     // no address on two live pods
     let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
-    for (uid, (name, _, ips)) in &snap.pods {
-        for ip in ips {
-            if let Some(other) = owner.insert(ip, name) {
-                bad.push(format!("{ip} on two live pods: {other} and {name} ({uid})"));
+    for (uid, p) in &snap.pods {
+        for ip in &p.ips {
+            if let Some(other) = owner.insert(ip, &p.name) {
+                bad.push(format!(
+                    "{ip} on two live pods: {other} and {} ({uid})",
+                    p.name
+                ));
             }
         }
     }
     // every live pod's address in a block of its node, every block in the pool
-    for (name, node, ips) in snap.pods.values() {
-        for ip in ips {
+    for p in snap.pods.values() {
+        for ip in &p.ips {
             let a: IpAddr = ip.parse().expect("an address");
-            let blocks = snap.blocks.get(node).map(Vec::as_slice).unwrap_or(&[]);
+            let blocks = snap.blocks.get(&p.node).map(Vec::as_slice).unwrap_or(&[]);
             if !blocks.iter().any(|b| b.contains(&a)) {
-                bad.push(format!("{name}'s {ip} is in no block of {node}"));
+                bad.push(format!("{}'s {ip} is in no block of {}", p.name, p.node));
             }
         }
     }
+    bad.extend(outside_their_pools(snap));
     for (node, blocks) in &snap.blocks {
         for b in blocks.iter().filter(|b| !snap.in_pool(b)) {
             bad.extend(outside_the_pool(snap, crashes, node, b));
@@ -282,10 +354,7 @@ pub fn violations(
     let mut reclaimed = BTreeSet::new();
     for (path, set) in [("tombstoned", tombstones), ("freed by reconcile", frees)] {
         for (node, addr, uid) in set {
-            let listed = snap
-                .pods
-                .get(uid)
-                .is_some_and(|(_, _, ips)| ips.contains(addr));
+            let listed = snap.pods.get(uid).is_some_and(|p| p.ips.contains(addr));
             if listed {
                 bad.push(format!("{addr} of live pod {uid} on {node} was {path}"));
             }
@@ -311,8 +380,41 @@ pub fn violations(
                 "crashed {node}'s IPAMNode or blocks were not reclaimed"
             ));
         }
-        if snap.pods.values().any(|(_, n, _)| n == node) {
+        if snap.pods.values().any(|p| p.node == *node) {
             bad.push(format!("a pod is still bound to crashed {node}"));
+        }
+    }
+    bad
+}
+
+/// Every live pod's address that is not in a block of the pool its pod resolves to
+/// ([`Snapshot::pool_of`]), or whose `status.used` entry names another pool (or none). An
+/// address in no block of its node is named by the caller.
+fn outside_their_pools(snap: &Snapshot) -> Vec<String> {
+    let mut bad = Vec::new();
+    for p in snap.pods.values() {
+        let want = snap.pool_of(&p.namespace);
+        let blocks = snap.blocks.get(&p.node).map(Vec::as_slice).unwrap_or(&[]);
+        let used = snap.used.get(&p.node);
+        for ip in &p.ips {
+            let a: IpAddr = ip.parse().expect("an address");
+            let block = blocks.iter().find(|b| b.contains(&a));
+            let block_pool = block.and_then(|b| snap.block_pools.get(b));
+            if let (Some(b), Some(pool)) = (block, block_pool)
+                && pool != want
+            {
+                bad.push(format!(
+                    "{}'s {ip} is in block {b} of pool {pool}, not of its pool {want}",
+                    p.name
+                ));
+            }
+            let entry = snap.used_pools.get(&(p.node.clone(), ip.clone()));
+            if used.is_some_and(|u| u.contains_key(ip)) && entry.map(String::as_str) != Some(want) {
+                bad.push(format!(
+                    "{}'s {ip}: status.used on {} names pool {entry:?}, not its pool {want}",
+                    p.name, p.node
+                ));
+            }
         }
     }
     bad

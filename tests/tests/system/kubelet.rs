@@ -1,5 +1,5 @@
 //! The harness's stand-ins for the scheduler and for each node's kubelet (issue 16), one
-//! loop over the pods of namespace `default`:
+//! loop over the pods of every namespace:
 //! - the scheduler binds a pod without `spec.nodeName` to the live node with the fewest
 //!   pods (a Binding, as kube-scheduler writes it);
 //! - the kubelet of a pod's node creates its sandbox — a network namespace, the CNI ADD
@@ -69,6 +69,8 @@ pub struct Record {
     pub sandboxes: BTreeMap<String, Sandbox>,
     /// Pod UID → name.
     pub names: BTreeMap<String, String>,
+    /// Pod UID → its namespace.
+    pub namespaces: BTreeMap<String, String>,
     /// Bound (seen bound by its kubelet) → Running with an address, per started pod.
     pub ready_latency: Vec<Duration>,
     /// Every sandbox started: (pod UID, address, when its ADD returned).
@@ -83,6 +85,14 @@ pub struct Record {
     pub lost: Vec<(String, String)>,
     /// Errors of the kubelet's own steps (not the system's): fail the run.
     pub errors: Vec<String>,
+}
+
+/// A pod as its sandbox's CNI calls name it (`CNI_ARGS`).
+#[derive(Debug, Clone)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
 }
 
 struct Inner {
@@ -234,7 +244,7 @@ impl Kubelet {
 
     /// Whether every pod that exists runs and none is terminating.
     pub async fn settled(&self) -> bool {
-        let pods: Api<Pod> = Api::namespaced(self.inner.admin.clone(), "default");
+        let pods: Api<Pod> = Api::all(self.inner.admin.clone());
         let Ok(list) = pods.list(&ListParams::default()).await else {
             return false;
         };
@@ -257,8 +267,7 @@ async fn run(inner: Arc<Inner>) {
 
 /// One pass over the pods.
 async fn step(inner: &Arc<Inner>) -> Result<(), String> {
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
-    let list = pods
+    let list = Api::<Pod>::all(inner.admin.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("list pods: {e}"))?;
@@ -277,6 +286,13 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
     for p in list.items {
         let uid = p.metadata.uid.clone().unwrap_or_default();
         let name = p.metadata.name.clone().unwrap_or_default();
+        let namespace = p.metadata.namespace.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &namespace);
+        let pod = PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+        };
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
         let terminating = p.metadata.deletion_timestamp.is_some();
         let known = inner
@@ -310,8 +326,9 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
                 let mut rec = inner.record.lock().expect("lock");
                 rec.sandboxes.insert(uid.clone(), Sandbox::Starting);
                 rec.names.insert(uid.clone(), name.clone());
+                rec.namespaces.insert(uid.clone(), namespace);
                 drop(rec);
-                tokio::spawn(start(inner.clone(), rt, name, uid));
+                tokio::spawn(start(inner.clone(), rt, pod));
             }
             (Some(_), Some(rt), Some(Sandbox::Running { .. }), true) => {
                 let sb = std::mem::replace(
@@ -324,7 +341,7 @@ async fn step(inner: &Arc<Inner>) -> Result<(), String> {
                         .expect("known"),
                     Sandbox::Stopping,
                 );
-                tokio::spawn(stop(inner.clone(), rt, name, uid, sb));
+                tokio::spawn(stop(inner.clone(), rt, pod, sb));
             }
             (Some(_), Some(_), None | Some(Sandbox::Lost), true) => {
                 force_delete(&pods, &name, &uid).await?
@@ -381,9 +398,10 @@ fn gone_is_fine(e: kube::Error, name: &str) -> Result<(), String> {
 }
 
 /// The sandbox's start: ADD until it succeeds (or the pod is deleted), then the status.
-async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
+async fn start(inner: Arc<Inner>, rt: NodeRuntime, pod: PodRef) {
     let began = Instant::now();
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &pod.namespace);
+    let (name, uid) = (pod.name.clone(), pod.uid.clone());
     let seq = {
         let mut s = inner.seq.lock().expect("lock");
         *s += 1;
@@ -394,14 +412,14 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
     let mut failures = 0u32;
     loop {
         let container = format!("c{seq:05}a{failures}{}", uid.replace('-', ""));
-        let out = cni(&rt, "ADD", &netns, &container, &name, &uid).await;
+        let out = cni(&rt, "ADD", &netns, &container, &pod).await;
         if out.status.success() {
             let added = Instant::now();
             let addr = super::chain::address(&out);
             write_cache(&rt, &container, &out.stdout);
             if let Err(e) = set_running(&pods, &name, &addr).await {
                 // deleted meanwhile: the loop sees it gone; tear down now
-                let _ = cni(&rt, "DEL", &netns, &container, &name, &uid).await;
+                let _ = cni(&rt, "DEL", &netns, &container, &pod).await;
                 remove_cache(&rt, &container);
                 del_netns(&netns);
                 let mut rec = inner.record.lock().expect("lock");
@@ -426,7 +444,7 @@ async fn start(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String) {
             return;
         }
         // containerd tears a failed sandbox down with DEL before it reports the failure
-        let _ = cni(&rt, "DEL", &netns, &container, &name, &uid).await;
+        let _ = cni(&rt, "DEL", &netns, &container, &pod).await;
         inner.record.lock().expect("lock").failed_adds += 1;
         tokio::time::sleep(inner.backoff.after(failures)).await;
         failures += 1;
@@ -470,15 +488,16 @@ async fn set_running(pods: &Api<Pod>, name: &str, addr: &str) -> Result<(), Stri
 }
 
 /// A terminating pod: DEL, the cache entry and namespace removed, then grace 0.
-async fn stop(inner: Arc<Inner>, rt: NodeRuntime, name: String, uid: String, sb: Sandbox) {
+async fn stop(inner: Arc<Inner>, rt: NodeRuntime, pod: PodRef, sb: Sandbox) {
     let Sandbox::Running {
         netns, container, ..
     } = sb
     else {
         return;
     };
-    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), "default");
-    let out = cni(&rt, "DEL", &netns, &container, &name, &uid).await;
+    let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &pod.namespace);
+    let (name, uid) = (pod.name.clone(), pod.uid.clone());
+    let out = cni(&rt, "DEL", &netns, &container, &pod).await;
     let done = Instant::now();
     let mut errors = Vec::new();
     if !out.status.success() {
@@ -528,16 +547,16 @@ pub async fn cni(
     cmd: &str,
     pod_ns: &str,
     container: &str,
-    pod: &str,
-    uid: &str,
+    pod: &PodRef,
 ) -> Output {
     let plugin_dir = Path::new(CNI_BIN).parent().expect("the plugin's directory");
     let call = CniCall {
         cmd,
         netns: &format!("{NETNS_DIR}/{pod_ns}"),
         container,
-        pod,
-        uid,
+        namespace: &pod.namespace,
+        pod: &pod.name,
+        uid: &pod.uid,
     };
     exec_plugin(&rt.netns, "ptp", &call, plugin_dir, rt.conf()).await
 }
