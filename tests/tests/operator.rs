@@ -2626,3 +2626,90 @@ async fn an_exhausted_pool_blocks_only_its_own_pods_and_says_so() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// DESIGN.md "Pools per namespace and per pod": an IPPool deleted while a pod runs on an
+/// address of it drains without dropping that address: the busy block stays (and
+/// `status.poolUsage` still counts it), nothing is tombstoned; once the pod is gone and
+/// the node side's entry with it, the block goes back (its mark answered as a node side with
+/// nothing in use answers), and the namespace's new pods take the default pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_while_in_use_drains_without_dropping_an_address() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.97.0.0/24"], json!({"ipv4": 28})).await;
+    let mut blue = pool_json("blue", &["10.98.0.0/24"], json!({"ipv4": 28}));
+    blue["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "blue"}});
+    create_object(&admin, blue).await;
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "team-blue", "labels": {"team": "blue"}}});
+    create_object(&admin, ns).await;
+    add_node(&admin, "node-a").await;
+    add_pod_in(&admin, "team-blue", "web-0", "node-a").await;
+    let mut s = settings();
+    s.engine.release.delay = Duration::from_millis(200);
+    let (stop, task) = start_operator(&server, s).await;
+    until_pool_block(&admin, "node-a", "blue").await;
+
+    // the node side gives web-0 the blue block's first address
+    let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
+    let list = blocks.list(&ListParams::default()).await.unwrap().items;
+    let block = list.iter().find(|b| b.spec.pool == "blue").unwrap();
+    let net: ipnet::IpNet = block.spec.cidr.0.parse().unwrap();
+    let addr = net.hosts().next().unwrap().to_string();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-blue");
+    let uid = pods.get("web-0").await.unwrap().metadata.uid.unwrap();
+    let entry = json!({"podUID": uid, "namespace": "team-blue", "pod": "web-0",
+        "containerID": "cid-web-0", "ifname": "eth0", "since": "2026-11-27T10:00:00Z",
+        "pool": "blue"});
+    apply_node_side(&admin, "node-a", json!({"used": {addr.clone(): entry}})).await;
+    let busy = (
+        "blue".to_string(),
+        "ipv4".to_string(),
+        "16".to_string(),
+        false,
+    );
+    eventually(Duration::from_secs(20), "blue counted in use", || async {
+        let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+        let st = nodes.get("node-a").await.ok()?.status?;
+        let u = st.pool_usage.iter().find(|u| u.name == "blue")?;
+        let got = (
+            u.name.clone(),
+            u.family.clone(),
+            u.allocated.clone(),
+            u.blocked,
+        );
+        (got == busy && u.used == "1").then_some(())
+    })
+    .await;
+
+    // blue is deleted while web-0 runs: its block and web-0's entry stay, untombstoned
+    let ippools: Api<api::IPPool> = Api::all(admin.clone());
+    ippools
+        .delete("blue", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        blocks_of_pool(&admin, "node-a", "blue").await,
+        1,
+        "the busy block stays"
+    );
+    let nodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    let node = nodes.get("node-a").await.unwrap();
+    assert!(
+        node.spec.reclaim.is_empty(),
+        "nothing tombstoned: {:?}",
+        node.spec.reclaim
+    );
+    let used = node.status.unwrap().used;
+    assert!(used.contains_key(&addr), "web-0 keeps its address");
+
+    // web-0 goes, and its entry with it: the block drains
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    apply_node_side(&admin, "node-a", json!({"used": {}})).await;
+    until_pool_gone(&admin, "node-a", "blue").await;
+    assert!(server.request_count("delete", "ipamblocks.ipam.tidepool.dev") >= 1);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
