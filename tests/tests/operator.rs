@@ -1426,7 +1426,12 @@ async fn every_example_pool_is_valid_and_granted_from() {
     assert!(gpu_node.metadata.uid.is_some());
     add_pod(&admin, "p1", "worker-1").await;
     add_pod(&admin, "p2", "worker-2").await;
-    let (stop, task) = start_operator(&server, settings()).await;
+    // the examples are applied one by one: a pass between `default` and `gpu` may grant
+    // worker-2 a block of `default`, which then drains (a short delay, and its mark answered
+    // below as a node side with nothing in use answers)
+    let mut s = settings();
+    s.engine.release.delay = Duration::from_millis(200);
+    let (stop, task) = start_operator(&server, s).await;
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).expect("deploy/examples") {
@@ -1476,15 +1481,21 @@ async fn every_example_pool_is_valid_and_granted_from() {
     ];
     for (node, v4, v6) in want {
         let blocks: Api<api::IPAMBlock> = Api::all(admin.clone());
-        let held = eventually(Duration::from_secs(20), "blocks of both families", || {
+        let what = format!("{node}'s blocks of both families, of {v4} and {v6}");
+        let held = eventually(Duration::from_secs(20), &what, || {
             let blocks = blocks.clone();
+            let admin = admin.clone();
             async move {
+                answer_marks(&admin, node).await;
                 let l = blocks.list(&ListParams::default()).await.ok()?.items;
                 let mine: Vec<api::IPAMBlock> =
                     l.into_iter().filter(|b| b.spec.node == node).collect();
                 let fams: std::collections::BTreeSet<bool> =
                     mine.iter().map(|b| b.spec.cidr.0.contains(':')).collect();
-                (fams.len() == 2).then_some(mine)
+                let pool_of =
+                    |b: &api::IPAMBlock| if b.spec.cidr.0.contains(':') { v6 } else { v4 };
+                let settled = mine.iter().all(|b| b.spec.pool == pool_of(b));
+                (fams.len() == 2 && settled).then_some(mine)
             }
         })
         .await;
