@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tidepool_ipam::{BlockStore, PerFamily};
+use tidepool_ipam::{BlockStore, NodeName, PerFamily};
 use tidepool_metrics as m;
 use tidepool_sim::World;
 
@@ -251,6 +251,17 @@ async fn a_deleted_nodes_series_leave_the_export() {
     world.shutdown();
 }
 
+/// Schedules `n` pods on `node` (which runs none yet) and waits until they all run.
+async fn run_pods(world: &World<Pool>, node: &NodeName, n: usize) {
+    for _ in 0..n {
+        world.schedule_pod(node);
+    }
+    wait_until("the pods running", secs(30), millis(10), || {
+        world.node(node).is_some_and(|i| i.node.used.len() == n)
+    })
+    .await;
+}
+
 /// Claimed blocks by fill, per pool: computed by the repair pass of each resync; checked
 /// against the blocks the world's store holds and the pods whose address lies in each.
 #[tokio::test(start_paused = true)]
@@ -263,15 +274,7 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
     let world = pool_world(config(wm(16, 0, 0, 0)), &["10.0.0.0/24"], Duration::ZERO);
     let a = world.add_node("node-a");
     world.add_node("node-b");
-    for _ in 0..20 {
-        world.schedule_pod(&a);
-    }
-    wait_until("20 pods running", secs(30), millis(10), || {
-        world
-            .node("node-a")
-            .is_some_and(|n| n.node.used.len() == 20)
-    })
-    .await;
+    run_pods(&world, &a, 20).await;
     advance(secs(65)).await;
     let mut want = BTreeMap::from([("full", 0.0), ("partial", 0.0), ("empty", 0.0)]);
     let mut blocks = 0;
@@ -323,15 +326,7 @@ async fn idle_addresses_wait_for_the_cooldown_of_empty_blocks() {
     cfg.reuse_cooldown = secs(300);
     let world = pool_world(cfg, &["10.0.0.0/24"], Duration::ZERO);
     let a = world.add_node("node-a");
-    for _ in 0..20 {
-        world.schedule_pod(&a);
-    }
-    wait_until("20 pods running", secs(30), millis(10), || {
-        world
-            .node("node-a")
-            .is_some_and(|n| n.node.used.len() == 20)
-    })
-    .await;
+    run_pods(&world, &a, 20).await;
     // as the world has them: the blocks' usable addresses, the empty blocks and the
     // addresses of those with nothing cooling
     let counted = || {
