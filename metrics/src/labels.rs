@@ -83,9 +83,15 @@ label! {
 label! {
     /// Label `state` of [`crate::POOL_IPS`].
     pool_state, PoolState = "state" {
+        /// The pool's usable addresses.
         CAPACITY, Capacity = "capacity";
+        /// In blocks claimed by nodes.
         ALLOCATED, Allocated = "allocated";
+        /// In no block: left to grant.
         FREE, Free = "free";
+        /// Allocated, in blocks with no used and no cooling address (whole free blocks, which
+        /// a release gives back at once). `free` + `idle` is what the pool could still grant.
+        IDLE, Idle = "idle";
     }
 }
 
@@ -97,7 +103,9 @@ label! {
         FULL, Full = "full";
         /// Some used, some not.
         PARTIAL, Partial = "partial";
-        /// None used (releasable once past the node's watermarks).
+        /// None used (releasable once none of its addresses cools down either and the
+        /// block is past the node's watermarks; [`crate::PoolState::Idle`] counts the
+        /// addresses of the empty blocks with none cooling).
         EMPTY, Empty = "empty";
     }
 }

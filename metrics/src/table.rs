@@ -148,7 +148,7 @@ pub const OPERATOR: &[Def] = &[
         name: POOL_IPS,
         kind: Kind::Gauge,
         unit: Some(Unit::Count),
-        help: "Addresses of one IPPool by family and state (capacity, allocated to nodes, free).",
+        help: "Addresses of one IPPool by family and state: capacity, allocated (in blocks claimed by nodes), free (in no block), idle (allocated, in blocks with no used and no cooling address: whole free blocks a release gives back). free + idle is what the pool could still grant; the exhaustion forecast alert follows it.",
         labels: &[
             (pool::KEY, Free),
             (family::KEY, E(family::ALL)),
@@ -319,7 +319,7 @@ pub const OPERATOR: &[Def] = &[
         name: POOL_BLOCKS,
         kind: Kind::Gauge,
         unit: Some(Unit::Count),
-        help: "Claimed blocks of one IPPool by family and fill: full (every usable address has a used entry of the holding node), partial, empty (none used). Many partial or empty blocks mean addresses stranded on nodes (fragmentation).",
+        help: "Claimed blocks of one IPPool by family and fill: full (every usable address has a used entry of the holding node), partial, empty (none used; some of their addresses may still cool down). Many partial or empty blocks mean addresses stranded on nodes (fragmentation).",
         labels: &[
             (pool::KEY, Free),
             (family::KEY, E(family::ALL)),

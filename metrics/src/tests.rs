@@ -522,6 +522,18 @@ fn register_zero_of_the_agent_registers_only_the_agents_series() {
     }
 }
 
+/// A pool's states, written out independently of [`pool_state::ALL`], each one explained by
+/// the help text (`idle` is what the exhaustion forecast alert adds to `free`).
+#[test]
+fn pool_ips_states_are_the_ones_its_help_explains() {
+    let states = ["capacity", "allocated", "free", "idle"];
+    assert_eq!(pool_state::ALL, states);
+    let help = def(POOL_IPS).unwrap().help;
+    for s in states {
+        assert!(help.contains(s), "{s} is not in the help: {help}");
+    }
+}
+
 #[test]
 fn series_of_a_metric_without_labels_is_one_empty_set() {
     assert_eq!(def(LEADER).unwrap().series(), vec![Vec::new()]);

@@ -1,9 +1,9 @@
 //! The engine's capacity and waiting metrics on the simulated world, checked against the
 //! world's own bookkeeping: `tidepool_ipam_pods_waiting`, `tidepool_ipam_pod_ip_wait_seconds`,
 //! `tidepool_ipam_node_ips` (`--per-node-metrics`, a deleted node's series leaving a real
-//! exporter) and `tidepool_ipam_pool_blocks`. Each test records into a recorder of its own
-//! (the tests' runtimes are single-threaded, so the thread's default recorder sees every
-//! task).
+//! exporter), `tidepool_ipam_pool_blocks` and the pools' idle addresses. Each test records
+//! into a recorder of its own (the tests' runtimes are single-threaded, so the thread's
+//! default recorder sees every task).
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
 
 mod common;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tidepool_ipam::{BlockStore, PerFamily};
+use tidepool_ipam::{BlockStore, NodeName, PerFamily};
 use tidepool_metrics as m;
 use tidepool_sim::World;
 
@@ -251,6 +251,17 @@ async fn a_deleted_nodes_series_leave_the_export() {
     world.shutdown();
 }
 
+/// Schedules `n` pods on `node` (which runs none yet) and waits until they all run.
+async fn run_pods(world: &World<Pool>, node: &NodeName, n: usize) {
+    for _ in 0..n {
+        world.schedule_pod(node);
+    }
+    wait_until("the pods running", secs(30), millis(10), || {
+        world.node(node).is_some_and(|i| i.node.used.len() == n)
+    })
+    .await;
+}
+
 /// Claimed blocks by fill, per pool: computed by the repair pass of each resync; checked
 /// against the blocks the world's store holds and the pods whose address lies in each.
 #[tokio::test(start_paused = true)]
@@ -263,15 +274,7 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
     let world = pool_world(config(wm(16, 0, 0, 0)), &["10.0.0.0/24"], Duration::ZERO);
     let a = world.add_node("node-a");
     world.add_node("node-b");
-    for _ in 0..20 {
-        world.schedule_pod(&a);
-    }
-    wait_until("20 pods running", secs(30), millis(10), || {
-        world
-            .node("node-a")
-            .is_some_and(|n| n.node.used.len() == 20)
-    })
-    .await;
+    run_pods(&world, &a, 20).await;
     advance(secs(65)).await;
     let mut want = BTreeMap::from([("full", 0.0), ("partial", 0.0), ("empty", 0.0)]);
     let mut blocks = 0;
@@ -305,6 +308,72 @@ async fn pool_blocks_count_full_partial_and_empty_blocks() {
             "{state}: want {want:?}"
         );
     }
+    world.shutdown();
+}
+
+/// The pool's idle addresses (`tidepool_ipam_pool_ips{state="idle"}`, what the exhaustion
+/// forecast adds to the free ones) are those of the empty blocks none of whose addresses
+/// cools down: a block whose pods all went (with a DEL) counts as empty at once, as idle only
+/// once its cooldown ended. Checked against the world's blocks, pods and cooldowns; the
+/// watermarks (pre-allocate 48, up to 256 above it: the node claims the whole /24) keep
+/// every block on the node, none of them excess once the pods are gone.
+#[tokio::test(start_paused = true)]
+async fn idle_addresses_wait_for_the_cooldown_of_empty_blocks() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    let mut cfg = config(wm(48, 0, 0, 256));
+    cfg.reuse_cooldown = secs(300);
+    let world = pool_world(cfg, &["10.0.0.0/24"], Duration::ZERO);
+    let a = world.add_node("node-a");
+    run_pods(&world, &a, 20).await;
+    // as the world has them: the blocks' usable addresses, the empty blocks and the
+    // addresses of those with nothing cooling
+    let counted = || {
+        let node = world.node("node-a").expect("node-a's IPAMNode");
+        let (mut usable, mut empty, mut idle) = (0.0, 0.0, 0.0);
+        for b in world.store.blocks_of("node-a") {
+            let n = world.source.block_addresses(&b).total() as f64;
+            usable += n;
+            if pods_in(&world, "node-a", &b.cidr).is_empty() {
+                empty += 1.0;
+                if !node.node.cooldown.keys().any(|c| b.cidr.contains(c)) {
+                    idle += n;
+                }
+            }
+        }
+        (usable, empty, idle)
+    };
+    // as exported: the empty blocks and the idle addresses
+    let exported = || {
+        let s = series(&snap);
+        let of = |name, state| {
+            let labels = [("pool", "default"), ("family", "ipv4"), ("state", state)];
+            gauge(&s, name, &labels)
+        };
+        (of(m::POOL_BLOCKS, "empty"), of(m::POOL_IPS, "idle"))
+    };
+    advance(secs(65)).await;
+    let (usable, empty, idle) = counted();
+    assert_eq!(usable, 254.0, "the whole pool: {usable}");
+    assert!(idle > 0.0, "the pods leave some block empty: {idle}");
+    assert_eq!(exported(), (Some(empty), Some(idle)));
+    // every pod goes: every block is empty, those that held pods cool down
+    for uid in world.pods_on("node-a") {
+        world.delete_pod(uid, false);
+    }
+    advance(secs(65)).await;
+    let (now_usable, all_empty, cooling) = counted();
+    assert_eq!(now_usable, usable, "every block kept");
+    assert!(
+        cooling < usable,
+        "some block cools down: {cooling} of {usable}"
+    );
+    assert_eq!(exported(), (Some(all_empty), Some(cooling)));
+    // once the cooldowns end, every address is idle
+    advance(secs(330)).await;
+    assert_eq!(counted(), (usable, all_empty, usable));
+    assert_eq!(exported(), (Some(all_empty), Some(usable)));
     world.shutdown();
 }
 

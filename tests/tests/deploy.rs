@@ -1189,6 +1189,7 @@ fn alert_rules_pass_promtool_and_follow_the_mixin_conventions() {
         "TidepoolReclaimLatencyHigh",
         "TidepoolOperatorDown",
         "TidepoolOperatorRestarting",
+        "TidepoolPoolExhaustionForecast",
     ] {
         assert!(alerts.iter().any(|a| a == new), "{new} missing");
     }

@@ -7,9 +7,15 @@
 //! does: many partial blocks spread over nodes, or empty ones, are addresses stranded by
 //! fragmentation (each node holds at least one partly used block per family), and a
 //! smaller block size or lower watermarks give them back.
+//!
+//! The addresses of the *idle* blocks (`tidepool_ipam_pool_ips{state="idle"}`) are what a
+//! release can give back at once: empty blocks whose holder has no address of them cooling
+//! down either. With the pool's free addresses they are what the pool could still grant,
+//! which the exhaustion forecast alert follows.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::time::SystemTime;
 
 use ipnet::IpNet;
 
@@ -26,12 +32,21 @@ pub struct BlockFill {
     pub partial: u64,
     /// No address has one.
     pub empty: u64,
+    /// The usable addresses of the empty blocks of which no address cools down either (a
+    /// `cooldown` entry of the node holding it, as the node side last published it):
+    /// whole free blocks.
+    pub idle_addresses: u128,
 }
 
 impl BlockFill {
-    fn add(&mut self, used: u128, usable: u128) {
+    fn add(&mut self, used: u128, cooling: bool, usable: u128) {
         match used {
-            0 => self.empty += 1,
+            0 => {
+                self.empty += 1;
+                if !cooling {
+                    self.idle_addresses += usable;
+                }
+            }
             u if u >= usable => self.full += 1,
             _ => self.partial += 1,
         }
@@ -41,8 +56,8 @@ impl BlockFill {
 /// The fill of every valid pool and family it serves (zeros included, so a pool whose
 /// blocks all went back shows 0, not its last count). Blocks of pools that are gone or
 /// invalid, and blocks their pool no longer grants (a CIDR removed or excluded: being
-/// drained), are not counted. A block's used addresses are the `used` entries of the
-/// IPAMNode it names that lie in its CIDR.
+/// drained), are not counted. A block's used and cooling addresses are the `used` and
+/// `cooldown` entries of the IPAMNode it names that lie in its CIDR.
 pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
     pools: &PoolSet,
     blocks: &[BlockClaim],
@@ -76,10 +91,10 @@ pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
         let Some(usable) = usable else {
             continue;
         };
-        let used = by_name
-            .get(&*b.node)
-            .map_or(0, |n| used_in(n.node.used.keys().as_slice(), &b.cidr));
-        fill.add(used, usable);
+        let holder = by_name.get(&*b.node);
+        let used = holder.map_or(0, |n| used_in(n.node.used.keys().as_slice(), &b.cidr));
+        let cooling = holder.is_some_and(|n| cools_in(&n.node.cooldown, &b.cidr));
+        fill.add(used, cooling, usable);
     }
     out
 }
@@ -92,13 +107,20 @@ fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
     (end - start) as u128
 }
 
+/// Whether any address of `net` cools down.
+fn cools_in(cooldown: &BTreeMap<IpAddr, SystemTime>, net: &IpNet) -> bool {
+    cooldown
+        .range(net.network()..=net.broadcast())
+        .next()
+        .is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pool::{BlockRecord, PoolSpec};
     use crate::types::{AllocationId, NodeUid, PodUid, UsedEntry};
     use std::sync::Arc;
-    use std::time::SystemTime;
 
     fn entry(i: u128) -> UsedEntry {
         UsedEntry {
@@ -128,12 +150,9 @@ mod tests {
         n
     }
 
-    /// A /24 pool in /29 blocks (8 addresses; the first block loses the network address,
-    /// the last the broadcast address): full, partial and empty blocks are told apart by
-    /// the holding node's `used` entries in each block's CIDR, another node's entries do
-    /// not count, and a served family with no block shows zeros.
-    #[test]
-    fn blocks_are_counted_by_the_holding_nodes_used_entries() {
+    /// The pool "default" (10.0.0.0/24 and fd00::/120 in /29 and /125 blocks) holding
+    /// `blocks`.
+    fn pools_holding(blocks: &[BlockClaim]) -> PoolSet {
         let spec = PoolSpec::new(
             "default",
             vec![
@@ -143,6 +162,22 @@ mod tests {
         )
         .with_block_size(crate::types::PerFamily { v4: 29, v6: 125 });
         let mut pools = PoolSet::new(vec![spec]);
+        let names: Vec<String> = blocks.iter().map(|b| b.name.to_string()).collect();
+        pools.rebuild(blocks.iter().zip(&names).map(|(b, n)| BlockRecord {
+            key: (),
+            name: n,
+            pool: &b.pool,
+            cidr: b.cidr,
+        }));
+        pools
+    }
+
+    /// A /24 pool in /29 blocks (8 addresses; the first block loses the network address,
+    /// the last the broadcast address): full, partial and empty blocks are told apart by
+    /// the holding node's `used` entries in each block's CIDR, another node's entries do
+    /// not count, and a served family with no block shows zeros.
+    #[test]
+    fn blocks_are_counted_by_the_holding_nodes_used_entries() {
         let blocks = vec![
             // the first block: 7 usable (10.0.0.0 is the network address), all used
             claim("default", "10.0.0.0/29", "a"),
@@ -155,13 +190,7 @@ mod tests {
             // a pool that does not exist: not counted
             claim("gone", "10.9.0.0/29", "a"),
         ];
-        let names: Vec<String> = blocks.iter().map(|b| b.name.to_string()).collect();
-        pools.rebuild(blocks.iter().zip(&names).map(|(b, n)| BlockRecord {
-            key: (),
-            name: n,
-            pool: &b.pool,
-            cidr: b.cidr,
-        }));
+        let pools = pools_holding(&blocks);
         let mut a_used: Vec<String> = (1..8).map(|i| format!("10.0.0.{i}")).collect();
         a_used.extend(["10.0.0.9", "10.0.0.10", "10.0.0.15", "10.0.0.17"].map(String::from));
         let b_used: Vec<String> = (248..255).map(|i| format!("10.0.0.{i}")).collect();
@@ -173,7 +202,8 @@ mod tests {
             BlockFill {
                 full: 2,
                 partial: 1,
-                empty: 1
+                empty: 1,
+                idle_addresses: 8,
             }
         );
         assert_eq!(
@@ -184,6 +214,55 @@ mod tests {
             fill.len(),
             2,
             "only the valid pool's served families: {fill:?}"
+        );
+    }
+
+    /// Idle addresses are those of the empty blocks none of whose addresses cools down on
+    /// the node holding it: a cooling address makes an empty block count as empty but not
+    /// idle; another node's cooldown in a block, or the holder's outside it, does not; a
+    /// used block stays out whatever cools in it.
+    #[test]
+    fn idle_addresses_are_those_of_empty_blocks_with_nothing_cooling() {
+        let blocks = vec![
+            // empty, one address cooling: not idle
+            claim("default", "10.0.0.8/29", "a"),
+            // empty, nothing of it cooling on a (10.0.0.40 is outside it): 8 idle
+            claim("default", "10.0.0.16/29", "a"),
+            // empty; a's cooldown in it is not its holder's: 8 idle
+            claim("default", "10.0.0.24/29", "b"),
+            // one used, one cooling: partial
+            claim("default", "10.0.0.32/29", "a"),
+            // IPv6: empty, one address cooling: not idle
+            claim("default", "fd00::8/125", "b"),
+        ];
+        let pools = pools_holding(&blocks);
+        let mut a = node("a", &["10.0.0.33"]);
+        let mut b = node("b", &[]);
+        for addr in ["10.0.0.12", "10.0.0.25", "10.0.0.34", "10.0.0.40"] {
+            let until = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(30);
+            a.node.cooldown.insert(addr.parse().unwrap(), until);
+        }
+        b.node
+            .cooldown
+            .insert("fd00::f".parse().unwrap(), SystemTime::UNIX_EPOCH);
+        let fill = block_fill(&pools, &blocks, &[a, b]);
+        assert_eq!(
+            fill[&("default".to_string(), Family::V4)],
+            BlockFill {
+                full: 0,
+                partial: 1,
+                empty: 3,
+                idle_addresses: 16,
+            }
+        );
+        assert_eq!(
+            fill[&("default".to_string(), Family::V6)],
+            BlockFill {
+                full: 0,
+                partial: 0,
+                empty: 1,
+                idle_addresses: 0,
+            }
         );
     }
 

@@ -200,9 +200,10 @@ fn is_stray(e: &PoolError) -> bool {
     )
 }
 
-/// Whether any of `addrs` lies in the block.
 /// Sets each valid pool's `tidepool_ipam_pool_ips` (capacity, allocated, free): at each
-/// repair, and after each claim or release, so the free count follows them.
+/// repair, and after each claim or release, so the free count follows them. Its `idle`
+/// count needs the nodes' `used` and `cooldown` entries: each repair sets it with the
+/// blocks' fill.
 fn record_pool_ips(pools: &PoolSet) {
     for p in pools.valid() {
         for f in Family::ALL {
@@ -220,6 +221,7 @@ fn record_pool_ips(pools: &PoolSet) {
     }
 }
 
+/// Whether any of `addrs` lies in the block.
 fn touches(addrs: &AddrSet, b: &IpamBlock) -> bool {
     let (f, run) = span(&b.cidr);
     addrs.overlaps(f, &run)
@@ -743,6 +745,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 ] {
                     record::pool_blocks(&pool, f.into(), state, v as f64);
                 }
+                record::pool_ips(&pool, f.into(), PoolState::Idle, fill.idle_addresses as f64);
             }
             self.announce(s.last_repair.as_ref(), &report);
             s.duplicates = report.nodes_to_block();

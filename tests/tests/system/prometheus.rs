@@ -257,11 +257,14 @@ fn labels(metric: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// The configuration: one job per target, its labels as static target labels.
+/// The configuration: one job per target, its labels as static target labels. The
+/// evaluation interval is the scrape interval too: it is the step of a subquery that names
+/// none (`x[6h:]`, the exhaustion forecast alert's), which at the default minute would
+/// have no two points in a run this short.
 fn config_yaml(targets: &[Target], interval: &str) -> String {
     let mut out = format!(
-        "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n\
-         scrape_configs:\n"
+        "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  \
+         evaluation_interval: {interval}\nscrape_configs:\n"
     );
     for t in targets {
         out += &format!(
