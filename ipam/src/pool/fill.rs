@@ -100,7 +100,7 @@ pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
 }
 
 /// How many of the ascending addresses lie in `net` (two binary searches).
-fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
+pub fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
     let (lo, hi) = (net.network(), net.broadcast());
     let start = sorted.partition_point(|a| *a < lo);
     let end = sorted.partition_point(|a| *a <= hi);

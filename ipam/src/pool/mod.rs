@@ -53,7 +53,7 @@ use ipnet::IpNet;
 use crate::error::ErrorClass;
 use crate::types::{Family, PerFamily};
 
-pub use fill::{BlockFill, block_fill};
+pub use fill::{BlockFill, block_fill, used_in};
 pub use index::{AddressCounts, FamilyIndex, Layout, PoolIndex};
 pub use name::{BlockNameError, block_name, parse_block_name};
 pub use set::{BlockRecord, Finding, FindingKind, PoolSet, RebuildReport};

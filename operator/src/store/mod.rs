@@ -40,6 +40,7 @@ use crate::leader::{Fence, Fenced};
 pub use cache::{Applied, Cache};
 pub use errors::store_error;
 pub use events::Events;
+use tidepool_ipam::pool::used_in;
 
 /// IPAMNodes and IPAMBlocks on an API server. Clones share one cache.
 #[derive(Clone)]
@@ -362,7 +363,8 @@ fn held_of(c: &Cache, node: &IpamNode, fields: &OperatorFields) -> Held {
         let family = Family::of(&b.cidr.addr());
         let t = tally.entry((b.pool.to_string(), family)).or_default();
         t.allocated = t.allocated.saturating_add(addrs.len(family));
-        t.used += used_in(node.node.used.keys().as_slice(), &b.cidr);
+        let used = used_in(node.node.used.keys().as_slice(), &b.cidr);
+        t.used += u64::try_from(used).unwrap_or(u64::MAX);
     }
     count.add(&fields.addresses);
     let pools = tally
@@ -380,13 +382,6 @@ fn held_of(c: &Cache, node: &IpamNode, fields: &OperatorFields) -> Held {
         pools: pools.into_iter().collect(),
         usage: pool_usage(&tally),
     }
-}
-
-/// How many of `sorted` (addresses, ascending) lie in `net`.
-fn used_in(sorted: &[std::net::IpAddr], net: &ipnet::IpNet) -> u64 {
-    let from = sorted.partition_point(|a| *a < net.network());
-    let to = sorted.partition_point(|a| *a <= net.broadcast());
-    (to - from) as u64
 }
 
 impl NodeStore for KubeStore {
@@ -613,33 +608,5 @@ impl BlockStore for KubeStore {
         }
         self.cache.write().drop_block(name);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::IpAddr;
-
-    use super::used_in;
-
-    #[test]
-    fn the_addresses_in_a_block_are_counted_from_its_first_to_its_last() {
-        let mut sorted: Vec<IpAddr> = [
-            "10.0.0.15",
-            "10.0.0.16",
-            "10.0.0.31",
-            "10.0.0.32",
-            "fd00::1",
-        ]
-        .iter()
-        .map(|a| a.parse().unwrap())
-        .collect();
-        sorted.sort();
-        let net = |n: &str| n.parse::<ipnet::IpNet>().unwrap();
-        assert_eq!(used_in(&sorted, &net("10.0.0.16/28")), 2);
-        assert_eq!(used_in(&sorted, &net("10.0.0.0/28")), 1);
-        assert_eq!(used_in(&sorted, &net("10.0.1.0/28")), 0);
-        assert_eq!(used_in(&sorted, &net("fd00::/124")), 1);
-        assert_eq!(used_in(&[], &net("10.0.0.0/28")), 0);
     }
 }
