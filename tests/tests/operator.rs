@@ -360,16 +360,9 @@ async fn a_node_deleted_while_no_operator_ran_gives_its_blocks_back() {
 }
 
 /// The node side's write of `status.used` (server-side apply as the agent's field manager):
-/// the whole map it owns, as the agent writes it. Like the agent, it first waits for the
-/// IPAMNode: a node's first pass claims its block and only then writes (creates) the
-/// IPAMNode, so under load a test can see the block before the IPAMNode exists.
+/// the whole map it owns, as the agent writes it (through [`apply_node_side`], which first
+/// waits for the IPAMNode, as the agent does).
 async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (String, String)>) {
-    let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
-    eventually(Duration::from_secs(20), "the IPAMNode", || {
-        let ipamnodes = ipamnodes.clone();
-        async move { ipamnodes.get_opt(node).await.ok()? }
-    })
-    .await;
     let entries: serde_json::Map<String, Value> = used
         .iter()
         .map(|(addr, (uid, pod))| {
@@ -384,9 +377,16 @@ async fn write_used(admin: &kube::Client, node: &str, used: &BTreeMap<String, (S
     apply_node_side(admin, node, json!({"used": entries})).await;
 }
 
-/// A server-side apply of `status` to `node`'s IPAMNode as the agent's field manager.
+/// A server-side apply of `status` to `node`'s IPAMNode as the agent's field manager, once
+/// the IPAMNode exists (the operator's pass claims a block before it creates the object; an
+/// apply to the status subresource of no object is a 404, as on kube-apiserver).
 async fn apply_node_side(admin: &kube::Client, node: &str, status: Value) {
     let ipamnodes: Api<api::IPAMNode> = Api::all(admin.clone());
+    eventually(Duration::from_secs(20), "the IPAMNode", || {
+        let ipamnodes = ipamnodes.clone();
+        async move { ipamnodes.get_opt(node).await.ok()? }
+    })
+    .await;
     let body = json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
         "metadata": {"name": node},
