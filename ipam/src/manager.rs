@@ -303,9 +303,15 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         self.tasks.lock().push(task);
     }
 
-    /// Aggregate stats (kept incrementally).
+    /// Aggregate stats (kept incrementally): a copy, per-pool map included.
     pub fn stats(&self) -> Stats {
         self.shared.stats.lock().clone()
+    }
+
+    /// Nodes neither at target nor blocked with a reason (`Stats::unsettled`), without a
+    /// copy of the stats: the simulator asks on every settle check.
+    pub fn unsettled(&self) -> i64 {
+        self.shared.stats.lock().unsettled
     }
 
     /// A node's last summary.

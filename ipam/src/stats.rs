@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::plan::{LaneSummary, NodeSummary};
-use crate::types::{Family, PerFamily};
+use crate::types::Family;
 use crate::vocab::Blocked;
 use crate::watermarks::{FamilyCounts, Sizing};
 
@@ -56,15 +56,12 @@ pub struct PoolTotals {
 /// Totals over all nodes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
-    pub ips: PerFamily<FamilyTotals>,
     pub nodes: i64,
     pub in_deficit: i64,
     pub at_capacity: i64,
     pub releasing: i64,
     pub blocked: i64,
     pub reclaim_candidates: i64,
-    /// Pods waiting for an address, per family (over the families each node serves).
-    pub pods_waiting: PerFamily<i128>,
     /// Nodes neither at target nor blocked with a reason ([`NodeSummary::settled`]).
     pub unsettled: i64,
     /// Per pool and family (pool "" for a source without pools): the metrics' `pool`
@@ -73,14 +70,32 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// The addresses of `family` over all its pools.
+    pub fn ips(&self, family: Family) -> FamilyTotals {
+        let of_family = self.of_family(family);
+        of_family.fold(FamilyTotals::default(), |mut sum, t| {
+            sum.allocated += t.ips.allocated;
+            sum.used += t.ips.used;
+            sum.free += t.ips.free;
+            sum.cooldown += t.ips.cooldown;
+            sum.needed += t.ips.needed;
+            sum.excess += t.ips.excess;
+            sum
+        })
+    }
+
+    /// Pods waiting for an address of `family`, over all its pools.
+    pub fn pods_waiting(&self, family: Family) -> i128 {
+        self.of_family(family).map(|t| t.pods_waiting).sum()
+    }
+
+    fn of_family(&self, family: Family) -> impl Iterator<Item = &PoolTotals> {
+        (self.by_pool.iter())
+            .filter(move |((_, f), _)| *f == family)
+            .map(|(_, t)| t)
+    }
+
     fn add(&mut self, s: &NodeSummary, sign: i64) {
-        for f in Family::ALL {
-            let wide = i128::from(sign);
-            self.ips
-                .get_mut(f)
-                .add(s.counts.get(f), s.sizing.get(f), wide);
-            *self.pods_waiting.get_mut(f) += wide * i128::from(*s.pods_waiting.get(f));
-        }
         self.nodes += sign;
         self.in_deficit += sign * i64::from(s.needed() > 0 || s.waiting() > 0);
         self.at_capacity += sign * i64::from(s.blocked.is_some_and(Blocked::out_of_addresses));
@@ -150,9 +165,8 @@ pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_nodes_lanes_count_under_their_pools_and_leave_with_it() {
-        let lane = |pool: &str, used: u64, waiting: u64| LaneSummary {
+    fn lane(pool: &str, used: u64, waiting: u64) -> LaneSummary {
+        LaneSummary {
             pool: pool.into(),
             family: Family::V4,
             counts: FamilyCounts {
@@ -162,13 +176,44 @@ mod tests {
                 ..FamilyCounts::default()
             },
             sizing: Sizing::default(),
-        };
+        }
+    }
+
+    /// A node's one lane of `family` as its summary has it (a source without pools).
+    fn only_lane(s: &NodeSummary, family: Family) -> LaneSummary {
+        LaneSummary {
+            pool: "".into(),
+            family,
+            counts: *s.counts.get(family),
+            sizing: *s.sizing.get(family),
+        }
+    }
+
+    /// Replaces a node of one lane of `family`: its summary and its lane.
+    fn replace(
+        st: &mut Stats,
+        family: Family,
+        old: Option<&NodeSummary>,
+        new: Option<&NodeSummary>,
+    ) {
+        st.replace(old, new);
+        let lanes =
+            |s: Option<&NodeSummary>| s.map(|s| vec![only_lane(s, family)]).unwrap_or_default();
+        st.replace_lanes(&lanes(old), &lanes(new));
+    }
+
+    #[test]
+    fn a_nodes_lanes_count_under_their_pools_and_leave_with_it() {
         let mut st = Stats::default();
         st.replace_lanes(&[], &[lane("default", 3, 0), lane("blue", 16, 2)]);
         st.replace_lanes(&[], &[lane("blue", 1, 0)]);
         let blue = st.by_pool[&(Arc::from("blue"), Family::V4)];
         assert_eq!((blue.ips.allocated, blue.ips.used), (32, 17));
         assert_eq!((blue.ips.free, blue.pods_waiting), (15, 2));
+        assert_eq!(
+            (st.ips(Family::V4).used, st.pods_waiting(Family::V4)),
+            (20, 2)
+        );
         // the first node's blue lane goes: its figures leave, the pool's entry stays
         st.replace_lanes(&[lane("default", 3, 0), lane("blue", 16, 2)], &[]);
         let blue = st.by_pool[&(Arc::from("blue"), Family::V4)];
@@ -184,24 +229,34 @@ mod tests {
         a.counts.v4 = FamilyCounts {
             allocated: 10,
             used: 4,
+            waiting: 3,
             ..Default::default()
         };
         a.sizing.v4.needed = 2;
         a.pods_waiting.v4 = 3;
-        st.replace(None, Some(&a));
+        replace(&mut st, Family::V4, None, Some(&a));
         assert_eq!(st.unsettled, 1, "needs addresses: not settled");
-        assert_eq!(st.pods_waiting, PerFamily { v4: 3, v6: 0 });
+        assert_eq!(
+            (st.pods_waiting(Family::V4), st.pods_waiting(Family::V6)),
+            (3, 0)
+        );
         let mut b = a;
         b.counts.v4.allocated = 12;
+        b.counts.v4.waiting = 0;
         b.sizing.v4.needed = 0;
         b.pods_waiting.v4 = 0;
-        st.replace(Some(&a), Some(&b));
-        assert_eq!(st.pods_waiting, PerFamily::default());
-        assert_eq!(st.ips.v4.allocated, 12);
-        assert_eq!(st.ips.v4.free, 8);
+        replace(&mut st, Family::V4, Some(&a), Some(&b));
+        assert_eq!(st.pods_waiting(Family::V4), 0);
+        assert_eq!(st.ips(Family::V4).allocated, 12);
+        assert_eq!(st.ips(Family::V4).free, 8);
         assert_eq!((st.nodes, st.in_deficit, st.unsettled), (1, 0, 0));
-        st.replace(Some(&b), None);
-        assert_eq!(st, Stats::default());
+        replace(&mut st, Family::V4, Some(&b), None);
+        let zero = Stats {
+            by_pool: st.by_pool.clone(),
+            ..Stats::default()
+        };
+        assert_eq!(st, zero);
+        assert_eq!(st.ips(Family::V4), FamilyTotals::default());
     }
 
     /// Nodes holding a /64 each (counts saturated at u64::MAX) add up without wrapping.
@@ -216,14 +271,16 @@ mod tests {
         };
         a.sizing.v6.excess = u64::MAX - 118;
         for _ in 0..3 {
-            st.replace(None, Some(&a));
+            replace(&mut st, Family::V6, None, Some(&a));
         }
-        assert_eq!(st.ips.v6.allocated, 3 * i128::from(u64::MAX));
-        assert_eq!(st.ips.v6.free, 3 * i128::from(u64::MAX - 110));
-        assert!(st.ips.v6.excess > 0);
+        let v6 = st.ips(Family::V6);
+        assert_eq!(v6.allocated, 3 * i128::from(u64::MAX));
+        assert_eq!(v6.free, 3 * i128::from(u64::MAX - 110));
+        assert!(v6.excess > 0);
         for _ in 0..3 {
-            st.replace(Some(&a), None);
+            replace(&mut st, Family::V6, Some(&a), None);
         }
-        assert_eq!(st, Stats::default());
+        assert_eq!(st.ips(Family::V6), FamilyTotals::default());
+        assert_eq!(st.nodes, 0);
     }
 }

@@ -1223,7 +1223,7 @@ impl<S: SimSource> World<S> {
     /// Every live node settled in the engine's view and no pod waiting.
     pub fn all_settled(&self) -> bool {
         // the counter first: counting the waiting pods walks every node
-        self.manager.stats().unsettled == 0 && self.waiting() == 0
+        self.manager.unsettled() == 0 && self.waiting() == 0
     }
 
     /// Advances virtual time until every node is settled (checking every `step`), at most

@@ -355,9 +355,9 @@ async fn many_nodes_each_reach_their_watermark() {
     assert_eq!(st.in_deficit, 0);
     assert_eq!(st.at_capacity, 0);
     assert_eq!(st.blocked, 0);
-    assert_eq!(st.ips.v4.allocated, 1000);
-    assert_eq!(st.ips.v4.needed, 0);
-    assert_eq!(st.ips.v4.used, 0);
+    assert_eq!(st.ips(tidepool_ipam::Family::V4).allocated, 1000);
+    assert_eq!(st.ips(tidepool_ipam::Family::V4).needed, 0);
+    assert_eq!(st.ips(tidepool_ipam::Family::V4).used, 0);
     assert_eq!(source_calls(&world), 100, "one claim per node");
     assert_pools_match_source(&world);
     assert_finish_clean(&world);

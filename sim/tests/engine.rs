@@ -440,7 +440,10 @@ async fn failed_writes_are_repaired_without_a_second_claim() {
     );
     assert_pools_match_source(&world);
     let st = world.manager.stats();
-    assert_eq!((st.nodes, st.in_deficit, st.ips.v4.allocated), (3, 0, 28));
+    assert_eq!(
+        (st.nodes, st.in_deficit, st.ips(Family::V4).allocated),
+        (3, 0, 28)
+    );
     assert_finish_clean(&world);
 }
 
@@ -641,8 +644,8 @@ async fn stats_match_the_store() {
     let st = world.manager.stats();
     let allocated: usize = names.iter().map(|n| pool(&world, n)).sum();
     let in_use: usize = names.iter().map(|n| used(&world, n)).sum();
-    assert_eq!(st.ips.v4.allocated, allocated as i128);
-    assert_eq!(st.ips.v4.used, in_use as i128);
+    assert_eq!(st.ips(Family::V4).allocated, allocated as i128);
+    assert_eq!(st.ips(Family::V4).used, in_use as i128);
     assert_eq!(in_use, 3 * (1 + 2 + 3 + 4 + 5 + 6));
     assert_eq!((st.nodes, st.in_deficit, st.releasing), (21, 0, 0));
     // the stable pool per pod count: max(used + pre, min + max-above) when no excess
