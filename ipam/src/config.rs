@@ -6,6 +6,7 @@ use crate::backoff::BackoffConfig;
 use crate::error::IpamError;
 use crate::handshake::ReleaseConfig;
 use crate::reclaim::ReclaimConfig;
+use crate::scarcity::ScarcityConfig;
 use crate::watermarks::Watermarks;
 
 /// Engine settings (the `run` flags).
@@ -27,6 +28,8 @@ pub struct EngineConfig {
     /// Export `tidepool_ipam_node_ips` per node (`--per-node-metrics`): one series per node,
     /// family and state, so off by default on large clusters.
     pub per_node_metrics: bool,
+    /// The `--scarcity-*` settings (DESIGN.md "The engine", Scarcity).
+    pub scarcity: ScarcityConfig,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +45,7 @@ impl Default for EngineConfig {
             min_pass_interval: Duration::from_millis(10),
             conflict_retries: 3,
             per_node_metrics: false,
+            scarcity: ScarcityConfig::default(),
         }
     }
 }
@@ -51,6 +55,7 @@ impl EngineConfig {
     pub fn validate(&self) -> Result<(), IpamError> {
         self.watermarks.validate()?;
         self.backoff.validate()?;
+        self.scarcity.validate()?;
         let bad = |name: &'static str, value: String, reason: &str| {
             Err(IpamError::InvalidSetting {
                 name,

@@ -27,6 +27,7 @@ pub mod plan;
 mod pods;
 pub mod pool;
 mod reclaim;
+mod scarcity;
 mod shared;
 mod source;
 mod stats;
@@ -56,6 +57,7 @@ pub use pods::{
 /// The reclaim-candidate rule (DESIGN.md "Reclaim"), for read-only reports
 /// (`tidepool-operator check`) that must judge `status.used` entries as the engine does.
 pub use reclaim::{ReclaimConfig, candidate_reason};
+pub use scarcity::ScarcityConfig;
 pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{

@@ -12,6 +12,7 @@ use tidepool_ipam::BackoffConfig;
 use tidepool_ipam::EngineConfig;
 use tidepool_ipam::ReclaimConfig;
 use tidepool_ipam::ReleaseConfig;
+use tidepool_ipam::ScarcityConfig;
 use tidepool_ipam::SchedulingMode;
 use tidepool_ipam::Watermarks;
 
@@ -62,6 +63,11 @@ fn within(s: &str, lo: f64, hi: f64, what: &str) -> Result<f64, String> {
 
 fn positive_rate(s: &str) -> Result<f64, String> {
     within(s, MIN_RATE, MAX_RATE, "a rate (calls per second)")
+}
+
+/// A pool pressure threshold: a share of the pool's capacity.
+fn pressure_share(s: &str) -> Result<f64, String> {
+    within(s, 0.01, 1.0, "a share of the pool (0.01 to 1)")
 }
 
 /// Pod replacements per node per minute: at most one a second.
@@ -233,6 +239,26 @@ pub struct RunFlags {
     /// Whole-node reclaim waits this long after the Node's deletion.
     #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_NODE_RECLAIM_GRACE")]
     pub node_reclaim_grace: Duration,
+    /// Let warm pools give way when a pool runs short: on a scarce pool, pre-allocation
+    /// shrinks with pressure, --min-allocate and --max-above-watermark are ignored, and
+    /// excess is released after --scarcity-release-delay. false: the watermarks hold
+    /// whatever the pressure (pressure and the Scarce condition are still shown).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_SCARCITY_HANDLING")]
+    pub scarcity_handling: bool,
+    /// A pool becomes scarce when (used + waiting + cooldown) / capacity reaches this
+    /// (0.01 to 1).
+    #[arg(long, default_value_t = 0.85, value_parser = pressure_share, env = "TIDEPOOL_SCARCITY_ENTER")]
+    pub scarcity_enter: f64,
+    /// A scarce pool stops being scarce below this pressure (0.01 to --scarcity-enter)...
+    #[arg(long, default_value_t = 0.75, value_parser = pressure_share, env = "TIDEPOOL_SCARCITY_EXIT")]
+    pub scarcity_exit: f64,
+    /// ...and no sooner than this after it became scarce.
+    #[arg(long, default_value = "5m", value_parser = duration, env = "TIDEPOOL_SCARCITY_MIN_DURATION")]
+    pub scarcity_min_duration: Duration,
+    /// How long excess must persist before it is marked for release on a scarce pool
+    /// (instead of --excess-ip-release-delay, when shorter).
+    #[arg(long, default_value = "10s", value_parser = duration, env = "TIDEPOOL_SCARCITY_RELEASE_DELAY")]
+    pub scarcity_release_delay: Duration,
     /// Export tidepool_ipam_node_ips{node,family,state}: 12 series per node. A deleted
     /// node's series leave the export 3 resync intervals after it is gone.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, env = "TIDEPOOL_PER_NODE_METRICS")]
@@ -417,6 +443,13 @@ impl RunFlags {
             resync_interval: self.resync_interval,
             parallel_workers: self.parallel_alloc_workers as usize,
             per_node_metrics: self.per_node_metrics,
+            scarcity: ScarcityConfig {
+                enabled: self.scarcity_handling,
+                enter: self.scarcity_enter,
+                exit: self.scarcity_exit,
+                min_duration: self.scarcity_min_duration,
+                release_delay: self.scarcity_release_delay,
+            },
             ..EngineConfig::default()
         }
     }
