@@ -57,7 +57,8 @@ pub use pods::{
 /// The reclaim-candidate rule (DESIGN.md "Reclaim"), for read-only reports
 /// (`tidepool-operator check`) that must judge `status.used` entries as the engine does.
 pub use reclaim::{ReclaimConfig, candidate_reason};
-pub use scarcity::ScarcityConfig;
+pub use scarcity::{ScarcityConfig, Squeeze, Squeezes};
+pub use shared::ScarcityState;
 pub use source::{Faults, Holdings, IpSource, MemorySource, Quota, SourceHook};
 pub use stats::{FamilyTotals, Stats};
 pub use store::{

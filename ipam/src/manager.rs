@@ -22,7 +22,7 @@ use crate::gate::{Background, Counted};
 use crate::maintainer;
 use crate::plan::NodeSummary;
 use crate::pods::PodView;
-use crate::shared::{NodeHandle, NodeState, Shared};
+use crate::shared::{NodeHandle, NodeState, ScarcityState, Shared};
 use crate::source::IpSource;
 use crate::stats::Stats;
 use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
@@ -116,6 +116,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             stats: Mutex::default(),
             parked: Mutex::default(),
             counts: tokio::sync::Notify::new(),
+            scarcity: Mutex::default(),
         });
         let mgr = Self {
             shared,
@@ -238,6 +239,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
                 self.shared.counts_may_change(); // a repair or drain wrote
             }
         }
+        self.shared.pool_step(None);
         let nodes: Vec<Arc<NodeHandle>> = self.shared.nodes.lock().values().cloned().collect();
         let workers = self.shared.cfg.parallel_workers.max(1);
         let chunk = nodes.len().div_ceil(workers).max(1);
@@ -312,6 +314,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     /// copy of the stats: the simulator asks on every settle check.
     pub fn unsettled(&self) -> i64 {
         self.shared.stats.lock().unsettled
+    }
+
+    /// Every pool's scarcity (DESIGN.md "The engine", Scarcity), in pool and family order.
+    pub fn scarcity(&self) -> Vec<ScarcityState> {
+        self.shared.scarcity_states()
     }
 
     /// A node's last summary.

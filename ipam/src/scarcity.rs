@@ -7,11 +7,14 @@
 //! those include the warm pools themselves, so a control that frees them would switch
 //! itself off.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::error::IpamError;
+use crate::types::Family;
 use crate::watermarks::Watermarks;
 
 /// The `--scarcity-*` settings.
@@ -117,6 +120,10 @@ impl Hysteresis {
         self.scarce_since.is_some()
     }
 }
+
+/// The squeeze of each scarce pool (by name, "" for a source without pools, and family),
+/// as the maintainers plan with it; a pool not in it is not scarce.
+pub type Squeezes = BTreeMap<(Arc<str>, Family), Squeeze>;
 
 /// What a scarce pool does to its nodes' watermarks and release delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,11 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+mod pool_step;
+
+pub(crate) use pool_step::PoolScarcity;
+pub use pool_step::ScarcityState;
+
 use crate::budget::{Api, Budget, Priority, PriorityCell};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
@@ -61,6 +66,8 @@ pub(crate) struct Shared<S, N, P> {
     /// Wakes the count refresh ([`crate::NodeManager::spawn_count_refresh`]); poked by
     /// whatever may change what an IPAMNode holds: a pass, a store event, a resync that wrote.
     pub counts: tokio::sync::Notify,
+    /// Each pool's scarcity ([`Shared::pool_step`]).
+    pub scarcity: Mutex<PoolScarcity>,
 }
 
 impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
@@ -92,15 +99,24 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
 
     /// Publishes a node's new summary, and its figures per pool, into the aggregate stats.
     pub fn publish(&self, h: &NodeHandle, summary: NodeSummary, lanes: &[LaneSummary]) {
+        let mut pools = Vec::new();
         let (old, lanes_changed) = {
             let mut st = h.state.lock();
             let changed = st.lanes != lanes;
             if changed {
                 let old = std::mem::replace(&mut st.lanes, lanes.to_vec());
                 self.stats.lock().replace_lanes(&old, lanes);
+                pools = (old.iter().chain(lanes))
+                    .map(|l| (l.pool.clone(), l.family))
+                    .collect();
             }
             (std::mem::replace(&mut st.summary, summary), changed)
         };
+        if lanes_changed {
+            pools.sort();
+            pools.dedup();
+            self.pool_step(Some(&pools));
+        }
         if old != summary || lanes_changed {
             self.restat(Some(&old), Some(&summary));
             if self.cfg.per_node_metrics {

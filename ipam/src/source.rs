@@ -103,6 +103,12 @@ pub trait IpSource: Send + Sync + 'static {
     fn describe(&self, node: &NodeName) -> impl Future<Output = Result<AddrSet, IpamError>> + Send;
     /// Capacity and free addresses per family.
     fn quota(&self) -> PerFamily<Quota>;
+    /// The capacity of one pool of `family` (scarcity's pressure is measured against it):
+    /// the pool "" of a source without pools is the whole source. None: no such pool.
+    fn pool_capacity(&self, pool: &str, family: Family) -> Option<u128> {
+        pool.is_empty()
+            .then(|| u128::from(self.quota().get(family).capacity))
+    }
     /// Whether the source knows the node's machine is gone (a cloud: no such instance).
     /// Whole-node reclaim then need not wait for the node grace. Sources that cannot tell
     /// say false.

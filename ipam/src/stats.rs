@@ -51,6 +51,9 @@ impl FamilyTotals {
 pub struct PoolTotals {
     pub ips: FamilyTotals,
     pub pods_waiting: i128,
+    /// Pods waiting beyond their node's free addresses of the pool: what only a claim (or,
+    /// on a scarce pool, another node's release) serves.
+    pub starved: i128,
 }
 
 /// Totals over all nodes.
@@ -123,6 +126,7 @@ impl Stats {
                 let t = self.by_pool.entry((l.pool.clone(), l.family)).or_default();
                 t.ips.add(&l.counts, &l.sizing, sign);
                 t.pods_waiting += sign * i128::from(l.counts.waiting);
+                t.starved += sign * i128::from(l.counts.waiting.saturating_sub(l.counts.free()));
             }
         }
     }

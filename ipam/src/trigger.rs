@@ -61,11 +61,13 @@ pub enum Reason {
     /// The families the source serves changed (a pool of a new family, or the last pool of
     /// one gone).
     FamiliesChanged,
+    /// The node's pool became scarce, or its squeeze changed or ended.
+    Scarcity,
 }
 
 impl Reason {
     /// Every reason, in bit order.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Upsert,
         Reason::Resync,
         Reason::PodEvent,
@@ -75,6 +77,7 @@ impl Reason {
         Reason::PoolFreed,
         Reason::Delete,
         Reason::FamiliesChanged,
+        Reason::Scarcity,
     ];
 
     /// A stable lower-case name, for logs.
@@ -89,6 +92,7 @@ impl Reason {
             Reason::PoolFreed => "pool-freed",
             Reason::Delete => "delete",
             Reason::FamiliesChanged => "families-changed",
+            Reason::Scarcity => "scarcity",
         }
     }
 
@@ -465,9 +469,9 @@ mod tests {
         assert_eq!(s.to_string(), "upsert,delete");
         assert_eq!(format!("{s:?}"), r#"{"upsert", "delete"}"#);
         let all: Reasons = Reason::ALL.into_iter().collect();
-        assert_eq!(all.len(), 9);
+        assert_eq!(all.len(), 10);
         let names: std::collections::BTreeSet<_> = all.iter().map(Reason::as_str).collect();
-        assert_eq!(names.len(), 9, "names must be distinct");
+        assert_eq!(names.len(), 10, "names must be distinct");
         assert_eq!(Reason::PoolFreed.as_str(), "pool-freed");
         assert_eq!(
             Reasons::from(Reason::Retry)

@@ -57,6 +57,16 @@ pub const POOL_BLOCKS: &str = "tidepool_ipam_pool_blocks";
 /// 1 while an IPPool is valid, 0 while it is Invalid (gauge; `pool`): the pool's `Valid`
 /// condition, for alerts.
 pub const POOL_VALID: &str = "tidepool_ipam_pool_valid";
+/// A pool's scarcity pressure, (used + waiting + cooldown) / capacity (gauge; `pool`,
+/// `family`).
+pub const POOL_PRESSURE: &str = "tidepool_ipam_pool_pressure";
+/// 1 while a pool is scarce, else 0 (gauge; `pool`, `family`).
+pub const POOL_SCARCE: &str = "tidepool_ipam_pool_scarce";
+/// The share of each node's pre-allocation a pool keeps: 1 unless scarce (gauge; `pool`,
+/// `family`).
+pub const POOL_PRE_ALLOCATE_RATIO: &str = "tidepool_ipam_pool_pre_allocate_ratio";
+/// Addresses given back because their pool was scarce (counter; `pool`, `family`).
+pub const SCARCITY_RELEASED_IPS_TOTAL: &str = "tidepool_ipam_scarcity_released_ips_total";
 /// 1 while this replica leads, else 0 (gauge).
 pub const LEADER: &str = "tidepool_leader";
 /// Times this replica became the leader (counter).

@@ -212,6 +212,33 @@ pub fn pool_valid(pool: &str, valid: bool) {
     metrics::gauge!(POOL_VALID, pool::KEY => pool.to_owned()).set(f64::from(u8::from(valid)));
 }
 
+/// Sets [`POOL_PRESSURE`], [`POOL_SCARCE`] and [`POOL_PRE_ALLOCATE_RATIO`] of the pool named
+/// `pool` ("" for a source without pools).
+pub fn pool_scarcity(pool: &str, family: Family, pressure: f64, scarce: bool, kept: f64) {
+    for (name, value) in [
+        (POOL_PRESSURE, pressure),
+        (POOL_SCARCE, f64::from(u8::from(scarce))),
+        (POOL_PRE_ALLOCATE_RATIO, kept),
+    ] {
+        metrics::gauge!(
+            name,
+            pool::KEY => pool.to_owned(),
+            family::KEY => family.as_str(),
+        )
+        .set(value);
+    }
+}
+
+/// Counts addresses given back while their pool was scarce ([`SCARCITY_RELEASED_IPS_TOTAL`]).
+pub fn scarcity_released_ips(pool: &str, family: Family, count: u64) {
+    metrics::counter!(
+        SCARCITY_RELEASED_IPS_TOTAL,
+        pool::KEY => pool.to_owned(),
+        family::KEY => family.as_str(),
+    )
+    .increment(count);
+}
+
 /// Sets [`LEADER`]: 1 while `leading`, else 0.
 pub fn leader(leading: bool) {
     metrics::gauge!(LEADER).set(f64::from(u8::from(leading)));

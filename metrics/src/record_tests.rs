@@ -49,6 +49,8 @@ fn record_every_value() {
             pool_blocks("default", f, s, 1.0);
         }
         pool_valid("default", true);
+        pool_scarcity("default", f, 0.9, true, 0.5);
+        scarcity_released_ips("default", f, 16);
         for &s in AgentIpsState::ALL {
             agent_ips(f, s, 1.0);
         }

@@ -86,6 +86,7 @@ const SOURCE_OUTCOME: &[(&str, Values)] = &[
     (source::KEY, E(source::ALL)),
     (outcome::KEY, E(outcome::ALL)),
 ];
+const POOL_FAMILY: &[(&str, Values)] = &[(pool::KEY, Free), (family::KEY, E(family::ALL))];
 const TRIGGER_LABEL: &[(&str, Values)] = &[(trigger::KEY, E(trigger::ALL))];
 
 /// Which binary exports a metric: each describes and registers only its own table.
@@ -332,6 +333,34 @@ pub const OPERATOR: &[Def] = &[
         unit: Some(Unit::Count),
         help: "1 while an IPPool is valid, 0 while it is Invalid (its CIDRs overlap an older pool's, or its spec cannot be used: the IPPool's Valid condition says why). Nodes served only by an Invalid pool get no addresses.",
         labels: &[(pool::KEY, Free)],
+    },
+    Def {
+        name: POOL_PRESSURE,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "A pool's scarcity pressure by family: (addresses used + pods waiting + addresses in cooldown) / the pool's capacity. Measured on demand, not on free addresses (the warm pools are free addresses). Pool empty for a source without pools.",
+        labels: POOL_FAMILY,
+    },
+    Def {
+        name: POOL_SCARCE,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while a pool is scarce (its pressure reached --scarcity-enter and has not yet stayed below --scarcity-exit past --scarcity-min-duration), else 0.",
+        labels: POOL_FAMILY,
+    },
+    Def {
+        name: POOL_PRE_ALLOCATE_RATIO,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "The share of each node's pre-allocation a pool keeps: 1 unless scarce; while scarce it falls with pressure, and is 0 while pods of the pool wait for addresses their node lacks (with --scarcity-handling=false always 1).",
+        labels: POOL_FAMILY,
+    },
+    Def {
+        name: SCARCITY_RELEASED_IPS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Addresses nodes gave back through the release handshake while their pool was scarce (the warm pools giving way).",
+        labels: POOL_FAMILY,
     },
     Def {
         name: LEADER,

@@ -21,6 +21,7 @@ mod common;
 use tidepool_ipam::NodeUid;
 use tidepool_ipam::ReclaimConfig;
 use tidepool_ipam::ReleaseConfig;
+use tidepool_ipam::Squeezes;
 use tidepool_ipam::Watermarks;
 use tidepool_ipam::plan::{self, NodeMemory, Snapshot};
 use tidepool_ipam::{Family, IpamNode, NodeInfo, PerFamily, PodUid, UsedEntry};
@@ -113,6 +114,7 @@ fn plan_one(c: &mut Criterion) {
         pools: &plan::NodePools::EMPTY,
         release: ReleaseConfig::default(),
         reclaim: ReclaimConfig::default(),
+        squeezes: &Squeezes::new(),
     };
     c.bench_function("plan/one_node", |b| {
         b.iter(|| black_box(plan::plan(&mut mem, black_box(&snap), &pods)));

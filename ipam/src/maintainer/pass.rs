@@ -17,6 +17,7 @@ use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
 use crate::plan::{self, Claim, Marks, NodePools, Plan, Snapshot, WriteRule};
 use crate::pods::PodView;
+use crate::scarcity::Squeezes;
 use crate::shared::{NodeHandle, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
@@ -100,6 +101,8 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     let pools = Box::new(node_pools(shared, &h.name, &pending));
     let (mut snap, invalid) = snapshot(shared, node, &operator, &release_ack, info, &pending, now);
     snap.pools = &pools;
+    let squeezes = shared.squeezes();
+    snap.squeezes = &squeezes;
     let mut plan = plan::plan(&mut local.mem, &snap, &shared.pods);
     // the plan's summary of its own fields, before a hold-back changes it
     let planned = plan.summary;
@@ -127,7 +130,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
         freed: false,
     };
     ctx.confirm_reclaims(&plan).await;
-    ctx.release(&plan.release_now).await;
+    ctx.release(&plan.release_now, &plan.scarce_release).await;
     ctx.claim(&plan.claims).await;
     ctx.mark(&plan.marks);
     ctx.send_marks(&operator.release).await;
@@ -223,6 +226,7 @@ fn snapshot<'a, S: IpSource, N: NodeStore, P: PodView>(
         pools: const { &NodePools::EMPTY },
         release: cfg.release,
         reclaim: cfg.reclaim,
+        squeezes: const { &Squeezes::new() },
     };
     (snap, invalid)
 }
@@ -311,7 +315,8 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
     }
 
     /// Release handshakes: addresses answered ready-for-release go back to the source.
-    async fn release(&mut self, release_now: &AddrSet) {
+    /// `scarce`: how many of them are of scarce pools, for the metric.
+    async fn release(&mut self, release_now: &AddrSet, scarce: &[(Arc<str>, Family, u64)]) {
         if release_now.is_empty() || !self.source_token().await {
             return;
         }
@@ -320,6 +325,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             Ok(()) => {
                 handshake::released(self.fields.to_mut(), release_now);
                 self.freed = true;
+                for (pool, f, n) in scarce {
+                    m::record::scarcity_released_ips(pool, (*f).into(), *n);
+                }
             }
             Err(e) => {
                 self.local.needs_describe = true;

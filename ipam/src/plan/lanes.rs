@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::addrs::AddrSet;
+use crate::scarcity::Squeeze;
 use crate::types::{Family, OperatorFields, PerFamily, PodUid, WatermarkOverrides};
 use crate::watermarks::Watermarks;
 
@@ -79,6 +80,8 @@ pub(super) struct Lane<'s> {
     pub restricted: bool,
     pub watermarks: Watermarks,
     pub pending: Cow<'s, [PodUid]>,
+    /// Its pool's scarcity squeeze, already applied to `watermarks` (None: not scarce).
+    pub squeeze: Option<Squeeze>,
 }
 
 /// The lanes of `families`: the default pool's of each (with `watermarks`, the flags under
@@ -105,6 +108,7 @@ pub(super) fn lanes<'s>(
                 restricted: false,
                 watermarks: default_watermarks,
                 pending: Cow::Borrowed(pending),
+                squeeze: None,
             });
             continue;
         }
@@ -125,6 +129,7 @@ pub(super) fn lanes<'s>(
                 .filter(|u| !elsewhere.contains(u))
                 .copied()
                 .collect(),
+            squeeze: None,
         });
         out.extend(others.into_iter().map(|o| Lane {
             family,
@@ -136,6 +141,7 @@ pub(super) fn lanes<'s>(
             restricted: true,
             watermarks: o.watermarks,
             pending: Cow::Borrowed(&o.pending),
+            squeeze: None,
         }));
     }
     out

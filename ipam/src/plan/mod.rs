@@ -25,6 +25,7 @@ use crate::addrs::{AddrMap, AddrSet, Run, saturate};
 use crate::handshake::{self, ReleaseConfig};
 use crate::pods::PodCache;
 use crate::reclaim::{ReclaimConfig, ReclaimStep, ReclaimTracker};
+use crate::scarcity::Squeezes;
 use crate::types::{
     Family, IpamNode, NodeInfo, OperatorFields, PerFamily, PodUid, ReclaimAck, ReleaseAck,
     ReleaseState, Tombstone,
@@ -136,6 +137,8 @@ pub struct Snapshot<'a> {
     pub pools: &'a NodePools,
     pub release: ReleaseConfig,
     pub reclaim: ReclaimConfig,
+    /// The scarce pools' squeezes (the manager's pool step).
+    pub squeezes: &'a Squeezes,
 }
 
 /// A claim of one family.
@@ -234,6 +237,9 @@ pub struct Plan<'a> {
     pub next_deadline: Option<Instant>,
     /// Why the node gets nothing new whatever it needs (`Plan::hold_back`).
     pub held_back: Option<Blocked>,
+    /// Of `release_now`, the addresses of scarce pools, by pool and family (the metric
+    /// of units given back because of scarcity).
+    pub scarce_release: Vec<(Arc<str>, Family, u64)>,
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
@@ -526,7 +532,8 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         }
         let mark = sizing.mark.min(c.free());
         let mut since = mem.excess_clock(f, lane.pool);
-        let persisted = handshake::excess_persisted(&mut since, mark, s.now, s.release.delay);
+        let delay = (lane.squeeze).map_or(s.release.delay, |q| q.release_delay(s.release.delay));
+        let persisted = handshake::excess_persisted(&mut since, mark, s.now, delay);
         mem.set_excess_clock(f, lane.pool, since);
         match persisted {
             // a source granting blocks takes back whole free blocks only: when none
@@ -552,7 +559,48 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
             .release
             .keys_where(|s| *s == ReleaseState::MarkedForRelease),
     );
+    p.scarce_release = scarce_release(s, &sized, &p.release_now);
     p
+}
+
+/// Of `release_now`, the addresses of each squeezed lane.
+fn scarce_release(
+    s: &Snapshot<'_>,
+    sized: &SizedLanes<'_>,
+    release_now: &AddrSet,
+) -> Vec<(Arc<str>, Family, u64)> {
+    if release_now.is_empty() {
+        return Vec::new();
+    }
+    (sized.lanes.iter())
+        .filter(|(lane, ..)| lane.squeeze.is_some())
+        .map(|(lane, ..)| {
+            let f = lane.family;
+            let n = release_now.intersection(&lane.fields.addresses).count(f);
+            (pool_name(s, f, lane.pool), f, n)
+        })
+        .filter(|(.., n)| *n > 0)
+        .collect()
+}
+
+/// A lane's pool by name: its own, or the node's default pool of the family when the
+/// source names it, else "".
+fn pool_name(s: &Snapshot<'_>, family: Family, pool: Option<&Arc<str>>) -> Arc<str> {
+    (pool.or(s.pools.defaults.get(family).as_ref()))
+        .cloned()
+        .unwrap_or_else(|| Arc::from(""))
+}
+
+/// Puts the lane's pool's scarcity squeeze, if it is scarce, on its watermarks.
+fn squeeze_lane(s: &Snapshot<'_>, lane: &mut Lane<'_>) {
+    if s.squeezes.is_empty() {
+        return;
+    }
+    let key = (pool_name(s, lane.family, lane.pool), lane.family);
+    if let Some(q) = s.squeezes.get(&key) {
+        lane.watermarks = q.apply(&lane.watermarks);
+        lane.squeeze = Some(*q);
+    }
 }
 
 /// Withdraws, lane by lane, the marks its sizing no longer justifies (all of them while it
@@ -637,11 +685,7 @@ pub fn summarize(
 /// Each lane's figures, under its pool's name (the node's default pool's, when the source
 /// names it), and the pods refused a pool, waiting under it.
 fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> {
-    let name = |f: Family, pool: Option<&Arc<str>>| {
-        (pool.or(s.pools.defaults.get(f).as_ref()))
-            .cloned()
-            .unwrap_or_else(|| Arc::from(""))
-    };
+    let name = |f: Family, pool: Option<&Arc<str>>| pool_name(s, f, pool);
     let mut out: Vec<LaneSummary> = (sized.lanes.iter())
         .map(|(lane, c, sizing)| LaneSummary {
             pool: name(lane.family, lane.pool),
@@ -690,7 +734,8 @@ fn sized_lanes<'s>(s: &'s Snapshot<'_>, fields: &'s OperatorFields) -> SizedLane
         s.pools,
     );
     let lanes = (lanes.into_iter())
-        .map(|lane| {
+        .map(|mut lane| {
+            squeeze_lane(s, &mut lane);
             let (c, sizing) = size_lane(s, &lane, &counts);
             (lane, c, sizing)
         })

@@ -1074,6 +1074,12 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         q
     }
 
+    fn pool_capacity(&self, pool: &str, family: Family) -> Option<u128> {
+        let s = self.state.lock();
+        let index = s.pools.get(pool).ok()?;
+        Some(index.family(family)?.addresses().capacity)
+    }
+
     fn api(&self) -> Api {
         Api::Kube
     }

@@ -1,0 +1,201 @@
+//! The manager's pool step (DESIGN.md "The engine", Scarcity): each pool's pressure from
+//! the aggregate stats, its scarcity through the hysteresis, and the squeeze its nodes plan
+//! with. Run at every resync and whenever a pass changes a node's figures of a pool;
+//! deterministic (no clock but tokio's, no iteration but in key order).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{NodeHandle, Shared};
+use crate::pods::PodView;
+use crate::scarcity::{self, Change, Hysteresis, Squeeze, Squeezes};
+use crate::source::IpSource;
+use crate::stats::PoolTotals;
+use crate::store::NodeStore;
+use crate::trigger::Reason;
+use crate::types::Family;
+
+/// A pool by name ("" for a source without pools) and family.
+pub(crate) type PoolKey = (Arc<str>, Family);
+
+/// Every pool's scarcity, and the squeezes as the maintainers read them.
+#[derive(Debug, Default)]
+pub(crate) struct PoolScarcity {
+    pools: BTreeMap<PoolKey, PoolState>,
+    squeezes: Arc<Squeezes>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PoolState {
+    hysteresis: Hysteresis,
+    pressure: f64,
+    squeeze: Option<Squeeze>,
+}
+
+/// One pool's scarcity as a person reads it (the IPPool's `Scarce` condition, `check`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScarcityState {
+    pub pool: Arc<str>,
+    pub family: Family,
+    /// (used + waiting + cooldown) / capacity.
+    pub pressure: f64,
+    pub scarce: bool,
+    /// The share of each node's pre-allocation kept (1 unless squeezed).
+    pub kept: f64,
+}
+
+impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
+    /// The squeezes to plan with.
+    pub fn squeezes(&self) -> Arc<Squeezes> {
+        self.scarcity.lock().squeezes.clone()
+    }
+
+    /// Every pool's scarcity, in pool and family order.
+    pub fn scarcity_states(&self) -> Vec<ScarcityState> {
+        let table = self.scarcity.lock();
+        (table.pools.iter())
+            .map(|((pool, family), st)| ScarcityState {
+                pool: pool.clone(),
+                family: *family,
+                pressure: st.pressure,
+                scarce: st.hysteresis.scarce(),
+                kept: kept(st.squeeze),
+            })
+            .collect()
+    }
+
+    /// Measures the pools of `keys` (every pool the stats know, for None) and updates their
+    /// scarcity; nodes of a pool whose squeeze tightened are triggered, those holding the
+    /// most free addresses of it first; every node of a pool that left scarcity is.
+    pub fn pool_step(&self, keys: Option<&[PoolKey]>) {
+        let totals: Vec<(PoolKey, PoolTotals)> = {
+            let stats = self.stats.lock();
+            match keys {
+                None => (stats.by_pool.iter())
+                    .map(|(k, t)| (k.clone(), *t))
+                    .collect(),
+                Some(keys) => (keys.iter())
+                    .filter_map(|k| stats.by_pool.get(k).map(|t| (k.clone(), *t)))
+                    .collect(),
+            }
+        };
+        let measured: Vec<(PoolKey, PoolTotals, u128)> = (totals.into_iter())
+            .filter_map(|(k, t)| {
+                let capacity = self.source.pool_capacity(&k.0, k.1)?;
+                Some((k, t, capacity))
+            })
+            .collect();
+        let now = Instant::now();
+        let mut tightened = Vec::new();
+        let mut left = Vec::new();
+        {
+            let mut table = self.scarcity.lock();
+            let mut changed = false;
+            for (key, t, capacity) in measured {
+                let st = table.pools.entry(key.clone()).or_default();
+                let (change, squeeze_changed) = self.step_one(st, &t, capacity, now);
+                publish(&key, st);
+                log_change(&key, st, change);
+                if change == Some(Change::Left) {
+                    left.push(key.clone());
+                }
+                if squeeze_changed {
+                    changed = true;
+                    if kept(st.squeeze) < 1.0 {
+                        tightened.push(key);
+                    }
+                }
+            }
+            if changed {
+                table.squeezes = Arc::new(
+                    (table.pools.iter())
+                        .filter_map(|(k, st)| st.squeeze.map(|q| (k.clone(), q)))
+                        .collect(),
+                );
+            }
+        }
+        self.trigger_pools(&tightened, true);
+        self.trigger_pools(&left, false);
+    }
+
+    /// One pool's measurement: its change of scarcity, and whether its squeeze changed.
+    fn step_one(
+        &self,
+        st: &mut PoolState,
+        t: &PoolTotals,
+        capacity: u128,
+        now: Instant,
+    ) -> (Option<Change>, bool) {
+        let cfg = &self.cfg.scarcity;
+        let unsigned = |v: i128| u128::try_from(v).unwrap_or(0);
+        st.pressure = scarcity::pressure(
+            unsigned(t.ips.used),
+            unsigned(t.pods_waiting),
+            unsigned(t.ips.cooldown),
+            capacity,
+        );
+        let change = st.hysteresis.observe(cfg, st.pressure, now);
+        let squeeze = (cfg.enabled && st.hysteresis.scarce())
+            .then(|| scarcity::squeeze(cfg, st.pressure, t.starved > 0));
+        let changed = squeeze != st.squeeze;
+        st.squeeze = squeeze;
+        (change, changed)
+    }
+
+    /// Triggers the nodes holding addresses of `pools`: with `free_first`, only those with
+    /// free addresses there, the most first (they have units to give back); else all.
+    fn trigger_pools(&self, pools: &[PoolKey], free_first: bool) {
+        if pools.is_empty() {
+            return;
+        }
+        let nodes: Vec<Arc<NodeHandle>> = self.nodes.lock().values().cloned().collect();
+        let mut due: Vec<(u64, Arc<NodeHandle>)> = (nodes.into_iter())
+            .filter_map(|h| {
+                let free = {
+                    let st = h.state.lock();
+                    (st.lanes.iter())
+                        .filter(|l| pools.iter().any(|(p, f)| *p == l.pool && *f == l.family))
+                        .map(|l| l.counts.free())
+                        .sum::<u64>()
+                };
+                (!free_first || free > 0).then_some((free, h))
+            })
+            .collect();
+        due.sort_by(|(a, ha), (b, hb)| b.cmp(a).then_with(|| ha.name.cmp(&hb.name)));
+        for (_, h) in due {
+            h.trigger.trigger(Reason::Scarcity);
+            h.work.notify_waiters();
+        }
+    }
+}
+
+/// The share of pre-allocation a squeeze keeps (1 without one).
+fn kept(squeeze: Option<Squeeze>) -> f64 {
+    squeeze.map_or(1.0, |q| f64::from(q.keep_per_mille) / 1000.0)
+}
+
+fn publish((pool, family): &PoolKey, st: &PoolState) {
+    tidepool_metrics::record::pool_scarcity(
+        pool,
+        (*family).into(),
+        st.pressure,
+        st.hysteresis.scarce(),
+        kept(st.squeeze),
+    );
+}
+
+fn log_change((pool, family): &PoolKey, st: &PoolState, change: Option<Change>) {
+    match change {
+        Some(Change::Entered) => tracing::warn!(
+            pool = %pool, family = ?family, pressure = st.pressure,
+            "pool is scarce: warm pools give way"
+        ),
+        Some(Change::Left) => tracing::info!(
+            pool = %pool, family = ?family, pressure = st.pressure,
+            "pool is no longer scarce: watermarks restored"
+        ),
+        None => {}
+    }
+}
