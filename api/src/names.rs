@@ -41,6 +41,9 @@ pub mod condition {
     /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes
     /// fit).
     pub const VALID: &str = ConditionType::Valid.as_str();
+    /// IPPool (operator): the pool is scarce; its nodes' warm pools give way (the reason
+    /// and message say for which families, at what pressure).
+    pub const SCARCE: &str = ConditionType::Scarce.as_str();
 }
 
 /// Event reasons, spelled by the engine's [`EventReason`](tidepool_ipam::EventReason).

@@ -128,6 +128,9 @@ pub enum ConditionType {
     AgentReady,
     /// IPPool (operator): the pool is valid (no overlap with an older pool, block sizes fit).
     Valid,
+    /// IPPool (operator): the pool is scarce (its pressure reached `--scarcity-enter`); its
+    /// nodes' warm pools give way.
+    Scarce,
 }
 
 impl ConditionType {
@@ -147,6 +150,7 @@ impl ConditionType {
             ConditionType::Deleting => "Deleting",
             ConditionType::AgentReady => "AgentReady",
             ConditionType::Valid => "Valid",
+            ConditionType::Scarce => "Scarce",
         }
     }
 }
@@ -235,6 +239,10 @@ pub enum EventReason {
     /// On a pod (Warning): it waits for a pool it gets no address of: its annotation names
     /// a pool it may not use, or the pool has none left for its node.
     PoolUnavailable,
+    /// On an IPPool (Warning): it became scarce; its nodes' warm pools give way.
+    PoolScarce,
+    /// On an IPPool (Normal): it is no longer scarce; the watermarks are back.
+    PoolScarcityEnded,
 }
 
 impl EventReason {
@@ -250,6 +258,8 @@ impl EventReason {
             EventReason::AgentNotReady => "AgentNotReady",
             EventReason::ApplyConflict => "ApplyConflict",
             EventReason::PoolUnavailable => "PoolUnavailable",
+            EventReason::PoolScarce => "PoolScarce",
+            EventReason::PoolScarcityEnded => "PoolScarcityEnded",
         }
     }
 }

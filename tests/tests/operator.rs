@@ -2724,3 +2724,68 @@ async fn a_pool_deleted_while_in_use_drains_without_dropping_an_address() {
     stop.send(()).unwrap();
     task.await.unwrap();
 }
+
+/// A nearly full pool takes an idle block back from one node to serve pods waiting on
+/// another (issue 30). A /26 in /28 blocks holds 4 blocks; with pre-allocate 20, node-a and
+/// node-b, one pod each, take two blocks each; node-c's 10 pods find the pool empty. The
+/// pressure, (used + waiting + cooldown) / capacity, passes `--scarcity-enter` (set low here:
+/// no node side writes `used`, so only the waiting pods count): the pool turns `Scarce` with
+/// a `PoolScarce` event; a and b keep no pre-allocation while c's pods wait, so each marks
+/// its whole idle block after `--scarcity-release-delay`; once a node side answers, the
+/// block is deleted (with its resourceVersion precondition) and node-c claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scarce_pool_takes_an_idle_block_back_for_another_node() {
+    let (server, admin) = operator_cluster().await;
+    create_pool(&admin, "default", &["10.99.0.0/26"], json!({"ipv4": 28})).await;
+    for n in ["node-a", "node-b", "node-c"] {
+        add_node(&admin, n).await;
+    }
+    add_pod(&admin, "a-0", "node-a").await;
+    add_pod(&admin, "b-0", "node-b").await;
+    let mut s = settings();
+    s.engine.watermarks.pre_allocate = 20;
+    s.engine.scarcity.enter = 0.15;
+    s.engine.scarcity.exit = 0.1;
+    s.engine.scarcity.release_delay = Duration::from_millis(500);
+    let (stop, task) = start_operator(&server, s).await;
+    let two_each = || async {
+        let a = blocks_of_pool(&admin, "node-a", "default").await;
+        let b = blocks_of_pool(&admin, "node-b", "default").await;
+        (a == 2 && b == 2).then_some(())
+    };
+    eventually(
+        Duration::from_secs(20),
+        "two blocks each on a and b",
+        two_each,
+    )
+    .await;
+
+    for i in 0..10 {
+        add_pod(&admin, &format!("c-{i}"), "node-c").await;
+    }
+    let ippools: Api<api::IPPool> = Api::all(admin.clone());
+    let scarce = || async {
+        let st = ippools.get("default").await.ok()?.status?;
+        let c = st.conditions.into_iter().find(|c| c.type_ == "Scarce")?;
+        (c.status == "True").then_some(c)
+    };
+    let c = eventually(Duration::from_secs(20), "Scarce=True", scarce).await;
+    assert!(c.message.contains("ipv4: pressure"), "{c:?}");
+    let served = || async {
+        answer_marks(&admin, "node-a").await;
+        answer_marks(&admin, "node-b").await;
+        (blocks_of_pool(&admin, "node-c", "default").await > 0).then_some(())
+    };
+    eventually(Duration::from_secs(30), "node-c gets a block back", served).await;
+    let a = blocks_of_pool(&admin, "node-a", "default").await;
+    let b = blocks_of_pool(&admin, "node-b", "default").await;
+    assert!(a + b < 4, "an idle block went back: a {a}, b {b}");
+    assert!(server.request_count("delete", "ipamblocks.ipam.tidepool.dev") >= 1);
+    let events = event_notes(&admin, "default", "PoolScarce").await;
+    assert!(
+        events.iter().any(|n| n.contains("warm pools give way")),
+        "{events:?}"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

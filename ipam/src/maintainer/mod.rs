@@ -17,6 +17,8 @@ mod place;
 mod pools;
 mod reclaim;
 #[cfg(test)]
+mod scarcity_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use std::sync::Arc;

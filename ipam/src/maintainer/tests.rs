@@ -22,19 +22,24 @@ use crate::types::{
 use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 use crate::watermarks::Watermarks;
 
-type Manager = NodeManager<MemorySource, MemoryNodeStore, MemoryPodView>;
+pub(super) type Manager = NodeManager<MemorySource, MemoryNodeStore, MemoryPodView>;
 
-struct Rig {
-    mgr: Manager,
-    source: MemorySource,
-    store: MemoryNodeStore,
-    pods: MemoryPodView,
+pub(super) struct Rig {
+    pub mgr: Manager,
+    pub source: MemorySource,
+    pub store: MemoryNodeStore,
+    pub pods: MemoryPodView,
     _leader: watch::Sender<bool>,
 }
 
 /// A leading engine over a source of `capacity` IPv4 addresses, pre-allocate 2, release on
 /// after 10 s, reclaim after two observations 1 s apart.
-fn rig(capacity: u64) -> Rig {
+pub(super) fn rig(capacity: u64) -> Rig {
+    rig_with(capacity, |_| {})
+}
+
+/// [`rig`] with its settings changed by `edit`.
+pub(super) fn rig_with(capacity: u64, edit: impl FnOnce(&mut EngineConfig)) -> Rig {
     let source = MemorySource::new(
         &[Family::V4],
         PerFamily {
@@ -57,6 +62,7 @@ fn rig(capacity: u64) -> Rig {
     cfg.release.delay = Duration::from_secs(10);
     cfg.reclaim.grace = Duration::from_secs(1);
     cfg.reclaim.min_age = Duration::ZERO;
+    edit(&mut cfg);
     let deps = EngineDeps {
         source: source.clone(),
         store: store.clone(),
@@ -87,18 +93,18 @@ pub(crate) fn info(name: &str) -> NodeInfo {
     }
 }
 
-async fn run_for(secs: u64) {
+pub(super) async fn run_for(secs: u64) {
     for _ in 0..secs * 10 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 impl Rig {
-    fn node(&self, name: &str) -> Arc<IpamNode> {
+    pub(super) fn node(&self, name: &str) -> Arc<IpamNode> {
         self.store.cached(name).expect("the IPAMNode")
     }
 
-    fn addresses(&self, name: &str) -> Vec<IpAddr> {
+    pub(super) fn addresses(&self, name: &str) -> Vec<IpAddr> {
         self.node(name).operator.addresses.iter().collect()
     }
 
@@ -111,7 +117,7 @@ impl Rig {
     }
 
     /// Pods waiting on `name`, `n` of them from uid `first`.
-    fn schedule(&self, name: &str, first: u128, n: u128) {
+    pub(super) fn schedule(&self, name: &str, first: u128, n: u128) {
         for uid in first..first + n {
             self.pods.add(PodUid(uid), NodeName::from(name));
         }
@@ -119,7 +125,7 @@ impl Rig {
     }
 
     /// The node side gives pod `uid` the address `addr` (its `used` entry) and the pod runs.
-    fn start_pod(&self, name: &str, uid: u128, addr: IpAddr) {
+    pub(super) fn start_pod(&self, name: &str, uid: u128, addr: IpAddr) {
         self.store.apply_node(&NodeName::from(name), |f| {
             f.used.insert(
                 addr,

@@ -360,6 +360,10 @@ fn engine_tasks(
             Api::all(client.clone()),
             engine.source.clone(),
             events.clone(),
+            {
+                let manager = engine.manager.clone();
+                Arc::new(move || manager.scarcity())
+            },
             Duration::from_secs(2).min(s.engine.resync_interval),
             engine.background(),
             fence.clone(),

@@ -1,10 +1,12 @@
 //! IPPool status: capacity, allocated and free addresses per family (strings: an IPv6 pool
-//! counts past 2^64) and the `Valid` condition, written by the operator when they change;
-//! a pool turning invalid (overlapping an older pool, host bits, a block size that does not
-//! fit) also gets a warning event, while the other pools go on working. Each pool's validity
-//! is also the gauge `tidepool_ipam_pool_valid{pool}`.
+//! counts past 2^64) and the `Valid` and `Scarce` conditions, written by the operator when
+//! they change; a pool turning invalid (overlapping an older pool, host bits, a block size
+//! that does not fit) also gets a warning event, while the other pools go on working. Each
+//! pool's validity is also the gauge `tidepool_ipam_pool_valid{pool}`. A pool becoming
+//! scarce gets a warning event (`PoolScarce`), and one when it ends (`PoolScarcityEnded`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube::Api;
@@ -14,7 +16,7 @@ use tidepool_api as api;
 use tidepool_api::convert;
 use tidepool_api::names::{OPERATOR_MANAGER, condition};
 use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
-use tidepool_ipam::{Background, EventReason, EventType, Gate, PerFamily};
+use tidepool_ipam::{Background, EventReason, EventType, Family, Gate, PerFamily, ScarcityState};
 
 use crate::leader::Fence;
 use crate::store::{Events, KubeStore};
@@ -25,6 +27,53 @@ struct Shown {
     usage: PerFamily<Option<AddressCounts>>,
     valid: Result<(), String>,
     since: SystemTime,
+    scarce: Scarce,
+}
+
+/// The `Scarce` condition as written: its message is set when it turns, and kept.
+#[derive(Debug, Clone, PartialEq)]
+struct Scarce {
+    on: bool,
+    message: String,
+    since: SystemTime,
+}
+
+/// Every pool's scarcity, from the engine ([`tidepool_ipam::NodeManager::scarcity`]).
+pub type ScarcityOf = Arc<dyn Fn() -> Vec<ScarcityState> + Send + Sync>;
+
+/// The `Scarce` condition of `pool` now, after `last`: its families' states, a message
+/// naming the scarce ones when it turns on.
+fn scarce_now(pool: &str, states: &[ScarcityState], last: Option<&Scarce>) -> Scarce {
+    let scarce: Vec<&ScarcityState> = (states.iter())
+        .filter(|s| &*s.pool == pool && s.scarce)
+        .collect();
+    let on = !scarce.is_empty();
+    match last {
+        Some(l) if l.on == on => l.clone(),
+        _ => Scarce {
+            on,
+            message: scarce
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}: pressure {:.2} (used + waiting + cooldown / capacity); pre-allocation kept {:.0}%",
+                        family_name(s.family),
+                        s.pressure,
+                        s.kept * 100.0
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            since: SystemTime::now(),
+        },
+    }
+}
+
+fn family_name(f: Family) -> &'static str {
+    match f {
+        Family::V4 => "ipv4",
+        Family::V6 => "ipv6",
+    }
 }
 
 /// The status apply body of one pool.
@@ -41,16 +90,20 @@ fn body(name: &str, s: &Shown) -> Value {
         Ok(()) => ("Valid", ""),
         Err(e) => ("Invalid", e.as_str()),
     };
+    let scarce = &s.scarce;
     let status = api::IPPoolStatus {
         ipv4: usage(&s.usage.v4),
         ipv6: usage(&s.usage.v6),
-        conditions: vec![convert::condition(
-            condition::VALID,
-            s.valid.is_ok(),
-            reason,
-            message,
-            s.since,
-        )],
+        conditions: vec![
+            convert::condition(condition::VALID, s.valid.is_ok(), reason, message, s.since),
+            convert::condition(
+                condition::SCARCE,
+                scarce.on,
+                if scarce.on { "Scarce" } else { "NotScarce" },
+                &scarce.message,
+                scarce.since,
+            ),
+        ],
     };
     let mut body = convert::apply_envelope("IPPool", name, None);
     body["status"] = serde_json::to_value(status).expect("a status serializes");
@@ -63,12 +116,14 @@ pub async fn keep_written(
     pools: Api<api::IPPool>,
     source: ClusterPoolSource<KubeStore>,
     events: Events,
+    scarcity: ScarcityOf,
     every: Duration,
     mut gate: Background,
     fence: Fence,
 ) {
     let mut shown: HashMap<String, Shown> = HashMap::new();
     loop {
+        let states = scarcity();
         for u in source.usage() {
             let (name, usage) = (u.name, u.addresses);
             let valid = u.valid.map_err(|e: PoolError| e.to_string());
@@ -79,13 +134,19 @@ pub async fn keep_written(
                 Some(l) if !flipped => l.since,
                 _ => SystemTime::now(),
             };
+            let scarce = scarce_now(&name, &states, last.map(|l| &l.scarce));
+            let turned = last.map_or(scarce.on, |l| l.scarce.on != scarce.on);
             let next = Shown {
                 usage,
                 valid,
                 since,
+                scarce,
             };
             if last == Some(&next) {
                 continue;
+            }
+            if turned {
+                tell_scarcity(&events, &name, &next.scarce);
             }
             if flipped && let Err(e) = &next.valid {
                 events.emit(
@@ -116,6 +177,26 @@ pub async fn keep_written(
     }
 }
 
+/// The event of a pool turning scarce, or no longer.
+fn tell_scarcity(events: &Events, pool: &str, scarce: &Scarce) {
+    let (kind, reason, note) = match scarce.on {
+        true => (
+            EventType::Warning,
+            EventReason::PoolScarce,
+            format!(
+                "the pool is scarce, its nodes' warm pools give way: {}",
+                scarce.message
+            ),
+        ),
+        false => (
+            EventType::Normal,
+            EventReason::PoolScarcityEnded,
+            "the pool is no longer scarce: the watermarks are back".to_owned(),
+        ),
+    };
+    events.emit("IPPool", pool, kind, reason, note);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +216,11 @@ mod tests {
             },
             valid: Err("overlaps pool a".into()),
             since: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            scarce: Scarce {
+                on: false,
+                message: String::new(),
+                since: SystemTime::UNIX_EPOCH,
+            },
         };
         let b = body("p", &s);
         assert_eq!(b["status"]["ipv6"]["capacity"], "18446744073709551616");
