@@ -2727,7 +2727,8 @@ async fn a_pool_deleted_while_in_use_drains_without_dropping_an_address() {
 
 /// A nearly full pool takes an idle block back from one node to serve pods waiting on
 /// another (issue 30). A /26 in /28 blocks holds 4 blocks; with pre-allocate 20, node-a and
-/// node-b, one pod each, take two blocks each; node-c's 10 pods find the pool empty. The
+/// node-b, one pod each, take two blocks each; node-c then joins with 10 pods and finds the
+/// pool empty. The
 /// pressure, (used + waiting + cooldown) / capacity, passes `--scarcity-enter` (set low here:
 /// no node side writes `used`, so only the waiting pods count): the pool turns `Scarce` with
 /// a `PoolScarce` event; a and b keep no pre-allocation while c's pods wait, so each marks
@@ -2737,9 +2738,8 @@ async fn a_pool_deleted_while_in_use_drains_without_dropping_an_address() {
 async fn a_scarce_pool_takes_an_idle_block_back_for_another_node() {
     let (server, admin) = operator_cluster().await;
     create_pool(&admin, "default", &["10.99.0.0/26"], json!({"ipv4": 28})).await;
-    for n in ["node-a", "node-b", "node-c"] {
-        add_node(&admin, n).await;
-    }
+    add_node(&admin, "node-a").await;
+    add_node(&admin, "node-b").await;
     add_pod(&admin, "a-0", "node-a").await;
     add_pod(&admin, "b-0", "node-b").await;
     let mut s = settings();
@@ -2760,9 +2760,11 @@ async fn a_scarce_pool_takes_an_idle_block_back_for_another_node() {
     )
     .await;
 
+    // node-c joins with 10 pods: the pool is empty
     for i in 0..10 {
         add_pod(&admin, &format!("c-{i}"), "node-c").await;
     }
+    add_node(&admin, "node-c").await;
     let ippools: Api<api::IPPool> = Api::all(admin.clone());
     let scarce = || async {
         let st = ippools.get("default").await.ok()?.status?;
