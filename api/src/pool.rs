@@ -199,6 +199,11 @@ pub struct PoolUsage {
     /// of two, else three significant digits rounded down (`1.84e19`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readable: Option<UsageReadable>,
+    /// Seconds until the pool runs out at its pace of the last 6 hours (a least-squares line
+    /// through what it could still grant, two significant digits); absent while it is not
+    /// shrinking. The operator's `tidepool_ipam_pool_exhaustion_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runway_seconds: Option<u64>,
 }
 
 /// [`PoolUsage`]'s counts for people.

@@ -67,6 +67,9 @@ pub const POOL_SCARCE: &str = "tidepool_ipam_pool_scarce";
 pub const POOL_PRE_ALLOCATE_RATIO: &str = "tidepool_ipam_pool_pre_allocate_ratio";
 /// Addresses given back because their pool was scarce (counter; `pool`, `family`).
 pub const SCARCITY_RELEASED_IPS_TOTAL: &str = "tidepool_ipam_scarcity_released_ips_total";
+/// Seconds until a pool runs out at its pace of the last 6 hours, +Inf when it is not
+/// shrinking (gauge; `pool`, `family`).
+pub const POOL_EXHAUSTION_SECONDS: &str = "tidepool_ipam_pool_exhaustion_seconds";
 /// 1 while this replica leads, else 0 (gauge).
 pub const LEADER: &str = "tidepool_leader";
 /// Times this replica became the leader (counter).

@@ -229,6 +229,16 @@ pub fn pool_scarcity(pool: &str, family: Family, pressure: f64, scarce: bool, ke
     }
 }
 
+/// Sets [`POOL_EXHAUSTION_SECONDS`] of the pool named `pool` (+Inf: not shrinking).
+pub fn pool_exhaustion(pool: &str, family: Family, seconds: f64) {
+    metrics::gauge!(
+        POOL_EXHAUSTION_SECONDS,
+        pool::KEY => pool.to_owned(),
+        family::KEY => family.as_str(),
+    )
+    .set(seconds);
+}
+
 /// Counts addresses given back while their pool was scarce ([`SCARCITY_RELEASED_IPS_TOTAL`]).
 pub fn scarcity_released_ips(pool: &str, family: Family, count: u64) {
     metrics::counter!(

@@ -51,6 +51,7 @@ fn record_every_value() {
         pool_valid("default", true);
         pool_scarcity("default", f, 0.9, true, 0.5);
         scarcity_released_ips("default", f, 16);
+        pool_exhaustion("default", f, 3600.0);
         for &s in AgentIpsState::ALL {
             agent_ips(f, s, 1.0);
         }

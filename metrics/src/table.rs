@@ -363,6 +363,13 @@ pub const OPERATOR: &[Def] = &[
         labels: POOL_FAMILY,
     },
     Def {
+        name: POOL_EXHAUSTION_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Seconds until a pool runs out, from the operator's own samples at each resync: a least-squares line through the last 6 hours of what the pool could still grant (free + idle of tidepool_ipam_pool_ips), read where it crosses 0, as the exhaustion forecast alert's predict_linear. +Inf while the pool is not shrinking.",
+        labels: POOL_FAMILY,
+    },
+    Def {
         name: LEADER,
         kind: Kind::Gauge,
         unit: None,

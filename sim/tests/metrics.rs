@@ -429,3 +429,36 @@ async fn watched_gauges_follow_each_change_before_the_resync() {
     .await;
     world.shutdown();
 }
+
+/// `tidepool_ipam_pool_exhaustion_seconds`: +Inf while the pool does not shrink; once pods
+/// take 16 of its addresses a minute, about what is left over that pace (its line through
+/// the samples of each resync: unit tests in `ipam::pool::forecast`).
+#[tokio::test(start_paused = true)]
+async fn the_exhaustion_estimate_follows_the_pools_pace() {
+    let rec = DebuggingRecorder::new();
+    let snap = rec.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    let world = pool_world(config(wm(0, 0, 0, 0)), &["10.0.0.0/24"], Duration::ZERO);
+    let a = world.add_node("node-a");
+    let runway = || {
+        let labels = [("pool", "default"), ("family", "ipv4")];
+        gauge(&series(&snap), m::POOL_EXHAUSTION_SECONDS, &labels)
+    };
+    advance(secs(130)).await;
+    assert_eq!(runway(), Some(f64::INFINITY), "nothing used: not shrinking");
+    for _ in 0..4 {
+        for _ in 0..16 {
+            world.schedule_pod(&a);
+        }
+        advance(secs(60)).await;
+    }
+    let left = world.source.usage()[0].addresses.v4.unwrap().free as f64;
+    let s = runway().expect("the gauge");
+    // at 16 addresses a minute, `left` lasts left / 16 minutes (give or take a sample)
+    let pace = left / 16.0 * 60.0;
+    assert!(
+        s.is_finite() && (s - pace).abs() < 120.0,
+        "{s} s, {left} left ({pace} s)"
+    );
+    world.shutdown();
+}

@@ -36,6 +36,7 @@
 pub mod bitmap;
 pub mod choice;
 pub mod fill;
+pub mod forecast;
 pub mod index;
 pub mod name;
 pub mod repair;

@@ -33,6 +33,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -40,6 +42,7 @@ use rand::{Rng, SeedableRng};
 mod node_pools;
 
 use super::choice::{Selector, Subject};
+use super::forecast::Forecast;
 use super::repair::{self, BlockClaim, LiveNodes, RepairFix, RepairReport, RepairTracker};
 use super::{PoolError, PoolSet, PoolSpec, block_name, family_of};
 use crate::addrs::{AddrSet, saturate, span};
@@ -153,6 +156,8 @@ struct State {
     indexed: Option<Indexed>,
     /// Addresses in use by the cluster (see [`ClusterPoolSource::set_in_use`]).
     in_use: Option<InUse>,
+    /// Per pool and family: what it could still grant, sampled at each repair.
+    forecasts: BTreeMap<(String, Family), Forecast>,
 }
 
 /// Tells the source which addresses the cluster uses now (live pods' podIPs, IPAMNode
@@ -182,6 +187,9 @@ pub struct PoolUsage {
     /// Capacity, allocated and free usable addresses per family (None: not served).
     pub addresses: PerFamily<Option<super::AddressCounts>>,
     pub valid: Result<(), PoolError>,
+    /// Seconds until the pool runs out at its pace of the last 6 hours, per family (None:
+    /// not shrinking; [`super::forecast`]).
+    pub runway: PerFamily<Option<f64>>,
 }
 
 /// The cluster-pool source over a block store. Cheap to clone.
@@ -237,6 +245,21 @@ fn source_error(op: &'static str, node: &str, class: ErrorClass, message: String
 }
 
 impl State {
+    /// Samples what the pool could still grant (its free addresses plus `idle` ones, in
+    /// whole free blocks) and sets `tidepool_ipam_pool_exhaustion_seconds`.
+    fn forecast(&mut self, pool: String, f: Family, idle: u128) {
+        let Some(counts) = (self.pools.get(&pool).ok())
+            .and_then(|p| p.family(f))
+            .map(|fi| fi.addresses())
+        else {
+            return;
+        };
+        let forecast = self.forecasts.entry((pool.clone(), f)).or_default();
+        forecast.sample(Instant::now(), counts.free.saturating_add(idle) as f64);
+        let seconds = forecast.seconds_to_empty().unwrap_or(f64::INFINITY);
+        record::pool_exhaustion(&pool, f.into(), seconds);
+    }
+
     /// The usable addresses of a block: as its pool says, or all of them when the pool no
     /// longer holds it.
     fn usable(&self, b: &IpamBlock) -> AddrSet {
@@ -392,6 +415,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 pools_generation: 0,
                 indexed: None,
                 in_use: None,
+                forecasts: BTreeMap::new(),
             })),
         };
         source.rebuild();
@@ -427,6 +451,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             .map(|(name, valid)| {
                 let index = s.pools.get(name).ok();
                 let counts = |f| index.and_then(|p| p.family(f)).map(|fi| fi.addresses());
+                let runway = |f| {
+                    let forecast = s.forecasts.get(&(name.to_string(), f));
+                    forecast.and_then(Forecast::seconds_to_empty)
+                };
                 PoolUsage {
                     name: name.to_string(),
                     addresses: PerFamily {
@@ -434,6 +462,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                         v6: counts(Family::V6),
                     },
                     valid: valid.map_err(Clone::clone),
+                    runway: PerFamily {
+                        v4: runway(Family::V4),
+                        v6: runway(Family::V6),
+                    },
                 }
             })
             .collect()
@@ -746,6 +778,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                     record::pool_blocks(&pool, f.into(), state, v as f64);
                 }
                 record::pool_ips(&pool, f.into(), PoolState::Idle, fill.idle_addresses as f64);
+                s.forecast(pool, f, fill.idle_addresses);
             }
             self.announce(s.last_repair.as_ref(), &report);
             s.duplicates = report.nodes_to_block();

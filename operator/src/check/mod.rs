@@ -264,7 +264,7 @@ pub fn check(inputs: &Inputs) -> Report {
     let views: Vec<&tidepool_ipam::IpamNode> =
         inputs.ipam_nodes.iter().map(|n| &*n.view.node).collect();
     let reclaim_candidates = reclaim::candidates(&views, &inputs.pods);
-    let pools = usage::usage(&configs, &set, &views);
+    let pools = usage::usage(&configs, &set, &views, &inputs.pools);
     let summary = Summary::new(
         [
             inputs.pools.len(),

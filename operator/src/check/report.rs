@@ -186,6 +186,10 @@ pub struct PoolUsage {
     pub blocks: Option<Counts>,
     /// `status.used` entries inside the pool.
     pub in_use: u64,
+    /// Seconds until the pool runs out at its pace of the last 6 hours, as the operator
+    /// wrote it in the IPPool's status (`runwaySeconds`); absent while it is not shrinking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runway_seconds: Option<u64>,
 }
 
 /// Counts of the whole check.

@@ -2,6 +2,7 @@
 //! loaded, what each scan found, one table per section, and a closing verdict.
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use super::report::{PoolState, PoolUsage, ProblemKind, Report};
 
@@ -91,6 +92,7 @@ fn pools_section(out: &mut String, r: &Report) {
                 "FREE",
                 "BLOCKS",
                 "IN USE",
+                "RUNWAY",
                 "STATE",
             ],
             &rows,
@@ -125,6 +127,10 @@ fn pool_row(p: &PoolUsage) -> Vec<String> {
         free,
         blocks,
         p.in_use.to_string(),
+        p.runway_seconds.map_or_else(
+            || "-".to_string(),
+            |s| humantime::format_duration(Duration::from_secs(s)).to_string(),
+        ),
         state,
     ]
 }

@@ -679,3 +679,33 @@ fn the_table_and_the_json_say_the_same() {
     assert_eq!(v["reclaim_candidates"][0]["reason"], "pod-deleted");
     assert_eq!(v["pools"][0]["addresses"]["capacity"], "65534");
 }
+
+/// A pool's runway is what the operator wrote in its status: shown in the table (as a
+/// duration) and the JSON; absent (`-`, no field) while the pool is not shrinking.
+#[test]
+fn the_runway_is_the_one_the_operator_wrote() {
+    let mut w = World::clean();
+    let quiet = w.report();
+    let row = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("default"))
+            .unwrap()
+            .to_string()
+    };
+    let text = table(&quiet);
+    let header = text.lines().find(|l| l.starts_with("POOL")).unwrap();
+    let col = header.find("RUNWAY").expect("a RUNWAY column");
+    assert_eq!(&row(&text)[col..col + 1], "-", "{text}");
+    let v: Value = serde_json::from_str(&quiet.to_json()).expect("JSON");
+    assert!(v["pools"][0].get("runway_seconds").is_none(), "{v}");
+
+    w.pools[0].status = Some(from(
+        json!({"ipv4": {"capacity": "65534", "allocated": "48",
+        "free": "65486", "runwaySeconds": 9000}}),
+    ));
+    let r = w.report();
+    let text = table(&r);
+    assert!(row(&text)[col..].starts_with("2h 30m"), "{text}");
+    let v: Value = serde_json::from_str(&r.to_json()).expect("JSON");
+    assert_eq!(v["pools"][0]["runway_seconds"], 9000);
+}

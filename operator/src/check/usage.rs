@@ -3,13 +3,20 @@
 
 use std::collections::HashMap;
 
+use tidepool_api as api;
 use tidepool_ipam::pool::{PoolConfig, PoolSet};
 use tidepool_ipam::{Family, IpamNode};
 
 use super::report::{Counts, PoolState, PoolUsage};
 
-/// One row per pool (in creation order) and family it serves.
-pub(super) fn usage(configs: &[PoolConfig], set: &PoolSet, nodes: &[&IpamNode]) -> Vec<PoolUsage> {
+/// One row per pool (in creation order) and family it serves; `written`: the IPPools as
+/// read, for the runway their status shows.
+pub(super) fn usage(
+    configs: &[PoolConfig],
+    set: &PoolSet,
+    nodes: &[&IpamNode],
+    written: &[api::IPPool],
+) -> Vec<PoolUsage> {
     let mut in_use: HashMap<(&str, Family), u64> = HashMap::new();
     for n in nodes {
         for address in n.node.used.keys() {
@@ -52,8 +59,22 @@ pub(super) fn usage(configs: &[PoolConfig], set: &PoolSet, nodes: &[&IpamNode]) 
                 addresses,
                 blocks,
                 in_use: in_use.get(&(name, f)).copied().unwrap_or(0),
+                runway_seconds: runway(written, name, f),
             });
         }
     }
     out
+}
+
+/// The runway the operator wrote in the status of the IPPool named `name`, for `family`.
+fn runway(written: &[api::IPPool], name: &str, family: Family) -> Option<u64> {
+    let pool = written
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))?;
+    let status = pool.status.as_ref()?;
+    let usage = match family {
+        Family::V4 => status.ipv4.as_ref(),
+        Family::V6 => status.ipv6.as_ref(),
+    };
+    usage?.runway_seconds
 }

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tidepool_api as api;
 use tidepool_api::convert;
 use tidepool_api::names::{OPERATOR_MANAGER, condition};
-use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError};
+use tidepool_ipam::pool::{AddressCounts, ClusterPoolSource, PoolError, forecast};
 use tidepool_ipam::{Background, EventReason, EventType, Family, Gate, PerFamily, ScarcityState};
 
 use crate::leader::Fence;
@@ -25,6 +25,8 @@ use crate::store::{Events, KubeStore};
 #[derive(Debug, Clone, PartialEq)]
 struct Shown {
     usage: PerFamily<Option<AddressCounts>>,
+    /// Seconds until the pool runs out, rounded (`forecast::rounded`; None: not shrinking).
+    runway: PerFamily<Option<u64>>,
     valid: Result<(), String>,
     since: SystemTime,
     scarce: Scarce,
@@ -78,12 +80,13 @@ fn family_name(f: Family) -> &'static str {
 
 /// The status apply body of one pool.
 fn body(name: &str, s: &Shown) -> Value {
-    let usage = |c: &Option<AddressCounts>| {
+    let usage = |c: &Option<AddressCounts>, runway: Option<u64>| {
         c.map(|c| api::PoolUsage {
             capacity: c.capacity.to_string(),
             allocated: c.allocated.to_string(),
             free: c.free.to_string(),
             readable: Some(convert::readable_usage(c.capacity, c.allocated, c.free)),
+            runway_seconds: runway,
         })
     };
     let (reason, message) = match &s.valid {
@@ -92,8 +95,8 @@ fn body(name: &str, s: &Shown) -> Value {
     };
     let scarce = &s.scarce;
     let status = api::IPPoolStatus {
-        ipv4: usage(&s.usage.v4),
-        ipv6: usage(&s.usage.v6),
+        ipv4: usage(&s.usage.v4, s.runway.v4),
+        ipv6: usage(&s.usage.v6, s.runway.v6),
         conditions: vec![
             convert::condition(condition::VALID, s.valid.is_ok(), reason, message, s.since),
             convert::condition(
@@ -138,6 +141,10 @@ pub async fn keep_written(
             let turned = last.map_or(scarce.on, |l| l.scarce.on != scarce.on);
             let next = Shown {
                 usage,
+                runway: PerFamily {
+                    v4: u.runway.v4.map(forecast::rounded),
+                    v6: u.runway.v6.map(forecast::rounded),
+                },
                 valid,
                 since,
                 scarce,
@@ -214,6 +221,10 @@ mod tests {
                 v4: None,
                 v6: Some(c),
             },
+            runway: PerFamily {
+                v4: None,
+                v6: Some(7200),
+            },
             valid: Err("overlaps pool a".into()),
             since: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
             scarce: Scarce {
@@ -224,6 +235,7 @@ mod tests {
         };
         let b = body("p", &s);
         assert_eq!(b["status"]["ipv6"]["capacity"], "18446744073709551616");
+        assert_eq!(b["status"]["ipv6"]["runwaySeconds"], 7200);
         assert!(b["status"].get("ipv4").is_none());
         let cond = &b["status"]["conditions"][0];
         assert_eq!(
