@@ -81,9 +81,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use tidepool_ipam::plan::NodePools;
+use tidepool_ipam::pool::choice::Subject;
 use tidepool_ipam::{AddrSet, Gate, IpSource, Quota, SourceHook};
 use tidepool_ipam::{ErrorClass, IpamError};
-use tidepool_ipam::{Family, NodeName, PerFamily};
+use tidepool_ipam::{Family, NodeName, PerFamily, PodUid};
 use tidepool_ipam::{TokioGovernorClock, TokioInstant};
 
 /// Nodes per subnet by default (DESIGN.md: a /16 per 1,000 nodes).
@@ -338,6 +340,9 @@ pub struct CloudCounters {
 }
 
 struct Subnet {
+    /// Its name (`subnet-<index>`): the pool its nodes' addresses count under (scarcity's
+    /// pressure, the metrics' `pool` label).
+    name: Arc<str>,
     /// First address of the CIDR.
     base: u32,
     prefix: u8,
@@ -496,6 +501,7 @@ impl SimCloud {
         }
         let subnets = (0..u64::from(subnets))
             .map(|i| Subnet {
+                name: Arc::from(format!("subnet-{i}")),
                 base: (base + i * step) as u32,
                 prefix: subnet_size,
                 capacity: step - RESERVED_LOW - RESERVED_HIGH,
@@ -1049,6 +1055,25 @@ impl IpSource for SimCloud {
     /// An instance the cloud no longer has is gone.
     fn machine_gone(&self, node: &NodeName) -> bool {
         !self.has_instance(node)
+    }
+
+    /// A node's pool is its instance's subnet.
+    fn node_pools(&self, node: &NodeName, _pending: &[(PodUid, Option<Subject>)]) -> NodePools {
+        let s = self.state.lock();
+        let subnet = (s.instances.get(node)).map(|inst| s.subnets[inst.subnet].name.clone());
+        NodePools {
+            defaults: PerFamily {
+                v4: subnet,
+                v6: None,
+            },
+            ..NodePools::default()
+        }
+    }
+
+    fn pool_capacity(&self, pool: &str, family: Family) -> Option<u128> {
+        let s = self.state.lock();
+        let subnet = s.subnets.iter().find(|sn| &*sn.name == pool)?;
+        (family == Family::V4).then_some(u128::from(subnet.capacity))
     }
 
     fn quota(&self) -> PerFamily<Quota> {
