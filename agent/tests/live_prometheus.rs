@@ -96,8 +96,8 @@ fn targets(p: &Ports) -> Vec<Target> {
     ]
 }
 
-/// `simulate --realtime`: a small dual-stack cluster pool (so IPv6 series have data too) at
-/// wall-clock speed with pod churn, crashed pods and lost nodes; it runs far longer than
+/// `simulate --realtime`: a small dual-stack cluster pool (so IPv6 series have data too),
+/// its IPv4 pool scarce, at wall-clock speed with pod churn, crashed pods and lost nodes; it runs far longer than
 /// the test, which stops it.
 fn simulate(dir: &Path, metrics: std::net::SocketAddr) -> Proc {
     let mut cmd = Command::new(operator_bin());
@@ -113,7 +113,10 @@ fn simulate(dir: &Path, metrics: std::net::SocketAddr) -> Proc {
             "--dual-stack",
             "--per-node-metrics",
         ])
-        .args(["--pool-cidr", "10.240.0.0/16,fd00:10::/112"])
+        // a /24 the 60 pods and their cooldowns press past --scarcity-enter 0.15: the
+        // IPv4 pool is scarce, so the scarcity metrics move too
+        .args(["--pool-cidr", "10.240.0.0/24,fd00:10::/112"])
+        .args(["--scarcity-enter", "0.15", "--scarcity-exit", "0.1"])
         .args(["--resync-interval", "2s", "--excess-ip-release-delay", "2s"])
         .args(["--reclaim-grace", "1s", "--reclaim-min-age", "1s"])
         .args(["--reuse-cooldown", "2s", "--node-reclaim-grace", "2s"]);
