@@ -830,7 +830,10 @@ async fn drive<S: SimSource>(
     let mut end = times.tail_end;
     let total = end - times.start;
     schedule(&world, &mut wl, phases, &times);
-    let mut m = Measures::new(&times, PromiseCounter::new(cfg.world.engine.scarcity, promise_limit(&world, &cfg)));
+    let mut m = Measures::new(
+        &times,
+        PromiseCounter::new(cfg.world.engine.scarcity, promise_limit(&world, &cfg)),
+    );
     let lost_at_end = loop {
         let now = Instant::now();
         m.tick(&world, &cfg, &times, now);
@@ -1014,7 +1017,10 @@ impl Measures {
     fn wake(&self, times: &Times, end: Instant, now: Instant, next_ev: Option<Instant>) -> Instant {
         let mut wake = end.min(self.next_sample.max(now + Duration::from_millis(1)));
         if self.next_scarcity_sample <= times.active_end {
-            wake = wake.min(self.next_scarcity_sample.max(now + Duration::from_millis(1)));
+            wake = wake.min(
+                self.next_scarcity_sample
+                    .max(now + Duration::from_millis(1)),
+            );
         }
         if !self.measuring {
             wake = wake.min(times.m0);

@@ -76,7 +76,9 @@ impl PromiseCounter {
     /// Takes the pools' state at `now`: their scarcity, and the breaches since the last
     /// sample (a pod breaching at this sample counts the time since the last one, beyond T).
     pub fn observe(&mut self, now: Instant, samples: &BTreeMap<PoolKey, PoolSample>) {
-        let dt = self.last.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let dt = self
+            .last
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.last = Some(now);
         for (key, s) in samples {
             let p = self.pools.entry(key.clone()).or_default();

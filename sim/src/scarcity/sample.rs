@@ -81,11 +81,14 @@ pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolS
 /// The idle units a node holds beyond its own waiting pods' need.
 fn beyond_need(h: Holding, unit: u64, blocks: bool) -> u64 {
     if !blocks {
-        return h.idle.saturating_sub(u64::try_from(h.waiting).unwrap_or(u64::MAX));
+        return h
+            .idle
+            .saturating_sub(u64::try_from(h.waiting).unwrap_or(u64::MAX));
     }
     let short = h.waiting.saturating_sub(h.free_in_use);
     let needed = short.div_ceil(u128::from(unit.max(1)));
-    h.idle.saturating_sub(u64::try_from(needed).unwrap_or(u64::MAX))
+    h.idle
+        .saturating_sub(u64::try_from(needed).unwrap_or(u64::MAX))
 }
 
 /// The node's holdings cut by pool: each block of a block source (true), else its
