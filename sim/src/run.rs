@@ -983,7 +983,7 @@ impl Measures {
             self.oracle = Some(minimum_calls(world, cfg, at_t0.unwrap_or(&AtT0::default())));
         }
         if now >= self.next_scarcity_sample && now <= times.active_end {
-            self.sample_scarcity(world, now);
+            self.sample_scarcity(world, now, cfg.world.engine.scarcity.exit);
         }
         if now >= self.next_sample && now <= times.active_end {
             if world.all_settled() {
@@ -996,8 +996,14 @@ impl Measures {
     }
 
     /// The pools' state for the promise's counter; a pool whose size changed (a cloud
-    /// subnet's) resizes its oracle.
-    fn sample_scarcity<S: SimSource>(&mut self, world: &World<S>, now: Instant) {
+    /// subnet's) resizes its oracle. The store is walked only while some pool is scarce or
+    /// its pods and holds fill half of `--scarcity-exit` (far from entering: the walk of
+    /// every node each second would cost a large run more than the run itself).
+    fn sample_scarcity<S: SimSource>(&mut self, world: &World<S>, now: Instant, exit: f64) {
+        self.next_scarcity_sample += crate::scarcity::promise::SAMPLE_PERIOD;
+        if !self.promise.any_scarce() && world.busiest_pool_share() < exit / 2.0 {
+            return;
+        }
         let samples = crate::scarcity::sample::sample(world);
         let mut pools = BTreeMap::new();
         for (key, (s, unit)) in samples {
@@ -1009,7 +1015,6 @@ impl Measures {
             pools.insert(key, s);
         }
         self.promise.observe(now, &pools);
-        self.next_scarcity_sample += Duration::from_secs(1);
     }
 
     /// When the run must look again: at its end, at the next samples (at least 1 ms on),

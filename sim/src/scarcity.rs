@@ -212,6 +212,13 @@ impl OracleBook {
         }
     }
 
+    /// The highest share of its pool any pool's pods and holds occupy now.
+    pub(crate) fn busiest_share(&self) -> f64 {
+        (self.oracles.values())
+            .map(PoolOracle::occupied_share)
+            .fold(0.0, f64::max)
+    }
+
     /// Every pool's (oracle, actual) waiting seconds up to `at`.
     pub(crate) fn finish(&mut self, at: Duration) -> BTreeMap<PoolKey, (f64, f64)> {
         (self.oracles.iter_mut())

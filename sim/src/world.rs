@@ -1032,6 +1032,12 @@ impl<S: SimSource> World<S> {
         g.book.set_capacity(key, at, addresses, unit);
     }
 
+    /// The highest share of its pool any pool's pods and holds occupy now (the oracles'
+    /// running count: cheap, unlike a walk of the store).
+    pub(crate) fn busiest_pool_share(&self) -> f64 {
+        self.inner.lock().book.busiest_share()
+    }
+
     /// Each pool's (oracle, actual) pod-waiting seconds of the measured period, to now.
     pub fn scarcity_waits(&self) -> std::collections::BTreeMap<PoolKey, (f64, f64)> {
         let mut g = self.inner.lock();

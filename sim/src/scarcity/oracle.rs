@@ -68,6 +68,8 @@ pub struct PoolOracle {
     limits: OracleLimits,
     nodes: HashMap<NodeName, NodeOcc>,
     timers: BinaryHeap<Reverse<(Duration, Timer, NodeName)>>,
+    /// Σ (live + holds): the addresses the pool's pods and holds occupy.
+    present: u64,
     /// Σ usage, Σ pods forced to wait by their node's cap, and the bound, now.
     usage: u64,
     forced: u64,
@@ -86,6 +88,7 @@ impl PoolOracle {
             limits,
             nodes: HashMap::new(),
             timers: BinaryHeap::new(),
+            present: 0,
             usage: 0,
             forced: 0,
             bound: 0,
@@ -155,6 +158,14 @@ impl PoolOracle {
         });
     }
 
+    /// The share of the pool its pods and holds occupy now (waiting pods included): the
+    /// demand the scarcity pressure measures, but for leaked addresses held past the
+    /// reclaim's earliest.
+    pub fn occupied_share(&self) -> f64 {
+        let l = &self.limits;
+        self.present as f64 / (l.capacity as f64 * l.unit as f64).max(1.0)
+    }
+
     /// Integrates up to `at` (the run's end) and returns (oracle, actual) waiting seconds.
     pub fn finish(&mut self, at: Duration) -> (f64, f64) {
         self.advance(at);
@@ -192,8 +203,9 @@ impl PoolOracle {
         let (l, now) = (self.limits, self.now);
         let n = self.nodes.entry(node.clone()).or_default();
         let (usage0, forced0) = (n.counted, forced(n, &l));
-        let held0 = held(n, &l);
+        let (held0, present0) = (held(n, &l), n.live + n.holds);
         f(n);
+        self.present = self.present + (n.live + n.holds) - present0;
         if held(n, &l) < held0 && !l.move_cost.is_zero() {
             n.dropped.push_back((now + l.move_cost, held0));
             (self.timers).push(Reverse((now + l.move_cost, Timer::MoveDone, node.clone())));

@@ -15,6 +15,9 @@ use tokio::time::Instant;
 
 use super::PoolKey;
 
+/// How often the run samples the pools (docs/simulate.md "Scarcity").
+pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
 /// One pool and family as the world holds it at a sample.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PoolSample {
@@ -74,11 +77,13 @@ impl PromiseCounter {
     }
 
     /// Takes the pools' state at `now`: their scarcity, and the breaches since the last
-    /// sample (a pod breaching at this sample counts the time since the last one, beyond T).
+    /// sample (a pod breaching at this sample counts the time since the last one, at most
+    /// [`SAMPLE_PERIOD`], beyond T).
     pub fn observe(&mut self, now: Instant, samples: &BTreeMap<PoolKey, PoolSample>) {
-        let dt = self
+        let since = self
             .last
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let dt = since.min(SAMPLE_PERIOD);
         self.last = Some(now);
         for (key, s) in samples {
             let p = self.pools.entry(key.clone()).or_default();
@@ -109,6 +114,11 @@ impl PromiseCounter {
                 p.breaches.seconds_beyond += dt.min(waited - self.limit).as_secs_f64();
             }
         }
+    }
+
+    /// Whether some pool is scarce now.
+    pub fn any_scarce(&self) -> bool {
+        self.pools.values().any(|p| p.scarce_since.is_some())
     }
 
     /// Each pool's findings.

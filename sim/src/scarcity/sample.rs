@@ -93,7 +93,7 @@ fn beyond_need(h: Holding, unit: u64, blocks: bool) -> u64 {
 
 /// The node's holdings cut by pool: each block of a block source (true), else its
 /// addresses of each family in the node's pool (false).
-fn pieces<S: SimSource>(world: &World<S>, n: &IpamNode) -> Vec<(PoolKey, AddrSet, bool)> {
+fn pieces<S: SimSource>(world: &World<S>, n: &IpamNode) -> Vec<(PoolKey, Arc<AddrSet>, bool)> {
     if world.source.grants_blocks() {
         return (world.store.blocks_of(&n.name).iter())
             .map(|b| {
@@ -102,14 +102,14 @@ fn pieces<S: SimSource>(world: &World<S>, n: &IpamNode) -> Vec<(PoolKey, AddrSet
                     pool: Arc::from(&*b.pool),
                     family,
                 };
-                (key, world.source.block_addresses(b), true)
+                (key, Arc::new(world.source.block_addresses(b)), true)
             })
             .collect();
     }
     (world.cfg.families.iter())
         .map(|&family| {
             let key = world.pool_key(&n.name, family, None);
-            (key, (*n.operator.addresses).clone(), false)
+            (key, n.operator.addresses.clone(), false)
         })
         .collect()
 }
