@@ -312,6 +312,7 @@ pub fn text(r: &Report, cfg: &SimConfig) -> String {
         opt(r.reclaim.latency_seconds.p99),
         opt(r.reclaim.latency_seconds.max),
     );
+    out += &scarcity_line(r);
     out += &memory_line(r);
     out += &format!(
         "invariants       {} double allocations, {} live addresses reclaimed, {} lost{}\n",
@@ -465,6 +466,24 @@ fn bring_up_note(r: &Report) -> String {
             .map_or("and no pod was scheduled later".into(), |p| format!(
                 "p99 {p:.3} s without them"
             )),
+    )
+}
+
+/// The scarcity section in a line, when a pool became scarce (docs/simulate.md "Scarcity").
+fn scarcity_line(r: &Report) -> String {
+    let s = &r.scarcity;
+    if s.episodes == 0 {
+        return String::new();
+    }
+    format!(
+        "scarcity         {} episodes; {} pods waited past {:.3} s while a unit idled elsewhere \
+         ({:.3} s beyond); pod-waiting {:.3} s, oracle {:.3} s\n",
+        s.episodes,
+        s.idle_while_waiting.pods,
+        s.promise_seconds,
+        s.idle_while_waiting.seconds,
+        s.wait_seconds,
+        s.oracle_wait_seconds,
     )
 }
 

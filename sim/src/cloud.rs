@@ -1131,6 +1131,29 @@ impl crate::world::SimSource for SimCloud {
     fn rate_limit(&self) -> Option<(f64, u32)> {
         self.rate_limit
     }
+
+    /// The node's subnet, `subnet-<index>`.
+    fn scarcity_pool(
+        &self,
+        node: &NodeName,
+        _family: Family,
+        _subject: Option<&tidepool_ipam::pool::choice::Subject>,
+    ) -> Option<Arc<str>> {
+        let subnet = self.state.lock().instances.get(node)?.subnet;
+        Some(Arc::from(format!("subnet-{subnet}")))
+    }
+
+    /// The addresses pods can have of a subnet: its free ones and the secondaries its
+    /// instances hold; one address per unit.
+    fn scarcity_capacity(&self, pool: &str, _family: Family) -> Option<(u128, u64)> {
+        let subnet: usize = pool.strip_prefix("subnet-")?.parse().ok()?;
+        let s = self.state.lock();
+        let held: u64 = (s.instances.values())
+            .filter(|i| i.subnet == subnet)
+            .map(InstanceState::pod_addresses)
+            .sum();
+        Some((u128::from(s.subnets.get(subnet)?.free() + held), 1))
+    }
 }
 
 #[cfg(test)]

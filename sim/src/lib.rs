@@ -7,6 +7,7 @@ pub mod cloud;
 mod heap;
 pub mod observer;
 pub mod run;
+pub mod scarcity;
 pub mod scenario;
 pub mod world;
 

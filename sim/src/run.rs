@@ -13,6 +13,8 @@ use tokio::time::Instant;
 
 use crate::cloud::{CloudFaults, InstanceType, SimCloud};
 use crate::observer::Invariants;
+use crate::scarcity::promise::PromiseCounter;
+use crate::scarcity::{PoolKey, ScarcityReport};
 use crate::scenario::{Action, DEFAULT_GROUP, Scenario, Tenant};
 use crate::world::{SimSource, World, WorldConfig};
 use tidepool_ipam::IpamError;
@@ -492,6 +494,9 @@ pub struct Report {
     pub api: ApiReport,
     pub pods: PodsReport,
     pub reclaim: ReclaimReport,
+    /// The promise's breaches and the waiting-time oracle (issue 30): all zero when no
+    /// pool ever became scarce. Not an invariant: it does not fail the run.
+    pub scarcity: ScarcityReport,
     pub memory: MemoryReport,
     /// How long the run went on past the drain tail until queued work was done (0 when
     /// nothing was pending at the tail's end; `drain_limit` past it, the rest counts as
@@ -825,7 +830,10 @@ async fn drive<S: SimSource>(
     let mut end = times.tail_end;
     let total = end - times.start;
     schedule(&world, &mut wl, phases, &times);
-    let mut m = Measures::new(&times);
+    let mut m = Measures::new(
+        &times,
+        PromiseCounter::new(cfg.world.engine.scarcity, promise_limit(&world, &cfg)),
+    );
     let lost_at_end = loop {
         let now = Instant::now();
         m.tick(&world, &cfg, &times, now);
@@ -875,6 +883,7 @@ async fn drive<S: SimSource>(
         wall,
         cpu0,
         &oracle,
+        &m.promise,
     );
     report.drain_extra_seconds = (Instant::now() - times.tail_end).as_secs_f64();
     report.pods.unschedulable = wl.unschedulable;
@@ -930,11 +939,19 @@ struct Measures {
     settled_since: Option<Instant>,
     next_sample: Instant,
     last_progress: Instant,
+    /// The promise's breach counter, sampled each second of the measured period.
+    promise: PromiseCounter,
+    next_scarcity_sample: Instant,
+    /// Each pool's size as last given to its oracle.
+    pool_sizes: BTreeMap<PoolKey, (u128, u64)>,
 }
 
 impl Measures {
-    fn new(times: &Times) -> Measures {
+    fn new(times: &Times, promise: PromiseCounter) -> Measures {
         Measures {
+            promise,
+            next_scarcity_sample: times.m0,
+            pool_sizes: BTreeMap::new(),
             measuring: times.m0 == times.start,
             waiting_at_start: 0,
             at_t0: None,
@@ -965,6 +982,9 @@ impl Measures {
             let at_t0 = self.at_t0.as_ref();
             self.oracle = Some(minimum_calls(world, cfg, at_t0.unwrap_or(&AtT0::default())));
         }
+        if now >= self.next_scarcity_sample && now <= times.active_end {
+            self.sample_scarcity(world, now, cfg.world.engine.scarcity.exit);
+        }
         if now >= self.next_sample && now <= times.active_end {
             if world.all_settled() {
                 self.settled_since.get_or_insert(now);
@@ -975,10 +995,38 @@ impl Measures {
         }
     }
 
-    /// When the run must look again: at its end, at the next sample (at least 1 ms on), at
-    /// m0 and t0 until they are reached, and at the next event.
+    /// The pools' state for the promise's counter; a pool whose size changed (a cloud
+    /// subnet's) resizes its oracle. The store is walked only while some pool is scarce or
+    /// its pods and holds fill half of `--scarcity-exit` (far from entering: the walk of
+    /// every node each second would cost a large run more than the run itself).
+    fn sample_scarcity<S: SimSource>(&mut self, world: &World<S>, now: Instant, exit: f64) {
+        self.next_scarcity_sample += crate::scarcity::promise::SAMPLE_PERIOD;
+        if !self.promise.any_scarce() && world.busiest_pool_share() < exit / 2.0 {
+            return;
+        }
+        let samples = crate::scarcity::sample::sample(world);
+        let mut pools = BTreeMap::new();
+        for (key, (s, unit)) in samples {
+            let size = (s.capacity, unit);
+            if self.pool_sizes.get(&key).is_some_and(|was| *was != size) {
+                world.pool_resized(&key, size);
+            }
+            self.pool_sizes.insert(key.clone(), size);
+            pools.insert(key, s);
+        }
+        self.promise.observe(now, &pools);
+    }
+
+    /// When the run must look again: at its end, at the next samples (at least 1 ms on),
+    /// at m0 and t0 until they are reached, and at the next event.
     fn wake(&self, times: &Times, end: Instant, now: Instant, next_ev: Option<Instant>) -> Instant {
         let mut wake = end.min(self.next_sample.max(now + Duration::from_millis(1)));
+        if self.next_scarcity_sample <= times.active_end {
+            wake = wake.min(
+                self.next_scarcity_sample
+                    .max(now + Duration::from_millis(1)),
+            );
+        }
         if !self.measuring {
             wake = wake.min(times.m0);
         }
@@ -1527,6 +1575,28 @@ fn minimum_calls<S: SimSource>(world: &World<S>, cfg: &SimConfig, at_t0: &AtT0) 
     }
 }
 
+/// The promise's T (docs/simulate.md "Scarcity"): the scarcity release delay, plus one
+/// handshake (a pass that marks, one kube write; the node side answers at once; a pass that
+/// releases, one source call), plus one claim (a pass and one source call). A write or a
+/// call takes its API's budget interval (1 / qps, the cloud's own limit if lower); a source
+/// call adds its latency.
+fn promise_limit<S: SimSource>(world: &World<S>, cfg: &SimConfig) -> Duration {
+    let (w, e) = (&cfg.world, &cfg.world.engine);
+    let per = |qps: f64| Duration::from_secs_f64(1.0 / qps.max(f64::MIN_POSITIVE));
+    let mut qps = match world.source.api() {
+        tidepool_ipam::Api::Source => w.source_qps,
+        tidepool_ipam::Api::Kube => w.kube_qps,
+    };
+    if let Some((q, _)) = world.source.rate_limit() {
+        qps = qps.min(q);
+    }
+    let call = per(qps) + world.source.call_latency();
+    let pass = e.min_pass_interval;
+    let handshake = pass + per(w.kube_qps) + pass + call;
+    let claim = pass + call;
+    e.scarcity.release_delay + handshake + claim
+}
+
 fn add_node<S: SimSource>(world: &World<S>, wl: &mut Workload, group: usize) -> NodeName {
     let name = world.add_node(&format!("node-{:05}", wl.next_node));
     wl.next_node += 1;
@@ -1566,6 +1636,7 @@ fn build_report<S: SimSource>(
     wall: std::time::Instant,
     cpu0: Option<f64>,
     oracle: &Oracle,
+    promise: &PromiseCounter,
 ) -> Report {
     // the drain loop's last look found nothing lost: the end-of-run walk would find nothing
     // either (both at this instant), so it is skipped (a second walk of every address)
@@ -1659,6 +1730,7 @@ fn build_report<S: SimSource>(
             held_by_min_age: stats.held_by_min_age,
             latency_seconds: Quantiles::of(world.observer.reclaim_latencies()),
         },
+        scarcity: ScarcityReport::build(promise, &world.scarcity_waits()),
         memory,
         drain_extra_seconds: 0.0,
         invariants,

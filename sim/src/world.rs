@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
 use crate::observer::Observer;
+use crate::scarcity::{OracleBook, OracleSettings, PoolKey};
 use tidepool_ipam::AddrSet;
 use tidepool_ipam::BlockStore;
 use tidepool_ipam::IpamError;
@@ -95,6 +96,22 @@ pub trait SimSource: IpSource + Clone {
         _families: &[Family],
     ) -> Option<AddrSet> {
         Some(AddrSet::new())
+    }
+    /// The pool of `family` a pod with `subject` (None: no choice of its own) takes on
+    /// `node`, for the scarcity measures. None: the source is one pool (the in-memory
+    /// source, `--source-capacity`).
+    fn scarcity_pool(
+        &self,
+        _node: &NodeName,
+        _family: Family,
+        _subject: Option<&Subject>,
+    ) -> Option<Arc<str>> {
+        None
+    }
+    /// A pool's usable addresses of `family`, and the addresses per unit it grants in.
+    /// None: not a pool of the source.
+    fn scarcity_capacity(&self, _pool: &str, _family: Family) -> Option<(u128, u64)> {
+        None
     }
     /// Why `addr`, given to a pod with `subject` on `node`, lies outside the pool the pod
     /// resolves to (the observer's check, from the blocks and the pools, not from what the
@@ -214,6 +231,28 @@ impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
         Some(outside)
     }
 
+    /// The pool the pod resolves to (the node's, without a choice of its own).
+    fn scarcity_pool(
+        &self,
+        node: &NodeName,
+        family: Family,
+        subject: Option<&Subject>,
+    ) -> Option<Arc<str>> {
+        let pool = match subject {
+            Some(s) => self.choose(node, family, s).ok()?,
+            None => self.pool_of(node, family)?,
+        };
+        Some(Arc::from(pool))
+    }
+
+    /// The pool's usable addresses (its IPPool status), in its blocks.
+    fn scarcity_capacity(&self, pool: &str, family: Family) -> Option<(u128, u64)> {
+        let usage = self.usage().into_iter().find(|u| u.name == pool)?;
+        let addresses = usage.addresses.get(family).map_or(0, |c| c.capacity);
+        let unit = u64::try_from(self.grant_size(family)).unwrap_or(u64::MAX);
+        Some((addresses, unit))
+    }
+
     fn outside_pod_pool(
         &self,
         node: &NodeName,
@@ -302,6 +341,8 @@ struct SimPod {
     started_ns: u64,
     /// Born before the measured period (its wait is not reported).
     measured: bool,
+    /// Its pools, one per family, for the scarcity oracle ([`OracleBook::keys`]).
+    pools: u16,
 }
 
 impl Keyed for SimPod {
@@ -384,9 +425,23 @@ struct Inner {
     measure_from: Instant,
     /// What the pods' times count from.
     base: Instant,
+    /// The scarcity oracle of each pool, fed by the pods' events.
+    book: OracleBook,
 }
 
 impl Inner {
+    /// `now` as the oracle's time (since [`Inner::base`]).
+    fn offset(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.base)
+    }
+
+    /// A pod of `node` left it (deleted, or lost with its machine).
+    fn depart(&mut self, node: &NodeName, pod: &SimPod, crashed: bool, now: Instant) {
+        let at = self.offset(now);
+        let started = (pod.started_ns != NOT_STARTED).then(|| Duration::from_nanos(pod.started_ns));
+        (self.book).each(pod.pools, |o| o.depart(at, node, started, crashed));
+    }
+
     /// Has the node side of `node` look again at `at`, unless it already will by then.
     fn wake_at(&mut self, node: &NodeName, at: Instant) {
         let Some(a) = self.agents.get_mut(node) else {
@@ -527,6 +582,7 @@ impl<S: SimSource> World<S> {
             cfg.engine.clone(),
         )?;
         let events = store.subscribe();
+        let settings = oracle_settings(&cfg);
         let world = World {
             cfg: Arc::new(cfg),
             source,
@@ -547,6 +603,7 @@ impl<S: SimSource> World<S> {
                 stats: WorkloadStats::default(),
                 measure_from: Instant::now(),
                 base: Instant::now(),
+                book: OracleBook::new(settings),
             })),
             wake: Arc::new(tokio::sync::Notify::new()),
             projections: Arc::default(),
@@ -611,6 +668,8 @@ impl<S: SimSource> World<S> {
         self.observer.start_measuring();
         let mut g = self.inner.lock();
         g.measure_from = Instant::now();
+        let at = g.offset(g.measure_from);
+        g.book.measure_from(at);
         g.stats = WorkloadStats::default();
         for p in g.pods.values_mut() {
             p.measured = false;
@@ -679,8 +738,14 @@ impl<S: SimSource> World<S> {
     }
 
     fn schedule(&self, node: &NodeName, subject: Option<Subject>) -> PodUid {
+        let keys: Vec<PoolKey> = (self.cfg.families.iter())
+            .map(|&f| self.pool_key(node, f, subject.as_ref()))
+            .collect();
         let uid = {
             let mut g = self.inner.lock();
+            let at = g.offset(Instant::now());
+            let pools = g.book.set_of(keys, |k| self.pool_size(k), at);
+            g.book.each(pools, |o| o.arrive(at, node));
             g.next_uid += 1;
             g.next_container += 1;
             let uid = PodUid(g.next_uid);
@@ -693,6 +758,7 @@ impl<S: SimSource> World<S> {
                 scheduled_ns,
                 started_ns: NOT_STARTED,
                 measured: true,
+                pools,
             });
             if let Some(a) = g.agents.get_mut(node) {
                 a.queue.push_back((uid, cid));
@@ -724,7 +790,12 @@ impl<S: SimSource> World<S> {
                 a.queue.retain(|(u, _)| *u != uid);
                 a.pods.retain(|u| *u != uid);
                 let unserved = (queued - a.queue.len()) as u64;
+                // a pod of a vanished machine left the oracle with it
+                let alive = a.alive;
                 g.stats.left_unserved += unserved;
+                if alive {
+                    g.depart(&p.node, p, crash, now);
+                }
             }
             p.map(|p| {
                 let started_at = p.started_at(base);
@@ -870,6 +941,13 @@ impl<S: SimSource> World<S> {
             a.queue.clear();
             let uids = a.pods.clone();
             g.stats.left_unserved += unserved;
+            // its pods leave as crashed ones do: their addresses are held until reclaimed
+            let now = Instant::now();
+            for u in &uids {
+                if let Some(p) = g.pods.get(u).cloned() {
+                    g.depart(node, &p, true, now);
+                }
+            }
             if let Ok(i) = g.live.binary_search(node) {
                 g.live.remove(i);
             }
@@ -888,12 +966,19 @@ impl<S: SimSource> World<S> {
         let uids = {
             let mut g = self.inner.lock();
             g.stats.events += 1;
-            let uids = g.agents.remove(node).map(|a| a.pods).unwrap_or_default();
+            let agent = g.agents.remove(node);
+            let alive = agent.as_ref().is_some_and(|a| a.alive);
+            let uids = agent.map(|a| a.pods).unwrap_or_default();
             if let Ok(i) = g.live.binary_search(node) {
                 g.live.remove(i);
             }
+            let now = Instant::now();
             for u in &uids {
-                g.pods.remove(u);
+                if let Some(p) = g.pods.remove(u)
+                    && alive
+                {
+                    g.depart(node, &p, false, now);
+                }
             }
             uids
         };
@@ -903,6 +988,61 @@ impl<S: SimSource> World<S> {
         }
         self.manager.delete_node(node);
         self.pod_deleted_event(node);
+    }
+
+    /// The pool a pod of `node` with `subject` takes, for the scarcity measures.
+    pub(crate) fn pool_key(
+        &self,
+        node: &NodeName,
+        family: Family,
+        subject: Option<&Subject>,
+    ) -> PoolKey {
+        let pool = (self.source.scarcity_pool(node, family, subject))
+            .unwrap_or_else(|| Arc::from("source"));
+        PoolKey { pool, family }
+    }
+
+    /// A pool's usable addresses and addresses per unit (the in-memory source: its
+    /// capacity, per address).
+    pub(crate) fn pool_size(&self, key: &PoolKey) -> (u128, u64) {
+        (self.source.scarcity_capacity(&key.pool, key.family))
+            .unwrap_or_else(|| (u128::from(*self.cfg.capacity.get(key.family)), 1))
+    }
+
+    /// The pods waiting on live machines: their node, UID, when they were scheduled, and
+    /// their pools.
+    pub(crate) fn waiting_pods(&self) -> Vec<(NodeName, PodUid, Instant, Vec<PoolKey>)> {
+        let g = self.inner.lock();
+        let mut out = Vec::new();
+        for (name, a) in g.agents.iter().filter(|(_, a)| a.alive) {
+            for (uid, _) in &a.queue {
+                if let Some(p) = g.pods.get(uid) {
+                    let keys = g.book.keys(p.pools).to_vec();
+                    out.push((name.clone(), *uid, p.scheduled_at(g.base), keys));
+                }
+            }
+        }
+        out
+    }
+
+    /// A pool's usable addresses changed (a cloud subnet's, as interfaces come and go).
+    pub(crate) fn pool_resized(&self, key: &PoolKey, (addresses, unit): (u128, u64)) {
+        let mut g = self.inner.lock();
+        let at = g.offset(Instant::now());
+        g.book.set_capacity(key, at, addresses, unit);
+    }
+
+    /// The highest share of its pool any pool's pods and holds occupy now (the oracles'
+    /// running count: cheap, unlike a walk of the store).
+    pub(crate) fn busiest_pool_share(&self) -> f64 {
+        self.inner.lock().book.busiest_share()
+    }
+
+    /// Each pool's (oracle, actual) pod-waiting seconds of the measured period, to now.
+    pub fn scarcity_waits(&self) -> std::collections::BTreeMap<PoolKey, (f64, f64)> {
+        let mut g = self.inner.lock();
+        let at = g.offset(Instant::now());
+        g.book.finish(at)
     }
 
     /// Pods on a node (running or waiting), in scheduling order.
@@ -1149,7 +1289,9 @@ impl<S: SimSource> World<S> {
             }
             let p = g.pods.get_mut(uid).expect("queued pods exist");
             p.started_ns = ns_since(base, now);
-            let (at, measured) = (p.scheduled_at(base), p.measured);
+            let (at, measured, pools) = (p.scheduled_at(base), p.measured, p.pools);
+            let offset = g.offset(now);
+            g.book.each(pools, |o| o.started(offset, name));
             if measured && at >= measure_from {
                 let wait = now.saturating_duration_since(at).as_secs_f64();
                 g.stats.started += 1;
@@ -1299,6 +1441,22 @@ impl<S: SimSource> World<S> {
         bytes += g.live.capacity() * size_of::<NodeName>();
         bytes += g.cooldowns.capacity() * size_of::<(Instant, NodeName)>();
         bytes
+    }
+}
+
+/// The oracle's constraints from the world's settings: a node holds at most its
+/// allocatable pods' addresses; a unit moves in the scarcity release delay plus one round
+/// trip (a call's latency); a crashed pod's address is held `reclaim_grace` after the
+/// crash and `reclaim_min_age` after the pod started at least, every freed one cools for
+/// `reuse_cooldown`.
+fn oracle_settings(cfg: &WorldConfig) -> OracleSettings {
+    let e = &cfg.engine;
+    OracleSettings {
+        node_cap: u64::from(cfg.max_pods),
+        move_cost: e.scarcity.release_delay + cfg.source_latency,
+        reclaim_grace: e.reclaim.grace,
+        reclaim_min_age: e.reclaim.min_age,
+        cooldown: cfg.reuse_cooldown,
     }
 }
 
