@@ -219,12 +219,15 @@ async fn an_idle_block_elsewhere_while_a_pod_waits_past_t_is_a_breach() {
 }
 
 /// The baseline: a /22 of /28 blocks (64) for 30 nodes × 30 pods (60 blocks
-/// needed). The oracle says no wait, and today's engine leaves pods waiting while other
-/// nodes keep idle blocks: the counter counts them.
+/// needed). The oracle says no wait; without scarcity handling the engine leaves pods
+/// waiting while other nodes keep idle blocks, and the counter counts them; with it, every
+/// pod is served and nothing is counted.
 #[test]
 fn the_baseline_breaches_while_the_oracle_says_no_wait() {
+    let mut world = WorldConfig::default();
+    world.engine.scarcity.enabled = false;
     let cfg = SimConfig {
-        world: WorldConfig::default(),
+        world,
         source: SourceChoice::ClusterPool(PoolChoice {
             cidrs: vec!["10.0.0.0/22".into()],
             block_size: tidepool_ipam::PerFamily { v4: 28, v6: 124 },
@@ -237,7 +240,7 @@ fn the_baseline_breaches_while_the_oracle_says_no_wait() {
         duration: s(600),
         ..SimConfig::default()
     };
-    let r = simulate_paused(cfg).unwrap();
+    let r = simulate_paused(cfg.clone()).unwrap();
     let sc = &r.scarcity;
     assert!(sc.episodes >= 1, "{sc:?}");
     assert_eq!(sc.oracle_wait_seconds, 0.0, "{sc:?}");
@@ -246,6 +249,12 @@ fn the_baseline_breaches_while_the_oracle_says_no_wait() {
     assert!(sc.wait_seconds > 0.0, "{sc:?}");
     assert_eq!(sc.pools.len(), 1);
     assert_eq!(sc.pools[0].pool, "default");
+
+    let mut handled = cfg;
+    handled.world.engine.scarcity.enabled = true;
+    let r = simulate_paused(handled).unwrap();
+    assert_eq!(r.pods.never_served, 0, "{:?}", r.pods);
+    assert_eq!(r.scarcity.idle_while_waiting.pods, 0, "{:?}", r.scarcity);
 }
 
 /// A run that never becomes scarce reports an all-zero section.
@@ -335,16 +344,27 @@ fn the_oracle_never_exceeds_the_actual_waiting() {
     }
 }
 
-/// The promise itself over seeds: no pod of a scarce pool waits past T while another node
-/// holds a releasable unit. Today's engine keeps idle blocks while pods wait elsewhere.
+/// The promise itself over seeds, on the cluster pool in /28 blocks: no pod of a scarce
+/// pool waits past T while another node holds a releasable unit; without scarcity handling
+/// it breaks on every seed (the test can fail). Not yet kept, and so not asserted here
+/// (BENCHMARKS.md "Scarcity"): /32 blocks, where the bring-up's block claims queue behind
+/// the default kube budget, and sim-cloud.
 #[test]
-#[ignore = "needs the engine's scarcity step"]
 fn the_promise_holds_over_seeds() {
-    for (file, source) in cases() {
+    let cases = [
+        ("scarcity.yaml", pool("10.0.0.0/22", 28)),
+        ("scarcity-pools.yaml", pool("10.0.0.0/16", 28)),
+    ];
+    for (file, source) in cases {
         for seed in 1..=5 {
             let r = simulate_paused(scenario(file, source.clone(), seed)).unwrap();
+            assert!(r.scarcity.episodes >= 1, "{file} seed {seed}: never scarce");
             let b = r.scarcity.idle_while_waiting;
             assert_eq!(b.pods, 0, "{file} {source:?} seed {seed}: {:?}", r.scarcity);
         }
     }
+    let mut off = scenario("scarcity.yaml", pool("10.0.0.0/22", 28), 1);
+    off.world.engine.scarcity.enabled = false;
+    let r = simulate_paused(off).unwrap();
+    assert!(r.scarcity.idle_while_waiting.pods > 0, "{:?}", r.scarcity);
 }
