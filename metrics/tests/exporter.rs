@@ -34,6 +34,9 @@ fn render_sample() -> String {
         m::record::pool_valid("default", false);
         m::record::ips(m::Family::Ipv4, m::IpsState::Used, "default", 12.0);
         m::record::pods_waiting(m::Family::Ipv6, "", 1.0);
+        m::record::pool_scarcity("default", m::Family::Ipv4, 0.9, true, 0.25);
+        m::record::scarcity_released_ips("default", m::Family::Ipv4, 16);
+        m::record::pool_exhaustion("default", m::Family::Ipv4, f64::INFINITY);
         m::record::build_info(m::BuildInfo {
             version: "1.2.3",
             commit: "0abc123",
@@ -78,6 +81,15 @@ fn histograms_render_as_histograms_with_help() {
         "tidepool_ipam_reclaims_total{reason=\"sandbox-replaced\",outcome=\"failed\"} 0"
     ));
     assert!(text.contains("tidepool_leader 1"));
+    // a pool that is not shrinking has all the time in the world: the exporter writes
+    // Rust's `inf`, which Prometheus's parser (Go's strconv.ParseFloat, case-insensitive)
+    // reads as +Inf; the live-Prometheus test scrapes and queries it
+    assert!(
+        text.contains(
+            "tidepool_ipam_pool_exhaustion_seconds{pool=\"default\",family=\"ipv4\"} inf"
+        ),
+        "{text}"
+    );
     assert!(text.contains("tidepool_agent_cni_requests_total{verb=\"del\",outcome=\"stale\"} 1"));
     assert!(text.contains("tidepool_agent_ips{family=\"ipv4\",state=\"pool\"} 16"));
 }

@@ -400,6 +400,16 @@ struct State {
 }
 
 impl State {
+    /// The addresses of subnet `subnet` pods can have: its free ones and those its
+    /// instances' pods hold (not the interfaces' primaries).
+    fn pod_capacity(&self, subnet: usize) -> Option<u64> {
+        let held: u64 = (self.instances.values())
+            .filter(|i| i.subnet == subnet)
+            .map(InstanceState::pod_addresses)
+            .sum();
+        Some(self.subnets.get(subnet)?.free() + held)
+    }
+
     fn target(&self, inst: &InstanceState) -> Option<Target> {
         let per = inst.instance_type.pod_addresses_per_interface();
         for (i, ifc) in inst.interfaces.iter().enumerate() {
@@ -1070,10 +1080,12 @@ impl IpSource for SimCloud {
         }
     }
 
+    /// A subnet's addresses for pods: its free ones and those its instances' pods hold
+    /// (the interfaces' primary addresses are for no pod).
     fn pool_capacity(&self, pool: &str, family: Family) -> Option<u128> {
         let s = self.state.lock();
-        let subnet = s.subnets.iter().find(|sn| &*sn.name == pool)?;
-        (family == Family::V4).then_some(u128::from(subnet.capacity))
+        let subnet = s.subnets.iter().position(|sn| &*sn.name == pool)?;
+        (family == Family::V4).then_some(u128::from(s.pod_capacity(subnet)?))
     }
 
     fn quota(&self) -> PerFamily<Quota> {
@@ -1147,12 +1159,7 @@ impl crate::world::SimSource for SimCloud {
     /// instances hold; one address per unit.
     fn scarcity_capacity(&self, pool: &str, _family: Family) -> Option<(u128, u64)> {
         let subnet: usize = pool.strip_prefix("subnet-")?.parse().ok()?;
-        let s = self.state.lock();
-        let held: u64 = (s.instances.values())
-            .filter(|i| i.subnet == subnet)
-            .map(InstanceState::pod_addresses)
-            .sum();
-        Some((u128::from(s.subnets.get(subnet)?.free() + held), 1))
+        Some((u128::from(self.state.lock().pod_capacity(subnet)?), 1))
     }
 }
 

@@ -685,10 +685,9 @@ pub fn summarize(
 /// Each lane's figures, under its pool's name (the node's default pool's, when the source
 /// names it), and the pods refused a pool, waiting under it.
 fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> {
-    let name = |f: Family, pool: Option<&Arc<str>>| pool_name(s, f, pool);
     let mut out: Vec<LaneSummary> = (sized.lanes.iter())
         .map(|(lane, c, sizing)| LaneSummary {
-            pool: name(lane.family, lane.pool),
+            pool: pool_name(s, lane.family, lane.pool),
             family: lane.family,
             counts: *c,
             sizing: *sizing,
@@ -696,7 +695,7 @@ fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> 
         .collect();
     for &family in s.families {
         for u in s.pools.unplaced.get(family) {
-            let pool = name(family, u.pool.as_ref());
+            let pool = pool_name(s, family, u.pool.as_ref());
             match out
                 .iter_mut()
                 .find(|l| l.family == family && l.pool == pool)
