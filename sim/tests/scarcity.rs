@@ -23,6 +23,13 @@ fn n(name: &str) -> NodeName {
 }
 
 /// A pool of `capacity` units of `unit` addresses; no cap, no holds, instant moves.
+/// `count` pods arriving on `node` at the start.
+fn arrive_many(o: &mut PoolOracle, node: &str, count: usize) {
+    for _ in 0..count {
+        o.arrive(s(0), &n(node));
+    }
+}
+
 fn limits(unit: u64, capacity: u64) -> OracleLimits {
     OracleLimits {
         unit,
@@ -39,12 +46,8 @@ fn limits(unit: u64, capacity: u64) -> OracleLimits {
 #[test]
 fn room_for_everyone_means_no_wait() {
     let mut o = PoolOracle::new(limits(16, 4), s(0));
-    for _ in 0..30 {
-        o.arrive(s(0), &n("a"));
-    }
-    for _ in 0..32 {
-        o.arrive(s(0), &n("b"));
-    }
+    arrive_many(&mut o, "a", 30);
+    arrive_many(&mut o, "b", 32);
     // 30 pods need 2 blocks of 16, 32 need 2: 4 of 4
     assert_eq!(o.finish(s(100)).0, 0.0);
 }
@@ -54,12 +57,8 @@ fn room_for_everyone_means_no_wait() {
 #[test]
 fn one_block_short_costs_the_smallest_remainder() {
     let mut o = PoolOracle::new(limits(16, 3), s(0));
-    for _ in 0..17 {
-        o.arrive(s(0), &n("a"));
-    }
-    for _ in 0..20 {
-        o.arrive(s(0), &n("b"));
-    }
+    arrive_many(&mut o, "a", 17);
+    arrive_many(&mut o, "b", 20);
     // a: 17 → 2 blocks (remainder 1), b: 20 → 2 blocks (remainder 4): free a's second
     assert_eq!(o.finish(s(10)).0, 10.0);
 }
@@ -149,9 +148,7 @@ fn pods_beyond_the_node_cap_wait() {
         },
         s(0),
     );
-    for _ in 0..5 {
-        o.arrive(s(0), &n("a"));
-    }
+    arrive_many(&mut o, "a", 5);
     assert_eq!(o.finish(s(10)).0, 20.0);
 }
 

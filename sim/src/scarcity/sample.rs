@@ -20,6 +20,22 @@ struct Holding {
     waiting: u128,
 }
 
+/// `key`'s sample in `out`, made with the pool's capacity and unit on first use.
+fn entry<'a, S: SimSource>(
+    out: &'a mut BTreeMap<PoolKey, (PoolSample, u64)>,
+    world: &World<S>,
+    key: &PoolKey,
+) -> &'a mut (PoolSample, u64) {
+    out.entry(key.clone()).or_insert_with(|| {
+        let (capacity, unit) = world.pool_size(key);
+        let sample = PoolSample {
+            capacity,
+            ..PoolSample::default()
+        };
+        (sample, unit)
+    })
+}
+
 /// Every pool's sample now, with the capacity (usable addresses, addresses per unit) the
 /// source gives it.
 pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolSample, u64)> {
@@ -30,16 +46,7 @@ pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolS
             let used = count_in(n.node.used.keys(), &addrs, key.family);
             let cooling = count_in(n.node.cooldown.keys(), &addrs, key.family);
             let fam = addrs.len(key.family);
-            let s = out.entry(key.clone()).or_insert_with(|| {
-                let (capacity, unit) = world.pool_size(&key);
-                (
-                    PoolSample {
-                        capacity,
-                        ..PoolSample::default()
-                    },
-                    unit,
-                )
-            });
+            let s = entry(&mut out, world, &key);
             (s.0.used, s.0.cooldown) = (s.0.used + used, s.0.cooldown + cooling);
             let h = holdings.entry((key, n.name.clone())).or_default();
             let free = fam.saturating_sub(used + cooling);
@@ -52,16 +59,7 @@ pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolS
     }
     for (node, uid, since, keys) in world.waiting_pods() {
         for key in keys {
-            let s = out.entry(key.clone()).or_insert_with(|| {
-                let (capacity, unit) = world.pool_size(&key);
-                (
-                    PoolSample {
-                        capacity,
-                        ..PoolSample::default()
-                    },
-                    unit,
-                )
-            });
+            let s = entry(&mut out, world, &key);
             s.0.waiting.push((node.clone(), uid, since));
             holdings.entry((key, node.clone())).or_default().waiting += 1;
         }
