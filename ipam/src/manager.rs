@@ -201,6 +201,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             let own = ev.writer == Writer::Operator
                 && (ev.kind == ObjectKind::IpamBlock
                     || h.own_write.load(Ordering::Relaxed) == ev.resource_version.fingerprint());
+            tracing::debug!(
+                node = %ev.name, kind = ?ev.kind, writer = ?ev.writer,
+                version = %ev.resource_version, own, "store event"
+            );
             if !own {
                 h.trigger.trigger(Reason::Upsert);
                 h.work.notify_waiters();

@@ -136,8 +136,8 @@ fn write_uuid(f: &mut fmt::Formatter<'_>, v: u128) -> fmt::Result {
     )
 }
 
-/// An object's resourceVersion. The API calls it opaque: it is compared for equality only,
-/// never ordered or counted with. An in-memory store makes one from its write counter, a
+/// An object's resourceVersion. Compared for equality, and ordered only as Kubernetes 1.35
+/// allows (KEP-5504, [`ResourceVersion::compare`]); never counted with. An in-memory store makes one from its write counter, a
 /// Kubernetes store keeps the string the server gave (no copy of a counter as a string per
 /// write in the simulator's hot path). `None` where one is optional: never written.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -162,6 +162,21 @@ impl ResourceVersion {
         ResourceVersion(Repr::Server(Arc::new(s.to_owned())))
     }
 
+    /// Which of two versions of objects of one resource is newer, as
+    /// `k8s.io/apimachinery/pkg/util/resourceversion.CompareResourceVersion` says since
+    /// Kubernetes 1.35 (KEP-5504, stable): each a positive integer in decimal without
+    /// leading zeros, of any length. None when either is not one (a server that does not
+    /// promise the order): then only equality tells.
+    pub fn compare(&self, other: &ResourceVersion) -> Option<std::cmp::Ordering> {
+        match (&self.0, &other.0) {
+            (Repr::Counter(a), Repr::Counter(b)) => Some(a.cmp(b)),
+            (Repr::Server(a), Repr::Server(b)) if comparable(a) && comparable(b) => {
+                Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+            }
+            _ => None,
+        }
+    }
+
     /// 64 bits that tell versions apart (the counter itself, or FNV-1a of the server's
     /// string), for a lock-free hint such as "this event is my own write": a collision
     /// between two server strings (chance 2^-64) would only cost one skipped wake-up, which
@@ -174,6 +189,12 @@ impl ResourceVersion {
             }),
         }
     }
+}
+
+/// A version [`ResourceVersion::compare`] can order: a positive decimal integer without
+/// leading zeros.
+fn comparable(s: &str) -> bool {
+    !s.is_empty() && !s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 impl fmt::Display for ResourceVersion {
@@ -476,6 +497,28 @@ impl NodeInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cases of `CompareResourceVersion`'s own table (apimachinery
+    /// pkg/util/resourceversion): by length first, then digit by digit; zero, leading zeros
+    /// and non-digits are not comparable.
+    #[test]
+    fn versions_compare_as_kubernetes_compares_them() {
+        use std::cmp::Ordering::*;
+        let rv = ResourceVersion::server;
+        assert_eq!(rv("9").compare(&rv("10")), Some(Less));
+        assert_eq!(rv("123").compare(&rv("122")), Some(Greater));
+        assert_eq!(
+            rv("99999999999999999999").compare(&rv("99999999999999999999")),
+            Some(Equal)
+        );
+        for bad in ["0", "012", "12a", "", "-1"] {
+            assert_eq!(rv(bad).compare(&rv("5")), None, "{bad:?}");
+            assert_eq!(rv("5").compare(&rv(bad)), None, "{bad:?}");
+        }
+        let n = ResourceVersion::counter;
+        assert_eq!(n(3).compare(&n(2)), Some(Greater));
+        assert_eq!(n(3).compare(&rv("3")), None, "two kinds of store");
+    }
 
     /// A pool's overrides count where its node's set nothing.
     #[test]

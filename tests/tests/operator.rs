@@ -44,6 +44,7 @@ async fn start_operator(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
+    log_to_test_output();
     let client = server.client(OPERATOR).await.expect("operator client");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {

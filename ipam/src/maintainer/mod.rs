@@ -144,6 +144,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         retry_at = None;
         local.ticket.begin_pass();
         local.kube.begin_pass();
+        tracing::debug!(node = %h.name, reasons = %run.reasons, "maintenance pass");
         let result = pass(&shared, &h, &mut local).await;
         shared.counts_may_change();
         rx.finished(&run);
@@ -160,6 +161,7 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
                 h.trigger.trigger(Reason::Upsert);
             }
             Ok(Outcome::Idle(deadline)) => {
+                tracing::debug!(node = %h.name, next = ?deadline, "maintenance pass done");
                 if let Some(d) = deadline {
                     h.trigger.trigger_at(d, Reason::Deadline);
                 }

@@ -136,10 +136,14 @@ impl Cache {
         self.own.note(rv);
     }
 
-    /// Takes an object we wrote in at once; its watch events up to the echo are skipped.
+    /// Takes an object we wrote (or read) in at once; its watch events up to the echo are
+    /// skipped. A copy the watch already brought newer stays ([`holds_newer`]).
     pub fn put_node(&mut self, view: NodeView) {
         let name: Arc<str> = view.node.name.clone();
         let seen = self.nodes.get(&*name).map(|v| &v.node.resource_version);
+        if holds_newer(seen, view.node.resource_version.as_ref()) {
+            return;
+        }
         // a write that changed nothing returns the version already held: no echo comes
         if seen != Some(&view.node.resource_version) {
             let rv = view.node.resource_version.clone();
@@ -150,6 +154,9 @@ impl Cache {
 
     pub fn put_block(&mut self, b: Arc<IpamBlock>, uid: Option<Arc<str>>) {
         let seen = self.blocks.get(&b.name).map(|o| &o.resource_version);
+        if holds_newer(seen, b.resource_version.as_ref()) {
+            return;
+        }
         if seen != Some(&b.resource_version) {
             let rv = b.resource_version.clone();
             self.expect(ObjectKind::IpamBlock, b.name.clone(), rv.as_ref());
@@ -452,6 +459,16 @@ impl Cache {
     }
 }
 
+/// Whether the copy held (`seen`) is newer than one our write or read returned (`got`):
+/// the watch delivered the write's echo, and a later change, before the answer was taken
+/// in. Taking it would put the copy back in time and wait for an echo that has gone by.
+/// Only where the versions compare (Kubernetes 1.35, [`ResourceVersion::compare`]);
+/// elsewhere the echo is waited for.
+fn holds_newer(seen: Option<&Option<ResourceVersion>>, got: Option<&ResourceVersion>) -> bool {
+    matches!((seen, got), (Some(Some(held)), Some(got))
+        if held.compare(got) == Some(std::cmp::Ordering::Greater))
+}
+
 /// An event saying someone else changed the object while our write waited for its echo.
 fn news(kind: ObjectKind, name: &NodeName, rv: Option<ResourceVersion>) -> StoreEvent {
     StoreEvent {
@@ -610,6 +627,50 @@ mod tests {
         assert_eq!(
             c.node("a").unwrap().node.resource_version,
             Some(ResourceVersion::server("6"))
+        );
+    }
+
+    /// Our write's answer can come after the watch has already delivered its echo and a
+    /// later change by someone else (the watch task ran first): taking the answer in then
+    /// would put the copy back in time and skip every later event while it waits for an
+    /// echo that has gone by. Since Kubernetes 1.35 versions of one resource compare as
+    /// integers (KEP-5504, `k8s.io/apimachinery/pkg/util/resourceversion.
+    /// CompareResourceVersion`): the newer copy stays, and nothing waits.
+    #[test]
+    fn a_write_answered_after_a_newer_event_does_not_go_back_in_time() {
+        let mut c = Cache::default();
+        c.apply_node_event(&Event::Apply(ipamnode("a", "5")));
+        c.own_write(&ResourceVersion::server("6"));
+        c.apply_node_event(&Event::Apply(ipamnode("a", "6")));
+        assert_eq!(
+            c.apply_node_event(&Event::Apply(ipamnode("a", "7")))
+                .events
+                .len(),
+            1
+        );
+        let (ours, _) = crate::convert::node_from_api(&ipamnode("a", "6"));
+        c.put_node(ours);
+        let held = |c: &Cache| c.node("a").unwrap().node.resource_version.clone();
+        assert_eq!(
+            held(&c),
+            Some(ResourceVersion::server("7")),
+            "not back in time"
+        );
+        let out = c.apply_node_event(&Event::Apply(ipamnode("a", "8")));
+        assert_eq!(out.events.len(), 1, "the next change is not skipped");
+        assert_eq!(held(&c), Some(ResourceVersion::server("8")));
+        // the same for a block
+        c.apply_block_event(&Event::Apply(ipamblock("10.0.0.0/28", "a", "10")));
+        c.apply_block_event(&Event::Apply(ipamblock("10.0.0.0/28", "a", "11")));
+        let ours = block_from_api(&ipamblock("10.0.0.0/28", "a", "10")).unwrap();
+        c.put_block(Arc::new(ours), None);
+        let b = &c.blocks_of("a")[0];
+        assert_eq!(b.resource_version, Some(ResourceVersion::server("11")));
+        let out = c.apply_block_event(&Event::Apply(ipamblock("10.0.0.0/28", "a", "12")));
+        assert_eq!(
+            out.events.len(),
+            1,
+            "the next change of the block is not skipped"
         );
     }
 

@@ -40,6 +40,19 @@ where
     .await;
 }
 
+/// Sends the tracing log of the code under test (the operator's runtime run in-process) to
+/// the test's captured output, which libtest prints when the test fails: a timed-out wait
+/// then shows what the operator did meanwhile. `RUST_LOG` overrides the level (info).
+pub fn log_to_test_output() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=warn"));
+    // a second call (the next test in this binary) finds one installed: that is fine
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 pub fn fast_config() -> Config {
     Config {
         watch_window: 50,
