@@ -215,6 +215,43 @@ async fn an_idle_block_elsewhere_while_a_pod_waits_past_t_is_a_breach() {
     assert_eq!((calm.episodes, calm.pods), (0, 0), "never scarce");
 }
 
+/// A unit that turns up on a node and is gone again within T (its own node's next pod took
+/// it) is not one the engine could have moved, whose release may wait the release delay:
+/// holders that change every 5 s never make a breach, however long the pod waits. The same
+/// holders kept past T do.
+#[tokio::test(start_paused = true)]
+async fn a_unit_held_for_less_than_t_is_not_a_breach() {
+    let t0 = Instant::now();
+    let sample = |holder: String| {
+        let mut m = BTreeMap::new();
+        m.insert(
+            key(),
+            PoolSample {
+                capacity: 100,
+                used: 90,
+                cooldown: 0,
+                waiting: vec![(n("b"), PodUid(7), t0)],
+                holders: vec![(n(&holder), 1)],
+            },
+        );
+        m
+    };
+    let cfg = ScarcityConfig::default();
+    let mut rotating = PromiseCounter::new(cfg, s(12));
+    let mut kept = PromiseCounter::new(cfg, s(12));
+    for secs in 0..=60 {
+        rotating.observe(t0 + s(secs), &sample(format!("a{}", secs / 5)));
+        kept.observe(t0 + s(secs), &sample(format!("a{}", secs / 20)));
+    }
+    let rotating = rotating.pools().next().unwrap().1;
+    assert_eq!((rotating.episodes, rotating.pods), (1, 0), "{rotating:?}");
+    let kept = kept.pools().next().unwrap().1;
+    // each holder kept 20 s: held past T = 12 at its 13th to 19th second, 7 samples of
+    // each of three (the fourth begins at the last sample)
+    assert_eq!(kept.pods, 1);
+    assert_eq!(kept.seconds_beyond, 7.0 * 3.0, "{kept:?}");
+}
+
 /// The baseline: a /22 of /28 blocks (64) for 30 nodes × 30 pods (60 blocks
 /// needed). The oracle says no wait; without scarcity handling the engine leaves pods
 /// waiting while other nodes keep idle blocks, and the counter counts them; with it, every

@@ -1,6 +1,9 @@
 //! The promise's breach counter (issue 30, "The promise"): under scarcity, no pod of pool
 //! P waits longer than T while another node of P holds a releasable unit beyond its own
-//! `used + waiting`. Pure: it is handed the world's state of each pool at each sample
+//! `used + waiting`, and has held one for longer than T: the engine may keep an excess for
+//! the release delay before it gives it back (DESIGN.md's handshake), so a unit that turns
+//! up and is taken again by its own node's next pod within T is not one it could have
+//! moved (with churn that replaces a node's pods in place, most are). Pure: it is handed the world's state of each pool at each sample
 //! ([`PoolSample`]) and keeps the pools' scarcity and the breaches. Scarcity is judged
 //! here on the world's truth by DESIGN.md's rule (pressure `(used + waiting + cooldown) /
 //! capacity` entering at `--scarcity-enter`, leaving below `--scarcity-exit` no sooner
@@ -49,6 +52,8 @@ struct PoolState {
     scarce_since: Option<Instant>,
     breaches: PoolBreaches,
     breached: HashSet<PodUid>,
+    /// Each holder, since when it has held a releasable unit without a break.
+    holding_since: BTreeMap<NodeName, Instant>,
 }
 
 /// The counter over a run's samples.
@@ -87,6 +92,11 @@ impl PromiseCounter {
         self.last = Some(now);
         for (key, s) in samples {
             let p = self.pools.entry(key.clone()).or_default();
+            p.holding_since
+                .retain(|n, _| s.holders.iter().any(|(h, k)| h == n && *k > 0));
+            for (n, _) in s.holders.iter().filter(|(_, k)| *k > 0) {
+                p.holding_since.entry(n.clone()).or_insert(now);
+            }
             let demand = s.used + s.waiting.len() as u128 + s.cooldown;
             let pressure = demand as f64 / s.capacity.max(1) as f64;
             match p.scarce_since {
@@ -102,9 +112,13 @@ impl PromiseCounter {
             if p.scarce_since.is_none() || s.holders.is_empty() {
                 continue;
             }
+            let limit = self.limit;
+            let held_past_t = |n: &NodeName| {
+                (p.holding_since.get(n)).is_some_and(|t| now.saturating_duration_since(*t) > limit)
+            };
             for (node, uid, since) in &s.waiting {
                 let waited = now.saturating_duration_since(*since);
-                let elsewhere = s.holders.iter().any(|(n, k)| n != node && *k > 0);
+                let elsewhere = (p.holding_since.keys()).any(|n| n != node && held_past_t(n));
                 if waited <= self.limit || !elsewhere {
                     continue;
                 }
