@@ -93,6 +93,11 @@ impl<E> UsedMap<E> {
         self.addrs.iter()
     }
 
+    /// The addresses from `addr` on, in order.
+    pub fn keys_from(&self, addr: &IpAddr) -> std::slice::Iter<'_, IpAddr> {
+        self.addrs[self.addrs.partition_point(|a| a < addr)..].iter()
+    }
+
     pub fn values(&self) -> std::slice::Iter<'_, E> {
         self.entries.iter()
     }
@@ -256,6 +261,7 @@ mod tests {
             for i in 0..=u8::MAX {
                 prop_assert_eq!(m.get(&addr(i)), b.get(&addr(i)));
                 prop_assert_eq!(m.contains_key(&addr(i)), b.contains_key(&addr(i)));
+                prop_assert!(m.keys_from(&addr(i)).eq(b.range(addr(i)..).map(|(a, _)| a)));
             }
             let rebuilt: UsedMap = b.clone().into_iter().collect();
             prop_assert_eq!(&rebuilt, &m);

@@ -336,7 +336,13 @@ impl<K: Key> NodeSide<K> {
         let mut skip = node.operator.release.keys().of_family(family);
         skip.union_with(&self.release_ack.keys());
         skip.union_with(exclude);
+        // one walk up the run beside the used and cooling addresses from its start (both
+        // sorted): a node's addresses are mostly handed out from the bottom, so the first
+        // free one lies past every used one, and a lookup per address cost a search each
         for run in node.operator.addresses.runs_of(family) {
+            let first = address(family, *run.start());
+            let mut used = self.used.keys_from(&first).peekable();
+            let mut cooling = self.cooldown.range(first..).map(|(a, _)| a).peekable();
             let mut n = *run.start();
             while n <= *run.end() {
                 if let Some(r) = skip.run_at(family, n) {
@@ -344,7 +350,9 @@ impl<K: Key> NodeSide<K> {
                     continue;
                 }
                 let a = address(family, n);
-                if !self.used.contains_key(&a) && !self.cooldown.contains_key(&a) {
+                while used.next_if(|u| **u < a).is_some() {}
+                while cooling.next_if(|c| **c < a).is_some() {}
+                if used.peek() != Some(&&a) && cooling.peek() != Some(&&a) {
                     return Some(a);
                 }
                 n = n.checked_add(1)?;

@@ -181,6 +181,42 @@ fn an_add_never_takes_a_held_cooling_or_excluded_address() {
     assert!(!s.cooldowns().contains_key(&ip("10.0.0.2")));
 }
 
+proptest::proptest! {
+    /// An ADD takes the lowest address of the node's (two runs of IPv4, one of IPv6) that
+    /// is not held, cooling or excluded: what a lookup of every address in turn finds.
+    #[test]
+    fn an_add_takes_the_lowest_address_neither_held_cooling_nor_excluded(
+        states in proptest::collection::vec(0u8..4, 22),
+    ) {
+        let addrs: Vec<IpAddr> = (0u8..6).chain(8..16)
+            .map(|i| ip(&format!("10.0.0.{i}")))
+            .chain((0u8..8).map(|i| ip(&format!("fd00::{i}"))))
+            .collect();
+        let strs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        let n = node_with(&strs.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut s = Side::new(CD);
+        let mut exclude = AddrSet::new();
+        for (i, (a, st)) in addrs.iter().zip(&states).enumerate() {
+            let key = alloc(i as u64);
+            match st {
+                1 => { s.adopt(key, PodUid(i as u128), &[*a], T).unwrap(); }
+                2 => {
+                    s.adopt(key, PodUid(i as u128), &[*a], T).unwrap();
+                    del(&mut s, i as u128, i as u64, T);
+                }
+                3 => { exclude.insert(*a); }
+                _ => {}
+            }
+        }
+        for family in BOTH {
+            let want = addrs.iter().zip(&states)
+                .find(|(a, st)| Family::of(a) == family && **st == 0)
+                .map(|(a, _)| *a);
+            proptest::prop_assert_eq!(s.free_address(&n, family, &exclude), want);
+        }
+    }
+}
+
 #[test]
 fn an_add_of_a_key_held_by_another_pod_or_without_distinct_addresses_is_refused() {
     let n = node_with(&["10.0.0.1", "10.0.0.2"]);
