@@ -161,12 +161,19 @@ impl PoolSet {
 
     /// The index of a valid pool; the pool's own error if it is Invalid.
     pub fn get(&self, name: &str) -> Result<&PoolIndex, PoolError> {
-        match self.by_name.get(name) {
+        match self.lookup(name) {
             None => Err(PoolError::UnknownPool {
                 pool: name.to_string(),
             }),
-            Some(&i) => self.entries[i].state.as_ref().map_err(Clone::clone),
+            Some(state) => state.map_err(Clone::clone),
         }
+    }
+
+    /// The index of the pool of that name, or its error if it is Invalid; None for no such
+    /// pool. [`Self::get`] without making an error (a lookup per block on hot paths).
+    pub fn lookup(&self, name: &str) -> Option<Result<&PoolIndex, &PoolError>> {
+        let &i = self.by_name.get(name)?;
+        Some(self.entries[i].state.as_ref())
     }
 
     pub fn get_mut(&mut self, name: &str) -> Result<&mut PoolIndex, PoolError> {

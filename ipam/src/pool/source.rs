@@ -200,7 +200,7 @@ pub struct ClusterPoolSource<B> {
     state: Arc<Mutex<State>>,
 }
 
-/// Whether a pool's refusal of a block makes it stray ([`State::stray`]).
+/// Whether a pool's refusal of a block makes it stray (see [`State::kept`]).
 fn is_stray(e: &PoolError) -> bool {
     matches!(
         e,
@@ -293,23 +293,18 @@ impl State {
         self.pools.holds(&b.pool) && self.pools.get(&b.pool).is_err()
     }
 
-    /// Whether a block is stray: its valid pool cannot use it as one of its blocks (another
-    /// prefix length than the pool's block size, or host bits), so nobody granted it: it
-    /// was made by hand. It is reported and left out (DESIGN.md, "one bad object"): not
-    /// counted in its node's holdings, never marked nor deleted by the source, its range
-    /// taken in the index until a person deletes it; an allocation in it stays.
-    fn stray(&self, b: &IpamBlock) -> bool {
-        self.pools
-            .get(&b.pool)
-            .ok()
-            .and_then(|p| p.family(family_of(&b.cidr)))
-            .is_some_and(|fi| fi.usable_count(&b.cidr).is_err_and(|e| is_stray(&e)))
-    }
-
     /// Whether a block counts in its node's holdings: neither drained (the source's own
-    /// handshake), nor stray, nor of an Invalid pool.
+    /// handshake), nor stray (its valid pool cannot use it as one of its blocks — another
+    /// prefix length than the pool's block size, or host bits — so nobody granted it: it
+    /// was made by hand; reported and left out, DESIGN.md "one bad object": never marked
+    /// nor deleted by the source, its range taken in the index until a person deletes it,
+    /// an allocation in it stays), nor of an Invalid pool. That is: not being deleted, its pool
+    /// valid and serving its family, and its CIDR one of the pool's blocks — in one lookup
+    /// of its pool (a call per block of every node at every pass).
     fn kept(&self, b: &IpamBlock) -> bool {
-        !self.drained(b) && !self.stray(b) && !self.of_invalid_pool(b)
+        let pool = (self.pools.lookup(&b.pool)).and_then(Result::ok);
+        let family = pool.and_then(|p| p.family(family_of(&b.cidr)));
+        !b.deleting && family.is_some_and(|fi| fi.usable_count(&b.cidr).is_ok())
     }
 
     /// The node's pool for a family (see the module documentation for the precedence).
@@ -1316,6 +1311,53 @@ mod tests {
         assert_eq!(src.quota().v4.capacity, 0);
         src.set_pools(vec![]);
         assert!(src.families().is_empty());
+    }
+
+    /// `kept` in one lookup says what its definition says: not drained, not stray (a
+    /// valid pool's block it cannot use: refused as stray), not of an Invalid pool; over
+    /// every kind of block.
+    #[test]
+    fn a_block_is_kept_unless_drained_stray_or_of_an_invalid_pool() {
+        let src = ClusterPoolSource::new(
+            MemoryNodeStore::new(),
+            vec![
+                pool("default", "10.0.0.0/24", &[]),
+                pool("bad", "10.0.0.0/25", &[("pool", "bad")]),
+            ],
+            1,
+        );
+        let block = |cidr: &str, pool: &str, deleting: bool| {
+            let net: ipnet::IpNet = cidr.parse().unwrap();
+            IpamBlock {
+                name: block_name(&net).into(),
+                cidr: net,
+                pool: pool.into(),
+                node: "n".into(),
+                node_uid: NodeUid(1),
+                release: false,
+                ack: None,
+                resource_version: None,
+                deleting,
+            }
+        };
+        let s = src.state.lock();
+        let stray = |b: &IpamBlock| {
+            let fi = (s.pools.get(&b.pool).ok()).and_then(|p| p.family(family_of(&b.cidr)));
+            fi.is_some_and(|fi| fi.usable_count(&b.cidr).is_err_and(|e| is_stray(&e)))
+        };
+        let cases = [
+            (block("10.0.0.16/28", "default", false), true),
+            (block("10.0.0.16/28", "default", true), false),
+            (block("10.0.0.64/26", "default", false), false), // stray: not a /28
+            (block("10.0.1.0/28", "default", false), false),  // outside: drained
+            (block("fd00::/124", "default", false), false),   // a family it does not serve
+            (block("10.0.0.16/28", "gone", false), false),
+            (block("10.0.0.16/28", "bad", false), false), // an Invalid pool
+        ];
+        for (b, want) in cases {
+            let by_definition = !s.drained(&b) && !stray(&b) && !s.of_invalid_pool(&b);
+            assert_eq!((s.kept(&b), by_definition), (want, want), "{b:?}");
+        }
     }
 
     /// A source over a new store with one IPv4 pool, 10.0.0.0/24 in /28 blocks.
