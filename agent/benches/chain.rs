@@ -1,9 +1,13 @@
 //! The CNI chain measured (issue 15; BENCHMARKS.md "Node agent"): per-operation latency of
 //! the plugin alone (process start + socket + the agent's durable save), of `ptp` delegating
 //! to it, and of `ptp` with the reference `host-local` (the anchor), so the main plugin's own
-//! time shows separately; then pods per second through one agent at several concurrencies.
-//! The agent is `run::run` against the in-process API server, as in the chain test. Root only
-//! (network namespaces); every namespace is removed at the end.
+//! time shows separately; the disk's own save (write → fsync → rename → fsync(dir), the
+//! checkpoint's size, next to the state dir) in the same run; then pods per second through
+//! one agent and through the anchor at several concurrencies, with the agent's durable saves
+//! per mutation (its group commit; counted as the checkpoint's renames, by inotify); then
+//! the checkpoint's size and save cost at 250 pods. The agent is `run::run` against the
+//! in-process API server, as in the chain test. Root only (network namespaces); every
+//! namespace is removed at the end.
 //!
 //! ```text
 //! sudo cargo bench -p tidepool-agent --bench chain
@@ -14,7 +18,13 @@
 #[path = "../../tests/tests/system/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tidepool_agent::state::{CHECKPOINT_FILE, StateDir, read_boot_id};
 
 use common::chain::*;
 use common::figures::{env_or, p50_p99_ms};
@@ -65,6 +75,14 @@ async fn bench() {
         del.push(d.took);
     }
     let (ipam_add, ipam_del) = row("tidepool-cni alone (start + socket + save)", add, del);
+    let checkpoint = node.settings.state_dir.join(CHECKPOINT_FILE);
+    let bytes = std::fs::metadata(&checkpoint).map_or(0, |m| m.len());
+    let probe = node.dir.path().join("disk-probe");
+    let disk = disk_saves(&probe, usize::try_from(bytes).expect("size"), rounds);
+    let (s50, s99) = p50_p99_ms(disk);
+    println!(
+        "| the disk's own save ({bytes} B: write → fsync → rename → fsync(dir)) | {s50:.2} / {s99:.2} ms | — |"
+    );
 
     let pod = node.pod(0);
     let mut main_own = Vec::new();
@@ -95,39 +113,149 @@ async fn bench() {
         println!("\nptp's own part (p50 difference): ADD {a:.2} ms, DEL {d:.2} ms");
     }
 
+    let saves = count_saves(&node.settings.state_dir);
     println!(
-        "\n| concurrency | {pods} pods ADD (ptp → tidepool-cni) | pods/s | DEL all | pods/s |\n|---|---|---|---|---|"
+        "\n| concurrency | chain | {pods} pods ADD | pods/s | saves per ADD | DEL all | pods/s | saves per DEL |\n|---|---|---|---|---|---|---|---|"
     );
     let netns: Vec<String> = (1..=pods).map(|i| node.pod(i)).collect();
-    let node = std::sync::Arc::new(node);
+    let node = Arc::new(node);
     for (round, concurrency) in [1usize, 8, 32].into_iter().enumerate() {
-        let mut wall = Vec::new();
-        for cmd in ["ADD", "DEL"] {
-            let t = Instant::now();
-            let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
-            let calls = netns.iter().enumerate().map(|(i, p)| {
-                let (node, p, sem) = (node.clone(), p.clone(), sem.clone());
-                let c = format!("t{round}-{i}");
-                tokio::spawn(async move {
-                    let _permit = sem.acquire().await.expect("semaphore");
-                    node.cni("ptp", cmd, &p, &c, &pod_uid(20_000 + i)).await
-                })
-            });
-            for out in futures::future::join_all(calls).await {
-                let out = out.expect("join");
-                assert!(out.status.success(), "{cmd}: {out:?}");
+        for main in ["ptp", "ptp+host-local"] {
+            let mut cells = Vec::new();
+            for cmd in ["ADD", "DEL"] {
+                let before = saves.load(Ordering::SeqCst);
+                let t = Instant::now();
+                let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+                let calls = netns.iter().enumerate().map(|(i, p)| {
+                    let (node, p, sem) = (node.clone(), p.clone(), sem.clone());
+                    let c = format!("t{round}-{}-{i}", main.replace('+', "-"));
+                    tokio::spawn(async move {
+                        let _permit = sem.acquire().await.expect("semaphore");
+                        node.cni(main, cmd, &p, &c, &pod_uid(20_000 + i)).await
+                    })
+                });
+                for out in futures::future::join_all(calls).await {
+                    let out = out.expect("join");
+                    assert!(out.status.success(), "{main} {cmd}: {out:?}");
+                }
+                let wall = t.elapsed();
+                // the last save's rename may still be on its way to the counter
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let saved = saves.load(Ordering::SeqCst) - before;
+                let per = if main == "ptp" {
+                    format!("{:.3}", saved as f64 / pods as f64)
+                } else {
+                    "—".into()
+                };
+                cells.push(format!(
+                    "{:.2} s | {:.0} | {per}",
+                    wall.as_secs_f64(),
+                    pods as f64 / wall.as_secs_f64()
+                ));
             }
-            wall.push(t.elapsed());
+            let label = if main == "ptp" {
+                "ptp → tidepool-cni"
+            } else {
+                "ptp → host-local"
+            };
+            println!("| {concurrency} | {label} | {} | {} |", cells[0], cells[1]);
         }
-        let rate = |d: Duration| pods as f64 / d.as_secs_f64();
-        println!(
-            "| {concurrency} | {:.2} s | {:.0} | {:.2} s | {:.0} |",
-            wall[0].as_secs_f64(),
-            rate(wall[0]),
-            wall[1].as_secs_f64(),
-            rate(wall[1])
-        );
     }
+    at_250_pods(&node, &alone, &saves).await;
     let mut node = std::sync::Arc::into_inner(node).expect("the last handle");
     node.stop_agent().await;
+}
+
+/// `rounds` saves of `bytes` bytes as the agent saves its checkpoint, in `dir` (made here):
+/// write a temp file, fsync it, rename it over the target, fsync the directory. Each one's
+/// time.
+fn disk_saves(dir: &Path, bytes: usize, rounds: usize) -> Vec<Duration> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).expect("probe dir");
+    let (tmp, target) = (dir.join("probe.tmp"), dir.join("probe"));
+    let data = vec![b'x'; bytes];
+    (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            let mut f = std::fs::File::create(&tmp).expect("create");
+            f.write_all(&data).expect("write");
+            f.sync_all().expect("fsync");
+            std::fs::rename(&tmp, &target).expect("rename");
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .expect("fsync dir");
+            t.elapsed()
+        })
+        .collect()
+}
+
+/// Counts the agent's durable saves from now on: each one renames a new checkpoint into
+/// `state_dir`.
+fn count_saves(state_dir: &Path) -> Arc<AtomicUsize> {
+    let n = Arc::new(AtomicUsize::new(0));
+    let inotify = Inotify::init(InitFlags::empty()).expect("inotify");
+    inotify
+        .add_watch(state_dir, AddWatchFlags::IN_MOVED_TO)
+        .expect("watch the state dir");
+    let counter = n.clone();
+    std::thread::spawn(move || {
+        while let Ok(events) = inotify.read_events() {
+            let renamed = events
+                .iter()
+                .filter(|e| e.name.as_deref() == Some(CHECKPOINT_FILE.as_ref()));
+            counter.fetch_add(renamed.count(), Ordering::SeqCst);
+        }
+    });
+    n
+}
+
+/// 250 pods on the node (ADDs of the plugin alone, 32 at once): the checkpoint's size, and
+/// what saving it costs (a copy of it loaded and saved, next to the state dir); then the
+/// pods deleted.
+async fn at_250_pods(node: &Node, conf: &str, saves: &AtomicUsize) {
+    const PODS: usize = 250;
+    let call = |cmd: &'static str| {
+        let sem = Arc::new(tokio::sync::Semaphore::new(32));
+        let calls = (0..PODS).map(move |i| {
+            let (conf, sem) = (conf.to_owned(), sem.clone());
+            async move {
+                let _permit = sem.acquire().await.expect("semaphore");
+                let c = format!("big{i}");
+                blocking(move || plugin(cmd, &c, &pod_uid(40_000 + i), &conf)).await
+            }
+        });
+        futures::future::join_all(calls)
+    };
+    let before = saves.load(Ordering::SeqCst);
+    for r in call("ADD").await {
+        assert_eq!(r.code, 0, "{}", r.stdout);
+    }
+    let added = saves.load(Ordering::SeqCst) - before;
+    let checkpoint = node.settings.state_dir.join(CHECKPOINT_FILE);
+    let bytes = std::fs::read(&checkpoint).expect("the checkpoint");
+    let copy = node.dir.path().join("copy-250");
+    std::fs::create_dir_all(&copy).expect("copy dir");
+    std::fs::write(copy.join(CHECKPOINT_FILE), &bytes).expect("copy");
+    let dir = StateDir::open(&copy).expect("open the copy");
+    let boot = read_boot_id(dir.fs(), &node.settings.boot_id_file).expect("the boot ID");
+    let mut state = dir
+        .load(&boot, SystemTime::now(), Duration::from_secs(30))
+        .expect("load")
+        .state;
+    let held = state.allocations().count();
+    let took: Vec<Duration> = (0..100)
+        .map(|_| {
+            let t = Instant::now();
+            dir.save(&mut state).expect("save");
+            t.elapsed()
+        })
+        .collect();
+    let (s50, s99) = p50_p99_ms(took);
+    println!(
+        "\nAt {PODS} pods ({held} allocations): the checkpoint is {} B; saving it costs {s50:.2} / {s99:.2} ms p50 / p99 (100 saves); the {PODS} ADDs, 32 at once, took {added} saves",
+        bytes.len()
+    );
+    for r in call("DEL").await {
+        assert_eq!(r.code, 0, "{}", r.stdout);
+    }
 }

@@ -13,6 +13,10 @@ pub enum Error {
     #[error(transparent)]
     State(#[from] StateError),
 
+    /// A group commit's save failed: every mutation it held gets this.
+    #[error(transparent)]
+    Save(#[from] std::sync::Arc<StateError>),
+
     #[error(transparent)]
     Kube(#[from] KubeError),
 

@@ -8,7 +8,9 @@
 //!   (allocations by (containerID, ifname), cooldowns, acks; saved with fsync before every
 //!   answer), boot-scoped allocations and the DEL spool's reader.
 //! - [`serve`]: the agent's socket server — each CNI request answered from the node's pool,
-//!   durable in the checkpoint before the reply, then published; the DEL spool's replay.
+//!   durable in the checkpoint before the reply, then published (group commit: the requests
+//!   made while a save runs share the next save; the publisher reads the saved copy); the
+//!   DEL spool's replay.
 //! - [`kube`]: the API-server side — the watch of the node's own IPAMNode and IPAMBlocks
 //!   ([`kube::NodeWatch`]) and the batched server-side apply of the node side's fields
 //!   ([`kube::Publisher`]).

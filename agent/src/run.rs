@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tidepool_metrics::probes::Readiness;
-use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -47,7 +46,7 @@ use crate::kube::{
 use crate::masq::{self, Masquerade};
 use crate::reconcile;
 use crate::routes::{self, NodeRoutes};
-use crate::serve::{Agent, Config, PodNetworks, Replayed, Server};
+use crate::serve::{Agent, Config, PodNetworks, Replayed, Server, SharedState};
 use crate::state::{BOOT_ID_PATH, NodeState, StateDir, read_boot_id};
 
 /// What `run` needs besides a client.
@@ -110,17 +109,17 @@ impl Settings {
     }
 }
 
-/// The durable state as the publisher reads it, with the agent's `AgentReady` condition
-/// as [`run`] sets it. Cheap to clone (shared).
+/// The durable state as the publisher reads it (never a change not yet saved), with the
+/// agent's `AgentReady` condition as [`run`] sets it. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct Published {
-    state: Arc<Mutex<NodeState>>,
+    state: SharedState,
     ready: Arc<std::sync::Mutex<AgentReady>>,
 }
 
 impl Published {
     /// `state`, published with `ready` as the condition until [`Published::set`].
-    pub fn new(state: Arc<Mutex<NodeState>>, ready: AgentReady) -> Self {
+    pub fn new(state: SharedState, ready: AgentReady) -> Self {
         Published {
             state,
             ready: Arc::new(std::sync::Mutex::new(ready)),
@@ -145,8 +144,7 @@ impl Published {
 impl NodeSideSource for Published {
     async fn read(&self) -> Option<NodeSide> {
         let ready = self.ready();
-        let state = self.state.lock().await;
-        Some(NodeSide::from_state(&state, Some(ready)))
+        Some(NodeSide::from_state(&self.state.durable(), Some(ready)))
     }
 }
 
@@ -203,7 +201,7 @@ async fn restore(client: &kube::Client, s: &Settings) -> Result<Restored> {
     if rebuild {
         adopt_published(client, &watch, &dir, &mut state).await?;
     }
-    let state = Arc::new(Mutex::new(state));
+    let state = SharedState::new(state);
     let published = Published::new(state.clone(), AgentReady::starting());
     let publisher = Publisher::start(
         client.clone(),

@@ -612,7 +612,7 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
     let loaded = dir
         .load("boot-1", SystemTime::now(), Duration::from_secs(30))
         .unwrap();
-    let state = Arc::new(tokio::sync::Mutex::new(loaded.state));
+    let state = tidepool_agent::serve::SharedState::new(loaded.state);
     let publisher = Publisher::start(
         client,
         w.clone(),
@@ -664,7 +664,7 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
     answer().await;
     let a: IpAddr = first.parse().unwrap();
     {
-        let st = state.lock().await;
+        let st = state.live().lock().await;
         assert_eq!(st.reclaim_acks()[&a].outcome, ReclaimOutcome::Live);
         assert!(st.owner(&a).is_some(), "still allocated");
         assert!(st.cooldowns().is_empty());
@@ -694,7 +694,7 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
     patch_tombstone(&admin, &first, Some(tomb("sandbox-replaced"))).await;
     answer().await;
     {
-        let st = state.lock().await;
+        let st = state.live().lock().await;
         assert_eq!(st.reclaim_acks()[&a].outcome, ReclaimOutcome::Reclaimed);
         assert!(
             st.owner(&a).is_none(),

@@ -13,13 +13,13 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use super::commit::{Commit, Persist, Saved, SharedState};
 use super::request::{CniRequest, Reply, UidArg};
 use super::shape::PodNetworks;
 use super::source::{NoPods, NodeSource, PodSource, Publish};
 use super::spool::{Replayed, replay_spool};
 use crate::cni::proto::code;
 use crate::error::{Error, Result};
-use crate::failpoint::{self, Failpoint};
 use crate::observe::{self, CniOutcome};
 use crate::pool_choice::PodPools;
 use crate::reconcile::Tracker;
@@ -40,15 +40,17 @@ pub struct Config {
     pub empty_pool_wait: Duration,
 }
 
-/// The agent's node state shared by the handlers (and the kube layer, which reads it to
-/// publish): one mutation at a time, each saved before its answer.
+/// The agent's node state shared by the handlers (and the kube layer, which publishes its
+/// durable copy): one mutation at a time, each answered once a save holding it is durable
+/// (group commit: [`super::commit`]).
 #[derive(Clone)]
 pub struct Agent {
     inner: Arc<Inner>,
 }
 
 pub(super) struct Inner {
-    state: Arc<Mutex<NodeState>>,
+    state: SharedState,
+    commit: Commit,
     pub(super) dir: Arc<StateDir>,
     source: Arc<dyn NodeSource>,
     pub(super) pods: Arc<dyn PodSource>,
@@ -75,12 +77,6 @@ impl Inner {
     }
 }
 
-/// What one locked step did: its reply, and whether a durable change is to be published.
-struct Step {
-    reply: Reply,
-    publish: bool,
-}
-
 /// An ADD attempt: answered, or the pool had nothing (why) and the ADD may wait.
 enum Attempt {
     Done(Reply),
@@ -96,13 +92,13 @@ impl Agent {
         publish: Arc<dyn Publish>,
         config: Config,
     ) -> Self {
-        Self::shared(Arc::new(Mutex::new(state)), dir, source, publish, config)
+        Self::shared(SharedState::new(state), dir, source, publish, config)
     }
 
-    /// The agent over a state others share already (the publisher reads it), with no pod
-    /// view (nothing excluded; reconcile frees nothing).
+    /// The agent over a state others share already (the publisher reads its durable copy),
+    /// with no pod view (nothing excluded; reconcile frees nothing).
     pub fn shared(
-        state: Arc<Mutex<NodeState>>,
+        state: SharedState,
         dir: StateDir,
         source: Arc<dyn NodeSource>,
         publish: Arc<dyn Publish>,
@@ -114,7 +110,7 @@ impl Agent {
     /// [`Agent::shared`] with the node's live pods: their addresses are never handed out
     /// (nor answered `ready-for-release`), and reconcile reads them.
     pub fn with_pods(
-        state: Arc<Mutex<NodeState>>,
+        state: SharedState,
         dir: StateDir,
         source: Arc<dyn NodeSource>,
         pods: Arc<dyn PodSource>,
@@ -124,6 +120,7 @@ impl Agent {
         Agent {
             inner: Arc::new(Inner {
                 state,
+                commit: Commit::default(),
                 dir: Arc::new(dir),
                 source,
                 pods,
@@ -145,9 +142,9 @@ impl Agent {
         self.inner.adds_waiting.now()
     }
 
-    /// The shared state (the kube layer reads it to publish; lock it briefly).
+    /// The live state: every change so far, durable or not (lock it briefly).
     pub fn state(&self) -> &Arc<Mutex<NodeState>> {
-        &self.inner.state
+        self.inner.state.live()
     }
 
     /// Waits until the locked steps on the blocking pool have ended: a step whose task was
@@ -158,39 +155,37 @@ impl Agent {
         self.inner.blocking.wait().await;
     }
 
-    /// Runs `f` on the locked state on the blocking pool (saves fsync), sets the address
-    /// gauges from what it left, then publishes if it says so.
-    pub(super) async fn locked<T, F>(&self, f: F) -> Result<T>
+    /// Runs `f` on the locked live state on the blocking pool, sets the address gauges
+    /// from what it left and joins the step to its batch ([`super::commit`]), starting the
+    /// saver if none runs; then waits for that batch's save. Publishes once it is durable if
+    /// the step joined the next save (the state changed). `points`: the step's kind of save,
+    /// for the failpoints.
+    pub(super) async fn locked<T, F>(&self, points: Option<Persist>, f: F) -> Result<(T, Saved)>
     where
         T: Send + 'static,
-        F: FnOnce(&mut NodeState, &Inner) -> (T, bool) + Send + 'static,
+        F: FnOnce(&mut NodeState, &Inner) -> T + Send + 'static,
     {
-        let mut guard = self.inner.state.clone().lock_owned().await;
+        let mut guard = self.inner.state.live().clone().lock_owned().await;
         let inner = self.inner.clone();
-        let (out, publish) = (self.inner.blocking.spawn_blocking(move || {
-            let done = f(&mut guard, &inner);
+        let ran = self.inner.blocking.spawn_blocking(move || {
+            let out = f(&mut guard, &inner);
             observe::ips(&guard, inner.source.node().as_deref());
-            done
-        }))
-        .await
-        .map_err(|e| Error::Task(e.to_string()))?;
-        if publish {
+            let joined = inner.commit.join(&guard, points);
+            drop(guard);
+            if joined.start_saver {
+                let saver = inner.clone();
+                (inner.blocking).spawn_blocking(move || {
+                    saver.commit.save_batches(&saver.state, &saver.dir);
+                });
+            }
+            (out, joined)
+        });
+        let (out, joined) = ran.await.map_err(|e| Error::Task(e.to_string()))?;
+        let saved = joined.batch.saved().await;
+        if saved.is_ok() && joined.next {
             self.inner.publish.publish();
         }
-        Ok(out)
-    }
-
-    async fn step<F>(&self, f: F) -> Reply
-    where
-        F: FnOnce(&mut NodeState, &Inner) -> Step + Send + 'static,
-    {
-        let run = self
-            .locked(move |s, i| {
-                let st = f(s, i);
-                (st.reply, st.publish)
-            })
-            .await;
-        run.unwrap_or_else(|e| failed(&e))
+        Ok((out, saved))
     }
 
     /// CNI ADD: the key's addresses (the same ones on a repeated ADD), one per family the
@@ -212,10 +207,13 @@ impl Agent {
         loop {
             changes.borrow_and_update();
             let (key, req) = (key.clone(), req.clone());
-            let attempt = self.locked(move |s, i| try_add(s, i, key, uid, &req)).await;
-            let why = match attempt {
-                Ok(Attempt::Done(reply)) => return reply,
-                Ok(Attempt::Empty(why)) => why,
+            let attempt = self.locked(Some(Persist::ADD), move |s, i| {
+                try_add(s, i, key, uid, &req)
+            });
+            let why = match attempt.await {
+                Ok((_, Err(e))) => return not_durable(&e),
+                Ok((Attempt::Done(reply), Ok(()))) => return reply,
+                Ok((Attempt::Empty(why), Ok(()))) => why,
                 Err(e) => return failed(&e),
             };
             waiting.get_or_insert_with(|| self.inner.adds_waiting.hold());
@@ -243,24 +241,19 @@ impl Agent {
             Err(r) => return (r, CniOutcome::Error),
         };
         let uid = req.uid();
-        let run = self
-            .locked(move |s, i| {
-                let now = SystemTime::now();
-                let outcome = match uid {
-                    // matches no owner: frees nothing (a pending save still happens below)
-                    UidArg::Invalid if s.get(&key).is_some() => CniOutcome::Stale,
-                    UidArg::Invalid => CniOutcome::Unknown,
-                    UidArg::Absent => CniOutcome::of_del(&s.del(&key, None, now)),
-                    UidArg::Valid(u) => CniOutcome::of_del(&s.del(&key, Some(u), now)),
-                };
-                let step =
-                    freed_and_saved(s, &i.dir, outcome == CniOutcome::Ok, Some(Persist::DEL));
-                ((step.reply, outcome), step.publish)
-            })
-            .await;
-        match run {
-            Ok((reply, _)) if reply.status != 200 => (reply, CniOutcome::Error),
-            Ok(done) => done,
+        let run = self.locked(Some(Persist::DEL), move |s, _| {
+            let now = SystemTime::now();
+            match uid {
+                // matches no owner: frees nothing (a pending save still happens)
+                UidArg::Invalid if s.get(&key).is_some() => CniOutcome::Stale,
+                UidArg::Invalid => CniOutcome::Unknown,
+                UidArg::Absent => CniOutcome::of_del(&s.del(&key, None, now)),
+                UidArg::Valid(u) => CniOutcome::of_del(&s.del(&key, Some(u), now)),
+            }
+        });
+        match run.await {
+            Ok((outcome, Ok(()))) => (Reply::empty(), outcome),
+            Ok((_, Err(e))) => (not_durable(&e), CniOutcome::Error),
             Err(e) => (failed(&e), CniOutcome::Error),
         }
     }
@@ -272,7 +265,7 @@ impl Agent {
             Ok(k) => k,
             Err(r) => return r,
         };
-        let state = self.inner.state.lock().await;
+        let state = self.state().lock().await;
         let Some(a) = state.get(&key) else {
             return Reply::error(
                 code::GENERIC,
@@ -315,11 +308,14 @@ impl Agent {
             return Reply::empty();
         };
         let network = network.to_owned();
-        self.step(move |s, i| {
-            let freed = s.gc(&network, &valid, SystemTime::now());
-            freed_and_saved(s, &i.dir, freed, None)
-        })
-        .await
+        let run = self.locked(None, move |s, _| {
+            s.gc(&network, &valid, SystemTime::now());
+        });
+        match run.await {
+            Ok(((), Ok(()))) => Reply::empty(),
+            Ok(((), Err(e))) => not_durable(&e),
+            Err(e) => failed(&e),
+        }
     }
 
     /// CNI STATUS: the agent answers, so the plugin is ready (it handles the agent-down
@@ -330,7 +326,7 @@ impl Agent {
 
     /// `GET /v1/allocations`: every allocation, for people.
     pub async fn allocations(&self) -> Reply {
-        let state = self.inner.state.lock().await;
+        let state = self.state().lock().await;
         let list: Vec<Value> = state
             .allocations()
             .map(|(k, a)| {
@@ -364,17 +360,13 @@ impl Agent {
             return Ok(());
         };
         let live = self.inner.pods.live_pods();
-        let run = self
-            .locked(move |s, i| {
+        let ((), saved) = self
+            .locked(Some(Persist::ACK), move |s, _| {
                 let now = SystemTime::now();
                 super::answer::answer(s, &node, &blocks, &keys, live.as_deref(), now);
-                match save_if_dirty(s, &i.dir, Some(Persist::ACK)) {
-                    Ok(saved) => (Ok(()), saved),
-                    Err(e) => (Err(e), false),
-                }
             })
-            .await;
-        Ok(run??)
+            .await?;
+        Ok(saved?)
     }
 
     /// The spool files in `spool_dir` now (see [`spooled`]): one listing, no lock taken,
@@ -383,30 +375,24 @@ impl Agent {
         Ok(spooled(self.inner.dir.fs(), spool_dir)?)
     }
 
-    /// Replays the DEL spool in `spool_dir` (see [`replay_spool`]) and publishes if it
-    /// freed anything.
+    /// Replays the DEL spool in `spool_dir` (see [`replay_spool`]), publishes if it freed
+    /// anything, and removes the replayed files once that is durable.
     pub async fn replay_spool(&self, spool_dir: &Path) -> Result<Replayed> {
         let spool_dir = spool_dir.to_owned();
-        let run = self
-            .locked(move |s, i| match replay_spool(s, &i.dir, &spool_dir) {
-                Ok(r) => {
-                    let publish = r.freed > 0;
-                    (Ok(r), publish)
-                }
-                Err(e) => (Err(e), false),
-            })
-            .await;
-        run?
+        let (replayed, saved) = self
+            .locked(None, move |s, i| replay_spool(s, i.dir.fs(), &spool_dir))
+            .await?;
+        let (mut out, dels) = replayed?;
+        saved?;
+        for d in &dels {
+            d.remove(self.inner.dir.fs())?;
+            out.applied += 1;
+        }
+        Ok(out)
     }
 }
 
-fn try_add(
-    s: &mut NodeState,
-    i: &Inner,
-    key: AllocKey,
-    uid: PodUid,
-    req: &CniRequest,
-) -> (Attempt, bool) {
+fn try_add(s: &mut NodeState, i: &Inner, key: AllocKey, uid: PodUid, req: &CniRequest) -> Attempt {
     let now = SystemTime::now();
     let networks = &i.pod_networks();
     if let Some(a) = s.get(&key) {
@@ -416,20 +402,13 @@ fn try_add(
                 key.container_id, key.ifname, a.pod.uid
             );
             let reply = Reply::error(code::GENERIC, "the attachment belongs to another pod", why);
-            return done(reply, false);
+            return Attempt::Done(reply);
         }
-        // a runtime retrying after a lost reply: the same addresses, durable first
-        let addrs = a.addrs.clone();
-        return match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
-            Ok(saved) => done(result_reply(networks, &req.cni_version, &addrs), saved),
-            Err(e) => done(not_durable(e), false),
-        };
+        // a runtime retrying after a lost reply: the same addresses (answered once durable)
+        return Attempt::Done(result_reply(networks, &req.cni_version, &a.addrs));
     }
     let Some(node) = i.source.node() else {
-        return (
-            Attempt::Empty("the node's IPAMNode has not been read yet".into()),
-            false,
-        );
+        return Attempt::Empty("the node's IPAMNode has not been read yet".into());
     };
     s.expire_cooldowns(None, now);
     // the reserved addresses (gateways) are never handed out, and neither are live pods'
@@ -440,7 +419,7 @@ fn try_add(
         exclude.union_with(&live.addresses().iter().copied().collect());
     }
     if pool_families(&node).is_empty() {
-        return (Attempt::Empty("the node has no block yet".into()), false);
+        return Attempt::Empty("the node has no block yet".into());
     }
     let pod = PodRef {
         uid,
@@ -453,7 +432,7 @@ fn try_add(
             pools
         }
         Ok(None) => PodPools::default(),
-        Err(reply) => return done(reply, false),
+        Err(reply) => return Attempt::Done(reply),
     };
     let at = Attachment {
         netns: req.netns.clone(),
@@ -470,9 +449,9 @@ fn try_add(
                 "no free {} address in the node's blocks{of_pool}",
                 family.as_str()
             );
-            return (Attempt::Empty(why), false);
+            return Attempt::Empty(why);
         }
-        Err(e) => return done(refused(&e.into()), false),
+        Err(e) => return Attempt::Done(refused(&e.into())),
     };
     let result = match networks.result(&req.cni_version, &addrs) {
         Ok(r) => r,
@@ -484,13 +463,10 @@ fn try_add(
                 "no result shape for the address",
                 e.to_string(),
             );
-            return done(reply, false);
+            return Attempt::Done(reply);
         }
     };
-    match save_if_dirty(s, &i.dir, Some(Persist::ADD)) {
-        Ok(_) => done(Reply::ok(result), true),
-        Err(e) => done(not_durable(e), false),
-    }
+    Attempt::Done(Reply::ok(result))
 }
 
 /// The pod's pool per family the node serves, and the node's addresses outside them
@@ -531,10 +507,6 @@ fn pod_pools(
     }
 }
 
-fn done(reply: Reply, publish: bool) -> (Attempt, bool) {
-    (Attempt::Done(reply), publish)
-}
-
 fn result_reply(networks: &PodNetworks, version: &str, addrs: &[IpAddr]) -> Reply {
     networks.result(version, addrs).map_or_else(
         |e| {
@@ -561,71 +533,9 @@ fn refused(e: &StateError) -> Reply {
     )
 }
 
-/// The failpoints around one kind of save (see [`crate::failpoint`]).
-#[derive(Clone, Copy)]
-struct Persist {
-    before: Failpoint,
-    after: Failpoint,
-}
-
-impl Persist {
-    const ADD: Persist = Persist {
-        before: Failpoint::AddBeforePersist,
-        after: Failpoint::AddAfterPersist,
-    };
-    const DEL: Persist = Persist {
-        before: Failpoint::DelBeforePersist,
-        after: Failpoint::DelAfterPersist,
-    };
-    const ACK: Persist = Persist {
-        before: Failpoint::AckBeforePersist,
-        after: Failpoint::AckAfterPersist,
-    };
-}
-
-/// Saves if anything changed; returns whether it saved. `points` are the failpoints just
-/// before the save and just after it (durable, not yet answered or published).
-fn save_if_dirty(
-    s: &mut NodeState,
-    dir: &StateDir,
-    points: Option<Persist>,
-) -> Result<bool, StateError> {
-    if !s.is_dirty() {
-        return Ok(false);
-    }
-    if let Some(p) = points {
-        failpoint::reach(p.before);
-    }
-    dir.save(s)?;
-    if let Some(p) = points {
-        failpoint::reach(p.after);
-    }
-    Ok(true)
-}
-
-/// The answer to a DEL or GC that freed (`freed`) or not: empty once the state is durable
-/// (then published if anything changed), else the save's error.
-fn freed_and_saved(
-    s: &mut NodeState,
-    dir: &StateDir,
-    freed: bool,
-    points: Option<Persist>,
-) -> Step {
-    match save_if_dirty(s, dir, points) {
-        Ok(saved) => Step {
-            reply: Reply::empty(),
-            publish: freed || saved,
-        },
-        Err(e) => Step {
-            reply: not_durable(e),
-            publish: false,
-        },
-    }
-}
-
-/// A change that could not be made durable is not answered as done (the state stays dirty;
-/// the next request saves it).
-fn not_durable(e: StateError) -> Reply {
+/// A change that could not be made durable is not answered as done (it stays to be saved:
+/// the next request's save holds it).
+fn not_durable(e: &StateError) -> Reply {
     Reply::error(
         code::IO_FAILURE,
         "the tidepool agent could not save its state",

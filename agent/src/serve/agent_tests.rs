@@ -1,11 +1,12 @@
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::{Condvar, Mutex};
 
 use serde_json::json;
 use tidepool_ipam::AddrSet;
 
 use super::*;
 use crate::serve::source::MemoryNodeSource;
-use crate::state::{Op, OpKind, RecordingFs};
+use crate::state::{CHECKPOINT_FILE, Fs, FsFile, Op, OpKind, RecordingFs};
 
 /// A publisher that records the filesystem calls made before each publish.
 struct SeenAtPublish {
@@ -20,8 +21,18 @@ impl Publish for SeenAtPublish {
 }
 
 fn agent(fs: &RecordingFs) -> (Agent, Arc<SeenAtPublish>, tempfile::TempDir) {
+    let (agent, published, _, tmp) = agent_on(fs, Arc::new(fs.clone()));
+    (agent, published, tmp)
+}
+
+/// [`agent`] saving through `dir_fs` (which records into `fs`), and the state it shares
+/// with the publisher.
+fn agent_on(
+    fs: &RecordingFs,
+    dir_fs: Arc<dyn Fs>,
+) -> (Agent, Arc<SeenAtPublish>, SharedState, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = StateDir::open_with(tmp.path().join("state"), Arc::new(fs.clone())).expect("open");
+    let dir = StateDir::open_with(tmp.path().join("state"), dir_fs).expect("open");
     let source = MemoryNodeSource::new();
     source.set_pool("n", AddrSet::of_net(&"10.1.0.0/28".parse().expect("net")));
     let publish = Arc::new(SeenAtPublish {
@@ -35,8 +46,15 @@ fn agent(fs: &RecordingFs) -> (Agent, Arc<SeenAtPublish>, tempfile::TempDir) {
         empty_pool_wait: Duration::from_millis(10),
     };
     let state = NodeState::new("boot", Duration::from_secs(30));
-    let agent = Agent::new(state, dir, Arc::new(source), publish.clone(), config);
-    (agent, publish, tmp)
+    let shared = SharedState::new(state);
+    let agent = Agent::shared(
+        shared.clone(),
+        dir,
+        Arc::new(source),
+        publish.clone(),
+        config,
+    );
+    (agent, publish, shared, tmp)
 }
 
 fn add_req(c: &str) -> CniRequest {
@@ -138,5 +156,170 @@ async fn a_del_tells_freed_stale_unknown_and_error_apart() {
         (200, CniOutcome::Unknown),
         "freed before: saved now"
     );
+    assert!(!agent.state().lock().await.is_dirty());
+}
+
+/// A [`RecordingFs`] whose directory fsync takes `delay` and then, done, waits while the
+/// gate is closed: the save is durable but has not returned.
+struct SlowFs {
+    fs: RecordingFs,
+    delay: Duration,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl SlowFs {
+    fn new(fs: &RecordingFs, delay: Duration, open: bool) -> Self {
+        let gate = Arc::new((Mutex::new(open), Condvar::new()));
+        SlowFs {
+            fs: fs.clone(),
+            delay,
+            gate,
+        }
+    }
+
+    fn open(gate: &(Mutex<bool>, Condvar)) {
+        *gate.0.lock().expect("gate") = true;
+        gate.1.notify_all();
+    }
+}
+
+/// Opens the gate when dropped: a failing test does not leave a save blocked.
+struct OpenOnDrop(Arc<(Mutex<bool>, Condvar)>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        SlowFs::open(&self.0);
+    }
+}
+
+impl Fs for SlowFs {
+    fn create(&self, path: &Path) -> std::io::Result<Box<dyn FsFile + '_>> {
+        self.fs.create(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.fs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        std::thread::sleep(self.delay);
+        let synced = self.fs.sync_dir(dir);
+        let (open, cv) = &*self.gate;
+        let g = open.lock().expect("gate");
+        drop(cv.wait_while(g, |open| !*open).expect("gate"));
+        synced
+    }
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        self.fs.read(path)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.fs.remove(path)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        self.fs.list(dir)
+    }
+}
+
+fn saves(fs: &RecordingFs) -> usize {
+    fs.ops()
+        .iter()
+        .filter(|o| o.kind() == OpKind::SyncDir)
+        .count()
+}
+
+/// Waits (up to 5 s) until `done` holds of the live state.
+async fn until_state(agent: &Agent, what: &str, done: impl Fn(&NodeState) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = tokio::time::timeout_at(deadline, agent.state().lock()).await;
+        if done(&state.unwrap_or_else(|_| panic!("never: {what} (the state stays locked)"))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Group commit: ADDs arriving while a save runs share the next one, and each is answered
+/// only once a save holding it is durable (its directory fsynced: a power loss keeps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_adds_share_saves_and_each_answers_only_once_its_save_is_durable() {
+    const N: usize = 8;
+    let fs = RecordingFs::new();
+    let slow = SlowFs::new(&fs, Duration::from_millis(30), true);
+    let (agent, published, _, tmp) = agent_on(&fs, Arc::new(slow));
+    let checkpoint = tmp.path().join("state").join(CHECKPOINT_FILE);
+    let adds = (0..N).map(|k| {
+        let (agent, fs, checkpoint) = (agent.clone(), fs.clone(), checkpoint.clone());
+        tokio::spawn(async move {
+            let c = format!("c{k}");
+            let r = agent.add(add_req(&c)).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let durable = fs.durable(&checkpoint).expect("a durable checkpoint");
+            let needle = format!("\"containerID\":\"{c}\"");
+            assert!(
+                String::from_utf8_lossy(&durable).contains(&needle),
+                "{c} answered before a durable save held it"
+            );
+        })
+    });
+    for add in futures::future::join_all(adds).await {
+        add.expect("an ADD");
+    }
+    let saves = saves(&fs);
+    assert!(saves < N, "{N} concurrent ADDs took {saves} saves");
+    assert!(!published.seen.lock().expect("lock").is_empty());
+}
+
+/// A batch whose save fails fails every mutation in it (not answered as done, nothing
+/// published); their changes stay to be saved, and a retry saves and answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_batch_save_fails_every_mutation_in_it_and_publishes_none() {
+    let fs = RecordingFs::new();
+    let slow = SlowFs::new(&fs, Duration::ZERO, false);
+    let gate = OpenOnDrop(slow.gate.clone());
+    let (agent, published, shared, _tmp) = agent_on(&fs, Arc::new(slow));
+    let held = |s: &NodeState| -> Vec<String> {
+        s.allocations()
+            .map(|(k, _)| k.container_id.clone())
+            .collect()
+    };
+    let add = |c: &str| {
+        let (agent, c) = (agent.clone(), c.to_owned());
+        tokio::spawn(async move { agent.add(add_req(&c)).await })
+    };
+    let first = add("c1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while saves(&fs) == 0 {
+        assert!(Instant::now() < deadline, "c1's save never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // c1's save is durable but held: the next ADDs change the state meanwhile
+    let batch: Vec<_> = ["c2", "c3", "c4"].into_iter().map(add).collect();
+    until_state(&agent, "the ADDs made while a save runs", |s| {
+        s.allocations().count() == 4
+    })
+    .await;
+    assert!(
+        held(&shared.durable()).is_empty(),
+        "the publisher reads only what a save returned"
+    );
+    fs.fail_next(OpKind::SyncDir);
+    SlowFs::open(&gate.0);
+    assert_eq!(first.await.expect("c1").status, 200);
+    for r in futures::future::join_all(batch).await {
+        let r = r.expect("an ADD");
+        assert_eq!((r.status, r.code()), (500, Some(5)), "{}", r.body);
+    }
+    assert_eq!(saves(&fs), 2, "one save for c1, one for the batch");
+    assert_eq!(
+        published.seen.lock().expect("lock").len(),
+        1,
+        "only c1 published"
+    );
+    assert_eq!(held(&shared.durable()), ["c1"], "what may be published");
+    // the runtime retries one: saved now (the whole batch with it), answered, published
+    let r = agent.add(add_req("c3")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(published.seen.lock().expect("lock").len(), 2);
+    assert_eq!(held(&shared.durable()).len(), 4);
     assert!(!agent.state().lock().await.is_dirty());
 }

@@ -4,9 +4,11 @@
 //!
 //! - [`NodeSource`] and [`Publish`]: what the server needs from the API-server side (the
 //!   kube layer implements them; [`MemoryNodeSource`] and [`CountingPublish`] for tests);
-//! - [`Agent`]: the handlers over the shared [`crate::state::NodeState`] — one mutation at a
-//!   time (a tokio mutex; fsyncs on the blocking pool), saved before the reply, then
-//!   [`Publish::publish`];
+//! - [`Agent`]: the handlers over the shared [`crate::state::NodeState`] ([`SharedState`]) —
+//!   one mutation at a time (a tokio mutex), answered once a save holding it is durable,
+//!   then [`Publish::publish`]; the mutations made while a save runs share the next one
+//!   (group commit, `commit.rs`; fsyncs on the blocking pool, one saver at a time), and the
+//!   publisher reads the durable copy;
 //! - [`Server`]: HTTP/1.1 over the unix socket (mode 0600, stale socket replaced);
 //! - [`replay_spool`]: the DELs the plugin spooled while the agent was down;
 //! - [`Agent::reconcile`]: reconcile against the runtime ([`crate::reconcile`]), its frees
@@ -43,6 +45,7 @@
 
 mod agent;
 mod answer;
+mod commit;
 mod http;
 mod reconcile;
 mod request;
@@ -52,6 +55,7 @@ mod spool;
 
 pub use agent::{Agent, Config, DEFAULT_EMPTY_POOL_WAIT};
 pub use answer::answer;
+pub use commit::SharedState;
 pub use http::{MAX_BODY_BYTES, Server};
 pub use request::{CniRequest, Reply, UidArg};
 pub use shape::{PodNetworks, gateway};

@@ -20,25 +20,21 @@ impl Agent {
         let ev = self.probe(cfg).await?;
         let max_frees = cfg.max_frees;
         let evidence = ev.clone();
-        let decided = self
-            .locked(move |s, i| {
+        let ((d, before), saved) = self
+            .locked(None, move |s, i| {
                 let mut tracker = i.reconcile.lock().unwrap_or_else(|e| e.into_inner());
                 let held: Vec<_> = s.allocations().collect();
                 let held = held.iter().map(|(k, a)| (*k, a));
                 let d = reconcile::decide(held, &evidence, &mut tracker.memory, max_frees);
                 let now = SystemTime::now();
-                let mut freed = false;
                 for f in &d.free {
-                    freed |= !s.del(&f.key, Some(f.uid), now).freed().is_empty();
+                    s.del(&f.key, Some(f.uid), now);
                 }
-                let saved = if s.is_dirty() { i.dir.save(s) } else { Ok(()) };
                 let before = tracker.blocked.clone();
                 tracker.record(&d, &evidence, now);
-                let ok = saved.is_ok();
-                ((d, before, saved), freed && ok)
+                (d, before)
             })
             .await?;
-        let (d, before, saved) = decided;
         saved?;
         log(&d, &ev, before.as_ref());
         Ok(d)

@@ -59,7 +59,7 @@ fn fixture() -> Fixture {
     };
     let state = NodeState::new("boot", Duration::from_secs(30));
     let agent = Agent::with_pods(
-        Arc::new(tokio::sync::Mutex::new(state)),
+        crate::serve::SharedState::new(state),
         dir,
         Arc::new(source),
         pods.clone(),

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::error::Result;
-use crate::state::{NodeState, StateDir, Unreadable, drain_spool, parse_pod_uid};
+use crate::state::{Fs, NodeState, SpooledDel, Unreadable, drain_spool, parse_pod_uid};
 
 /// What [`replay_spool`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -22,11 +22,15 @@ pub struct Replayed {
 
 /// Applies every spooled DEL in `spool_dir` to `state` (keyed and stale-safe, as a live
 /// DEL; a pod UID that is not a UUID frees nothing; an allocation made since the DEL was
-/// spooled, to the millisecond, is not the DEL's and stays), saves the state, and only then
-/// removes the files: a crash in between replays them again, which DEL's idempotence makes
-/// harmless.
-pub fn replay_spool(state: &mut NodeState, dir: &StateDir, spool_dir: &Path) -> Result<Replayed> {
-    let drained = drain_spool(dir.fs(), spool_dir)?;
+/// spooled, to the millisecond, is not the DEL's and stays). Returns what it did and the
+/// DELs to remove (counted in `applied` then) once the state is durable: a crash before
+/// that replays them again, which DEL's idempotence makes harmless.
+pub fn replay_spool(
+    state: &mut NodeState,
+    fs: &dyn Fs,
+    spool_dir: &Path,
+) -> Result<(Replayed, Vec<SpooledDel>)> {
+    let drained = drain_spool(fs, spool_dir)?;
     let now = SystemTime::now();
     let mut out = Replayed {
         unreadable: drained.unreadable,
@@ -48,12 +52,5 @@ pub fn replay_spool(state: &mut NodeState, dir: &StateDir, spool_dir: &Path) -> 
             out.freed += 1;
         }
     }
-    if state.is_dirty() {
-        dir.save(state)?;
-    }
-    for d in &drained.dels {
-        d.remove(dir.fs())?;
-        out.applied += 1;
-    }
-    Ok(out)
+    Ok((out, drained.dels))
 }

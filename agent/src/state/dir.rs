@@ -56,8 +56,14 @@ impl StateDir {
         checkpoint::load(&*self.fs, &self.dir, boot_id, now, reuse_cooldown)
     }
 
-    /// Saves `state` durably; reply or publish only after `Ok`.
+    /// Saves `state` durably, then marks it clean; reply or publish only after `Ok`.
     pub fn save(&self, state: &mut NodeState) -> Result<()> {
         state.save(&*self.fs, &self.dir)
+    }
+
+    /// Saves `snapshot` (a [`NodeState::snapshot`]) durably; reply or publish only after
+    /// `Ok`.
+    pub fn write(&self, snapshot: &NodeState) -> Result<()> {
+        checkpoint::save(&*self.fs, &self.dir, snapshot)
     }
 }

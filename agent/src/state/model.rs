@@ -6,7 +6,9 @@
 //!
 //! Every change marks the state dirty and the agent saves before it replies or publishes
 //! ("durable before it answers"). A failed save leaves it dirty, so a retried request that
-//! changes nothing (a repeated DEL) still saves what the first one changed.
+//! changes nothing (a repeated DEL) still saves what the first one changed. The agent's
+//! group commit saves [`NodeState::snapshot`]s instead: there dirty means changed since the
+//! last snapshot, and the commit remembers a failed save (`crate::serve`'s `commit`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -371,6 +373,14 @@ impl NodeState {
     pub fn pools(&self) -> AddrPools {
         let recorded = self.own.values().flat_map(|o| o.pools.iter());
         recorded.map(|(a, p)| (*a, p.clone())).collect()
+    }
+
+    /// A copy to save, this state marked clean: a change from now on is in the next copy.
+    /// If saving the copy fails, its changes are still to be saved: the caller keeps track.
+    pub fn snapshot(&mut self) -> NodeState {
+        let copy = self.clone();
+        self.side.mark_clean();
+        copy
     }
 
     /// Writes the checkpoint durably: temp file, write, fsync, rename over the checkpoint,

@@ -160,6 +160,14 @@ impl RecordingFs {
         g.inodes.get(ino).map(|i| i.data.clone())
     }
 
+    /// A file's contents as a power loss would leave them (its name and data fsynced), not
+    /// recorded.
+    pub fn durable(&self, path: &Path) -> Option<Vec<u8>> {
+        let g = self.lock();
+        let ino = g.durable_names.get(path)?;
+        g.inodes.get(ino).map(|i| i.durable.clone())
+    }
+
     /// The paths a reader sees, in order.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.lock().names.keys().cloned().collect()
