@@ -336,16 +336,18 @@ impl<K: Key> NodeSide<K> {
         let mut skip = node.operator.release.keys().of_family(family);
         skip.union_with(&self.release_ack.keys());
         skip.union_with(exclude);
-        // one walk up the run beside the used and cooling addresses from its start (both
-        // sorted): a node's addresses are mostly handed out from the bottom, so the first
+        // one walk up the run beside the skipped runs and the used and cooling addresses
+        // from its start (all sorted): a node's addresses are mostly handed out from the bottom, so the first
         // free one lies past every used one, and a lookup per address cost a search each
         for run in node.operator.addresses.runs_of(family) {
             let first = address(family, *run.start());
             let mut used = self.used.keys_from(&first).peekable();
             let mut cooling = self.cooldown.range(first..).map(|(a, _)| a).peekable();
+            let mut skips = skip.runs_of(family).peekable();
             let mut n = *run.start();
             while n <= *run.end() {
-                if let Some(r) = skip.run_at(family, n) {
+                while skips.next_if(|r| *r.end() < n).is_some() {}
+                if let Some(r) = skips.peek().filter(|r| *r.start() <= n) {
                     n = r.end().checked_add(1)?;
                     continue;
                 }

@@ -115,8 +115,9 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct PoolSet {
     entries: Vec<Entry>,
-    /// Name → entry of the first pool of that name.
-    by_name: HashMap<String, usize>,
+    /// Name → entry of the first pool of that name (looked up per block at every pass:
+    /// foldhash, several times cheaper than SipHash on short names).
+    by_name: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Calls that may have changed an index ([`Self::get_mut`], [`Self::rebuild`]).
     changes: u64,
 }
@@ -129,7 +130,7 @@ impl PoolSet {
 
     pub fn with_layout(specs: Vec<PoolSpec>, layout: Layout) -> Self {
         let validity = check_pools(&specs);
-        let mut by_name = HashMap::new();
+        let mut by_name = HashMap::default();
         let entries = specs
             .into_iter()
             .zip(validity)
