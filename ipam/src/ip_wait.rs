@@ -8,6 +8,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use foldhash::fast::RandomState;
+
 use tokio::time::Instant;
 
 use crate::types::{PodUid, UsedMap};
@@ -15,7 +17,7 @@ use crate::types::{PodUid, UsedMap};
 /// One node's pods seen waiting, with when each was first seen so.
 #[derive(Debug, Default)]
 pub(crate) struct IpWaits {
-    since: HashMap<PodUid, Instant>,
+    since: HashMap<PodUid, Instant, RandomState>,
 }
 
 impl IpWaits {
@@ -34,8 +36,9 @@ impl IpWaits {
         if self.since.is_empty() && pending.is_empty() {
             return Vec::new();
         }
-        let with_address: HashSet<PodUid> = used.values().map(|e| e.pod_uid).collect();
-        let pending_set: HashSet<PodUid> = pending.iter().copied().collect();
+        // at every pass of every node with pods waiting: foldhash, not SipHash
+        let with_address: HashSet<PodUid, RandomState> = used.values().map(|e| e.pod_uid).collect();
+        let pending_set: HashSet<PodUid, RandomState> = pending.iter().copied().collect();
         let mut ended = Vec::new();
         self.since.retain(|uid, first| {
             if with_address.contains(uid) {
@@ -53,7 +56,7 @@ impl IpWaits {
         if self.since.is_empty() {
             // a map keeps its capacity: after a bring-up each of 10,000 nodes would hold
             // room for its ~110 pods for ever (~8 % of simulate's peak at that scale)
-            self.since = HashMap::new();
+            self.since = HashMap::default();
         }
         ended
     }

@@ -140,10 +140,11 @@ impl Seen {
 struct State {
     pools: PoolSet,
     selectors: Vec<Selectors>,
-    nodes: HashMap<NodeName, NodeMeta>,
+    /// Looked up per pass of each node (foldhash, as [`PoolSet`]'s names).
+    nodes: HashMap<NodeName, NodeMeta, foldhash::fast::RandomState>,
     /// Per node: the blocks (name, resourceVersion) last shown to the engine, and the
     /// holdings built from them (reused while the blocks are unchanged).
-    seen: HashMap<NodeName, Seen>,
+    seen: HashMap<NodeName, Seen, foldhash::fast::RandomState>,
     rng: SmallRng,
     calls: u64,
     tracker: RepairTracker,
@@ -400,8 +401,8 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
             state: Arc::new(Mutex::new(State {
                 pools: set,
                 selectors,
-                nodes: HashMap::new(),
-                seen: HashMap::new(),
+                nodes: HashMap::default(),
+                seen: HashMap::default(),
                 rng: SmallRng::seed_from_u64(seed),
                 calls: 0,
                 tracker: RepairTracker::new(),
