@@ -333,16 +333,27 @@ impl<K: Key> NodeSide<K> {
         family: Family,
         exclude: &AddrSet,
     ) -> Option<IpAddr> {
-        let mut skip = node.operator.release.keys().of_family(family);
-        skip.union_with(&self.release_ack.keys());
-        skip.union_with(exclude);
+        // mostly all three are empty: then no set is built (an ADD is the world's most
+        // frequent call)
+        let mut skip = match node.operator.release.is_empty() {
+            true => AddrSet::new(),
+            false => node.operator.release.keys().of_family(family),
+        };
+        if !self.release_ack.is_empty() {
+            skip.union_with(&self.release_ack.keys());
+        }
+        if !exclude.is_empty() {
+            skip.union_with(exclude);
+        }
         // one walk up the run beside the skipped runs and the used and cooling addresses
-        // from its start (all sorted): a node's addresses are mostly handed out from the bottom, so the first
-        // free one lies past every used one, and a lookup per address cost a search each
+        // from its start (all sorted): a node's addresses are mostly handed out from the
+        // bottom, so the first free one lies past every used one, and a lookup per address
+        // cost a search each; compared as numbers of the family
         for run in node.operator.addresses.runs_of(family) {
             let first = address(family, *run.start());
-            let mut used = self.used.keys_from(&first).peekable();
-            let mut cooling = self.cooldown.range(first..).map(|(a, _)| a).peekable();
+            let mut used = numbers_of(family, self.used.keys_from(&first)).peekable();
+            let cooling = self.cooldown.range(first..).map(|(a, _)| a);
+            let mut cooling = numbers_of(family, cooling).peekable();
             let mut skips = skip.runs_of(family).peekable();
             let mut n = *run.start();
             while n <= *run.end() {
@@ -351,11 +362,10 @@ impl<K: Key> NodeSide<K> {
                     n = r.end().checked_add(1)?;
                     continue;
                 }
-                let a = address(family, n);
-                while used.next_if(|u| **u < a).is_some() {}
-                while cooling.next_if(|c| **c < a).is_some() {}
-                if used.peek() != Some(&&a) && cooling.peek() != Some(&&a) {
-                    return Some(a);
+                while used.next_if(|u| *u < n).is_some() {}
+                while cooling.next_if(|c| *c < n).is_some() {}
+                if used.peek() != Some(&n) && cooling.peek() != Some(&n) {
+                    return Some(address(family, n));
                 }
                 n = n.checked_add(1)?;
             }
@@ -451,4 +461,14 @@ impl<K: Key> NodeSide<K> {
             })
             .collect()
     }
+}
+
+/// The numbers of `family`'s addresses among `addrs` (sorted), until another family begins.
+fn numbers_of<'a>(
+    family: Family,
+    addrs: impl Iterator<Item = &'a IpAddr>,
+) -> impl Iterator<Item = u128> {
+    (addrs.map(crate::addrs::number))
+        .take_while(move |(f, _)| *f == family)
+        .map(|(_, n)| n)
 }
