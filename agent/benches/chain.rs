@@ -214,9 +214,9 @@ fn count_saves(state_dir: &Path) -> Arc<AtomicUsize> {
 /// pods deleted.
 async fn at_250_pods(node: &Node, conf: &str, saves: &AtomicUsize) {
     const PODS: usize = 250;
-    let call = |cmd: &'static str| {
+    let call = |cmd: &'static str, pods: std::ops::Range<usize>| {
         let sem = Arc::new(tokio::sync::Semaphore::new(32));
-        let calls = (0..PODS).map(move |i| {
+        let calls = pods.map(move |i| {
             let (conf, sem) = (conf.to_owned(), sem.clone());
             async move {
                 let _permit = sem.acquire().await.expect("semaphore");
@@ -226,10 +226,21 @@ async fn at_250_pods(node: &Node, conf: &str, saves: &AtomicUsize) {
         });
         futures::future::join_all(calls)
     };
+    // the operator's watch of every IPAMNode, drained as the operator's informer does
+    let watching = tokio::spawn(operator_watch(node.admin.clone()));
     let before = saves.load(Ordering::SeqCst);
-    for r in call("ADD").await {
-        assert_eq!(r.code, 0, "{}", r.stdout);
+    let mut load = ApiLoad::now(node, 0).await;
+    println!(
+        "\n| API server load, pods on the node | IPAMNode (managedFields included) | status writes per pod start | bytes written per pod start | watch bytes per pod start to the operator |\n|---|---|---|---|---|"
+    );
+    for range in [0..110, 110..PODS] {
+        for r in call("ADD", range.clone()).await {
+            assert_eq!(r.code, 0, "{}", r.stdout);
+        }
+        load = load.report(node, range.end).await;
     }
+    drop(load);
+    watching.abort();
     let added = saves.load(Ordering::SeqCst) - before;
     let checkpoint = node.settings.state_dir.join(CHECKPOINT_FILE);
     let bytes = std::fs::read(&checkpoint).expect("the checkpoint");
@@ -255,7 +266,74 @@ async fn at_250_pods(node: &Node, conf: &str, saves: &AtomicUsize) {
         "\nAt {PODS} pods ({held} allocations): the checkpoint is {} B; saving it costs {s50:.2} / {s99:.2} ms p50 / p99 (100 saves); the {PODS} ADDs, 32 at once, took {added} saves",
         bytes.len()
     );
-    for r in call("DEL").await {
+    for r in call("DEL", 0..PODS).await {
         assert_eq!(r.code, 0, "{}", r.stdout);
+    }
+}
+
+/// The IPAMNode watch an operator keeps: every event read and dropped.
+async fn operator_watch(admin: kube::Client) {
+    use futures::StreamExt;
+    let api: kube::Api<tidepool_api::IPAMNode> = kube::Api::all(admin);
+    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default());
+    stream.for_each(|_| async {}).await;
+}
+
+/// The API server's counters for the node's IPAMNode at some number of pods: the agent's
+/// status writes and their request bytes, and what the operator's watch was delivered.
+struct ApiLoad {
+    pods: usize,
+    writes: u64,
+    bytes: u64,
+    watched: u64,
+}
+
+impl ApiLoad {
+    /// The counters now, once the IPAMNode's `status.used` holds `pods` entries (the
+    /// agent publishes after its saves).
+    async fn now(node: &Node, pods: usize) -> ApiLoad {
+        let api: kube::Api<tidepool_api::IPAMNode> = kube::Api::all(node.admin.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let o = api.get("node-a").await.expect("node-a's IPAMNode");
+            let used = o.status.as_ref().map_or(0, |s| s.used.len());
+            if used == pods {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{used} entries published, not {pods}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ipamnodes = |r: &str| r.starts_with("ipamnodes.");
+        let writes = ["apply", "patch", "update"];
+        let is_write = |(v, r): &(String, String)| writes.contains(&v.as_str()) && ipamnodes(r);
+        let requests = node.server.requests();
+        ApiLoad {
+            pods,
+            writes: (requests.iter()).filter(|(k, _)| is_write(k)).map(|(_, n)| n).sum(),
+            bytes: (node.server.request_bytes().iter())
+                .filter(|(k, _)| is_write(k))
+                .map(|(_, n)| n)
+                .sum(),
+            watched: node
+                .server
+                .watch_bytes("ipamnodes.ipam.tidepool.dev", tidepool_tests::ADMIN),
+        }
+    }
+
+    /// Prints the row for `pods` against `self` (the counters at fewer pods); the new
+    /// counters.
+    async fn report(self, node: &Node, pods: usize) -> ApiLoad {
+        let next = ApiLoad::now(node, pods).await;
+        let api: kube::Api<tidepool_api::IPAMNode> = kube::Api::all(node.admin.clone());
+        let o = api.get("node-a").await.expect("node-a's IPAMNode");
+        let size = serde_json::to_vec(&o).expect("serializes").len();
+        let started = (pods - self.pods) as f64;
+        println!(
+            "| {pods} | {size} B | {:.2} | {:.0} B | {:.0} B |",
+            (next.writes - self.writes) as f64 / started,
+            (next.bytes - self.bytes) as f64 / started,
+            (next.watched - self.watched) as f64 / started,
+        );
+        next
     }
 }

@@ -199,6 +199,12 @@ pub(crate) struct State {
     /// Bearer token → (identity string, the user it authenticates as).
     pub tokens: RwLock<HashMap<String, (String, Arc<UserInfo>)>>,
     pub counters: Mutex<BTreeMap<(String, String), u64>>,
+    /// Request body bytes by `(verb, resource)` (kube-apiserver's
+    /// `apiserver_request_body_size_bytes`, "broken out by resource and verb").
+    pub request_bytes: Mutex<BTreeMap<(String, String), u64>>,
+    /// Watch event bytes sent, by resource and watcher (`apiserver_watch_events_sizes`,
+    /// here also per identity: what one client was delivered).
+    pub watch_bytes: Mutex<BTreeMap<(String, String), u64>>,
     pub writes: Mutex<Vec<AcceptedWrite>>,
     pub failed: Mutex<Vec<FailedRequest>>,
     pub addr: SocketAddr,
@@ -214,6 +220,22 @@ impl State {
             .lock()
             .entry((verb.to_string(), resource.to_string()))
             .or_default() += 1;
+    }
+
+    pub(crate) fn count_body(&self, verb: &str, resource: &str, bytes: u64) {
+        *self
+            .request_bytes
+            .lock()
+            .entry((verb.to_string(), resource.to_string()))
+            .or_default() += bytes;
+    }
+
+    pub(crate) fn count_watch_event(&self, resource: &str, identity: &str, bytes: u64) {
+        *self
+            .watch_bytes
+            .lock()
+            .entry((resource.to_string(), identity.to_string()))
+            .or_default() += bytes;
     }
 }
 
@@ -252,6 +274,8 @@ impl ApiServer {
             paused: watch::channel(false).0,
             tokens: RwLock::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
+            request_bytes: Mutex::new(BTreeMap::new()),
+            watch_bytes: Mutex::new(BTreeMap::new()),
             writes: Mutex::new(Vec::new()),
             failed: Mutex::new(Vec::new()),
             addr,
@@ -451,6 +475,25 @@ impl ApiServer {
             .unwrap_or(0)
     }
 
+    /// Request body bytes received so far by `(verb, resource)`, as
+    /// [`ApiServer::requests`] names them (kube-apiserver's
+    /// `apiserver_request_body_size_bytes`: the body's length as sent).
+    pub fn request_bytes(&self) -> BTreeMap<(String, String), u64> {
+        self.state.request_bytes.lock().clone()
+    }
+
+    /// Watch event bytes delivered so far to `identity`'s watches of `resource`
+    /// (`plural[.group]`; each event's JSON line: `apiserver_watch_events_sizes`).
+    pub fn watch_bytes(&self, resource: &str, identity: &str) -> u64 {
+        let key = (resource.to_string(), identity.to_string());
+        self.state
+            .watch_bytes
+            .lock()
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Every write accepted so far, in the order stored, with its time and writer: to check
     /// who wrote what when (for example that a deposed leader wrote nothing after its
     /// successor's first write).
@@ -469,6 +512,8 @@ impl ApiServer {
     /// Resets the request counters.
     pub fn reset_counters(&self) {
         self.state.counters.lock().clear();
+        self.state.request_bytes.lock().clear();
+        self.state.watch_bytes.lock().clear();
     }
 
     /// The latest resourceVersion handed out.

@@ -1169,6 +1169,39 @@ async fn list_pagination_and_selectors() {
     assert_eq!(code(&scratch.get("x").await.unwrap_err()), 404);
 }
 
+/// kube-apiserver counts request bodies by resource and verb
+/// (`apiserver_request_body_size_bytes`) and the watch events it sends
+/// (`apiserver_watch_events_sizes`): so does this server, the bytes as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_body_and_watch_event_bytes_are_counted() {
+    let (server, _client) = start().await;
+    let token = Some(server.token("tester"));
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"sized"},"data":{"k":"v"}}"#;
+    let path = "/api/v1/namespaces/default/configmaps";
+    let (c, _, _) = raw(&server, "POST", path, token.clone(), Some(body)).await;
+    assert_eq!(c, 201);
+    let sent = server.request_bytes();
+    assert_eq!(sent.get(&("create".into(), "configmaps".into())), Some(&(body.len() as u64)));
+    let before = server.watch_bytes("configmaps", "tester");
+    let watch = format!("{path}?watch=true&resourceVersion=0&timeoutSeconds=1");
+    let (c, headers, chunked) = raw(&server, "GET", &watch, token, None).await;
+    assert_eq!(c, 200);
+    assert!(headers.contains(&("transfer-encoding".into(), "chunked".into())), "{headers:?}");
+    // the data bytes of the chunked body: each chunk's size line, then its bytes
+    let (mut rest, mut data) = (chunked.as_str(), String::new());
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if n == 0 {
+            break;
+        }
+        data.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    assert!(data.contains("\"ADDED\"") && data.contains("\"sized\""), "{data}");
+    assert_eq!(server.watch_bytes("configmaps", "tester") - before, data.len() as u64);
+    assert_eq!(server.watch_bytes("configmaps", "someone-else"), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_and_request_counters() {
     let (server, client) = start().await;

@@ -286,6 +286,11 @@ async fn resource(
         format!("{}/{}", t.rt.gr(), t.sub)
     };
     st.count(verb, &res_name);
+    if let Some(n) = (req.headers().get(header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        st.count_body(verb, &res_name, n);
+    }
     if st.config.rbac
         && let Err(e) = authorize(st, user, &t, verb, &q)
     {

@@ -285,6 +285,7 @@ impl Feed {
 
     async fn send(&mut self, ev: &WatchEvent, et: &'static str) -> bool {
         let line = self.render.line(ev, et);
+        (self.st).count_watch_event(&self.gr, &self.who, line.len() as u64);
         self.out.send(&self.tx, line).await
     }
 
