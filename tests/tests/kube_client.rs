@@ -1176,17 +1176,24 @@ async fn list_pagination_and_selectors() {
 async fn request_body_and_watch_event_bytes_are_counted() {
     let (server, _client) = start().await;
     let token = Some(server.token("tester"));
-    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"sized"},"data":{"k":"v"}}"#;
+    let body =
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"sized"},"data":{"k":"v"}}"#;
     let path = "/api/v1/namespaces/default/configmaps";
     let (c, _, _) = raw(&server, "POST", path, token.clone(), Some(body)).await;
     assert_eq!(c, 201);
     let sent = server.request_bytes();
-    assert_eq!(sent.get(&("create".into(), "configmaps".into())), Some(&(body.len() as u64)));
+    assert_eq!(
+        sent.get(&("create".into(), "configmaps".into())),
+        Some(&(body.len() as u64))
+    );
     let before = server.watch_bytes("configmaps", "tester");
     let watch = format!("{path}?watch=true&resourceVersion=0&timeoutSeconds=1");
     let (c, headers, chunked) = raw(&server, "GET", &watch, token, None).await;
     assert_eq!(c, 200);
-    assert!(headers.contains(&("transfer-encoding".into(), "chunked".into())), "{headers:?}");
+    assert!(
+        headers.contains(&("transfer-encoding".into(), "chunked".into())),
+        "{headers:?}"
+    );
     // the data bytes of the chunked body: each chunk's size line, then its bytes
     let (mut rest, mut data) = (chunked.as_str(), String::new());
     while let Some((size, after)) = rest.split_once("\r\n") {
@@ -1197,8 +1204,14 @@ async fn request_body_and_watch_event_bytes_are_counted() {
         data.push_str(&after[..n]);
         rest = &after[n + 2..];
     }
-    assert!(data.contains("\"ADDED\"") && data.contains("\"sized\""), "{data}");
-    assert_eq!(server.watch_bytes("configmaps", "tester") - before, data.len() as u64);
+    assert!(
+        data.contains("\"ADDED\"") && data.contains("\"sized\""),
+        "{data}"
+    );
+    assert_eq!(
+        server.watch_bytes("configmaps", "tester") - before,
+        data.len() as u64
+    );
     assert_eq!(server.watch_bytes("configmaps", "someone-else"), 0);
 }
 
