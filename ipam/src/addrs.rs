@@ -130,11 +130,6 @@ impl AddrSet {
             .map(move |r| *r.start().max(&lo)..=*r.end().min(&hi))
     }
 
-    /// The run holding address number `n` of a family.
-    pub fn run_at(&self, family: Family, n: u128) -> Option<&Run> {
-        self.runs.get(family).get(&n)
-    }
-
     /// Whether any address of `run` is in the set.
     pub fn overlaps(&self, family: Family, run: &Run) -> bool {
         self.runs.get(family).overlaps(run)
