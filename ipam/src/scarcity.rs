@@ -125,6 +125,14 @@ impl Hysteresis {
 /// as the maintainers plan with it; a pool not in it is not scarce.
 pub type Squeezes = BTreeMap<(Arc<str>, Family), Squeeze>;
 
+/// Whether the pool `key` keeps less pre-allocation under `now` than under `before` (no
+/// squeeze keeps all of it): a plan made under `before` claims more than the pool now
+/// allows.
+pub fn tightened(before: &Squeezes, now: &Squeezes, key: &(Arc<str>, Family)) -> bool {
+    let kept = |s: &Squeezes| s.get(key).map_or(1000, |q| q.keep_per_mille);
+    kept(now) < kept(before)
+}
+
 /// What a scarce pool does to its nodes' watermarks and release delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Squeeze {
@@ -183,6 +191,25 @@ mod tests {
         assert!((pressure(10, 0, 5, 100) - 0.15).abs() < 1e-12);
         assert_eq!(pressure(0, 0, 0, 0), 0.0);
         assert_eq!(pressure(0, 1, 0, 0), 1.0);
+    }
+
+    #[test]
+    fn a_squeeze_tightens_when_it_keeps_less_than_before() {
+        let key = (Arc::<str>::from("blue"), Family::V4);
+        let other = (Arc::<str>::from("green"), Family::V4);
+        let q = |keep_per_mille| Squeeze {
+            keep_per_mille,
+            release_delay: Duration::from_secs(10),
+        };
+        let none = Squeezes::new();
+        let half: Squeezes = [(key.clone(), q(500))].into();
+        let zero: Squeezes = [(key.clone(), q(0))].into();
+        assert!(tightened(&none, &half, &key), "scarcity entered");
+        assert!(tightened(&half, &zero, &key), "squeezed harder");
+        assert!(!tightened(&half, &half, &key), "unchanged");
+        assert!(!tightened(&zero, &half, &key), "loosened");
+        assert!(!tightened(&half, &none, &key), "scarcity left");
+        assert!(!tightened(&none, &half, &other), "another pool");
     }
 
     #[tokio::test(start_paused = true)]

@@ -109,6 +109,12 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     conditions::set_watermarks_condition(shared, h, &mut plan.fields, invalid.as_ref());
     plan.hold_back(invalid.is_some(), shared.source.node_blocked(&h.name));
     shared.publish(h, plan.summary, &plan.lanes);
+    if !plan.claims.is_empty() && squeezed_since(shared, &squeezes, &plan.claims, &pools).await {
+        // the pool turned scarcer while this node planned: the next pass plans with it
+        h.trigger.trigger(Reason::Scarcity);
+        local.deadline = plan.next_deadline;
+        return Ok(Outcome::Idle(plan.next_deadline));
+    }
     let rule = WriteRule::new(stored, &node.operator, info.uid, held);
     if !take_kube_place(shared, h, local, &plan, &rule, &operator.release).await {
         local.deadline = plan.next_deadline;
@@ -241,6 +247,26 @@ fn node_pools<S: IpSource, N: NodeStore, P: PodView>(
         .map(|u| (*u, shared.pods.pool_subject(*u)))
         .collect();
     shared.source.node_pools(node, &subjects)
+}
+
+/// Whether a pool the pass claims from turned scarcer since it planned under `planned`.
+/// The passes woken with this one publish their demand first: a burst of pods over many
+/// nodes counts in its pool's pressure before any of those nodes claims a warm pool.
+async fn squeezed_since<S: IpSource, N: NodeStore, P: PodView>(
+    shared: &Shared<S, N, P>,
+    planned: &Squeezes,
+    claims: &[Claim],
+    pools: &NodePools,
+) -> bool {
+    if !shared.cfg.scarcity.enabled {
+        return false;
+    }
+    tokio::task::yield_now().await;
+    let now = shared.squeezes();
+    claims.iter().any(|c| {
+        let key = (pools.pool_name(c.family, c.pool.as_ref()), c.family);
+        crate::scarcity::tightened(planned, &now, &key)
+    })
 }
 
 /// A source whose calls are API server writes (cluster-pool's block creates, deletes and

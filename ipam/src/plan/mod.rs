@@ -586,9 +586,7 @@ fn scarce_release(
 /// A lane's pool by name: its own, or the node's default pool of the family when the
 /// source names it, else "".
 fn pool_name(s: &Snapshot<'_>, family: Family, pool: Option<&Arc<str>>) -> Arc<str> {
-    (pool.or(s.pools.defaults.get(family).as_ref()))
-        .cloned()
-        .unwrap_or_else(|| Arc::from(""))
+    s.pools.pool_name(family, pool)
 }
 
 /// Puts the lane's pool's scarcity squeeze, if it is scarce, on its watermarks.
