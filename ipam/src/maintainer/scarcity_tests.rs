@@ -149,3 +149,23 @@ async fn an_address_held_by_the_reclaim_min_age_is_not_free_under_scarcity() {
     );
     no_double_grant(&r, &["a", "b"]);
 }
+
+/// Pods arrive at once on three nodes of a 20-address pool, 6 each: 18 of 20 make it
+/// scarce, but only once the third node has counted its pods. The nodes that planned
+/// before that (with pre-allocate 2) claim nothing under the old squeeze and plan again:
+/// each claims its own 6, and the third node's pods are served with the rest. Without
+/// the re-plan the first two would take 8 each and leave the third 4 for 6 pods.
+#[tokio::test(start_paused = true)]
+async fn nodes_woken_together_count_their_pods_before_any_claims_a_warm_pool() {
+    let r = rig(20);
+    for (node, first) in [("a", 1), ("b", 100), ("c", 200)] {
+        r.schedule(node, first, 6);
+        r.mgr.upsert_node(info(node));
+    }
+    run_checked(&r, &["a", "b", "c"], 2).await;
+    assert!(r.mgr.scarcity()[0].scarce, "{:?}", r.mgr.scarcity());
+    for node in ["a", "b", "c"] {
+        assert_eq!(r.addresses(node).len(), 6, "{node}: its pods, no warm pool");
+    }
+    no_double_grant(&r, &["a", "b", "c"]);
+}
