@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 mod pool_step;
 
-pub(crate) use pool_step::PoolScarcity;
 pub use pool_step::ScarcityState;
+pub(crate) use pool_step::{PoolKey, PoolScarcity};
 
 use crate::budget::{Api, Budget, Priority, PriorityCell};
 use crate::clock::Clock;

@@ -17,8 +17,8 @@ use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
 use crate::plan::{self, Claim, Marks, NodePools, Plan, Snapshot, WriteRule};
 use crate::pods::PodView;
-use crate::scarcity::Squeezes;
-use crate::shared::{NodeHandle, Shared};
+use crate::scarcity::{self, Squeezes};
+use crate::shared::{NodeHandle, PoolKey, Shared};
 use crate::source::IpSource;
 use crate::store::{EventType, NodeStore};
 use crate::trigger::Reason;
@@ -250,8 +250,9 @@ fn node_pools<S: IpSource, N: NodeStore, P: PodView>(
 }
 
 /// Whether a pool the pass claims from turned scarcer since it planned under `planned`.
-/// The passes woken with this one publish their demand first: a burst of pods over many
-/// nodes counts in its pool's pressure before any of those nodes claims a warm pool.
+/// When pods not yet counted could make it so, the passes woken with this one publish
+/// their demand first: a burst of pods over many nodes counts in its pool's pressure
+/// before any of those nodes claims a warm pool.
 async fn squeezed_since<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     planned: &Squeezes,
@@ -261,12 +262,18 @@ async fn squeezed_since<S: IpSource, N: NodeStore, P: PodView>(
     if !shared.cfg.scarcity.enabled {
         return false;
     }
+    let keys: Vec<PoolKey> = (claims.iter())
+        .map(|c| (pools.pool_name(c.family, c.pool.as_ref()), c.family))
+        .collect();
+    let tightened = |now: &Squeezes| (keys.iter()).any(|k| scarcity::tightened(planned, now, k));
+    if tightened(&shared.squeezes()) {
+        return true; // by this pass's own figures
+    }
+    if !keys.iter().any(|k| shared.may_tighten(k)) {
+        return false;
+    }
     tokio::task::yield_now().await;
-    let now = shared.squeezes();
-    claims.iter().any(|c| {
-        let key = (pools.pool_name(c.family, c.pool.as_ref()), c.family);
-        crate::scarcity::tightened(planned, &now, &key)
-    })
+    tightened(&shared.squeezes())
 }
 
 /// A source whose calls are API server writes (cluster-pool's block creates, deletes and

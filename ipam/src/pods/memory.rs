@@ -58,6 +58,8 @@ struct Inner {
     pods: UidTable<PodRecord>,
     /// Per node (hash maps: looked up on every pod event and pass, iterated never).
     pending: HashMap<NodeName, BTreeSet<PodUid>>,
+    /// The pods in `pending`, over every node.
+    pending_total: usize,
     bound: HashMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
     deleted: VecDeque<(Instant, PodUid)>,
@@ -134,7 +136,9 @@ impl MemoryPodView {
     /// A pod is scheduled to `node` (Pending, no IPs).
     pub fn add(&self, uid: PodUid, node: NodeName) {
         let mut g = self.inner.lock();
-        g.pending.entry(node.clone()).or_default().insert(uid);
+        if g.pending.entry(node.clone()).or_default().insert(uid) {
+            g.pending_total += 1;
+        }
         *g.bound.entry(node.clone()).or_default() += 1;
         let visible = self.now().plus(self.lag);
         g.touch(&node, uid, visible);
@@ -168,8 +172,10 @@ impl MemoryPodView {
         rec.info.ips = PodIps::new(ips);
         let node = rec.info.node.clone();
         g.touch(&node, uid, self.now());
-        if let Some(set) = g.pending.get_mut(&node) {
-            set.remove(&uid);
+        if let Some(set) = g.pending.get_mut(&node)
+            && set.remove(&uid)
+        {
+            g.pending_total -= 1;
         }
     }
 
@@ -221,7 +227,9 @@ impl MemoryPodView {
 
     fn unbind(g: &mut Inner, node: &NodeName, uid: PodUid) {
         if let Some(set) = g.pending.get_mut(node) {
-            set.remove(&uid);
+            if set.remove(&uid) {
+                g.pending_total -= 1;
+            }
             if set.is_empty() {
                 g.pending.remove(node);
             }
@@ -360,11 +368,33 @@ impl PodView for MemoryPodView {
     fn bound_pods(&self, node: &str) -> usize {
         self.inner.lock().bound.get(node).copied().unwrap_or(0)
     }
+
+    fn pending_total(&self) -> Option<usize> {
+        Some(self.inner.lock().pending_total)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The total is the pending pods of every node, through each way a pod stops pending.
+    #[test]
+    fn pending_total_counts_every_nodes_pending_pods() {
+        let v = MemoryPodView::new(Duration::ZERO);
+        let sum = |v: &MemoryPodView| v.pending_pods("a").len() + v.pending_pods("b").len();
+        for uid in 1..=6 {
+            let node = if uid % 2 == 0 { "a" } else { "b" };
+            v.add(PodUid(uid), node.into());
+        }
+        assert_eq!((v.pending_total(), sum(&v)), (Some(6), 6));
+        v.set_running(PodUid(1), vec!["10.0.0.1".parse().unwrap()]);
+        v.set_running(PodUid(1), vec!["10.0.0.1".parse().unwrap()]);
+        v.set_terminal(PodUid(2), PodPhase::Failed);
+        v.delete(PodUid(3));
+        v.delete(PodUid(1)); // running: not pending any more
+        assert_eq!((v.pending_total(), sum(&v)), (Some(3), 3));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn cache_lags_behind_the_truth() {

@@ -120,6 +120,40 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
         self.trigger_pools(&left, false);
     }
 
+    /// Whether pods the nodes' figures do not count yet could make the pool `key` scarcer:
+    /// more pods are pending than the figures count as waiting, and the pool is scarce
+    /// already, or would be with all of them in its pressure. A pod view that does not
+    /// count its pending pods may always.
+    pub(crate) fn may_tighten(&self, key: &PoolKey) -> bool {
+        let Some(pending) = self.pods.pending_total() else {
+            return true;
+        };
+        let (t, counted) = {
+            let stats = self.stats.lock();
+            let t = stats.by_pool.get(key).copied().unwrap_or_default();
+            (t, stats.pods_waiting(key.1))
+        };
+        let uncounted = i128::try_from(pending).unwrap_or(i128::MAX) - counted;
+        if uncounted <= 0 {
+            return false;
+        }
+        let scarce = (self.scarcity.lock().pools.get(key)).is_some_and(|st| st.hysteresis.scarce());
+        if scarce {
+            return true;
+        }
+        let Some(capacity) = self.source.pool_capacity(&key.0, key.1) else {
+            return false;
+        };
+        let unsigned = |v: i128| u128::try_from(v).unwrap_or(0);
+        let bound = scarcity::pressure(
+            unsigned(t.ips.used),
+            unsigned(t.pods_waiting + uncounted),
+            unsigned(t.ips.cooldown),
+            capacity,
+        );
+        bound >= self.cfg.scarcity.enter
+    }
+
     /// One pool's measurement: its change of scarcity, and whether its squeeze changed.
     fn step_one(
         &self,
