@@ -15,7 +15,7 @@ use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
 use crate::error::{ErrorClass, IpamError};
 use crate::handshake;
-use crate::plan::{self, Claim, Marks, NodePools, Plan, Snapshot, WriteRule};
+use crate::plan::{self, Claim, LaneSummary, Marks, NodePools, Plan, Snapshot, WriteRule};
 use crate::pods::PodView;
 use crate::scarcity::{self, Squeezes};
 use crate::shared::{NodeHandle, PoolKey, Shared};
@@ -109,7 +109,7 @@ pub(super) async fn pass_once<S: IpSource, N: NodeStore, P: PodView>(
     conditions::set_watermarks_condition(shared, h, &mut plan.fields, invalid.as_ref());
     plan.hold_back(invalid.is_some(), shared.source.node_blocked(&h.name));
     shared.publish(h, plan.summary, &plan.lanes);
-    if !plan.claims.is_empty() && squeezed_since(shared, &squeezes, &plan.claims, &pools).await {
+    if !plan.claims.is_empty() && squeezed_since(shared, &squeezes, &plan.lanes).await {
         // the pool turned scarcer while this node planned: the next pass plans with it
         h.trigger.trigger(Reason::Scarcity);
         local.deadline = plan.next_deadline;
@@ -249,23 +249,26 @@ fn node_pools<S: IpSource, N: NodeStore, P: PodView>(
     shared.source.node_pools(node, &subjects)
 }
 
-/// Whether a pool the pass claims from turned scarcer since it planned under `planned`.
-/// When pods not yet counted could make it so, the passes woken with this one publish
-/// their demand first: a burst of pods over many nodes counts in its pool's pressure
-/// before any of those nodes claims a warm pool.
+/// Whether a pool the pass claims warm addresses from (beyond its pods waiting) turned
+/// scarcer since it planned under `planned`. When pods not yet counted could make it so,
+/// the passes woken with this one publish their demand first: a burst of pods over many
+/// nodes counts in its pool's pressure before any of those nodes claims a warm pool.
 async fn squeezed_since<S: IpSource, N: NodeStore, P: PodView>(
     shared: &Shared<S, N, P>,
     planned: &Squeezes,
-    claims: &[Claim],
-    pools: &NodePools,
+    lanes: &[LaneSummary],
 ) -> bool {
     if !shared.cfg.scarcity.enabled {
         return false;
     }
-    let keys: Vec<PoolKey> = (claims.iter())
-        .map(|c| (pools.pool_name(c.family, c.pool.as_ref()), c.family))
+    let keys: Vec<PoolKey> = (lanes.iter())
+        .filter(|l| l.sizing.claim > l.counts.waiting.saturating_sub(l.counts.free()))
+        .map(|l| (l.pool.clone(), l.family))
         .collect();
     let tightened = |now: &Squeezes| (keys.iter()).any(|k| scarcity::tightened(planned, now, k));
+    if keys.is_empty() {
+        return false;
+    }
     if tightened(&shared.squeezes()) {
         return true; // by this pass's own figures
     }

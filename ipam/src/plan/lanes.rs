@@ -43,14 +43,6 @@ pub struct NodePools {
 }
 
 impl NodePools {
-    /// The name a lane of `family` goes by: its pool's, else the node's default pool's,
-    /// else "" (a source without pools).
-    pub fn pool_name(&self, family: Family, pool: Option<&Arc<str>>) -> Arc<str> {
-        (pool.or(self.defaults.get(family).as_ref()))
-            .cloned()
-            .unwrap_or_else(|| Arc::from(""))
-    }
-
     pub const EMPTY: NodePools = NodePools {
         lanes: Vec::new(),
         unplaced: PerFamily {

@@ -586,7 +586,9 @@ fn scarce_release(
 /// A lane's pool by name: its own, or the node's default pool of the family when the
 /// source names it, else "".
 fn pool_name(s: &Snapshot<'_>, family: Family, pool: Option<&Arc<str>>) -> Arc<str> {
-    s.pools.pool_name(family, pool)
+    (pool.or(s.pools.defaults.get(family).as_ref()))
+        .cloned()
+        .unwrap_or_else(|| Arc::from(""))
 }
 
 /// Puts the lane's pool's scarcity squeeze, if it is scarce, on its watermarks.
