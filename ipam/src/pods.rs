@@ -169,11 +169,8 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn pending_pods(&self, node: &str) -> Vec<PodUid>;
     /// How many non-terminal pods are bound to `node`.
     fn bound_pods(&self, node: &str) -> usize;
-    /// How many pods of every node are pending (as [`PodView::pending_pods`] counts them);
-    /// `None` for a view that does not count them, which the engine reads as "maybe some".
-    fn pending_total(&self) -> Option<usize> {
-        None
-    }
+    /// How many pods of every node are pending (as [`PodView::pending_pods`] counts them).
+    fn pending_total(&self) -> usize;
     /// What the pool choice reads of a pod and its namespace (labels, `ipam.tidepool.dev/pools`
     /// annotations; the node's part is the source's): `None` for a view that has none, whose
     /// pods all take their node's default pools.

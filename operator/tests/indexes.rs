@@ -225,6 +225,41 @@ fn a_host_network_pod_never_waits_for_an_address() {
     assert_eq!(idx.bound_pods("n1"), 2, "both bound");
 }
 
+/// The count of pending pods over every node (what the engine's scarcity step reads to
+/// know whether pods not yet counted could make a pool scarcer) is the sum of each node's
+/// `pending_pods`, through relists, address assignment, terminal phases, host-network pods,
+/// a move to another node and deletion.
+#[test]
+fn pending_total_is_the_sum_of_every_nodes_pending_pods() {
+    let (idx, _) = index();
+    let sum = |idx: &PodIndex| {
+        let each: usize = ["n1", "n2"].iter().map(|n| idx.pending_pods(n).len()).sum();
+        (idx.pending_total(), each)
+    };
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(pod(1, "n1", "Pending", &[])));
+    idx.apply(&Event::InitApply(pod(2, "n2", "Pending", &[])));
+    assert_eq!(idx.pending_total(), 0, "a relist is buffered");
+    idx.apply(&Event::InitDone);
+    assert_eq!(sum(&idx), (2, 2));
+    let mut host = pod(3, "n1", "Pending", &[]);
+    host.spec.as_mut().expect("spec").host_network = Some(true);
+    idx.apply(&Event::Apply(host));
+    idx.apply(&Event::Apply(pod(4, "n1", "Pending", &[])));
+    idx.apply(&Event::Apply(pod(4, "n1", "Pending", &[])));
+    assert_eq!(sum(&idx), (3, 3), "host network never waits");
+    idx.apply(&Event::Apply(pod(1, "n1", "Running", &["10.0.0.1"])));
+    idx.apply(&Event::Apply(pod(2, "n2", "Failed", &[])));
+    assert_eq!(sum(&idx), (1, 1));
+    idx.apply(&Event::Apply(pod(4, "n2", "Pending", &[])));
+    assert_eq!(sum(&idx), (1, 1), "moved, still pending");
+    idx.apply(&Event::Delete(pod(4, "n2", "Pending", &[])));
+    idx.apply(&Event::Init);
+    idx.apply(&Event::InitApply(pod(5, "n2", "Pending", &[])));
+    idx.apply(&Event::InitDone);
+    assert_eq!(sum(&idx), (1, 1), "a relist replaces the set");
+}
+
 /// A pod labelled as `--agent-pod-selector` says is its node's agent: the index keeps
 /// whether it is Ready (the kubelet's probe of `/readyz`), through events and relists; a
 /// node with no agent pod (or only a terminal one) has no answer; with two (a rollout),

@@ -369,8 +369,8 @@ impl PodView for MemoryPodView {
         self.inner.lock().bound.get(node).copied().unwrap_or(0)
     }
 
-    fn pending_total(&self) -> Option<usize> {
-        Some(self.inner.lock().pending_total)
+    fn pending_total(&self) -> usize {
+        self.inner.lock().pending_total
     }
 }
 
@@ -387,13 +387,13 @@ mod tests {
             let node = if uid % 2 == 0 { "a" } else { "b" };
             v.add(PodUid(uid), node.into());
         }
-        assert_eq!((v.pending_total(), sum(&v)), (Some(6), 6));
+        assert_eq!((v.pending_total(), sum(&v)), (6, 6));
         v.set_running(PodUid(1), vec!["10.0.0.1".parse().unwrap()]);
         v.set_running(PodUid(1), vec!["10.0.0.1".parse().unwrap()]);
         v.set_terminal(PodUid(2), PodPhase::Failed);
         v.delete(PodUid(3));
         v.delete(PodUid(1)); // running: not pending any more
-        assert_eq!((v.pending_total(), sum(&v)), (Some(3), 3));
+        assert_eq!((v.pending_total(), sum(&v)), (3, 3));
     }
 
     #[tokio::test(start_paused = true)]

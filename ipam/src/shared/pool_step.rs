@@ -122,12 +122,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
 
     /// Whether pods the nodes' figures do not count yet could make the pool `key` scarcer:
     /// more pods are pending than the figures count as waiting, and the pool is scarce
-    /// already, or would be with all of them in its pressure. A pod view that does not
-    /// count its pending pods may always.
+    /// already, or would be with all of them in its pressure.
     pub(crate) fn may_tighten(&self, key: &PoolKey) -> bool {
-        let Some(pending) = self.pods.pending_total() else {
-            return true;
-        };
+        let pending = self.pods.pending_total();
         let (t, counted) = {
             let stats = self.stats.lock();
             let t = stats.by_pool.get(key).copied().unwrap_or_default();

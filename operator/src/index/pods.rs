@@ -197,6 +197,10 @@ impl PodView for PodIndex {
         self.state.read().bound(node)
     }
 
+    fn pending_total(&self) -> usize {
+        self.state.read().pending_total()
+    }
+
     /// A waiting pod's labels and annotation, and its namespace's; `None` while the
     /// namespace watch has not shown its namespace (the pod then counts for its node's
     /// default pools until it does).

@@ -37,6 +37,8 @@ pub(super) struct State {
     departed: Departed,
     /// Which pods are node agents (`--agent-pod-selector`; `None`: none).
     agents: Option<LabelSelector>,
+    /// The pods of `pods` that wait for an address ([`waits`]), over every node.
+    pending_total: usize,
 }
 
 /// Nodes whose pods changed, as an apply reports them.
@@ -70,6 +72,7 @@ impl State {
     pub fn remove(&mut self, uid: PodUid, now: Instant, touched: &mut Touched) {
         self.departed.prune(now);
         if let Some(old) = self.pods.remove(&uid) {
+            self.pending_total -= usize::from(waits(&old));
             self.unlink(&old.info.node, uid, touched);
             self.departed.note(now, uid, old.key);
         }
@@ -134,7 +137,10 @@ impl State {
             }
             None => rec.info.node = self.link(&rec.info.node, uid, touched),
         }
-        self.pods.insert(uid, rec);
+        self.pending_total += usize::from(waits(&rec));
+        if let Some(old) = self.pods.insert(uid, rec) {
+            self.pending_total -= usize::from(waits(&old));
+        }
     }
 
     /// Adds the pod to its node's set; returns the node's shared name.
@@ -224,8 +230,16 @@ impl State {
     /// The node's pods that wait for an address: not terminal, no pod IP, not on the
     /// host's network (those never get one from tidepool: never demand, never waiting).
     pub fn pending(&self, node: &str) -> Vec<PodUid> {
-        let waiting = (self.live_on(node)).filter(|r| !r.host_network && r.info.ips.is_empty());
+        let uids = self.nodes.get(node).into_iter().flat_map(|n| &n.pods);
+        let waiting = uids
+            .filter_map(|uid| self.pods.get(uid))
+            .filter(|r| waits(r));
         waiting.map(|r| r.info.uid).collect()
+    }
+
+    /// How many pods of every node wait for an address (as [`State::pending`] counts them).
+    pub fn pending_total(&self) -> usize {
+        self.pending_total
     }
 
     /// Whether the node's agent pod is Ready: `None` when no agent pod that is not
@@ -238,4 +252,10 @@ impl State {
     pub fn bound(&self, node: &str) -> usize {
         self.live_on(node).count()
     }
+}
+
+/// Whether a bound pod waits for an address: not terminal, no pod IP, not on the host's
+/// network (those never get one from tidepool: never demand, never waiting).
+fn waits(r: &PodRecord) -> bool {
+    !r.info.phase.is_terminal() && !r.host_network && r.info.ips.is_empty()
 }
