@@ -265,10 +265,10 @@ async fn squeezed_since<S: IpSource, N: NodeStore, P: PodView>(
         .filter(|l| l.sizing.claim > l.counts.waiting.saturating_sub(l.counts.free()))
         .map(|l| (l.pool.clone(), l.family))
         .collect();
-    let tightened = |now: &Squeezes| (keys.iter()).any(|k| scarcity::tightened(planned, now, k));
     if keys.is_empty() {
         return false;
     }
+    let tightened = |now: &Squeezes| (keys.iter()).any(|k| scarcity::tightened(planned, now, k));
     if tightened(&shared.squeezes()) {
         return true; // by this pass's own figures
     }
