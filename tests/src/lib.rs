@@ -42,5 +42,7 @@ mod watch_lag;
 
 pub use error::{Error, Result};
 pub use identity::{ADMIN, NODE_NAME_EXTRA, NODE_UID_EXTRA, UserInfo};
-pub use server::{AcceptedWrite, ApiServer, Config, FailedRequest, Faults, TargetedFault};
+pub use server::{
+    AcceptedWrite, ApiServer, Config, FailedRequest, Faults, ListRequest, TargetedFault,
+};
 pub use watch_lag::{Hold, WatchLag};

@@ -156,6 +156,26 @@ pub struct AcceptedWrite {
     pub resource_version: String,
 }
 
+/// A LIST the server answered (see [`ApiServer::lists`]): what a client asked for and what
+/// one response carried, as kube-apiserver's audit log and `apiserver_response_sizes` tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// The identity string of the requester.
+    pub identity: String,
+    /// `plural[.group]`.
+    pub resource: String,
+    /// The `limit` the client asked for (served whole when `resourceVersion=0`).
+    pub limit: Option<u64>,
+    /// The `resourceVersion` parameter as sent ("" when none).
+    pub resource_version: String,
+    /// Whether it continued an earlier page.
+    pub continued: bool,
+    /// Items in this response.
+    pub items: usize,
+    /// The response body's bytes.
+    pub bytes: u64,
+}
+
 /// A resource request the server answered with an error `Status`, as the real server's
 /// audit log records it (an event's `user`, `verb`, `objectRef` and `responseStatus`): to
 /// check that a client was never refused (no 403 of RBAC, no admission denial) and, for a
@@ -207,6 +227,7 @@ pub(crate) struct State {
     pub watch_bytes: Mutex<BTreeMap<(String, String), u64>>,
     pub writes: Mutex<Vec<AcceptedWrite>>,
     pub failed: Mutex<Vec<FailedRequest>>,
+    pub lists: Mutex<Vec<ListRequest>>,
     pub addr: SocketAddr,
     pub tls: Option<Tls>,
     pub policy: PolicyCache,
@@ -278,6 +299,7 @@ impl ApiServer {
             watch_bytes: Mutex::new(BTreeMap::new()),
             writes: Mutex::new(Vec::new()),
             failed: Mutex::new(Vec::new()),
+            lists: Mutex::new(Vec::new()),
             addr,
             tls,
             policy: PolicyCache::default(),
@@ -509,7 +531,13 @@ impl ApiServer {
         self.state.failed.lock().clone()
     }
 
-    /// Resets the request counters.
+    /// Every LIST answered so far, in order: its requester, its `limit` and
+    /// `resourceVersion`, and the items and bytes of the response.
+    pub fn lists(&self) -> Vec<ListRequest> {
+        self.state.lists.lock().clone()
+    }
+
+    /// Resets the request counters (not the logs of writes, failures and lists).
     pub fn reset_counters(&self) {
         self.state.counters.lock().clear();
         self.state.request_bytes.lock().clear();

@@ -1006,6 +1006,56 @@ async fn watcher_relists_after_gone_and_reflector_converges() {
     task.abort();
 }
 
+/// The server's list log ([`ApiServer::lists`], for the scale bench's "no paginated LIST
+/// above 500"): each response's requested limit and resourceVersion, its items and its
+/// bytes. A `resourceVersion=0` list is served whole from the watch cache, its limit
+/// ignored (kubernetes/apiserver pkg/storage/cacher/cacher.go `computeListLimit`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_logs_each_list_with_its_limit_items_and_bytes() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..7 {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": format!("p{i}")},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let first = pods.list(&ListParams::default().limit(3)).await.unwrap();
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    pods.list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    let (code, _, body) = raw(
+        &server,
+        "GET",
+        "/api/v1/namespaces/default/pods?limit=3&resourceVersion=0",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let lists: Vec<_> = server
+        .lists()
+        .into_iter()
+        .filter(|l| l.resource == "pods")
+        .collect();
+    let seen: Vec<_> = lists
+        .iter()
+        .map(|l| (l.limit, l.resource_version.as_str(), l.continued, l.items))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Some(3), "", false, 3),
+            (Some(3), "", true, 3),
+            (Some(3), "0", false, 7)
+        ]
+    );
+    assert_eq!(lists[2].bytes, body.len() as u64, "the bytes sent");
+    assert!(lists[0].bytes < lists[2].bytes);
+    assert_eq!(lists[0].identity, "tester");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_pagination_and_selectors() {
     let (_server, client) = start().await;

@@ -16,7 +16,7 @@ use crate::identity::UserInfo;
 use crate::media;
 use crate::registry::ResType;
 use crate::selector::Selector;
-use crate::server::State;
+use crate::server::{ListRequest, State};
 use crate::store::{Store, WriteOpts, Written};
 
 /// One resource request past authentication, authorization and faults.
@@ -211,11 +211,21 @@ impl Call<'_> {
             md["remainingItemCount"] = json!(l.remaining.unwrap_or(0));
         }
         let items: Vec<&Value> = l.items.iter().map(|a| &**a).collect();
-        Ok(json_response(
+        let r = json_response(
             200,
             &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": md, "items": items}),
             &[],
-        ))
+        );
+        self.st.lists.lock().push(ListRequest {
+            identity: self.who.to_owned(),
+            resource: rt.gr(),
+            limit: q.get("limit").and_then(|l| l.parse().ok()),
+            resource_version: rv.to_owned(),
+            continued: cont.is_some(),
+            items: items.len(),
+            bytes: http_body::Body::size_hint(r.body()).exact().unwrap_or(0),
+        });
+        Ok(r)
     }
 
     /// `deployments/NAME/scale` ([`crate::scale`]): get, update and patch.
