@@ -14,6 +14,7 @@ mod selector;
 pub use namespaces::{NamespaceIndex, NamespaceTerms};
 pub use nodes::{NodeChange, NodeIndex};
 pub use pods::{PodGetter, PodIndex};
+pub(crate) use pods::{WatchedPod, to_pod_event};
 pub use selector::LabelSelector;
 /// Shared with the agent: [`tidepool_api::convert::parse_uid`].
 pub use tidepool_api::convert::parse_uid;

@@ -4,6 +4,7 @@ mod changes;
 mod departed;
 mod project;
 mod state;
+mod watched;
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 
 use project::{bound_node, pod_uid, project, split_key};
 use state::State;
+pub(crate) use watched::{WatchedPod, to_pod_event};
 
 use super::LabelSelector;
 use super::namespaces::NamespaceIndex;

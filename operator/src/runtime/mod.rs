@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -43,7 +43,9 @@ use tidepool_ipam::{
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::index::{LabelSelector, NamespaceIndex, NodeChange, NodeIndex, PodIndex};
+use crate::index::{
+    LabelSelector, NamespaceIndex, NodeChange, NodeIndex, PodIndex, WatchedPod, to_pod_event,
+};
 use crate::leader::{Fence, LeaderConfig, Leadership, run_elector};
 use crate::store::{Applied, Events, KubeStore};
 pub use pools::Pools;
@@ -494,12 +496,13 @@ fn from_cache() -> watcher::Config {
 fn watch_others(client: &Client, parts: &Parts) -> Vec<tokio::task::JoinHandle<()>> {
     let p = parts.clone();
     let progress = parts.progress.of("pods");
+    // the fields the index reads, not whole Pods: see `WatchedPod`
     let pods = drive(
-        Api::<Pod>::all(client.clone()),
+        Api::<WatchedPod>::all(client.clone()),
         from_cache(),
         progress,
         move |ev| {
-            let touched = p.pods.apply(ev);
+            let touched = p.pods.apply(&to_pod_event(ev));
             if let Some(e) = p.engine.lock().as_ref() {
                 for n in touched {
                     e.manager.on_pod_event(&n);
