@@ -12,9 +12,20 @@
 //! list (every pod of a cluster in one `resourceVersion=0` answer) may take longer than the
 //! timeout to arrive as a whole, but a server that sends nothing for that long is hung. A
 //! hung LIST then fails, and kube's watcher relists after its backoff.
+//!
+//! The same layer bounds the requests in flight, watches aside, to
+//! [`MAX_REQUESTS_IN_FLIGHT`]: kube's HTTP/1.1 client opens one connection per concurrent
+//! request and keeps them, so a burst of writes (the kube budget's burst, 100 by default)
+//! opened as many connections to the API server (115 at 5,000 nodes). A request holds its
+//! place until its answer's body is read or dropped; a watch gives it back with its
+//! headers. A client then holds about that many connections plus one per open watch, and
+//! a few more: a connection goes back to hyper's pool a moment after its body ends, and a
+//! request that starts in that moment opens another (measured: 48 places gave 69
+//! connections with six watches; `tests/benches/scale.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,11 +34,17 @@ use futures::future::BoxFuture;
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use kube::client::ClientBuilder;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::PollSemaphore;
 use tower::{Layer, Service};
 
 /// The default read timeout of both binaries' API requests (watches aside).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Requests a client has in flight at once, watches aside: with the operator's six watches,
+/// its lease client and the pool's slack, under 64 connections to the API server.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,9 +59,8 @@ pub enum ClientError {
 /// A client of `config` whose requests, watches aside, time out after `read_timeout` of
 /// silence (see the module documentation).
 pub fn client(config: kube::Config, read_timeout: Duration) -> Result<kube::Client, kube::Error> {
-    Ok(ClientBuilder::try_from(config)?
-        .with_layer(&ReadTimeoutLayer(read_timeout))
-        .build())
+    let layer = ReadTimeoutLayer::new(read_timeout, MAX_REQUESTS_IN_FLIGHT);
+    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }
 
 /// Whether a request is a watch (`watch=true` or `watch=1`).
@@ -55,9 +71,23 @@ fn is_watch(uri: &Uri) -> bool {
         .any(|p| p == "watch=true" || p == "watch=1")
 }
 
-/// The layer of [`ReadTimeout`].
-#[derive(Debug, Clone, Copy)]
-pub struct ReadTimeoutLayer(pub Duration);
+/// The layer of [`ReadTimeout`]; its services share one bound on the requests in flight.
+#[derive(Debug, Clone)]
+pub struct ReadTimeoutLayer {
+    timeout: Duration,
+    in_flight: Arc<Semaphore>,
+}
+
+impl ReadTimeoutLayer {
+    /// Requests time out after `timeout` of silence; at most `in_flight` at once, watches
+    /// aside.
+    pub fn new(timeout: Duration, in_flight: usize) -> Self {
+        ReadTimeoutLayer {
+            timeout,
+            in_flight: Arc::new(Semaphore::new(in_flight)),
+        }
+    }
+}
 
 impl<S> Layer<S> for ReadTimeoutLayer {
     type Service = ReadTimeout<S>;
@@ -65,16 +95,34 @@ impl<S> Layer<S> for ReadTimeoutLayer {
     fn layer(&self, inner: S) -> ReadTimeout<S> {
         ReadTimeout {
             inner,
-            timeout: self.0,
+            timeout: self.timeout,
+            in_flight: PollSemaphore::new(self.in_flight.clone()),
+            place: None,
         }
     }
 }
 
-/// Times each request that is not a watch: its headers, then each piece of its body.
-#[derive(Debug, Clone)]
+/// Times each request that is not a watch: its headers, then each piece of its body; and
+/// is ready only with a place among the requests in flight, which a request keeps until its
+/// body is done with (a watch gives it back at once).
+#[derive(Debug)]
 pub struct ReadTimeout<S> {
     inner: S,
     timeout: Duration,
+    in_flight: PollSemaphore,
+    /// The place `poll_ready` took for the next `call`.
+    place: Option<OwnedSemaphorePermit>,
+}
+
+impl<S: Clone> Clone for ReadTimeout<S> {
+    fn clone(&self) -> Self {
+        ReadTimeout {
+            inner: self.inner.clone(),
+            timeout: self.timeout,
+            in_flight: self.in_flight.clone(),
+            place: None,
+        }
+    }
 }
 
 impl<S, ReqBody, B> Service<Request<ReqBody>> for ReadTimeout<S>
@@ -88,11 +136,17 @@ where
     type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        if self.place.is_none() {
+            // the semaphore is never closed
+            self.place = std::task::ready!(self.in_flight.poll_acquire(cx));
+        }
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let timeout = (!is_watch(req.uri())).then_some(self.timeout);
+        let watch = is_watch(req.uri());
+        let timeout = (!watch).then_some(self.timeout);
+        let place = self.place.take().filter(|_| !watch);
         let answer = self.inner.call(req);
         Box::pin(async move {
             let resp = match timeout {
@@ -102,22 +156,28 @@ where
                     .map_err(|_| ClientError::ReadTimedOut(t))?
                     .map_err(Into::into)?,
             };
-            Ok(resp.map(|body| IdleTimeout::new(body, timeout)))
+            Ok(resp.map(|body| IdleTimeout::new(body, timeout, place)))
         })
     }
 }
 
 /// A body whose every frame must come within `timeout` of the one before (or of the
-/// headers); `None`: no timeout.
+/// headers); `None`: no timeout. It holds its request's place in flight until it ends or
+/// is dropped.
 pub struct IdleTimeout<B> {
     inner: B,
     timeout: Option<(Duration, Pin<Box<Sleep>>)>,
+    place: Option<OwnedSemaphorePermit>,
 }
 
 impl<B> IdleTimeout<B> {
-    fn new(inner: B, timeout: Option<Duration>) -> Self {
+    fn new(inner: B, timeout: Option<Duration>, place: Option<OwnedSemaphorePermit>) -> Self {
         let timeout = timeout.map(|t| (t, Box::pin(tokio::time::sleep(t))));
-        IdleTimeout { inner, timeout }
+        IdleTimeout {
+            inner,
+            timeout,
+            place,
+        }
     }
 }
 
@@ -137,6 +197,9 @@ where
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             if let Some((t, sleep)) = &mut this.timeout {
                 sleep.as_mut().reset(Instant::now() + *t);
+            }
+            if frame.is_none() {
+                this.place = None;
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
@@ -161,6 +224,37 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower::ServiceExt;
+
+    /// Two places: two answers whose bodies are held fill them (a watch between them takes
+    /// none), a third request waits; a body dropped or read to its end frees its place.
+    #[tokio::test(start_paused = true)]
+    async fn requests_in_flight_are_bounded_until_their_bodies_end() {
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, BoxError>(Response::new(String::from("an answer")))
+        });
+        let mut svc = ReadTimeoutLayer::new(Duration::from_secs(30), 2).layer(inner);
+        let req = |q: &str| Request::get(format!("/api/v1/pods?{q}")).body(()).unwrap();
+        let send = async |svc: &mut ReadTimeout<_>, q: &str| {
+            svc.ready().await.unwrap().call(req(q)).await.unwrap()
+        };
+        let a = send(&mut svc, "limit=1").await;
+        let watch = send(&mut svc, "watch=true").await;
+        let mut b = send(&mut svc, "limit=2").await;
+        let third = tokio::time::timeout(Duration::from_secs(1), svc.ready()).await;
+        assert!(third.is_err(), "a third request waits for a place");
+        drop(a);
+        let c = send(&mut svc, "limit=3").await;
+        let third = tokio::time::timeout(Duration::from_secs(1), svc.ready()).await;
+        assert!(third.is_err(), "b and c hold both places");
+        let body = b.body_mut();
+        while futures::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx))
+            .await
+            .is_some()
+        {}
+        let d = send(&mut svc, "limit=4").await;
+        drop((watch, b, c, d));
+    }
 
     #[test]
     fn watches_are_told_apart() {
