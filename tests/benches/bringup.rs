@@ -30,6 +30,7 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod shared;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +42,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use serde_json::{Value, json};
+use serde_json::json;
+use shared::{PodRec, node_name, proc_kib, quantile, sockets, sorted, used_entry};
 use tidepool_api as api;
 use tidepool_ipam::{AddrSet, EngineConfig, ReclaimConfig, SchedulingMode};
 use tidepool_operator::index::{PodGetter, PodIndex};
@@ -70,15 +72,6 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 fn live_heap() -> isize {
     ALLOCATOR.live_bytes()
-}
-
-/// A field of /proc/self/status in KiB (VmHWM: peak RSS, VmRSS: now).
-fn proc_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or(0)
 }
 
 // ---- warnings and errors the operator logs ----
@@ -159,10 +152,6 @@ impl Opts {
     }
 }
 
-fn node_name(i: usize) -> String {
-    format!("node-{i:05}")
-}
-
 // ---- the cluster ----
 
 /// The server with RBAC on, the default watch window (1,000 events per resource), watches
@@ -180,14 +169,6 @@ async fn cluster() -> (ApiServer, kube::Client) {
         ..Config::default()
     })
     .await
-}
-
-/// A pod of the bench: bound to its node, pending, no podIPs.
-#[derive(Clone)]
-struct PodRec {
-    name: String,
-    node: String,
-    uid: String,
 }
 
 /// The pool, the Nodes and their pods; returns the pods with their UIDs.
@@ -516,14 +497,6 @@ async fn record_used(admin: &kube::Client, pods: &[PodRec], b: &Blocks) -> HashM
     addr_of
 }
 
-fn used_entry(p: &PodRec) -> Value {
-    json!({
-        "podUID": p.uid, "namespace": "default", "pod": p.name,
-        "containerID": format!("cid-{}", p.name), "ifname": "eth0",
-        "since": "2026-11-24T10:00:00Z",
-    })
-}
-
 /// Every tenth pod (three of each node's 30).
 fn to_delete(pods: &[PodRec]) -> Vec<PodRec> {
     let k = |p: &PodRec| -> usize { p.name.rsplit('-').next().unwrap().parse().unwrap() };
@@ -674,12 +647,6 @@ async fn reclaim(
     }
 }
 
-fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
-    let mut v: Vec<f64> = v.collect();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 /// What the server holds for a deleted pod whose tombstone never came.
 async fn explain_missing(admin: &kube::Client, p: &PodRec, addr: &str) -> String {
     let node = Api::<api::IPAMNode>::all(admin.clone())
@@ -792,13 +759,6 @@ fn relist<K: Clone>(objs: &[K], mut apply: impl FnMut(&Event<K>)) {
 }
 
 // ---- the report ----
-
-fn quantile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
-}
 
 fn print_phase(title: &str, p: &Phase, nodes: usize) {
     let passes = p.engine.passes;
@@ -934,7 +894,7 @@ fn print_memory(m: &Memory) {
     println!("memory:");
     println!(
         "  peak RSS (VmHWM, whole process: API server with every object, operator, bench) {} KiB",
-        proc_kib("VmHWM")
+        proc_kib("self", "VmHWM")
     );
     println!(
         "  PodIndex: {:.0} B per pod ({} pods; a copy of the listed Pod objects {:.0} B each)",
@@ -1005,22 +965,11 @@ async fn bench(o: Opts, snap: Snapshotter) {
 fn checkpoint(when: &str) {
     println!(
         "memory when {when}: VmRSS {} KiB, VmHWM {} KiB, live heap {} KiB; {} sockets open",
-        proc_kib("VmRSS"),
-        proc_kib("VmHWM"),
+        proc_kib("self", "VmRSS"),
+        proc_kib("self", "VmHWM"),
         live_heap() / 1024,
-        sockets()
+        sockets("self")
     );
-}
-
-/// Open sockets of this process (/proc/self/fd links to `socket:[…]`).
-fn sockets() -> usize {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return 0;
-    };
-    fds.filter_map(Result::ok)
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter(|l| l.to_string_lossy().starts_with("socket:"))
-        .count()
 }
 
 async fn finish(

@@ -1,0 +1,78 @@
+//! What the operator benches (`bringup`, `scale`) share: the cluster's names and pod
+//! records, the node side's `used` entries, a process's memory and sockets from /proc, and
+//! quantiles.
+
+#![allow(dead_code)] // each bench uses its part
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// A Node's name in the benches.
+pub fn node_name(i: usize) -> String {
+    format!("node-{i:05}")
+}
+
+/// A pod of a bench: bound to its node, pending, no podIPs.
+#[derive(Clone, Debug)]
+pub struct PodRec {
+    pub name: String,
+    pub node: String,
+    pub uid: String,
+}
+
+/// The node side's `status.used` entry for `p`.
+pub fn used_entry(p: &PodRec) -> Value {
+    json!({
+        "podUID": p.uid, "namespace": "default", "pod": p.name,
+        "containerID": format!("cid-{}", p.name), "ifname": "eth0",
+        "since": "2026-11-24T10:00:00Z",
+    })
+}
+
+/// A field of /proc/`pid`/status in KiB (VmHWM: peak RSS, VmRSS: now); `pid` may be `self`.
+pub fn proc_kib(pid: &str, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// Open sockets of a process (/proc/`pid`/fd links to `socket:[…]`).
+pub fn sockets(pid: &str) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|l| l.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// User and system CPU time of a process so far (/proc/`pid`/stat, in clock ticks of
+/// 1/100 s, the kernel's `USER_HZ` on every Linux architecture tidepool builds for).
+pub fn cpu_time(pid: &str) -> Duration {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // the fields after the command's closing parenthesis: state is field 3, utime 14, stime 15
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// The `p` quantile of sorted values (NaN when there are none).
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+pub fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
