@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -55,8 +55,6 @@ use tidepool_tests::{ApiServer, Config};
 const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 const POOL_CIDR: &str = "10.0.0.0/12";
 const BLOCK_PREFIX: u8 = 27;
-/// The engine's default `pre_allocate`.
-const PRE_ALLOCATE: usize = 8;
 /// Requests the bench keeps in flight while it creates, records and deletes.
 const CONCURRENCY: usize = 32;
 const POLL: Duration = Duration::from_millis(200);
@@ -132,23 +130,19 @@ fn opts() -> Opts {
 
 impl Opts {
     fn target(&self) -> u128 {
-        (self.pods_per_node + PRE_ALLOCATE) as u128
+        shared::target(self.pods_per_node)
     }
 
     fn block_addresses(&self) -> u128 {
         1 << (32 - BLOCK_PREFIX)
     }
 
-    /// Kube writes the bring-up needs: per node one IPAMNode create, its status apply
-    /// (a create drops status) and the blocks that cover pods + pre-allocation.
     fn writes_needed(&self) -> u64 {
-        let blocks = self.target().div_ceil(self.block_addresses()) as u64;
-        self.nodes as u64 * (2 + blocks)
+        shared::writes_needed(self.nodes, self.pods_per_node, BLOCK_PREFIX)
     }
 
-    /// (writes − burst) / qps.
     fn lower_bound(&self) -> f64 {
-        (self.writes_needed() as f64 - f64::from(self.burst)).max(0.0) / self.qps
+        shared::lower_bound(self.writes_needed(), self.burst, self.qps)
     }
 }
 
@@ -173,30 +167,8 @@ async fn cluster() -> (ApiServer, kube::Client) {
 
 /// The pool, the Nodes and their pods; returns the pods with their UIDs.
 async fn populate(admin: &kube::Client, o: &Opts) -> Vec<PodRec> {
-    let pool: api::IPPool = serde_json::from_value(json!({
-        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": "default"},
-        "spec": {"cidrs": [POOL_CIDR], "blockSize": {"ipv4": BLOCK_PREFIX}},
-    }))
-    .expect("a pool");
-    Api::<api::IPPool>::all(admin.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("the pool");
-    let nodes: Api<Node> = Api::all(admin.clone());
-    futures::stream::iter(0..o.nodes)
-        .map(|i| {
-            let nodes = nodes.clone();
-            async move {
-                let n: Node = serde_json::from_value(json!({"metadata": {"name": node_name(i)}}))
-                    .expect("a node");
-                nodes.create(&PostParams::default(), &n).await
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await
-        .expect("nodes");
+    shared::create_pool(admin, POOL_CIDR, BLOCK_PREFIX).await;
+    shared::create_nodes(admin, o.nodes, CONCURRENCY).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let all = (0..o.nodes).flat_map(|n| (0..o.pods_per_node).map(move |k| (n, k)));
     futures::stream::iter(all)

@@ -44,7 +44,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use shared::{PodRec, node_name, proc_kib, quantile, sockets, sorted, used_entry};
+use shared::{PodRec, create_node, node_name, proc_kib, quantile, sockets, sorted, used_entry};
 use tidepool_api as api;
 use tidepool_ipam::AddrSet;
 use tidepool_tests::{ApiServer, Config};
@@ -62,8 +62,6 @@ use tidepool_tests::{ApiServer, Config};
 const OPERATOR: &str = "system:serviceaccount:tidepool:tidepool-operator";
 const POOL_CIDR: &str = "10.0.0.0/10";
 const BLOCK_PREFIX: u8 = 27;
-/// The engine's default `pre_allocate`.
-const PRE_ALLOCATE: usize = 8;
 /// Requests the bench keeps in flight while it creates, records and deletes.
 const CONCURRENCY: usize = 32;
 /// The node side's reuse cooldown (the engine's default).
@@ -116,19 +114,15 @@ fn opts() -> Opts {
 
 impl Opts {
     fn target(&self) -> u128 {
-        (self.pods_per_node + PRE_ALLOCATE) as u128
+        shared::target(self.pods_per_node)
     }
 
-    /// Kube writes the bring-up needs: per node one IPAMNode create, its status apply and
-    /// the blocks that cover pods + pre-allocation.
     fn writes_needed(&self) -> u64 {
-        let blocks = self.target().div_ceil(1 << (32 - BLOCK_PREFIX)) as u64;
-        self.nodes as u64 * (2 + blocks)
+        shared::writes_needed(self.nodes, self.pods_per_node, BLOCK_PREFIX)
     }
 
-    /// (writes − burst) / qps.
     fn lower_bound(&self) -> f64 {
-        (self.writes_needed() as f64 - f64::from(self.burst)).max(0.0) / self.qps
+        shared::lower_bound(self.writes_needed(), self.burst, self.qps)
     }
 }
 
@@ -358,24 +352,6 @@ async fn cluster() -> (ApiServer, kube::Client) {
     .await
 }
 
-async fn create_pool(admin: &kube::Client) {
-    let pool: api::IPPool = serde_json::from_value(json!({
-        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": "default"},
-        "spec": {"cidrs": [POOL_CIDR], "blockSize": {"ipv4": BLOCK_PREFIX}},
-    }))
-    .expect("a pool");
-    Api::<api::IPPool>::all(admin.clone())
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("the pool");
-}
-
-async fn create_node(nodes: &Api<Node>, name: &str) -> Result<Node, kube::Error> {
-    let n: Node = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a node");
-    nodes.create(&PostParams::default(), &n).await
-}
-
 async fn create_pod(pods: &Api<Pod>, name: String, node: String) -> Result<PodRec, kube::Error> {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default"},
@@ -389,16 +365,7 @@ async fn create_pod(pods: &Api<Pod>, name: String, node: String) -> Result<PodRe
 
 /// The Nodes and their pending pods, with progress every 10,000 objects.
 async fn populate(admin: &kube::Client, o: &Opts) -> Vec<PodRec> {
-    let nodes: Api<Node> = Api::all(admin.clone());
-    futures::stream::iter(0..o.nodes)
-        .map(|i| {
-            let nodes = nodes.clone();
-            async move { create_node(&nodes, &node_name(i)).await }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await
-        .expect("nodes");
+    shared::create_nodes(admin, o.nodes, CONCURRENCY).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let all = (0..o.nodes).flat_map(|n| (0..o.pods_per_node).map(move |k| (n, k)));
     let t = Instant::now();
@@ -956,7 +923,7 @@ async fn bench(o: Opts) {
     server
         .write_kubeconfig(OPERATOR, &kubeconfig)
         .expect("the operator's kubeconfig");
-    create_pool(&admin).await;
+    shared::create_pool(&admin, POOL_CIDR, BLOCK_PREFIX).await;
 
     // 1. empty baseline
     let op = Operator::spawn(&kubeconfig, &o, &log);

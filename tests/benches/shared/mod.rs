@@ -5,7 +5,65 @@
 #![allow(dead_code)] // each bench uses its part
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use tidepool_api as api;
+
+/// The engine's default `pre_allocate`.
+pub const PRE_ALLOCATE: usize = 8;
+
+/// Addresses a node's blocks hold at the bring-up's end: its pods and the pre-allocation.
+pub fn target(pods_per_node: usize) -> u128 {
+    (pods_per_node + PRE_ALLOCATE) as u128
+}
+
+/// Kube writes a bring-up needs: per node one IPAMNode create, its status apply (a create
+/// drops status) and the blocks that cover pods + pre-allocation.
+pub fn writes_needed(nodes: usize, pods_per_node: usize, block_prefix: u8) -> u64 {
+    let blocks = target(pods_per_node).div_ceil(1 << (32 - block_prefix)) as u64;
+    nodes as u64 * (2 + blocks)
+}
+
+/// The kube budget's lower bound on `writes`: (writes − burst) / qps.
+pub fn lower_bound(writes: u64, burst: u32, qps: f64) -> f64 {
+    (writes as f64 - f64::from(burst)).max(0.0) / qps
+}
+
+/// The IPPool `default`: `cidr` in blocks of `/prefix`.
+pub async fn create_pool(admin: &kube::Client, cidr: &str, prefix: u8) {
+    let pool: api::IPPool = serde_json::from_value(json!({
+        "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "default"},
+        "spec": {"cidrs": [cidr], "blockSize": {"ipv4": prefix}},
+    }))
+    .expect("a pool");
+    Api::<api::IPPool>::all(admin.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("the pool");
+}
+
+/// A Node named `name`.
+pub async fn create_node(nodes: &Api<Node>, name: &str) -> Result<Node, kube::Error> {
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a node");
+    nodes.create(&PostParams::default(), &n).await
+}
+
+/// Nodes `node_name(0..n)`, `concurrency` requests at once.
+pub async fn create_nodes(admin: &kube::Client, n: usize, concurrency: usize) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let nodes = nodes.clone();
+            async move { create_node(&nodes, &node_name(i)).await }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("nodes");
+}
 
 /// A Node's name in the benches.
 pub fn node_name(i: usize) -> String {
