@@ -924,22 +924,8 @@ async fn bench(o: Opts) {
         .write_kubeconfig(OPERATOR, &kubeconfig)
         .expect("the operator's kubeconfig");
     shared::create_pool(&admin, POOL_CIDR, BLOCK_PREFIX).await;
+    let empty = empty_baseline(&kubeconfig, &o, &log).await;
 
-    // 1. empty baseline
-    let op = Operator::spawn(&kubeconfig, &o, &log);
-    let synced = op.wait_synced(Duration::from_secs(120)).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let empty = op.sample(Instant::now());
-    op.stop();
-    println!(
-        "empty cluster: the operator synced {:.2} s after its start; RSS {} KiB (VmHWM {} KiB), {} sockets",
-        synced.as_secs_f64(),
-        empty.rss_kib,
-        empty.hwm_kib,
-        empty.sockets
-    );
-
-    // 2. bring-up
     let t = Instant::now();
     let pods = populate(&admin, &o).await;
     println!(
@@ -954,10 +940,70 @@ async fn bench(o: Opts) {
     let op = Operator::spawn(&kubeconfig, &o, &log);
     let (samples, sampling) = sampler(&op, t0);
     let b = bring_up(&server, &v, &o, t0).await;
-    let synced = op.synced_after();
     tokio::time::sleep(SETTLE).await;
+    print_bring_up(&o, &b, &op, &server, &samples, empty, pods.len(), t0);
+
+    let world = Arc::new(Mutex::new(World::default()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let side = tokio::spawn(node_side(admin.clone(), world.clone(), v.clone(), stop_rx));
+    record(&world, &pods).await;
+    // past the min life and the reclaim min age
+    tokio::time::sleep(MIN_LIFE.max(o.min_age) + SETTLE).await;
+    world.lock().stats = NodeSideStats::default();
+    server.reset_counters();
+
+    let churn_t0 = t0.elapsed().as_secs_f64();
+    let cpu0 = op.sample(t0).cpu;
+    let c = churn(&admin, &world, &v, &o).await;
+    let cpu = op.sample(t0).cpu - cpu0;
+    let writes = server.requests();
+    print_churn(&o, &c, &v, cpu);
+    print_rss(&samples.lock(), churn_t0);
+    print_node_side(&world.lock(), &server);
+    print_writes("  writes (all writers) in the churn:", &writes);
+    let _ = stop_tx.send(true);
+    let _ = side.await;
+    sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (warnings, errors, first) = op.warnings();
+    op.stop();
+    println!("operator log: {warnings} warnings, {errors} errors");
+    for l in first {
+        println!("  {l}");
+    }
+    print_lists(&server);
+    ipamnode_sizes(&admin, &pods).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The operator on the CRDs and the pool alone: its memory once synced; then it stops.
+async fn empty_baseline(kubeconfig: &Path, o: &Opts, log: &Path) -> Sample {
+    let op = Operator::spawn(kubeconfig, o, log);
+    let synced = op.wait_synced(Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let empty = op.sample(Instant::now());
+    op.stop();
+    println!(
+        "empty cluster: the operator synced {:.2} s after its start; RSS {} KiB (VmHWM {} KiB), {} sockets",
+        synced.as_secs_f64(),
+        empty.rss_kib,
+        empty.hwm_kib,
+        empty.sockets
+    );
+    empty
+}
+
+#[allow(clippy::too_many_arguments)] // one report of one phase
+fn print_bring_up(
+    o: &Opts,
+    b: &BringUp,
+    op: &Operator,
+    server: &ApiServer,
+    samples: &Mutex<Vec<Sample>>,
+    empty: Sample,
+    pods: usize,
+    t0: Instant,
+) {
     let after = op.sample(t0);
-    let writes_bringup = server.requests();
     let lb = o.lower_bound();
     let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
     let (fw, done) = (secs(b.first_write), secs(b.done));
@@ -968,14 +1014,14 @@ async fn bench(o: Opts) {
     println!(
         "  writes needed {}; lower bound {lb:.2} s; synced {:.2} s, first write {fw:.2} s, done {done:.2} s after the start: {:.2} s from the first write = {:.2}× the bound; {} blocks",
         o.writes_needed(),
-        secs(synced),
+        secs(op.synced_after()),
         done - fw,
         (done - fw) / lb,
         b.blocks
     );
     print_writes(
         "  writes (all writers) until 3 s after done:",
-        &writes_bringup,
+        &server.requests(),
     );
     println!(
         "  operator: passes {}, kube tokens {}; CPU {:.1} s",
@@ -989,36 +1035,35 @@ async fn bench(o: Opts) {
         ),
         after.cpu
     );
-    let relist_peak = samples.lock().iter().map(|s| s.hwm_kib).max().unwrap_or(0);
-    let total_pods = pods.len();
+    let s = samples.lock();
+    let relist_peak = s.iter().map(|s| s.hwm_kib).max().unwrap_or(0);
     println!(
         "  operator memory: RSS {} KiB after the bring-up ({:.0} B per pod above the empty {} KiB); VmHWM (the relist peak) {} KiB ({:.0} B per pod); sockets now {}, at most {}",
         after.rss_kib,
-        kib_per_pod(after.rss_kib, empty.rss_kib, total_pods),
+        kib_per_pod(after.rss_kib, empty.rss_kib, pods),
         empty.rss_kib,
         relist_peak,
-        kib_per_pod(relist_peak, empty.rss_kib, total_pods),
+        kib_per_pod(relist_peak, empty.rss_kib, pods),
         after.sockets,
-        samples.lock().iter().map(|s| s.sockets).max().unwrap_or(0)
+        s.iter().map(|s| s.sockets).max().unwrap_or(0)
     );
     if b.done.is_none() {
         println!("  NOT DONE in 30 minutes");
     }
+}
 
-    // 3. recording
-    let world = Arc::new(Mutex::new(World::default()));
+/// Hands every pod to the node side and waits (5 minutes at most) until all are recorded.
+async fn record(world: &Mutex<World>, pods: &[PodRec]) {
     {
         let mut w = world.lock();
-        for p in &pods {
+        for p in pods {
             w.alive.insert(p.name.clone(), p.clone());
             let s = w.nodes.entry(p.node.clone()).or_default();
             s.waiting.push_back((p.clone(), Instant::now()));
         }
     }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let side = tokio::spawn(node_side(admin.clone(), world.clone(), v.clone(), stop_rx));
     let t = Instant::now();
-    while world.lock().stats.pods_started < total_pods as u64
+    while world.lock().stats.pods_started < pods.len() as u64
         && t.elapsed() < Duration::from_secs(300)
     {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1028,27 +1073,27 @@ async fn bench(o: Opts) {
         world.lock().stats.pods_started,
         t.elapsed().as_secs_f64()
     );
-    // past the min life and the reclaim min age
-    tokio::time::sleep(MIN_LIFE.max(o.min_age) + SETTLE).await;
-    {
-        let mut w = world.lock();
-        w.stats = NodeSideStats::default();
-    }
-    server.reset_counters();
+}
 
-    // 4. churn
-    let churn_t0 = t0.elapsed().as_secs_f64();
-    let cpu0 = op.sample(t0).cpu;
+/// What the churn did.
+struct Churn {
+    took: Duration,
+    deletions: Vec<Deletion>,
+    /// The pods deleted with their drained Nodes.
+    drained: Vec<Deletion>,
+    created: usize,
+    node_failures: usize,
+}
+
+/// The churn, then a drain until every deletion's tombstone is seen (grace, min age and a
+/// minute at most).
+async fn churn(admin: &kube::Client, world: &Arc<Mutex<World>>, v: &Arc<View>, o: &Opts) -> Churn {
     let t = Instant::now();
     let progress = tokio::spawn(churn_progress(world.clone(), v.clone(), t));
-    let ((deletions, created), (drained, node_failures)) = futures::join!(
-        churn_pods(&admin, &world, &o),
-        recreate_nodes(&admin, &world, &o)
-    );
+    let ((deletions, created), (drained, node_failures)) =
+        futures::join!(churn_pods(admin, world, o), recreate_nodes(admin, world, o));
     progress.abort();
-    let churned = t.elapsed();
-    let cpu1 = op.sample(t0).cpu;
-    // the last tombstones: grace, min age and a margin
+    let took = t.elapsed();
     let drain = Instant::now() + o.grace + o.min_age + Duration::from_secs(60);
     while Instant::now() < drain {
         let waiting = tombstone_latencies(&v.tombstones, &deletions).1
@@ -1058,19 +1103,29 @@ async fn bench(o: Opts) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let writes_churn = server.requests();
-    let events = deletions.len() + drained.len() + created;
+    Churn {
+        took,
+        deletions,
+        drained,
+        created,
+        node_failures,
+    }
+}
+
+fn print_churn(o: &Opts, c: &Churn, v: &View, cpu: f64) {
+    let took = c.took.as_secs_f64();
     println!(
-        "churn: {:.0} s, {} pods deleted and {created} created ({:.1} a second each), {} Node re-creations ({node_failures} failed, {} pods deleted with them)",
-        churned.as_secs_f64(),
-        deletions.len(),
-        created as f64 / churned.as_secs_f64(),
+        "churn: {took:.0} s, {} pods deleted and {} created ({:.1} a second each), {} Node re-creations ({} failed, {} pods deleted with them)",
+        c.deletions.len(),
+        c.created,
+        c.created as f64 / took,
         o.node_recreations,
-        drained.len()
+        c.node_failures,
+        c.drained.len()
     );
     for (what, d) in [
-        ("the churn's", &deletions),
-        ("the drained nodes'", &drained),
+        ("the churn's", &c.deletions),
+        ("the drained nodes'", &c.drained),
     ] {
         let (l, missing) = tombstone_latencies(&v.tombstones, d);
         println!(
@@ -1083,75 +1138,66 @@ async fn bench(o: Opts) {
             l.len()
         );
     }
-    let cpu = cpu1 - cpu0;
+    let events = c.deletions.len() + c.drained.len() + c.created;
     println!(
         "  operator CPU {cpu:.1} s in the churn: {:.2} ms per pod event ({events} creations and deletions)",
         cpu * 1000.0 / events.max(1) as f64
     );
-    {
-        let s = samples.lock();
-        let at = |t: f64| {
-            s.iter()
-                .find(|x| x.at >= churn_t0 + t)
-                .copied()
-                .unwrap_or_default()
-        };
-        let (m2, end) = (at(120.0), s.last().copied().unwrap_or_default());
-        println!(
-            "  operator RSS at minute 2 of the churn {} KiB, at its end {} KiB ({:+} KiB); sockets at most {}",
-            m2.rss_kib,
-            end.rss_kib,
-            end.rss_kib as i64 - m2.rss_kib as i64,
-            s.iter().map(|x| x.sockets).max().unwrap_or(0)
-        );
-        let mut line = String::from("  RSS every minute of the churn (KiB):");
-        let mut k = 0.0;
-        while let Some(x) = s.iter().find(|x| x.at >= churn_t0 + k) {
-            line.push_str(&format!(" {}", x.rss_kib));
-            k += 60.0;
-        }
-        println!("{line}");
+}
+
+/// The operator's RSS at minute 2 of the churn and at its end, and every minute.
+fn print_rss(s: &[Sample], churn_t0: f64) {
+    let at = |t: f64| {
+        s.iter()
+            .find(|x| x.at >= churn_t0 + t)
+            .copied()
+            .unwrap_or_default()
+    };
+    let (m2, end) = (at(120.0), s.last().copied().unwrap_or_default());
+    println!(
+        "  operator RSS at minute 2 of the churn {} KiB, at its end {} KiB ({:+} KiB); sockets at most {}",
+        m2.rss_kib,
+        end.rss_kib,
+        end.rss_kib as i64 - m2.rss_kib as i64,
+        s.iter().map(|x| x.sockets).max().unwrap_or(0)
+    );
+    let mut line = String::from("  RSS every minute of the churn (KiB):");
+    let mut k = 0.0;
+    while let Some(x) = s.iter().find(|x| x.at >= churn_t0 + k) {
+        line.push_str(&format!(" {}", x.rss_kib));
+        k += 60.0;
     }
-    {
-        let w = world.lock();
-        let st = &w.stats;
-        let l = sorted(st.start_latency.iter().copied());
-        let waiting: usize = w.nodes.values().map(|s| s.waiting.len()).sum();
-        println!(
-            "  node side: {} pods given an address (creation → recorded p50 {:.2} s, p99 {:.2} s), {waiting} still waiting; {} status writes ({:.2} per pod start), {} bytes ({:.0} per pod start); {} reclaimed, {} stale, {} live tombstones",
-            st.pods_started,
-            quantile(&l, 0.5),
-            quantile(&l, 0.99),
-            st.writes,
-            st.writes as f64 / st.pods_started.max(1) as f64,
-            st.bytes,
-            st.bytes as f64 / st.pods_started.max(1) as f64,
-            st.reclaimed,
-            st.stale,
-            st.live_tombstones.len()
-        );
-        for l in st.live_tombstones.iter().take(10) {
-            println!("  LIVE POD TOMBSTONED: {l}");
-        }
-        println!(
-            "  watch bytes to the operator per pod start: IPAMNodes {:.0}, pods {:.0}",
-            server.watch_bytes(IPAMNODES, OPERATOR) as f64 / st.pods_started.max(1) as f64,
-            server.watch_bytes("pods", OPERATOR) as f64 / st.pods_started.max(1) as f64
-        );
+    println!("{line}");
+}
+
+/// The node side's pod starts, writes and tombstone answers in the churn, and the watch
+/// bytes the server delivered to the operator per pod start.
+fn print_node_side(w: &World, server: &ApiServer) {
+    let st = &w.stats;
+    let l = sorted(st.start_latency.iter().copied());
+    let waiting: usize = w.nodes.values().map(|s| s.waiting.len()).sum();
+    let per_start = |n: u64| n as f64 / st.pods_started.max(1) as f64;
+    println!(
+        "  node side: {} pods given an address (creation → recorded p50 {:.2} s, p99 {:.2} s), {waiting} still waiting; {} status writes ({:.2} per pod start), {} bytes ({:.0} per pod start); {} reclaimed, {} stale, {} live tombstones",
+        st.pods_started,
+        quantile(&l, 0.5),
+        quantile(&l, 0.99),
+        st.writes,
+        per_start(st.writes),
+        st.bytes,
+        per_start(st.bytes),
+        st.reclaimed,
+        st.stale,
+        st.live_tombstones.len()
+    );
+    for l in st.live_tombstones.iter().take(10) {
+        println!("  LIVE POD TOMBSTONED: {l}");
     }
-    print_writes("  writes (all writers) in the churn:", &writes_churn);
-    let _ = stop_tx.send(true);
-    let _ = side.await;
-    sampling.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (warnings, errors, first) = op.warnings();
-    op.stop();
-    println!("operator log: {warnings} warnings, {errors} errors");
-    for l in first {
-        println!("  {l}");
-    }
-    print_lists(&server);
-    ipamnode_sizes(&admin, &pods).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "  watch bytes to the operator per pod start: IPAMNodes {:.0}, pods {:.0}",
+        per_start(server.watch_bytes(IPAMNODES, OPERATOR)),
+        per_start(server.watch_bytes("pods", OPERATOR))
+    );
 }
 
 fn print_writes(title: &str, w: &BTreeMap<(String, String), u64>) {
