@@ -536,8 +536,6 @@ struct NodeSideStats {
 #[derive(Default)]
 struct World {
     nodes: HashMap<String, NodeState>,
-    /// Pods alive (not deleted by the bench), by name.
-    alive: HashMap<String, PodRec>,
     /// UIDs of the pods the bench deleted.
     deleted: HashSet<String>,
     stats: NodeSideStats,
@@ -730,7 +728,6 @@ async fn delete_pod(
         .await
         .ok()?;
     let mut w = world.lock();
-    w.alive.remove(&p.name);
     w.deleted.insert(p.uid.clone());
     Some(Deletion {
         node: node.into(),
@@ -776,7 +773,6 @@ async fn churn_pods(
                 let created = Instant::now();
                 let p = p.ok()?;
                 let mut w = world.lock();
-                w.alive.insert(p.name.clone(), p.clone());
                 w.nodes
                     .entry(p.node.clone())
                     .or_default()
@@ -1057,7 +1053,6 @@ async fn record(world: &Mutex<World>, pods: &[PodRec]) {
     {
         let mut w = world.lock();
         for p in pods {
-            w.alive.insert(p.name.clone(), p.clone());
             let s = w.nodes.entry(p.node.clone()).or_default();
             s.waiting.push_back((p.clone(), Instant::now()));
         }
