@@ -180,6 +180,7 @@ mod tests {
                 ..FamilyCounts::default()
             },
             sizing: Sizing::default(),
+            spare: 0,
         }
     }
 
@@ -190,6 +191,7 @@ mod tests {
             family,
             counts: *s.counts.get(family),
             sizing: *s.sizing.get(family),
+            spare: 0,
         }
     }
 

@@ -170,6 +170,11 @@ pub struct LaneSummary {
     pub family: Family,
     pub counts: FamilyCounts,
     pub sizing: Sizing,
+    /// Releasable units beyond the lane's own used and waiting, in addresses: its free
+    /// addresses in whole free blocks for a source granting blocks, else its free addresses,
+    /// either way less what its waiting pods take (DESIGN.md "The engine", Scarcity: the
+    /// nodes holding the most give back first).
+    pub spare: u64,
 }
 
 /// One node's state summarized for stats, resync and the settled check.
@@ -514,7 +519,7 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
     let smallest = mem.smallest_groups(&p.fields.addresses, s.grant_size);
     let sized = sized_lanes(s, &p.fields);
     p.summary = summary_of(s, &sized, p.reclaim.candidates as u64, smallest);
-    p.lanes = lane_summaries(s, &sized);
+    p.lanes = lane_summaries(s, &sized, smallest);
     for (lane, c, sizing) in &sized.lanes {
         let f = lane.family;
         if sizing.claim > 0 && !s.info.cordoned && !s.info.terminating {
@@ -679,18 +684,23 @@ pub fn summarize(
     let smallest = mem.smallest_groups(&fields.addresses, s.grant_size);
     let sized = sized_lanes(s, fields);
     let summary = summary_of(s, &sized, reclaim_candidates, smallest);
-    (summary, lane_summaries(s, &sized))
+    (summary, lane_summaries(s, &sized, smallest))
 }
 
 /// Each lane's figures, under its pool's name (the node's default pool's, when the source
 /// names it), and the pods refused a pool, waiting under it.
-fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> {
+fn lane_summaries(
+    s: &Snapshot<'_>,
+    sized: &SizedLanes<'_>,
+    smallest: PerFamily<u128>,
+) -> Vec<LaneSummary> {
     let mut out: Vec<LaneSummary> = (sized.lanes.iter())
         .map(|(lane, c, sizing)| LaneSummary {
             pool: pool_name(s, lane.family, lane.pool),
             family: lane.family,
             counts: *c,
             sizing: *sizing,
+            spare: spare(s, lane, c, smallest),
         })
         .collect();
     for &family in s.families {
@@ -709,11 +719,24 @@ fn lane_summaries(s: &Snapshot<'_>, sized: &SizedLanes<'_>) -> Vec<LaneSummary> 
                         ..FamilyCounts::default()
                     },
                     sizing: Sizing::default(),
+                    spare: 0,
                 }),
             }
         }
     }
     out
+}
+
+/// The lane's releasable units beyond its own used and waiting, in addresses.
+fn spare(s: &Snapshot<'_>, lane: &Lane<'_>, c: &FamilyCounts, smallest: PerFamily<u128>) -> u64 {
+    let room = c.free().saturating_sub(c.waiting);
+    let f = lane.family;
+    let grant = *s.grant_size.get(f);
+    if grant <= 1 || room == 0 {
+        return room;
+    }
+    let smallest = lane_smallest(lane, &smallest, s.grant_size);
+    whole_free_blocks(s.node, &lane.fields, f, grant, room, smallest)
 }
 
 /// The node's counts, and its lanes with theirs and their sizing.
@@ -967,5 +990,61 @@ mod tests {
             .insert_run(Family::V6, span(&net).1, ReleaseState::MarkedForRelease);
         assert_eq!(count(&node, &fields, &[]).v6.marked, u64::MAX);
         assert!(free_addresses(&node, &fields, Family::V6).is_empty());
+    }
+
+    /// A lane's spare units, for the order a scarce pool's nodes give back in: the free
+    /// addresses in whole free blocks for a block grant, each free address for a grant of
+    /// one; either way less what the pods waiting take.
+    #[test]
+    fn spare_counts_whole_free_blocks_beyond_the_pods_waiting() {
+        let mut node = IpamNode::new("n".into(), NodeUid(1));
+        let mut fields = OperatorFields::default();
+        for i in 0..64u8 {
+            Arc::make_mut(&mut fields.addresses).insert(addr(false, i));
+        }
+        // in blocks of 16: block 0 has 10 used, block 1 one, blocks 2 and 3 none (53 free)
+        for i in (0..10).chain([16]) {
+            node.node
+                .used
+                .insert(addr(false, i), used_by(usize::from(i)));
+        }
+        let info = NodeInfo {
+            name: "n".into(),
+            uid: NodeUid(1),
+            allocatable_pods: 110,
+            cordoned: false,
+            terminating: false,
+        };
+        let spare = |grant: u128, waiting: u128| {
+            let pending: Vec<PodUid> = (1000..1000 + waiting).map(PodUid).collect();
+            let s = Snapshot {
+                now: Instant::now(),
+                node: &node,
+                operator: &fields,
+                release_ack: &AddrMap::new(),
+                info: &info,
+                watermarks: Watermarks::default(),
+                families: &[Family::V4],
+                grant_size: PerFamily { v4: grant, v6: 1 },
+                pending: &pending,
+                pools: &NodePools::EMPTY,
+                release: ReleaseConfig::default(),
+                reclaim: ReclaimConfig::default(),
+                squeezes: &Squeezes::new(),
+            };
+            let (_, lanes) = summarize(&mut NodeMemory::default(), &s, &fields, 0);
+            assert_eq!(lanes.len(), 1);
+            lanes[0].spare
+        };
+        assert_eq!(spare(16, 0), 32, "blocks 2 and 3");
+        assert_eq!(
+            spare(16, 30),
+            16,
+            "23 addresses beyond the waiting: one block"
+        );
+        assert_eq!(spare(16, 40), 0, "13 beyond the waiting: no whole block");
+        assert_eq!(spare(1, 0), 53);
+        assert_eq!(spare(1, 30), 23);
+        assert_eq!(spare(1, 60), 0);
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{NodeHandle, Shared};
+use crate::plan::LaneSummary;
 use crate::pods::PodView;
 use crate::scarcity::{self, Change, Hysteresis, Squeeze, Squeezes};
 use crate::source::IpSource;
@@ -68,7 +69,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
 
     /// Measures the pools of `keys` (every pool the stats know, for None) and updates their
     /// scarcity; nodes of a pool whose squeeze tightened are triggered, those holding the
-    /// most free addresses of it first; every node of a pool that left scarcity is.
+    /// most spare units of it first; every node of a pool that left scarcity is.
     pub fn pool_step(&self, keys: Option<&[PoolKey]>) {
         let totals: Vec<(PoolKey, PoolTotals)> = {
             let stats = self.stats.lock();
@@ -176,22 +177,17 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
     }
 
     /// Triggers the nodes holding addresses of `pools`: with `free_first`, only those with
-    /// free addresses there, the most first (they have units to give back); else all.
+    /// free addresses there, in [`Holding`] order (the nodes holding the most give back
+    /// first); else all.
     fn trigger_pools(&self, pools: &[PoolKey], free_first: bool) {
         if pools.is_empty() {
             return;
         }
         let nodes: Vec<Arc<NodeHandle>> = self.nodes.lock().values().cloned().collect();
-        let mut due: Vec<(u64, Arc<NodeHandle>)> = (nodes.into_iter())
+        let mut due: Vec<(Holding, Arc<NodeHandle>)> = (nodes.into_iter())
             .filter_map(|h| {
-                let free = {
-                    let st = h.state.lock();
-                    (st.lanes.iter())
-                        .filter(|l| pools.iter().any(|(p, f)| *p == l.pool && *f == l.family))
-                        .map(|l| l.counts.free())
-                        .sum::<u64>()
-                };
-                (!free_first || free > 0).then_some((free, h))
+                let held = Holding::of(&h.state.lock().lanes, pools);
+                (!free_first || held.free > 0).then_some((held, h))
             })
             .collect();
         due.sort_by(|(a, ha), (b, hb)| b.cmp(a).then_with(|| ha.name.cmp(&hb.name)));
@@ -199,6 +195,26 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
             h.trigger.trigger(Reason::Scarcity);
             h.work.notify_waiters();
         }
+    }
+}
+
+/// What a node holds of some pools, ordered by its spare units (releasable beyond its own
+/// used and waiting), then by its free addresses.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Holding {
+    spare: u64,
+    free: u64,
+}
+
+impl Holding {
+    /// Summed over the node's lanes of `pools`, as its last pass left them.
+    fn of(lanes: &[LaneSummary], pools: &[PoolKey]) -> Holding {
+        (lanes.iter())
+            .filter(|l| pools.iter().any(|(p, f)| *p == l.pool && *f == l.family))
+            .fold(Holding::default(), |h, l| Holding {
+                spare: h.spare + l.spare,
+                free: h.free + l.counts.free(),
+            })
     }
 }
 
@@ -228,5 +244,55 @@ fn log_change((pool, family): &PoolKey, st: &PoolState, change: Option<Change>) 
             "pool is no longer scarce: watermarks restored"
         ),
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watermarks::{FamilyCounts, Sizing};
+
+    fn lane(pool: &str, family: Family, allocated: u64, used: u64, spare: u64) -> LaneSummary {
+        LaneSummary {
+            pool: pool.into(),
+            family,
+            counts: FamilyCounts {
+                allocated,
+                used,
+                ..FamilyCounts::default()
+            },
+            sizing: Sizing::default(),
+            spare,
+        }
+    }
+
+    /// A node's holding counts the lanes of the tightened pools only, and the nodes holding
+    /// the most spare units come first, however many free addresses the others hold: free
+    /// addresses spread over partly used blocks cannot be given back.
+    #[test]
+    fn the_nodes_with_the_most_spare_units_give_back_first() {
+        let tight: [PoolKey; 1] = [("p".into(), Family::V4)];
+        let scattered = [
+            lane("p", Family::V4, 64, 20, 0),
+            lane("q", Family::V4, 64, 0, 64),
+            lane("p", Family::V6, 64, 0, 64),
+        ];
+        let whole = [lane("p", Family::V4, 32, 16, 16)];
+        let a = Holding::of(&scattered, &tight);
+        let b = Holding::of(&whole, &tight);
+        assert_eq!(a, Holding { spare: 0, free: 44 });
+        assert_eq!(
+            b,
+            Holding {
+                spare: 16,
+                free: 16
+            }
+        );
+        assert!(b > a, "trigger_pools wakes the greater holding first");
+        let tie = Holding {
+            spare: 16,
+            free: 20,
+        };
+        assert!(tie > b, "among equal spare units, the most free first");
     }
 }
