@@ -173,7 +173,9 @@ pub struct LaneSummary {
     /// Releasable units beyond the lane's own used and waiting, in addresses: its free
     /// addresses in whole free blocks for a source granting blocks, else its free addresses,
     /// either way less what its waiting pods take (DESIGN.md "The engine", Scarcity: the
-    /// nodes holding the most give back first).
+    /// nodes holding the most give back first). Counted only while the lane's pool is
+    /// squeezed (0 otherwise): the walk of the blocks would cost a never-scarce run half
+    /// again its instructions.
     pub spare: u64,
 }
 
@@ -727,8 +729,12 @@ fn lane_summaries(
     out
 }
 
-/// The lane's releasable units beyond its own used and waiting, in addresses.
+/// The lane's releasable units beyond its own used and waiting, in addresses, while its
+/// pool is squeezed.
 fn spare(s: &Snapshot<'_>, lane: &Lane<'_>, c: &FamilyCounts, smallest: PerFamily<u128>) -> u64 {
+    if lane.squeeze.is_none() {
+        return 0;
+    }
     let room = c.free().saturating_sub(c.waiting);
     let f = lane.family;
     let grant = *s.grant_size.get(f);
@@ -994,7 +1000,8 @@ mod tests {
 
     /// A lane's spare units, for the order a scarce pool's nodes give back in: the free
     /// addresses in whole free blocks for a block grant, each free address for a grant of
-    /// one; either way less what the pods waiting take.
+    /// one; either way less what the pods waiting take; none counted while the pool is not
+    /// squeezed.
     #[test]
     fn spare_counts_whole_free_blocks_beyond_the_pods_waiting() {
         let mut node = IpamNode::new("n".into(), NodeUid(1));
@@ -1015,7 +1022,12 @@ mod tests {
             cordoned: false,
             terminating: false,
         };
-        let spare = |grant: u128, waiting: u128| {
+        let squeeze = crate::scarcity::Squeeze {
+            keep_per_mille: 500,
+            release_delay: std::time::Duration::from_secs(10),
+        };
+        let scarce: Squeezes = [(("".into(), Family::V4), squeeze)].into();
+        let spare = |grant: u128, waiting: u128, squeezes: &Squeezes| {
             let pending: Vec<PodUid> = (1000..1000 + waiting).map(PodUid).collect();
             let s = Snapshot {
                 now: Instant::now(),
@@ -1030,21 +1042,18 @@ mod tests {
                 pools: &NodePools::EMPTY,
                 release: ReleaseConfig::default(),
                 reclaim: ReclaimConfig::default(),
-                squeezes: &Squeezes::new(),
+                squeezes,
             };
             let (_, lanes) = summarize(&mut NodeMemory::default(), &s, &fields, 0);
             assert_eq!(lanes.len(), 1);
             lanes[0].spare
         };
-        assert_eq!(spare(16, 0), 32, "blocks 2 and 3");
-        assert_eq!(
-            spare(16, 30),
-            16,
-            "23 addresses beyond the waiting: one block"
-        );
-        assert_eq!(spare(16, 40), 0, "13 beyond the waiting: no whole block");
-        assert_eq!(spare(1, 0), 53);
-        assert_eq!(spare(1, 30), 23);
-        assert_eq!(spare(1, 60), 0);
+        assert_eq!(spare(16, 0, &scarce), 32, "blocks 2 and 3");
+        assert_eq!(spare(16, 30, &scarce), 16, "23 beyond the waiting: one block");
+        assert_eq!(spare(16, 40, &scarce), 0, "13 beyond the waiting: no block");
+        assert_eq!(spare(1, 0, &scarce), 53);
+        assert_eq!(spare(1, 30, &scarce), 23);
+        assert_eq!(spare(1, 60, &scarce), 0);
+        assert_eq!(spare(16, 0, &Squeezes::new()), 0, "not counted unless scarce");
     }
 }
