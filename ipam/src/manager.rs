@@ -8,21 +8,21 @@ mod lifecycle;
 pub use crate::config::EngineConfig;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::budget::{Budget, Priority, PriorityCell};
+use crate::budget::{Budget, Priority};
 use crate::clock::Clock;
 use crate::error::IpamError;
 use crate::gate::{Background, Counted};
 use crate::maintainer;
 use crate::plan::NodeSummary;
 use crate::pods::PodView;
-use crate::shared::{NodeHandle, NodeState, ScarcityState, Shared};
+use crate::shared::{NodeHandle, ScarcityState, Shared};
 use crate::source::IpSource;
 use crate::stats::Stats;
 use crate::store::{NodeStore, ObjectKind, StoreEvent, Writer};
@@ -159,20 +159,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             tidepool_metrics::Trigger::PoolMaintainer,
             self.shared.cfg.min_pass_interval,
         );
-        let h = Arc::new(NodeHandle {
-            name: info.name.clone(),
-            trigger,
-            priority: PriorityCell::default(),
-            state: Mutex::new(NodeState {
-                info,
-                deleted_at: None,
-                summary: NodeSummary::default(),
-                lanes: Vec::new(),
-            }),
-            own_write: AtomicU64::new(0),
-            removed: AtomicBool::new(false),
-            work: tokio::sync::Notify::new(),
-        });
+        let h = Arc::new(NodeHandle::new(info, trigger));
         self.shared.restat(None, Some(&NodeSummary::default()));
         nodes.insert(h.name.clone(), h.clone());
         drop(nodes);
@@ -361,6 +348,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
     /// Names of the managed nodes.
     pub fn node_names(&self) -> Vec<NodeName> {
         self.shared.nodes.lock().keys().cloned().collect()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared<S, N, P>> {
+        &self.shared
     }
 
     /// Stops every task of this manager; a node added later gets no maintainer.

@@ -40,6 +40,26 @@ pub(crate) struct NodeHandle {
     pub work: tokio::sync::Notify,
 }
 
+impl NodeHandle {
+    /// A new node's handle: nothing known of it but `info`, nothing published.
+    pub fn new(info: NodeInfo, trigger: Trigger) -> Self {
+        NodeHandle {
+            name: info.name.clone(),
+            trigger,
+            priority: PriorityCell::default(),
+            state: Mutex::new(NodeState {
+                info,
+                deleted_at: None,
+                summary: NodeSummary::default(),
+                lanes: Vec::new(),
+            }),
+            own_write: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+            work: tokio::sync::Notify::new(),
+        }
+    }
+}
+
 pub(crate) struct NodeState {
     pub info: NodeInfo,
     /// When the Node object was deleted.

@@ -145,7 +145,9 @@ pub(crate) async fn run<S: IpSource, N: NodeStore, P: PodView>(
         local.ticket.begin_pass();
         local.kube.begin_pass();
         tracing::debug!(node = %h.name, reasons = %run.reasons, "maintenance pass");
-        let result = pass(&shared, &h, &mut local).await;
+        // boxed: a pass's future is kilobytes (the store's and the source's calls inline),
+        // and thousands of maintainers sit idle between passes
+        let result = Box::pin(pass(&shared, &h, &mut local)).await;
         shared.counts_may_change();
         rx.finished(&run);
         local.ticket.end_pass(result.is_ok());

@@ -1049,11 +1049,19 @@ mod tests {
             lanes[0].spare
         };
         assert_eq!(spare(16, 0, &scarce), 32, "blocks 2 and 3");
-        assert_eq!(spare(16, 30, &scarce), 16, "23 beyond the waiting: one block");
+        assert_eq!(
+            spare(16, 30, &scarce),
+            16,
+            "23 beyond the waiting: one block"
+        );
         assert_eq!(spare(16, 40, &scarce), 0, "13 beyond the waiting: no block");
         assert_eq!(spare(1, 0, &scarce), 53);
         assert_eq!(spare(1, 30, &scarce), 23);
         assert_eq!(spare(1, 60, &scarce), 0);
-        assert_eq!(spare(16, 0, &Squeezes::new()), 0, "not counted unless scarce");
+        assert_eq!(
+            spare(16, 0, &Squeezes::new()),
+            0,
+            "not counted unless scarce"
+        );
     }
 }
