@@ -28,7 +28,12 @@
 //!    drops an answer once its tombstone is gone, and writes each changed node's status at
 //!    most once a second (the agent's batching). Deleted pods' tombstones are timed from the
 //!    delete's answer to the watch event that shows them.
-//! 5. **What the server saw:** every LIST the operator sent (limit, resourceVersion, items,
+//! 5. **Failover** (`--failover`, on by default: every operator runs with leader election
+//!    on). A second operator starts as a standby; once its `/readyz` answers, the leader is
+//!    killed (SIGKILL) and 50 pods are deleted. The new leader's first Lease and IPAM writes
+//!    after the kill, its quorum relist (its log), whether it wrote before that relist ended,
+//!    and the deleted pods' tombstones; its log goes to `target/scale-operator-b.log`.
+//! 6. **What the server saw:** every LIST the operator sent (limit, resourceVersion, items,
 //!    bytes), the writes, the watch bytes delivered to the operator; the IPAMNode's size
 //!    with 110 and 250 `used` entries.
 #![allow(clippy::too_many_lines)] // test code: the 100-line limit is for the product
@@ -86,6 +91,8 @@ struct Opts {
     node_recreations: usize,
     grace: Duration,
     min_age: Duration,
+    /// Leader election on, and a failover after the churn.
+    failover: bool,
 }
 
 fn opts() -> Opts {
@@ -109,6 +116,7 @@ fn opts() -> Opts {
         node_recreations: num("--node-recreations", "SCALE_NODE_RECREATIONS", "50") as usize,
         grace: dur("--reclaim-grace", "SCALE_RECLAIM_GRACE", "5s"),
         min_age: dur("--reclaim-min-age", "SCALE_RECLAIM_MIN_AGE", "10s"),
+        failover: get("--failover", "SCALE_FAILOVER", "true") == "true",
     }
 }
 
@@ -153,6 +161,7 @@ struct Operator {
     child: Child,
     pid: String,
     metrics: SocketAddr,
+    health: SocketAddr,
     log: PathBuf,
     started: SystemTime,
 }
@@ -177,9 +186,18 @@ impl Operator {
         let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let health: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let secs = |d: Duration| format!("{}ms", d.as_millis());
+        let election: &[&str] = match o.failover {
+            true => &[
+                "--leader-elect=true",
+                "--leader-elect-resource-namespace",
+                "tidepool",
+            ],
+            false => &["--leader-elect=false"],
+        };
         let started = SystemTime::now();
         let child = Command::new(&bin)
-            .args(["run", "--leader-elect=false", "--log-format", "json"])
+            .args(["run", "--log-format", "json"])
+            .args(election)
             .args(["--log-level", "info"])
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -200,6 +218,7 @@ impl Operator {
             pid: child.id().to_string(),
             child,
             metrics,
+            health,
             log: log.to_owned(),
             started,
         }
@@ -218,17 +237,35 @@ impl Operator {
             .collect()
     }
 
-    /// From the process's start to its "synced; the engine runs" line (its timestamp).
-    fn synced_after(&self) -> Option<Duration> {
+    /// When it first logged a message starting with `prefix` (the line's timestamp).
+    fn logged_at(&self, prefix: &str) -> Option<SystemTime> {
         self.log_lines().iter().find_map(|l| {
             let msg = l.pointer("/fields/message")?.as_str()?;
-            if !msg.starts_with("synced") {
+            if !msg.starts_with(prefix) {
                 return None;
             }
             let ts: jiff::Timestamp = l.get("timestamp")?.as_str()?.parse().ok()?;
-            let at = SystemTime::from(ts);
-            at.duration_since(self.started).ok()
+            Some(SystemTime::from(ts))
         })
+    }
+
+    /// From the process's start to its "synced; the engine runs" line.
+    fn synced_after(&self) -> Option<Duration> {
+        let at = self.logged_at("synced")?;
+        at.duration_since(self.started).ok()
+    }
+
+    /// Waits until `/readyz` answers 200 (a standby: its caches synced).
+    async fn wait_ready(&self, limit: Duration) -> Duration {
+        let t = Instant::now();
+        while http_get(self.health, "/readyz").0 != 200 {
+            assert!(
+                t.elapsed() < limit,
+                "the operator was not ready within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        t.elapsed()
     }
 
     async fn wait_synced(&self, limit: Duration) -> Duration {
@@ -265,7 +302,7 @@ impl Operator {
     /// `tidepool_*` counters and histogram counts from its /metrics, summed by name and
     /// the one label given.
     fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
-        let text = http_get(self.metrics, "/metrics");
+        let (_, text) = http_get(self.metrics, "/metrics");
         text.lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| {
@@ -275,6 +312,12 @@ impl Operator {
                 (n == name && want).then(|| v.parse::<f64>().ok())?
             })
             .sum()
+    }
+
+    /// SIGKILL: no Lease released, no write finished.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// SIGTERM, then up to a minute for it to end.
@@ -303,10 +346,11 @@ fn sample(pid: &str, t0: Instant) -> Sample {
     }
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> String {
+/// The status and body of a GET (0 and nothing when it cannot connect).
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
+        return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let _ = write!(
@@ -315,9 +359,9 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     );
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    let status = (out.split(' ').nth(1)).and_then(|c| c.parse().ok());
+    let (_, body) = out.split_once("\r\n\r\n").unwrap_or_default();
+    (status.unwrap_or(0), body.to_string())
 }
 
 /// Samples the operator's process every second until the flag is set.
@@ -478,8 +522,11 @@ async fn bring_up(server: &ApiServer, v: &View, o: &Opts, t0: Instant) -> BringU
     let mut first_write = None;
     let mut last_print = Instant::now();
     loop {
-        // the counters were reset at the start, and the bench writes nothing until done
-        let written = |(verb, _): &(String, String)| WRITES.contains(&verb.as_str());
+        // the counters were reset at the start, and the bench writes nothing until done; the
+        // leader election's Lease writes come before the quorum relist and are not IPAM's
+        let written = |(verb, resource): &(String, String)| {
+            WRITES.contains(&verb.as_str()) && !resource.starts_with("leases")
+        };
         if first_write.is_none() && server.requests().keys().any(written) {
             first_write = Some(t0.elapsed());
         }
@@ -957,18 +1004,111 @@ async fn bench(o: Opts) {
     print_rss(&samples.lock(), churn_t0);
     print_node_side(&world.lock(), &server);
     print_writes("  writes (all writers) in the churn:", &writes);
-    let _ = stop_tx.send(true);
-    let _ = side.await;
     sampling.store(true, std::sync::atomic::Ordering::Relaxed);
     let (warnings, errors, first) = op.warnings();
-    op.stop();
     println!("operator log: {warnings} warnings, {errors} errors");
     for l in first {
         println!("  {l}");
     }
+    if o.failover {
+        let log = log.with_file_name("scale-operator-b.log");
+        failover(&server, &admin, &world, &v, (&kubeconfig, &log), &o, op).await;
+    } else {
+        op.stop();
+    }
+    let _ = stop_tx.send(true);
+    let _ = side.await;
     print_lists(&server);
     ipamnode_sizes(&admin, &pods).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- phase 5: failover ----
+
+/// Pods deleted at the leader's kill, whose tombstones the new leader writes.
+const FAILOVER_DELETIONS: usize = 50;
+
+/// A second operator starts as a standby; once ready, the leader is killed (SIGKILL) and
+/// `FAILOVER_DELETIONS` pods are deleted. Reports the standby's memory, the new leader's
+/// first Lease and first IPAM write after the kill, its quorum relist, any write of its
+/// before that relist ended (there must be none), and the deleted pods' tombstones.
+async fn failover(
+    server: &ApiServer,
+    admin: &kube::Client,
+    world: &Mutex<World>,
+    v: &View,
+    (kubeconfig, log): (&Path, &Path),
+    o: &Opts,
+    leader: Operator,
+) {
+    let t = Instant::now();
+    let b = Operator::spawn(kubeconfig, o, log);
+    let ready = b.wait_ready(Duration::from_secs(600)).await;
+    tokio::time::sleep(SETTLE).await;
+    let standby = b.sample(t);
+    let victims: Vec<(String, String)> = (0..o.nodes)
+        .filter_map(|i| {
+            let node = node_name(i * 7919 % o.nodes);
+            let addr = world.lock().deletable(&node, Instant::now())?;
+            Some((node, addr))
+        })
+        .take(FAILOVER_DELETIONS)
+        .collect();
+    let (killed, killed_at) = (Instant::now(), SystemTime::now());
+    leader.kill();
+    let deletions: Vec<Deletion> = futures::stream::iter(victims)
+        .map(|(node, addr)| async move { delete_pod(admin, world, &node, &addr).await })
+        .buffer_unordered(CONCURRENCY)
+        .filter_map(|d| async move { d })
+        .collect()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(120) + o.grace + o.min_age;
+    while tombstone_latencies(&v.tombstones, &deletions).1 > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = b.sample(t);
+    let relist = b.logged_at("leading");
+    let synced = b.logged_at("synced");
+    let writes: Vec<_> = (server.accepted_writes().into_iter())
+        .filter(|w| w.identity == OPERATOR && w.at > killed)
+        .collect();
+    let since = |w: &tidepool_tests::AcceptedWrite| w.at.duration_since(killed).as_secs_f64();
+    let lease = writes.iter().find(|w| w.resource.starts_with("leases"));
+    let ipam = writes.iter().find(|w| w.resource.contains("tidepool.dev"));
+    let early = (writes.iter())
+        .filter(|w| !w.resource.starts_with("leases"))
+        .filter(|w| synced.is_none_or(|s| killed_at + w.at.duration_since(killed) < s))
+        .count();
+    let secs_from_kill = |at: Option<SystemTime>| {
+        at.and_then(|a| a.duration_since(killed_at).ok())
+            .map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+    };
+    let (l, missing) = tombstone_latencies(&v.tombstones, &deletions);
+    println!(
+        "failover: the standby was ready {:.1} s after its start, RSS {} KiB (VmHWM {} KiB); the leader killed",
+        ready.as_secs_f64(),
+        standby.rss_kib,
+        standby.hwm_kib
+    );
+    println!(
+        "  kill → the new leader's first Lease write {}, its quorum relist from {} to {}, its first IPAM write {}",
+        lease.map_or("never".to_string(), |w| format!("{:.2} s", since(w))),
+        secs_from_kill(relist),
+        secs_from_kill(synced),
+        ipam.map_or("never".to_string(), |w| format!("{:.2} s", since(w))),
+    );
+    println!("  its writes (Lease aside) before its relist ended: {early} (must be 0)");
+    println!(
+        "  {} pods deleted at the kill → tombstone: p50 {:.2} s, max {:.2} s; {missing} never seen",
+        deletions.len(),
+        quantile(&l, 0.5),
+        quantile(&l, 1.0)
+    );
+    println!(
+        "  the new leader after: RSS {} KiB (VmHWM {} KiB), {} sockets",
+        after.rss_kib, after.hwm_kib, after.sockets
+    );
+    b.stop();
 }
 
 /// The operator on the CRDs and the pool alone: its memory once synced; then it stops.
