@@ -21,7 +21,7 @@ use tidepool_agent::kube::{
     block_status_body, node_status_body,
 };
 use tidepool_api as api;
-use tidepool_api::convert::{Allocations, node_from_api, parse_uid};
+use tidepool_api::convert::{AllocationNames, Allocations, node_from_api, parse_uid};
 use tidepool_api::names::{AGENT_MANAGER, OPERATOR_MANAGER};
 use tidepool_ipam::{
     AllocationId, NodeSideFields, NodeUid, PodUid, ReclaimAck, ReclaimOutcome, ReleaseAck,
@@ -120,7 +120,7 @@ fn side(n: u8) -> NodeSide {
     for i in 0..n {
         let cid = format!("containerd://{i:02}");
         let id = AllocationId::new(&cid, "eth0");
-        allocations.insert(id, (cid.as_str().into(), "eth0".into()));
+        allocations.insert(id, AllocationNames::new(&cid, "eth0"));
         let e = UsedEntry {
             pod_uid: PodUid(u128::from(i) + 1),
             namespace: "ns".into(),
@@ -135,7 +135,7 @@ fn side(n: u8) -> NodeSide {
         .release_ack
         .insert(ip("10.0.0.14"), ReleaseAck::DoNotRelease);
     let old = AllocationId::new("containerd://gone", "eth0");
-    allocations.insert(old, ("containerd://gone".into(), "eth0".into()));
+    allocations.insert(old, AllocationNames::new("containerd://gone", "eth0"));
     fields.reclaim_ack.insert(
         ip("10.0.0.13"),
         ReclaimAck {

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 use tidepool_api as api;
-use tidepool_api::convert::{Allocations, apply_envelope, condition, from_system};
+use tidepool_api::convert::{AllocationNames, Allocations, apply_envelope, condition, from_system};
 use tidepool_api::names::condition::AGENT_READY;
 use tidepool_ipam::{NodeSideFields, ReleaseAck};
 
@@ -79,8 +79,8 @@ impl NodeSide {
             .map(|(k, _)| k)
             .chain(state.reclaim_acks().values().map(|r| &r.key));
         for k in keys {
-            let strings = (k.container_id.as_str().into(), k.ifname.as_str().into());
-            allocations.insert(k.id(), strings);
+            let names = AllocationNames::new(&k.container_id, k.ifname.as_str());
+            allocations.insert(k.id(), names);
         }
         Self {
             fields: state.node_side(),
@@ -110,13 +110,13 @@ pub fn node_status_body(
         .used
         .iter()
         .filter_map(|(a, e)| {
-            let (cid, ifname) = all.get(&e.allocation)?;
+            let names = all.get(&e.allocation)?;
             let v = api::UsedEntry {
                 pod_uid: e.pod_uid.to_string(),
                 namespace: e.namespace.to_string(),
                 pod: e.pod.to_string(),
-                container_id: cid.to_string(),
-                ifname: ifname.to_string(),
+                container_id: names.container_id(),
+                ifname: names.ifname().to_string(),
                 since: from_system(e.since),
                 pool: pools.get(a).map(|p| p.to_string()),
             };
@@ -127,11 +127,11 @@ pub fn node_status_body(
         .reclaim_ack
         .iter()
         .filter_map(|(a, r)| {
-            let (cid, ifname) = all.get(&r.allocation)?;
+            let names = all.get(&r.allocation)?;
             let v = api::ReclaimAnswer {
                 pod_uid: r.pod_uid.to_string(),
-                container_id: cid.to_string(),
-                ifname: ifname.to_string(),
+                container_id: names.container_id(),
+                ifname: names.ifname().to_string(),
                 outcome: r.outcome.into(),
             };
             Some((a.to_string(), v))
@@ -214,9 +214,9 @@ mod tests {
         let mut all = Allocations::new();
         let mut f = NodeSideFields::default();
         let id = AllocationId::new("containerd://abc", "eth0");
-        all.insert(id, ("containerd://abc".into(), "eth0".into()));
+        all.insert(id, AllocationNames::new("containerd://abc", "eth0"));
         let old = AllocationId::new("containerd://old", "eth0");
-        all.insert(old, ("containerd://old".into(), "eth0".into()));
+        all.insert(old, AllocationNames::new("containerd://old", "eth0"));
         let uid = PodUid(0x11111111_2222_4333_8444_555555555555);
         let entry = UsedEntry {
             pod_uid: uid,

@@ -130,10 +130,9 @@ mod tests {
         let node = tidepool_ipam::node::project(&node, &blocks);
         let mut keys = Allocations::new();
         for k in [&key, &other] {
-            keys.insert(
-                k.id(),
-                (k.container_id.as_str().into(), k.ifname.as_str().into()),
-            );
+            let names =
+                tidepool_api::convert::AllocationNames::new(&k.container_id, k.ifname.as_str());
+            keys.insert(k.id(), names);
         }
         answer(
             &mut st,

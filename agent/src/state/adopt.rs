@@ -63,13 +63,15 @@ impl NodeState {
         pools: &AddrPools,
     ) -> Result<(), String> {
         let addrs: Vec<IpAddr> = entries.iter().map(|(a, _)| *a).collect();
-        let Some((container_id, ifname)) = keys.get(&id) else {
+        let Some(names) = keys.get(&id) else {
             return Err(format!("{addrs:?}: no (containerID, ifname) for the entry"));
         };
         let (_, first) = entries[0];
         if entries.iter().any(|(_, e)| e.pod_uid != first.pod_uid) {
             return Err(format!(
-                "{addrs:?}: ({container_id}, {ifname}) is listed for more than one pod"
+                "{addrs:?}: ({}, {}) is listed for more than one pod",
+                names.container_id(),
+                names.ifname()
             ));
         }
         let since = entries
@@ -82,7 +84,7 @@ impl NodeState {
             namespace: first.namespace.to_string(),
             name: first.pod.to_string(),
         };
-        let key = AllocKey::new(container_id.as_ref(), ifname.as_ref());
+        let key = AllocKey::new(names.container_id(), names.ifname());
         let named = addrs
             .iter()
             .filter_map(|a| Some((*a, pools.get(a)?.clone())));
@@ -109,6 +111,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
+    use tidepool_api::convert::AllocationNames;
     use tidepool_ipam::PodUid;
 
     use super::*;
@@ -134,10 +137,7 @@ mod tests {
     fn names(keys: &[&AllocKey]) -> Allocations {
         keys.iter()
             .map(|k| {
-                let v = (
-                    Arc::from(k.container_id.as_str()),
-                    Arc::from(k.ifname.as_str()),
-                );
+                let v = AllocationNames::new(&k.container_id, k.ifname.as_str());
                 (k.id(), v)
             })
             .collect()

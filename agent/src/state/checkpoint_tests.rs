@@ -64,7 +64,10 @@ fn reclaim(s: &mut NodeState, addr: &str, p: u128, c: &str) {
         reason: ReclaimReason::PodDeleted,
     };
     let mut names = Allocations::new();
-    names.insert(key.id(), (Arc::from(c), Arc::from("eth0")));
+    names.insert(
+        key.id(),
+        tidepool_api::convert::AllocationNames::new(c, "eth0"),
+    );
     s.answer_tombstones(&BTreeMap::from([(ip(addr), t)]), &names, |_| false, t0());
 }
 

@@ -312,7 +312,7 @@ impl NodeState {
     ) {
         let key_of = |id| {
             keys.get(&id)
-                .map(|(c, i)| AllocKey::new(c.as_ref(), i.as_ref()))
+                .map(|n| AllocKey::new(n.container_id(), n.ifname()))
         };
         self.side.answer_tombstones(reclaim, key_of, live, now);
         self.forget_freed();

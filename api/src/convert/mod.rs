@@ -20,6 +20,7 @@
 //! alone.
 
 mod block;
+mod names;
 mod node;
 mod pool;
 mod time;
@@ -27,6 +28,7 @@ mod uid;
 mod write;
 
 pub use block::block_from_api;
+pub use names::AllocationNames;
 pub use node::{AgentReady, Allocations, HeldCount, NodeView, node_from_api};
 pub use pool::{pool_config, pool_spec, pool_watermarks, readable_count, readable_usage, selector};
 pub use time::{from_system, to_system};

@@ -14,13 +14,22 @@ use tidepool_ipam::{
     WatermarkOverrides,
 };
 
+use super::names::{AllocationNames, Strings};
 use super::time::to_system;
 use super::uid::{parse_uid, spec_node_uid};
 use super::{Malformed, Report};
 
 /// The (containerID, ifname) behind each allocation ID the object names: the engine keeps
 /// only the IDs, a tombstone written back needs the strings.
-pub type Allocations = BTreeMap<AllocationId, (Arc<str>, Arc<str>)>;
+pub type Allocations = BTreeMap<AllocationId, AllocationNames>;
+
+/// What reading one object collects beside the engine's fields: its allocations' strings,
+/// and one copy of each string its entries repeat.
+#[derive(Default)]
+struct Collected {
+    allocations: Allocations,
+    strings: Strings,
+}
 
 /// An IPAMNode as the store keeps it: the engine's copy and the strings of its allocations.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +120,7 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let object = format!("ipamnode/{name}");
     let mut r = Report::new(&object);
-    let mut allocations = Allocations::new();
+    let mut c = Collected::default();
     let node_uid = spec_node_uid(&mut r, &obj.spec.node_uid);
     let node = IpamNode {
         name: NodeName::from(name.as_str()),
@@ -122,8 +131,8 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
             .as_deref()
             .map(ResourceVersion::server),
         watermarks: watermarks(obj.spec.watermarks.as_ref(), &mut r),
-        operator: operator_fields(obj, &mut r, &mut allocations),
-        node: node_side(obj, &mut r, &mut allocations),
+        operator: operator_fields(obj, &mut r, &mut c),
+        node: node_side(obj, &mut r, &mut c),
         finalizer: obj
             .metadata
             .finalizers
@@ -132,10 +141,10 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
         deleting: obj.metadata.deletion_timestamp.is_some(),
     };
     let view = NodeView {
-        used_pools: used_pools(obj, &node.node),
+        used_pools: used_pools(obj, &node.node, &mut c.strings),
         node: Arc::new(node),
         uid: obj.metadata.uid.clone(),
-        allocations,
+        allocations: c.allocations,
         terminating: obj.metadata.deletion_timestamp.is_some(),
         allocated: obj.status.as_ref().and_then(HeldCount::recorded),
         held_pools: obj
@@ -156,12 +165,16 @@ pub fn node_from_api(obj: &api::IPAMNode) -> (NodeView, Vec<Malformed>) {
 }
 
 /// The pools `status.used` names, of the entries `side` took.
-fn used_pools(obj: &api::IPAMNode, side: &NodeSideFields) -> BTreeMap<IpAddr, Arc<str>> {
+fn used_pools(
+    obj: &api::IPAMNode,
+    side: &NodeSideFields,
+    strings: &mut Strings,
+) -> BTreeMap<IpAddr, Arc<str>> {
     let used = obj.status.iter().flat_map(|s| &s.used);
     let named = used.filter_map(|(k, e)| Some((k.parse().ok()?, e.pool.as_deref()?)));
     named
         .filter(|(a, _)| side.used.contains_key(a))
-        .map(|(a, p)| (a, Arc::from(p)))
+        .map(|(a, p)| (a, strings.get(p)))
         .collect()
 }
 
@@ -181,10 +194,12 @@ fn pod_uid(r: &mut Report<'_>, field: &str, key: &str, uid: &str) -> Option<PodU
 }
 
 /// The allocation ID of (containerID, ifname), remembering the strings.
-fn allocation(all: &mut Allocations, container_id: &str, ifname: &str) -> AllocationId {
+fn allocation(c: &mut Collected, container_id: &str, ifname: &str) -> AllocationId {
     let id = AllocationId::new(container_id, ifname);
-    all.entry(id)
-        .or_insert_with(|| (container_id.into(), ifname.into()));
+    if !c.allocations.contains_key(&id) {
+        let names = AllocationNames::new(container_id, c.strings.get(ifname));
+        c.allocations.insert(id, names);
+    }
     id
 }
 
@@ -210,11 +225,7 @@ fn watermarks(w: Option<&api::Watermarks>, r: &mut Report<'_>) -> WatermarkOverr
     }
 }
 
-fn operator_fields(
-    obj: &api::IPAMNode,
-    r: &mut Report<'_>,
-    all: &mut Allocations,
-) -> OperatorFields {
+fn operator_fields(obj: &api::IPAMNode, r: &mut Report<'_>, c: &mut Collected) -> OperatorFields {
     let spec = &obj.spec;
     let addresses: AddrSet = spec
         .addresses
@@ -238,7 +249,7 @@ fn operator_fields(
         };
         let tomb = Tombstone {
             pod_uid: uid,
-            allocation: allocation(all, &t.container_id, &t.ifname),
+            allocation: allocation(c, &t.container_id, &t.ifname),
             reason,
         };
         reclaim.insert(a, tomb);
@@ -274,7 +285,7 @@ fn blocked_pools(obj: &api::IPAMNode) -> Vec<BlockedPool> {
     out
 }
 
-fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> NodeSideFields {
+fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, c: &mut Collected) -> NodeSideFields {
     let mut side = NodeSideFields::default();
     let Some(st) = &obj.status else {
         return side;
@@ -288,9 +299,9 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> 
         };
         let entry = UsedEntry {
             pod_uid: uid,
-            namespace: e.namespace.as_str().into(),
+            namespace: c.strings.get(&e.namespace),
             pod: e.pod.as_str().into(),
-            allocation: allocation(all, &e.container_id, &e.ifname),
+            allocation: allocation(c, &e.container_id, &e.ifname),
             since: to_system(&e.since),
         };
         side.used.insert(a, entry);
@@ -315,7 +326,7 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, all: &mut Allocations) -> 
         };
         let ack = ReclaimAck {
             pod_uid: uid,
-            allocation: allocation(all, &v.container_id, &v.ifname),
+            allocation: allocation(c, &v.container_id, &v.ifname),
             outcome,
         };
         side.reclaim_ack.insert(a, ack);
@@ -491,9 +502,44 @@ mod tests {
             ]
         );
         assert_eq!(n.node.used.len(), 1);
+        let names = &v.allocations[&t.allocation];
         assert_eq!(
-            v.allocations[&t.allocation],
-            (Arc::from("c1"), Arc::from("eth0"))
+            (names.container_id(), names.ifname()),
+            ("c1".into(), "eth0")
+        );
+    }
+
+    /// A node's entries repeat their namespace, ifname and pool: the view keeps one copy
+    /// of each (issue 31: the store holds an entry per pod of the cluster).
+    #[test]
+    fn the_strings_entries_repeat_are_kept_once() {
+        let cid = |i: u8| format!("{i:064x}");
+        let entry = |i: u8, ns: &str| {
+            json!({"podUID": POD, "namespace": ns, "pod": format!("p{i}"), "containerID": cid(i),
+                "ifname": "eth0", "since": "2026-11-24T10:00:00Z", "pool": "default"})
+        };
+        let obj = node(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": {"name": "n1"},
+            "spec": {"nodeUID": UID},
+            "status": {"used": {"10.0.0.1": entry(1, "a"), "10.0.0.2": entry(2, "a"),
+                "10.0.0.3": entry(3, "b")}},
+        }));
+        let (v, bad) = node_from_api(&obj);
+        assert!(bad.is_empty(), "{bad:?}");
+        let used: Vec<&UsedEntry> = v.node.node.used.values().collect();
+        let ns: Vec<&str> = used.iter().map(|e| &*e.namespace).collect();
+        assert_eq!(ns, ["a", "a", "b"]);
+        assert!(Arc::ptr_eq(&used[0].namespace, &used[1].namespace));
+        let names: Vec<_> = used.iter().map(|e| &v.allocations[&e.allocation]).collect();
+        assert_eq!(names[2].container_id(), cid(3));
+        assert!(names.iter().all(|n| n.ifname() == "eth0"));
+        let pools: Vec<&Arc<str>> = v.used_pools.values().collect();
+        assert_eq!(pools.len(), 3);
+        assert!(
+            pools
+                .iter()
+                .all(|p| Arc::ptr_eq(p, pools[0]) && &***p == "default")
         );
     }
 

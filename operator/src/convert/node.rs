@@ -30,11 +30,11 @@ pub fn spec_body(
 ) -> Value {
     let reclaim = (fields.reclaim.iter())
         .filter_map(|(a, t)| {
-            let (cid, ifname) = all.get(&t.allocation)?;
+            let names = all.get(&t.allocation)?;
             let v = api::TombstoneSpec {
                 pod_uid: t.pod_uid.to_string(),
-                container_id: cid.to_string(),
-                ifname: ifname.to_string(),
+                container_id: names.container_id(),
+                ifname: names.ifname().to_string(),
                 reason: t.reason.into(),
             };
             Some((a.to_string(), v))
