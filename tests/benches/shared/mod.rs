@@ -78,11 +78,14 @@ pub struct PodRec {
     pub uid: String,
 }
 
-/// The node side's `status.used` entry for `p`.
+/// The node side's `status.used` entry for `p`. Its containerID has the shape of
+/// containerd's and CRI-O's sandbox IDs (64 lowercase hex digits: the pod's UID twice), so
+/// the operator's memory per entry is what a real cluster's costs.
 pub fn used_entry(p: &PodRec) -> Value {
+    let hex = p.uid.replace('-', "");
     json!({
         "podUID": p.uid, "namespace": "default", "pod": p.name,
-        "containerID": format!("cid-{}", p.name), "ifname": "eth0",
+        "containerID": format!("{hex}{hex}"), "ifname": "eth0",
         "since": "2026-11-24T10:00:00Z",
     })
 }
