@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tidepool_ipam::Family;
 
-use oracle::{OracleLimits, PoolOracle};
+use oracle::{ClaimBudget, OracleLimits, PoolOracle};
 use promise::PromiseCounter;
 
 /// A pool and family: a cluster pool by name, a cloud subnet (`subnet-<index>`), or the
@@ -122,6 +122,7 @@ pub struct OracleSettings {
     pub reclaim_grace: Duration,
     pub reclaim_min_age: Duration,
     pub cooldown: Duration,
+    pub claims: Option<ClaimBudget>,
 }
 
 /// The world's oracles, one per pool and family, and the pool sets its pods belong to
@@ -165,6 +166,7 @@ impl OracleBook {
                     reclaim_grace: s.reclaim_grace,
                     reclaim_min_age: s.reclaim_min_age,
                     cooldown: s.cooldown,
+                    claims: s.claims,
                 };
                 let mut o = PoolOracle::new(limits, now);
                 o.measure_from(self.measure_from);

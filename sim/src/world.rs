@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
 use crate::observer::Observer;
+use crate::scarcity::oracle::ClaimBudget;
 use crate::scarcity::{OracleBook, OracleSettings, PoolKey};
 use tidepool_ipam::AddrSet;
 use tidepool_ipam::BlockStore;
@@ -582,7 +583,7 @@ impl<S: SimSource> World<S> {
             cfg.engine.clone(),
         )?;
         let events = store.subscribe();
-        let settings = oracle_settings(&cfg);
+        let settings = oracle_settings(&cfg, source.api());
         let world = World {
             cfg: Arc::new(cfg),
             source,
@@ -1449,9 +1450,15 @@ impl<S: SimSource> World<S> {
 /// trip (a call's latency); a crashed pod's address is held `reclaim_grace` after the
 /// crash and `reclaim_min_age` after the pod started at least, every freed one cools for
 /// `reuse_cooldown`.
-fn oracle_settings(cfg: &WorldConfig) -> OracleSettings {
+fn oracle_settings(cfg: &WorldConfig, api: Api) -> OracleSettings {
     let e = &cfg.engine;
+    // cluster-pool claims a block per kube write; a cloud's call may assign many addresses
+    let claims = (api == Api::Kube).then_some(ClaimBudget {
+        burst: u64::from(cfg.kube_burst),
+        qps: cfg.kube_qps,
+    });
     OracleSettings {
+        claims,
         node_cap: u64::from(cfg.max_pods),
         move_cost: e.scarcity.release_delay + cfg.source_latency,
         reclaim_grace: e.reclaim.grace,

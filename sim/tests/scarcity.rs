@@ -9,7 +9,7 @@ use std::time::Duration;
 use tidepool_ipam::{Family, NodeName, PodUid, ScarcityConfig};
 use tidepool_sim::run::simulate_paused;
 use tidepool_sim::scarcity::PoolKey;
-use tidepool_sim::scarcity::oracle::{OracleLimits, PoolOracle};
+use tidepool_sim::scarcity::oracle::{ClaimBudget, OracleLimits, PoolOracle};
 use tidepool_sim::scarcity::promise::{PoolSample, PromiseCounter};
 use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, WorldConfig};
 use tokio::time::Instant;
@@ -39,6 +39,7 @@ fn limits(unit: u64, capacity: u64) -> OracleLimits {
         reclaim_grace: Duration::ZERO,
         reclaim_min_age: Duration::ZERO,
         cooldown: Duration::ZERO,
+        claims: None,
     }
 }
 
@@ -104,6 +105,27 @@ fn a_crashed_pods_address_is_held_until_reclaimable_then_cools() {
         o.arrive(s(crash_at), &n("b"));
         let want = (free_at - crash_at) as f64;
         assert_eq!(o.finish(s(1000)).0, want, "crash at {crash_at}");
+    }
+}
+
+/// Where a call claims one unit, the units come no faster than the claim budget: 10
+/// pods on one node of a per-address pool, burst 2 then one a second, wait 8 + 7 + … + 1
+/// pod-seconds; 40 pods in blocks of 16, burst 1 then one block per 2 s, wait 24 pods
+/// for 2 s, then 8 for 2 s. Without the budget nobody waits.
+#[test]
+fn units_come_no_faster_than_the_claim_budget() {
+    let cases = [(1, 10, 10, 2, 1.0, 36.0), (16, 4, 40, 1, 0.5, 64.0)];
+    for (unit, capacity, pods, burst, qps, want) in cases {
+        for claims in [Some(ClaimBudget { burst, qps }), None] {
+            let l = OracleLimits {
+                claims,
+                ..limits(unit, capacity)
+            };
+            let mut o = PoolOracle::new(l, s(0));
+            arrive_many(&mut o, "a", pods);
+            let want = if claims.is_some() { want } else { 0.0 };
+            assert_eq!(o.finish(s(100)).0, want, "unit {unit}, {claims:?}");
+        }
     }
 }
 

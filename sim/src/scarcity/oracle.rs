@@ -14,13 +14,16 @@
 //! fewest present pods that must wait so that every node stays within its cap and the
 //! usages fit the pool's capacity (a greedy that is optimal for this shape: freeing a
 //! node's first unit costs its remainder, every further one a whole unit); the oracle is its
-//! integral over the measured period. The units given up are those the world's served pods
+//! integral over the measured period. Where one call claims one unit (cluster-pool: an
+//! IPAMBlock create per block, each under the kube budget), no more units are held than the
+//! budget let be claimed since the start ([`ClaimBudget`]): a bring-up waits for its claims.
+//! The units given up are those the world's served pods
 //! held (no assignment moves a unit faster), so the world's own state satisfies every
 //! constraint and its waiting is never below the bound; it is a bound per instant, not an
 //! optimum over schedules.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use tidepool_ipam::NodeName;
@@ -41,6 +44,35 @@ pub struct OracleLimits {
     pub reclaim_grace: Duration,
     pub reclaim_min_age: Duration,
     pub cooldown: Duration,
+    /// The budget each unit is claimed under, where a call claims one unit (None: a call
+    /// may claim many, as a cloud's assigns several addresses).
+    pub claims: Option<ClaimBudget>,
+}
+
+/// A token bucket of claims from the run's start: `burst` at once, then `qps` a second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClaimBudget {
+    pub burst: u64,
+    pub qps: f64,
+}
+
+impl ClaimBudget {
+    /// The most units claimed by `at`.
+    fn units_by(&self, at: Duration) -> u64 {
+        // no overflow: `as` saturates, and a run is shorter than u64::MAX calls
+        self.burst
+            .saturating_add((self.qps * at.as_secs_f64()).floor() as u64)
+    }
+
+    /// The first instant by which `units` can have been claimed (`units` > burst).
+    fn reaches(&self, units: u64) -> Duration {
+        let mut at = Duration::from_secs_f64((units - self.burst) as f64 / self.qps);
+        // the division may round below the instant the product reaches `units`
+        while self.units_by(at) < units {
+            at += Duration::from_nanos(1);
+        }
+        at
+    }
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +85,16 @@ struct NodeOcc {
     dropped: VecDeque<(Duration, u64)>,
     /// Its usage as last counted in the pool's sum.
     counted: u64,
+    /// Its part in the greedy as last counted in the pool's.
+    frees: Frees,
+}
+
+/// What a node can free for the bound's greedy: its first unit, when partly occupied, at
+/// the cost of its pods in it; then whole units.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Frees {
+    first: Option<u64>,
+    units: u64,
 }
 
 /// Why a timer of the pool fires.
@@ -60,6 +102,8 @@ struct NodeOcc {
 enum Timer {
     HoldEnds,
     MoveDone,
+    /// The claim budget allows one more unit (the timer's node is none).
+    Claimable,
 }
 
 /// One pool and family's oracle and actual waiting, integrated as events come.
@@ -70,12 +114,18 @@ pub struct PoolOracle {
     timers: BinaryHeap<Reverse<(Duration, Timer, NodeName)>>,
     /// Σ (live + holds): the addresses the pool's pods and holds occupy.
     present: u64,
+    /// The nodes' [`Frees`]: how many first units cost each remainder, and the whole
+    /// units. Kept as the nodes change, so the bound costs no walk over the nodes.
+    firsts: BTreeMap<u64, u64>,
+    at_unit: u64,
     /// Σ usage, Σ pods forced to wait by their node's cap, and the bound, now.
     usage: u64,
     forced: u64,
     bound: u64,
     /// Pods waiting in the world now.
     waiting: u64,
+    /// A [`Timer::Claimable`] is queued.
+    claim_queued: bool,
     now: Duration,
     measure_from: Duration,
     oracle_seconds: f64,
@@ -89,10 +139,13 @@ impl PoolOracle {
             nodes: HashMap::new(),
             timers: BinaryHeap::new(),
             present: 0,
+            firsts: BTreeMap::new(),
+            at_unit: 0,
             usage: 0,
             forced: 0,
             bound: 0,
             waiting: 0,
+            claim_queued: false,
             now,
             measure_from: Duration::ZERO,
             oracle_seconds: 0.0,
@@ -110,7 +163,7 @@ impl PoolOracle {
     pub fn set_capacity(&mut self, at: Duration, units: u64) {
         self.advance(at);
         self.limits.capacity = units;
-        self.bound = self.bound_now();
+        self.update_bound();
     }
 
     /// A pod is scheduled to `node`: present, and waiting in the world.
@@ -183,6 +236,10 @@ impl PoolOracle {
             match timer {
                 Timer::HoldEnds => self.change(&node, |n| n.holds = n.holds.saturating_sub(1)),
                 Timer::MoveDone => self.change(&node, |_| {}),
+                Timer::Claimable => {
+                    self.claim_queued = false;
+                    self.update_bound();
+                }
             }
         }
         self.integrate(at);
@@ -215,51 +272,102 @@ impl PoolOracle {
         }
         let (usage1, forced1) = (usage(n, &l, now), forced(n, &l));
         n.counted = usage1;
+        let frees1 = frees(n, &l, now);
+        let frees0 = std::mem::replace(&mut n.frees, frees1);
         if n.live == 0 && n.holds == 0 && n.dropped.is_empty() {
             self.nodes.remove(node);
         }
+        self.count_frees(frees0, false);
+        self.count_frees(frees1, true);
         self.usage = self.usage + usage1 - usage0;
         self.forced = self.forced + forced1 - forced0;
-        self.bound = self.bound_now();
+        self.update_bound();
     }
 
-    /// The fewest pods that must wait now (see the module's doc).
-    fn bound_now(&self) -> u64 {
+    /// Recomputes the bound; while the claim budget holds the nodes below their need, the
+    /// bound falls as it allows one more unit, so a timer is queued for that instant.
+    fn update_bound(&mut self) {
+        self.bound = self.bound_now();
+        let Some(b) = self.limits.claims else {
+            return;
+        };
+        let claimable = b.units_by(self.now);
+        if self.claim_queued || claimable >= self.limits.capacity || self.usage <= claimable {
+            return;
+        }
+        let at = b.reaches(claimable + 1);
+        (self.timers).push(Reverse((at, Timer::Claimable, NodeName::from(""))));
+        self.claim_queued = true;
+    }
+
+    /// The units the nodes may hold now: the pool's, or fewer while the claim budget has
+    /// not let that many be claimed yet.
+    fn available(&self) -> u64 {
         let l = &self.limits;
-        if self.usage <= l.capacity {
+        match l.claims {
+            Some(b) => b.units_by(self.now).min(l.capacity),
+            None => l.capacity,
+        }
+    }
+
+    /// Adds a node's [`Frees`] to the pool's, or takes them out.
+    fn count_frees(&mut self, f: Frees, add: bool) {
+        if let Some(rem) = f.first {
+            let c = self.firsts.entry(rem).or_default();
+            *c = if add { *c + 1 } else { *c - 1 };
+            if *c == 0 {
+                self.firsts.remove(&rem);
+            }
+        }
+        self.at_unit = if add {
+            self.at_unit + f.units
+        } else {
+            self.at_unit - f.units
+        };
+    }
+
+    /// The fewest pods that must wait now (see the module's doc): the units short freed
+    /// cheapest first, each node's first unit at its remainder, then whole units.
+    fn bound_now(&self) -> u64 {
+        let (l, available) = (&self.limits, self.available());
+        if self.usage <= available {
             return self.forced;
         }
-        let mut short = self.usage - l.capacity;
-        // each node's first unit freed costs its remainder, the next ones a whole unit each
-        let (mut firsts, mut at_unit) = (Vec::new(), 0u64);
-        for n in self.nodes.values() {
-            let (occ, floor) = (occupied(n, l), dropped_max(n, self.now));
-            let need = occ.div_ceil(l.unit);
-            let removable = n.live - forced(n, l);
-            if need <= floor {
-                continue;
-            }
-            let rem = occ - (need - 1) * l.unit;
-            if removable < rem {
-                continue;
-            }
-            let further = (need - floor - 1).min((removable - rem) / l.unit);
-            if rem < l.unit {
-                firsts.push(rem);
-            } else {
-                at_unit += 1;
-            }
-            at_unit += further;
-        }
-        firsts.sort_unstable();
-        let mut cost = 0;
-        for rem in firsts {
+        let (mut short, mut cost) = (self.usage - available, 0);
+        for (rem, count) in &self.firsts {
+            let k = (*count).min(short);
+            (cost, short) = (cost + k * rem, short - k);
             if short == 0 {
                 break;
             }
-            (cost, short) = (cost + rem, short - 1);
         }
-        self.forced + cost + short.min(at_unit) * l.unit
+        self.forced + cost + short.min(self.at_unit) * l.unit
+    }
+}
+
+/// What `n` can free at `now` (see [`Frees`]): nothing beyond the units it gave up that
+/// have not reached another node yet, nor a unit holding more pods than may wait.
+fn frees(n: &NodeOcc, l: &OracleLimits, now: Duration) -> Frees {
+    let (occ, floor) = (occupied(n, l), dropped_max(n, now));
+    let need = occ.div_ceil(l.unit);
+    let removable = n.live - forced(n, l);
+    if need <= floor {
+        return Frees::default();
+    }
+    let rem = occ - (need - 1) * l.unit;
+    if removable < rem {
+        return Frees::default();
+    }
+    let further = (need - floor - 1).min((removable - rem) / l.unit);
+    match rem < l.unit {
+        true => Frees {
+            first: Some(rem),
+            units: further,
+        },
+        false => Frees {
+            first: None,
+            units: further + 1,
+        },
     }
 }
 
