@@ -13,6 +13,8 @@ need_apt=()
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
 command -v iptables-restore >/dev/null 2>&1 || need_apt+=(iptables)
+# the operator's allocator (tikv-jemalloc-sys builds jemalloc with make)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
 # the deploy bundle's lint (tests/tests/deploy.rs)
 command -v yamllint >/dev/null 2>&1 || need_apt+=(yamllint)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -14,11 +14,14 @@ use clap::Parser;
 
 use cli::{Cli, Command, LogFormat};
 use tidepool_sim::alloc::CountingAllocator;
+use tikv_jemallocator::Jemalloc;
 
-/// Counts live heap bytes for the simulate report's memory figures
-/// (`tidepool_sim::run::LIVE_HEAP_BYTES`); only `simulate` starts it.
+/// jemalloc, counting live heap bytes for the simulate report's memory figures
+/// (`tidepool_sim::run::LIVE_HEAP_BYTES`; only `simulate` starts the count). jemalloc, not
+/// glibc's malloc: at 150,000 pods the operator's RSS in steady state was ~20 MB lower with
+/// it, the rest of glibc's freed but fragmented (BENCHMARKS.md, issue 31).
 #[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator::new();
+static ALLOCATOR: CountingAllocator<Jemalloc> = CountingAllocator::over(Jemalloc);
 
 fn live_heap_bytes() -> usize {
     usize::try_from(ALLOCATOR.live_bytes()).unwrap_or(0)

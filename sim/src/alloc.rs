@@ -9,17 +9,27 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// The system allocator, counting live bytes after [`CountingAllocator::start`].
+/// An allocator (the system's unless [`CountingAllocator::over`] another), counting live
+/// bytes after [`CountingAllocator::start`].
 #[derive(Debug, Default)]
-pub struct CountingAllocator {
+pub struct CountingAllocator<A = System> {
+    inner: A,
     on: AtomicBool,
     live: AtomicIsize,
 }
 
 impl CountingAllocator {
-    /// Not counting yet.
+    /// The system allocator, not counting yet.
     pub const fn new() -> Self {
+        CountingAllocator::over(System)
+    }
+}
+
+impl<A> CountingAllocator<A> {
+    /// `inner`, not counting yet.
+    pub const fn over(inner: A) -> Self {
         CountingAllocator {
+            inner,
             on: AtomicBool::new(false),
             live: AtomicIsize::new(0),
         }
@@ -48,11 +58,11 @@ fn size(bytes: usize) -> isize {
     isize::try_from(bytes).unwrap_or(isize::MAX)
 }
 
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
-unsafe impl GlobalAlloc for CountingAllocator {
+// SAFETY: every call is forwarded to the inner allocator unchanged; only a counter is kept.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAllocator<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is System's.
-        let p = unsafe { System.alloc(layout) };
+        // SAFETY: the caller's contract is the inner allocator's.
+        let p = unsafe { self.inner.alloc(layout) };
         if !p.is_null() {
             self.count(size(layout.size()));
         }
@@ -61,7 +71,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as above.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
         if !p.is_null() {
             self.count(size(layout.size()));
         }
@@ -70,13 +80,13 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { self.inner.dealloc(ptr, layout) };
         self.count(-size(layout.size()));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             self.count(size(new_size) - size(layout.size()));
         }
