@@ -13,7 +13,7 @@
 //! - [`AddsWaiting`]: the ADDs held now for lack of an address.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tidepool_ipam::{Family, IpamNode, ReleaseState};
 use tidepool_metrics::{self as m, record};
@@ -112,12 +112,14 @@ pub fn cni_request(verb: Verb, outcome: CniOutcome, took: Duration) {
     record::agent_cni_duration(verb, took);
 }
 
-/// The node's addresses of one family by state (pool, used, cooldown, marked), from the
-/// state and the node as the agent reads it (`None` before the IPAMNode is read: no pool).
+/// The node's addresses of one family by state (pool, used, cooldown at `now`, marked),
+/// from the state and the node as the agent reads it (`None` before the IPAMNode is read:
+/// no pool). A cooldown that ended is over, though the state keeps it until its next save.
 pub fn ip_counts(
     state: &NodeState,
     node: Option<&IpamNode>,
     f: Family,
+    now: SystemTime,
 ) -> [(m::AgentIpsState, u64); 4] {
     let of_family = |a: &std::net::IpAddr| Family::of(a) == f;
     let used = state
@@ -125,7 +127,9 @@ pub fn ip_counts(
         .flat_map(|(_, a)| a.addrs)
         .filter(|a| of_family(a))
         .count();
-    let cooling = state.cooldowns().keys().filter(|a| of_family(a)).count();
+    let cooling = (state.cooldowns().iter())
+        .filter(|(a, until)| of_family(a) && **until > now)
+        .count();
     let (pool, marked) = node.map_or((0, 0), |n| {
         let marked = n
             .operator
@@ -150,7 +154,7 @@ pub fn ip_counts(
 /// Sets `tidepool_agent_ips` from the state and the node.
 pub fn ips(state: &NodeState, node: Option<&IpamNode>) {
     for f in Family::ALL {
-        for (state_label, n) in ip_counts(state, node, f) {
+        for (state_label, n) in ip_counts(state, node, f, SystemTime::now()) {
             record::agent_ips(f.into(), state_label, n as f64);
         }
     }

@@ -73,17 +73,24 @@ fn ip_counts_come_from_the_state_and_the_node_per_family() {
     use m::AgentIpsState::{Cooldown, Marked, Pool, Used};
     let (s, node) = dual_stack();
     assert_eq!(
-        ip_counts(&s, Some(&node), Family::V4),
+        ip_counts(&s, Some(&node), Family::V4, t0()),
         [(Pool, 16), (Used, 2), (Cooldown, 1), (Marked, 4)]
     );
     assert_eq!(
-        ip_counts(&s, Some(&node), Family::V6),
+        ip_counts(&s, Some(&node), Family::V6, t0()),
         [(Pool, 16), (Used, 1), (Cooldown, 0), (Marked, 0)]
     );
     // before the IPAMNode is read: no pool, nothing marked; the state still counts
     assert_eq!(
-        ip_counts(&s, None, Family::V4),
+        ip_counts(&s, None, Family::V4, t0()),
         [(Pool, 0), (Used, 2), (Cooldown, 1), (Marked, 0)]
+    );
+    // the cooldown's end: over, whether or not the state dropped it yet
+    let end = t0() + Duration::from_secs(30);
+    assert_eq!(s.cooldowns().len(), 1);
+    assert_eq!(
+        ip_counts(&s, Some(&node), Family::V4, end),
+        [(Pool, 16), (Used, 2), (Cooldown, 0), (Marked, 4)]
     );
 }
 

@@ -580,83 +580,114 @@ async fn patch_tombstone(admin: &kube::Client, addr: &str, tomb: Option<serde_js
         .unwrap();
 }
 
+/// The agent as `run` puts it together on node-a (node and pod watches, the state, the
+/// publisher), its pod `web` created first; `cooldown`: the reuse cooldown.
+struct Running {
+    agent: tidepool_agent::serve::Agent,
+    w: NodeWatch,
+    state: tidepool_agent::serve::SharedState,
+    pods: tidepool_agent::kube::PodWatch,
+    publisher: Publisher,
+    /// Pod `web`'s UID.
+    uid: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    async fn start(server: &ApiServer, admin: &kube::Client, cooldown: Duration) -> Self {
+        use tidepool_agent::kube::PodWatch;
+        use tidepool_agent::serve::{Agent, Config, PodNetworks};
+        use tidepool_agent::state::StateDir;
+
+        create_block(admin, "10.0.0.0/28", "node-a", UID_A, false).await;
+        let pod = create_object(
+            admin,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "pause"}]}}),
+        )
+        .await;
+        let uid = pod.metadata.uid.unwrap();
+        let client = server.client(&agent_on("node-a")).await.unwrap();
+        let w = NodeWatch::start(client.clone(), "node-a");
+        w.wait_for_node(Duration::from_secs(5)).await.unwrap();
+        let pods = PodWatch::start(client.clone(), "node-a");
+        let live = pods.synced(Duration::from_secs(5)).await.unwrap();
+        assert!(live.has(tidepool_agent::state::parse_pod_uid(&uid).unwrap()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(tmp.path().join("state")).unwrap();
+        let loaded = dir.load("boot-1", SystemTime::now(), cooldown).unwrap();
+        let state = tidepool_agent::serve::SharedState::new(loaded.state);
+        let publisher = Publisher::start(
+            client,
+            w.clone(),
+            tidepool_agent::run::Published::new(state.clone(), AgentReady::serving()),
+            PublishConfig::default(),
+        );
+        let config = Config {
+            pod_networks: Some(std::sync::Arc::new(
+                PodNetworks::new(["10.0.0.0/16".parse().unwrap()]).unwrap(),
+            )),
+            empty_pool_wait: Duration::from_millis(10),
+        };
+        let agent = Agent::with_pods(
+            state.clone(),
+            dir,
+            Arc::new(w.clone()),
+            Arc::new(pods.clone()),
+            Arc::new(publisher.clone()),
+            config,
+        );
+        Running {
+            agent,
+            w,
+            state,
+            pods,
+            publisher,
+            uid,
+            _dir: tmp,
+        }
+    }
+
+    /// CNI ADD of `cid` for pod `web`: its address.
+    async fn add(&self, cid: &str) -> String {
+        let req: tidepool_agent::serve::CniRequest = serde_json::from_value(json!({
+            "containerID": cid, "ifname": "eth0", "netns": "/var/run/netns/x",
+            "podNamespace": "default", "podName": "web", "podUID": self.uid,
+            "cniVersion": "1.0.0", "config": {}}))
+        .unwrap();
+        let r = self.agent.add(req).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let a = r.body["ips"][0]["address"].as_str().unwrap().to_owned();
+        a.split('/').next().unwrap().to_owned()
+    }
+
+    /// What the answer loop does once (`run`'s `answer_loop`, each second and on changes).
+    async fn answer(&self) {
+        (self.agent)
+            .answer_operator(self.w.blocks(), self.w.allocations())
+            .await
+            .unwrap();
+    }
+}
+
 /// Issue 25: a tombstone written by hand on a running pod's exact allocation (as a
 /// lagging operator would) is answered `live` by the agent's rules (`ipam`'s
 /// `tombstone_outcome`): nothing is freed, and the address stays allocated and published.
 /// A tombstone on a replaced sandbox of the same pod is still reclaimed.
 #[tokio::test]
 async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
-    use tidepool_agent::kube::PodWatch;
-    use tidepool_agent::serve::{Agent, CniRequest, Config, PodNetworks};
-    use tidepool_agent::state::StateDir;
-
     let (server, admin) = cluster().await;
-    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, false).await;
-    let pod = create_object(
-        &admin,
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "pause"}]}}),
-    )
-    .await;
-    let uid = pod.metadata.uid.unwrap();
-    // the agent as `run` puts it together: node and pod watches, the state, the publisher
-    let client = server.client(&agent_on("node-a")).await.unwrap();
-    let w = NodeWatch::start(client.clone(), "node-a");
-    w.wait_for_node(Duration::from_secs(5)).await.unwrap();
-    let pods = PodWatch::start(client.clone(), "node-a");
-    let live = pods.synced(Duration::from_secs(5)).await.unwrap();
-    assert!(live.has(tidepool_agent::state::parse_pod_uid(&uid).unwrap()));
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = StateDir::open(tmp.path().join("state")).unwrap();
-    let loaded = dir
-        .load("boot-1", SystemTime::now(), Duration::from_secs(30))
-        .unwrap();
-    let state = tidepool_agent::serve::SharedState::new(loaded.state);
-    let publisher = Publisher::start(
-        client,
-        w.clone(),
-        tidepool_agent::run::Published::new(state.clone(), AgentReady::serving()),
-        PublishConfig::default(),
-    );
-    let config = Config {
-        pod_networks: Some(std::sync::Arc::new(
-            PodNetworks::new(["10.0.0.0/16".parse().unwrap()]).unwrap(),
-        )),
-        empty_pool_wait: Duration::from_millis(10),
-    };
-    let agent = Agent::with_pods(
-        state.clone(),
-        dir,
-        Arc::new(w.clone()),
-        Arc::new(pods),
-        Arc::new(publisher),
-        config,
-    );
-    let add = |cid: &str| {
-        let req: CniRequest = serde_json::from_value(json!({"containerID": cid,
-            "ifname": "eth0", "netns": "/var/run/netns/x", "podNamespace": "default",
-            "podName": "web", "podUID": uid, "cniVersion": "1.0.0", "config": {}}))
-        .unwrap();
-        let agent = agent.clone();
-        async move {
-            let r = agent.add(req).await;
-            assert_eq!(r.status, 200, "{}", r.body);
-            let a = r.body["ips"][0]["address"].as_str().unwrap().to_owned();
-            a.split('/').next().unwrap().to_owned()
-        }
-    };
-    let first = add("c1").await;
+    let r = Running::start(&server, &admin, Duration::from_secs(30)).await;
+    let (w, state, uid) = (&r.w, &r.state, &r.uid);
+    let first = r.add("c1").await;
     let tomb = |reason: &str| json!({"podUID": uid, "containerID": "c1", "ifname": "eth0", "reason": reason});
     let answer = || async {
-        until(&w, "the tombstone seen", |w| {
+        until(w, "the tombstone seen", |w| {
             w.current().is_some_and(|n| !n.operator.reclaim.is_empty())
         })
         .await;
-        agent
-            .answer_operator(w.blocks(), w.allocations())
-            .await
-            .unwrap();
+        r.answer().await;
     };
 
     // the pod runs with its only sandbox: live, nothing freed, still published as used
@@ -674,22 +705,19 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
         st.reclaim_ack
             .get(&first)
             .is_some_and(|r| r.outcome == api::ReclaimOutcome::Live)
-            && st.used.get(&first).is_some_and(|e| e.pod_uid == uid)
+            && st.used.get(&first).is_some_and(|e| e.pod_uid == *uid)
     })
     .await;
 
     // the tombstone goes (the operator drops it); a new sandbox of the pod gets another
     // address; a tombstone on the replaced sandbox's is reclaimed
     patch_tombstone(&admin, &first, None).await;
-    until(&w, "the tombstone gone", |w| {
+    until(w, "the tombstone gone", |w| {
         w.current().is_some_and(|n| n.operator.reclaim.is_empty())
     })
     .await;
-    agent
-        .answer_operator(w.blocks(), w.allocations())
-        .await
-        .unwrap();
-    let second = add("c2").await;
+    r.answer().await;
+    let second = r.add("c2").await;
     assert_ne!(first, second);
     patch_tombstone(&admin, &first, Some(tomb("sandbox-replaced"))).await;
     answer().await;
@@ -711,4 +739,106 @@ async fn a_tombstone_on_a_running_pods_allocation_is_answered_live() {
             && st.used.contains_key(&second)
     })
     .await;
+}
+
+/// Issue 31: a pod's life costs its node two status writes, its start and its end,
+/// whichever way it ends (a DEL, or the answer to a tombstone). The end of its address's
+/// cooldown and the going of its answer, once the operator dropped the tombstone, go with
+/// the next write the node makes for another pod. Counted as the API server counts
+/// requests (`apiserver_request_total`: verb and resource).
+#[tokio::test]
+async fn a_pods_life_is_two_status_writes() {
+    const STATUS: &str = "ipamnodes.ipam.tidepool.dev/status";
+    let cooldown = Duration::from_secs(1);
+    let (server, admin) = cluster().await;
+    let r = Running::start(&server, &admin, cooldown).await;
+    // the state as restored, published first (as `run` does)
+    let before = *r.publisher.published().borrow();
+    r.publisher.publish();
+    published(&r.publisher, before).await;
+    let writes = || server.request_count("apply", STATUS);
+    let base = writes();
+    let status = |n: &api::IPAMNode| n.status.clone().unwrap_or_default();
+
+    // a pod starts and ends with a DEL: two writes
+    let first = r.add("c1").await;
+    until_published(&admin, "c1 used", |n| status(n).used.contains_key(&first)).await;
+    let del: tidepool_agent::serve::CniRequest = serde_json::from_value(json!({
+        "containerID": "c1", "ifname": "eth0", "podUID": r.uid, "cniVersion": "1.0.0",
+        "config": {}}))
+    .unwrap();
+    assert_eq!(r.agent.del(del).await.status, 200);
+    until_published(&admin, "c1 in cooldown", |n| {
+        let st = status(n);
+        !st.used.contains_key(&first) && st.cooldown.contains_key(&first)
+    })
+    .await;
+    assert_eq!(writes() - base, 2, "{:?}", server.requests());
+
+    // its cooldown ends; the answer loop goes round: nothing to write
+    tokio::time::sleep(cooldown + Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        r.answer().await;
+    }
+    tokio::time::sleep(PublishConfig::default().interval * 3).await;
+    assert_eq!(writes() - base, 2, "the cooldown's end wrote");
+    let ended = r.state.live().lock().await.cooldowns().len();
+    assert_eq!(ended, 1, "kept until the next write");
+
+    // the next pod's start carries the cooldown's end; it ends by a tombstone (its pod
+    // deleted without a DEL): two writes again, the tombstone's going none
+    let second = r.add("c2").await;
+    until_published(&admin, "c2 used, c1's cooldown gone", |n| {
+        let st = status(n);
+        st.used.contains_key(&second) && st.cooldown.is_empty()
+    })
+    .await;
+    assert_eq!(writes() - base, 3);
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default")
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    // the operator tombstones it once it sees the pod gone; so does the node's pod watch
+    let uid = tidepool_agent::state::parse_pod_uid(&r.uid).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while r.pods.live().is_none_or(|p| p.has(uid)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pod watch still lists web"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tomb =
+        json!({"podUID": r.uid, "containerID": "c2", "ifname": "eth0", "reason": "pod-deleted"});
+    patch_tombstone(&admin, &second, Some(tomb)).await;
+    until(&r.w, "the tombstone seen", |w| {
+        w.current().is_some_and(|n| !n.operator.reclaim.is_empty())
+    })
+    .await;
+    r.answer().await;
+    let outcome = r.state.live().lock().await.reclaim_acks()[&second.parse().unwrap()].outcome;
+    assert_eq!(outcome, ReclaimOutcome::Reclaimed);
+    until_published(&admin, "the reclaim", |n| {
+        let st = status(n);
+        !st.used.contains_key(&second) && st.reclaim_ack.contains_key(&second)
+    })
+    .await;
+    let answered = writes() - base;
+    patch_tombstone(&admin, &second, None).await;
+    until(&r.w, "the tombstone gone", |w| {
+        w.current().is_some_and(|n| n.operator.reclaim.is_empty())
+    })
+    .await;
+    tokio::time::sleep(cooldown + Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        r.answer().await;
+    }
+    tokio::time::sleep(PublishConfig::default().interval * 3).await;
+    assert_eq!(
+        writes() - base,
+        answered,
+        "the tombstone's or the cooldown's going wrote"
+    );
+    let st = r.state.live().lock().await;
+    assert_eq!((st.reclaim_acks().len(), st.cooldowns().len()), (1, 1));
 }

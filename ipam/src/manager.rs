@@ -225,7 +225,10 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
                 inner: Background::new(budget, self.shared.leader.clone()),
                 admitted: 0,
             };
-            self.shared.source.resync(&mut gate).await;
+            self.shared
+                .source
+                .resync(&mut gate, self.shared.clock.utc())
+                .await;
             if gate.admitted > 0 {
                 self.shared.counts_may_change(); // a repair or drain wrote
             }

@@ -7,6 +7,7 @@ pub use memory::{Faults, MemorySource};
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::addrs::{AddrMap, AddrSet};
 use crate::budget::Api;
@@ -169,8 +170,9 @@ pub trait IpSource: Send + Sync + 'static {
     }
     /// Called at the start of every resync while leading, before nodes are recalculated: a
     /// source with an index of its own rebuilds and repairs it here, each API request it
-    /// makes (a repair's release, a drained block's mark or delete) admitted by `gate`.
-    fn resync<G: Gate>(&self, _gate: &mut G) -> impl Future<Output = ()> + Send {
+    /// makes (a repair's release, a drained block's mark or delete) admitted by `gate`;
+    /// `utc`: the engine's wall clock now (a node's cooldowns end by it).
+    fn resync<G: Gate>(&self, _gate: &mut G, _utc: SystemTime) -> impl Future<Output = ()> + Send {
         async {}
     }
 }

@@ -409,6 +409,22 @@ pub struct NodeSideFields {
     pub reclaim_ack: BTreeMap<IpAddr, ReclaimAck>,
 }
 
+impl NodeSideFields {
+    /// The addresses cooling down at `now`. The node side drops an ended cooldown only
+    /// with a write it makes for another change, so `cooldown` may still list it: it is
+    /// over all the same.
+    pub fn cooling(&self, now: SystemTime) -> impl Iterator<Item = &IpAddr> {
+        (self.cooldown.iter())
+            .filter(move |(_, until)| **until > now)
+            .map(|(a, _)| a)
+    }
+
+    /// The earliest cooldown end after `now`.
+    pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
+        self.cooldown.values().filter(|u| **u > now).min().copied()
+    }
+}
+
 /// One IPAMNode: same name as its Node, carrying the Node's UID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpamNode {

@@ -103,6 +103,7 @@ fn plan_one(c: &mut Criterion) {
     let mut mem = NodeMemory::default();
     let snap = Snapshot {
         now: tokio::time::Instant::now(),
+        utc: std::time::SystemTime::UNIX_EPOCH,
         node: &node,
         operator: &node.operator,
         release_ack: &node.node.release_ack,

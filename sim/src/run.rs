@@ -1740,15 +1740,17 @@ fn build_report<S: SimSource>(
 }
 
 /// The addresses in the nodes' pools, from the store (the truth the node sides see), not
-/// from engine counters: in all and per family in `families`.
+/// from engine counters: in all and per family in `families` (a cooldown ended but not yet
+/// dropped counts as over).
 fn addresses<S: SimSource>(world: &World<S>, families: &[Family]) -> IpsReport {
     let (mut per, mut all) = (PerFamily::<FamilyIps>::default(), FamilyIps::default());
+    let utc = tidepool_ipam::Clock::utc(&*world.clock);
     for n in world.store.list() {
         let pool = world.pool_addresses(&n);
         let mut node = FamilyIps::default();
         for f in Family::ALL {
             let used = n.node.used.keys().filter(|a| Family::of(a) == f).count() as u64;
-            let cooldown = (n.node.cooldown.keys())
+            let cooldown = (n.node.cooling(utc))
                 .filter(|a| Family::of(a) == f && pool.contains(a))
                 .count() as u64;
             per.get_mut(f).add(pool.len(f), used, cooldown);

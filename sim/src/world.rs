@@ -820,7 +820,7 @@ impl<S: SimSource> World<S> {
                     let mut ns = NodeSide::take_published(side, cd);
                     let key = allocation(p.container_id);
                     let freed = !ns.del(&key, Some(uid), utc).freed().is_empty();
-                    publish(ns, side);
+                    publish(ns, side, utc);
                     freed
                 });
                 self.inner.lock().wake_at(&p.node, now + cd);
@@ -914,7 +914,7 @@ impl<S: SimSource> World<S> {
             if let Some(exclude) = &exclude {
                 got = add(&mut ns, n, families, exclude, uid, cid, utc);
             }
-            publish(ns, side);
+            publish(ns, side, utc);
             got.as_ref().is_some_and(|a| !a.is_empty())
         });
         if let Some(p) = proj {
@@ -1217,7 +1217,6 @@ impl<S: SimSource> World<S> {
             if proj.is_none() {
                 ns.answer_marks(node, &AddrSet::new(), utc, answers);
             }
-            ns.expire_cooldowns(utc);
             ns.forget_outside(&ops.addresses);
             let mut changed = ns.is_dirty();
             for ((uid, cid), exclude) in queue.iter().zip(&excludes) {
@@ -1235,8 +1234,8 @@ impl<S: SimSource> World<S> {
                     None => break,
                 }
             }
-            served.next_cooldown_end = ns.next_cooldown_end();
-            publish(ns, side);
+            served.next_cooldown_end = ns.next_cooldown_end(utc);
+            publish(ns, side, utc);
             changed
         });
         served.written = written.is_some();
@@ -1504,8 +1503,14 @@ fn add(
         .map(|a| a.addrs)
 }
 
-/// Gives the node side's record back to the store's object (rewritten if it changed).
-fn publish(ns: NodeSide<AllocationId>, side: &mut tidepool_ipam::NodeSideFields) {
+/// Gives the node side's record back to the store's object (rewritten if it changed; then
+/// what ended by `utc` goes with it: [`NodeSide::tidy`]).
+fn publish(
+    mut ns: NodeSide<AllocationId>,
+    side: &mut tidepool_ipam::NodeSideFields,
+    utc: SystemTime,
+) {
+    ns.tidy(utc);
     // every simulated pod lives in one namespace: its name is shared, not copied per entry;
     // the pod name is shared too (identity is the UID, nothing reads the name)
     static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());

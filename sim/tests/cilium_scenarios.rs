@@ -203,8 +203,9 @@ async fn release_address() {
     assert_eq!(node.operator.addresses.total(), 27, "not released yet");
     for a in &marks {
         assert!(!node.node.used.contains_key(a), "a used address was marked");
+        let utc = tidepool_ipam::Clock::utc(&*world.clock);
         assert!(
-            !node.node.cooldown.contains_key(a),
+            !node.node.cooling(utc).any(|c| c == a),
             "a cooling address was marked"
         );
         assert_eq!(

@@ -337,7 +337,9 @@ async fn idle_addresses_wait_for_the_cooldown_of_empty_blocks() {
             usable += n;
             if pods_in(&world, "node-a", &b.cidr).is_empty() {
                 empty += 1.0;
-                if !node.node.cooldown.keys().any(|c| b.cidr.contains(c)) {
+                // an ended cooldown is over, whether or not the node side dropped it yet
+                let utc = tidepool_ipam::Clock::utc(&*world.clock);
+                if !node.node.cooling(utc).any(|c| b.cidr.contains(c)) {
                     idle += n;
                 }
             }

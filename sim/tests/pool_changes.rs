@@ -144,12 +144,20 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
     let snap = rec.snapshotter();
     let _guard = metrics::set_default_local_recorder(&rec);
     for pass in 1..=2 {
-        src.resync(&mut tidepool_ipam::Ungated).await;
+        src.resync(
+            &mut tidepool_ipam::Ungated,
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .await;
         assert!(store.cached_block(&orphan.name).is_some(), "pass {pass}");
         let report = src.last_repair().unwrap();
         assert_eq!(report.counts().get(&RepairKind::OrphanBlock), Some(&1));
     }
-    src.resync(&mut tidepool_ipam::Ungated).await;
+    src.resync(
+        &mut tidepool_ipam::Ungated,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .await;
     assert!(
         store.cached_block(&orphan.name).is_none(),
         "fixed at pass 3"
@@ -184,7 +192,11 @@ async fn an_orphan_block_goes_after_three_repair_passes() {
         Some(254.0),
         "a /24 less its network and broadcast addresses"
     );
-    src.resync(&mut tidepool_ipam::Ungated).await;
+    src.resync(
+        &mut tidepool_ipam::Ungated,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .await;
     assert!(src.last_repair().unwrap().findings.is_empty());
     // and its block can be granted again
     assert_eq!(src.quota().v4.free, src.quota().v4.capacity);
@@ -229,7 +241,11 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
         );
     });
     for _ in 0..5 {
-        src.resync(&mut tidepool_ipam::Ungated).await;
+        src.resync(
+            &mut tidepool_ipam::Ungated,
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .await;
     }
     let report = src.last_repair().unwrap();
     assert_eq!(
@@ -262,7 +278,11 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
     store.apply_node(&"b".into(), |side| {
         side.used.remove(&foreign);
     });
-    src.resync(&mut tidepool_ipam::Ungated).await;
+    src.resync(
+        &mut tidepool_ipam::Ungated,
+        std::time::SystemTime::UNIX_EPOCH,
+    )
+    .await;
     assert!(!src.node_blocked(&"a".into()) && !src.node_blocked(&"b".into()));
     assert_eq!(store.blocks_of("b").len(), 1);
 }

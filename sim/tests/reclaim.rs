@@ -83,9 +83,12 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
         node.operator.reclaim.is_empty(),
         "tombstone deleted after the ack"
     );
-    assert!(
-        node.node.reclaim_ack.is_empty(),
-        "ack deleted after the tombstone"
+    // the answer needs no write of its own once the tombstone is gone: it goes with the
+    // node side's next one
+    assert_eq!(
+        node.node.reclaim_ack.keys().collect::<Vec<_>>(),
+        vec![&x],
+        "the answer kept for the next write"
     );
     assert!(node.node.cooldown.contains_key(&x), "cooling down");
     assert_eq!(world.store.event_count(EventReason::GarbageCollected), 1);
@@ -105,8 +108,14 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
         "x reused during its cooldown"
     );
     assert!(node.node.cooldown.contains_key(&x));
+    assert!(node.node.reclaim_ack.is_empty(), "went with b's start");
     advance(secs(2)).await;
-    assert!(!ipam_node(&world, "node1").node.cooldown.contains_key(&x));
+    assert!(cooling(&world).is_empty(), "x's cooldown is over");
+    assert_eq!(
+        listed_cooldowns(&world),
+        vec![x],
+        "... and written with the next change"
+    );
     let c = world.schedule_pod(&n);
     advance(secs(1)).await;
     let node = ipam_node(&world, "node1");
@@ -405,9 +414,10 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
         node.operator.reclaim.is_empty(),
         "the engine dropped the tombstone"
     );
-    assert!(
-        node.node.reclaim_ack.is_empty(),
-        "the node side dropped its answer"
+    assert_eq!(
+        node.node.reclaim_ack[&x].outcome,
+        ReclaimOutcome::Stale,
+        "the node side's answer goes with its next write"
     );
     assert!(node.operator.addresses.contains(&x));
     assert_eq!(world.store.event_count(EventReason::GarbageCollected), 0);
@@ -641,20 +651,23 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
 }
 
 /// The addresses cooling down on node1.
+/// node1's cooldowns not over by the world's clock.
 fn cooling(world: &World) -> Vec<std::net::IpAddr> {
-    ipam_node(world, "node1")
-        .node
-        .cooldown
-        .keys()
-        .copied()
-        .collect()
+    let utc = tidepool_ipam::Clock::utc(&*world.clock);
+    let node = ipam_node(world, "node1");
+    node.node.cooling(utc).copied().collect()
 }
 
-/// Every cooldown in a node's status ends on time, also when the node side's wake-up for an
-/// earlier one finds nothing left to do: the world does not queue a wake-up for the later
-/// cooldown while the earlier one's is queued, so the earlier one's must queue the next.
-/// Here the earlier cooldown is dropped before its end (as when its address leaves the
-/// pool).
+/// node1's cooldowns as its status lists them (an ended one stays until the node side's
+/// next write).
+fn listed_cooldowns(world: &World) -> Vec<std::net::IpAddr> {
+    let node = ipam_node(world, "node1");
+    node.node.cooldown.keys().copied().collect()
+}
+
+/// Every cooldown in a node's status ends on time, also when an earlier one went first
+/// (dropped before its end, as when its address leaves the pool): over by the clock at its
+/// end, and listed until the node side writes for another change (no write of its own).
 #[tokio::test(start_paused = true)]
 async fn a_later_cooldown_ends_on_time_when_the_earlier_one_went_first() {
     let world = World::start(quiet_config()).unwrap();
@@ -687,10 +700,16 @@ async fn a_later_cooldown_ends_on_time_when_the_earlier_one_went_first() {
     assert_eq!(cooling(&world), vec![b], "31 s: b cools down until 40 s");
     advance(secs(10)).await;
     assert!(cooling(&world).is_empty(), "41 s: b's cooldown is over");
+    assert_eq!(
+        listed_cooldowns(&world),
+        vec![b],
+        "no write for its end alone"
+    );
 }
 
-/// A machine that vanished and came back under its name (the kubelet re-registering) ends
-/// the cooldowns its status still holds: their wake-ups came while no machine answered.
+/// A cooldown of a machine that vanished ends on time all the same: no machine needs to
+/// answer at its end. The machine back under its name (the kubelet re-registering) leaves
+/// it over.
 #[tokio::test(start_paused = true)]
 async fn a_returning_machine_ends_the_cooldowns_it_missed() {
     let world = World::start(quiet_config()).unwrap();
@@ -701,7 +720,11 @@ async fn a_returning_machine_ends_the_cooldowns_it_missed() {
     advance(secs(1)).await;
     world.vanish_machine(&n);
     advance(secs(60)).await;
-    assert_eq!(cooling(&world).len(), 1, "no machine answered at its end");
+    assert!(
+        cooling(&world).is_empty(),
+        "over at its end, machine or not"
+    );
+    assert_eq!(listed_cooldowns(&world).len(), 1, "no machine wrote");
     world.add_node("node1");
     advance(secs(1)).await;
     assert!(cooling(&world).is_empty());

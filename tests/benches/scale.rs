@@ -554,15 +554,21 @@ async fn bring_up(server: &ApiServer, v: &View, o: &Opts, t0: Instant) -> BringU
 // ---- the test node side ----
 
 /// A node's side: its `used` entries, tombstone answers and cooldowns, and pods waiting
-/// for an address.
+/// for an address. As the agent (`ipam`'s `NodeSide::tidy`), it writes nothing for an
+/// ended cooldown or for an answer whose tombstone is gone (bar a `live` one): those go
+/// with its next write for a pod.
 #[derive(Default)]
 struct NodeState {
     /// The UID of the IPAMNode last seen: a new one (the object re-created) has none of
     /// this node side's status, which is written again.
     uid: String,
     used: BTreeMap<String, (PodRec, Instant)>,
-    acks: BTreeMap<String, Value>,
-    cooling: BTreeMap<String, Instant>,
+    /// Address → (answer, its outcome).
+    acks: BTreeMap<String, (Value, &'static str)>,
+    /// Answers whose tombstone is gone, to drop with the next write.
+    settled: HashSet<String>,
+    /// Address → the end of its cooldown (the wall clock, as the status carries it).
+    cooling: BTreeMap<String, SystemTime>,
     waiting: VecDeque<(PodRec, Instant)>,
     /// The node side's pods just given an address, with their creation's answer.
     started: Vec<Instant>,
@@ -602,6 +608,7 @@ impl World {
 /// One round of the node side: answer tombstones, give waiting pods addresses; returns the
 /// status bodies of the nodes that changed.
 fn node_side_round(w: &mut World, v: &View, now: Instant) -> Vec<(String, Value)> {
+    let wall = SystemTime::now();
     let addrs = v.addresses();
     for n in v.ipamnodes.state() {
         let name = n.metadata.name.clone().unwrap_or_default();
@@ -613,61 +620,91 @@ fn node_side_round(w: &mut World, v: &View, now: Instant) -> Vec<(String, Value)
             s.uid = uid;
             s.dirty = true;
         }
-        for (addr, t) in &n.spec.reclaim {
-            if s.acks.contains_key(addr) {
-                continue;
-            }
-            let outcome = match s.used.get(addr) {
-                Some((p, _)) if p.uid == t.pod_uid && w.deleted.contains(&p.uid) => "reclaimed",
-                Some((p, _)) if p.uid == t.pod_uid => {
-                    w.stats
-                        .live_tombstones
-                        .push(format!("{name} {addr} pod {} ({:?})", p.name, t.reason));
-                    "live"
-                }
-                _ => "stale",
-            };
-            if outcome == "reclaimed" {
-                s.used.remove(addr);
-                s.cooling.insert(addr.clone(), now + COOLDOWN);
-                w.stats.reclaimed += 1;
-            } else if outcome == "stale" {
-                w.stats.stale += 1;
-            }
-            s.acks.insert(
-                addr.clone(),
-                json!({"podUID": t.pod_uid, "containerID": t.container_id, "ifname": t.ifname, "outcome": outcome}),
-            );
-            s.dirty = true;
-        }
-        let before = s.acks.len();
-        s.acks.retain(|a, _| n.spec.reclaim.contains_key(a));
-        s.dirty |= s.acks.len() != before;
+        answer_tombstones(s, &n.spec.reclaim, &w.deleted, &mut w.stats, &name, wall);
     }
     let mut bodies = Vec::new();
     for (name, s) in &mut w.nodes {
-        let before = s.cooling.len();
-        s.cooling.retain(|_, until| *until > now);
-        s.dirty |= s.cooling.len() != before;
         if let Some(a) = addrs.get(name).filter(|_| !s.waiting.is_empty()) {
+            let cooling = |ip: &String| s.cooling.get(ip).is_some_and(|until| *until > wall);
             let free: Vec<String> = a
                 .iter()
                 .map(|ip| ip.to_string())
-                .filter(|ip| !s.used.contains_key(ip) && !s.cooling.contains_key(ip))
+                .filter(|ip| !s.used.contains_key(ip) && !cooling(ip))
                 .take(s.waiting.len())
                 .collect();
             for ip in free {
                 let (p, created) = s.waiting.pop_front().expect("as many waiting");
+                s.cooling.remove(&ip);
                 s.used.insert(ip, (p, now));
                 s.started.push(created);
                 s.dirty = true;
             }
         }
         if std::mem::take(&mut s.dirty) {
+            // what needed no write of its own goes with this one
+            s.cooling.retain(|_, until| *until > wall);
+            for a in std::mem::take(&mut s.settled) {
+                s.acks.remove(&a);
+            }
             bodies.push((name.clone(), status_body(name, s)));
         }
     }
     bodies
+}
+
+/// Answers `node`'s tombstones: `reclaimed` for a pod the bench deleted (its address into
+/// cooldown until `wall` + the cooldown), `live` for one it did not, `stale` otherwise.
+/// Once a tombstone is gone, a `live` answer goes at once (the operator waits for that),
+/// the others with the next write.
+fn answer_tombstones(
+    s: &mut NodeState,
+    reclaim: &BTreeMap<String, api::TombstoneSpec>,
+    deleted: &HashSet<String>,
+    stats: &mut NodeSideStats,
+    node: &str,
+    wall: SystemTime,
+) {
+    let answers = |ack: &Value, t: &api::TombstoneSpec| {
+        ack["podUID"] == t.pod_uid.as_str() && ack["containerID"] == t.container_id.as_str()
+    };
+    for (addr, t) in reclaim {
+        let answered = s.acks.get(addr).is_some_and(|(ack, _)| answers(ack, t));
+        if answered && !s.settled.contains(addr) {
+            continue;
+        }
+        let outcome = match s.used.get(addr) {
+            Some((p, _)) if p.uid == t.pod_uid && deleted.contains(&p.uid) => "reclaimed",
+            Some((p, _)) if p.uid == t.pod_uid => {
+                (stats.live_tombstones)
+                    .push(format!("{node} {addr} pod {} ({:?})", p.name, t.reason));
+                "live"
+            }
+            _ => "stale",
+        };
+        if outcome == "reclaimed" {
+            s.used.remove(addr);
+            s.cooling.insert(addr.clone(), wall + COOLDOWN);
+            stats.reclaimed += 1;
+        } else if outcome == "stale" {
+            stats.stale += 1;
+        }
+        let ack = json!({"podUID": t.pod_uid, "containerID": t.container_id, "ifname": t.ifname, "outcome": outcome});
+        s.acks.insert(addr.clone(), (ack, outcome));
+        s.settled.remove(addr);
+        s.dirty = true;
+    }
+    let gone: Vec<(String, bool)> = (s.acks.iter())
+        .filter(|(a, (ack, _))| !reclaim.get(*a).is_some_and(|t| answers(ack, t)))
+        .map(|(a, (_, outcome))| (a.clone(), *outcome == "live"))
+        .collect();
+    for (addr, live) in gone {
+        if live {
+            s.acks.remove(&addr);
+            s.dirty = true;
+        } else {
+            s.settled.insert(addr);
+        }
+    }
 }
 
 fn status_body(node: &str, s: &NodeState) -> Value {
@@ -678,13 +715,16 @@ fn status_body(node: &str, s: &NodeState) -> Value {
         .collect();
     let cooldown: serde_json::Map<String, Value> = s
         .cooling
-        .keys()
-        .map(|a| (a.clone(), json!("2026-11-24T10:00:30Z")))
+        .iter()
+        .map(|(a, until)| (a.clone(), json!(api::convert::from_system(*until))))
+        .collect();
+    let acks: serde_json::Map<String, Value> = (s.acks.iter())
+        .map(|(a, (ack, _))| (a.clone(), ack.clone()))
         .collect();
     json!({
         "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
         "metadata": {"name": node},
-        "status": {"used": used, "reclaimAck": s.acks, "cooldown": cooldown},
+        "status": {"used": used, "reclaimAck": acks, "cooldown": cooldown},
     })
 }
 

@@ -347,7 +347,7 @@ impl Agent {
     }
 
     /// Answers what the operator asks of the node as `source` shows it now (tombstones,
-    /// release marks, block marks; cooldowns ended): saved, then published. `keys` names the
+    /// release marks, block marks; cooldowns of addresses gone): saved, then published. `keys` names the
     /// tombstones' allocations; live pods' addresses count as busy for release marks, and a
     /// live pod's newest allocation is answered `live` (tombstones wait for the pods' list).
     /// Nothing happens before the IPAMNode is read.
@@ -410,7 +410,6 @@ fn try_add(s: &mut NodeState, i: &Inner, key: AllocKey, uid: PodUid, req: &CniRe
     let Some(node) = i.source.node() else {
         return Attempt::Empty("the node's IPAMNode has not been read yet".into());
     };
-    s.expire_cooldowns(None, now);
     // the reserved addresses (gateways) are never handed out, and neither are live pods'
     // addresses the state does not hold (no checkpoint, or a corrupt one: a running pod's
     // address is never given to another; aws-vpc-cni#711)

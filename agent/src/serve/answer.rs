@@ -4,8 +4,9 @@
 //! else stale), an answer dropped once its tombstone is gone; address release marks and
 //! block marks answered by `ipam`'s [`tidepool_ipam::node::NodeSide`] — an address a live
 //! pod on the node lists counts as busy there, held or not (no checkpoint, or a corrupt one, must not let a
-//! running pod's block go); cooldowns ended with their time or when the address left the
-//! node's blocks. The caller saves and then publishes.
+//! running pod's block go); cooldowns forgotten when the address left the node's blocks
+//! (one that ended with its time is over already, and goes with the next save). The
+//! caller saves and then publishes.
 
 use std::time::SystemTime;
 
@@ -50,7 +51,7 @@ pub fn answer(
     for b in blocks {
         held.union_with(&b.all);
     }
-    state.expire_cooldowns(Some(&held), now);
+    state.forget_outside(&held);
 }
 
 /// The address-level marks alone: the projection also marks a marked block's addresses,
@@ -152,7 +153,7 @@ mod tests {
         assert_eq!(blocks_acks.get("a"), Some(&ReleaseAck::DoNotRelease));
         assert_eq!(blocks_acks.get("b"), Some(&ReleaseAck::ReadyForRelease));
         assert!(st.is_dirty());
-        // the tombstones gone: their answers go
+        // the tombstones gone: their answers go with the next save, not one of their own
         let bare =
             tidepool_ipam::node::project(&IpamNode::new(NodeName::from("n"), NodeUid(1)), &blocks);
         answer(
@@ -163,7 +164,9 @@ mod tests {
             Some(&LivePods::default()),
             now,
         );
-        assert!(st.reclaim_acks().is_empty());
+        assert_eq!(st.reclaim_acks().len(), 2);
+        let saved = st.snapshot(now);
+        assert!(saved.reclaim_acks().is_empty() && st.reclaim_acks().is_empty());
         // block b released and deleted: its answer goes with it
         let left = [blocks[0].clone()];
         let bare =

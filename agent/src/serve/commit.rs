@@ -12,6 +12,7 @@
 //! state, never the live one, so nothing not yet durable is published.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
 
 use tokio::sync::watch;
 
@@ -210,6 +211,6 @@ impl Commit {
         let batch = std::mem::replace(&mut p.next, Batch::new());
         p.last = batch.clone();
         let points = std::mem::take(&mut p.points);
-        Some((Arc::new(live.snapshot()), batch, points))
+        Some((Arc::new(live.snapshot(SystemTime::now())), batch, points))
     }
 }

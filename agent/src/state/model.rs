@@ -332,14 +332,11 @@ impl NodeState {
             .answer_blocks(blocks, busy, now, &mut Answers::default());
     }
 
-    /// Ends the cooldowns whose time has come, and those of addresses no longer in the
-    /// node's `pool`. Returns whether any ended.
-    pub fn expire_cooldowns(&mut self, pool: Option<&AddrSet>, now: SystemTime) -> bool {
-        let mut changed = self.side.expire_cooldowns(now);
-        if let Some(pool) = pool {
-            changed |= self.side.forget_outside(pool);
-        }
-        changed
+    /// Ends the cooldowns of addresses no longer in the node's `pool` (a change to save).
+    /// One whose time has come needs no save of its own: it is over already, and goes
+    /// with the next save ([`NodeState::snapshot`]). Returns whether any ended.
+    pub fn forget_outside(&mut self, pool: &AddrSet) -> bool {
+        self.side.forget_outside(pool)
     }
 
     /// A reboot killed every pod of an earlier boot: frees every allocation made under
@@ -377,7 +374,9 @@ impl NodeState {
 
     /// A copy to save, this state marked clean: a change from now on is in the next copy.
     /// If saving the copy fails, its changes are still to be saved: the caller keeps track.
-    pub fn snapshot(&mut self) -> NodeState {
+    /// What ended by `now` and waited for a save goes with it ([`NodeSide::tidy`]).
+    pub fn snapshot(&mut self, now: SystemTime) -> NodeState {
+        self.side.tidy(now);
         let copy = self.clone();
         self.side.mark_clean();
         copy

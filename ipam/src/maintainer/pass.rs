@@ -221,6 +221,7 @@ fn snapshot<'a, S: IpSource, N: NodeStore, P: PodView>(
     };
     let snap = Snapshot {
         now,
+        utc: shared.clock.utc(),
         node,
         operator,
         release_ack,

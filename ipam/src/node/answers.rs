@@ -1,6 +1,6 @@
 //! The node side's answers to the operator, as [`NodeSide`] methods: tombstones (the
-//! `live` answer included), address release marks, block release marks, and the end of
-//! cooldowns.
+//! `live` answer included), address release marks, block release marks, and the tidying
+//! of what ended (cooldowns, settled answers) when the record is written anyway.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -21,9 +21,13 @@ fn answers<K: Key>(ack: &ReclaimAnswer<K>, t: &Tombstone) -> bool {
 impl<K: Key> NodeSide<K> {
     /// Answers the operator's tombstones (`spec.reclaim`) by
     /// [`NodeSide::tombstone_outcome`]: `reclaimed` frees the address into cooldown. An
-    /// answered tombstone is not answered again; an answer goes once its tombstone is gone
-    /// (or replaced). `key_of` gives the key a tombstone's allocation names (`None`: not
-    /// known yet, answered later). Returns what was reclaimed (pod UID, address).
+    /// answered tombstone is not answered again. Once its tombstone is gone (or replaced),
+    /// a `live` answer goes at once: the operator waits for that before it tombstones the
+    /// allocation again. A `reclaimed` or `stale` one goes with the node side's next
+    /// write ([`NodeSide::tidy`]): the operator reads an answer only beside its tombstone,
+    /// and a write of its own per reclaim would be one more status write per pod.
+    /// `key_of` gives the key a tombstone's allocation names (`None`: not known yet,
+    /// answered later). Returns what was reclaimed (pod UID, address).
     pub fn answer_tombstones(
         &mut self,
         reclaim: &BTreeMap<IpAddr, Tombstone>,
@@ -33,7 +37,8 @@ impl<K: Key> NodeSide<K> {
     ) -> Vec<(PodUid, IpAddr)> {
         let mut reclaimed = Vec::new();
         for (addr, t) in reclaim {
-            if self.reclaim_ack.get(addr).is_some_and(|a| answers(a, t)) {
+            let answered = self.reclaim_ack.get(addr).is_some_and(|a| answers(a, t));
+            if answered && !self.settled.contains(addr) {
                 continue;
             }
             let Some(key) = key_of(t.allocation) else {
@@ -51,13 +56,27 @@ impl<K: Key> NodeSide<K> {
                 outcome,
             };
             self.reclaim_ack.insert(*addr, answer);
+            self.settled.remove(addr);
             self.dirty = true;
         }
-        let before = self.reclaim_ack.len();
-        self.reclaim_ack
-            .retain(|a, ack| reclaim.get(a).is_some_and(|t| answers(ack, t)));
-        self.dirty |= self.reclaim_ack.len() != before;
+        self.settle_answers(reclaim);
         reclaimed
+    }
+
+    /// The answers whose tombstone is gone: `live` ones dropped, the others settled.
+    fn settle_answers(&mut self, reclaim: &BTreeMap<IpAddr, Tombstone>) {
+        let gone: Vec<(IpAddr, bool)> = (self.reclaim_ack.iter())
+            .filter(|(a, ack)| !reclaim.get(a).is_some_and(|t| answers(ack, t)))
+            .map(|(a, ack)| (*a, ack.outcome == ReclaimOutcome::Live))
+            .collect();
+        for (addr, live) in gone {
+            if live {
+                self.reclaim_ack.remove(&addr);
+                self.dirty = true;
+            } else {
+                self.settled.insert(addr);
+            }
+        }
     }
 
     /// The answer to a tombstone on `addr` naming allocation `key` of pod `pod_uid`;
@@ -184,7 +203,7 @@ impl<K: Key> NodeSide<K> {
     }
 
     /// Every address used, cooling down at `now` (a cooldown that ended counts for
-    /// nothing, whether or not [`NodeSide::expire_cooldowns`] has dropped it yet), or in
+    /// nothing, whether or not [`NodeSide::tidy`] has dropped it yet), or in
     /// `busy`.
     fn busy_set(&self, busy: &AddrSet, now: SystemTime) -> AddrSet {
         let cooling = self.cooldown.iter().filter(|(_, until)| **until > now);
@@ -208,13 +227,23 @@ impl<K: Key> NodeSide<K> {
             || (!busy.is_empty() && !busy.intersection(addrs).is_empty())
     }
 
-    /// Ends the cooldowns whose time has come. Returns whether any ended.
-    pub fn expire_cooldowns(&mut self, now: SystemTime) -> bool {
-        let before = self.cooldown.len();
+    /// When the record is to be written anyway (dirty), drops what needs no write of its
+    /// own: the cooldowns ended at `now` and the settled tombstone answers. An ended
+    /// cooldown is over for everyone whether or not it is dropped: the node side's own
+    /// checks and the operator compare its end with their clock. So a pod's start and its
+    /// end (a DEL, or a tombstone's answer) are its two status writes; the end of its
+    /// address's cooldown and its answer's going ride along with a later one. Returns
+    /// whether it dropped anything.
+    pub fn tidy(&mut self, now: SystemTime) -> bool {
+        if !self.dirty {
+            return false;
+        }
+        let before = self.cooldown.len() + self.reclaim_ack.len();
         self.cooldown.retain(|_, until| *until > now);
-        let changed = self.cooldown.len() != before;
-        self.dirty |= changed;
-        changed
+        for addr in std::mem::take(&mut self.settled) {
+            self.reclaim_ack.remove(&addr);
+        }
+        self.cooldown.len() + self.reclaim_ack.len() != before
     }
 
     /// Forgets the cooldowns of addresses no longer in the node's `pool`: a cooldown

@@ -15,8 +15,9 @@
 //! - [`NodeSide::answer_tombstones`] (`reclaimed` only for the exact allocation, and `live`
 //!   for the running sandbox of a pod the node side sees: [`NodeSide::tombstone_outcome`]),
 //!   [`NodeSide::answer_marks`] (address marks), [`NodeSide::answer_blocks`] (block marks,
-//!   cluster-pool), [`NodeSide::expire_cooldowns`], [`NodeSide::forget_outside`] and
-//!   [`NodeSide::expire_boot`] answer the operator and end what is over;
+//!   cluster-pool), [`NodeSide::forget_outside`] and [`NodeSide::expire_boot`] answer the
+//!   operator and end what is over; [`NodeSide::tidy`] drops ended cooldowns and settled
+//!   answers only when the record is written anyway (they need no write of their own);
 //! - [`NodeSide::gc`] frees what a CNI GC of one network no longer lists, never an
 //!   allocation of another network or an unknown one;
 //! - [`NodeSide::published`] is the record as `status.used` and the acks carry it.

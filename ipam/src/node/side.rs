@@ -2,7 +2,7 @@
 //! and the rules that change it for CNI ADD and DEL. Its maps are private: a caller
 //! changes them only through these methods and those of `answers.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -126,6 +126,9 @@ pub struct NodeSide<K> {
     pub(super) cooldown: BTreeMap<IpAddr, SystemTime>,
     pub(super) release_ack: AddrMap<ReleaseAck>,
     pub(super) reclaim_ack: BTreeMap<IpAddr, ReclaimAnswer<K>>,
+    /// Answers (`reclaimed`, `stale`) whose tombstone is gone: they go with the next write
+    /// ([`NodeSide::tidy`]), not with one of their own.
+    pub(super) settled: BTreeSet<IpAddr>,
     /// Block name → the answer to its release mark (cluster-pool).
     pub(super) block_ack: BTreeMap<String, ReleaseAck>,
     pub(super) dirty: bool,
@@ -141,6 +144,7 @@ impl<K: Key> NodeSide<K> {
             cooldown: BTreeMap::new(),
             release_ack: AddrMap::new(),
             reclaim_ack: BTreeMap::new(),
+            settled: BTreeSet::new(),
             block_ack: BTreeMap::new(),
             dirty: false,
         }
@@ -221,9 +225,9 @@ impl<K: Key> NodeSide<K> {
         &self.block_ack
     }
 
-    /// The earliest cooldown end (when the node side must look again).
-    pub fn next_cooldown_end(&self) -> Option<SystemTime> {
-        self.cooldown.values().min().copied()
+    /// The earliest cooldown end after `now` (when the node side must look again).
+    pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
+        self.cooldown.values().filter(|u| **u > now).min().copied()
     }
 
     /// CNI ADD of `key` for `owner`: one free address per family of `node`'s pool (see
@@ -247,7 +251,7 @@ impl<K: Key> NodeSide<K> {
         let mut addrs = Vec::with_capacity(families.len());
         for &family in families {
             let a = self
-                .free_address(node, family, exclude)
+                .free_address(node, family, exclude, now)
                 .ok_or(Refused::NoFreeAddress { family })?;
             addrs.push(a);
         }
@@ -322,8 +326,8 @@ impl<K: Key> NodeSide<K> {
         }))
     }
 
-    /// A free address of one family of `node`'s pool: not used, not cooling down (ended
-    /// or not: [`NodeSide::expire_cooldowns`] decides when one ends), not marked or
+    /// A free address of one family of `node`'s pool: not used, not cooling down at `now`
+    /// (a cooldown that ended is over, whether or not [`NodeSide::tidy`] dropped it), not marked or
     /// released, not answered for, not in `exclude`; the lowest one. Marks, answers and
     /// `exclude` are skipped a run at a time, used and cooling addresses one at a time (a
     /// full node tries ~100 addresses before a free one).
@@ -332,6 +336,7 @@ impl<K: Key> NodeSide<K> {
         node: &IpamNode,
         family: Family,
         exclude: &AddrSet,
+        now: SystemTime,
     ) -> Option<IpAddr> {
         // mostly all three are empty: then no set is built (an ADD is the world's most
         // frequent call)
@@ -352,7 +357,9 @@ impl<K: Key> NodeSide<K> {
         for run in node.operator.addresses.runs_of(family) {
             let first = address(family, *run.start());
             let mut used = numbers_of(family, self.used.keys_from(&first)).peekable();
-            let cooling = self.cooldown.range(first..).map(|(a, _)| a);
+            let cooling = (self.cooldown.range(first..))
+                .filter(|(_, until)| **until > now)
+                .map(|(a, _)| a);
             let mut cooling = numbers_of(family, cooling).peekable();
             let mut skips = skip.runs_of(family).peekable();
             let mut n = *run.start();

@@ -76,8 +76,8 @@ fn answer_all(
         ..Answers::default()
     };
     s.answer_marks(n, &none(), now, &mut out);
-    s.expire_cooldowns(now);
     s.forget_outside(&n.operator.addresses);
+    s.tidy(now);
     out
 }
 
@@ -212,7 +212,7 @@ proptest::proptest! {
             let want = addrs.iter().zip(&states)
                 .find(|(a, st)| Family::of(a) == family && **st == 0)
                 .map(|(a, _)| *a);
-            proptest::prop_assert_eq!(s.free_address(&n, family, &exclude), want);
+            proptest::prop_assert_eq!(s.free_address(&n, family, &exclude, T), want);
         }
     }
 }
@@ -328,30 +328,67 @@ fn allocation_ids_are_stable() {
     assert_eq!(AllocationId::new("a", "").0, 0x089b_e207_b544_f1e4);
 }
 
+/// A cooldown is over at its end, for the node side's own ADDs too, but its end needs no
+/// write of its own: it is dropped when the record is written for another change.
 #[test]
-fn cooldowns_expire_at_their_end_and_outside_the_pool() {
+fn an_ended_cooldown_is_over_at_once_and_dropped_with_the_next_write() {
+    let n = node_with(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    let mut s = Side::new(CD);
+    let secs = Duration::from_secs;
+    add(&mut s, &n, &V4, 1, 1).expect("add");
+    add(&mut s, &n, &V4, 2, 2).expect("add");
+    del(&mut s, 1, 1, T);
+    del(&mut s, 2, 2, T + secs(10));
+    assert!(!s.tidy(T + CD - Duration::from_millis(1)), "none ended");
+    s.mark_clean();
+    // 10.0.0.1's ends: nothing to write for it
+    assert!(!s.tidy(T + CD));
+    assert!(!s.is_dirty());
+    assert_eq!(s.cooldowns().len(), 2, "still published as it was");
+    assert_eq!(s.next_cooldown_end(T + CD), Some(T + secs(10) + CD));
+    assert_eq!(s.next_cooldown_end(T + secs(10) + CD), None);
+    // ... and it is over: an ADD takes it (10.0.0.2 still cools down)
+    assert_eq!(
+        add_at(&mut s, &n, &V4, 3, 3, T + CD),
+        Some(vec![ip("10.0.0.1")])
+    );
+    assert!(s.is_dirty());
+    assert_eq!(
+        s.cooldowns().keys().collect::<Vec<_>>(),
+        vec![&ip("10.0.0.2")],
+        "the address taken cools down no more"
+    );
+    s.mark_clean();
+    // 10.0.0.2's ends unwritten, then a DEL: the write carries both
+    let later = T + secs(10) + CD + secs(5);
+    assert!(!s.tidy(later) && s.cooldowns().len() == 1);
+    del(&mut s, 3, 3, later);
+    assert!(s.tidy(later));
+    assert_eq!(
+        s.cooldowns(),
+        &BTreeMap::from([(ip("10.0.0.1"), later + CD)])
+    );
+}
+
+#[test]
+fn cooldowns_outside_the_pool_are_forgotten() {
     let n = node_with(&["10.0.0.1", "10.0.0.2"]);
     let mut s = Side::new(CD);
     add(&mut s, &n, &V4, 1, 1).expect("add");
     add(&mut s, &n, &V4, 2, 2).expect("add");
     del(&mut s, 1, 1, T);
-    del(&mut s, 2, 2, T + Duration::from_secs(10));
-    assert!(!s.expire_cooldowns(T + CD - Duration::from_millis(1)));
-    assert!(s.expire_cooldowns(T + CD));
-    assert_eq!(
-        s.cooldowns().keys().collect::<Vec<_>>(),
-        vec![&ip("10.0.0.2")]
-    );
-    assert_eq!(
-        s.next_cooldown_end(),
-        Some(T + Duration::from_secs(10) + CD)
-    );
+    del(&mut s, 2, 2, T);
+    s.mark_clean();
     assert!(!s.forget_outside(&n.operator.addresses));
     assert!(
         s.forget_outside(&set(&["10.0.0.1"])),
         "10.0.0.2 left the pool"
     );
-    assert!(s.cooldowns().is_empty());
+    assert!(s.is_dirty(), "a change of its own");
+    assert_eq!(
+        s.cooldowns().keys().collect::<Vec<_>>(),
+        vec![&ip("10.0.0.1")]
+    );
 }
 
 /// A reboot killed every earlier pod: their allocations cool down at once.
@@ -480,7 +517,7 @@ fn release_marks_are_answered_and_honoured() {
 
 /// A marked block is answered do-not-release while an address of it is used or cooling
 /// down, and ready-for-release from the moment the last cooldown ends, even before
-/// `expire_cooldowns` dropped it (the world answers blocks before it writes the node).
+/// `tidy` dropped it (the world answers blocks before it writes the node).
 #[test]
 fn a_block_is_ready_once_its_cooldowns_end() {
     let block = |ack| BlockView {
@@ -596,7 +633,7 @@ fn dirty_says_whether_anything_changed() {
     check(&n, &mut s, T + CD);
     check(&n, &mut s, T + CD);
     let before = s.clone();
-    assert!(!s.expire_cooldowns(T + CD));
+    assert!(!s.tidy(T + CD));
     assert_eq!(before, s);
 }
 
@@ -623,10 +660,56 @@ fn tombstones_are_reclaimed_or_stale() {
     s.mark_clean();
     answer_all(&mut s, &n, T, gone);
     assert!(!s.is_dirty());
-    // acks go once the tombstones do
+    // once the tombstones go, their answers need no write of their own ...
     n.operator.reclaim.clear();
     answer_all(&mut s, &n, T, gone);
+    assert!(!s.is_dirty());
+    assert_eq!(s.reclaim_acks().len(), 2);
+    // ... and go with the next one
+    del(&mut s, 2, 2, T);
+    assert!(s.tidy(T));
     assert!(s.reclaim_acks().is_empty());
+}
+
+/// A `live` answer goes as soon as its tombstone does: the operator waits for that before
+/// it tombstones the allocation again. A settled answer whose tombstone comes back is
+/// answered again, from the record as it is now.
+#[test]
+fn a_live_answer_goes_at_once_and_a_returning_tombstone_is_answered_again() {
+    let mut n = node_with(&["10.0.0.1", "10.0.0.2"]);
+    let mut s = Side::new(CD);
+    add(&mut s, &n, &V4, 1, 1).unwrap();
+    add(&mut s, &n, &V4, 2, 2).unwrap();
+    n.operator.reclaim.insert(ip("10.0.0.1"), tomb(1, 1));
+    n.operator.reclaim.insert(ip("10.0.0.2"), tomb(2, 2));
+    let live_1 = |uid: PodUid| uid == PodUid(1);
+    answer_all(&mut s, &n, T, live_1);
+    assert_eq!(outcome(&s, "10.0.0.1"), ReclaimOutcome::Live);
+    assert_eq!(outcome(&s, "10.0.0.2"), ReclaimOutcome::Reclaimed);
+    s.mark_clean();
+    n.operator.reclaim.clear();
+    answer_all(&mut s, &n, T, live_1);
+    assert!(s.is_dirty(), "the live answer's going is a change");
+    assert!(s.reclaim_acks().is_empty(), "the settled one rides along");
+    // a settled answer, and its tombstone back (a lagging view of the operator's)
+    n.operator.reclaim.insert(ip("10.0.0.2"), tomb(2, 2));
+    answer_all(&mut s, &n, T, live_1);
+    s.mark_clean();
+    n.operator.reclaim.clear();
+    answer_all(&mut s, &n, T, live_1);
+    assert!(!s.is_dirty() && s.reclaim_acks().len() == 1);
+    n.operator.reclaim.insert(ip("10.0.0.2"), tomb(2, 2));
+    answer_all(&mut s, &n, T, live_1);
+    assert!(s.is_dirty(), "answered again");
+    assert_eq!(
+        outcome(&s, "10.0.0.2"),
+        ReclaimOutcome::Stale,
+        "nothing held now"
+    );
+    assert_eq!(
+        s.holder(&ip("10.0.0.1")).map(|h| h.pod_uid),
+        Some(PodUid(1))
+    );
 }
 
 /// The exact allocation loses one address to a tombstone; its other family's stays until
@@ -658,9 +741,15 @@ fn a_reclaim_frees_only_the_exact_allocation() {
     // a tombstone whose key is not known yet waits
     reclaim.insert(ip("10.0.0.2"), tomb(2, 2));
     s.answer_tombstones(&reclaim, |_| None, gone, T);
+    assert_eq!(
+        s.reclaim_acks()[&ip("10.0.0.2")].key,
+        alloc(0),
+        "kept for a write"
+    );
+    s.tidy(T);
     assert!(
         !s.reclaim_acks().contains_key(&ip("10.0.0.2")),
-        "the old answer went"
+        "the old answer went with it"
     );
     assert!(s.holder(&ip("10.0.0.2")).is_some());
 }

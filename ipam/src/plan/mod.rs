@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
+use std::time::SystemTime;
 
 use tokio::time::Instant;
 
@@ -117,6 +118,8 @@ impl NodeMemory {
 /// Everything one pass looks at.
 pub struct Snapshot<'a> {
     pub now: Instant,
+    /// The wall clock at `now` (the node side's cooldowns end by it).
+    pub utc: SystemTime,
     pub node: &'a IpamNode,
     /// The operator's fields to plan from: the node's, or with the addresses and marks of a
     /// source that keeps them ([`crate::source::IpSource::holdings`]).
@@ -257,12 +260,14 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 /// Counts one node's addresses per family, with `fields` as the operator's current fields.
+/// `utc`: the wall clock now (a cooldown that ended counts for nothing).
 pub fn count(
     node: &IpamNode,
     fields: &OperatorFields,
     pending: &[PodUid],
+    utc: SystemTime,
 ) -> PerFamily<FamilyCounts> {
-    count_of(node, fields, pending, false)
+    count_of(node, fields, pending, false, utc)
 }
 
 /// [`count`]; `restricted`: `fields` hold one pool's addresses of a node that holds others
@@ -272,6 +277,7 @@ fn count_of(
     fields: &OperatorFields,
     pending: &[PodUid],
     restricted: bool,
+    utc: SystemTime,
 ) -> PerFamily<FamilyCounts> {
     let mut c: PerFamily<FamilyCounts> = PerFamily::default();
     let used = match restricted {
@@ -290,7 +296,7 @@ fn count_of(
             with_ip.get_mut(Family::of(a)).insert(e.pod_uid);
         }
     }
-    for a in node.node.cooldown.keys() {
+    for a in node.node.cooling(utc) {
         if fields.addresses.contains(a) {
             c.get_mut(Family::of(a)).cooldown += 1;
         }
@@ -332,12 +338,12 @@ fn per_family<'a>(
     counts
 }
 
-/// The node's addresses of a family that are not free: used, cooling down, marked or
-/// released, or tombstoned.
-fn taken(node: &IpamNode, fields: &OperatorFields, family: Family) -> AddrSet {
+/// The node's addresses of a family that are not free: used, cooling down at `utc`,
+/// marked or released, or tombstoned.
+fn taken(node: &IpamNode, fields: &OperatorFields, family: Family, utc: SystemTime) -> AddrSet {
     let mut taken = fields.release.keys().of_family(family);
     let singles = node.node.used.keys();
-    let singles = singles.chain(node.node.cooldown.keys());
+    let singles = singles.chain(node.node.cooling(utc));
     taken.extend(
         singles
             .chain(fields.reclaim.keys())
@@ -347,10 +353,16 @@ fn taken(node: &IpamNode, fields: &OperatorFields, family: Family) -> AddrSet {
     taken.intersection(&fields.addresses)
 }
 
-/// Free addresses of a family (not used, not cooling down, not marked, not tombstoned).
-fn free_addresses(node: &IpamNode, fields: &OperatorFields, family: Family) -> AddrSet {
+/// Free addresses of a family (not used, not cooling down at `utc`, not marked, not
+/// tombstoned).
+fn free_addresses(
+    node: &IpamNode,
+    fields: &OperatorFields,
+    family: Family,
+    utc: SystemTime,
+) -> AddrSet {
     let mut free = fields.addresses.of_family(family);
-    free.subtract(&taken(node, fields, family));
+    free.subtract(&taken(node, fields, family, utc));
     free
 }
 
@@ -437,9 +449,10 @@ fn touched_groups(taken: &AddrSet, family: Family, seg: &Segment, grant: u128) -
 
 /// How many free addresses could go back as whole blocks (aligned groups of `grant`
 /// addresses of which every address the node holds is free), at most `max`, largest first.
-/// `smallest`: the smallest group's size ([`smallest_groups`]).
+/// `smallest`: the smallest group's size ([`smallest_groups`]); `utc`: the wall clock now.
 fn whole_free_blocks(
     node: &IpamNode,
+    utc: SystemTime,
     fields: &OperatorFields,
     family: Family,
     grant: u128,
@@ -452,7 +465,7 @@ fn whole_free_blocks(
     if smallest > max {
         return 0;
     }
-    let taken = taken(node, fields, family);
+    let taken = taken(node, fields, family, utc);
     // group size → how many such groups are wholly free
     let mut sizes: BTreeMap<u128, u128> = BTreeMap::new();
     for seg in segments(fields.addresses.runs_of(family), grant) {
@@ -500,6 +513,12 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
         .reclaim
         .observe(s.now, &s.reclaim, node, &p.fields.reclaim, pods);
     p.next_deadline = p.reclaim.next_deadline;
+    // a cooldown's end may change the plan (an address usable again, a block free), and
+    // the node side writes nothing for it alone: look again then
+    if let Some(end) = node.node.next_cooldown_end(s.utc) {
+        let at = s.now + end.duration_since(s.utc).unwrap_or_default();
+        p.next_deadline = earliest(p.next_deadline, Some(at));
+    }
 
     // 2. Release handshakes: settle answers.
     let mut ready = AddrSet::new();
@@ -548,12 +567,13 @@ pub fn plan<'a>(mem: &mut NodeMemory, s: &Snapshot<'a>, pods: &impl PodCache) ->
             Ok(()) => {
                 let grant = *s.grant_size.get(f);
                 let smallest = lane_smallest(lane, &smallest, s.grant_size);
-                if grant <= 1 || whole_free_blocks(node, &lane.fields, f, grant, mark, smallest) > 0
+                if grant <= 1
+                    || whole_free_blocks(node, s.utc, &lane.fields, f, grant, mark, smallest) > 0
                 {
                     p.marks.push(Marks {
                         family: f,
                         count: mark,
-                        free: free_addresses(node, &lane.fields, f),
+                        free: free_addresses(node, &lane.fields, f, s.utc),
                     });
                 }
             }
@@ -637,7 +657,7 @@ fn size_lane(
     let f = lane.family;
     let c = match lane.restricted {
         false => *counts.get(f),
-        true => *count_of(s.node, &lane.fields, &lane.pending, true).get(f),
+        true => *count_of(s.node, &lane.fields, &lane.pending, true, s.utc).get(f),
     };
     let cap = lane_cap(s, lane, &c, counts);
     (c, watermarks::size(&lane.watermarks, &c, cap))
@@ -742,7 +762,7 @@ fn spare(s: &Snapshot<'_>, lane: &Lane<'_>, c: &FamilyCounts, smallest: PerFamil
         return room;
     }
     let smallest = lane_smallest(lane, &smallest, s.grant_size);
-    whole_free_blocks(s.node, &lane.fields, f, grant, room, smallest)
+    whole_free_blocks(s.node, s.utc, &lane.fields, f, grant, room, smallest)
 }
 
 /// The node's counts, and its lanes with theirs and their sizing.
@@ -753,7 +773,7 @@ struct SizedLanes<'s> {
 
 /// Counts and sizes the node's lanes as they are with `fields` as the operator's fields.
 fn sized_lanes<'s>(s: &'s Snapshot<'_>, fields: &'s OperatorFields) -> SizedLanes<'s> {
-    let counts = count(s.node, fields, s.pending);
+    let counts = count(s.node, fields, s.pending, s.utc);
     let lanes = lanes(
         s.families,
         fields,
@@ -805,7 +825,7 @@ fn summary_of(
         let grant = *s.grant_size.get(f);
         let releasable = if grant > 1 && room > 0 {
             let smallest = lane_smallest(lane, &smallest, s.grant_size);
-            whole_free_blocks(s.node, &lane.fields, f, grant, room, smallest)
+            whole_free_blocks(s.node, s.utc, &lane.fields, f, grant, room, smallest)
         } else {
             room
         };
@@ -830,7 +850,10 @@ mod tests {
     use crate::addrs::span;
     use crate::types::{NodeUid, PodUid, ReclaimReason, UsedEntry};
     use proptest::prelude::*;
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime};
+
+    /// The wall clock of the plans under test.
+    const NOW: SystemTime = SystemTime::UNIX_EPOCH;
 
     fn addr(v6: bool, n: u8) -> IpAddr {
         if v6 {
@@ -908,7 +931,7 @@ mod tests {
             let held_min = groups.values().map(|(n, _)| u128::from(*n)).min();
             prop_assert_eq!(smallest.v4, held_min.unwrap_or(u128::MAX));
             prop_assert_eq!(
-                whole_free_blocks(&node, &fields, Family::V4, grant, max, smallest.v4),
+                whole_free_blocks(&node, NOW, &fields, Family::V4, grant, max, smallest.v4),
                 want
             );
         }
@@ -916,7 +939,7 @@ mod tests {
         /// The free set is what a lookup per address finds.
         #[test]
         fn free_addresses_match_lookups(
-            // per address (both families, 0..64): held, used, cooling down, marked, tombstoned
+            // per address (both families, 0..64): held, used, cooling down (or ended), marked, tombstoned
             flags in proptest::collection::vec(any::<[bool; 5]>(), 128),
         ) {
             let mut node = IpamNode::new("n".into(), NodeUid(1));
@@ -925,7 +948,11 @@ mod tests {
                 let a = addr(i >= 64, (i % 64) as u8);
                 if f[0] { Arc::make_mut(&mut fields.addresses).insert(a); }
                 if f[1] { node.node.used.insert(a, used_by(i)); }
-                if f[2] { node.node.cooldown.insert(a, SystemTime::UNIX_EPOCH); }
+                if f[2] {
+                    // every other cooldown ended at NOW: over, though still listed
+                    let until = if i % 2 == 0 { NOW + Duration::from_secs(30) } else { NOW };
+                    node.node.cooldown.insert(a, until);
+                }
                 if f[3] { fields.release.insert(a, ReleaseState::MarkedForRelease); }
                 if f[4] {
                     fields.reclaim.insert(a, Tombstone { pod_uid: PodUid(1), allocation: crate::types::AllocationId(1), reason: ReclaimReason::PodDeleted });
@@ -938,12 +965,12 @@ mod tests {
                     .filter(|a| {
                         Family::of(a) == family
                             && !node.node.used.contains_key(a)
-                            && !node.node.cooldown.contains_key(a)
+                            && node.node.cooldown.get(a).is_none_or(|u| *u <= NOW)
                             && !fields.release.contains_key(a)
                             && !fields.reclaim.contains_key(a)
                     })
                     .collect();
-                let free: Vec<IpAddr> = free_addresses(&node, &fields, family).iter().collect();
+                let free: Vec<IpAddr> = free_addresses(&node, &fields, family, NOW).iter().collect();
                 prop_assert_eq!(free, looked_up);
             }
         }
@@ -962,9 +989,9 @@ mod tests {
         };
         let used: IpAddr = "fd00:0:0:7::2".parse().unwrap();
         node.node.used.insert(used, used_by(1));
-        let c = count(&node, &fields, &[]);
+        let c = count(&node, &fields, &[], NOW);
         assert_eq!((c.v6.allocated, c.v6.used), (u64::MAX, 1));
-        let free = free_addresses(&node, &fields, Family::V6);
+        let free = free_addresses(&node, &fields, Family::V6, NOW);
         assert_eq!(free.run_count(), 2);
         assert!(!free.contains(&used));
         let grant = PerFamily {
@@ -974,7 +1001,15 @@ mod tests {
         let smallest = smallest_groups(&fields.addresses, grant);
         assert_eq!(smallest.v6, 1u128 << 64);
         assert_eq!(
-            whole_free_blocks(&node, &fields, Family::V6, 1 << 64, u64::MAX, smallest.v6),
+            whole_free_blocks(
+                &node,
+                NOW,
+                &fields,
+                Family::V6,
+                1 << 64,
+                u64::MAX,
+                smallest.v6
+            ),
             0
         );
         // in /124 groups: 2^60 groups, all whole and free but the used one's
@@ -982,11 +1017,19 @@ mod tests {
         let smallest = smallest_groups(&fields.addresses, PerFamily { v4: 1, v6: grant });
         assert_eq!(smallest.v6, 16);
         assert_eq!(
-            whole_free_blocks(&node, &fields, Family::V6, grant, 64, smallest.v6),
+            whole_free_blocks(&node, NOW, &fields, Family::V6, grant, 64, smallest.v6),
             64
         );
         assert_eq!(
-            whole_free_blocks(&node, &fields, Family::V6, grant, u64::MAX, smallest.v6),
+            whole_free_blocks(
+                &node,
+                NOW,
+                &fields,
+                Family::V6,
+                grant,
+                u64::MAX,
+                smallest.v6
+            ),
             u64::MAX - 15,
             "(2^60 - 1) groups of 16, saturated"
         );
@@ -994,8 +1037,8 @@ mod tests {
         fields
             .release
             .insert_run(Family::V6, span(&net).1, ReleaseState::MarkedForRelease);
-        assert_eq!(count(&node, &fields, &[]).v6.marked, u64::MAX);
-        assert!(free_addresses(&node, &fields, Family::V6).is_empty());
+        assert_eq!(count(&node, &fields, &[], NOW).v6.marked, u64::MAX);
+        assert!(free_addresses(&node, &fields, Family::V6, NOW).is_empty());
     }
 
     /// A lane's spare units, for the order a scarce pool's nodes give back in: the free
@@ -1031,6 +1074,7 @@ mod tests {
             let pending: Vec<PodUid> = (1000..1000 + waiting).map(PodUid).collect();
             let s = Snapshot {
                 now: Instant::now(),
+                utc: NOW,
                 node: &node,
                 operator: &fields,
                 release_ack: &AddrMap::new(),

@@ -33,8 +33,8 @@ pub struct BlockFill {
     /// No address has one.
     pub empty: u64,
     /// The usable addresses of the empty blocks of which no address cools down either (a
-    /// `cooldown` entry of the node holding it, as the node side last published it):
-    /// whole free blocks.
+    /// `cooldown` entry of the node holding it, as the node side last published it, not
+    /// ended): whole free blocks.
     pub idle_addresses: u128,
 }
 
@@ -57,11 +57,13 @@ impl BlockFill {
 /// blocks all went back shows 0, not its last count). Blocks of pools that are gone or
 /// invalid, and blocks their pool no longer grants (a CIDR removed or excluded: being
 /// drained), are not counted. A block's used and cooling addresses are the `used` and
-/// `cooldown` entries of the IPAMNode it names that lie in its CIDR.
+/// `cooldown` entries of the IPAMNode it names that lie in its CIDR; a cooldown ended at
+/// `utc` counts for nothing.
 pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
     pools: &PoolSet,
     blocks: &[BlockClaim],
     ipam_nodes: &[N],
+    utc: SystemTime,
 ) -> BTreeMap<(String, Family), BlockFill> {
     let mut out = BTreeMap::new();
     for p in pools.valid() {
@@ -93,7 +95,7 @@ pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
         };
         let holder = by_name.get(&*b.node);
         let used = holder.map_or(0, |n| used_in(n.node.used.keys().as_slice(), &b.cidr));
-        let cooling = holder.is_some_and(|n| cools_in(&n.node.cooldown, &b.cidr));
+        let cooling = holder.is_some_and(|n| cools_in(&n.node.cooldown, &b.cidr, utc));
         fill.add(used, cooling, usable);
     }
     out
@@ -107,12 +109,11 @@ pub fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
     (end - start) as u128
 }
 
-/// Whether any address of `net` cools down.
-fn cools_in(cooldown: &BTreeMap<IpAddr, SystemTime>, net: &IpNet) -> bool {
+/// Whether any address of `net` cools down at `utc`.
+fn cools_in(cooldown: &BTreeMap<IpAddr, SystemTime>, net: &IpNet, utc: SystemTime) -> bool {
     cooldown
         .range(net.network()..=net.broadcast())
-        .next()
-        .is_some()
+        .any(|(_, until)| *until > utc)
 }
 
 #[cfg(test)]
@@ -196,7 +197,7 @@ mod tests {
         let b_used: Vec<String> = (248..255).map(|i| format!("10.0.0.{i}")).collect();
         let a = node("a", &a_used.iter().map(String::as_str).collect::<Vec<_>>());
         let b = node("b", &b_used.iter().map(String::as_str).collect::<Vec<_>>());
-        let fill = block_fill(&pools, &blocks, &[a, b]);
+        let fill = block_fill(&pools, &blocks, &[a, b], SystemTime::UNIX_EPOCH);
         assert_eq!(
             fill[&("default".to_string(), Family::V4)],
             BlockFill {
@@ -242,10 +243,14 @@ mod tests {
             let until = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(30);
             a.node.cooldown.insert(addr.parse().unwrap(), until);
         }
-        b.node
-            .cooldown
-            .insert("fd00::f".parse().unwrap(), SystemTime::UNIX_EPOCH);
-        let fill = block_fill(&pools, &blocks, &[a, b]);
+        let until = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1);
+        b.node.cooldown.insert("fd00::f".parse().unwrap(), until);
+        let fill = block_fill(
+            &pools,
+            &blocks,
+            &[a.clone(), b.clone()],
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(
             fill[&("default".to_string(), Family::V4)],
             BlockFill {
@@ -264,6 +269,14 @@ mod tests {
                 idle_addresses: 0,
             }
         );
+        // once the cooldowns ended, listed or not, the empty blocks are idle
+        let later = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(30);
+        let fill = block_fill(&pools, &blocks, &[a, b], later);
+        assert_eq!(
+            fill[&("default".to_string(), Family::V4)].idle_addresses,
+            24
+        );
+        assert_eq!(fill[&("default".to_string(), Family::V6)].idle_addresses, 8);
     }
 
     #[test]

@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -747,9 +747,9 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         }
     }
 
-    /// One repair pass: rebuild, check, count, and the fixes that are due (each release
-    /// admitted by `gate`).
-    async fn repair<G: Gate>(&self, gate: &mut G) {
+    /// One repair pass: rebuild, check, count (a cooldown ended at `utc` counts for
+    /// nothing), and the fixes that are due (each release admitted by `gate`).
+    async fn repair<G: Gate>(&self, gate: &mut G, utc: SystemTime) {
         let claims = self.rebuild();
         let nodes = self.store.list_nodes();
         let fixes = {
@@ -765,7 +765,7 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
                 record::repair_issues(kind, n as u64);
             }
             record_pool_ips(&s.pools);
-            for ((pool, f), fill) in super::fill::block_fill(&s.pools, &claims, &nodes) {
+            for ((pool, f), fill) in super::fill::block_fill(&s.pools, &claims, &nodes, utc) {
                 for (state, v) in [
                     (BlockState::Full, fill.full),
                     (BlockState::Partial, fill.partial),
@@ -1222,8 +1222,8 @@ impl<B: BlockStore + NodeStore + Clone> IpSource for ClusterPoolSource<B> {
         Ok(())
     }
 
-    async fn resync<G: Gate>(&self, gate: &mut G) {
-        self.repair(gate).await;
+    async fn resync<G: Gate>(&self, gate: &mut G, utc: SystemTime) {
+        self.repair(gate, utc).await;
         self.drain(gate).await;
     }
 }
@@ -1422,7 +1422,7 @@ mod tests {
             ..old
         });
         for _ in 0..4 {
-            src.resync(&mut Ungated).await; // past the three passes a release waits for
+            src.resync(&mut Ungated, SystemTime::UNIX_EPOCH).await; // past the three passes a release waits for
         }
         let blocks = store.blocks_of(&n);
         assert_eq!(blocks.len(), 2, "no orphan block released");
@@ -1469,7 +1469,7 @@ mod tests {
         };
         store.create_block(block, &mut Ungated).await.unwrap();
         for _ in 0..4 {
-            src.resync(&mut Ungated).await;
+            src.resync(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         }
         assert!(src.validity()[0].1.is_ok(), "the pool goes on");
         let report = src.last_repair().unwrap();
@@ -1530,7 +1530,7 @@ mod tests {
             "`default` overlaps an older pool"
         );
         for _ in 0..4 {
-            src.resync(&mut Ungated).await;
+            src.resync(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         }
         let blocks = store.blocks_of(&n);
         assert_eq!(blocks.len(), 1, "kept");
@@ -1538,7 +1538,7 @@ mod tests {
         assert!(src.holdings(&n).unwrap().addresses.is_empty(), "left out");
         assert_eq!(src.prepare_allocation(&n, Family::V4, 16, u64::MAX), 0);
         src.set_pools(vec![older]);
-        src.resync(&mut Ungated).await;
+        src.resync(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert!(
             store.blocks_of(&n)[0].release,
             "its pool deleted: it drains"
@@ -1653,10 +1653,10 @@ mod tests {
         let changes = |src: &ClusterPoolSource<MemoryNodeStore>| src.state.lock().pools.changes();
         src.allocate(&n, Family::V4, 1, &mut Ungated).await.unwrap();
         let after_claim = changes(&src);
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         let rebuilt = changes(&src);
         assert!(rebuilt > after_claim, "the source's claim: rebuilt");
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert_eq!(changes(&src), rebuilt, "nothing changed: not rebuilt");
         let b = store.blocks_of("n")[0].clone();
         store
@@ -1664,7 +1664,7 @@ mod tests {
             .await
             .unwrap();
         store.ack_block(&b.name, Some(ReleaseAck::ReadyForRelease));
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert_eq!(changes(&src), rebuilt, "marks and answers: not rebuilt");
         let free = src.quota().v4.free;
         // a claim in the index alone (a create that never happened): the repair's rebuild
@@ -1678,7 +1678,7 @@ mod tests {
             .claim(Family::V4, 0)
             .unwrap();
         assert!(src.quota().v4.free < free, "{stray} claimed");
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert_eq!(src.quota().v4.free, free, "{stray} free again");
 
         // another engine deletes the block, then creates one for another node
@@ -1694,7 +1694,7 @@ mod tests {
             )
             .await
             .unwrap();
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert_eq!(
             src.quota().v4.free,
             free + src.block_addresses(&b).count(Family::V4),
@@ -1718,7 +1718,7 @@ mod tests {
             )
             .await
             .unwrap();
-        src.repair(&mut Ungated).await;
+        src.repair(&mut Ungated, SystemTime::UNIX_EPOCH).await;
         assert_eq!(
             src.quota().v4.free,
             free + src.block_addresses(&b).count(Family::V4) - 16,

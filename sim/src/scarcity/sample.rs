@@ -41,10 +41,11 @@ fn entry<'a, S: SimSource>(
 pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolSample, u64)> {
     let mut out = BTreeMap::<PoolKey, (PoolSample, u64)>::new();
     let mut holdings = BTreeMap::<(PoolKey, NodeName), Holding>::new();
+    let utc = tidepool_ipam::Clock::utc(&*world.clock);
     for n in world.store.list() {
         for (key, addrs, block) in pieces(world, &n) {
             let used = count_in(n.node.used.keys(), &addrs, key.family);
-            let cooling = count_in(n.node.cooldown.keys(), &addrs, key.family);
+            let cooling = count_in(n.node.cooling(utc), &addrs, key.family);
             let fam = addrs.len(key.family);
             let s = entry(&mut out, world, &key);
             (s.0.used, s.0.cooldown) = (s.0.used + used, s.0.cooldown + cooling);
