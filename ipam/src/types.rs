@@ -421,8 +421,17 @@ impl NodeSideFields {
 
     /// The earliest cooldown end after `now`.
     pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
-        self.cooldown.values().filter(|u| **u > now).min().copied()
+        next_cooldown_end(&self.cooldown, now)
     }
+}
+
+/// The earliest end after `now` among `cooldown`'s (the published fields' and the node
+/// side's record share it).
+pub(crate) fn next_cooldown_end(
+    cooldown: &BTreeMap<IpAddr, SystemTime>,
+    now: SystemTime,
+) -> Option<SystemTime> {
+    cooldown.values().filter(|u| **u > now).min().copied()
 }
 
 /// One IPAMNode: same name as its Node, carrying the Node's UID.

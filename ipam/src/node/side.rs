@@ -227,7 +227,7 @@ impl<K: Key> NodeSide<K> {
 
     /// The earliest cooldown end after `now` (when the node side must look again).
     pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
-        self.cooldown.values().filter(|u| **u > now).min().copied()
+        crate::types::next_cooldown_end(&self.cooldown, now)
     }
 
     /// CNI ADD of `key` for `owner`: one free address per family of `node`'s pool (see
