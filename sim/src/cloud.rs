@@ -1144,6 +1144,12 @@ impl crate::world::SimSource for SimCloud {
         self.rate_limit
     }
 
+    /// One interface's pod addresses: a call assigns to one interface, or creates one with
+    /// them (every machine the world adds is of the default type).
+    fn most_per_call(&self) -> Option<u64> {
+        Some(self.default_type.pod_addresses_per_interface())
+    }
+
     /// The node's subnet, `subnet-<index>`.
     fn scarcity_pool(
         &self,

@@ -72,6 +72,12 @@ pub trait SimSource: IpSource + Clone {
     fn rate_limit(&self) -> Option<(f64, u32)> {
         None
     }
+    /// The most addresses one mutating call can claim, for the scarcity oracle's claim
+    /// budget. None: no bound (the in-memory source's, or a block source's, whose calls
+    /// claim one block each under the kube budget).
+    fn most_per_call(&self) -> Option<u64> {
+        None
+    }
     /// Whether its grants are IPAMBlocks (the node side then reads its pool and the release
     /// marks from its blocks, and answers on them).
     fn grants_blocks(&self) -> bool {
@@ -583,7 +589,7 @@ impl<S: SimSource> World<S> {
             cfg.engine.clone(),
         )?;
         let events = store.subscribe();
-        let settings = oracle_settings(&cfg, source.api());
+        let settings = oracle_settings(&cfg, &source);
         let world = World {
             cfg: Arc::new(cfg),
             source,
@@ -1448,22 +1454,42 @@ impl<S: SimSource> World<S> {
 /// allocatable pods' addresses; a unit moves in the scarcity release delay plus one round
 /// trip (a call's latency); a crashed pod's address is held `reclaim_grace` after the
 /// crash and `reclaim_min_age` after the pod started at least, every freed one cools for
-/// `reuse_cooldown`.
-fn oracle_settings(cfg: &WorldConfig, api: Api) -> OracleSettings {
+/// `reuse_cooldown`; units come no faster than the calls that claim them
+/// ([`claim_budget`]).
+fn oracle_settings<S: SimSource>(cfg: &WorldConfig, source: &S) -> OracleSettings {
     let e = &cfg.engine;
-    // cluster-pool claims a block per kube write; a cloud's call may assign many addresses
-    let claims = (api == Api::Kube).then_some(ClaimBudget {
-        burst: u64::from(cfg.kube_burst),
-        qps: cfg.kube_qps,
-    });
     OracleSettings {
-        claims,
+        claims: claim_budget(cfg, source),
         node_cap: u64::from(cfg.max_pods),
         move_cost: e.scarcity.release_delay + cfg.source_latency,
         reclaim_grace: e.reclaim.grace,
         reclaim_min_age: e.reclaim.min_age,
         cooldown: cfg.reuse_cooldown,
     }
+}
+
+/// The calls that claim units, and how many each can claim: cluster-pool claims one block
+/// per IPAMBlock create, under the kube budget; a cloud one interface's addresses at most,
+/// under the source budget or the cloud's own limit, whichever is slower (either bucket
+/// alone lets no more calls through than both together, so the bound stays a bound).
+fn claim_budget<S: SimSource>(cfg: &WorldConfig, source: &S) -> Option<ClaimBudget> {
+    if source.api() == Api::Kube {
+        return Some(ClaimBudget {
+            burst: u64::from(cfg.kube_burst),
+            qps: cfg.kube_qps,
+            per_call: 1,
+        });
+    }
+    let per_call = source.most_per_call()?;
+    let (qps, burst) = match source.rate_limit() {
+        Some((qps, burst)) if qps < cfg.source_qps => (qps, burst),
+        _ => (cfg.source_qps, cfg.source_burst),
+    };
+    Some(ClaimBudget {
+        burst: u64::from(burst),
+        qps,
+        per_call,
+    })
 }
 
 /// [`node_side::project`] without copying what it drops: it keeps only the node's identity,

@@ -108,15 +108,25 @@ fn a_crashed_pods_address_is_held_until_reclaimable_then_cools() {
     }
 }
 
-/// Where a call claims one unit, the units come no faster than the claim budget: 10
-/// pods on one node of a per-address pool, burst 2 then one a second, wait 8 + 7 + … + 1
-/// pod-seconds; 40 pods in blocks of 16, burst 1 then one block per 2 s, wait 24 pods
-/// for 2 s, then 8 for 2 s. Without the budget nobody waits.
+/// The units come no faster than the claim budget's calls: 10 pods on one node of a
+/// per-address pool, one address a call, burst 2 then one call a second, wait 8 + 7 + … + 1
+/// pod-seconds; 40 pods in blocks of 16, burst 1 then one block per 2 s, wait 24 pods for
+/// 2 s, then 8 for 2 s; 10 pods of a cloud whose call assigns 3 addresses at most, burst 1
+/// then one call a second, wait 7 + 4 + 1. Without the budget nobody waits.
 #[test]
 fn units_come_no_faster_than_the_claim_budget() {
-    let cases = [(1, 10, 10, 2, 1.0, 36.0), (16, 4, 40, 1, 0.5, 64.0)];
-    for (unit, capacity, pods, burst, qps, want) in cases {
-        for claims in [Some(ClaimBudget { burst, qps }), None] {
+    let cases = [
+        (1, 10, 10, 2, 1.0, 1, 36.0),
+        (16, 4, 40, 1, 0.5, 1, 64.0),
+        (1, 100, 10, 1, 1.0, 3, 12.0),
+    ];
+    for (unit, capacity, pods, burst, qps, per_call, want) in cases {
+        let budget = ClaimBudget {
+            burst,
+            qps,
+            per_call,
+        };
+        for claims in [Some(budget), None] {
             let l = OracleLimits {
                 claims,
                 ..limits(unit, capacity)

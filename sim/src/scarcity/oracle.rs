@@ -14,13 +14,16 @@
 //! fewest present pods that must wait so that every node stays within its cap and the
 //! usages fit the pool's capacity (a greedy that is optimal for this shape: freeing a
 //! node's first unit costs its remainder, every further one a whole unit); the oracle is its
-//! integral over the measured period. Where one call claims one unit (cluster-pool: an
-//! IPAMBlock create per block, each under the kube budget), no more units are held than the
-//! budget let be claimed since the start ([`ClaimBudget`]): a bring-up waits for its claims.
-//! The units given up are those the world's served pods
+//! integral over the measured period. Where a call claims a bounded number of units
+//! (cluster-pool: one IPAMBlock create per block, under the kube budget; a cloud: one
+//! interface's addresses at most, under the source budget), no more units are held than the
+//! budget's calls could have claimed since the start ([`ClaimBudget`]): a bring-up waits for
+//! its claims. The units given up are those the world's served pods
 //! held (no assignment moves a unit faster), so the world's own state satisfies every
-//! constraint and its waiting is never below the bound; it is a bound per instant, not an
-//! optimum over schedules.
+//! constraint but one and its waiting is rarely below the bound: the engine's release delay
+//! runs from when a node's excess first appeared, not per unit, so a unit freed on a node
+//! already in excess that long moves sooner than `move_cost` (docs/simulate.md). It is a
+//! bound per instant, not an optimum over schedules.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -44,29 +47,33 @@ pub struct OracleLimits {
     pub reclaim_grace: Duration,
     pub reclaim_min_age: Duration,
     pub cooldown: Duration,
-    /// The budget each unit is claimed under, where a call claims one unit (None: a call
-    /// may claim many, as a cloud's assigns several addresses).
+    /// The budget the units are claimed under (None: no bound on what a call claims, as
+    /// the in-memory source's).
     pub claims: Option<ClaimBudget>,
 }
 
-/// A token bucket of claims from the run's start: `burst` at once, then `qps` a second.
+/// A token bucket of claim calls from the run's start: `burst` at once, then `qps` a
+/// second, each claiming at most `per_call` units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClaimBudget {
     pub burst: u64,
     pub qps: f64,
+    pub per_call: u64,
 }
 
 impl ClaimBudget {
     /// The most units claimed by `at`.
     fn units_by(&self, at: Duration) -> u64 {
         // no overflow: `as` saturates, and a run is shorter than u64::MAX calls
-        self.burst
-            .saturating_add((self.qps * at.as_secs_f64()).floor() as u64)
+        let calls = (self.burst).saturating_add((self.qps * at.as_secs_f64()).floor() as u64);
+        calls.saturating_mul(self.per_call.max(1))
     }
 
-    /// The first instant by which `units` can have been claimed (`units` > burst).
+    /// The first instant by which `units` can have been claimed (`units` > what the burst
+    /// claims).
     fn reaches(&self, units: u64) -> Duration {
-        let mut at = Duration::from_secs_f64((units - self.burst) as f64 / self.qps);
+        let calls = units.div_ceil(self.per_call.max(1));
+        let mut at = Duration::from_secs_f64((calls - self.burst) as f64 / self.qps);
         // the division may round below the instant the product reaches `units`
         while self.units_by(at) < units {
             at += Duration::from_nanos(1);
