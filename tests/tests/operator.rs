@@ -2232,7 +2232,7 @@ async fn crd_deletion_drains_the_blocks() {
     task.await.unwrap();
 }
 
-/// The notes of the operator's events (issue 25, "Events"), through kube's `Recorder` to the
+/// The notes of the operator's events (issue 25, "Events"), through its recorder to the
 /// in-process server: a note over the server's 1024-byte limit (kubernetes/kubernetes
 /// pkg/apis/core/validation/events.go, `NoteLengthLimit`) is stored cut on a character
 /// boundary instead of being refused, and a new note with the same reason on the same object
@@ -2298,7 +2298,7 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
     })
     .await;
 
-    // Sent again (until the Recorder has cached the first, which it does just after the
+    // Sent again (until the recorder has cached the first, which it does just after the
     // create returns), it bumps that event's series.
     eventually(
         Duration::from_secs(10),

@@ -1,28 +1,29 @@
-//! Kubernetes events through kube's `Recorder` (which folds repeats into a series), under a
-//! rate limit of ours: a storm of findings (a repair of thousands of leaked entries) must
-//! not become a storm of API writes. Events over the limit are dropped and logged.
+//! Kubernetes events through our [`Recorder`] (which folds repeats into a series as
+//! kube-runtime's does, in bounded memory), under a rate limit of ours: a storm of findings
+//! (a repair of thousands of leaked entries) must not become a storm of API writes. Events
+//! over the limit are dropped and logged.
 //!
-//! Two things the `Recorder` leaves to us:
+//! Two things the series leave to the caller:
 //! - **The note's length.** The API server refuses a note over 1024 bytes with 422
 //!   (`NoteLengthLimit`, kubernetes/kubernetes pkg/apis/core/validation/events.go,
 //!   `legacyValidateEvent`), and `AgentNotReady` quotes the agent's own message: notes are
 //!   cut to fit ([`fit_note`]).
-//! - **A changed note.** kube-runtime 5.0.0 `src/events.rs` keys its cache (`get_event_key`)
-//!   on type, action, reason, reporter, regarding and related, not on the note. A repeat of
-//!   a cached key only patches `series` onto the *cached* event, so a new note with the same
-//!   reason would never reach the API. The action is ours to choose, so it carries a digest
-//!   of the note ([`action`]): a changed note is a new key and the `Recorder` creates a new
-//!   event with it, while the same note repeated still folds into one series.
+//! - **A changed note.** A series is keyed as kube-runtime 5.0.0 `src/events.rs` keys it
+//!   (`get_event_key`): on type, action, reason, reporter and regarding, not on the note. A
+//!   repeat of a cached key only patches `series` onto the first event, so a new note with
+//!   the same reason would never reach the API. The action is ours to choose, so it carries
+//!   a digest of the note ([`action`]): a changed note is a new key and a new event, while
+//!   the same note repeated still folds into one series.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
 use tidepool_api::names::{GROUP, VERSION};
 use tidepool_ipam::{EventReason, EventType};
 
+use super::recorder::{Draft, Recorder};
 use crate::leader::Fence;
 
 /// The longest note the API server stores, in bytes (`NoteLengthLimit`; Go's `len`).
@@ -42,7 +43,7 @@ pub fn fit_note(mut note: String) -> String {
 }
 
 /// The event's action: its reason and a digest of its note (FNV-1a, 64 bits), so that
-/// kube's `Recorder` keys a changed note apart (see the module's documentation). At most
+/// a changed note is a series of its own (see the module's documentation). At most
 /// 128 bytes (`ActionLengthLimit`) for the reasons tidepool uses.
 fn action(reason: &str, note: &str) -> String {
     let digest = note.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
@@ -54,7 +55,7 @@ fn action(reason: &str, note: &str) -> String {
 /// Publishes events on tidepool objects (cluster-scoped: the events land in `default`).
 #[derive(Clone)]
 pub struct Events {
-    recorder: Option<Recorder>,
+    recorder: Option<Arc<Recorder>>,
     limiter: Arc<DefaultDirectRateLimiter>,
     /// An event is a write too: only the leader sends it.
     fence: Fence,
@@ -63,12 +64,13 @@ pub struct Events {
 impl Events {
     /// `per_second` events on average, `burst` at once.
     pub fn new(client: kube::Client, per_second: NonZeroU32, burst: NonZeroU32) -> Self {
-        let reporter = Reporter {
-            controller: tidepool_api::names::OPERATOR_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+        let recorder = Recorder::new(
+            client,
+            tidepool_api::names::OPERATOR_MANAGER.into(),
+            std::env::var("POD_NAME").ok(),
+        );
         Self {
-            recorder: Some(Recorder::new(client, reporter)),
+            recorder: Some(Arc::new(recorder)),
             limiter: Arc::new(RateLimiter::direct(
                 Quota::per_second(per_second).allow_burst(burst),
             )),
@@ -152,19 +154,20 @@ impl Events {
             return;
         }
         let note = fit_note(message);
-        let event = Event {
-            type_: match type_ {
-                EventType::Normal => KubeEventType::Normal,
-                EventType::Warning => KubeEventType::Warning,
-            },
-            reason: reason.as_str().into(),
+        let type_ = match type_ {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        };
+        let draft = Draft {
+            type_,
+            reason: reason.as_str(),
             action: action(reason.as_str(), &note),
-            note: Some(note),
-            secondary: None,
+            note,
+            regarding: reference,
         };
         let fence = self.fence.clone();
         tokio::spawn(async move {
-            match fence.send(recorder.publish(&event, &reference)).await {
+            match fence.send(recorder.publish(draft)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not publish an event"),
                 Err(e) => tracing::debug!(error = %e, "event not published"),

@@ -14,6 +14,7 @@
 pub mod cache;
 mod errors;
 mod events;
+mod recorder;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
