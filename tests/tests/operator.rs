@@ -2237,7 +2237,8 @@ async fn crd_deletion_drains_the_blocks() {
 /// pkg/apis/core/validation/events.go, `NoteLengthLimit`) is stored cut on a character
 /// boundary instead of being refused, and a new note with the same reason on the same object
 /// reaches the API (kube-runtime 5.0.0 src/events.rs keys its series on the reason, not the
-/// note), while the same note repeated still folds into one series.
+/// note), while the same note repeated still folds into one series; a series whose event
+/// was deleted on the server starts a new event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
     use std::num::NonZeroU32;
@@ -2311,6 +2312,32 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
                 notes
                     .iter()
                     .any(|(n, count)| n == "agent: ready soon" && *count >= 2)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    // The series' event gone from the server (events expire there): the next repeat is a
+    // new event, not a patch of the missing one.
+    let lp = ListParams::default();
+    for e in api.list(&lp).await.unwrap().items {
+        if e.note.as_deref() == Some("agent: ready soon") {
+            let name = e.metadata.name.unwrap();
+            api.delete(&name, &DeleteParams::default()).await.unwrap();
+        }
+    }
+    eventually(
+        Duration::from_secs(10),
+        "a new event after the old one went",
+        || {
+            emit("agent: ready soon".into());
+            let api = api.clone();
+            async move {
+                let notes = stored(api).await;
+                notes
+                    .iter()
+                    .any(|(n, count)| n == "agent: ready soon" && *count == 1)
                     .then_some(())
             }
         },

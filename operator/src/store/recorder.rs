@@ -234,8 +234,9 @@ mod tests {
         assert_eq!(c.len(), 1);
     }
 
-    /// However many events are sent, the cache holds at most its capacity, the oldest keys
-    /// going first; a key kept alive by repeats is not evicted for its place in line twice.
+    /// However many events are sent, the cache holds at most its capacity, the keys first
+    /// sent going first; a key given a new event leaves its old place in line, which then
+    /// evicts nothing.
     #[tokio::test(start_paused = true)]
     async fn the_cache_is_bounded_and_drops_the_oldest() {
         let t0 = Instant::now();
