@@ -1470,8 +1470,8 @@ fn oracle_settings<S: SimSource>(cfg: &WorldConfig, source: &S) -> OracleSetting
 
 /// The calls that claim units, and how many each can claim: cluster-pool claims one block
 /// per IPAMBlock create, under the kube budget; a cloud one interface's addresses at most,
-/// under the source budget or the cloud's own limit, whichever is slower (either bucket
-/// alone lets no more calls through than both together, so the bound stays a bound).
+/// under the source budget or the cloud's own limit, whichever is slower (both together let
+/// no more calls through than either alone, so either one bounds the claims).
 fn claim_budget<S: SimSource>(cfg: &WorldConfig, source: &S) -> Option<ClaimBudget> {
     if source.api() == Api::Kube {
         return Some(ClaimBudget {
