@@ -2319,8 +2319,12 @@ async fn event_notes_fit_the_limit_and_a_changed_note_reaches_the_api() {
     .await;
 
     // The series' event gone from the server (events expire there): the next repeat is a
-    // new event, not a patch of the missing one. (Repeats go on while the test polls, so
-    // the new event may already count more than one: it is told apart by its name.)
+    // new event, not a patch of the missing one. A merge patch of a missing object is 404 on
+    // kube-apiserver, events too, whose strategy allows create on update
+    // (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go: `jsonPatcher`'s
+    // `createNewObject` answers NotFound); the in-process server answers the same.
+    // (Repeats go on while the test polls, so the new event may already count more than
+    // one: it is told apart by its name.)
     let lp = ListParams::default();
     let mut gone = Vec::new();
     for e in api.list(&lp).await.unwrap().items {
