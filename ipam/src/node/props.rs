@@ -244,7 +244,7 @@ proptest! {
         }
     }
 
-    /// The one-walk search finds what a lookup per address finds.
+    /// The search (bisecting past used addresses) finds what a lookup per address finds.
     #[test]
     fn free_address_is_the_lowest_address_no_map_holds(
         // per address 0..48 of each family: in the pool, used, cooling, marked, acked, excluded

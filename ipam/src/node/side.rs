@@ -255,7 +255,7 @@ impl<K: Key> NodeSide<K> {
                 .ok_or(Refused::NoFreeAddress { family })?;
             addrs.push(a);
         }
-        self.adopt(key, owner, &addrs, now)
+        self.hold(key, owner, &addrs, now)
     }
 
     /// Records `addrs` for `key` of `owner` since `since` (a rebuild from `status.used`, a
@@ -269,10 +269,21 @@ impl<K: Key> NodeSide<K> {
         addrs: &[IpAddr],
         since: SystemTime,
     ) -> Result<Added, Refused<K>> {
-        let Owner { pod, network } = owner.into();
-        if let Some(added) = self.repeated(&key, pod)? {
+        let owner = owner.into();
+        if let Some(added) = self.repeated(&key, owner.pod)? {
             return Ok(added);
         }
+        self.hold(key, owner, addrs, since)
+    }
+
+    /// [`NodeSide::adopt`] of a key that holds nothing yet.
+    fn hold(
+        &mut self,
+        key: K,
+        Owner { pod, network }: Owner,
+        addrs: &[IpAddr],
+        since: SystemTime,
+    ) -> Result<Added, Refused<K>> {
         let unique = addrs
             .iter()
             .enumerate()
@@ -350,17 +361,11 @@ impl<K: Key> NodeSide<K> {
         if !exclude.is_empty() {
             skip.union_with(exclude);
         }
-        // one walk up the run beside the skipped runs and the used and cooling addresses
-        // from its start (all sorted): a node's addresses are mostly handed out from the
-        // bottom, so the first free one lies past every used one, and a lookup per address
-        // cost a search each; compared as numbers of the family
+        // from each run's start: past a skipped run at once, past the used addresses
+        // that follow on without a gap in one binary search (a node hands its addresses
+        // out from the bottom, so the first free one mostly lies past every used one),
+        // then past a cooling address one by one (few cool at a time)
         for run in node.operator.addresses.runs_of(family) {
-            let first = address(family, *run.start());
-            let mut used = numbers_of(family, self.used.keys_from(&first)).peekable();
-            let cooling = (self.cooldown.range(first..))
-                .filter(|(_, until)| **until > now)
-                .map(|(a, _)| a);
-            let mut cooling = numbers_of(family, cooling).peekable();
             let mut skips = skip.runs_of(family).peekable();
             let mut n = *run.start();
             while n <= *run.end() {
@@ -369,12 +374,15 @@ impl<K: Key> NodeSide<K> {
                     n = r.end().checked_add(1)?;
                     continue;
                 }
-                while used.next_if(|u| *u < n).is_some() {}
-                while cooling.next_if(|c| *c < n).is_some() {}
-                if used.peek() != Some(&n) && cooling.peek() != Some(&n) {
-                    return Some(address(family, n));
+                let here = address(family, n);
+                let past_used = first_unused(self.used.keys_from(&here).as_slice(), family, n)?;
+                if past_used != n {
+                    n = past_used;
+                } else if self.cooldown.get(&here).is_some_and(|until| *until > now) {
+                    n = n.checked_add(1)?;
+                } else {
+                    return Some(here);
                 }
-                n = n.checked_add(1)?;
             }
         }
         None
@@ -471,11 +479,21 @@ impl<K: Key> NodeSide<K> {
 }
 
 /// The numbers of `family`'s addresses among `addrs` (sorted), until another family begins.
-fn numbers_of<'a>(
-    family: Family,
-    addrs: impl Iterator<Item = &'a IpAddr>,
-) -> impl Iterator<Item = u128> {
-    (addrs.map(crate::addrs::number))
-        .take_while(move |(f, _)| *f == family)
-        .map(|(_, n)| n)
+/// The first number from `n` on that no address of `used` (sorted, none below `n`) holds,
+/// found by bisection: the held ones that follow on from `n` without a gap are exactly the
+/// first `i` for which `used[i]` is `n + i`. None past the family's last address.
+fn first_unused(used: &[IpAddr], family: Family, n: u128) -> Option<u128> {
+    let follows_on = |i: usize| {
+        let (f, m) = crate::addrs::number(&used[i]);
+        f == family && n.checked_add(i as u128) == Some(m)
+    };
+    let (mut lo, mut hi) = (0, used.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match follows_on(mid) {
+            true => lo = mid + 1,
+            false => hi = mid,
+        }
+    }
+    n.checked_add(lo as u128)
 }
