@@ -46,7 +46,7 @@ struct State {
     /// Node names by id: a hold names its node by id (4 bytes per address, not a string's 16).
     names: Vec<NodeName>,
     /// Ids by name (a hash map: asked on every pod start, iterated never).
-    ids: std::collections::HashMap<NodeName, u32>,
+    ids: foldhash::HashMap<NodeName, u32>,
     /// Address → the live pod using it.
     addr_pod: BTreeMap<IpAddr, PodUid>,
     live: BTreeMap<PodUid, Box<[IpAddr]>>,

@@ -6,7 +6,9 @@ pub mod oracle;
 pub mod promise;
 pub(crate) mod sample;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,7 +143,7 @@ impl OracleBook {
         OracleBook {
             settings,
             sets: Vec::new(),
-            set_index: HashMap::new(),
+            set_index: HashMap::default(),
             oracles: BTreeMap::new(),
             measure_from: Duration::ZERO,
         }

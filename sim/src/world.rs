@@ -3,7 +3,9 @@
 //! tasks on the caller's runtime; under paused tokio time it is virtual and deterministic.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -601,7 +603,7 @@ impl<S: SimSource> World<S> {
             leader: Arc::new(leader),
             inner: Arc::new(Mutex::new(Inner {
                 pods: UidTable::default(),
-                agents: HashMap::new(),
+                agents: HashMap::default(),
                 live: Vec::new(),
                 next_uid: 1,
                 next_container: 1,
@@ -647,7 +649,7 @@ impl<S: SimSource> World<S> {
                         let mut g = self.inner.lock();
                         let mut due = Vec::new();
                         // (a mass deletion makes every node due at once)
-                        let mut seen = std::collections::HashSet::new();
+                        let mut seen = foldhash::HashSet::default();
                         while let Some(Reverse((t, _))) = g.cooldowns.peek() {
                             if *t > now { break; }
                             let Reverse((t, n)) = g.cooldowns.pop().expect("peeked");

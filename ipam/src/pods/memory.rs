@@ -1,7 +1,9 @@
 //! [`MemoryPodView`]: an in-memory pod API with an informer lag, for tests and the
 //! simulator.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,9 @@
 //! down either. With the pool's free addresses they are what the pool could still grant,
 //! which the exhaustion forecast alert follows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::time::SystemTime;
 

@@ -114,7 +114,7 @@ impl BlockClaim {
 /// The existing Nodes: name → UID (from the Node informer). A hash map: a repair pass
 /// asks it a few times per block, and nothing iterates it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LiveNodes(std::collections::HashMap<NodeName, NodeUid>);
+pub struct LiveNodes(foldhash::HashMap<NodeName, NodeUid>);
 
 impl LiveNodes {
     pub fn new() -> Self {
@@ -592,13 +592,13 @@ impl<'a> Checker<'a> {
     /// address is completed with the holders of the blocks holding it that use it too.
     fn check_used<N: std::borrow::Borrow<IpamNode>>(&mut self, ipam_nodes: &'a [N]) -> Vec<Use> {
         // (hash maps: asked once per node and per block, iterated never)
-        let by_holder: std::collections::HashMap<Holder<'a>, &IpamNode> = ipam_nodes
+        let by_holder: foldhash::HashMap<Holder<'a>, &IpamNode> = ipam_nodes
             .iter()
             .map(|n| n.borrow())
             .map(|n| ((&*n.name, n.node_uid), n))
             .collect();
-        let mut own_blocks: std::collections::HashMap<Holder<'_>, Vec<usize>> =
-            std::collections::HashMap::new();
+        let mut own_blocks: foldhash::HashMap<Holder<'_>, Vec<usize>> =
+            foldhash::HashMap::default();
         for (i, b) in self.blocks.iter().enumerate() {
             own_blocks.entry(b.holder()).or_default().push(i);
         }
@@ -615,7 +615,7 @@ impl<'a> Checker<'a> {
         &mut self,
         n: &IpamNode,
         mine: &[usize],
-        by_holder: &std::collections::HashMap<Holder<'_>, &IpamNode>,
+        by_holder: &foldhash::HashMap<Holder<'_>, &IpamNode>,
         uses: &mut Vec<Use>,
     ) {
         let holder: Holder<'_> = (&*n.name, n.node_uid);

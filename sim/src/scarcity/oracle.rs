@@ -26,7 +26,9 @@
 //! bound per instant, not an optimum over schedules.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use foldhash::HashMap;
 use std::time::Duration;
 
 use tidepool_ipam::NodeName;
@@ -143,7 +145,7 @@ impl PoolOracle {
     pub fn new(limits: OracleLimits, now: Duration) -> PoolOracle {
         PoolOracle {
             limits,
-            nodes: HashMap::new(),
+            nodes: HashMap::default(),
             timers: BinaryHeap::new(),
             present: 0,
             firsts: BTreeMap::new(),

@@ -10,7 +10,9 @@
 //! than `--scarcity-min-duration`), independently of the engine's own measure, as the
 //! observer judges the engine's safety.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::HashSet;
 use std::time::Duration;
 
 use tidepool_ipam::{NodeName, PodUid, ScarcityConfig};

@@ -3,7 +3,9 @@
 //! resourceVersion, a delete can carry a resourceVersion precondition (409 when stale), and
 //! every change reaches the subscribers and the hook.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use super::MemoryNodeStore;
