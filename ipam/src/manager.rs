@@ -114,6 +114,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
             leader,
             nodes: Mutex::default(),
             stats: Mutex::default(),
+            published: Mutex::default(),
             parked: Mutex::default(),
             counts: tokio::sync::Notify::new(),
             scarcity: Mutex::default(),
@@ -270,7 +271,11 @@ impl<S: IpSource, N: NodeStore, P: PodView> NodeManager<S, N, P> {
         }
         record::resync();
         record::resync_duration(started.elapsed());
-        self.shared.stats.lock().publish();
+        {
+            let stats = self.shared.stats.lock();
+            stats.publish(None);
+            self.shared.published.lock().clone_from(&stats);
+        }
         // Every operator gauge is set at each resync, so with the exporter's idle timeout
         // (`--per-node-metrics`) only the series nobody sets any more expire: a deleted
         // node's `tidepool_ipam_node_ips` (set here only for managed nodes, and only while

@@ -82,6 +82,8 @@ pub(crate) struct Shared<S, N, P> {
     pub leader_epoch: AtomicU64,
     pub nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
     pub stats: Mutex<Stats>,
+    /// The stats the aggregate gauges were last set from ([`Stats::publish`]).
+    pub published: Mutex<Stats>,
     pub parked: Mutex<BTreeSet<NodeName>>,
     /// Wakes the count refresh ([`crate::NodeManager::spawn_count_refresh`]); poked by
     /// whatever may change what an IPAMNode holds: a pass, a store event, a resync that wrote.
@@ -114,7 +116,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> Shared<S, N, P> {
     pub fn restat(&self, old: Option<&NodeSummary>, new: Option<&NodeSummary>) {
         let mut stats = self.stats.lock();
         stats.replace(old, new);
-        stats.publish();
+        let mut published = self.published.lock();
+        stats.publish(Some(&published));
+        published.clone_from(&stats);
     }
 
     /// Publishes a node's new summary, and its figures per pool, into the aggregate stats.

@@ -131,25 +131,41 @@ impl Stats {
         }
     }
 
-    /// Sets the aggregate gauges.
-    pub fn publish(&self) {
+    /// Sets the aggregate gauges: every one, or with `last` (the stats they were last set
+    /// from) only those whose value changed. A pass changes one or two of them, and setting
+    /// a gauge builds its labelled key (~600 instructions each, 3.6 % of the simulator).
+    pub fn publish(&self, last: Option<&Stats>) {
         use tidepool_metrics::{NodeCategory as Cat, record};
-        for ((pool, f), t) in &self.by_pool {
-            for (state, v) in t.ips.by_state() {
-                record::ips((*f).into(), state, pool, v as f64);
+        for (key @ (pool, f), t) in &self.by_pool {
+            let was = last.and_then(|l| l.by_pool.get(key));
+            let states_were = was.map(|w| w.ips.by_state());
+            for (i, (state, v)) in t.ips.by_state().into_iter().enumerate() {
+                if states_were.is_none_or(|o| o[i].1 != v) {
+                    record::ips((*f).into(), state, pool, v as f64);
+                }
             }
-            record::pods_waiting((*f).into(), pool, t.pods_waiting as f64);
+            if was.is_none_or(|w| w.pods_waiting != t.pods_waiting) {
+                record::pods_waiting((*f).into(), pool, t.pods_waiting as f64);
+            }
         }
-        for (category, v) in [
-            (Cat::Total, self.nodes),
-            (Cat::InDeficit, self.in_deficit),
-            (Cat::AtCapacity, self.at_capacity),
-            (Cat::Releasing, self.releasing),
-            (Cat::Blocked, self.blocked),
-        ] {
-            record::nodes(category, v as f64);
+        let categories = |s: &Stats| {
+            [
+                (Cat::Total, s.nodes),
+                (Cat::InDeficit, s.in_deficit),
+                (Cat::AtCapacity, s.at_capacity),
+                (Cat::Releasing, s.releasing),
+                (Cat::Blocked, s.blocked),
+            ]
+        };
+        let were = last.map(categories);
+        for (i, (category, v)) in categories(self).into_iter().enumerate() {
+            if were.is_none_or(|o| o[i].1 != v) {
+                record::nodes(category, v as f64);
+            }
         }
-        record::reclaim_candidates(self.reclaim_candidates as f64);
+        if last.is_none_or(|l| l.reclaim_candidates != self.reclaim_candidates) {
+            record::reclaim_candidates(self.reclaim_candidates as f64);
+        }
     }
 }
 
