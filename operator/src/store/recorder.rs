@@ -7,10 +7,12 @@
 //! whole, for 6 minutes, in a map that never shrinks. At the operator's event rate limit
 //! (10 a second) that is ~3,700 events, ~12 MB held and reached only after 6 minutes of
 //! churn (a heap profile at 150,000 pods, BENCHMARKS.md). [`SeriesCache`] keeps what a
-//! series needs (the event's name and count) for at most [`CACHE_ENTRIES`] keys, client-go's
-//! bound (`maxLruCacheEntries` in k8s.io/client-go/tools/record/events_cache.go).
+//! series needs (the event's name and count, under a fingerprint of its key) for at most
+//! [`CACHE_ENTRIES`] keys, client-go's bound (`maxLruCacheEntries` in
+//! k8s.io/client-go/tools/record/events_cache.go), and no longer than a repeat could use it.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -30,38 +32,40 @@ pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 pub const CACHE_ENTRIES: usize = 4096;
 
 /// What folds repeats together: type, reason, action, the object and the reporter (the
-/// fields kube-runtime's `get_event_key` uses), as one string.
-pub fn series_key(event: &Event) -> String {
+/// fields kube-runtime's `get_event_key` uses), as a 64-bit fingerprint. Two keys share
+/// one with a chance of about 2^-64 each; then a repeat of one would count in the other's
+/// series, and nothing else.
+pub fn series_key(event: &Event) -> u64 {
     let r = event.regarding.as_ref();
-    let field = |f: Option<&String>| f.map_or("", String::as_str).to_owned();
-    [
-        field(event.type_.as_ref()),
-        field(event.reason.as_ref()),
-        field(event.action.as_ref()),
-        field(r.and_then(|r| r.kind.as_ref())),
-        field(r.and_then(|r| r.namespace.as_ref())),
-        field(r.and_then(|r| r.name.as_ref())),
-        field(r.and_then(|r| r.uid.as_ref())),
-        field(event.reporting_controller.as_ref()),
-        field(event.reporting_instance.as_ref()),
-    ]
-    .join("\u{1f}")
+    let mut h = std::hash::DefaultHasher::new();
+    (
+        &event.type_,
+        &event.reason,
+        &event.action,
+        r.map(|r| (&r.kind, &r.namespace, &r.name, &r.uid)),
+        &event.reporting_controller,
+        &event.reporting_instance,
+    )
+        .hash(&mut h);
+    h.finish()
 }
 
 #[derive(Debug)]
 struct Seen {
-    name: String,
+    name: Box<str>,
     count: i32,
     last: Instant,
-    /// Which insertion of the key `order` holds for it.
+    /// Which place in `order` is the key's (its last sighting's).
     serial: u64,
 }
 
-/// The events sent lately, by [`series_key`]: pure, bounded to a number of keys.
+/// The events sent lately, by [`series_key`]: pure, bounded to a number of keys, each
+/// kept until [`SERIES_TTL`] after its last sighting.
 #[derive(Debug)]
 pub struct SeriesCache {
-    seen: HashMap<String, Seen>,
-    order: VecDeque<(u64, String)>,
+    seen: HashMap<u64, Seen>,
+    /// (serial, key) by last sighting, oldest first; a key seen again leaves a stale place.
+    order: VecDeque<(u64, u64)>,
     serial: u64,
     capacity: usize,
 }
@@ -78,41 +82,44 @@ impl SeriesCache {
 
     /// The event a sighting of `key` at `now` folds into, with the series' count then; None:
     /// a new event (never seen, or last seen [`SERIES_TTL`] ago or more).
-    pub fn repeat_of(&self, key: &str, now: Instant) -> Option<(String, i32)> {
-        let s = self.seen.get(key)?;
-        (now < s.last + SERIES_TTL).then(|| (s.name.clone(), s.count + 1))
+    pub fn repeat_of(&self, key: u64, now: Instant) -> Option<(String, i32)> {
+        let s = self.seen.get(&key)?;
+        (now < s.last + SERIES_TTL).then(|| (s.name.to_string(), s.count + 1))
     }
 
     /// `key`'s event `name` reached the API with `count` sightings at `now`.
-    pub fn record(&mut self, key: String, name: String, count: i32, now: Instant) {
-        if let Some(s) = self.seen.get_mut(&key).filter(|s| s.name == name) {
-            (s.count, s.last) = (s.count.max(count), now);
-            return;
-        }
+    pub fn record(&mut self, key: u64, name: String, count: i32, now: Instant) {
         self.serial += 1;
-        self.order.push_back((self.serial, key.clone()));
-        let seen = Seen {
-            name,
-            count,
-            last: now,
-            serial: self.serial,
-        };
-        self.seen.insert(key, seen);
-        while self.seen.len() > self.capacity {
-            self.evict_oldest();
+        self.order.push_back((self.serial, key));
+        match self.seen.get_mut(&key).filter(|s| *s.name == *name) {
+            Some(s) => (s.count, s.last, s.serial) = (s.count.max(count), now, self.serial),
+            None => {
+                let seen = Seen {
+                    name: name.into(),
+                    count,
+                    last: now,
+                    serial: self.serial,
+                };
+                self.seen.insert(key, seen);
+            }
         }
-        // keys replaced or evicted leave their old place in `order`: keep it bounded too
-        while self.order.len() > 2 * self.capacity {
-            self.evict_oldest();
-        }
+        self.expire(now);
     }
 
-    fn evict_oldest(&mut self) {
-        let Some((serial, key)) = self.order.pop_front() else {
-            return;
-        };
-        if self.seen.get(&key).is_some_and(|s| s.serial == serial) {
-            self.seen.remove(&key);
+    /// Drops the keys past [`SERIES_TTL`] and, beyond the capacity, the oldest; keeps the
+    /// stale places in `order` bounded too.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(serial, key)) = self.order.front() {
+            let current = self.seen.get(&key).filter(|s| s.serial == serial);
+            let over = self.seen.len() > self.capacity || self.order.len() > 2 * self.capacity;
+            match current {
+                Some(s) if !over && now < s.last + SERIES_TTL => break,
+                Some(_) => {
+                    self.seen.remove(&key);
+                }
+                None => {}
+            }
+            self.order.pop_front();
         }
     }
 
@@ -158,7 +165,7 @@ impl Recorder {
         let (wall, now) = (Timestamp::now(), Instant::now());
         let event = self.event(draft, namespace, wall);
         let key = series_key(&event);
-        let repeat = self.cache.lock().repeat_of(&key, now);
+        let repeat = self.cache.lock().repeat_of(key, now);
         if let Some((name, count)) = repeat {
             let series = EventSeries {
                 count,
@@ -211,50 +218,71 @@ impl Recorder {
 mod tests {
     use super::*;
 
-    fn key(n: usize) -> String {
-        format!("k{n}")
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_repeat_folds_into_the_first_event_until_six_minutes_after_the_last() {
         let t0 = Instant::now();
         let mut c = SeriesCache::new(8);
-        assert_eq!(c.repeat_of("a", t0), None, "never seen");
-        c.record("a".into(), "ev-1".into(), 1, t0);
-        assert_eq!(c.repeat_of("a", t0), Some(("ev-1".into(), 2)));
+        assert_eq!(c.repeat_of(1, t0), None, "never seen");
+        c.record(1, "ev-1".into(), 1, t0);
+        assert_eq!(c.repeat_of(1, t0), Some(("ev-1".into(), 2)));
         // seen again 5 minutes on: the 6 minutes count from then
         let t5 = t0 + Duration::from_secs(300);
-        c.record("a".into(), "ev-1".into(), 2, t5);
+        c.record(1, "ev-1".into(), 2, t5);
         let later = t5 + SERIES_TTL - Duration::from_millis(1);
-        assert_eq!(c.repeat_of("a", later), Some(("ev-1".into(), 3)));
-        assert_eq!(c.repeat_of("a", t5 + SERIES_TTL), None, "expired");
+        assert_eq!(c.repeat_of(1, later), Some(("ev-1".into(), 3)));
+        assert_eq!(c.repeat_of(1, t5 + SERIES_TTL), None, "expired");
         // a new event for the key replaces the old one
-        c.record("a".into(), "ev-2".into(), 1, t5 + SERIES_TTL);
-        assert_eq!(c.repeat_of("a", t5 + SERIES_TTL), Some(("ev-2".into(), 2)));
+        c.record(1, "ev-2".into(), 1, t5 + SERIES_TTL);
+        assert_eq!(c.repeat_of(1, t5 + SERIES_TTL), Some(("ev-2".into(), 2)));
         assert_eq!(c.len(), 1);
     }
 
-    /// However many events are sent, the cache holds at most its capacity, the keys first
-    /// sent going first; a key given a new event leaves its old place in line, which then
-    /// evicts nothing.
+    /// A key is forgotten once a repeat could no longer use it, at the next event sent:
+    /// at a steady rate the cache holds [`SERIES_TTL`]'s worth of keys, not its capacity.
+    #[tokio::test(start_paused = true)]
+    async fn keys_past_the_window_are_dropped() {
+        let t0 = Instant::now();
+        let mut c = SeriesCache::new(100);
+        c.record(1, "ev-1".into(), 1, t0);
+        let t4 = t0 + Duration::from_secs(240);
+        c.record(2, "ev-2".into(), 1, t4);
+        // key 1 seen again at minute 4: its window now ends at minute 10
+        c.record(1, "ev-1".into(), 2, t4);
+        c.record(
+            3,
+            "ev-3".into(),
+            1,
+            t0 + SERIES_TTL + Duration::from_secs(1),
+        );
+        assert_eq!(c.len(), 3, "nothing past its window yet");
+        let t10 = t4 + SERIES_TTL;
+        c.record(4, "ev-4".into(), 1, t10);
+        assert_eq!(c.len(), 2, "keys 1 and 2 last seen at minute 4 went");
+        assert_eq!(c.repeat_of(3, t10), Some(("ev-3".into(), 2)));
+        assert!(c.order.len() <= 3);
+    }
+
+    /// However many events are sent, the cache holds at most its capacity, the keys seen
+    /// longest ago going first; a key given a new event leaves its old place in line, which
+    /// then evicts nothing.
     #[tokio::test(start_paused = true)]
     async fn the_cache_is_bounded_and_drops_the_oldest() {
         let t0 = Instant::now();
         let mut c = SeriesCache::new(4);
         for n in 0..1000 {
-            c.record(key(n), format!("ev-{n}"), 1, t0);
+            c.record(n, format!("ev-{n}"), 1, t0);
             assert!(c.len() <= 4);
             assert!(c.order.len() <= 8);
         }
-        assert_eq!(c.repeat_of(&key(995), t0), None, "evicted");
+        assert_eq!(c.repeat_of(995, t0), None, "evicted");
         for n in 996..1000 {
-            assert_eq!(c.repeat_of(&key(n), t0), Some((format!("ev-{n}"), 2)));
+            assert_eq!(c.repeat_of(n, t0), Some((format!("ev-{n}"), 2)));
         }
         // replaced keys: the stale place in line evicts nothing
-        c.record(key(996), "ev-new".into(), 1, t0);
-        c.record(key(2000), "ev-2000".into(), 1, t0);
-        assert_eq!(c.repeat_of(&key(996), t0), Some(("ev-new".into(), 2)));
-        assert_eq!(c.repeat_of(&key(997), t0), None, "the oldest went");
+        c.record(996, "ev-new".into(), 1, t0);
+        c.record(2000, "ev-2000".into(), 1, t0);
+        assert_eq!(c.repeat_of(996, t0), Some(("ev-new".into(), 2)));
+        assert_eq!(c.repeat_of(997, t0), None, "the oldest went");
         assert_eq!(c.len(), 4);
     }
 
@@ -278,5 +306,10 @@ mod tests {
         assert_ne!(a, series_key(&ev("R", "B", "n1")));
         assert_ne!(a, series_key(&ev("S", "A", "n1")));
         assert_ne!(a, series_key(&ev("R", "A", "n2")));
+        // fields run together differently are different keys
+        assert_ne!(
+            series_key(&ev("RA", "", "n1")),
+            series_key(&ev("R", "A", "n1"))
+        );
     }
 }
