@@ -184,6 +184,7 @@ pub(crate) fn publish_node(name: &str, s: &NodeSummary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidepool_metrics::{IPS, NODES};
 
     fn lane(pool: &str, used: u64, waiting: u64) -> LaneSummary {
         LaneSummary {
@@ -304,5 +305,61 @@ mod tests {
         }
         assert_eq!(st.ips(Family::V6), FamilyTotals::default());
         assert_eq!(st.nodes, 0);
+    }
+
+    /// The gauges (name, the `state` or `category` label) as a recorder holds them.
+    fn gauges(snap: metrics_util::debugging::Snapshotter) -> BTreeMap<(String, String), f64> {
+        use metrics_util::debugging::DebugValue;
+        let mut out = BTreeMap::new();
+        for (key, _, _, value) in snap.snapshot().into_vec() {
+            let DebugValue::Gauge(v) = value else {
+                continue;
+            };
+            let label = (key.key().labels())
+                .find(|l| matches!(l.key(), "state" | "category"))
+                .map_or(String::new(), |l| l.value().to_owned());
+            out.insert((key.key().name().to_owned(), label), v.into_inner());
+        }
+        out
+    }
+
+    /// With the stats last published, only the gauges whose value changed are set; without,
+    /// every one (the resync's publish).
+    #[test]
+    fn publish_sets_the_gauges_that_changed() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let mut st = Stats::default();
+        st.replace_lanes(&[], &[lane("default", 4, 0)]);
+        st.nodes = 1;
+        st.publish(None);
+        let g = gauges(snap);
+        let used = |g: &BTreeMap<(String, String), f64>| g[&(IPS.into(), "used".into())];
+        assert_eq!((used(&g), g[&(NODES.into(), "total".into())]), (4.0, 1.0));
+
+        let before = st.clone();
+        st.replace_lanes(&[lane("default", 4, 0)], &[lane("default", 6, 0)]);
+        st.nodes = 2;
+        // a `last` that claims `used` was already 6: that gauge is left alone
+        let mut last = before.clone();
+        last.by_pool
+            .get_mut(&(Arc::from("default"), Family::V4))
+            .unwrap()
+            .ips
+            .used = 6;
+        st.publish(Some(&last));
+        // the debugging recorder's snapshot takes the values (a gauge reads 0 after it), so
+        // a gauge not set since reads 0
+        let g = gauges(recorder.snapshotter());
+        assert_eq!(used(&g), 0.0, "not set: unchanged against `last`");
+        assert_eq!(g[&(NODES.into(), "total".into())], 2.0, "changed: set");
+        assert_eq!(g[&(IPS.into(), "free".into())], 10.0, "changed: set");
+        st.publish(None);
+        assert_eq!(
+            used(&gauges(recorder.snapshotter())),
+            6.0,
+            "every gauge set"
+        );
     }
 }
