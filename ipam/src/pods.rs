@@ -177,9 +177,18 @@ pub trait PodView: PodCache + Send + Sync + 'static {
     fn pool_subject(&self, _uid: PodUid) -> Option<Subject> {
         None
     }
-    /// Records a Kubernetes event on the pod (also after it left the cache, while its
-    /// name is known); a view that cannot name it records nothing.
-    fn event(&self, _uid: PodUid, _type: EventType, _reason: EventReason, _message: String) {}
+    /// Records a Kubernetes event on the pod `uid`, named by `name` (namespace, name) when
+    /// the caller has it (a `used` entry records it: the pod may have left the cache), by
+    /// the view otherwise; a view that cannot name it records nothing.
+    fn event(
+        &self,
+        _uid: PodUid,
+        _name: Option<(&str, &str)>,
+        _type: EventType,
+        _reason: EventReason,
+        _message: String,
+    ) {
+    }
 }
 
 mod memory;

@@ -110,7 +110,14 @@ pub struct ReclaimTracker {
     /// Allocations the node side answered `live` (its pod runs there): not tombstoned again
     /// until a live lookup finds the pod gone or terminal.
     refused: BTreeSet<(PodUid, AllocationId)>,
+    /// The pods this tracker's confirmations tombstoned, by address, named as their `used`
+    /// entries recorded them, until the node side answers: the answer's event names the
+    /// pod, which has left every cache by then. Bounded by the tombstones in flight.
+    tombstoned: BTreeMap<IpAddr, TombstonedPod>,
 }
+
+/// A tombstoned entry's pod: UID, namespace, name.
+type TombstonedPod = (PodUid, Arc<str>, Arc<str>);
 
 /// A `used` entry (address, pod UID) and when the operator first saw it: 48 bytes where
 /// `(IpAddr, PodUid, Instant)` takes 64 (a `u128` aligns to 16), kept per address.
@@ -180,6 +187,20 @@ impl ReclaimTracker {
         *self = Self::default();
     }
 
+    /// The namespace and name of `uid`, whose tombstone on `addr` the node side answered
+    /// (taken: the answer ends the tombstone).
+    pub fn take_tombstoned(&mut self, addr: &IpAddr, uid: PodUid) -> Option<(Arc<str>, Arc<str>)> {
+        let (pod, namespace, name) = self.tombstoned.remove(addr)?;
+        (pod == uid).then_some((namespace, name))
+    }
+
+    /// Forgets the pods of tombstones no longer among `tombstones` (gone unanswered: a
+    /// write that failed, to be confirmed again).
+    pub fn keep_tombstoned(&mut self, tombstones: &BTreeMap<IpAddr, Tombstone>) {
+        let kept = |a: &IpAddr, uid: &PodUid| tombstones.get(a).is_some_and(|t| t.pod_uid == *uid);
+        self.tombstoned.retain(|a, (uid, ..)| kept(a, uid));
+    }
+
     /// The node side answered a tombstone on this allocation `live`.
     pub fn refuse(&mut self, uid: PodUid, allocation: AllocationId) {
         self.refused.insert((uid, allocation));
@@ -223,8 +244,12 @@ impl ReclaimTracker {
             .collect();
         match &confirmed {
             Some(entries) => {
-                for (_, allocation) in entries {
+                for (a, allocation) in entries {
                     self.refused.remove(&(g.pod_uid, *allocation));
+                    if let Some(e) = used.get(a) {
+                        let pod = (g.pod_uid, e.namespace.clone(), e.pod.clone());
+                        self.tombstoned.insert(*a, pod);
+                    }
                 }
             }
             None => self.restart(now, &g.addrs),
@@ -602,6 +627,43 @@ mod tests {
         // gone, the answer gone: tombstoned, and the refusal is lifted
         assert!(t.confirm(at(63), &replaced, &n.node, None).is_some());
         assert!(t.refused.is_empty());
+    }
+
+    /// A confirmed group's pod is named as its `used` entries recorded it until the node
+    /// side answers the tombstone (the pod has left every cache by then); a tombstone gone
+    /// unanswered forgets it, and so does an answer for another pod.
+    #[tokio::test(start_paused = true)]
+    async fn a_tombstoned_pod_is_named_until_its_answer() {
+        let cfg = ReclaimConfig {
+            grace: Duration::ZERO,
+            min_age: Duration::ZERO,
+        };
+        let mut t = ReclaimTracker::default();
+        let mut used = UsedMap::new();
+        used.insert(ip("10.0.0.1"), entry(1, 0));
+        used.insert(ip("10.0.0.2"), entry(2, 0));
+        let n = node(&used);
+        let (none, now) = (BTreeMap::new(), Instant::now());
+        t.observe(now, &cfg, &n, &none, &FnPods(|_| None));
+        let step = t.observe(now, &cfg, &n, &none, &FnPods(|_| None));
+        assert_eq!(step.ready.len(), 2, "both pods gone");
+        for g in &step.ready {
+            assert!(t.confirm(now, g, &n.node, None).is_some());
+        }
+        let tombstone = |uid: u128| Tombstone {
+            pod_uid: PodUid(uid),
+            allocation: crate::types::AllocationId(0),
+            reason: ReclaimReason::PodDeleted,
+        };
+        // .2's tombstone went unanswered (its write failed): forgotten
+        t.keep_tombstoned(&BTreeMap::from([(ip("10.0.0.1"), tombstone(1))]));
+        assert_eq!(t.take_tombstoned(&ip("10.0.0.2"), PodUid(2)), None);
+        assert_eq!(
+            t.take_tombstoned(&ip("10.0.0.1"), PodUid(1)),
+            Some(("ns".into(), "p".into()))
+        );
+        assert_eq!(t.take_tombstoned(&ip("10.0.0.1"), PodUid(1)), None, "taken");
+        assert!(t.tombstoned.is_empty());
     }
 
     #[test]

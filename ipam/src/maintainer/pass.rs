@@ -318,6 +318,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 ack,
             );
         }
+        (self.local.mem.reclaim).keep_tombstoned(&self.fields.reclaim);
         for g in &plan.reclaim.ready {
             let mem = &mut self.local.mem;
             let confirmed = reclaim::confirm_live(self.shared, self.h, mem, self.node, self.now, g);
@@ -547,7 +548,9 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
                 t.pod_uid
             );
             let (warning, reason) = (EventType::Warning, EventReason::GarbageCollectionFailed);
-            (self.shared.pods).event(t.pod_uid, warning, reason, message.clone());
+            let entry = (self.node.node.used.get(addr)).filter(|e| e.pod_uid == t.pod_uid);
+            let name = entry.map(|e| (&*e.namespace, &*e.pod));
+            (self.shared.pods).event(t.pod_uid, name, warning, reason, message.clone());
             (self.shared.store).event(&self.h.name, warning, reason, message);
         }
         Err(e)

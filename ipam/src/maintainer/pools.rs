@@ -84,7 +84,7 @@ pub(super) fn tell_pods<S: IpSource, N: NodeStore, P: PodView>(
     for ((pod, family), why) in &notes {
         if told.get(&(*pod, *family)) != Some(why) {
             let (warning, reason) = (EventType::Warning, EventReason::PoolUnavailable);
-            shared.pods.event(*pod, warning, reason, why.clone());
+            shared.pods.event(*pod, None, warning, reason, why.clone());
         }
     }
     *told = notes;

@@ -34,7 +34,9 @@ pub(super) fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
         mem.reclaim.refuse(ack.pod_uid, ack.allocation);
     }
     record::reclaims(a.label, a.outcome, 1);
-    (shared.pods).event(ack.pod_uid, a.type_, a.reason, a.message.clone());
+    let name = mem.reclaim.take_tombstoned(addr, ack.pod_uid);
+    let name = name.as_ref().map(|(ns, pod)| (&**ns, &**pod));
+    (shared.pods).event(ack.pod_uid, name, a.type_, a.reason, a.message.clone());
     shared.store.event(&h.name, a.type_, a.reason, a.message);
 }
 

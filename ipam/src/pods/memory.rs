@@ -353,7 +353,14 @@ impl PodView for MemoryPodView {
         self.inner.lock().subjects.get(&uid).map(|s| (**s).clone())
     }
 
-    fn event(&self, uid: PodUid, _type: EventType, reason: EventReason, message: String) {
+    fn event(
+        &self,
+        uid: PodUid,
+        _name: Option<(&str, &str)>,
+        _type: EventType,
+        reason: EventReason,
+        message: String,
+    ) {
         let mut g = self.inner.lock();
         let e = g.events.entry(reason).or_insert((0, uid, String::new()));
         *e = (e.0 + 1, uid, message);

@@ -1,7 +1,6 @@
 //! [`PodIndex`]: the engine's pod view ([`PodCache`], [`PodView`]) fed by a Pod watch.
 
 mod changes;
-mod departed;
 mod project;
 mod state;
 mod watched;
@@ -16,7 +15,6 @@ use tidepool_ipam::{
     EventReason, EventType, IpamError, NodeName, PodCache, PodChanges, PodInfo, PodUid, PodView,
     Since,
 };
-use tokio::time::Instant;
 
 use project::{bound_node, pod_uid, project, split_key};
 use state::State;
@@ -110,18 +108,17 @@ impl PodIndex {
     /// Applies one watch event (relist semantics: see [`crate::index`]). Returns the
     /// nodes whose pods changed, sorted, each once: the engine's `on_pod_event` for each.
     pub fn apply(&self, event: &Event<Pod>) -> Vec<NodeName> {
-        let now = Instant::now();
         let mut touched = Vec::new();
         let mut st = self.state.write();
         match event {
             Event::Apply(pod) => {
                 if let Some(uid) = pod_uid(pod) {
-                    st.apply(pod, uid, now, &mut touched);
+                    st.apply(pod, uid, &mut touched);
                 }
             }
             Event::Delete(pod) => {
                 if let Some(uid) = pod_uid(pod) {
-                    st.remove(uid, now, &mut touched);
+                    st.remove(uid, &mut touched);
                 }
             }
             Event::Init => st.begin_relist(),
@@ -130,7 +127,7 @@ impl PodIndex {
                     st.relisted(pod, uid);
                 }
             }
-            Event::InitDone => st.finish_relist(now, &mut touched),
+            Event::InitDone => st.finish_relist(&mut touched),
         }
         drop(st);
         touched.sort_unstable();
@@ -219,9 +216,20 @@ impl PodView for PodIndex {
         })
     }
 
-    fn event(&self, uid: PodUid, type_: EventType, reason: EventReason, message: String) {
-        let Some(key) = self.state.read().key(uid).map(str::to_owned) else {
-            return;
+    fn event(
+        &self,
+        uid: PodUid,
+        name: Option<(&str, &str)>,
+        type_: EventType,
+        reason: EventReason,
+        message: String,
+    ) {
+        let key = match name {
+            Some((namespace, name)) => format!("{namespace}/{name}"),
+            None => match self.state.read().key(uid) {
+                Some(key) => key.to_owned(),
+                None => return,
+            },
         };
         let (namespace, name) = split_key(&key);
         // `PodUid`'s display is the API's UUID form

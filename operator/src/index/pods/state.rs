@@ -4,10 +4,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use tidepool_ipam::{NodeName, PodChanges, PodInfo, PodUid, Since};
-use tokio::time::Instant;
 
 use super::changes::{ChangeLog, changes_without_log};
-use super::departed::Departed;
 use super::project::{PodRecord, PodTerms, bound_node, project, split_key};
 use crate::index::LabelSelector;
 
@@ -34,7 +32,6 @@ pub(super) struct State {
     seq: u64,
     /// Set by the first completed relist.
     pub ready: bool,
-    departed: Departed,
     /// Which pods are node agents (`--agent-pod-selector`; `None`: none).
     agents: Option<LabelSelector>,
     /// The pods of `pods` that wait for an address ([`waits`]), over every node.
@@ -55,10 +52,10 @@ impl State {
     }
 
     /// `Apply`: the pod as it is now.
-    pub fn apply(&mut self, pod: &Pod, uid: PodUid, now: Instant, touched: &mut Touched) {
+    pub fn apply(&mut self, pod: &Pod, uid: PodUid, touched: &mut Touched) {
         let node = bound_node(pod);
         if node.is_empty() {
-            return self.remove(uid, now, touched);
+            return self.remove(uid, touched);
         }
         let name = match self.nodes.get_key_value(node) {
             Some((name, _)) => name.clone(),
@@ -68,13 +65,11 @@ impl State {
         self.upsert(rec, touched);
     }
 
-    /// `Delete`: the pod is gone (its name is kept a while for events).
-    pub fn remove(&mut self, uid: PodUid, now: Instant, touched: &mut Touched) {
-        self.departed.prune(now);
+    /// `Delete`: the pod is gone.
+    pub fn remove(&mut self, uid: PodUid, touched: &mut Touched) {
         if let Some(old) = self.pods.remove(&uid) {
             self.pending_total -= usize::from(waits(&old));
             self.unlink(&old.info.node, uid, touched);
-            self.departed.note(now, uid, old.key);
         }
     }
 
@@ -104,7 +99,7 @@ impl State {
 
     /// `InitDone`: the relisted pods replace the current ones, through the same steps as
     /// single events, so every pod gone or changed counts as a change of its node.
-    pub fn finish_relist(&mut self, now: Instant, touched: &mut Touched) {
+    pub fn finish_relist(&mut self, touched: &mut Touched) {
         self.ready = true;
         // an InitDone with no Init before it (kube sends none) changes nothing
         let Some(relist) = self.relist.take() else {
@@ -115,7 +110,7 @@ impl State {
             .copied()
             .collect();
         for uid in gone {
-            self.remove(uid, now, touched);
+            self.remove(uid, touched);
         }
         for (_, rec) in relist.pods {
             self.upsert(rec, touched);
@@ -202,9 +197,9 @@ impl State {
             .collect()
     }
 
-    /// `namespace/name` of a pod in the index or recently gone from it.
+    /// `namespace/name` of a pod in the index.
     pub fn key(&self, uid: PodUid) -> Option<&str> {
-        (self.pods.get(&uid).map(|r| &*r.key)).or_else(|| self.departed.get(uid))
+        self.pods.get(&uid).map(|r| &*r.key)
     }
 
     pub fn changes(&self, node: &str, since: Option<Since>) -> Option<PodChanges> {
