@@ -642,11 +642,12 @@ mod tests {
         let mut used = UsedMap::new();
         used.insert(ip("10.0.0.1"), entry(1, 0));
         used.insert(ip("10.0.0.2"), entry(2, 0));
+        used.insert(ip("10.0.0.3"), entry(3, 0));
         let n = node(&used);
         let (none, now) = (BTreeMap::new(), Instant::now());
         t.observe(now, &cfg, &n, &none, &FnPods(|_| None));
         let step = t.observe(now, &cfg, &n, &none, &FnPods(|_| None));
-        assert_eq!(step.ready.len(), 2, "both pods gone");
+        assert_eq!(step.ready.len(), 3, "all three pods gone");
         for g in &step.ready {
             assert!(t.confirm(now, g, &n.node, None).is_some());
         }
@@ -656,8 +657,14 @@ mod tests {
             reason: ReclaimReason::PodDeleted,
         };
         // .2's tombstone went unanswered (its write failed): forgotten
-        t.keep_tombstoned(&BTreeMap::from([(ip("10.0.0.1"), tombstone(1))]));
+        t.keep_tombstoned(&BTreeMap::from([
+            (ip("10.0.0.1"), tombstone(1)),
+            (ip("10.0.0.3"), tombstone(3)),
+        ]));
         assert_eq!(t.take_tombstoned(&ip("10.0.0.2"), PodUid(2)), None);
+        // .3 answered for another pod: named nothing, and its entry is gone with the answer
+        assert_eq!(t.take_tombstoned(&ip("10.0.0.3"), PodUid(9)), None);
+        assert_eq!(t.take_tombstoned(&ip("10.0.0.3"), PodUid(3)), None, "ended");
         assert_eq!(
             t.take_tombstoned(&ip("10.0.0.1"), PodUid(1)),
             Some(("ns".into(), "p".into()))
