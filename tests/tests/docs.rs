@@ -88,7 +88,7 @@ fn every_fence_is_run_or_says_why_not() {
 fn every_untagged_command_runs_from_the_repository_root() {
     println!("rewrite: {}", fences::SUBSTITUTION);
     let mut seen = BTreeSet::new();
-    let mut failures = Vec::new();
+    let mut blocks = Vec::new();
     for f in checked_fences() {
         if !f.is_shell() || f.tag.is_some() || !seen.insert(f.body.clone()) {
             continue;
@@ -100,30 +100,46 @@ fn every_untagged_command_runs_from_the_repository_root() {
             f.at,
             f.body
         );
-        println!("{}:\n{script}", f.at);
-        let started = std::time::Instant::now();
-        let out = Command::new("bash")
-            .args(["-euo", "pipefail", "-c", &script])
-            .current_dir(fences::repo())
-            .output()
-            .expect("run bash");
-        println!(
-            "  exit {:?} in {:.1?}",
-            out.status.code(),
-            started.elapsed()
-        );
-        if !out.status.success() {
-            failures.push(format!(
-                "{} exited {:?}:\n{script}\nstdout:\n{}\nstderr:\n{}",
-                f.at,
-                out.status.code(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        blocks.push((f.at, script));
     }
-    assert!(!seen.is_empty(), "no command ran");
+    assert!(!blocks.is_empty(), "no command ran");
+    // The blocks are independent (none writes a file another reads), and each simulation
+    // runs on one thread: run them side by side, so that the test takes its longest block's
+    // time rather than their sum.
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = blocks
+            .iter()
+            .map(|(at, script)| scope.spawn(move || run_block(at, script)))
+            .collect();
+        runs.into_iter()
+            .filter_map(|r| r.join().expect("a block's thread panicked"))
+            .collect()
+    });
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Runs one command block with `bash -euo pipefail` from the repository root, printing it and
+/// how it ended; a failure's description, if it failed.
+fn run_block(at: &str, script: &str) -> Option<String> {
+    let started = std::time::Instant::now();
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(fences::repo())
+        .output()
+        .expect("run bash");
+    println!(
+        "{at}:\n{script}\n  exit {:?} in {:.1?}",
+        out.status.code(),
+        started.elapsed()
+    );
+    (!out.status.success()).then(|| {
+        format!(
+            "{at} exited {:?}:\n{script}\nstdout:\n{}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 #[test]
