@@ -93,6 +93,47 @@ async fn the_watch_sees_only_its_nodes_objects() {
     assert!(c.is_ready() && c.current().is_none());
 }
 
+/// The IPPool list failing (the pools' watch behind the blocks', as separate watches may
+/// be on a real server): until it is done, the agent projects nothing, so it neither
+/// leaves its blocks out as of an unknown pool nor has a status written from that view;
+/// once it is, its blocks are its pool.
+#[tokio::test]
+async fn blocks_listed_before_their_pool_are_not_judged() {
+    let (server, admin) = cluster().await;
+    create_block(&admin, "10.0.0.0/28", "node-a", UID_A, false).await;
+    server.update_faults(|f| {
+        f.targeted = vec![tidepool_tests::TargetedFault {
+            identity: agent_on("node-a"),
+            resource: "ippools.ipam.tidepool.dev".into(),
+            verbs: ["list".to_string()].into(),
+            error_code: Some(503),
+            ..Default::default()
+        }];
+    });
+    let client = server.client(&agent_on("node-a")).await.unwrap();
+    let w = NodeWatch::start(client, "node-a");
+    let listed = |resource: &str| server.request_count("list", resource) > 0;
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !(listed("ipamnodes.ipam.tidepool.dev") && listed("ipamblocks.ipam.tidepool.dev")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the IPAMNode and IPAMBlock lists");
+    // time for both answers to be taken in
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_ready(), "ready before the IPPool list");
+    assert!(
+        w.current().is_none(),
+        "a node projected before its pools were listed"
+    );
+    assert!(w.blocks().is_empty());
+    server.update_faults(|f| f.targeted.clear());
+    let node = w.wait_for_node(Duration::from_secs(10)).await.unwrap();
+    assert!(node.operator.addresses.contains(&ip("10.0.0.1")));
+    assert_eq!(node.operator.addresses.total(), 16);
+}
+
 /// A [`NodeSideSource`] held in memory.
 #[derive(Clone, Default)]
 struct Memory(Arc<Mutex<Option<NodeSide>>>);

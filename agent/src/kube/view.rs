@@ -203,6 +203,18 @@ impl Seen {
         }
     }
 
+    /// What the agent acts on: [`Self::project`] once every list is done, nothing before.
+    /// A partial view would judge a block whose pool is not listed yet left out ("not in
+    /// my cache" is not "gone"), warn of it, and have the node's status written from it,
+    /// then written again when the list came.
+    pub(crate) fn project_when_ready(&self) -> Projected {
+        if self.ready() {
+            self.project()
+        } else {
+            Projected::default()
+        }
+    }
+
     /// The IPPools changed: the engine's view of them is rebuilt (creation order, then name).
     pub(crate) fn pools_changed(&mut self) {
         let mut pools: Vec<&PoolEntry> = self.pools.values().collect();
@@ -347,6 +359,35 @@ mod tests {
         seen.pools.init();
         seen.pools.init_done();
         assert!(seen.ready());
+    }
+
+    /// Blocks listed before their pool are not judged: nothing is projected until the
+    /// IPPools are listed too, and then the blocks are the node's.
+    #[test]
+    fn nothing_is_projected_before_every_list_is_done() {
+        let mut seen = Seen::default();
+        seen.node.init();
+        seen.node.init_apply("n1".into(), node_from_api(&node()).0);
+        seen.node.init_done();
+        seen.blocks.init();
+        let b = block("10.0.0.0/28", "n1", UID, false);
+        seen.blocks.init_apply(b.name.to_string(), b);
+        seen.blocks.init_done();
+        assert_eq!(
+            seen.project().left_out.len(),
+            1,
+            "judged unlisted, it is left out"
+        );
+        let early = seen.project_when_ready();
+        assert!(early.node.is_none() && early.left_out.is_empty() && early.blocks.is_empty());
+        seen.pools.init();
+        let p = pool("default", &["10.0.0.0/24"], 1);
+        seen.pools.init_apply(p.config.spec.name.clone(), p);
+        seen.pools.init_done();
+        seen.pools_changed();
+        let p = seen.project_when_ready();
+        assert!(p.left_out.is_empty());
+        assert!(p.node.unwrap().operator.addresses.contains(&ip("10.0.0.1")));
     }
 
     /// Only the blocks their pools grant make the node's pool (issue 27, "one bad object"):

@@ -292,7 +292,7 @@ pub(super) fn on_event<K: kube::Resource, T>(
 }
 
 fn publish(shared: &Shared, seen: &Seen) {
-    let next = seen.project();
+    let next = seen.project_when_ready();
     let ready = seen.ready();
     let moved = shared.projected.send_if_modified(|p| {
         let same = p.node_uid == next.node_uid
