@@ -6,8 +6,10 @@
 //! when the binary starts ([`init_from_env`]). When an armed point is reached the agent prints
 //! `failpoint <name> reached` on stderr and the request (or task) that reached it blocks
 //! forever; the test waits for that line, then kills the process. `name@N` arms the point
-//! from its N-th hit on (the start-up publish is the first `before-publish`). Unset, a point
-//! costs one atomic load.
+//! from its N-th hit on (the start-up publish is the first `before-publish`); `name@/path`
+//! from the first hit at which the file `/path` exists, for a point such as `before-publish`
+//! whose earlier hits a test cannot count (how many status writes a start-up makes depends
+//! on the order its watches' lists arrive in). Unset, a point costs one atomic load.
 //!
 //! The points ([`Failpoint`]): `add-` / `del-` / `ack-before-persist` (the change made in
 //! memory, the checkpoint not yet saved), `add-` / `del-` / `ack-after-persist` (the
@@ -20,6 +22,7 @@
 //! every build of the workspace would have to juggle that feature. These points stay in the
 //! shipped binary, inert unless the variable names them.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -71,18 +74,24 @@ impl Failpoint {
     }
 }
 
-/// One armed point: it stops the agent from its `from`-th hit on.
+/// One armed point: it stops the agent from its `from`-th hit on, or once `from_file`
+/// exists.
 #[derive(Debug)]
 pub struct Armed {
     point: Failpoint,
     from: u64,
+    from_file: Option<PathBuf>,
     hits: AtomicU64,
 }
 
 impl Armed {
     /// Counts a hit; whether this one stops.
     fn hit(&self) -> bool {
-        self.hits.fetch_add(1, Ordering::SeqCst) + 1 >= self.from
+        let n = self.hits.fetch_add(1, Ordering::SeqCst) + 1;
+        match &self.from_file {
+            Some(file) => file.exists(),
+            None => n >= self.from,
+        }
     }
 }
 
@@ -95,16 +104,17 @@ pub fn parse(spec: &str) -> Result<Vec<Armed>> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|item| {
-            let (name, from) = match item.split_once('@') {
+            let (name, from, from_file) = match item.split_once('@') {
+                Some((n, f)) if f.starts_with('/') => (n, 1, Some(PathBuf::from(f))),
                 Some((n, k)) => {
                     let k: u64 = k
                         .parse()
                         .ok()
                         .filter(|k| *k >= 1)
                         .ok_or_else(|| bad(format!("{item}: @N needs N >= 1")))?;
-                    (n, k)
+                    (n, k, None)
                 }
-                None => (item, 1),
+                None => (item, 1, None),
             };
             let point = Failpoint::ALL
                 .into_iter()
@@ -113,6 +123,7 @@ pub fn parse(spec: &str) -> Result<Vec<Armed>> {
             Ok(Armed {
                 point,
                 from,
+                from_file,
                 hits: AtomicU64::new(0),
             })
         })
@@ -182,7 +193,12 @@ mod tests {
                 (Failpoint::BeforePublish, 2)
             ]
         );
-        for bad in ["add-before-persit", "before-publish@0", "before-publish@x"] {
+        for bad in [
+            "add-before-persit",
+            "before-publish@0",
+            "before-publish@x",
+            "x@/tmp/a",
+        ] {
             assert!(parse(bad).is_err(), "{bad} accepted");
         }
         for p in Failpoint::ALL {
@@ -197,5 +213,15 @@ mod tests {
             [a.hit(), a.hit(), a.hit(), a.hit()],
             [false, false, true, true]
         );
+    }
+
+    #[test]
+    fn a_point_armed_by_a_file_stops_once_it_exists() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("arm");
+        let a = &parse(&format!("before-publish@{}", file.display())).expect("parse")[0];
+        assert_eq!([a.hit(), a.hit()], [false, false], "not yet armed");
+        std::fs::write(&file, "").expect("arm");
+        assert_eq!([a.hit(), a.hit()], [true, true]);
     }
 }
