@@ -39,9 +39,10 @@ impl State {
         };
         let is_default = |f: Family, pool: &str| defaults.get(f).as_deref() == Some(pool);
         let mut lanes = Lanes::new();
-        for b in blocks.iter().filter(|b| self.kept(b)) {
+        // the name first: a default pool's blocks (most of them) skip the pool lookups
+        for b in blocks {
             let f = family_of(&b.cidr);
-            if !is_default(f, &b.pool) {
+            if !is_default(f, &b.pool) && self.kept(b) {
                 let lane = self.lane(&mut lanes, f, b.pool.clone());
                 lane.addresses.union_with(&self.usable(b));
             }
