@@ -1101,8 +1101,8 @@ impl IpSource for SimCloud {
 }
 
 impl crate::world::SimSource for SimCloud {
-    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
-        crate::world::by_node(SimCloud::granted(self))
+    fn grants(&self) -> Vec<crate::observer::Grant> {
+        crate::observer::Grant::of_addresses(SimCloud::granted(self))
     }
 
     fn calls(&self) -> (u64, u64) {

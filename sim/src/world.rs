@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
-use crate::observer::Observer;
+use crate::observer::{Grant, Observer};
 use crate::scarcity::oracle::ClaimBudget;
 use crate::scarcity::{OracleBook, OracleSettings, PoolKey};
 use tidepool_ipam::AddrSet;
@@ -42,9 +42,9 @@ pub type SimManager<S = MemorySource> = NodeManager<S, MemoryNodeStore, MemoryPo
 
 /// What the simulator needs of an IP source beyond [`IpSource`].
 pub trait SimSource: IpSource + Clone {
-    /// What the source has granted, as sets of addresses with their node: the truth at
+    /// What the source has granted, as runs of addresses with their node: the truth at
     /// the end of a run.
-    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)>;
+    fn grants(&self) -> Vec<Grant>;
     /// Mutating calls received, and how many were answered "throttled".
     fn calls(&self) -> (u64, u64);
     /// A machine joined (a cloud registers its instance).
@@ -135,18 +135,9 @@ pub trait SimSource: IpSource + Clone {
     }
 }
 
-/// Per-address grants gathered into one set per node.
-pub(crate) fn by_node(granted: Vec<(IpAddr, NodeName)>) -> Vec<(AddrSet, NodeName)> {
-    let mut per: std::collections::BTreeMap<NodeName, AddrSet> = Default::default();
-    for (a, n) in granted {
-        per.entry(n).or_default().insert(a);
-    }
-    per.into_iter().map(|(n, s)| (s, n)).collect()
-}
-
 impl SimSource for MemorySource {
-    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
-        by_node(MemorySource::granted(self))
+    fn grants(&self) -> Vec<Grant> {
+        Grant::of_addresses(MemorySource::granted(self))
     }
 
     fn calls(&self) -> (u64, u64) {
@@ -174,8 +165,10 @@ impl SimSource for MemorySource {
 
 impl SimSource for tidepool_ipam::pool::ClusterPoolSource<MemoryNodeStore> {
     /// Every address of every block (the observer tracks whole blocks).
-    fn granted_sets(&self) -> Vec<(AddrSet, NodeName)> {
-        tidepool_ipam::pool::ClusterPoolSource::granted(self)
+    fn grants(&self) -> Vec<Grant> {
+        (tidepool_ipam::pool::ClusterPoolSource::granted(self).iter())
+            .map(|(net, node)| Grant::of_net(net, node.clone()))
+            .collect()
     }
 
     fn calls(&self) -> (u64, u64) {

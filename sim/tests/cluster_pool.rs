@@ -23,7 +23,7 @@ use tidepool_ipam::pool::{ClusterPoolSource, PoolConfig, PoolSpec, block_name};
 use tidepool_ipam::{AddrSet, ErrorClass};
 use tidepool_ipam::{BlockStore, MemoryNodeStore, ReleaseMark, Ungated};
 use tidepool_ipam::{Family, IpamBlock, NodeInfo, NodeName, NodeUid, PerFamily, ReleaseAck};
-use tidepool_sim::{PoolChoice, SimConfig, SourceChoice, World, WorldConfig, simulate};
+use tidepool_sim::{PoolChoice, SimConfig, SimSource, SourceChoice, World, WorldConfig, simulate};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world_with};
 
@@ -51,7 +51,7 @@ fn assert_clean(w: &World<Pool>) {
         "{:?}",
         w.observer.violations()
     );
-    let inv = w.observer.finish(&w.source.granted(), &w.store.list());
+    let inv = w.observer.finish(&w.source.grants(), &w.store.list());
     assert!(inv.ok(), "{inv:?}: {:?}", w.observer.violations());
 }
 

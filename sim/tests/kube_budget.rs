@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use common::*;
 use tidepool_ipam::{NodeName, ObjectKind, PodUid, Writer};
-use tidepool_sim::{World, WorldConfig};
+use tidepool_sim::{SimSource, World, WorldConfig};
 
 /// A cluster-pool world (/28 blocks of 10.0.0.0/24) whose kube budget allows `qps` writes
 /// a second in bursts of `burst`; release off, so no marks are written.
@@ -148,7 +148,7 @@ fn assert_finish_clean_pool(w: &World<Pool>) {
         "{:?}",
         w.observer.violations()
     );
-    let inv = w.observer.finish(&w.source.granted(), &w.store.list());
+    let inv = w.observer.finish(&w.source.grants(), &w.store.list());
     assert!(inv.ok(), "{inv:?}: {:?}", w.observer.violations());
 }
 

@@ -341,7 +341,7 @@ async fn run_case_inner(c: &Case) -> Result<(), TestCaseError> {
     let during = world.observer.invariants();
     let fin = world
         .observer
-        .finish(&world.source.granted_sets(), &world.store.list());
+        .finish(&world.source.grants(), &world.store.list());
     prop_assert!(
         during.ok() && fin.ok(),
         "invariants after the drain tail: {fin:?}\n{}",
@@ -638,7 +638,7 @@ fn regression_rejoin_under_the_same_name_before_node_reclaim() {
         tokio::time::sleep(tail).await;
         let fin = world
             .observer
-            .finish(&world.source.granted_sets(), &world.store.list());
+            .finish(&world.source.grants(), &world.store.list());
         assert!(fin.ok(), "{fin:?}\n{}", diagnose(&world, &[]));
     });
 }

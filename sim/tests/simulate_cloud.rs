@@ -158,10 +158,10 @@ async fn the_cloud_saying_the_machine_is_gone_skips_the_node_grace() {
     // nothing granted is lost (the cloud took the vanished instance's addresses back)
     let inv = cloud
         .observer
-        .finish(&cloud.source.granted_sets(), &cloud.store.list());
+        .finish(&cloud.source.grants(), &cloud.store.list());
     assert!(inv.ok(), "{inv:?}");
     let inv = memory
         .observer
-        .finish(&memory.source.granted_sets(), &memory.store.list());
+        .finish(&memory.source.grants(), &memory.store.list());
     assert!(inv.ok(), "{inv:?}");
 }

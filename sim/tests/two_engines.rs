@@ -24,7 +24,7 @@ use tidepool_ipam::{Api, Budget, SchedulingMode};
 use tidepool_ipam::{BlockStore, MemoryNodeStore};
 use tidepool_ipam::{EngineConfig, EngineDeps, NodeManager};
 use tidepool_ipam::{NodeInfo, NodeName, NodeUid, PodUid, ReleaseAck};
-use tidepool_sim::{World, WorldConfig};
+use tidepool_sim::{SimSource, World, WorldConfig};
 
 use common::{Pool, pods_in, pool_spec as spec, pool_world as world};
 
@@ -134,7 +134,7 @@ fn assert_clean(w: &World<Pool>) {
         "{:?}",
         w.observer.violations()
     );
-    let inv = w.observer.finish(&w.source.granted(), &w.store.list());
+    let inv = w.observer.finish(&w.source.grants(), &w.store.list());
     assert!(inv.ok(), "{inv:?}: {:?}", w.observer.violations());
     assert_used_within_own_blocks(w);
 }

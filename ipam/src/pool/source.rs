@@ -661,13 +661,10 @@ impl<B: BlockStore + NodeStore + Clone> ClusterPoolSource<B> {
         }
     }
 
-    /// Every address of every block, a block at a time (the simulator's truth at the end
-    /// of a run).
-    pub fn granted(&self) -> Vec<(AddrSet, NodeName)> {
-        self.store
-            .list_blocks()
-            .into_iter()
-            .map(|b| (AddrSet::of_net(&b.cidr), b.node.clone()))
+    /// Every block's CIDR with its node (the simulator's truth at the end of a run).
+    pub fn granted(&self) -> Vec<(ipnet::IpNet, NodeName)> {
+        (self.store.list_blocks().iter())
+            .map(|b| (b.cidr, b.node.clone()))
             .collect()
     }
 

@@ -224,14 +224,17 @@ impl PodView for PodIndex {
         reason: EventReason,
         message: String,
     ) {
-        let key = match name {
-            Some((namespace, name)) => format!("{namespace}/{name}"),
-            None => match self.state.read().key(uid) {
-                Some(key) => key.to_owned(),
-                None => return,
-            },
+        let key;
+        let (namespace, name) = match name {
+            Some(pair) => pair,
+            None => {
+                let Some(known) = self.state.read().key(uid).map(str::to_owned) else {
+                    return;
+                };
+                key = known;
+                split_key(&key)
+            }
         };
-        let (namespace, name) = split_key(&key);
         // `PodUid`'s display is the API's UUID form
         let uid = uid.to_string();
         self.events

@@ -163,7 +163,7 @@ pub fn assert_no_violations<S: tidepool_sim::SimSource>(world: &World<S>) {
 pub fn assert_finish_clean(world: &World) {
     let inv = world
         .observer
-        .finish(&world.source.granted_sets(), &world.store.list());
+        .finish(&world.source.grants(), &world.store.list());
     assert_eq!(
         inv,
         Invariants::default(),
