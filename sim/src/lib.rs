@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod cloud;
 mod heap;
+mod names;
 pub mod observer;
 pub mod run;
 pub mod scarcity;

@@ -11,9 +11,10 @@ use ipnet::IpNet;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::names::NodeNames;
 use tidepool_ipam::addrs::{Run, show_run, span};
-use tidepool_ipam::{AddrMap, AddrSet, SourceHook};
 use tidepool_ipam::uid_table::{Keyed, UidTable};
+use tidepool_ipam::{AddrMap, AddrSet, SourceHook};
 use tidepool_ipam::{Family, IpamBlock, IpamNode, NodeName, PodIps, PodUid};
 use tidepool_ipam::{StoreHook, Writer};
 
@@ -96,10 +97,8 @@ impl Keyed for LivePod {
 struct State {
     /// Who holds which address, as runs (a /64 block is one entry).
     holds: AddrMap<Hold>,
-    /// Node names by id: a hold names its node by id (4 bytes per address, not a string's 16).
-    names: Vec<NodeName>,
-    /// Ids by name (a hash map: asked on every pod start, iterated never).
-    ids: foldhash::HashMap<NodeName, u32>,
+    /// A hold names its node by number.
+    names: NodeNames,
     /// Address → the live pod using it.
     addr_pod: BTreeMap<IpAddr, PodUid>,
     /// The live pods with their addresses (a compact table: a million pods at 10,000
@@ -119,23 +118,12 @@ struct State {
 }
 
 impl State {
-    /// The node's id, given on first sight.
-    fn id(&mut self, node: &NodeName) -> u32 {
-        if let Some(&id) = self.ids.get(node) {
-            return id;
-        }
-        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 node names");
-        self.names.push(node.clone());
-        self.ids.insert(node.clone(), id);
-        id
-    }
-
     /// Whether `a` is held by `node`, and actively (not promised away) if `active`.
     fn held_by(&self, a: &IpAddr, node: &str, active: bool) -> bool {
-        let id = self.ids.get(node);
+        let id = self.names.get(node);
         self.holds
             .get(a)
-            .is_some_and(|h| (h.active || !active) && Some(&h.node) == id)
+            .is_some_and(|h| (h.active || !active) && Some(h.node) == id)
     }
 
     /// Marks `node`'s holds within `run` active or not (the node side's promise).
@@ -169,9 +157,9 @@ impl State {
     ) -> Vec<String> {
         let mut out = Vec::new();
         for Grant { node, family, run } in granted {
-            let id = self.ids.get(&node);
+            let id = self.names.get(&node);
             for (piece, hold) in self.holds.pieces(family, &run) {
-                if hold.is_some_and(|h| h.active && Some(&h.node) == id) {
+                if hold.is_some_and(|h| h.active && Some(h.node) == id) {
                     continue;
                 }
                 out.push(format!(
@@ -223,9 +211,7 @@ impl Observer {
         btree_bytes(s.holds.run_count(), run + size_of::<Hold>())
             + btree_bytes(s.addr_pod.len(), ip + size_of::<PodUid>())
             + s.live.heap_bytes()
-            + s.names.capacity() * size_of::<NodeName>()
-            + tidepool_ipam::uid_table::hash_slots(s.ids.capacity())
-                * (size_of::<(NodeName, u32)>() + 1)
+            + s.names.heap_bytes()
             + btree_bytes(
                 s.deleted_at.len(),
                 size_of::<PodUid>() + size_of::<Instant>(),
@@ -298,7 +284,7 @@ impl Observer {
         let mut guard = self.s.lock();
         let s = &mut *guard;
         s.reclaimed += reclaimed as u64;
-        let Some(id) = s.ids.get(node).copied() else {
+        let Some(id) = s.names.get(node) else {
             // a node never granted anything holds nothing to resume
             for (f, run) in resumed.runs() {
                 s.violate(
@@ -322,7 +308,7 @@ impl Observer {
                     Some(h) if h.active => format!(
                         "{} resumed by {node} while {} holds it",
                         show_run(f, &piece),
-                        s.names[h.node as usize]
+                        s.names.name(h.node)
                     ),
                     _ => format!(
                         "{} resumed by {node} after the source took it back",
@@ -343,7 +329,7 @@ impl Observer {
         let mut s = self.s.lock();
         s.vanished.remove(node);
         let back = s.dormant.keys_where(|n| n == node);
-        let id = s.id(node);
+        let id = s.names.id(node);
         s.dormant.remove_set(&back);
         s.holds.insert_set(
             &back,
@@ -357,7 +343,7 @@ impl Observer {
     /// A machine vanished with its pods: its holds end.
     pub fn machine_vanished(&self, node: &NodeName) {
         let mut s = self.s.lock();
-        if let Some(id) = s.ids.get(node).copied() {
+        if let Some(id) = s.names.get(node) {
             let active = s.holds.keys_where(|h| h.node == id && h.active);
             let all = s.holds.keys_where(|h| h.node == id);
             s.holds.remove_set(&all);
@@ -368,11 +354,7 @@ impl Observer {
 
     /// End-of-run check for lost addresses: every address the source still grants must
     /// be held by that node, and every `used` entry must belong to a live pod.
-    pub fn finish(
-        &self,
-        granted: &[Grant],
-        nodes: &[std::sync::Arc<IpamNode>],
-    ) -> Invariants {
+    pub fn finish(&self, granted: &[Grant], nodes: &[std::sync::Arc<IpamNode>]) -> Invariants {
         self.finish_with(granted.iter().cloned(), nodes)
     }
 
@@ -436,7 +418,7 @@ impl SourceHook for Observer {
         if s.vanished.contains(node) {
             return; // a machine that is gone holds nothing
         }
-        let id = s.id(node);
+        let id = s.names.id(node);
         s.dormant.remove_set(addrs);
         let mut bad = Vec::new();
         for (f, run) in addrs.runs() {
@@ -448,7 +430,7 @@ impl SourceHook for Observer {
                     bad.push(format!(
                         "{} granted to {node} while {} holds it",
                         show_run(f, &piece),
-                        s.names[h.node as usize]
+                        s.names.name(h.node)
                     ));
                 }
             }
@@ -470,7 +452,7 @@ impl SourceHook for Observer {
         let dormant_here = s.dormant.keys_where(|n| n == node).intersection(addrs);
         s.dormant.remove_set(&dormant_here);
         // An active hold stays: granting the address elsewhere would then be a double grant.
-        if let Some(id) = s.ids.get(node).copied() {
+        if let Some(id) = s.names.get(node) {
             let promised = s
                 .holds
                 .keys_where(|h| h.node == id && !h.active)

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::heap::{arc_str_bytes, btree_bytes};
+use crate::names::NodeNames;
 use crate::observer::{Grant, Observer};
 use crate::scarcity::oracle::ClaimBudget;
 use crate::scarcity::{OracleBook, OracleSettings, PoolKey};
@@ -334,7 +335,8 @@ impl Default for WorldConfig {
 struct SimPod {
     /// Its key in [`Inner::pods`].
     uid: PodUid,
-    node: NodeName,
+    /// Its node ([`Inner::names`]).
+    node: u32,
     container_id: u64,
     /// When it was scheduled, in nanoseconds since the world's start ([`Inner::base`]):
     /// half an `Instant`'s size, converted exactly.
@@ -417,6 +419,8 @@ struct Inner {
     /// The names of the agents that are alive, in name order (kept with `agents`, so the
     /// workload can pick a live node without listing them all).
     live: Vec<NodeName>,
+    /// The nodes' names by number (a pod names its node by number).
+    names: NodeNames,
     next_uid: u128,
     next_container: u64,
     next_node_uid: u128,
@@ -598,6 +602,7 @@ impl<S: SimSource> World<S> {
                 pods: UidTable::default(),
                 agents: HashMap::default(),
                 live: Vec::new(),
+                names: NodeNames::default(),
                 next_uid: 1,
                 next_container: 1,
                 next_node_uid: 1,
@@ -753,9 +758,10 @@ impl<S: SimSource> World<S> {
             let uid = PodUid(g.next_uid);
             let cid = g.next_container;
             let scheduled_ns = ns_since(g.base, Instant::now());
+            let node_id = g.names.id(node);
             g.pods.insert(SimPod {
                 uid,
-                node: node.clone(),
+                node: node_id,
                 container_id: cid,
                 scheduled_ns,
                 started_ns: NOT_STARTED,
@@ -781,12 +787,14 @@ impl<S: SimSource> World<S> {
     /// Deletes a pod. A crash leaves its `used` entry behind (no DEL reaches the node side).
     pub fn delete_pod(&self, uid: PodUid, crash: bool) {
         let now = Instant::now();
-        let Some((p, started_at)) = ({
-            let mut g = self.inner.lock();
+        let Some((p, node, started_at)) = ({
+            let mut guard = self.inner.lock();
+            let g = &mut *guard;
             let base = g.base;
             let p = g.pods.remove(&uid);
-            if let Some(p) = &p
-                && let Some(a) = g.agents.get_mut(&p.node)
+            let node = p.as_ref().map(|p| g.names.name(p.node).clone());
+            if let (Some(p), Some(node)) = (&p, &node)
+                && let Some(a) = g.agents.get_mut(node)
             {
                 let queued = a.queue.len();
                 a.queue.retain(|(u, _)| *u != uid);
@@ -796,12 +804,12 @@ impl<S: SimSource> World<S> {
                 let alive = a.alive;
                 g.stats.left_unserved += unserved;
                 if alive {
-                    g.depart(&p.node, p, crash, now);
+                    g.depart(node, p, crash, now);
                 }
             }
-            p.map(|p| {
+            p.zip(node).map(|(p, node)| {
                 let started_at = p.started_at(base);
-                (p, started_at)
+                (p, node, started_at)
             })
         }) else {
             return;
@@ -817,14 +825,14 @@ impl<S: SimSource> World<S> {
             if !crash {
                 let utc = self.clock.utc();
                 let cd = self.cfg.reuse_cooldown;
-                self.store.update_node(&p.node, |_, side| {
+                self.store.update_node(&node, |_, side| {
                     let mut ns = NodeSide::take_published(side, cd);
                     let key = allocation(p.container_id);
                     let freed = !ns.del(&key, Some(uid), utc).freed().is_empty();
                     publish(ns, side, utc);
                     freed
                 });
-                self.inner.lock().wake_at(&p.node, now + cd);
+                self.inner.lock().wake_at(&node, now + cd);
                 self.wake.notify_one();
             }
         }
@@ -839,8 +847,8 @@ impl<S: SimSource> World<S> {
                 }
             }
         }
-        self.pod_deleted_event(&p.node);
-        self.reconcile(&p.node);
+        self.pod_deleted_event(&node);
+        self.reconcile(&node);
     }
 
     /// The pod informer's events for a deletion: one now, and one when the cache shows
@@ -866,7 +874,7 @@ impl<S: SimSource> World<S> {
     pub fn finish_pod(&self, uid: PodUid, phase: PodPhase) {
         let node = {
             let g = self.inner.lock();
-            g.pods.get(&uid).map(|p| p.node.clone())
+            g.pods.get(&uid).map(|p| g.names.name(p.node).clone())
         };
         if let Some(node) = node {
             self.observer.pod_stopped(uid, true);
@@ -884,7 +892,8 @@ impl<S: SimSource> World<S> {
             let cid = g.next_container;
             let p = g.pods.get_mut(&uid)?;
             p.container_id = cid;
-            let node = p.node.clone();
+            let node_id = p.node;
+            let node = g.names.name(node_id).clone();
             // a pod still waiting asks with its new container ID too
             if let Some(q) = g
                 .agents
@@ -1428,7 +1437,7 @@ impl<S: SimSource> World<S> {
             bytes += p.values().map(Projection::heap_bytes).sum::<usize>();
         }
         let g = self.inner.lock();
-        bytes += g.pods.heap_bytes();
+        bytes += g.pods.heap_bytes() + g.names.heap_bytes();
         bytes += tidepool_ipam::uid_table::hash_slots(g.agents.capacity())
             * (size_of::<(NodeName, Agent)>() + 1);
         bytes += g
