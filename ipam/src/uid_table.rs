@@ -191,7 +191,6 @@ impl<V: Keyed> UidTable<V> {
         out
     }
 
-    #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.chunks.iter().flat_map(|c| c.iter().flatten())
     }
