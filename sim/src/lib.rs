@@ -2,6 +2,7 @@
 //! kubelets, a workload, an independent observer and the `simulate` run with its report.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
+mod addr_bits;
 pub mod alloc;
 pub mod cloud;
 mod heap;

@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::addr_bits::AddrBits;
 use crate::names::NodeNames;
 use tidepool_ipam::addrs::{Run, show_run, span};
 use tidepool_ipam::uid_table::{Keyed, UidTable};
@@ -99,10 +100,10 @@ struct State {
     holds: AddrMap<Hold>,
     /// A hold names its node by number.
     names: NodeNames,
-    /// The addresses live pods use, as runs (a node's pods' addresses mostly follow on
-    /// one another: a few runs a node, where a map of address to pod took ~47 bytes an
+    /// The addresses live pods use, as bitmaps (a node's pods' addresses sit in a few
+    /// blocks: a few words a node, where a map of address to pod took ~47 bytes an
     /// address). Which pod uses one is in `live`.
-    in_use: AddrSet,
+    in_use: AddrBits,
     /// The live pods with their addresses (a compact table: a million pods at 10,000
     /// nodes, where a B-tree of boxed address lists took twice the bytes).
     live: UidTable<LivePod>,
@@ -210,7 +211,7 @@ impl Observer {
         let s = self.s.lock();
         let run = size_of::<Run>();
         btree_bytes(s.holds.run_count(), run + size_of::<Hold>())
-            + btree_bytes(s.in_use.run_count(), run)
+            + btree_bytes(s.in_use.word_count(), 16 + 8)
             + s.live.heap_bytes()
             + s.names.heap_bytes()
             + btree_bytes(
@@ -249,7 +250,7 @@ impl Observer {
                     format!("{a} used by live pods {other} and {uid} at once"),
                 );
             }
-            s.in_use.insert(*a);
+            s.in_use.insert(a);
         }
         s.live.insert(LivePod { uid, ips });
     }
@@ -573,7 +574,11 @@ mod tests {
         };
         o.pod_started(&n, PodUid(1), &[ip("10.0.0.1")]);
         tombstone(2, "10.0.0.1");
-        assert!(o.invariants().ok(), "another pod's tombstone: {:?}", o.violations());
+        assert!(
+            o.invariants().ok(),
+            "another pod's tombstone: {:?}",
+            o.violations()
+        );
         tombstone(1, "10.0.0.1");
         assert_eq!(o.invariants().live_ip_reclaimed, 1);
         o.pod_stopped(PodUid(1), false);
