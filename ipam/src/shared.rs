@@ -1,7 +1,7 @@
 //! What the manager and its maintainers share: the I/O, the budgets, the leadership signal
 //! and each node's handle. Apart from both so neither module depends on the other.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -9,7 +9,10 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+mod nodes;
 mod pool_step;
+
+pub(crate) use nodes::NodeTable;
 
 pub use pool_step::ScarcityState;
 pub(crate) use pool_step::{PoolKey, PoolScarcity};
@@ -80,7 +83,7 @@ pub(crate) struct Shared<S, N, P> {
     pub leader: watch::Receiver<bool>,
     /// Bumped each time the lead is gained: maintainers re-seed once per epoch.
     pub leader_epoch: AtomicU64,
-    pub nodes: Mutex<BTreeMap<NodeName, Arc<NodeHandle>>>,
+    pub nodes: Mutex<NodeTable<NodeHandle>>,
     pub stats: Mutex<Stats>,
     /// The stats the aggregate gauges were last set from ([`Stats::publish`]).
     pub published: Mutex<Stats>,

@@ -33,7 +33,7 @@ impl<S: IpSource, N: NodeStore + BlockStore, P: PodView> NodeManager<S, N, P> {
                 continue;
             }
             tracing::info!(node = %n.name, "an IPAMNode without its Node: reclaimed after the node grace");
-            if !self.shared.nodes.lock().contains_key(&n.name) {
+            if self.shared.nodes.lock().get(&n.name).is_none() {
                 self.upsert_node(NodeInfo {
                     name: n.name.clone(),
                     uid: n.node_uid,
