@@ -12,7 +12,7 @@ use tokio::time::Instant;
 mod nodes;
 mod pool_step;
 
-pub(crate) use nodes::NodeTable;
+use nodes::NodeTable;
 
 pub use pool_step::ScarcityState;
 pub(crate) use pool_step::{PoolKey, PoolScarcity};

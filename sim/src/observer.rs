@@ -43,17 +43,14 @@ impl Grant {
         for (a, n) in granted {
             per.entry(n).or_default().insert(a);
         }
-        per.into_iter()
-            .flat_map(|(node, set)| {
-                (set.runs())
-                    .map(|(family, run)| Grant {
-                        node: node.clone(),
-                        family,
-                        run: run.clone(),
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (node, set) in per {
+            for (family, run) in set.runs() {
+                let (node, run) = (node.clone(), run.clone());
+                out.push(Grant { node, family, run });
+            }
+        }
+        out
     }
 }
 
@@ -227,6 +224,8 @@ impl Observer {
     pub fn pod_started(&self, node: &NodeName, uid: PodUid, addrs: &[IpAddr]) {
         let mut s = self.s.lock();
         let ips = PodIps::new(addrs.iter().copied());
+        // what the pod had, if it started before (its own addresses are no double use)
+        let before = s.live.get(&uid).map(|p| p.ips);
         if ips.iter().count() < addrs.len() {
             s.violate(
                 |i| &mut i.double_allocations,
@@ -240,7 +239,7 @@ impl Observer {
                     format!("pod {uid} on {node} uses {a}, which {node} does not hold"),
                 );
             }
-            let again = s.live.get(&uid).is_some_and(|p| p.ips.contains(a));
+            let again = before.is_some_and(|b| b.contains(a));
             if s.in_use.contains(a) && !again {
                 let other = (s.live.values())
                     .find(|p| p.ips.contains(a))
