@@ -167,7 +167,7 @@ fn side(n: u8) -> NodeSide {
             namespace: "ns".into(),
             pod: format!("p{i}").into(),
             allocation: id,
-            since: at(u64::from(i)),
+            since: at(u64::from(i)).into(),
         };
         fields.used.insert(IpAddr::from([10, 0, 0, 1 + i]), e);
     }

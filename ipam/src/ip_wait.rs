@@ -88,7 +88,7 @@ mod tests {
                     namespace: "ns".into(),
                     pod: "p".into(),
                     allocation: AllocationId(1),
-                    since: SystemTime::UNIX_EPOCH,
+                    since: SystemTime::UNIX_EPOCH.into(),
                 },
             );
         }

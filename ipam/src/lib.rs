@@ -68,8 +68,8 @@ pub use store::{
 pub use types::{
     AllocationId, BlockedPool, Condition, Family, IpamBlock, IpamNode, NodeInfo, NodeName,
     NodeSideFields, NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome,
-    ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry, UsedMap,
-    WatermarkOverrides,
+    ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UnixNanos, UsedEntry,
+    UsedMap, WatermarkOverrides,
 };
 pub use vocab::{Blocked, ConditionReason, ConditionType, DeletionWait, EventReason};
 pub use watermarks::Watermarks;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
 use crate::types::{
     AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimReason, ResourceVersion,
-    Tombstone, UsedEntry, UsedMap,
+    Tombstone, UnixNanos, UsedEntry, UsedMap,
 };
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -144,10 +144,9 @@ impl Sighting {
 
     /// 32 bits of a hash of `since`: two different times give the same tag with a chance
     /// of about 2^-32, and then only that pod's re-lookup is missed until its next change
-    /// (the confirmation before any tombstone reads the entries and the pod afresh). Hashed
-    /// rather than measured from the epoch: this runs for every entry of a changed node at
-    /// every pass, and `SystemTime::duration_since` was 1.5 % of a simulation.
-    fn since_tag(since: std::time::SystemTime) -> u32 {
+    /// (the confirmation before any tombstone reads the entries and the pod afresh). Hashed,
+    /// not cut to its low bits, so that times a structured step apart do not collide.
+    fn since_tag(since: UnixNanos) -> u32 {
         let x = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), since);
         (x ^ (x >> 32)) as u32
     }
@@ -540,7 +539,7 @@ mod tests {
             namespace: "ns".into(),
             pod: "p".into(),
             allocation: crate::types::AllocationId(since),
-            since: SystemTime::UNIX_EPOCH + Duration::from_secs(since),
+            since: (SystemTime::UNIX_EPOCH + Duration::from_secs(since)).into(),
         }
     }
 
@@ -698,7 +697,7 @@ mod tests {
         same.insert(
             ip("10.0.0.2"),
             UsedEntry {
-                since: e.since + Duration::from_secs(1),
+                since: (SystemTime::from(e.since) + Duration::from_secs(1)).into(),
                 ..e.clone()
             },
         );

@@ -200,7 +200,7 @@ mod tests {
             namespace: "default".into(),
             pod: "p".into(),
             allocation: crate::types::AllocationId(0),
-            since: SystemTime::UNIX_EPOCH,
+            since: SystemTime::UNIX_EPOCH.into(),
         }
     }
 

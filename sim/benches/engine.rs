@@ -69,7 +69,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
                     namespace: "default".into(),
                     pod: "p".into(),
                     allocation: tidepool_ipam::AllocationId(1),
-                    since,
+                    since: since.into(),
                 },
             );
             // pods 0..3 are gone: three reclaim candidates

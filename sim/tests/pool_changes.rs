@@ -236,7 +236,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
                 namespace: "ns".into(),
                 pod: "p".into(),
                 allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
-                since: SystemTime::UNIX_EPOCH,
+                since: SystemTime::UNIX_EPOCH.into(),
             },
         );
     });
@@ -305,7 +305,7 @@ async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
                 namespace: "ns".into(),
                 pod: "stray".into(),
                 allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
-                since: SystemTime::UNIX_EPOCH,
+                since: SystemTime::UNIX_EPOCH.into(),
             },
         );
     });

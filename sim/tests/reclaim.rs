@@ -453,7 +453,7 @@ fn node_side_answers_a_changed_owner_stale() {
         namespace: "ns".into(),
         pod: "b".into(),
         allocation: AllocationId::new("c9", "eth0"),
-        since: SystemTime::UNIX_EPOCH,
+        since: SystemTime::UNIX_EPOCH.into(),
     };
     side.used.insert(x, entry.clone());
     let mut ns = NodeSide::from_published(&side, secs(30));

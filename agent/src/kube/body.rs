@@ -117,7 +117,7 @@ pub fn node_status_body(
                 pod: e.pod.to_string(),
                 container_id: names.container_id(),
                 ifname: names.ifname().to_string(),
-                since: from_system(e.since),
+                since: from_system(e.since.into()),
                 pool: pools.get(a).map(|p| p.to_string()),
             };
             Some((a.to_string(), v))
@@ -223,7 +223,7 @@ mod tests {
             namespace: Arc::from("ns"),
             pod: Arc::from("p"),
             allocation: id,
-            since: at(1),
+            since: at(1).into(),
         };
         f.used.insert(ip("10.0.0.2"), entry.clone());
         f.used.insert(ip("fd00::2"), entry);

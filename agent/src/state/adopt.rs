@@ -88,7 +88,7 @@ impl NodeState {
         let named = addrs
             .iter()
             .filter_map(|a| Some((*a, pools.get(a)?.clone())));
-        self.adopt_in_pools(key, pod, &addrs, None, since, named.collect())
+        self.adopt_in_pools(key, pod, &addrs, None, since.into(), named.collect())
             .map(|_| ())
             .map_err(|e| format!("{addrs:?}: {}", super::StateError::from(e)))
     }
@@ -130,7 +130,7 @@ mod tests {
             namespace: Arc::from("default"),
             pod: Arc::from(format!("p{uid}").as_str()),
             allocation: key.id(),
-            since: at(since),
+            since: at(since).into(),
         }
     }
 

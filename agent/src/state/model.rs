@@ -176,7 +176,7 @@ impl NodeState {
                 name: own.name,
             },
             addrs,
-            since: held.since,
+            since: held.since.into(),
             boot_id: own.boot_id,
             netns: own.netns,
             network: held.network.clone(),

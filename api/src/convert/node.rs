@@ -302,7 +302,7 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, c: &mut Collected) -> Node
             namespace: c.strings.get(&e.namespace),
             pod: e.pod.as_str().into(),
             allocation: allocation(c, &e.container_id, &e.ifname),
-            since: to_system(&e.since),
+            since: to_system(&e.since).into(),
         };
         side.used.insert(a, entry);
     }

@@ -134,7 +134,7 @@ impl Rig {
                     namespace: "ns".into(),
                     pod: format!("p{uid}").into(),
                     allocation: AllocationId(uid as u64),
-                    since: SystemTime::UNIX_EPOCH,
+                    since: SystemTime::UNIX_EPOCH.into(),
                 },
             );
         });

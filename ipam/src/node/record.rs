@@ -39,7 +39,7 @@ impl<K: Key> NodeSide<K> {
                 key: h.key.clone(),
                 pod_uid: h.pod_uid,
                 addrs,
-                since: h.since,
+                since: h.since.into(),
                 network: h.network.clone(),
             })
             .collect();

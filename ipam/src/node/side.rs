@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::addrs::{AddrMap, AddrSet, address};
-use crate::types::{AllocationId, Family, IpamNode, PodUid, ReclaimOutcome, ReleaseAck};
+use crate::types::{AllocationId, Family, IpamNode, PodUid, ReclaimOutcome, ReleaseAck, UnixNanos};
 use crate::used::UsedMap;
 
 use super::MAX_REUSE_COOLDOWN;
@@ -52,7 +52,7 @@ impl From<PodUid> for Owner {
 pub struct Held<K> {
     pub pod_uid: PodUid,
     pub key: K,
-    pub since: SystemTime,
+    pub since: UnixNanos,
     pub network: Network,
 }
 
@@ -309,7 +309,7 @@ impl<K: Key> NodeSide<K> {
             let held = Held {
                 pod_uid: pod,
                 key: key.clone(),
-                since,
+                since: since.into(),
                 network: network.clone(),
             };
             self.used.insert(*addr, held);

@@ -134,7 +134,7 @@ fn a_repeated_add_returns_the_same_addresses_and_changes_nothing() {
     assert_eq!(s, before);
     assert!(s.holder(&ip("10.0.0.9")).is_none());
     let (held, addrs) = s.allocation(&alloc(1)).expect("recorded");
-    assert_eq!((held.since, addrs), (T, first.addrs));
+    assert_eq!((held.since, addrs), (T.into(), first.addrs));
 }
 
 #[test]

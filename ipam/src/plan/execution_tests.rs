@@ -248,7 +248,7 @@ fn answers_are_reported_by_outcome_and_a_live_one_names_the_pod_and_is_refused()
             namespace: "ns".into(),
             pod: "web".into(),
             allocation: AllocationId(3),
-            since: SystemTime::UNIX_EPOCH,
+            since: SystemTime::UNIX_EPOCH.into(),
         },
     );
     let mut t = tombstone(3);

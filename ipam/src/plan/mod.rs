@@ -879,7 +879,7 @@ mod tests {
             namespace: "ns".into(),
             pod: "p".into(),
             allocation: crate::types::AllocationId(1),
-            since: SystemTime::UNIX_EPOCH,
+            since: SystemTime::UNIX_EPOCH.into(),
         }
     }
 

@@ -1098,7 +1098,7 @@ mod tests {
                     namespace: Arc::from("default"),
                     pod: Arc::from(format!("pod-{pod}")),
                     allocation: crate::types::AllocationId(1),
-                    since: SystemTime::UNIX_EPOCH,
+                    since: SystemTime::UNIX_EPOCH.into(),
                 },
             );
         }
@@ -1707,7 +1707,7 @@ mod tests {
                         namespace: Arc::from("ns"),
                         pod: Arc::from("p"),
                         allocation: crate::types::AllocationId(0),
-                        since: SystemTime::UNIX_EPOCH,
+                        since: SystemTime::UNIX_EPOCH.into(),
                     },
                 );
             }
@@ -1891,7 +1891,7 @@ mod tests {
                         namespace: Arc::from(""),
                         pod: Arc::from(""),
                         allocation: crate::types::AllocationId(0),
-                        since: SystemTime::UNIX_EPOCH,
+                        since: SystemTime::UNIX_EPOCH.into(),
                     });
             }
             let live: LiveNodes = nodes
