@@ -375,6 +375,17 @@ impl SimPod {
     }
 }
 
+/// A pod's UID as the world hands it out, a number from 1 up: 8 bytes where a
+/// [`PodUid`] takes 16 (a node's list of its pods is kept in these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PodNumber(u64);
+
+impl PodNumber {
+    fn uid(self) -> PodUid {
+        PodUid(u128::from(self.0))
+    }
+}
+
 struct Agent {
     /// The UID of its Node object.
     uid: NodeUid,
@@ -383,7 +394,8 @@ struct Agent {
     /// Pods waiting for addresses (CNI ADD retried when the pool changes).
     /// (with each pod's current container ID, so a reconcile reads the queue alone)
     queue: VecDeque<(PodUid, u64)>,
-    pods: Vec<PodUid>,
+    /// Its pods in scheduling order, by number ([`PodNumber`]).
+    pods: Vec<PodNumber>,
     /// A wake-up queued in [`Inner::cooldowns`] for this node, no later than its earliest
     /// cooldown end when it was queued; `None`: maybe none. A later one is not queued while
     /// this one stands: the reconcile it wakes queues the next cooldown end.
@@ -421,7 +433,8 @@ struct Inner {
     live: Vec<NodeName>,
     /// The nodes' names by number (a pod names its node by number).
     names: NodeNames,
-    next_uid: u128,
+    /// The last pod number handed out: the world's pod UIDs are these numbers.
+    next_uid: u64,
     next_container: u64,
     next_node_uid: u128,
     /// When the node sides must look again (a cooldown ends); see [`Agent::wake_at`] for
@@ -755,7 +768,8 @@ impl<S: SimSource> World<S> {
             g.book.each(pools, |o| o.arrive(at, node));
             g.next_uid += 1;
             g.next_container += 1;
-            let uid = PodUid(g.next_uid);
+            let number = PodNumber(g.next_uid);
+            let uid = number.uid();
             let cid = g.next_container;
             let scheduled_ns = ns_since(g.base, Instant::now());
             let node_id = g.names.id(node);
@@ -770,7 +784,7 @@ impl<S: SimSource> World<S> {
             });
             if let Some(a) = g.agents.get_mut(node) {
                 a.queue.push_back((uid, cid));
-                a.pods.push(uid);
+                a.pods.push(number);
             }
             g.stats.events += 1;
             uid
@@ -798,7 +812,7 @@ impl<S: SimSource> World<S> {
             {
                 let queued = a.queue.len();
                 a.queue.retain(|(u, _)| *u != uid);
-                a.pods.retain(|u| *u != uid);
+                a.pods.retain(|u| u.uid() != uid);
                 let unserved = (queued - a.queue.len()) as u64;
                 // a pod of a vanished machine left the oracle with it
                 let alive = a.alive;
@@ -950,7 +964,7 @@ impl<S: SimSource> World<S> {
             a.alive = false;
             let unserved = a.queue.len() as u64;
             a.queue.clear();
-            let uids = a.pods.clone();
+            let uids: Vec<PodUid> = a.pods.iter().map(|n| n.uid()).collect();
             g.stats.left_unserved += unserved;
             // its pods leave as crashed ones do: their addresses are held until reclaimed
             let now = Instant::now();
@@ -979,7 +993,9 @@ impl<S: SimSource> World<S> {
             g.stats.events += 1;
             let agent = g.agents.remove(node);
             let alive = agent.as_ref().is_some_and(|a| a.alive);
-            let uids = agent.map(|a| a.pods).unwrap_or_default();
+            let uids: Vec<PodUid> = (agent.iter().flat_map(|a| &a.pods))
+                .map(|n| n.uid())
+                .collect();
             if let Ok(i) = g.live.binary_search(node) {
                 g.live.remove(i);
             }
@@ -1062,7 +1078,7 @@ impl<S: SimSource> World<S> {
             .lock()
             .agents
             .get(node)
-            .map(|a| a.pods.clone())
+            .map(|a| a.pods.iter().map(|n| n.uid()).collect())
             .unwrap_or_default()
     }
 
@@ -1444,7 +1460,7 @@ impl<S: SimSource> World<S> {
             .agents
             .values()
             .map(|a| {
-                a.pods.capacity() * size_of::<PodUid>()
+                a.pods.capacity() * size_of::<PodNumber>()
                     + a.queue.capacity() * size_of::<(PodUid, u64)>()
             })
             .sum::<usize>();
