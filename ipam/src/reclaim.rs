@@ -120,10 +120,10 @@ pub struct ReclaimTracker {
 type TombstonedPod = (PodUid, Arc<str>, Arc<str>);
 
 /// A `used` entry (address, pod UID) and when the operator first saw it: 48 bytes where
-/// `(IpAddr, PodUid, Instant)` takes 64 (a `u128` aligns to 16), kept per address.
+/// `(IpAddr, PodUid, Instant)` takes 56, kept per address.
 #[derive(Debug, Clone, Copy)]
 struct Sighting {
-    uid: [u64; 2],
+    uid: PodUid,
     /// Nanoseconds since the tracker's base.
     at: u64,
     addr: IpAddr,
@@ -138,10 +138,6 @@ struct Sighting {
 const _: () = assert!(size_of::<Sighting>() == 48);
 
 impl Sighting {
-    fn uid_of(uid: PodUid) -> [u64; 2] {
-        [uid.0 as u64, (uid.0 >> 64) as u64]
-    }
-
     /// 32 bits of a hash of `since`: two different times give the same tag with a chance
     /// of about 2^-32, and then only that pod's re-lookup is missed until its next change
     /// (the confirmation before any tombstone reads the entries and the pod afresh). Hashed,
@@ -152,13 +148,7 @@ impl Sighting {
     }
 
     fn same_entry(&self, addr: &IpAddr, e: &UsedEntry) -> bool {
-        self.addr == *addr
-            && self.uid == Self::uid_of(e.pod_uid)
-            && self.since == Self::since_tag(e.since)
-    }
-
-    fn pod_uid(&self) -> PodUid {
-        PodUid(u128::from(self.uid[0]) | u128::from(self.uid[1]) << 64)
+        self.addr == *addr && self.uid == e.pod_uid && self.since == Self::since_tag(e.since)
     }
 }
 
@@ -286,10 +276,10 @@ impl ReclaimTracker {
         let mut i = 0;
         for (addr, entry) in used {
             while i < old.len() && old[i].addr < *addr {
-                moved.push(old[i].pod_uid());
+                moved.push(old[i].uid);
                 i += 1;
             }
-            let uid = Sighting::uid_of(entry.pod_uid);
+            let uid = entry.pod_uid;
             let since = Sighting::since_tag(entry.since);
             let at = match old.get(i) {
                 Some(o) if o.addr == *addr && o.uid == uid => {
@@ -300,7 +290,7 @@ impl ReclaimTracker {
                     o.at
                 }
                 Some(o) if o.addr == *addr => {
-                    moved.extend([o.pod_uid(), entry.pod_uid]);
+                    moved.extend([o.uid, entry.pod_uid]);
                     i += 1;
                     now_at
                 }
@@ -316,7 +306,7 @@ impl ReclaimTracker {
                 since,
             });
         }
-        moved.extend(old[i..].iter().map(Sighting::pod_uid));
+        moved.extend(old[i..].iter().map(|o| o.uid));
         moved
     }
 

@@ -402,6 +402,13 @@ struct Agent {
     wake_at: Option<Instant>,
 }
 
+impl Agent {
+    /// Its pods' UIDs, in scheduling order.
+    fn pod_uids(&self) -> Vec<PodUid> {
+        self.pods.iter().map(|n| n.uid()).collect()
+    }
+}
+
 /// Counters the world keeps of its workload.
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadStats {
@@ -964,7 +971,7 @@ impl<S: SimSource> World<S> {
             a.alive = false;
             let unserved = a.queue.len() as u64;
             a.queue.clear();
-            let uids: Vec<PodUid> = a.pods.iter().map(|n| n.uid()).collect();
+            let uids = a.pod_uids();
             g.stats.left_unserved += unserved;
             // its pods leave as crashed ones do: their addresses are held until reclaimed
             let now = Instant::now();
@@ -993,9 +1000,7 @@ impl<S: SimSource> World<S> {
             g.stats.events += 1;
             let agent = g.agents.remove(node);
             let alive = agent.as_ref().is_some_and(|a| a.alive);
-            let uids: Vec<PodUid> = (agent.iter().flat_map(|a| &a.pods))
-                .map(|n| n.uid())
-                .collect();
+            let uids = agent.as_ref().map(Agent::pod_uids).unwrap_or_default();
             if let Ok(i) = g.live.binary_search(node) {
                 g.live.remove(i);
             }
@@ -1078,7 +1083,7 @@ impl<S: SimSource> World<S> {
             .lock()
             .agents
             .get(node)
-            .map(|a| a.pods.iter().map(|n| n.uid()).collect())
+            .map(Agent::pod_uids)
             .unwrap_or_default()
     }
 
