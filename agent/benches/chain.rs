@@ -1,8 +1,9 @@
 //! The CNI chain measured (issue 15; BENCHMARKS.md "Node agent"): per-operation latency of
 //! the plugin alone (process start + socket + the agent's durable save), of `ptp` delegating
 //! to it, and of `ptp` with the reference `host-local` (the anchor), so the main plugin's own
-//! time shows separately; the disk's own save (write → fsync → rename → fsync(dir), the
-//! checkpoint's size, next to the state dir) in the same run; then pods per second through
+//! time shows separately; the plugin's call made in the bench's own process (the socket
+//! exchange and the agent's save without a process start); the disk's own save (write →
+//! fsync → rename → fsync(dir), the checkpoint's size, next to the state dir) in the same run; then pods per second through
 //! one agent and through the anchor at several concurrencies, with the agent's durable saves
 //! per mutation (its group commit; counted as the checkpoint's renames, by inotify); then
 //! the checkpoint's size and save cost at 250 pods. The agent is `run::run` against the
@@ -63,18 +64,11 @@ async fn bench() {
     println!("| chain | ADD p50 / p99 | DEL p50 / p99 |\n|---|---|---|");
 
     let alone = node.conf("ptp");
-    let (mut add, mut del) = (Vec::new(), Vec::new());
-    for i in 0..rounds {
-        let (c, conf) = (format!("alone{i}"), alone.clone());
-        let a = blocking(move || plugin("ADD", &c, &pod_uid(i), &conf)).await;
-        assert_eq!(a.code, 0, "{}", a.stdout);
-        let (c, conf) = (format!("alone{i}"), alone.clone());
-        let d = blocking(move || plugin("DEL", &c, &pod_uid(i), &conf)).await;
-        assert_eq!(d.code, 0, "{}", d.stdout);
-        add.push(a.took);
-        del.push(d.took);
-    }
+    let (add, del) = add_del_rounds(rounds, "alone", &alone, plugin).await;
     let (ipam_add, ipam_del) = row("tidepool-cni alone (start + socket + save)", add, del);
+    let (add, del) = add_del_rounds(rounds, "inproc", &alone, plugin_in_process).await;
+    let label = "tidepool-cni in this process (socket + save, no process start)";
+    row(label, add, del);
     let checkpoint = node.settings.state_dir.join(CHECKPOINT_FILE);
     let bytes = std::fs::metadata(&checkpoint).map_or(0, |m| m.len());
     let probe = node.dir.path().join("disk-probe");
@@ -164,6 +158,26 @@ async fn bench() {
     at_250_pods(&node, &alone, &saves).await;
     let mut node = std::sync::Arc::into_inner(node).expect("the last handle");
     node.stop_agent().await;
+}
+
+/// `rounds` ADDs each followed by its DEL, each call made by `call` (the plugin as a process,
+/// or in this one) on containers `{prefix}{i}`: their times.
+async fn add_del_rounds(
+    rounds: usize,
+    prefix: &str,
+    conf: &str,
+    call: fn(&str, &str, &str, &str) -> Run,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut add, mut del) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        for (cmd, took) in [("ADD", &mut add), ("DEL", &mut del)] {
+            let (c, conf) = (format!("{prefix}{i}"), conf.to_owned());
+            let r = blocking(move || call(cmd, &c, &pod_uid(i), &conf)).await;
+            assert_eq!(r.code, 0, "{cmd}: {}", r.stdout);
+            took.push(r.took);
+        }
+    }
+    (add, del)
 }
 
 /// `rounds` saves of `bytes` bytes as the agent saves its checkpoint, in `dir` (made here):

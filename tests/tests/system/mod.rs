@@ -186,21 +186,47 @@ impl Run {
 
 /// One CNI call for pod `web-{c}` (container `c`, interface eth0) with `config` on stdin.
 pub fn plugin(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
-    let args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-{c};K8S_POD_UID={pod_uid}"
-    );
+    let args = cni_args(c, pod_uid);
+    plugin_with(&cni_env(cmd, c, &args), config)
+}
+
+/// [`plugin`]'s call made in this process through the plugin's library entry
+/// (`tidepool_agent::cni::run`): the same socket exchange with the agent, without the
+/// process start a runtime pays for each call.
+pub fn plugin_in_process(cmd: &str, c: &str, pod_uid: &str, config: &str) -> Run {
+    let args = cni_args(c, pod_uid);
+    let env = cni_env(cmd, c, &args);
+    let getenv = |k: &str| {
+        let v = env.iter().find(|(name, _)| *name == k);
+        v.map(|(_, v)| std::ffi::OsString::from(*v))
+    };
+    let started = Instant::now();
+    let out = tidepool_agent::cni::run(&getenv, &mut config.as_bytes());
+    Run {
+        stdout: out.stdout,
+        code: out.exit_code,
+        took: started.elapsed(),
+    }
+}
+
+fn cni_args(c: &str, pod_uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-{c};K8S_POD_UID={pod_uid}")
+}
+
+/// The environment a runtime gives the plugin for `cmd` on container `c`.
+fn cni_env<'a>(cmd: &'a str, c: &'a str, args: &'a str) -> Vec<(&'a str, &'a str)> {
     let mut env = vec![("CNI_COMMAND", cmd), ("CNI_PATH", "/opt/cni/bin")];
     if matches!(cmd, "ADD" | "DEL" | "CHECK") {
         env.extend([
             ("CNI_CONTAINERID", c),
             ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", &args),
+            ("CNI_ARGS", args),
         ]);
     }
     if matches!(cmd, "ADD" | "CHECK") {
         env.push(("CNI_NETNS", "/var/run/netns/pod"));
     }
-    plugin_with(&env, config)
+    env
 }
 
 /// The plugin run with exactly `env` and `stdin`, as a runtime runs it.
