@@ -178,6 +178,7 @@ impl ReclaimTracker {
     /// (taken: the answer ends the tombstone).
     pub fn take_tombstoned(&mut self, addr: &IpAddr, uid: PodUid) -> Option<(Arc<str>, Arc<str>)> {
         let (pod, namespace, name) = self.tombstoned.remove(addr)?;
+        self.shed_tombstoned();
         (pod == uid).then_some((namespace, name))
     }
 
@@ -186,6 +187,16 @@ impl ReclaimTracker {
     pub fn keep_tombstoned(&mut self, tombstones: &BTreeMap<IpAddr, Tombstone>) {
         let kept = |a: &IpAddr, uid: &PodUid| tombstones.get(a).is_some_and(|t| t.pod_uid == *uid);
         self.tombstoned.retain(|a, (uid, ..)| kept(a, uid));
+        self.shed_tombstoned();
+    }
+
+    /// Lets an emptied map go of its storage: std's `BTreeMap` keeps its root leaf (~700
+    /// bytes here) once emptied, so every node that ever had a tombstone in flight kept one
+    /// (at 5,000 nodes, 3.3 MB that grew as the churn reached more nodes: BENCHMARKS.md).
+    fn shed_tombstoned(&mut self) {
+        if self.tombstoned.is_empty() {
+            self.tombstoned = BTreeMap::new();
+        }
     }
 
     /// The node side answered a tombstone on this allocation `live`.

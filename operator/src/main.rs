@@ -14,14 +14,22 @@ use clap::Parser;
 
 use cli::{Cli, Command, LogFormat};
 use tidepool_sim::alloc::CountingAllocator;
-use tikv_jemallocator::Jemalloc;
 
 /// jemalloc, counting live heap bytes for the simulate report's memory figures
 /// (`tidepool_sim::run::LIVE_HEAP_BYTES`; only `simulate` starts the count). jemalloc, not
 /// glibc's malloc: at 150,000 pods the operator's RSS in steady state was ~20 MB lower with
 /// it, the rest of glibc's freed but fragmented (BENCHMARKS.md, issue 31).
+#[cfg(not(tidepool_system_malloc))]
 #[global_allocator]
-static ALLOCATOR: CountingAllocator<Jemalloc> = CountingAllocator::over(Jemalloc);
+static ALLOCATOR: CountingAllocator<tikv_jemallocator::Jemalloc> =
+    CountingAllocator::over(tikv_jemallocator::Jemalloc);
+
+/// glibc's malloc, for a heap profiler that hooks it (heaptrack does not see jemalloc's
+/// prefixed symbols): `RUSTFLAGS="--cfg tidepool_system_malloc"` (BENCHMARKS.md, "What grew
+/// from minute 2").
+#[cfg(tidepool_system_malloc)]
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 fn live_heap_bytes() -> usize {
     usize::try_from(ALLOCATOR.live_bytes()).unwrap_or(0)
