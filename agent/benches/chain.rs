@@ -1,12 +1,12 @@
 //! The CNI chain measured (issue 15; BENCHMARKS.md "Node agent"): per-operation latency of
-//! the plugin alone (process start + socket + the agent's durable save), of `ptp` delegating
-//! to it, and of `ptp` with the reference `host-local` (the anchor), so the main plugin's own
-//! time shows separately; the plugin's call made in the bench's own process (the socket
-//! exchange and the agent's save without a process start); the disk's own save (write →
-//! fsync → rename → fsync(dir), the checkpoint's size, next to the state dir) in the same run; then pods per second through
-//! one agent and through the anchor at several concurrencies, with the agent's durable saves
-//! per mutation (its group commit; counted as the checkpoint's renames, by inotify); then
-//! the checkpoint's size and save cost at 250 pods. The agent is `run::run` against the
+//! the plugin alone (process start + socket + the agent's durable save), of the same call
+//! made in the bench's own process (no process start), of `ptp` delegating to it, and of
+//! `ptp` with the reference `host-local` (the anchor), so the main plugin's own time shows
+//! separately; the disk's own save (write → fsync → rename → fsync(dir), the checkpoint's
+//! size, next to the state dir) in the same run; then pods per second through one agent and
+//! through the anchor at several concurrencies, with the agent's durable saves per mutation
+//! (its group commit; counted as the checkpoint's renames, by inotify); then the
+//! checkpoint's size and save cost at 250 pods. The agent is `run::run` against the
 //! in-process API server, as in the chain test. Root only (network namespaces); every
 //! namespace is removed at the end.
 //!

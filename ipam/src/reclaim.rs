@@ -190,7 +190,7 @@ impl ReclaimTracker {
         self.shed_tombstoned();
     }
 
-    /// Lets an emptied map go of its storage: std's `BTreeMap` keeps its root leaf (~700
+    /// Lets an emptied map go of its storage: std's `BTreeMap` keeps its root leaf (720
     /// bytes here) once emptied, so every node that ever had a tombstone in flight kept one
     /// (at 5,000 nodes, 3.3 MB that grew as the churn reached more nodes: BENCHMARKS.md).
     fn shed_tombstoned(&mut self) {
