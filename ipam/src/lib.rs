@@ -66,10 +66,10 @@ pub use store::{
     StoreHook, Writer,
 };
 pub use types::{
-    AllocationId, BlockedPool, Condition, Family, IpamBlock, IpamNode, NodeInfo, NodeName,
-    NodeSideFields, NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck, ReclaimOutcome,
-    ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UnixNanos, UsedEntry,
-    UsedMap, WatermarkOverrides,
+    AllocationId, BlockedPool, Condition, Family, FewByAddr, IpamBlock, IpamNode, NodeInfo,
+    NodeName, NodeSideFields, NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck,
+    ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UnixNanos,
+    UsedEntry, UsedMap, WatermarkOverrides,
 };
 pub use vocab::{Blocked, ConditionReason, ConditionType, DeletionWait, EventReason};
 pub use watermarks::Watermarks;

@@ -433,14 +433,20 @@ impl OperatorFields {
     }
 }
 
+/// A node's few entries by address (its cooldowns, its reclaim answers), in address order:
+/// a sorted `Vec`, 40-56 bytes an entry. A `BTreeMap` keeps its 376-552-byte leaf once it
+/// held an entry, so every cached IPAMNode the churn had reached kept two (BENCHMARKS.md,
+/// "What grew from minute 2").
+pub type FewByAddr<V> = litemap::LiteMap<IpAddr, V>;
+
 /// The fields the node side writes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeSideFields {
     pub used: UsedMap,
     /// Address → end of its reuse cooldown.
-    pub cooldown: BTreeMap<IpAddr, SystemTime>,
+    pub cooldown: FewByAddr<SystemTime>,
     pub release_ack: AddrMap<ReleaseAck>,
-    pub reclaim_ack: BTreeMap<IpAddr, ReclaimAck>,
+    pub reclaim_ack: FewByAddr<ReclaimAck>,
 }
 
 impl NodeSideFields {
@@ -455,17 +461,17 @@ impl NodeSideFields {
 
     /// The earliest cooldown end after `now`.
     pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
-        next_cooldown_end(&self.cooldown, now)
+        next_cooldown_end(self.cooldown.values(), now)
     }
 }
 
-/// The earliest end after `now` among `cooldown`'s (the published fields' and the node
-/// side's record share it).
-pub(crate) fn next_cooldown_end(
-    cooldown: &BTreeMap<IpAddr, SystemTime>,
+/// The earliest end after `now` among a node's cooldown `ends` (the published fields' and
+/// the node side's record share it).
+pub(crate) fn next_cooldown_end<'a>(
+    ends: impl Iterator<Item = &'a SystemTime>,
     now: SystemTime,
 ) -> Option<SystemTime> {
-    cooldown.values().filter(|u| **u > now).min().copied()
+    ends.filter(|u| **u > now).min().copied()
 }
 
 /// One IPAMNode: same name as its Node, carrying the Node's UID.

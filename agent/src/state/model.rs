@@ -21,7 +21,7 @@ use tidepool_ipam::node::{
     Added, Answers, BlockView, DelOutcome, Held, Key, Network, NodeSide, Owner, Refused,
 };
 use tidepool_ipam::{
-    AddrMap, AddrSet, AllocationId, Family, IpamNode, NodeSideFields, PerFamily, PodUid,
+    AddrMap, AddrSet, AllocationId, Family, FewByAddr, IpamNode, NodeSideFields, PerFamily, PodUid,
     ReleaseAck, Tombstone,
 };
 
@@ -184,7 +184,7 @@ impl NodeState {
         }
     }
 
-    pub fn cooldowns(&self) -> &BTreeMap<IpAddr, SystemTime> {
+    pub fn cooldowns(&self) -> &FewByAddr<SystemTime> {
         self.side.cooldowns()
     }
 

@@ -9,7 +9,7 @@ use crate as api;
 use crate::names::{FINALIZER, condition};
 use tidepool_ipam::{
     AddrMap, AddrSet, AllocationId, BlockedPool, Condition, ConditionReason, ConditionType, Family,
-    IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck,
+    FewByAddr, IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck,
     ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry,
     WatermarkOverrides,
 };
@@ -306,6 +306,10 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, c: &mut Collected) -> Node
         };
         side.used.insert(a, entry);
     }
+    // each map in one allocation of its size (`reserve` would round up to 4 entries): a
+    // cache holds these for every node
+    side.cooldown = FewByAddr::with_capacity(st.cooldown.len());
+    side.reclaim_ack = FewByAddr::with_capacity(st.reclaim_ack.len());
     for (k, t) in &st.cooldown {
         if let Some(a) = addr(r, "status.cooldown", k) {
             side.cooldown.insert(a, to_system(t));
@@ -435,6 +439,31 @@ mod tests {
             .map(|a| a.outcome)
             .collect();
         assert_eq!(acks, vec![ReclaimOutcome::Live]);
+    }
+
+    /// The cache holds an IPAMNode's cooldowns and answers for every node: each map in one
+    /// allocation of its size, not the 4 entries a `Vec` first reserves (issue 31).
+    #[test]
+    fn cooldowns_and_answers_are_read_into_maps_of_their_size() {
+        let ack = json!({"podUID": POD, "containerID": "c", "ifname": "eth0", "outcome": "live"});
+        let obj = node(json!({
+            "apiVersion": "ipam.tidepool.dev/v1alpha1", "kind": "IPAMNode",
+            "metadata": {"name": "n1"},
+            "spec": {"nodeUID": UID},
+            "status": {"cooldown": {"10.0.0.9": "2026-11-24T10:00:00Z", "10.0.0.10": "2026-11-24T10:00:01Z"},
+                "reclaimAck": {"10.0.0.2": ack}},
+        }));
+        let (view, bad) = node_from_api(&obj);
+        assert!(bad.is_empty(), "{bad:?}");
+        let mut node = std::sync::Arc::try_unwrap(view.node).expect("the view's own");
+        let side = &mut node.node;
+        let cooldown = std::mem::take(&mut side.cooldown).into_tuple_vec();
+        let answers = std::mem::take(&mut side.reclaim_ack).into_tuple_vec();
+        // in address order, whatever the JSON's order of strings
+        let ips: Vec<String> = cooldown.iter().map(|(a, _)| a.to_string()).collect();
+        assert_eq!(ips, ["10.0.0.9", "10.0.0.10"]);
+        assert_eq!((cooldown.len(), cooldown.capacity()), (2, 2));
+        assert_eq!((answers.len(), answers.capacity()), (1, 1));
     }
 
     fn busy_node() -> api::IPAMNode {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use super::side::{Key, Network, NodeSide, Owner, ReclaimAnswer, Refused};
 use crate::addrs::AddrMap;
-use crate::types::{PodUid, ReleaseAck};
+use crate::types::{FewByAddr, PodUid, ReleaseAck};
 
 /// One allocation of a [`Record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub struct RecordedAllocation<K> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record<K> {
     pub allocations: Vec<RecordedAllocation<K>>,
-    pub cooldown: BTreeMap<IpAddr, SystemTime>,
+    pub cooldown: FewByAddr<SystemTime>,
     pub release_ack: AddrMap<ReleaseAck>,
     pub reclaim_ack: BTreeMap<IpAddr, ReclaimAnswer<K>>,
     pub block_ack: BTreeMap<String, ReleaseAck>,

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::addrs::{AddrMap, AddrSet, address};
-use crate::types::{AllocationId, Family, IpamNode, PodUid, ReclaimOutcome, ReleaseAck, UnixNanos};
+use crate::types::{
+    AllocationId, Family, FewByAddr, IpamNode, PodUid, ReclaimOutcome, ReleaseAck, UnixNanos,
+};
 use crate::used::UsedMap;
 
 use super::MAX_REUSE_COOLDOWN;
@@ -123,7 +125,7 @@ pub struct NodeSide<K> {
     /// where building an index cost more than the scans it saved.
     pub(super) used: UsedMap<Held<K>>,
     /// Address → end of its reuse cooldown.
-    pub(super) cooldown: BTreeMap<IpAddr, SystemTime>,
+    pub(super) cooldown: FewByAddr<SystemTime>,
     pub(super) release_ack: AddrMap<ReleaseAck>,
     pub(super) reclaim_ack: BTreeMap<IpAddr, ReclaimAnswer<K>>,
     /// Answers (`reclaimed`, `stale`) whose tombstone is gone: they go with the next write
@@ -141,7 +143,7 @@ impl<K: Key> NodeSide<K> {
         NodeSide {
             reuse_cooldown: reuse_cooldown.min(MAX_REUSE_COOLDOWN),
             used: UsedMap::default(),
-            cooldown: BTreeMap::new(),
+            cooldown: FewByAddr::new(),
             release_ack: AddrMap::new(),
             reclaim_ack: BTreeMap::new(),
             settled: BTreeSet::new(),
@@ -209,7 +211,7 @@ impl<K: Key> NodeSide<K> {
         })
     }
 
-    pub fn cooldowns(&self) -> &BTreeMap<IpAddr, SystemTime> {
+    pub fn cooldowns(&self) -> &FewByAddr<SystemTime> {
         &self.cooldown
     }
 
@@ -227,7 +229,7 @@ impl<K: Key> NodeSide<K> {
 
     /// The earliest cooldown end after `now` (when the node side must look again).
     pub fn next_cooldown_end(&self, now: SystemTime) -> Option<SystemTime> {
-        crate::types::next_cooldown_end(&self.cooldown, now)
+        crate::types::next_cooldown_end(self.cooldown.values(), now)
     }
 
     /// CNI ADD of `key` for `owner`: one free address per family of `node`'s pool (see

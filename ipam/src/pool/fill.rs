@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 use super::PoolSet;
 use super::repair::BlockClaim;
-use crate::types::{Family, IpamNode};
+use crate::types::{Family, FewByAddr, IpamNode};
 
 /// Claimed blocks of one pool and family by fill.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,9 +112,11 @@ pub fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
 }
 
 /// Whether any address of `net` cools down at `utc`.
-fn cools_in(cooldown: &BTreeMap<IpAddr, SystemTime>, net: &IpNet, utc: SystemTime) -> bool {
-    cooldown
-        .range(net.network()..=net.broadcast())
+fn cools_in(cooldown: &FewByAddr<SystemTime>, net: &IpNet, utc: SystemTime) -> bool {
+    let entries = cooldown.as_slice();
+    let start = entries.partition_point(|(a, _)| *a < net.network());
+    (entries[start..].iter())
+        .take_while(|(a, _)| *a <= net.broadcast())
         .any(|(_, until)| *until > utc)
 }
 
