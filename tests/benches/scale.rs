@@ -136,17 +136,23 @@ impl Opts {
 
 // ---- the operator's process ----
 
+/// The directory of the release build: target/release/deps/scale-… → target/release.
+fn release_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench's path");
+    (exe.parent().and_then(Path::parent))
+        .expect("the target directory")
+        .to_path_buf()
+}
+
+/// `SCALE_OPERATOR_BIN` (a relative path from the repository root: cargo runs the bench in
+/// `tests/`), else the release build beside the bench.
 fn operator_bin() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository root");
     std::env::var_os("SCALE_OPERATOR_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let exe = std::env::current_exe().expect("the bench's path");
-            // target/release/deps/scale-… → target/release/tidepool-operator
-            exe.parent()
-                .and_then(Path::parent)
-                .expect("the target directory")
-                .join("tidepool-operator")
-        })
+        .map(|p| root.join(p))
+        .unwrap_or_else(|| release_dir().join("tidepool-operator"))
 }
 
 fn free_port() -> u16 {
@@ -997,9 +1003,8 @@ fn main() {
 async fn bench(o: Opts) {
     let dir = std::env::temp_dir().join(format!("tidepool-scale-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory");
-    let bin = operator_bin();
-    let log = (bin.parent().and_then(Path::parent))
-        .unwrap_or(Path::new("."))
+    let log = (release_dir().parent())
+        .expect("the target directory")
         .join("scale-operator.log");
     let (server, admin) = cluster().await;
     let kubeconfig = dir.join("kubeconfig");
