@@ -18,33 +18,53 @@ use crate::uid_table::{Keyed, UidTable, hash_slots};
 
 struct PodRecord {
     info: PodInfo,
-    /// When the informer cache first shows the pod.
-    visible_from: Nanos,
-    /// When the pod was deleted from the server (live lookups stop finding it).
-    deleted_at: Nanos,
+    shown: Shown,
 }
 
-/// An instant as nanoseconds since the view's start: 8 bytes where an `Instant` takes 16
-/// (and an `Option<Instant>` 16), converted exactly (whole nanoseconds both ways), so a
-/// pod record stays small. [`Nanos::NEVER`] (not deleted) takes the place of a `None`.
+// 64 bytes, with room for none (the phase's spare values): the deletion time is kept
+// aside (a few pods at a time have one), where a field took 8 bytes of every record
+const _: () = assert!(size_of::<Option<PodRecord>>() == 64);
+
+/// When the informer cache first shows a pod, and whether the pod was deleted from the
+/// server (live lookups stop finding it; when, is in [`Inner::deleted_at`]): one word,
+/// the flag in the top bit.
+#[derive(Debug, Clone, Copy)]
+struct Shown(u64);
+
+impl Shown {
+    const DELETED: u64 = 1 << 63;
+
+    fn from(t: Nanos) -> Self {
+        Shown(t.0.min(Self::DELETED - 1))
+    }
+
+    fn visible_from(self) -> Nanos {
+        Nanos(self.0 & !Self::DELETED)
+    }
+
+    fn deleted(self) -> bool {
+        self.0 & Self::DELETED != 0
+    }
+
+    fn mark_deleted(&mut self) {
+        self.0 |= Self::DELETED;
+    }
+}
+
+/// An instant as nanoseconds since the view's start: 8 bytes where an `Instant` takes 16,
+/// converted exactly (whole nanoseconds both ways), so a pod record stays small.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 struct Nanos(u64);
 
 impl Nanos {
-    const NEVER: Nanos = Nanos(u64::MAX);
-
-    fn is_never(self) -> bool {
-        self == Self::NEVER
-    }
     fn since(base: Instant, t: Instant) -> Nanos {
-        Nanos(u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX - 1))
+        Nanos(u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX))
     }
 
     fn plus(self, d: Duration) -> Nanos {
         Nanos(
             self.0
-                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-                .min(u64::MAX - 1),
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         )
     }
 }
@@ -65,6 +85,8 @@ struct Inner {
     bound: HashMap<NodeName, usize>,
     /// Deleted pods in deletion order, forgotten once the cache has seen the deletion.
     deleted: VecDeque<(Instant, PodUid)>,
+    /// The same pods' deletion times, by UID.
+    deleted_at: HashMap<PodUid, Nanos>,
     /// Per node: its pods' recent changes ([`PodCache::pod_changes`]).
     changes: HashMap<NodeName, ChangeLog>,
     /// The last sequence number handed out (one counter for all nodes).
@@ -151,8 +173,7 @@ impl MemoryPodView {
                 phase: PodPhase::Pending,
                 ips: PodIps::default(),
             },
-            visible_from: visible,
-            deleted_at: Nanos::NEVER,
+            shown: Shown::from(visible),
         });
     }
 
@@ -167,7 +188,7 @@ impl MemoryPodView {
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if !rec.deleted_at.is_never() || rec.info.phase.is_terminal() {
+        if rec.shown.deleted() || rec.info.phase.is_terminal() {
             return;
         }
         rec.info.phase = PodPhase::Running;
@@ -187,7 +208,7 @@ impl MemoryPodView {
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if !rec.deleted_at.is_never() || rec.info.phase.is_terminal() {
+        if rec.shown.deleted() || rec.info.phase.is_terminal() {
             return;
         }
         rec.info.phase = phase;
@@ -207,17 +228,19 @@ impl MemoryPodView {
                 break;
             }
             g.deleted.pop_front();
+            g.deleted_at.remove(&old);
             g.pods.remove(&old);
             g.subjects.remove(&old);
         }
         let Some(rec) = g.pods.get_mut(&uid) else {
             return;
         };
-        if !rec.deleted_at.is_never() {
+        if rec.shown.deleted() {
             return;
         }
-        rec.deleted_at = now_ns;
+        rec.shown.mark_deleted();
         g.deleted.push_back((now, uid));
+        g.deleted_at.insert(uid, now_ns);
         let rec = g.pods.get_mut(&uid).expect("just seen");
         let was_bound = !rec.info.phase.is_terminal();
         let node = rec.info.node.clone();
@@ -249,7 +272,7 @@ impl MemoryPodView {
         let g = self.inner.lock();
         g.pods
             .get(&uid)
-            .filter(|r| r.deleted_at.is_never())
+            .filter(|r| !r.shown.deleted())
             .map(|r| r.info.clone())
     }
 }
@@ -271,6 +294,7 @@ impl MemoryPodView {
                 .values()
                 .map(|l| l.recent.capacity() * size_of::<(u64, PodUid, Nanos)>())
                 .sum::<usize>();
+        bytes += hash_slots(g.deleted_at.capacity()) * (size_of::<(PodUid, Nanos)>() + 1);
         bytes + g.deleted.capacity() * size_of::<(Instant, PodUid)>()
     }
 
@@ -279,8 +303,8 @@ impl MemoryPodView {
         g.pods
             .get(&uid)
             .filter(|r| {
-                r.visible_from <= now
-                    && (r.deleted_at.is_never() || r.deleted_at.plus(self.lag) > now)
+                r.shown.visible_from() <= now
+                    && (!r.shown.deleted() || g.deleted_at[&uid].plus(self.lag) > now)
             })
             .map(|r| &r.info)
     }
