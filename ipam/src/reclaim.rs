@@ -3,6 +3,8 @@
 //! supplies time and pod lookups, and confirms ready groups with a live lookup
 //! ([`ReclaimTracker::confirm`]).
 
+mod sightings;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,10 +12,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::sightings::Sightings;
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
 use crate::types::{
     AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimReason, ResourceVersion,
-    Tombstone, UnixNanos, UsedEntry, UsedMap,
+    Tombstone, UsedEntry, UsedMap,
 };
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -101,8 +104,8 @@ struct Observed {
 pub struct ReclaimTracker {
     /// (address, pod UID, first seen), in address order like the `used` map, so a pass
     /// refreshes it with one merge instead of a lookup per entry.
-    first_seen: Vec<Sighting>,
-    /// What [`Sighting::at`] counts from (the first observation's time).
+    first_seen: Sightings,
+    /// What the sightings' times count from (the first observation's time).
     base: Option<Instant>,
     observed: BTreeMap<IpAddr, Observed>,
     /// What the last scan's answers depended on, when the next scan may reuse them.
@@ -118,39 +121,6 @@ pub struct ReclaimTracker {
 
 /// A tombstoned entry's pod: UID, namespace, name.
 type TombstonedPod = (PodUid, Arc<str>, Arc<str>);
-
-/// A `used` entry (address, pod UID) and when the operator first saw it: 48 bytes where
-/// `(IpAddr, PodUid, Instant)` takes 56, kept per address.
-#[derive(Debug, Clone, Copy)]
-struct Sighting {
-    uid: PodUid,
-    /// Nanoseconds since the tracker's base.
-    at: u64,
-    addr: IpAddr,
-    /// A fingerprint of the entry's `since` ([`Sighting::since_tag`]; in what was padding):
-    /// an entry re-recorded for the same pod at the same address (a new sandbox given the
-    /// same address) keeps its first sighting, but its pod must be looked at again, since
-    /// the replaced-sandbox rule compares the `since` of a pod's entries.
-    since: u32,
-}
-
-// the tag lives in what was padding
-const _: () = assert!(size_of::<Sighting>() == 48);
-
-impl Sighting {
-    /// 32 bits of a hash of `since`: two different times give the same tag with a chance
-    /// of about 2^-32, and then only that pod's re-lookup is missed until its next change
-    /// (the confirmation before any tombstone reads the entries and the pod afresh). Hashed,
-    /// not cut to its low bits, so that times a structured step apart do not collide.
-    fn since_tag(since: UnixNanos) -> u32 {
-        let x = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), since);
-        (x ^ (x >> 32)) as u32
-    }
-
-    fn same_entry(&self, addr: &IpAddr, e: &UsedEntry) -> bool {
-        self.addr == *addr && self.uid == e.pod_uid && self.since == Self::since_tag(e.since)
-    }
-}
 
 /// What a scan read: the node's pods as the cache showed them, the resourceVersion of the
 /// IPAMNode it read the `used` entries from, and the tombstoned addresses it skipped.
@@ -270,60 +240,18 @@ impl ReclaimTracker {
     /// limits large runs). Returns the pod UIDs of the entries added and gone.
     fn merge_first_seen(&mut self, now: Instant, used: &UsedMap) -> Vec<PodUid> {
         // the same entries (another field of the object changed): nothing to redo
-        if self.first_seen.len() == used.len()
-            && self
-                .first_seen
-                .iter()
-                .zip(used)
-                .all(|(s, (a, e))| s.same_entry(a, e))
-        {
+        if self.first_seen.matches(used) {
             return Vec::new();
         }
         let base = *self.base.get_or_insert(now);
         let now_at = u64::try_from(now.saturating_duration_since(base).as_nanos())
             .expect("fewer than 584 years since the first observation");
-        let old = std::mem::replace(&mut self.first_seen, Vec::with_capacity(used.len()));
-        let mut moved = Vec::new();
-        let mut i = 0;
-        for (addr, entry) in used {
-            while i < old.len() && old[i].addr < *addr {
-                moved.push(old[i].uid);
-                i += 1;
-            }
-            let uid = entry.pod_uid;
-            let since = Sighting::since_tag(entry.since);
-            let at = match old.get(i) {
-                Some(o) if o.addr == *addr && o.uid == uid => {
-                    if o.since != since {
-                        moved.push(entry.pod_uid);
-                    }
-                    i += 1;
-                    o.at
-                }
-                Some(o) if o.addr == *addr => {
-                    moved.extend([o.uid, entry.pod_uid]);
-                    i += 1;
-                    now_at
-                }
-                _ => {
-                    moved.push(entry.pod_uid);
-                    now_at
-                }
-            };
-            self.first_seen.push(Sighting {
-                uid,
-                at,
-                addr: *addr,
-                since,
-            });
-        }
-        moved.extend(old[i..].iter().map(|o| o.uid));
-        moved
+        self.first_seen.merge(now_at, used)
     }
 
     /// When a sighting was.
-    fn seen(&self, s: &Sighting) -> Instant {
-        self.base.expect("set by the first merge") + std::time::Duration::from_nanos(s.at)
+    fn seen(&self, at: u64) -> Instant {
+        self.base.expect("set by the first merge") + std::time::Duration::from_nanos(at)
     }
 
     /// Observes the node's `used` map at `now`. Addresses in `tombstones` (the node's,
@@ -399,11 +327,8 @@ impl ReclaimTracker {
         let used = &node.node.used;
         let mut reasons = Vec::new();
         for (addr, o) in &self.observed {
-            if let (Some(entry), Ok(i)) = (
-                used.get(addr),
-                self.first_seen.binary_search_by(|s| s.addr.cmp(addr)),
-            ) {
-                reasons.push((*addr, entry, self.seen(&self.first_seen[i]), o.reason));
+            if let (Some(entry), Some(at)) = (used.get(addr), self.first_seen.at(addr)) {
+                reasons.push((*addr, entry, self.seen(at), o.reason));
             }
         }
         reasons
@@ -426,7 +351,7 @@ impl ReclaimTracker {
         let look = |uid: &PodUid| dirty.is_none_or(|d| d.binary_search(uid).is_ok());
         let entries = used
             .iter()
-            .zip(&self.first_seen)
+            .zip(self.first_seen.times())
             .filter(|((addr, _), _)| !tombstones.contains_key(addr));
         for ((addr, entry), seen) in entries.clone() {
             if !look(&entry.pod_uid)

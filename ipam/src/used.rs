@@ -106,6 +106,15 @@ impl<E> UsedMap<E> {
         self.addrs.iter().zip(self.entries.iter())
     }
 
+    /// The IPv4 entries and the IPv6 entries, each in order (an `IpAddr` orders IPv4
+    /// first).
+    pub fn by_family(&self) -> (Iter<'_, E>, Iter<'_, E>) {
+        let n = self.addrs.partition_point(IpAddr::is_ipv4);
+        let (a4, a6) = self.addrs.split_at(n);
+        let (e4, e6) = self.entries.split_at(n);
+        (a4.iter().zip(e4), a6.iter().zip(e6))
+    }
+
     /// The same addresses with each entry converted by `f`.
     pub fn map<F>(&self, f: impl FnMut(&E) -> F) -> UsedMap<F> {
         UsedMap {
