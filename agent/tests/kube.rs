@@ -164,8 +164,7 @@ fn side(n: u8) -> NodeSide {
         allocations.insert(id, AllocationNames::new(&cid, "eth0"));
         let e = UsedEntry {
             pod_uid: PodUid(u128::from(i) + 1),
-            namespace: "ns".into(),
-            pod: format!("p{i}").into(),
+            pod: tidepool_ipam::PodName::new("ns", &format!("p{i}")),
             allocation: id,
             since: at(u64::from(i)).into(),
         };

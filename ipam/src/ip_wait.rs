@@ -75,7 +75,7 @@ impl IpWaits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{AllocationId, UsedEntry};
+    use crate::types::{AllocationId, PodName, UsedEntry};
     use std::time::SystemTime;
 
     fn used_by(uids: &[u128]) -> UsedMap {
@@ -85,8 +85,7 @@ mod tests {
                 std::net::IpAddr::from([10, 0, 0, i as u8 + 1]),
                 UsedEntry {
                     pod_uid: PodUid(*u),
-                    namespace: "ns".into(),
-                    pod: "p".into(),
+                    pod: PodName::new("ns", "p"),
                     allocation: AllocationId(1),
                     since: SystemTime::UNIX_EPOCH.into(),
                 },

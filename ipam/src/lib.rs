@@ -67,7 +67,7 @@ pub use store::{
 };
 pub use types::{
     AllocationId, BlockedPool, Condition, Family, FewByAddr, IpamBlock, IpamNode, NodeInfo,
-    NodeName, NodeSideFields, NodeUid, OperatorFields, PerFamily, PodUid, ReclaimAck,
+    NodeName, NodeSideFields, NodeUid, OperatorFields, PerFamily, PodName, PodUid, ReclaimAck,
     ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UnixNanos,
     UsedEntry, UsedMap, WatermarkOverrides,
 };

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use self::sightings::Sightings;
 use crate::pods::{PodCache, PodInfo, PodPhase, Since};
 use crate::types::{
-    AllocationId, Family, IpamNode, NodeSideFields, PodUid, ReclaimReason, ResourceVersion,
-    Tombstone, UsedEntry, UsedMap,
+    AllocationId, Family, IpamNode, NodeSideFields, PodName, PodUid, ReclaimReason,
+    ResourceVersion, Tombstone, UsedEntry, UsedMap,
 };
 
 /// Why `addr` (held by `entry`) may be reclaimed, given the pod as seen (`None` = no pod
@@ -119,8 +119,8 @@ pub struct ReclaimTracker {
     tombstoned: BTreeMap<IpAddr, TombstonedPod>,
 }
 
-/// A tombstoned entry's pod: UID, namespace, name.
-type TombstonedPod = (PodUid, Arc<str>, Arc<str>);
+/// A tombstoned entry's pod: UID, namespace and name.
+type TombstonedPod = (PodUid, PodName);
 
 /// What a scan read: the node's pods as the cache showed them, the resourceVersion of the
 /// IPAMNode it read the `used` entries from, and the tombstoned addresses it skipped.
@@ -146,10 +146,10 @@ impl ReclaimTracker {
 
     /// The namespace and name of `uid`, whose tombstone on `addr` the node side answered
     /// (taken: the answer ends the tombstone).
-    pub fn take_tombstoned(&mut self, addr: &IpAddr, uid: PodUid) -> Option<(Arc<str>, Arc<str>)> {
-        let (pod, namespace, name) = self.tombstoned.remove(addr)?;
+    pub fn take_tombstoned(&mut self, addr: &IpAddr, uid: PodUid) -> Option<PodName> {
+        let (pod, name) = self.tombstoned.remove(addr)?;
         self.shed_tombstoned();
-        (pod == uid).then_some((namespace, name))
+        (pod == uid).then_some(name)
     }
 
     /// Forgets the pods of tombstones no longer among `tombstones` (gone unanswered: a
@@ -215,7 +215,7 @@ impl ReclaimTracker {
                 for (a, allocation) in entries {
                     self.refused.remove(&(g.pod_uid, *allocation));
                     if let Some(e) = used.get(a) {
-                        let pod = (g.pod_uid, e.namespace.clone(), e.pod.clone());
+                        let pod = (g.pod_uid, e.pod.clone());
                         self.tombstoned.insert(*a, pod);
                     }
                 }
@@ -355,9 +355,9 @@ impl ReclaimTracker {
             .filter(|((addr, _), _)| !tombstones.contains_key(addr));
         for ((addr, entry), seen) in entries.clone() {
             if !look(&entry.pod_uid)
-                && let Some(o) = self.observed.get(addr).filter(|o| o.uid == entry.pod_uid)
+                && let Some(o) = self.observed.get(&addr).filter(|o| o.uid == entry.pod_uid)
             {
-                reasons.push((*addr, entry, self.seen(seen), o.reason));
+                reasons.push((addr, entry, self.seen(seen), o.reason));
             }
         }
         // one batch of cache lookups
@@ -368,8 +368,8 @@ impl ReclaimTracker {
                 if let Some(p) = pod {
                     own_pods &= Arc::ptr_eq(&p.node, &node.name) || p.node == node.name;
                 }
-                if let Some(r) = candidate_reason(addr, entry, used, pod) {
-                    reasons.push((*addr, entry, self.seen(seen), r));
+                if let Some(r) = candidate_reason(&addr, entry, used, pod) {
+                    reasons.push((addr, entry, self.seen(seen), r));
                 }
             },
         );
@@ -462,8 +462,7 @@ mod tests {
     fn entry(uid: u128, since: u64) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(uid),
-            namespace: "ns".into(),
-            pod: "p".into(),
+            pod: PodName::new("ns", "p"),
             allocation: crate::types::AllocationId(since),
             since: (SystemTime::UNIX_EPOCH + Duration::from_secs(since)).into(),
         }
@@ -590,7 +589,7 @@ mod tests {
         assert_eq!(t.take_tombstoned(&ip("10.0.0.3"), PodUid(3)), None, "ended");
         assert_eq!(
             t.take_tombstoned(&ip("10.0.0.1"), PodUid(1)),
-            Some(("ns".into(), "p".into()))
+            Some(PodName::new("ns", "p"))
         );
         assert_eq!(t.take_tombstoned(&ip("10.0.0.1"), PodUid(1)), None, "taken");
         assert!(t.tombstoned.is_empty());
@@ -1055,8 +1054,8 @@ mod tests {
                         .filter(|(a, _)| !tombstones.contains_key(a))
                         .filter_map(|(a, e)| {
                             let pods = cache.pods.borrow();
-                            candidate_reason(a, e, &n.node.used, pods.get(&e.pod_uid))
-                                .map(|r| (*a, (e.pod_uid, r)))
+                            candidate_reason(&a, e, &n.node.used, pods.get(&e.pod_uid))
+                                .map(|r| (a, (e.pod_uid, r)))
                         })
                         .collect();
                     proptest::prop_assert_eq!(found, full);

@@ -66,8 +66,7 @@ fn node_for_plan() -> (IpamNode, NodeInfo, Vec<PodUid>, BTreeMap<PodUid, PodInfo
                 a,
                 UsedEntry {
                     pod_uid: uid,
-                    namespace: "default".into(),
-                    pod: "p".into(),
+                    pod: tidepool_ipam::PodName::new("default", "p"),
                     allocation: tidepool_ipam::AllocationId(1),
                     since: since.into(),
                 },

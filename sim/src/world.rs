@@ -28,7 +28,7 @@ use tidepool_ipam::node::NodeSide;
 use tidepool_ipam::pool::choice::Subject;
 use tidepool_ipam::uid_table::{Keyed, UidTable};
 use tidepool_ipam::{
-    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodUid,
+    AllocationId, Family, IpamBlock, IpamNode, NodeInfo, NodeName, PerFamily, PodName, PodUid,
     WatermarkOverrides,
 };
 use tidepool_ipam::{Api, Budget, SchedulingMode};
@@ -1568,9 +1568,9 @@ fn publish(
     ns.tidy(utc);
     // every simulated pod lives in one namespace: its name is shared, not copied per entry;
     // the pod name is shared too (identity is the UID, nothing reads the name)
-    static NAMESPACE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "default".into());
-    static POD: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "sim-pod".into());
-    ns.return_published(|_| (NAMESPACE.clone(), POD.clone()), side);
+    static POD: std::sync::LazyLock<PodName> =
+        std::sync::LazyLock::new(|| PodName::new("default", "sim-pod"));
+    ns.return_published(|_| POD.clone(), side);
 }
 
 /// A simulated sandbox's allocation: its container ID as the runtime would spell it (64 hex

@@ -75,7 +75,7 @@ async fn pods_get_addresses_from_claimed_blocks() {
     let node = w.node("n1").unwrap();
     assert_eq!(node.node.used.len(), 20);
     for a in node.node.used.keys() {
-        assert!(blocks.iter().any(|b| b.cidr.contains(a)), "{a} outside");
+        assert!(blocks.iter().any(|b| b.cidr.contains(&a)), "{a} outside");
     }
     assert_clean(&w);
 }

@@ -99,7 +99,7 @@ fn addresses_of(w: &World<Pool>, node: &str, pods: &[PodUid]) -> Vec<IpAddr> {
     let n = w.node(node).unwrap();
     let used = n.node.used.iter();
     used.filter(|(_, e)| pods.contains(&e.pod_uid))
-        .map(|(a, _)| *a)
+        .map(|(a, _)| a)
         .collect()
 }
 

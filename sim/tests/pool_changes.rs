@@ -81,7 +81,7 @@ async fn a_removed_cidr_drains_and_is_never_granted_again() {
     for n in &nodes {
         let node = w.node(n).unwrap();
         assert_eq!(node.node.used.len(), 20);
-        assert!(node.node.used.keys().all(|a| inside("10.1.0.0/24", a)));
+        assert!(node.node.used.keys().all(|a| inside("10.1.0.0/24", &a)));
     }
     assert!(
         w.observer.invariants().ok(),
@@ -233,8 +233,7 @@ async fn a_duplicate_between_live_nodes_is_reported_once_and_never_fixed() {
             foreign,
             UsedEntry {
                 pod_uid: PodUid(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
-                namespace: "ns".into(),
-                pod: "p".into(),
+                pod: tidepool_ipam::PodName::new("ns", "p"),
                 allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH.into(),
             },
@@ -296,14 +295,13 @@ async fn the_engine_gives_nothing_new_to_a_node_with_a_duplicate() {
     w.schedule_pod(&n1);
     w.schedule_pod(&n2);
     assert!(w.settle(Duration::from_secs(60)).await);
-    let foreign = *w.node("n1").unwrap().node.used.keys().next().unwrap();
+    let foreign = w.node("n1").unwrap().node.used.keys().next().unwrap();
     w.store.apply_node(&n2, |side| {
         side.used.insert(
             foreign,
             UsedEntry {
                 pod_uid: PodUid(u128::MAX),
-                namespace: "ns".into(),
-                pod: "stray".into(),
+                pod: tidepool_ipam::PodName::new("ns", "stray"),
                 allocation: tidepool_ipam::AllocationId::new("c1", "eth0"),
                 since: SystemTime::UNIX_EPOCH.into(),
             },

@@ -38,7 +38,7 @@ async fn crashed_pod_address_comes_back_after_grace_and_cooldown() {
     advance(secs(150)).await;
     let node = ipam_node(&world, "node1");
     assert_eq!(node.operator.addresses.total(), 2);
-    let (&x, e) = node.node.used.iter().next().unwrap();
+    let (x, e) = node.node.used.iter().next().unwrap();
     assert_eq!(e.pod_uid, a);
     let allocation = e.allocation;
 
@@ -203,7 +203,7 @@ async fn a_succeeded_pods_addresses_are_reclaimed() {
     let b = world.schedule_pod(&n);
     advance(secs(150)).await;
     let node = ipam_node(&world, "node1");
-    let (&xa, ea) = node.node.used.iter().find(|(_, e)| e.pod_uid == a).unwrap();
+    let (xa, ea) = node.node.used.iter().find(|(_, e)| e.pod_uid == a).unwrap();
     let allocation = ea.allocation;
     world.finish_pod(a, PodPhase::Succeeded);
     let t_fin = rec.elapsed();
@@ -252,7 +252,7 @@ async fn a_replaced_sandboxs_old_address_is_reclaimed() {
     advance(secs(150)).await;
     let (old, allocation) = {
         let node = ipam_node(&world, "node1");
-        let (&old, e) = node.node.used.iter().next().unwrap();
+        let (old, e) = node.node.used.iter().next().unwrap();
         (old, e.allocation)
     };
     let new = world
@@ -319,7 +319,7 @@ async fn both_families_of_a_pod_go_together() {
         .used
         .iter()
         .filter(|(_, e)| e.pod_uid == a)
-        .map(|(x, _)| *x)
+        .map(|(x, _)| x)
         .collect();
     assert_eq!(mine.len(), 2);
     assert_eq!(Family::of(&mine[0]), Family::V4);
@@ -365,7 +365,7 @@ async fn a_tombstone_for_an_entry_that_changed_owner_is_stale() {
     advance(secs(1)).await;
     let node = ipam_node(&world, "node1");
     assert_eq!(node.operator.addresses.total(), 1);
-    let (&x, ea) = node.node.used.iter().next().unwrap();
+    let (x, ea) = node.node.used.iter().next().unwrap();
     let allocation = ea.allocation;
     // A leaves cleanly; after the cooldown B gets the very same address (release delay
     // 180 s keeps it in the pool meanwhile)
@@ -450,8 +450,7 @@ fn node_side_answers_a_changed_owner_stale() {
     let mut side = NodeSideFields::default();
     let entry = UsedEntry {
         pod_uid: PodUid(2),
-        namespace: "ns".into(),
-        pod: "b".into(),
+        pod: tidepool_ipam::PodName::new("ns", "b"),
         allocation: AllocationId::new("c9", "eth0"),
         since: SystemTime::UNIX_EPOCH.into(),
     };
@@ -464,7 +463,7 @@ fn node_side_answers_a_changed_owner_stale() {
         SystemTime::UNIX_EPOCH,
     );
     assert!(reclaimed.is_empty());
-    let side = ns.published(|_| ("ns".into(), "b".into()));
+    let side = ns.published(|_| tidepool_ipam::PodName::new("ns", "b"));
     assert_eq!(side.used.get(&x), Some(&entry));
     assert!(side.cooldown.is_empty());
     assert_eq!(
@@ -588,7 +587,7 @@ async fn the_observer_flags_a_tombstone_for_a_live_pods_address() {
     let a = world.schedule_pod(&n);
     advance(secs(5)).await;
     let node = ipam_node(&world, "node1");
-    let (&x, e) = node.node.used.iter().next().unwrap();
+    let (x, e) = node.node.used.iter().next().unwrap();
     let mut fields = node.operator.clone();
     fields.reclaim.insert(
         x,
@@ -621,7 +620,7 @@ async fn a_failed_tombstone_write_is_reported_and_retried() {
     let n = world.add_node("node1");
     let a = world.schedule_pod(&n);
     advance(secs(150)).await;
-    let x = *ipam_node(&world, "node1").node.used.keys().next().unwrap();
+    let x = ipam_node(&world, "node1").node.used.keys().next().unwrap();
     world.delete_pod(a, true);
     advance(secs(29)).await;
     assert_eq!(
@@ -680,7 +679,7 @@ async fn a_later_cooldown_ends_on_time_when_the_earlier_one_went_first() {
             .used
             .iter()
             .find(|(_, e)| e.pod_uid == uid)
-            .map(|(a, _)| *a)
+            .map(|(a, _)| a)
             .unwrap()
     };
     let (a, b) = (addr_of(pods[0]), addr_of(pods[1]));

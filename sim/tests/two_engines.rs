@@ -120,7 +120,7 @@ fn assert_used_within_own_blocks(w: &World<Pool>) {
                 w.store
                     .blocks_of(&n.name)
                     .iter()
-                    .any(|b| b.cidr.contains(a)),
+                    .any(|b| b.cidr.contains(&a)),
                 "{a} used on {} outside its blocks",
                 n.name
             );

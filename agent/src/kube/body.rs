@@ -113,12 +113,12 @@ pub fn node_status_body(
             let names = all.get(&e.allocation)?;
             let v = api::UsedEntry {
                 pod_uid: e.pod_uid.to_string(),
-                namespace: e.namespace.to_string(),
-                pod: e.pod.to_string(),
+                namespace: e.pod.namespace().to_string(),
+                pod: e.pod.name().to_string(),
                 container_id: names.container_id(),
                 ifname: names.ifname().to_string(),
                 since: from_system(e.since.into()),
-                pool: pools.get(a).map(|p| p.to_string()),
+                pool: pools.get(&a).map(|p| p.to_string()),
             };
             Some((a.to_string(), v))
         })
@@ -196,7 +196,6 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::net::IpAddr;
-    use std::sync::Arc;
     use std::time::Duration;
     use tidepool_api::convert::node_from_api;
     use tidepool_ipam::{AllocationId, PodUid, ReclaimAck, ReclaimOutcome, UsedEntry};
@@ -220,8 +219,7 @@ mod tests {
         let uid = PodUid(0x11111111_2222_4333_8444_555555555555);
         let entry = UsedEntry {
             pod_uid: uid,
-            namespace: Arc::from("ns"),
-            pod: Arc::from("p"),
+            pod: tidepool_ipam::PodName::new("ns", "p"),
             allocation: id,
             since: at(1).into(),
         };

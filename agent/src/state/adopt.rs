@@ -81,8 +81,8 @@ impl NodeState {
             .unwrap_or(first.since);
         let pod = PodRef {
             uid: first.pod_uid,
-            namespace: first.namespace.to_string(),
-            name: first.pod.to_string(),
+            namespace: first.pod.namespace().to_string(),
+            name: first.pod.name().to_string(),
         };
         let key = AllocKey::new(names.container_id(), names.ifname());
         let named = addrs
@@ -98,7 +98,7 @@ impl NodeState {
 fn by_allocation(side: &NodeSideFields) -> BTreeMap<AllocationId, Vec<(IpAddr, &UsedEntry)>> {
     let mut out: BTreeMap<AllocationId, Vec<(IpAddr, &UsedEntry)>> = BTreeMap::new();
     for (addr, e) in &side.used {
-        out.entry(e.allocation).or_default().push((*addr, e));
+        out.entry(e.allocation).or_default().push((addr, e));
     }
     for v in out.values_mut() {
         v.sort_by_key(|(a, _)| *a);
@@ -127,8 +127,7 @@ mod tests {
     fn entry(uid: u128, key: &AllocKey, since: u64) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(uid),
-            namespace: Arc::from("default"),
-            pod: Arc::from(format!("p{uid}").as_str()),
+            pod: tidepool_ipam::PodName::new("default", &format!("p{uid}")),
             allocation: key.id(),
             since: at(since).into(),
         }

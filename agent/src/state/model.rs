@@ -21,8 +21,8 @@ use tidepool_ipam::node::{
     Added, Answers, BlockView, DelOutcome, Held, Key, Network, NodeSide, Owner, Refused,
 };
 use tidepool_ipam::{
-    AddrMap, AddrSet, AllocationId, Family, FewByAddr, IpamNode, NodeSideFields, PerFamily, PodUid,
-    ReleaseAck, Tombstone,
+    AddrMap, AddrSet, AllocationId, Family, FewByAddr, IpamNode, NodeSideFields, PerFamily,
+    PodName, PodUid, ReleaseAck, Tombstone,
 };
 
 use super::error::{Result, StateError};
@@ -360,8 +360,8 @@ impl NodeState {
     pub fn node_side(&self) -> NodeSideFields {
         self.side.published(|k| {
             self.own.get(k).map_or_else(
-                || (Arc::from(""), Arc::from("")),
-                |o| (Arc::from(o.namespace.as_str()), Arc::from(o.name.as_str())),
+                || PodName::new("", ""),
+                |o| PodName::new(&o.namespace, &o.name),
             )
         })
     }

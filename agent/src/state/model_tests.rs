@@ -54,7 +54,7 @@ fn what_the_agent_keeps_comes_and_goes_with_the_allocation() {
     assert_eq!(a.netns.as_deref(), Some("/run/netns/c1"));
     assert_eq!(a.addrs, vec![ip("10.0.0.1"), ip("fd00::1")]);
     let side = s.node_side();
-    assert_eq!(&*side.used[&ip("10.0.0.1")].pod, "web-1");
+    assert_eq!(side.used[&ip("10.0.0.1")].pod.name(), "web-1");
     assert_eq!(side.used[&ip("fd00::1")].allocation, key("c1").id());
     // a repeated ADD keeps what was kept
     assert!(add(&mut s, "c1", 1, &["10.0.0.9"]).expect("again").repeated);

@@ -9,9 +9,9 @@ use crate as api;
 use crate::names::{FINALIZER, condition};
 use tidepool_ipam::{
     AddrMap, AddrSet, AllocationId, BlockedPool, Condition, ConditionReason, ConditionType, Family,
-    FewByAddr, IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, PodUid, ReclaimAck,
-    ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion, Tombstone, UsedEntry,
-    WatermarkOverrides,
+    FewByAddr, IpamNode, NodeName, NodeSideFields, NodeUid, OperatorFields, PodName, PodUid,
+    ReclaimAck, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState, ResourceVersion,
+    Tombstone, UsedEntry, WatermarkOverrides,
 };
 
 use super::names::{AllocationNames, Strings};
@@ -299,8 +299,7 @@ fn node_side(obj: &api::IPAMNode, r: &mut Report<'_>, c: &mut Collected) -> Node
         };
         let entry = UsedEntry {
             pod_uid: uid,
-            namespace: c.strings.get(&e.namespace),
-            pod: e.pod.as_str().into(),
+            pod: PodName::new(&e.namespace, &e.pod),
             allocation: allocation(c, &e.container_id, &e.ifname),
             since: to_system(&e.since).into(),
         };
@@ -538,8 +537,9 @@ mod tests {
         );
     }
 
-    /// A node's entries repeat their namespace, ifname and pool: the view keeps one copy
-    /// of each (issue 31: the store holds an entry per pod of the cluster).
+    /// A node's entries repeat their ifname and pool: the view keeps one copy of each
+    /// (issue 31: the store holds an entry per pod of the cluster). The namespace is part
+    /// of the entry's one `namespace/name` string.
     #[test]
     fn the_strings_entries_repeat_are_kept_once() {
         let cid = |i: u8| format!("{i:064x}");
@@ -557,9 +557,10 @@ mod tests {
         let (v, bad) = node_from_api(&obj);
         assert!(bad.is_empty(), "{bad:?}");
         let used: Vec<&UsedEntry> = v.node.node.used.values().collect();
-        let ns: Vec<&str> = used.iter().map(|e| &*e.namespace).collect();
-        assert_eq!(ns, ["a", "a", "b"]);
-        assert!(Arc::ptr_eq(&used[0].namespace, &used[1].namespace));
+        let pods: Vec<(&str, &str)> = (used.iter())
+            .map(|e| (e.pod.namespace(), e.pod.name()))
+            .collect();
+        assert_eq!(pods, [("a", "p1"), ("a", "p2"), ("b", "p3")]);
         let names: Vec<_> = used.iter().map(|e| &v.allocations[&e.allocation]).collect();
         assert_eq!(names[2].container_id(), cid(3));
         assert!(names.iter().all(|n| n.ifname() == "eth0"));

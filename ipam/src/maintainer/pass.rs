@@ -549,7 +549,7 @@ impl<S: IpSource, N: NodeStore, P: PodView> PassCtx<'_, S, N, P> {
             );
             let (warning, reason) = (EventType::Warning, EventReason::GarbageCollectionFailed);
             let entry = (self.node.node.used.get(addr)).filter(|e| e.pod_uid == t.pod_uid);
-            let name = entry.map(|e| (&*e.namespace, &*e.pod));
+            let name = entry.map(|e| (e.pod.namespace(), e.pod.name()));
             (self.shared.pods).event(t.pod_uid, name, warning, reason, message.clone());
             (self.shared.store).event(&self.h.name, warning, reason, message);
         }

@@ -35,7 +35,7 @@ pub(super) fn tombstone_answered<S: IpSource, N: NodeStore, P: PodView>(
     }
     record::reclaims(a.label, a.outcome, 1);
     let name = mem.reclaim.take_tombstoned(addr, ack.pod_uid);
-    let name = name.as_ref().map(|(ns, pod)| (&**ns, &**pod));
+    let name = name.as_ref().map(|n| (n.namespace(), n.name()));
     (shared.pods).event(ack.pod_uid, name, a.type_, a.reason, a.message.clone());
     shared.store.event(&h.name, a.type_, a.reason, a.message);
 }
@@ -54,7 +54,7 @@ pub(super) async fn confirm_live<S: IpSource, N: NodeStore, P: PodView>(
 ) -> Option<Vec<(IpAddr, AllocationId)>> {
     let entry = g.addrs.iter().find_map(|a| node.node.used.get(a))?;
     match (shared.pods)
-        .pod_live(g.pod_uid, &entry.namespace, &entry.pod)
+        .pod_live(g.pod_uid, entry.pod.namespace(), entry.pod.name())
         .await
     {
         Ok(live) => mem.reclaim.confirm(now, g, &node.node, live.as_ref()),

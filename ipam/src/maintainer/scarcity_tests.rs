@@ -18,7 +18,7 @@ fn marked(r: &Rig, node: &str) -> BTreeSet<IpAddr> {
 }
 
 fn used(r: &Rig, node: &str) -> BTreeSet<IpAddr> {
-    r.node(node).node.used.keys().copied().collect()
+    r.node(node).node.used.keys().collect()
 }
 
 /// Steps `secs` seconds, asserting at every step that no marked address of `nodes` is used.

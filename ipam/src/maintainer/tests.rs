@@ -16,8 +16,8 @@ use crate::pods::MemoryPodView;
 use crate::source::MemorySource;
 use crate::store::{MemoryNodeStore, NodeStore};
 use crate::types::{
-    AllocationId, Family, IpamNode, NodeInfo, NodeName, NodeUid, PerFamily, PodUid, ReclaimAck,
-    ReclaimOutcome, ReleaseAck, ReleaseState, UsedEntry, WatermarkOverrides,
+    AllocationId, Family, IpamNode, NodeInfo, NodeName, NodeUid, PerFamily, PodName, PodUid,
+    ReclaimAck, ReclaimOutcome, ReleaseAck, ReleaseState, UsedEntry, WatermarkOverrides,
 };
 use crate::vocab::{Blocked, ConditionReason, ConditionType, EventReason};
 use crate::watermarks::Watermarks;
@@ -131,8 +131,7 @@ impl Rig {
                 addr,
                 UsedEntry {
                     pod_uid: PodUid(uid),
-                    namespace: "ns".into(),
-                    pod: format!("p{uid}").into(),
+                    pod: PodName::new("ns", &format!("p{uid}")),
                     allocation: AllocationId(uid as u64),
                     since: SystemTime::UNIX_EPOCH.into(),
                 },

@@ -101,7 +101,10 @@ impl<K: Key> NodeSide<K> {
         };
         let family = Family::of(addr);
         let newer = self.used.iter().any(|(a, h)| {
-            Family::of(a) == family && h.pod_uid == pod_uid && h.key != *key && h.since > held.since
+            Family::of(&a) == family
+                && h.pod_uid == pod_uid
+                && h.key != *key
+                && h.since > held.since
         });
         if live(pod_uid) && !newer {
             ReclaimOutcome::Live
@@ -207,12 +210,7 @@ impl<K: Key> NodeSide<K> {
     /// `busy`.
     fn busy_set(&self, busy: &AddrSet, now: SystemTime) -> AddrSet {
         let cooling = self.cooldown.iter().filter(|(_, until)| **until > now);
-        let mut set: AddrSet = self
-            .used
-            .keys()
-            .copied()
-            .chain(cooling.map(|(a, _)| *a))
-            .collect();
+        let mut set: AddrSet = self.used.keys().chain(cooling.map(|(a, _)| *a)).collect();
         set.union_with(busy);
         set
     }
@@ -222,8 +220,8 @@ impl<K: Key> NodeSide<K> {
         let cooling = self.cooldown.iter().filter(|(_, until)| **until > now);
         self.used
             .keys()
-            .chain(cooling.map(|(a, _)| a))
-            .any(|a| addrs.contains(a))
+            .chain(cooling.map(|(a, _)| *a))
+            .any(|a| addrs.contains(&a))
             || (!busy.is_empty() && !busy.intersection(addrs).is_empty())
     }
 

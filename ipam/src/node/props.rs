@@ -60,7 +60,7 @@ fn used_but(
 ) -> Vec<(IpAddr, Held<AllocationId>)> {
     s.used()
         .filter(|(a, h)| !skip(a, h))
-        .map(|(a, h)| (*a, h.clone()))
+        .map(|(a, h)| (a, h.clone()))
         .collect()
 }
 
@@ -130,7 +130,7 @@ fn check_tomb(
         .is_some_and(|h| h.pod_uid == uid && h.key == k);
     let newer = s.holder(&addr).is_some_and(|h| {
         s.used().any(|(a, o)| {
-            Family::of(a) == Family::of(&addr)
+            Family::of(&a) == Family::of(&addr)
                 && o.pod_uid == uid
                 && o.key != k
                 && o.since > h.since
@@ -182,7 +182,7 @@ fn check_reboot(s: &mut Side, cid: u8, now: SystemTime) -> Result<(), TestCaseEr
     let dead: Vec<IpAddr> = s
         .used()
         .filter(|(_, h)| past(&h.key))
-        .map(|(a, _)| *a)
+        .map(|(a, _)| a)
         .collect();
     let alive = used_but(s, |_, h| past(&h.key));
     let freed: Vec<IpAddr> = s
@@ -235,8 +235,8 @@ proptest! {
             // one address per family per allocation, and the index is `used` by key
             let mut seen = std::collections::BTreeSet::new();
             for (a, h) in s.used() {
-                prop_assert!(seen.insert((h.pod_uid, h.key, Family::of(a))));
-                prop_assert!(s.addrs_of(&h.key).contains(a));
+                prop_assert!(seen.insert((h.pod_uid, h.key, Family::of(&a))));
+                prop_assert!(s.addrs_of(&h.key).contains(&a));
             }
             let indexed: usize = s.allocations().map(|(_, a)| a.len()).sum();
             prop_assert_eq!(indexed, s.used().count());

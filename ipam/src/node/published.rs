@@ -4,16 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::side::{Held, Key, NodeSide, ReclaimAnswer};
-use crate::types::{AllocationId, NodeSideFields, ReclaimAck, UsedEntry};
+use crate::types::{AllocationId, NodeSideFields, PodName, ReclaimAck, UsedEntry};
 
 impl<K: Key> NodeSide<K> {
     /// The record as the node-side fields publish it; `names(key)` gives the namespace and
     /// name of the pod holding `key` (not kept here).
-    pub fn published(&self, names: impl Fn(&K) -> (Arc<str>, Arc<str>)) -> NodeSideFields {
+    pub fn published(&self, names: impl Fn(&K) -> PodName) -> NodeSideFields {
         let mut side = NodeSideFields::default();
         self.publish_into(names, &mut side);
         side
@@ -22,23 +21,15 @@ impl<K: Key> NodeSide<K> {
     /// [`NodeSide::published`] written over `side` in place: only the span of its `used`
     /// that changed is rewritten (the entries around it keep their names), its maps'
     /// storage is reused.
-    pub fn publish_into(
-        &self,
-        names: impl Fn(&K) -> (Arc<str>, Arc<str>),
-        side: &mut NodeSideFields,
-    ) {
+    pub fn publish_into(&self, names: impl Fn(&K) -> PodName, side: &mut NodeSideFields) {
         let same = |e: &UsedEntry, h: &Held<K>| {
             e.pod_uid == h.pod_uid && e.allocation == h.key.id() && e.since == h.since
         };
-        let entry = |h: &Held<K>| {
-            let (namespace, pod) = names(&h.key);
-            UsedEntry {
-                pod_uid: h.pod_uid,
-                namespace,
-                pod,
-                allocation: h.key.id(),
-                since: h.since,
-            }
+        let entry = |h: &Held<K>| UsedEntry {
+            pod_uid: h.pod_uid,
+            pod: names(&h.key),
+            allocation: h.key.id(),
+            since: h.since,
         };
         side.used.update_from(&self.used, same, entry);
         side.cooldown.clone_from(&self.cooldown);
@@ -82,7 +73,7 @@ impl NodeSide<AllocationId> {
     /// and the reclaim answers are rewritten if anything changed.
     pub fn return_published(
         mut self,
-        names: impl Fn(&AllocationId) -> (Arc<str>, Arc<str>),
+        names: impl Fn(&AllocationId) -> PodName,
         side: &mut NodeSideFields,
     ) {
         if self.dirty {

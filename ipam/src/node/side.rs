@@ -172,7 +172,7 @@ impl<K: Key> NodeSide<K> {
     }
 
     /// Every `used` entry, in address order.
-    pub fn used(&self) -> impl Iterator<Item = (&IpAddr, &Held<K>)> {
+    pub fn used(&self) -> impl Iterator<Item = (IpAddr, &Held<K>)> {
         self.used.iter()
     }
 
@@ -185,7 +185,7 @@ impl<K: Key> NodeSide<K> {
         self.used
             .iter()
             .filter(move |(_, h)| h.key == *key)
-            .map(|(a, _)| *a)
+            .map(|(a, _)| a)
     }
 
     /// `key`'s allocation: its entry (of its first address) and its addresses.
@@ -198,16 +198,16 @@ impl<K: Key> NodeSide<K> {
     /// Every allocation: its entry (of its first address) and its addresses, by key.
     pub fn allocations(&self) -> impl Iterator<Item = (&Held<K>, Vec<IpAddr>)> + '_ {
         // `used` is in address order: a stable sort by key keeps each key's in it
-        let mut by_key: Vec<(&K, &IpAddr)> = self.used.iter().map(|(a, h)| (&h.key, a)).collect();
+        let mut by_key: Vec<(&K, IpAddr)> = self.used.iter().map(|(a, h)| (&h.key, a)).collect();
         by_key.sort_by(|x, y| x.0.cmp(y.0));
         let mut it = by_key.into_iter().peekable();
         std::iter::from_fn(move || {
             let (key, first) = it.next()?;
-            let mut addrs = vec![*first];
+            let mut addrs = vec![first];
             while let Some((_, a)) = it.next_if(|(k, _)| *k == key) {
-                addrs.push(*a);
+                addrs.push(a);
             }
-            Some((&self.used[first], addrs))
+            Some((&self.used[&first], addrs))
         })
     }
 
@@ -377,7 +377,12 @@ impl<K: Key> NodeSide<K> {
                     continue;
                 }
                 let here = address(family, n);
-                let past_used = first_unused(self.used.keys_from(&here).as_slice(), family, n)?;
+                let past_used = match &here {
+                    IpAddr::V4(a) => {
+                        first_unused(self.used.v4_from(a), n, |x| u32::from(*x).into())
+                    }
+                    IpAddr::V6(a) => first_unused(self.used.v6_from(a), n, |x| u128::from(*x)),
+                }?;
                 if past_used != n {
                     n = past_used;
                 } else if self.cooldown.get(&here).is_some_and(|until| *until > now) {
@@ -481,14 +486,12 @@ impl<K: Key> NodeSide<K> {
 }
 
 /// The numbers of `family`'s addresses among `addrs` (sorted), until another family begins.
-/// The first number from `n` on that no address of `used` (sorted, none below `n`) holds,
-/// found by bisection: the held ones that follow on from `n` without a gap are exactly the
-/// first `i` for which `used[i]` is `n + i`. None past the family's last address.
-fn first_unused(used: &[IpAddr], family: Family, n: u128) -> Option<u128> {
-    let follows_on = |i: usize| {
-        let (f, m) = crate::addrs::number(&used[i]);
-        f == family && n.checked_add(i as u128) == Some(m)
-    };
+/// The first number from `n` on that no address of `used` (one family's, sorted, none
+/// below `n`; `number` gives an address's) holds, found by bisection: the held ones that
+/// follow on from `n` without a gap are exactly the first `i` for which `used[i]` is
+/// `n + i`. None past the family's last address.
+fn first_unused<A>(used: &[A], n: u128, number: impl Fn(&A) -> u128) -> Option<u128> {
+    let follows_on = |i: usize| n.checked_add(i as u128) == Some(number(&used[i]));
     let (mut lo, mut hi) = (0, used.len());
     while lo < hi {
         let mid = lo + (hi - lo) / 2;

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use super::*;
 use crate::addrs::AddrSet;
 use crate::types::{
-    AllocationId, Family, NodeUid, ReclaimOutcome, ReclaimReason, ReleaseAck, ReleaseState,
-    Tombstone,
+    AllocationId, Family, NodeUid, PodName, ReclaimOutcome, ReclaimReason, ReleaseAck,
+    ReleaseState, Tombstone,
 };
 
 type Side = NodeSide<AllocationId>;
@@ -596,7 +596,7 @@ fn block_answers_are_recorded_and_go_with_their_block() {
 fn dirty_says_whether_anything_changed() {
     let mut n = node_with(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
     let mut s = Side::new(CD);
-    let names = |_: &AllocationId| (Arc::from("ns"), Arc::from("p"));
+    let names = |_: &AllocationId| PodName::new("ns", "p");
     let check = |n: &IpamNode, s: &mut Side, now| {
         let before = s.published(names);
         s.mark_clean();
@@ -856,10 +856,10 @@ fn the_record_is_published_and_read_back() {
         .release
         .insert(ip("fd00::1"), ReleaseState::MarkedForRelease);
     answer_all(&mut s, &n, T, gone);
-    let names = |_: &AllocationId| (Arc::from("ns"), Arc::from("p"));
+    let names = |_: &AllocationId| PodName::new("ns", "p");
     let published = s.published(names);
     assert_eq!(published.used[&ip("10.0.0.1")].allocation, alloc(1));
-    assert_eq!(&*published.used[&ip("10.0.0.1")].pod, "p");
+    assert_eq!(published.used[&ip("10.0.0.1")].pod.name(), "p");
     assert!(published.cooldown.contains_key(&ip("10.0.0.2")));
     let mut back = Side::from_published(&published, CD);
     assert!(!back.is_dirty());

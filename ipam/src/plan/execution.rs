@@ -228,7 +228,7 @@ impl Answered {
         let tombstone = node.operator.reclaim.get(addr);
         let label = tombstone.map_or(m::ReclaimReason::PodDeleted, |t| t.reason.into());
         let pod = match node.node.used.get(addr) {
-            Some(e) if live => format!("{}/{} ({})", e.namespace, e.pod, ack.pod_uid),
+            Some(e) if live => format!("{} ({})", e.pod, ack.pod_uid),
             _ => ack.pod_uid.to_string(),
         };
         let why = if live {

@@ -3,6 +3,7 @@ use std::time::SystemTime;
 
 use super::*;
 use crate::plan::{Claim, Marks};
+use crate::types::PodName;
 use crate::types::{Family, PodUid, ReclaimReason, ResourceVersion, UsedEntry};
 
 fn a(n: u8) -> IpAddr {
@@ -245,8 +246,7 @@ fn answers_are_reported_by_outcome_and_a_live_one_names_the_pod_and_is_refused()
         a(1),
         UsedEntry {
             pod_uid: PodUid(3),
-            namespace: "ns".into(),
-            pod: "web".into(),
+            pod: PodName::new("ns", "web"),
             allocation: AllocationId(3),
             since: SystemTime::UNIX_EPOCH.into(),
         },

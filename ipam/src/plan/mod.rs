@@ -293,7 +293,7 @@ fn count_of(
     let mut with_ip: PerFamily<BTreeSet<PodUid>> = PerFamily::default();
     if !pending.is_empty() {
         for (a, e) in &node.node.used {
-            with_ip.get_mut(Family::of(a)).insert(e.pod_uid);
+            with_ip.get_mut(Family::of(&a)).insert(e.pod_uid);
         }
     }
     for a in node.node.cooling(utc) {
@@ -320,8 +320,8 @@ fn count_of(
 /// How many of the ascending addresses (`used` keys) are IPv4 and how many IPv6. IPv4 sorts first, so
 /// when the first and the last are of one family, all are: no walk (the common
 /// single-stack node); otherwise one walk.
-fn per_family<'a>(
-    mut addrs: impl DoubleEndedIterator<Item = &'a IpAddr> + ExactSizeIterator,
+fn per_family(
+    mut addrs: impl DoubleEndedIterator<Item = IpAddr> + ExactSizeIterator,
 ) -> PerFamily<u64> {
     let n = addrs.len() as u64;
     let mut counts = PerFamily::default();
@@ -329,8 +329,8 @@ fn per_family<'a>(
         return counts;
     };
     let last = last.unwrap_or(first);
-    if Family::of(first) == Family::of(last) {
-        *counts.get_mut(Family::of(first)) = n;
+    if Family::of(&first) == Family::of(&last) {
+        *counts.get_mut(Family::of(&first)) = n;
         return counts;
     }
     counts.v4 = 1 + addrs.filter(|a| a.is_ipv4()).count() as u64;
@@ -343,12 +343,11 @@ fn per_family<'a>(
 fn taken(node: &IpamNode, fields: &OperatorFields, family: Family, utc: SystemTime) -> AddrSet {
     let mut taken = fields.release.keys().of_family(family);
     let singles = node.node.used.keys();
-    let singles = singles.chain(node.node.cooling(utc));
+    let singles = singles.chain(node.node.cooling(utc).copied());
     taken.extend(
         singles
-            .chain(fields.reclaim.keys())
-            .filter(|a| Family::of(a) == family)
-            .copied(),
+            .chain(fields.reclaim.keys().copied())
+            .filter(|a| Family::of(a) == family),
     );
     taken.intersection(&fields.addresses)
 }
@@ -848,7 +847,7 @@ fn add_sizing(total: &mut Sizing, lane: &Sizing) {
 mod tests {
     use super::*;
     use crate::addrs::span;
-    use crate::types::{NodeUid, PodUid, ReclaimReason, UsedEntry};
+    use crate::types::{NodeUid, PodName, PodUid, ReclaimReason, UsedEntry};
     use proptest::prelude::*;
     use std::time::{Duration, SystemTime};
 
@@ -876,8 +875,7 @@ mod tests {
     fn used_by(i: usize) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(i as u128),
-            namespace: "ns".into(),
-            pod: "p".into(),
+            pod: PodName::new("ns", "p"),
             allocation: crate::types::AllocationId(1),
             since: SystemTime::UNIX_EPOCH.into(),
         }
@@ -891,7 +889,7 @@ mod tests {
                 .map(|n| addr(false, n))
                 .chain((0..v6).map(|n| addr(true, n)))
                 .collect();
-            let c = per_family(set.iter());
+            let c = per_family(set.iter().copied());
             prop_assert_eq!((c.v4, c.v6), (u64::from(v4), u64::from(v6)));
         }
 

@@ -16,14 +16,13 @@
 use std::collections::BTreeMap;
 
 use foldhash::HashMap;
-use std::net::IpAddr;
 use std::time::SystemTime;
 
 use ipnet::IpNet;
 
 use super::PoolSet;
 use super::repair::BlockClaim;
-use crate::types::{Family, FewByAddr, IpamNode};
+use crate::types::{Family, FewByAddr, IpamNode, UsedMap};
 
 /// Claimed blocks of one pool and family by fill.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,7 +95,7 @@ pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
             continue;
         };
         let holder = by_name.get(&*b.node);
-        let used = holder.map_or(0, |n| used_in(n.node.used.keys().as_slice(), &b.cidr));
+        let used = holder.map_or(0, |n| used_in(&n.node.used, &b.cidr));
         let cooling = holder.is_some_and(|n| cools_in(&n.node.cooldown, &b.cidr, utc));
         fill.add(used, cooling, usable);
     }
@@ -104,10 +103,9 @@ pub fn block_fill<N: std::borrow::Borrow<IpamNode>>(
 }
 
 /// How many of the ascending addresses lie in `net` (two binary searches).
-pub fn used_in(sorted: &[IpAddr], net: &IpNet) -> u128 {
-    let (lo, hi) = (net.network(), net.broadcast());
-    let start = sorted.partition_point(|a| *a < lo);
-    let end = sorted.partition_point(|a| *a <= hi);
+pub fn used_in<E>(used: &UsedMap<E>, net: &IpNet) -> u128 {
+    let start = used.rank(&net.network(), false);
+    let end = used.rank(&net.broadcast(), true);
     (end - start) as u128
 }
 
@@ -124,14 +122,13 @@ fn cools_in(cooldown: &FewByAddr<SystemTime>, net: &IpNet, utc: SystemTime) -> b
 mod tests {
     use super::*;
     use crate::pool::{BlockRecord, PoolSpec};
-    use crate::types::{AllocationId, NodeUid, PodUid, UsedEntry};
+    use crate::types::{AllocationId, NodeUid, PodName, PodUid, UsedEntry};
     use std::sync::Arc;
 
     fn entry(i: u128) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(i),
-            namespace: "ns".into(),
-            pod: "p".into(),
+            pod: PodName::new("ns", "p"),
             allocation: AllocationId(1),
             since: SystemTime::UNIX_EPOCH.into(),
         }
@@ -285,9 +282,9 @@ mod tests {
 
     #[test]
     fn used_in_counts_the_addresses_inside_the_cidr() {
-        let sorted: Vec<IpAddr> = ["10.0.0.7", "10.0.0.8", "10.0.0.15", "10.0.0.16", "fd00::1"]
+        let sorted: UsedMap<()> = ["10.0.0.7", "10.0.0.8", "10.0.0.15", "10.0.0.16", "fd00::1"]
             .iter()
-            .map(|a| a.parse().unwrap())
+            .map(|a| (a.parse().unwrap(), ()))
             .collect();
         assert_eq!(used_in(&sorted, &"10.0.0.8/29".parse().unwrap()), 2);
         assert_eq!(used_in(&sorted, &"10.0.0.0/24".parse().unwrap()), 4);

@@ -624,7 +624,7 @@ impl<'a> Checker<'a> {
         let holder: Holder<'_> = (&*n.name, n.node_uid);
         let node_live = self.live(holder);
         let mut own = OwnBlocks::new(self.blocks, mine);
-        for (&address, e) in &n.node.used {
+        for (address, e) in &n.node.used {
             if own.only(address).is_some_and(|i| self.clean(i)) {
                 continue;
             }
@@ -978,7 +978,7 @@ mod tests {
                         node_uid: n.node_uid,
                         pod_uid: e.pod_uid,
                     };
-                    (*a, used, live(&n.name, n.node_uid))
+                    (a, used, live(&n.name, n.node_uid))
                 })
             })
             .collect();
@@ -1054,9 +1054,8 @@ mod tests {
 
     use super::*;
     use crate::pool::PoolSpec;
-    use crate::types::{PerFamily, UsedEntry};
+    use crate::types::{PerFamily, PodName, UsedEntry};
     use proptest::prelude::*;
-    use std::sync::Arc;
     use std::time::SystemTime;
 
     fn net(s: &str) -> IpNet {
@@ -1095,8 +1094,7 @@ mod tests {
                 ip(a),
                 UsedEntry {
                     pod_uid: PodUid(pod),
-                    namespace: Arc::from("default"),
-                    pod: Arc::from(format!("pod-{pod}")),
+                    pod: PodName::new("default", &format!("pod-{pod}")),
                     allocation: crate::types::AllocationId(1),
                     since: SystemTime::UNIX_EPOCH.into(),
                 },
@@ -1704,8 +1702,7 @@ mod tests {
                     addr,
                     UsedEntry {
                         pod_uid: PodUid(pod),
-                        namespace: Arc::from("ns"),
-                        pod: Arc::from("p"),
+                        pod: PodName::new("ns", "p"),
                         allocation: crate::types::AllocationId(0),
                         since: SystemTime::UNIX_EPOCH.into(),
                     },
@@ -1888,8 +1885,7 @@ mod tests {
                     .used
                     .insert(addr, UsedEntry {
                         pod_uid: PodUid(pod),
-                        namespace: Arc::from(""),
-                        pod: Arc::from(""),
+                        pod: PodName::new("", ""),
                         allocation: crate::types::AllocationId(0),
                         since: SystemTime::UNIX_EPOCH.into(),
                     });

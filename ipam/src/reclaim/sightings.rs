@@ -77,8 +77,8 @@ impl Sightings {
         let (v4, v6) = used.by_family();
         self.v4.len() == v4.len()
             && self.v6.len() == v6.len()
-            && (self.v4.iter().zip(v4)).all(|(s, (a, e))| s.same_entry(a, e))
-            && (self.v6.iter().zip(v6)).all(|(s, (a, e))| s.same_entry(a, e))
+            && (self.v4.iter().zip(v4)).all(|(s, (a, e))| s.same_entry(&a, e))
+            && (self.v6.iter().zip(v6)).all(|(s, (a, e))| s.same_entry(&a, e))
     }
 
     /// When the entry of `addr` was first seen (nanoseconds since the tracker's base).
@@ -115,14 +115,14 @@ fn find<A: FamilyAddr>(list: &[Sighting<A>], addr: &A) -> Option<u64> {
 /// [`Sightings::merge`] of one family's entries.
 fn merge_family<'u, A: FamilyAddr>(
     list: &mut Vec<Sighting<A>>,
-    entries: impl ExactSizeIterator<Item = (&'u IpAddr, &'u UsedEntry)>,
+    entries: impl ExactSizeIterator<Item = (IpAddr, &'u UsedEntry)>,
     now_at: u64,
     moved: &mut Vec<PodUid>,
 ) {
     let old = std::mem::replace(list, Vec::with_capacity(entries.len()));
     let mut i = 0;
     for (addr, entry) in entries {
-        let addr = A::of(addr);
+        let addr = A::of(&addr);
         while i < old.len() && old[i].addr < addr {
             moved.push(old[i].uid);
             i += 1;
@@ -165,7 +165,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::types::AllocationId;
+    use crate::types::{AllocationId, PodName};
 
     /// Both families, so that the split and the order across it are exercised.
     fn addr(i: u8) -> IpAddr {
@@ -179,8 +179,7 @@ mod tests {
     fn entry(uid: u8, since: u8) -> UsedEntry {
         UsedEntry {
             pod_uid: PodUid(u128::from(uid)),
-            namespace: "default".into(),
-            pod: "p".into(),
+            pod: PodName::new("default", "p"),
             allocation: AllocationId(0),
             since: (SystemTime::UNIX_EPOCH + Duration::from_secs(since.into())).into(),
         }

@@ -43,18 +43,18 @@ pub(super) fn check(
             continue;
         };
         for (address, e) in &node.node.used {
-            if set.locate(*address).is_none() {
+            if set.locate(address).is_none() {
                 continue;
             }
-            let holding = blocks.iter().filter(|b| b.cidr.contains(address)).min();
+            let holding = blocks.iter().filter(|b| b.cidr.contains(&address)).min();
             let Some(block) = holding else { continue };
             let entry = Entry {
                 node,
-                address: *address,
+                address,
                 used: e,
                 block,
             };
-            out.extend(entry.problem(set, named.get(address)));
+            out.extend(entry.problem(set, named.get(&address)));
         }
     }
 }

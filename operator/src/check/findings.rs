@@ -38,7 +38,7 @@ fn pod_of(holders: &Holders<'_>, used: &UsedRef, address: IpAddr) -> String {
 
 /// `pod namespace/name (UID …)` of an entry.
 pub(super) fn pod_desc(e: &UsedEntry, uid: PodUid) -> String {
-    format!("pod {}/{} (UID {uid})", e.namespace, e.pod)
+    format!("pod {} (UID {uid})", e.pod)
 }
 
 /// Whether the address is one of the node's `spec.addresses` (a cloud source's grant).

@@ -17,20 +17,20 @@ pub(super) fn candidates(nodes: &[&IpamNode], pods: &PodIndex) -> Vec<ReclaimCan
             used.iter(),
             |(_, e)| e.pod_uid,
             |(address, e), pod| {
-                let Some(reason) = candidate_reason(address, e, used, pod) else {
+                let Some(reason) = candidate_reason(&address, e, used, pod) else {
                     return;
                 };
                 let tombstoned = n
                     .operator
                     .reclaim
-                    .get(address)
+                    .get(&address)
                     .is_some_and(|t| t.pod_uid == e.pod_uid && t.allocation == e.allocation);
                 out.push(ReclaimCandidate {
                     node: n.name.to_string(),
-                    address: *address,
+                    address,
                     pod_uid: e.pod_uid.to_string(),
-                    namespace: e.namespace.to_string(),
-                    pod: e.pod.to_string(),
+                    namespace: e.pod.namespace().to_string(),
+                    pod: e.pod.name().to_string(),
                     reason: reason.as_str(),
                     tombstoned,
                 });

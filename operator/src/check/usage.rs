@@ -20,8 +20,8 @@ pub(super) fn usage(
     let mut in_use: HashMap<(&str, Family), u64> = HashMap::new();
     for n in nodes {
         for address in n.node.used.keys() {
-            if let Some((pool, _)) = set.locate(*address) {
-                *in_use.entry((pool, Family::of(address))).or_default() += 1;
+            if let Some((pool, _)) = set.locate(address) {
+                *in_use.entry((pool, Family::of(&address))).or_default() += 1;
             }
         }
     }

@@ -703,7 +703,7 @@ fn start_engine(
     source.set_in_use(Arc::new(move || {
         let mut in_use = pods.live_ips();
         for n in tidepool_ipam::BlockStore::list_nodes(&store) {
-            in_use.extend(n.node.used.keys().copied());
+            in_use.extend(n.node.used.keys());
         }
         in_use
     }));

@@ -364,7 +364,7 @@ fn held_of(c: &Cache, node: &IpamNode, fields: &OperatorFields) -> Held {
         let family = Family::of(&b.cidr.addr());
         let t = tally.entry((b.pool.to_string(), family)).or_default();
         t.allocated = t.allocated.saturating_add(addrs.len(family));
-        let used = used_in(node.node.used.keys().as_slice(), &b.cidr);
+        let used = used_in(&node.node.used, &b.cidr);
         t.used += u64::try_from(used).unwrap_or(u64::MAX);
     }
     count.add(&fields.addresses);

@@ -45,7 +45,7 @@ pub(crate) fn sample<S: SimSource>(world: &World<S>) -> BTreeMap<PoolKey, (PoolS
     for n in world.store.list() {
         for (key, addrs, block) in pieces(world, &n) {
             let used = count_in(n.node.used.keys(), &addrs, key.family);
-            let cooling = count_in(n.node.cooling(utc), &addrs, key.family);
+            let cooling = count_in(n.node.cooling(utc).copied(), &addrs, key.family);
             let fam = addrs.len(key.family);
             let s = entry(&mut out, world, &key);
             (s.0.used, s.0.cooldown) = (s.0.used + used, s.0.cooldown + cooling);
@@ -114,11 +114,7 @@ fn pieces<S: SimSource>(world: &World<S>, n: &IpamNode) -> Vec<(PoolKey, Arc<Add
 }
 
 /// How many of `addrs` of `family` lie in `set`.
-fn count_in<'a>(
-    addrs: impl Iterator<Item = &'a std::net::IpAddr>,
-    set: &AddrSet,
-    family: Family,
-) -> u128 {
+fn count_in(addrs: impl Iterator<Item = std::net::IpAddr>, set: &AddrSet, family: Family) -> u128 {
     addrs
         .filter(|a| Family::of(a) == family && set.contains(a))
         .count() as u128

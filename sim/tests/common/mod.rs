@@ -370,7 +370,7 @@ pub fn pods_in(w: &World<Pool>, node: &str, cidr: &ipnet::IpNet) -> Vec<PodUid> 
         n.node
             .used
             .iter()
-            .filter(|(a, _)| cidr.contains(*a))
+            .filter(|(a, _)| cidr.contains(a))
             .map(|(_, e)| e.pod_uid)
             .collect()
     })
