@@ -1,10 +1,11 @@
 //! `status.used` of an IPAMNode: address → the pod using it, in address order.
 //!
-//! Two sorted arrays (addresses, entries) instead of a B-tree: a node holds a few hundred
-//! entries at most, every pass walks them all (planning, reclaim, repair), and walking
-//! contiguous addresses is several times cheaper than walking B-tree nodes that are cold
-//! at 10,000 nodes; it also takes less memory per entry. Lookups are binary searches over
-//! the addresses alone; inserting and removing move at most a few kilobytes.
+//! Sorted arrays (each family's addresses, the entries) instead of a B-tree: a node holds a
+//! few hundred entries at most, every pass walks them all (planning, reclaim, repair), and
+//! walking contiguous addresses is several times cheaper than walking B-tree nodes that
+//! are cold at 10,000 nodes; it also takes less memory per entry. Lookups are binary
+//! searches over one family's addresses alone; inserting and removing move at most a few
+//! kilobytes.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -567,7 +567,10 @@ impl StoreHook for Observer {
             // Live reclaim: the address is in use by that very pod, which still runs. (A
             // replaced sandbox's old address names a live pod too, but the pod no longer
             // uses it: that tombstone is the point of the sandbox-replaced rule.)
-            if s.live.get(&t.pod_uid).is_some_and(|p| p.ips(&s.v6).contains(a)) {
+            if s.live
+                .get(&t.pod_uid)
+                .is_some_and(|p| p.ips(&s.v6).contains(a))
+            {
                 s.violate(
                     |i| &mut i.live_ip_reclaimed,
                     format!(
