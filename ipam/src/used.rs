@@ -167,20 +167,6 @@ impl<E> UsedMap<E> {
         }
     }
 
-    /// The addresses from `addr` on, in order.
-    pub fn keys_from(&self, addr: &IpAddr) -> Keys<'_> {
-        match addr {
-            IpAddr::V4(a) => Keys {
-                v4: self.v4_from(a).iter(),
-                v6: self.v6.iter(),
-            },
-            IpAddr::V6(a) => Keys {
-                v4: [].iter(),
-                v6: self.v6_from(a).iter(),
-            },
-        }
-    }
-
     /// How many addresses sort before `addr` (and with `addr` itself, if `inclusive`).
     pub fn rank(&self, addr: &IpAddr, inclusive: bool) -> usize {
         match addr {
@@ -209,18 +195,14 @@ impl<E> UsedMap<E> {
         self.keys().zip(self.entries.iter())
     }
 
-    /// The IPv4 entries and the IPv6 entries, each in order.
-    pub fn by_family(&self) -> (Iter<'_, E>, Iter<'_, E>) {
-        let (e4, e6) = self.entries.split_at(self.v4.len());
-        let v4 = Keys {
-            v4: self.v4.iter(),
-            v6: [].iter(),
-        };
-        let v6 = Keys {
-            v4: [].iter(),
-            v6: self.v6.iter(),
-        };
-        (v4.zip(e4), v6.zip(e6))
+    /// The IPv4 addresses and their entries, in order.
+    pub fn ipv4(&self) -> (&[Ipv4Addr], &[E]) {
+        (&self.v4, &self.entries[..self.v4.len()])
+    }
+
+    /// The IPv6 addresses and their entries, in order.
+    pub fn ipv6(&self) -> (&[Ipv6Addr], &[E]) {
+        (&self.v6, &self.entries[self.v4.len()..])
     }
 
     /// The same addresses with each entry converted by `f`.
@@ -389,7 +371,9 @@ mod tests {
             prop_assert!(m.keys().eq(b.keys().copied()));
             prop_assert!(m.keys().rev().eq(b.keys().rev().copied()));
             prop_assert_eq!(m.keys().len(), b.len());
-            let (v4, v6) = m.by_family();
+            let ((a4, e4), (a6, e6)) = (m.ipv4(), m.ipv6());
+            let v4 = a4.iter().map(|a| IpAddr::V4(*a)).zip(e4);
+            let v6 = a6.iter().map(|a| IpAddr::V6(*a)).zip(e6);
             prop_assert!(v4.chain(v6).eq(b.iter().map(|(a, e)| (*a, e))));
             prop_assert!(m.values().eq(b.values()));
             prop_assert_eq!(m.is_empty(), b.is_empty());
@@ -399,7 +383,13 @@ mod tests {
             for i in 0..=u8::MAX {
                 prop_assert_eq!(m.get(&addr(i)), b.get(&addr(i)));
                 prop_assert_eq!(m.contains_key(&addr(i)), b.contains_key(&addr(i)));
-                prop_assert!(m.keys_from(&addr(i)).eq(b.range(addr(i)..).map(|(a, _)| *a)));
+                let from = b.range(addr(i)..).map(|(a, _)| *a);
+                match addr(i) {
+                    IpAddr::V4(a) => prop_assert!(m.v4_from(&a).iter().map(|x| IpAddr::V4(*x))
+                        .eq(from.filter(IpAddr::is_ipv4))),
+                    IpAddr::V6(a) => prop_assert!(m.v6_from(&a).iter().map(|x| IpAddr::V6(*x))
+                        .eq(from)),
+                }
                 prop_assert_eq!(m.rank(&addr(i), false), b.range(..addr(i)).count());
                 prop_assert_eq!(m.rank(&addr(i), true), b.range(..=addr(i)).count());
             }

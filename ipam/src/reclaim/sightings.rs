@@ -34,32 +34,9 @@ fn since_tag(since: UnixNanos) -> u32 {
     (x ^ (x >> 32)) as u32
 }
 
-/// An address of one family.
-trait FamilyAddr: Copy + Ord {
-    fn of(a: &IpAddr) -> Self;
-}
-
-impl FamilyAddr for Ipv4Addr {
-    fn of(a: &IpAddr) -> Self {
-        match a {
-            IpAddr::V4(a) => *a,
-            IpAddr::V6(_) => unreachable!("the IPv4 entries come first"),
-        }
-    }
-}
-
-impl FamilyAddr for Ipv6Addr {
-    fn of(a: &IpAddr) -> Self {
-        match a {
-            IpAddr::V6(a) => *a,
-            IpAddr::V4(_) => unreachable!("the IPv6 entries come last"),
-        }
-    }
-}
-
-impl<A: FamilyAddr> Sighting<A> {
-    fn same_entry(&self, addr: &IpAddr, e: &UsedEntry) -> bool {
-        self.addr == A::of(addr) && self.uid == e.pod_uid && self.since == since_tag(e.since)
+impl<A: Eq> Sighting<A> {
+    fn same_entry(&self, addr: &A, e: &UsedEntry) -> bool {
+        self.addr == *addr && self.uid == e.pod_uid && self.since == since_tag(e.since)
     }
 }
 
@@ -74,11 +51,7 @@ pub(super) struct Sightings {
 impl Sightings {
     /// Whether these are the sightings of exactly `used`'s entries.
     pub(super) fn matches(&self, used: &UsedMap) -> bool {
-        let (v4, v6) = used.by_family();
-        self.v4.len() == v4.len()
-            && self.v6.len() == v6.len()
-            && (self.v4.iter().zip(v4)).all(|(s, (a, e))| s.same_entry(&a, e))
-            && (self.v6.iter().zip(v6)).all(|(s, (a, e))| s.same_entry(&a, e))
+        same_family(&self.v4, used.ipv4()) && same_family(&self.v6, used.ipv6())
     }
 
     /// When the entry of `addr` was first seen (nanoseconds since the tracker's base).
@@ -99,30 +72,34 @@ impl Sightings {
     /// already sighted (same address and pod) keeps its time, a new one is sighted at
     /// `now_at`. Returns the pod UIDs of the entries added and gone, in address order.
     pub(super) fn merge(&mut self, now_at: u64, used: &UsedMap) -> Vec<PodUid> {
-        let (v4, v6) = used.by_family();
         let mut moved = Vec::new();
-        merge_family(&mut self.v4, v4, now_at, &mut moved);
-        merge_family(&mut self.v6, v6, now_at, &mut moved);
+        merge_family(&mut self.v4, used.ipv4(), now_at, &mut moved);
+        merge_family(&mut self.v6, used.ipv6(), now_at, &mut moved);
         moved
     }
 }
 
-fn find<A: FamilyAddr>(list: &[Sighting<A>], addr: &A) -> Option<u64> {
+/// Whether `list` holds the sightings of exactly one family's `(addresses, entries)`.
+fn same_family<A: Eq>(list: &[Sighting<A>], (addrs, entries): (&[A], &[UsedEntry])) -> bool {
+    list.len() == addrs.len()
+        && (list.iter().zip(addrs).zip(entries)).all(|((s, a), e)| s.same_entry(a, e))
+}
+
+fn find<A: Ord>(list: &[Sighting<A>], addr: &A) -> Option<u64> {
     let i = list.binary_search_by(|s| s.addr.cmp(addr)).ok()?;
     Some(list[i].at)
 }
 
 /// [`Sightings::merge`] of one family's entries.
-fn merge_family<'u, A: FamilyAddr>(
+fn merge_family<A: Copy + Ord>(
     list: &mut Vec<Sighting<A>>,
-    entries: impl ExactSizeIterator<Item = (IpAddr, &'u UsedEntry)>,
+    (addrs, entries): (&[A], &[UsedEntry]),
     now_at: u64,
     moved: &mut Vec<PodUid>,
 ) {
     let old = std::mem::replace(list, Vec::with_capacity(entries.len()));
     let mut i = 0;
-    for (addr, entry) in entries {
-        let addr = A::of(&addr);
+    for (&addr, entry) in addrs.iter().zip(entries) {
         while i < old.len() && old[i].addr < addr {
             moved.push(old[i].uid);
             i += 1;
